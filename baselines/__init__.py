@@ -1,0 +1,3 @@
+"""The policies production deploys, one interface each (registered by name on import)."""
+
+__all__: list[str] = []

@@ -1,0 +1,47 @@
+"""The problems stated exactly: instances, cost models, validation, evaluation, MILP builders.
+
+Nothing here depends on a solver. ``from straggler.formulations import DispatchProblem,
+CostModel, evaluate``.
+"""
+
+from .cost import PRESETS, CostModel
+from .dispatch import (
+    DispatchProblem,
+    Evaluation,
+    basic_lower_bound,
+    check_shares,
+    evaluate,
+    logical_to_physical,
+    tile_count,
+)
+from .errors import (
+    BackendUnavailableError,
+    InfeasibleSharesError,
+    InvalidInputError,
+    InvalidOptionError,
+    StragglerError,
+)
+from .milp import MilpModel, RowBuilder
+from .results import DispatchResult, Status, worst_status
+
+__all__ = [
+    "PRESETS",
+    "CostModel",
+    "DispatchProblem",
+    "Evaluation",
+    "basic_lower_bound",
+    "check_shares",
+    "evaluate",
+    "logical_to_physical",
+    "tile_count",
+    "BackendUnavailableError",
+    "InfeasibleSharesError",
+    "InvalidInputError",
+    "InvalidOptionError",
+    "StragglerError",
+    "MilpModel",
+    "RowBuilder",
+    "DispatchResult",
+    "Status",
+    "worst_status",
+]

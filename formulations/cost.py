@@ -1,0 +1,197 @@
+"""The one cost family of the dispatch problem (TEMPO Eq. 1, 2 and 4).
+
+Per GPU ``g`` with ``G`` activated replicas, ``N`` tokens and ``T`` M-tiles::
+
+    t_g = max(a + b*G + b2*(T - G),   # memory-bound floor + tile staircase (Eq. 1, 2)
+              c + beta*N,             # compute-bound linear term
+              c2 + gamma*N)           # all-to-all traffic term (Eq. 4), optional
+
+All parameters are in microseconds (per expert, per token, per tile).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .errors import InvalidInputError, InvalidOptionError, param_error
+
+__all__ = ["CostModel", "PRESETS"]
+
+
+def _check_param(name: str, value, *, positive_int: bool = False) -> float:
+    if positive_int:
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+        if not ok:
+            raise param_error(name, "CostModel", "a positive integer", repr(value))
+        return int(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise param_error(name, "CostModel", "a finite non-negative number", repr(value)) from None
+    if isinstance(value, bool) or not math.isfinite(v) or v < 0:
+        raise param_error(name, "CostModel", "a finite non-negative number", repr(value))
+    return v
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Max-affine per-GPU time model of one MoE layer.
+
+    .. math::
+
+        t_g = \\max(a + b G_g + b_2 (T_g - G_g),\\; c + \\beta N_g,\\; c_2 + \\gamma N_g)
+
+    Parameters
+    ----------
+    a, b : float
+        Floor intercept (us) and activation cost (us per activated replica, the weight
+        streaming floor).
+    c, beta : float
+        Compute intercept (us) and slope (us per token).
+    b2 : float, default 0
+        Cost of each M-tile beyond the first of an activated replica (Eq. 2).
+    tile : int, default 128
+        M-tile size in tokens (grouped GEMM rounds each replica's tokens up to it).
+    c2, gamma : float or None
+        Optional traffic piece (Eq. 4); give both or neither.
+
+    Raises
+    ------
+    InvalidInputError
+        A parameter is negative, non-finite, or only one of ``c2``/``gamma`` is given.
+
+    Examples
+    --------
+    >>> m = CostModel(a=0, b=15, c=0, beta=0.1)
+    >>> float(m.time(G=7, N=390))
+    105.0
+    >>> CostModel.preset("dsv3_a_offline").b
+    14.78
+    """
+
+    a: float
+    b: float
+    c: float
+    beta: float
+    b2: float = 0.0
+    tile: int = 128
+    c2: float | None = None
+    gamma: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b", "c", "beta", "b2"):
+            object.__setattr__(self, name, _check_param(name, getattr(self, name)))
+        object.__setattr__(self, "tile", _check_param("tile", self.tile, positive_int=True))
+        if (self.c2 is None) != (self.gamma is None):
+            raise InvalidInputError(
+                "The 'c2' and 'gamma' parameters of CostModel must be given together "
+                f"(the traffic piece of Eq. 4). Got c2={self.c2!r}, gamma={self.gamma!r} instead."
+            )
+        if self.c2 is not None:
+            object.__setattr__(self, "c2", _check_param("c2", self.c2))
+            object.__setattr__(self, "gamma", _check_param("gamma", self.gamma))
+
+    # --- derived views ---------------------------------------------------------------
+    @property
+    def has_traffic(self) -> bool:
+        """Whether the traffic piece ``c2 + gamma*N`` is present."""
+        return self.c2 is not None
+
+    @property
+    def has_tiles(self) -> bool:
+        """Whether the tile staircase term is active (``b2 > 0``)."""
+        return self.b2 > 0
+
+    @property
+    def token_pieces(self) -> tuple[tuple[float, float], ...]:
+        """The token-linear pieces ``(intercept, slope)``: compute, then traffic if present."""
+        pieces = [(self.c, self.beta)]
+        if self.has_traffic:
+            pieces.append((float(self.c2), float(self.gamma)))
+        return tuple(pieces)
+
+    def as_array(self) -> np.ndarray:
+        """``[a, b, b2, c, beta, c2, gamma, tile]`` as float64, for kernels.
+
+        An absent traffic piece is written as ``c2 = gamma = 0``, which is exact: every
+        parameter is non-negative, so ``0 + 0*N`` never exceeds the other two pieces.
+        """
+        return np.array(
+            [
+                self.a,
+                self.b,
+                self.b2,
+                self.c,
+                self.beta,
+                self.c2 if self.has_traffic else 0.0,
+                self.gamma if self.has_traffic else 0.0,
+                float(self.tile),
+            ]
+        )
+
+    @property
+    def n_star(self) -> float:
+        """Inflection tokens per expert ``n* = b / beta`` of the two-piece model (inf if beta=0)."""
+        return self.b / self.beta if self.beta > 0 else math.inf
+
+    def time(self, G, N, T=None):
+        """Per-GPU time for activated replicas ``G``, tokens ``N`` and tiles ``T`` (arrays ok).
+
+        ``T`` defaults to ``G`` (every replica within one tile), which is exact when
+        ``b2 == 0``.
+        """
+        G = np.asarray(G, dtype=float)
+        N = np.asarray(N, dtype=float)
+        T = G if T is None else np.asarray(T, dtype=float)
+        t = np.maximum(self.a + self.b * G + self.b2 * (T - G), self.c + self.beta * N)
+        if self.has_traffic:
+            t = np.maximum(t, self.c2 + self.gamma * N)
+        return t
+
+    def replace(self, **changes) -> CostModel:
+        """A copy with some parameters changed (validated again)."""
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        unknown = set(changes) - set(kw)
+        if unknown:
+            raise InvalidOptionError(
+                f"CostModel.replace got unknown parameter(s) {sorted(unknown)}; "
+                f"expected some of {sorted(kw)}."
+            )
+        kw.update(changes)
+        return CostModel(**kw)
+
+    @classmethod
+    def preset(cls, name: str) -> CostModel:
+        """A calibrated parameter set by name; see :data:`PRESETS` for the list and sources."""
+        try:
+            return cls(**PRESETS[name])
+        except KeyError:
+            raise InvalidOptionError(
+                f"The 'name' parameter of CostModel.preset must be one of {sorted(PRESETS)}. "
+                f"Got {name!r} instead."
+            ) from None
+
+
+#: Every calibrated parameter set the TEMPO paper reports (Tables 6 and 7) and the H20
+#: figures of ANCHORS.md. Offline fits are kernel-only two-piece models with ``a = c = 0``.
+PRESETS: dict[str, dict] = {
+    # Table 6: Testbed A, fp8 masked grouped GEMM, offline kernel grid.
+    "qwen3_30b_a_offline": dict(a=0.0, b=1.74, c=0.0, beta=0.0108),
+    "dsv2_lite_a_offline": dict(a=0.0, b=2.99, c=0.0, beta=0.0179),
+    "dsv3_a_offline": dict(a=0.0, b=14.78, c=0.0, beta=0.0945),
+    "dsv3_bf16_a_offline": dict(a=0.0, b=45.29, c=0.0, beta=0.1370),
+    # Table 7: microbenchmark refits on Testbed A EP8.
+    "dsv3_a_mb_gemm": dict(a=116.0, b=12.99, c=176.0, beta=0.0851),
+    "dsv3_a_mb_full": dict(a=358.0, b=16.59, c=266.0, beta=0.358),
+    "dsv3_a_refit2_full": dict(a=488.0, b=5.93, c=294.0, beta=0.356),
+    # Table 7: serving three-term model (proxy DSv2-Lite shape).
+    "dsv2_lite_a_serving": dict(a=16.4, b=2.99, c=15.6, beta=0.0179, c2=25.0, gamma=0.10),
+    # Table 7: Testbed B tile-aware fits (Eq. 2) with the traffic pair of Eq. 4.
+    "dsv3_b_tile": dict(a=37.1, b=8.32, b2=2.65, c=23.4, beta=0.0336, c2=25.0, gamma=0.10),
+    "qwen3_235b_b_tile": dict(a=34.9, b=3.95, b2=1.23, c=34.8, beta=0.0154, c2=25.0, gamma=0.10),
+    # ANCHORS.md: H20 grouped GEMM, Qwen3-235B expert shape, bf16 w13 (max-affine fit).
+    "qwen3_235b_h20": dict(a=19.0, b=7.1, c=40.0, beta=0.178),
+}

@@ -1,0 +1,534 @@
+"""Problem 1, fixed-charge makespan dispatch (TEMPO §3.1), stated exactly.
+
+An instance is a :class:`DispatchProblem` (token counts per expert, replica mask, optional
+node of each GPU). A dispatch is a ``shares`` matrix ``x[e, g] >= 0`` with
+``sum_g x[e, g] = n[e]`` and ``x[e, g] = 0`` off the replica set. :func:`evaluate` is the
+independent evaluator every solver and test is scored by; it owes nothing to any solver.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .cost import CostModel
+from .errors import InfeasibleSharesError, InvalidInputError, param_error
+
+__all__ = [
+    "DispatchProblem",
+    "Evaluation",
+    "evaluate",
+    "check_shares",
+    "tile_count",
+    "basic_lower_bound",
+    "logical_to_physical",
+]
+
+#: Relative tolerance of conservation in :func:`check_shares`.
+CONSERVATION_RTOL = 1e-9
+#: Shares are compared to tile boundaries with this absolute slack (tokens), so that an LP
+#: share of 128.0000000001 tokens is one tile, not two.
+TILE_SLACK = 1e-7
+
+
+def _as_counts(counts, func: str) -> np.ndarray:
+    try:
+        arr = np.asarray(counts)
+    except Exception:  # pragma: no cover - numpy accepts nearly anything
+        raise param_error(
+            "counts", func, "an array of non-negative integers", repr(counts)
+        ) from None
+    if arr.ndim not in (1, 2) or arr.size == 0 and arr.ndim == 1 and arr.shape[0] == 0:
+        raise param_error(
+            "counts",
+            func,
+            "a non-empty 1-D (n_experts,) or 2-D (n_layers, n_experts) array "
+            "of non-negative integers",
+            f"shape {arr.shape}",
+        )
+    if arr.dtype == bool or not (
+        np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+    ):
+        raise param_error("counts", func, "an array of non-negative integers", f"dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        if not np.all(np.isfinite(arr)):
+            raise param_error(
+                "counts", func, "an array of finite non-negative integers", "NaN or infinite values"
+            )
+        if np.any(arr != np.round(arr)):
+            bad = arr[arr != np.round(arr)].ravel()[0]
+            raise param_error(
+                "counts",
+                func,
+                "an array of non-negative integers",
+                f"non-integer value {bad.item()!r}",
+            )
+    if np.any(arr < 0):
+        raise param_error(
+            "counts",
+            func,
+            "an array of non-negative integers",
+            f"negative value {arr.min().item()!r}",
+        )
+    if arr.size and arr.max() > 2**52:
+        raise param_error("counts", func, "integers below 2**52", f"{arr.max()!r}")
+    return arr.astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class DispatchProblem:
+    """One MoE layer (or a stack of layers) to dispatch.
+
+    Parameters
+    ----------
+    counts : array_like of int, shape (n_experts,) or (n_layers, n_experts)
+        Tokens routed to each expert (non-negative integers).
+    replicas : array_like of bool, shape (n_experts, n_gpus) or (n_layers, n_experts, n_gpus)
+        ``replicas[e, g]`` is True when GPU ``g`` holds a replica of expert ``e``. A 2-D mask
+        with 2-D counts is shared by every layer.
+    gpu_node : array_like of int, shape (n_gpus,), optional
+        Node of each GPU (for topology-aware splits); default: one node.
+
+    Raises
+    ------
+    InvalidInputError
+        Negative, non-integer, NaN or infinite counts; mismatched shapes; an expert with
+        tokens but no replica.
+
+    Examples
+    --------
+    >>> p = DispatchProblem(counts=[600, 30, 30], replicas=np.ones((3, 2), bool))
+    >>> p.n_experts, p.n_gpus, p.is_stack
+    (3, 2, False)
+    """
+
+    counts: np.ndarray
+    replicas: np.ndarray
+    gpu_node: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        func = "DispatchProblem"
+        counts = _as_counts(self.counts, func)
+        rep = np.asarray(self.replicas)
+        if rep.dtype != bool:
+            if not (np.issubdtype(rep.dtype, np.integer) and np.isin(rep, (0, 1)).all()):
+                raise param_error("replicas", func, "a boolean (or 0/1) mask", f"dtype {rep.dtype}")
+            rep = rep.astype(bool)
+        if counts.ndim == 1:
+            if rep.ndim != 2 or rep.shape[0] != counts.shape[0] or rep.shape[1] < 1:
+                raise param_error(
+                    "replicas",
+                    func,
+                    f"a boolean mask of shape (n_experts={counts.shape[0]}, n_gpus>=1)",
+                    f"shape {rep.shape}",
+                )
+        else:
+            L, E = counts.shape
+            if rep.ndim == 2:
+                if rep.shape[0] != E or rep.shape[1] < 1:
+                    raise param_error(
+                        "replicas",
+                        func,
+                        f"a boolean mask of shape ({E}, n_gpus) or ({L}, {E}, n_gpus)",
+                        f"shape {rep.shape}",
+                    )
+                rep = np.broadcast_to(rep, (L, *rep.shape))
+            elif rep.ndim != 3 or rep.shape[:2] != (L, E) or rep.shape[2] < 1:
+                raise param_error(
+                    "replicas",
+                    func,
+                    f"a boolean mask of shape ({E}, n_gpus) or ({L}, {E}, n_gpus)",
+                    f"shape {rep.shape}",
+                )
+        orphan = (counts > 0) & ~rep.any(axis=-1)
+        if orphan.any():
+            idx = tuple(int(i) for i in np.argwhere(orphan)[0])
+            raise InvalidInputError(
+                f"The 'replicas' parameter of {func} must give every expert with tokens at "
+                f"least one replica. Got expert {idx[-1]}"
+                + (f" of layer {idx[0]}" if len(idx) == 2 else "")
+                + f" with {int(counts[idx])} tokens and no replica instead."
+            )
+        node = self.gpu_node
+        if node is not None:
+            node = np.asarray(node)
+            n_gpus = rep.shape[-1]
+            if (
+                node.shape != (n_gpus,)
+                or not np.issubdtype(node.dtype, np.integer)
+                or (node < 0).any()
+            ):
+                raise param_error(
+                    "gpu_node",
+                    func,
+                    f"a 1-D array of {n_gpus} non-negative integers",
+                    f"{node.dtype} array of shape {node.shape}",
+                )
+            node = node.astype(np.int64).copy()
+            node.setflags(write=False)
+        counts = counts.copy()
+        rep = np.ascontiguousarray(rep).copy()
+        counts.setflags(write=False)
+        rep.setflags(write=False)
+        object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "replicas", rep)
+        object.__setattr__(self, "gpu_node", node)
+
+    # --- shape --------------------------------------------------------------------
+    @property
+    def is_stack(self) -> bool:
+        """True for a stack of layers (2-D counts)."""
+        return self.counts.ndim == 2
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers (1 for a single layer)."""
+        return self.counts.shape[0] if self.is_stack else 1
+
+    @property
+    def n_experts(self) -> int:
+        """Number of logical experts."""
+        return self.counts.shape[-1]
+
+    @property
+    def n_gpus(self) -> int:
+        """Number of GPUs."""
+        return self.replicas.shape[-1]
+
+    @property
+    def full_replication(self) -> bool:
+        """True when every expert with tokens has a replica on every GPU (per layer for stacks)."""
+        live = self.counts > 0
+        return bool(np.all(self.replicas.all(axis=-1) | ~live))
+
+    def layer(self, l: int) -> DispatchProblem:
+        """The single-layer problem of layer ``l`` (the problem itself if not a stack)."""
+        if not self.is_stack:
+            return self
+        return DispatchProblem(
+            counts=self.counts[l], replicas=self.replicas[l], gpu_node=self.gpu_node
+        )
+
+    def layers(self):
+        """Iterate over single-layer problems."""
+        for l in range(self.n_layers):
+            yield self.layer(l)
+
+    # --- SGLang / vLLM layouts ---------------------------------------------------------
+    @classmethod
+    def from_placement(cls, counts, physical_to_logical, n_gpus: int, gpu_node=None):
+        """Build from an SGLang/vLLM/EPLB physical-to-logical map.
+
+        Parameters
+        ----------
+        counts : array_like, shape (n_experts,) or (n_layers, n_experts)
+        physical_to_logical : array_like of int, shape (P,) or (n_layers, P)
+            Logical expert held by physical slot ``p``; slot ``p`` lives on GPU
+            ``p // (P // n_gpus)``; ``-1`` marks an empty slot.
+        n_gpus : int
+            Number of GPUs; must divide ``P``.
+
+        Notes
+        -----
+        Two replicas of one expert on one GPU (EPLB can produce them) collapse to one
+        entry of the mask: for dispatch they are the same GPU.
+
+        Examples
+        --------
+        >>> p = DispatchProblem.from_placement([5, 1], [0, 1, 0, 1], n_gpus=2)
+        >>> p.replicas.astype(int).tolist()
+        [[1, 1], [1, 1]]
+        """
+        func = "DispatchProblem.from_placement"
+        p2l = np.asarray(physical_to_logical)
+        if not isinstance(n_gpus, (int, np.integer)) or isinstance(n_gpus, bool) or n_gpus < 1:
+            raise param_error("n_gpus", func, "a positive integer", repr(n_gpus))
+        if p2l.ndim not in (1, 2) or not np.issubdtype(p2l.dtype, np.integer) or p2l.shape[-1] == 0:
+            raise param_error(
+                "physical_to_logical",
+                func,
+                "a 1-D or 2-D integer array",
+                f"{p2l.dtype} shape {p2l.shape}",
+            )
+        P = p2l.shape[-1]
+        if P % n_gpus:
+            raise param_error(
+                "physical_to_logical",
+                func,
+                f"a number of slots divisible by n_gpus={n_gpus}",
+                f"{P} slots",
+            )
+        counts_arr = _as_counts(counts, func)
+        E = counts_arr.shape[-1]
+        if (p2l < -1).any() or (p2l >= E).any():
+            raise param_error(
+                "physical_to_logical",
+                func,
+                f"entries in [-1, {E - 1}]",
+                f"range [{p2l.min()}, {p2l.max()}]",
+            )
+        per = P // n_gpus
+        gpu_of_slot = np.arange(P) // per
+        p2l2 = p2l.reshape(-1, P)
+        if counts_arr.ndim == 1 and p2l2.shape[0] != 1:
+            raise param_error(
+                "physical_to_logical", func, "1-D for 1-D counts", f"shape {p2l.shape}"
+            )
+        if counts_arr.ndim == 2 and p2l.ndim == 2 and p2l.shape[0] != counts_arr.shape[0]:
+            raise param_error(
+                "physical_to_logical",
+                func,
+                f"shape ({counts_arr.shape[0]}, P) matching the layers of counts",
+                f"shape {p2l.shape}",
+            )
+        rep = np.zeros((p2l2.shape[0], E, n_gpus), dtype=bool)
+        for l in range(p2l2.shape[0]):
+            ok = p2l2[l] >= 0
+            rep[l, p2l2[l][ok], gpu_of_slot[ok]] = True
+        rep = rep[0] if p2l.ndim == 1 else rep
+        return cls(counts=counts_arr, replicas=rep, gpu_node=gpu_node)
+
+    def to_tables(self, shares, physical_to_logical):
+        """Express a dispatch in SGLang's layout.
+
+        Parameters
+        ----------
+        shares : ndarray, shape (n_experts, n_gpus) or (n_layers, n_experts, n_gpus)
+        physical_to_logical : array_like of int, shape (P,) or (n_layers, P)
+
+        Returns
+        -------
+        logical_to_physical : ndarray of int64, shape (n_layers, n_experts, X)
+            Physical slots of each expert in slot order, padded with -1.
+        logical_count : ndarray of int64, shape (n_layers, n_experts)
+        probabilities : ndarray of float64, shape (n_layers, n_experts, X)
+            Probability of sending a token of expert ``e`` to each listed slot; each row of an
+            expert with a replica sums to 1. An expert without tokens gets the uniform split.
+            Where one GPU holds two replicas of an expert, its whole share goes to the first.
+            Rows of experts with no replica are all zero.
+
+        Examples
+        --------
+        >>> p = DispatchProblem.from_placement([6, 2], [0, 1, 0, 1], n_gpus=2)
+        >>> l2p, cnt, prob = p.to_tables(np.array([[3.0, 3.0], [2.0, 0.0]]), [0, 1, 0, 1])
+        >>> l2p[0].tolist(), cnt[0].tolist(), prob[0].tolist()
+        ([[0, 2], [1, 3]], [2, 2], [[0.5, 0.5], [1.0, 0.0]])
+        """
+        func = "DispatchProblem.to_tables"
+        p2l = np.asarray(physical_to_logical)
+        shares = np.asarray(shares, dtype=float)
+        L = self.n_layers
+        p2l2 = np.broadcast_to(p2l.reshape(-1, p2l.shape[-1]), (L, p2l.shape[-1]))
+        sh = (
+            shares.reshape(L, self.n_experts, self.n_gpus)
+            if shares.size == L * self.n_experts * self.n_gpus
+            else None
+        )
+        if sh is None:
+            raise param_error(
+                "shares",
+                func,
+                f"shape {self.counts.shape + (self.n_gpus,)}",
+                f"shape {shares.shape}",
+            )
+        P = p2l2.shape[1]
+        if P % self.n_gpus:
+            raise param_error(
+                "physical_to_logical", func, f"a slot count divisible by {self.n_gpus}", f"{P}"
+            )
+        l2p, count = logical_to_physical(p2l2, self.n_experts)
+        per = P // self.n_gpus
+        prob = np.zeros(l2p.shape, dtype=float)
+        for l in range(L):
+            for e in range(self.n_experts):
+                k = count[l, e]
+                if k == 0:
+                    continue
+                slots = l2p[l, e, :k]
+                gpus = slots // per
+                tot = sh[l, e].sum()
+                if tot <= 0:
+                    prob[l, e, :k] = 1.0 / k
+                    continue
+                seen = set()
+                for j, g in enumerate(gpus):
+                    if g not in seen:
+                        prob[l, e, j] = sh[l, e, g] / tot
+                        seen.add(g)
+        return l2p, count, prob
+
+
+def logical_to_physical(physical_to_logical, n_experts: int):
+    """Invert a ``physical_to_logical [L, P]`` map into EPLB's padded layout.
+
+    Returns ``(logical_to_physical [L, E, X] padded with -1, logical_count [L, E])`` with
+    slots in increasing order and ``X = max(1, max count)``.
+
+    Examples
+    --------
+    >>> l2p, cnt = logical_to_physical(np.array([[1, 0, 1, -1]]), 2)
+    >>> l2p.tolist(), cnt.tolist()
+    ([[[1, -1], [0, 2]]], [[1, 2]])
+    """
+    p2l = np.atleast_2d(np.asarray(physical_to_logical, dtype=np.int64))
+    L, P = p2l.shape
+    count = np.zeros((L, n_experts), dtype=np.int64)
+    for l in range(L):
+        ok = p2l[l] >= 0
+        count[l] = np.bincount(p2l[l][ok], minlength=n_experts)[:n_experts]
+    X = max(1, int(count.max(initial=0)))
+    l2p = np.full((L, n_experts, X), -1, dtype=np.int64)
+    fill = np.zeros((L, n_experts), dtype=np.int64)
+    for l in range(L):
+        for p in range(P):
+            e = p2l[l, p]
+            if e >= 0:
+                l2p[l, e, fill[l, e]] = p
+                fill[l, e] += 1
+    return l2p, count
+
+
+class Evaluation(NamedTuple):
+    """Per-GPU quantities of a dispatch under a cost model (leading layer axis for stacks)."""
+
+    G: np.ndarray
+    """Activated replicas per GPU, ``#{e : x[e, g] > 0}``."""
+    N: np.ndarray
+    """Tokens per GPU, ``sum_e x[e, g]``."""
+    T: np.ndarray
+    """M-tiles per GPU, ``sum_e ceil(x[e, g] / tile)``."""
+    times: np.ndarray
+    """Modeled time of each GPU (us)."""
+    makespan: np.ndarray | float
+    """``max_g times`` (a float for one layer)."""
+
+
+def tile_count(shares, tile: int) -> np.ndarray:
+    """``ceil(x / tile)`` per entry, with :data:`TILE_SLACK` tokens of slack at boundaries."""
+    x = np.asarray(shares, dtype=float)
+    k = np.maximum(1.0, np.ceil((x - TILE_SLACK) / tile))
+    return np.where(x > 0, k, 0.0).astype(np.int64)
+
+
+def evaluate(problem: DispatchProblem, cost: CostModel, shares) -> Evaluation:
+    """Score a dispatch under the cost model, independently of how it was produced.
+
+    Activation is strict: ``x[e, g] > 0`` counts, however small. Feasibility is not
+    checked here; see :func:`check_shares`.
+
+    Examples
+    --------
+    >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    >>> cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    >>> x = np.zeros((7, 2)); x[0] = [300, 300]; x[1:4, 0] = 30; x[4:, 1] = 30
+    >>> evaluate(p, cost, x).makespan
+    60.0
+    """
+    x = np.asarray(shares, dtype=float)
+    want = problem.counts.shape + (problem.n_gpus,)
+    if x.shape != want:
+        raise param_error("shares", "evaluate", f"an array of shape {want}", f"shape {x.shape}")
+    G = (x > 0).sum(axis=-2)
+    N = x.sum(axis=-2)
+    T = tile_count(x, cost.tile).sum(axis=-2)
+    times = cost.time(G, N, T)
+    makespan = times.max(axis=-1)
+    if makespan.ndim == 0:
+        makespan = float(makespan)
+    return Evaluation(G=G, N=N, T=T, times=times, makespan=makespan)
+
+
+def check_shares(problem: DispatchProblem, shares, *, rtol: float = CONSERVATION_RTOL) -> None:
+    """Raise :class:`InfeasibleSharesError` unless ``shares`` is a feasible dispatch.
+
+    Feasible means: right shape, finite, non-negative, exactly zero off the replica mask,
+    and ``|sum_g x[e, g] - n[e]| <= rtol * max(1, n[e])`` for every expert.
+
+    Examples
+    --------
+    >>> p = DispatchProblem(counts=[4], replicas=[[True, False]])
+    >>> check_shares(p, [[4.0, 0.0]])
+    >>> check_shares(p, [[2.0, 2.0]])
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InfeasibleSharesError: The 'shares' ... must be zero where no
+    replica exists. Got 2.0 tokens of expert 0 on GPU 1 instead.
+    """
+    func = "check_shares"
+    x = np.asarray(shares, dtype=float)
+    want = problem.counts.shape + (problem.n_gpus,)
+    if x.shape != want:
+        raise param_error(
+            "shares", func, f"an array of shape {want}", f"shape {x.shape}", InfeasibleSharesError
+        )
+    if not np.all(np.isfinite(x)):
+        raise param_error(
+            "shares", func, "finite", "NaN or infinite entries", InfeasibleSharesError
+        )
+    if (x < 0).any():
+        raise param_error(
+            "shares", func, "non-negative", f"minimum {float(x.min())!r}", InfeasibleSharesError
+        )
+    off = (x != 0) & ~problem.replicas
+    if off.any():
+        idx = tuple(int(i) for i in np.argwhere(off)[0])
+        where = f"expert {idx[-2]} on GPU {idx[-1]}" + (
+            f" of layer {idx[0]}" if len(idx) == 3 else ""
+        )
+        raise param_error(
+            "shares",
+            func,
+            "zero where no replica exists",
+            f"{float(x[idx])!r} tokens of {where}",
+            InfeasibleSharesError,
+        )
+    n = problem.counts.astype(float)
+    err = np.abs(x.sum(axis=-1) - n)
+    bad = err > rtol * np.maximum(1.0, n)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise param_error(
+            "shares",
+            func,
+            f"conserving every expert's tokens (relative tolerance {rtol:g})",
+            f"{float(x[idx].sum())!r} tokens for expert {idx[-1]} with {int(n[idx])}",
+            InfeasibleSharesError,
+        )
+
+
+def basic_lower_bound(problem: DispatchProblem, cost: CostModel):
+    """A lower bound on the optimal makespan valid for any replica sets (per layer).
+
+    Averaging argument (TEMPO Theorem 2, "lower bounds"): every live expert is activated at
+    least once and its tokens are conserved, so some GPU carries at least the mean of each
+    additive measure:
+
+    * activations: ``a + b*ceil(E_live/g)`` when ``b2 = 0``; with tiles, each live expert
+      costs at least ``min(b + b2*(k_e - 1), b*k_e)`` (``k_e = ceil(n_e/tile)``), because
+      splitting it into ``j`` pieces costs ``b*j + b2*(max(j, k_e) - j)``; so
+      ``a + sum_e phi_e / g``;
+    * tokens: ``c + beta*N/g`` and ``c2 + gamma*N/g``.
+
+    The maximum of these is returned (a float, or an array for stacks). Stronger bounds
+    for restricted replication (semi-matching, token LP) live in ``straggler.solvers``.
+    """
+    n = problem.counts.reshape(problem.n_layers, problem.n_experts)
+    g = problem.n_gpus
+    out = np.empty(problem.n_layers)
+    for l in range(problem.n_layers):
+        live = n[l][n[l] > 0]
+        N = float(live.sum())
+        bounds = [cost.c + cost.beta * N / g]
+        if cost.has_traffic:
+            bounds.append(cost.c2 + cost.gamma * N / g)
+        if cost.b2 > 0:
+            k = np.ceil(live / cost.tile)
+            per = np.minimum(cost.b + cost.b2 * (k - 1), cost.b * k)
+            bounds.append(cost.a + per.sum() / g)
+        # the busiest GPU holds an integer number of activations, and b2*(T - G) >= 0
+        bounds.append(cost.a + cost.b * math.ceil(live.size / g))
+        out[l] = max(bounds)
+    return out if problem.is_stack else float(out[0])

@@ -1,0 +1,20 @@
+"""Algorithms: the HiGHS backend, exact methods, Numba heuristics, and the entry points.
+
+``from straggler.solvers import solve_dispatch, route_batch``.
+"""
+
+from .bounds import certified_lower_bound
+from .dispatch import DEFAULT_METHOD, solve_dispatch
+from .highs import MilpSolution, solve_milp
+from .registry import LayerSolution, dispatch_methods, register_dispatch_method
+
+__all__ = [
+    "certified_lower_bound",
+    "DEFAULT_METHOD",
+    "solve_dispatch",
+    "MilpSolution",
+    "solve_milp",
+    "LayerSolution",
+    "dispatch_methods",
+    "register_dispatch_method",
+]

@@ -1,0 +1,105 @@
+"""Registry of dispatch methods by stable name.
+
+A method is a small frozen dataclass of hyperparameters, registered with
+:func:`register_dispatch_method`, whose ``solve(problem, cost, *, time_limit, rng)`` takes
+one validated single-layer :class:`~straggler.formulations.DispatchProblem` and returns a
+:class:`LayerSolution`. :func:`~straggler.solvers.solve_dispatch` does everything else
+once, for every method alike: validation, the layer loop, scoring by the independent
+evaluator, the certified lower bound, status, timing.
+
+Baselines live in ``straggler.baselines`` (a higher layer); they register themselves when
+that package is imported, which :func:`load_plugins` does by name on first use, so this
+module never imports upward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formulations.errors import InvalidOptionError
+from ..formulations.results import Status
+
+__all__ = [
+    "LayerSolution",
+    "register_dispatch_method",
+    "get_dispatch_method",
+    "dispatch_methods",
+    "load_plugins",
+]
+
+_DISPATCH: dict[str, type] = {}
+_PLUGINS = ("straggler.baselines",)
+_loaded = False
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LayerSolution:
+    """What a method's ``solve`` returns for one layer.
+
+    ``status`` is HEURISTIC for methods that do not prove optimality; exact methods report
+    their backend status. ``lower_bound`` is a method-specific certified bound (e.g. a MILP
+    dual bound), combined with the library's own bounds by ``solve_dispatch``.
+    """
+
+    shares: np.ndarray
+    status: Status = Status.HEURISTIC
+    lower_bound: float = -np.inf
+    extras: dict = field(default_factory=dict)
+
+
+def register_dispatch_method(name: str):
+    """Class decorator: register a frozen dataclass as dispatch method ``name``."""
+
+    def deco(cls):
+        if name in _DISPATCH and _DISPATCH[name] is not cls:
+            raise RuntimeError(f"dispatch method {name!r} registered twice")
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"dispatch method {name!r} must be a dataclass")
+        cls.method_name = name
+        _DISPATCH[name] = cls
+        return cls
+
+    return deco
+
+
+def load_plugins() -> None:
+    """Import the packages that register methods (``straggler.baselines``), once."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for mod in _PLUGINS:
+            importlib.import_module(mod)
+
+
+def dispatch_methods() -> list[str]:
+    """Names of every registered dispatch method, sorted."""
+    load_plugins()
+    return sorted(_DISPATCH)
+
+
+def get_dispatch_method(name: str, func: str = "solve_dispatch"):
+    """The class registered as ``name``; :class:`InvalidOptionError` if there is none."""
+    load_plugins()
+    if not isinstance(name, str) or name not in _DISPATCH:
+        raise InvalidOptionError(
+            f"The 'method' parameter of {func} must be one of {sorted(_DISPATCH)}. "
+            f"Got {name!r} instead."
+        )
+    return _DISPATCH[name]
+
+
+def make_method(name: str, options: dict, func: str = "solve_dispatch"):
+    """Instantiate method ``name`` with keyword ``options``, naming any unknown option."""
+    cls = get_dispatch_method(name, func)
+    allowed = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise InvalidOptionError(
+            f"The method {name!r} of {func} got unknown option(s) {unknown}; "
+            f"it accepts {allowed or 'no options'}."
+        )
+    return cls(**options)

@@ -7,6 +7,8 @@ from .bounds import certified_lower_bound
 from .dispatch import DEFAULT_METHOD, solve_dispatch
 from .highs import MilpSolution, solve_milp
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
+from .round_robin import RoundRobin, a3_bound, round_robin_shares
+from .semi_matching import SemiMatching, semi_matching
 
 __all__ = [
     "certified_lower_bound",
@@ -17,4 +19,9 @@ __all__ = [
     "LayerSolution",
     "dispatch_methods",
     "register_dispatch_method",
+    "RoundRobin",
+    "a3_bound",
+    "round_robin_shares",
+    "SemiMatching",
+    "semi_matching",
 ]

@@ -2,21 +2,55 @@
 
 :func:`certified_lower_bound` is what every :class:`DispatchResult` reports (combined with
 any bound the method proves itself, such as a MILP dual bound). Each ingredient is valid
-for any replica sets; see ``proofs/THEOREMS.md``.
+for any replica sets and is proved in ``proofs/THEOREMS.md`` (Part I, "Lower bounds"):
+
+* B1, the averaging bound of :func:`~straggler.formulations.basic_lower_bound` (here with
+  each expert's cheapest split limited by its replica count, which only strengthens it);
+* B2, the activation bound ``a + b*SM`` from the optimal semi-matching value ``SM``
+  (Lemma 2);
+* B3, token and activation-measure bounds over GPU sets closed under the replica sets of
+  the experts they hold (``N(E(S))/|S|``);
+* B4, the tile count of each expert's largest piece.
+
+It is computed by one Numba kernel (``straggler.solvers._bounds``, plain-Python reference
+beside it) plus the semi-matching kernel; no LP or MILP is solved, so every
+``solve_dispatch`` call can afford it (a few microseconds for ``E = 256, g = 8``).
 """
 
 from __future__ import annotations
 
 from ..formulations.cost import CostModel
-from ..formulations.dispatch import DispatchProblem, basic_lower_bound
+from ..formulations.dispatch import DispatchProblem
+from ._bounds import lower_bound_kernel
+from ._semi_matching import semi_matching_kernel
 
 __all__ = ["certified_lower_bound"]
 
 
 def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float:
-    """A lower bound on the optimal makespan of one layer.
+    """A lower bound on the optimal makespan of one layer (layer 0 of a stack).
 
-    Currently the averaging bound of
-    :func:`~straggler.formulations.basic_lower_bound` (activations and tokens).
+    Returns ``max(B1, B2, B3, B4)`` (see the module docstring); never above the optimum.
+
+    Examples
+    --------
+    TEMPO Fig. 1b (the optimum is 60; the token bound ``beta*N/2 = 39`` and the activation
+    bound ``b*ceil(7/2) = 60`` meet it):
+
+    >>> import numpy as np
+    >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    >>> certified_lower_bound(p, CostModel(a=0, b=15, c=0, beta=0.1))
+    60.0
+
+    Restricted replicas: expert 0 (90 tokens) lives only on GPU 0, so GPU 0 carries at
+    least 90 tokens, more than the average 50:
+
+    >>> p = DispatchProblem(counts=[90, 10], replicas=[[1, 0], [1, 1]])
+    >>> certified_lower_bound(p, CostModel(a=0, b=0, c=0, beta=1))
+    90.0
     """
-    return float(basic_lower_bound(problem.layer(0) if problem.is_stack else problem, cost))
+    p = problem.layer(0) if problem.is_stack else problem
+    counts = p.counts
+    replicas = p.replicas
+    _, sm, _ = semi_matching_kernel(replicas, counts > 0)
+    return float(lower_bound_kernel(counts, replicas, cost.as_array(), sm))

@@ -1,0 +1,413 @@
+"""The lock-step decode step loop: a Numba kernel and, below it, a plain-Python reference.
+
+Both take the same arguments and return the same tuple; tests check they agree exactly.
+
+Model (one loop iteration = one decode step of the whole cluster)
+-----------------------------------------------------------------
+1. Requests whose prefill is done (``ready_t <= clock``) enter the prompt pool, in ready order
+   (ties: trace order).
+2. If nothing runs and the pool is empty, the clock jumps to the next ready time (no step).
+3. Snapshot: the router's view of step ``k`` is computed (loads ``(G, 1)`` or projected loads
+   ``(G, H+1)``) and kept in a ring of ``stale + 1`` snapshots.
+4. Routing tick (``k % tick == 0`` and a non-empty pool): the router gets the prefill lengths of
+   the oldest ``max_pool`` pool requests, the view of step ``k - stale`` (step 0's for
+   ``k < stale``), plus, when ``optimistic``, the prompt lengths it placed at steps
+   ``k - stale .. k - 1`` added to their replicas (all horizon columns); exact free slots and
+   running counts. The assignment is applied in pool order; a request is admitted when its
+   replica has a free slot and ``load + prompt <= kv_cap``, otherwise it stays in the pool. An
+   admitted request takes the lowest free slot index of its replica.
+5. Step: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step; every running
+   request gains one token (``L_g += 1`` each); a request whose decoded count reaches its
+   output length leaves at ``clock + dt`` (``L_g -= prompt + output``). Records per step:
+   start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``, running requests, pool size.
+
+Projection (``pred_kind > 0``, BR-H) of a running request ``i`` with prompt ``s_i`` and age
+``a_i``: its load ``s_i + a_i + h`` counts at horizon ``h`` when ``h < c_i`` (``h = 0`` always
+counts), where ``c_i = H`` if ``p_fin < 0.5`` else ``(1 - p_fin) H + p_fin mu_rem``, with
+``(p_fin, mu_rem)``:
+
+* oracle (1): ``r = output - a``: ``(1, r)`` if ``r <= H`` else ``(0, r)``;
+* survival (2): tables indexed by age (the last entry for older ages);
+* exact-match (3): ``m`` = output length of the last *finished* request with the same prompt
+  hash; if ``m > a``: ``r = m - a``, ``(1, r)`` if ``r <= H`` else ``(0, r)``; else survival.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from numba import njit
+
+from ..solvers._jit import NJIT
+
+__all__ = ["run_engine", "run_engine_reference", "NS_CLOCK"]
+
+# The engine calls a ctypes function (the clock), which numba cannot cache.
+_NJIT_ENGINE = dict(NJIT, cache=False)
+
+_libc = ctypes.CDLL(None)
+_clock_gettime = _libc.clock_gettime
+_clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_clock_gettime.restype = ctypes.c_int
+_CLOCK_MONOTONIC = 1
+
+
+def NS_CLOCK() -> int:
+    """Monotonic clock in nanoseconds (the one the kernel uses to time the router)."""
+    ts = np.zeros(2, dtype=np.int64)
+    _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
+    return int(ts[0]) * 1_000_000_000 + int(ts[1])
+
+
+@njit(**_NJIT_ENGINE)
+def run_engine(
+    router,
+    ready_t,
+    prompt,
+    output,
+    group,
+    n_groups,
+    n_replicas,
+    max_slots,
+    kv_cap,
+    t0,
+    kappa,
+    tick,
+    stale,
+    optimistic,
+    max_pool,
+    horizon,
+    pred_kind,
+    surv_p,
+    surv_mu,
+    seed,
+    max_steps,
+    time_router,
+):
+    """Run the step loop; see the module docstring.
+
+    ``ready_t`` must be sorted (the wrapper sorts requests by ready time). ``router(prefill,
+    view, free, n_running, seed) -> assignment`` is a jitted function. Returns ``(start_t,
+    first_t, finish_t, replica, series (n_steps, 6), tick_ns (n_ticks,), tick_pool
+    (n_ticks,))``; series columns: clock, dt, max load, sum load, running, pool.
+    """
+    n = ready_t.size
+    G = n_replicas
+    H = horizon
+    start_t = np.full(n, np.nan)
+    first_t = np.full(n, np.nan)
+    finish_t = np.full(n, np.nan)
+    replica = np.full(n, -1, dtype=np.int64)
+    decoded = np.zeros(n, dtype=np.int64)
+    slot_req = np.full((G, max_slots), -1, dtype=np.int64)
+    load = np.zeros(G, dtype=np.int64)
+    nrun = np.zeros(G, dtype=np.int64)
+    memo = np.full(max(n_groups, 1), -1, dtype=np.int64)
+    pool = np.empty(n, dtype=np.int64)
+    pool_n = 0
+    R = stale + 1
+    view_ring = np.zeros((R, G, H + 1))
+    add_ring = np.zeros((R, G))
+    cap_series = 1024
+    series = np.empty((cap_series, 6))
+    cap_ticks = 1024
+    tick_ns = np.empty(cap_ticks, dtype=np.int64)
+    tick_pool = np.empty(cap_ticks, dtype=np.int64)
+    n_ticks = 0
+    ts = np.zeros(2, dtype=np.int64)
+    n_surv = surv_p.size
+    clock = 0.0
+    k = 0
+    nxt = 0
+    total_run = 0
+    while k < max_steps:
+        # 1. prefill done -> pool
+        while nxt < n and ready_t[nxt] <= clock:
+            pool[pool_n] = nxt
+            pool_n += 1
+            nxt += 1
+        # 2. idle: jump to the next ready time
+        if total_run == 0 and pool_n == 0:
+            if nxt >= n:
+                break
+            clock = ready_t[nxt]
+            continue
+        # 3. snapshot of step k
+        slot = k % R
+        for g in range(G):
+            add_ring[slot, g] = 0.0
+            for h in range(H + 1):
+                view_ring[slot, g, h] = 0.0
+            view_ring[slot, g, 0] = load[g]
+        if pred_kind > 0:
+            for g in range(G):
+                for s in range(max_slots):
+                    i = slot_req[g, s]
+                    if i < 0:
+                        continue
+                    a = decoded[i]
+                    if pred_kind == 1:
+                        r = output[i] - a
+                        p = 1.0 if r <= H else 0.0
+                        mu = float(r)
+                    else:
+                        m = memo[group[i]] if (pred_kind == 3 and group[i] >= 0) else -1
+                        if m > a:
+                            r = m - a
+                            p = 1.0 if r <= H else 0.0
+                            mu = float(r)
+                        else:
+                            j = a if a < n_surv else n_surv - 1
+                            p = surv_p[j]
+                            mu = surv_mu[j]
+                    c = float(H) if p < 0.5 else (1.0 - p) * H + p * mu
+                    base = prompt[i] + a
+                    for h in range(1, H + 1):
+                        if h < c:
+                            view_ring[slot, g, h] += base + h
+                        else:
+                            break
+        # 4. routing tick
+        if k % tick == 0 and pool_n > 0:
+            P = pool_n if pool_n < max_pool else max_pool
+            prefill = np.empty(P)
+            for j in range(P):
+                prefill[j] = prompt[pool[j]]
+            old = (k - stale) % R if k >= stale else 0
+            view = view_ring[old].copy()
+            if optimistic:
+                lo = k - stale if k >= stale else 0
+                for kk in range(lo, k):
+                    for g in range(G):
+                        for h in range(H + 1):
+                            view[g, h] += add_ring[kk % R, g]
+            free = np.empty(G, dtype=np.int64)
+            for g in range(G):
+                free[g] = max_slots - nrun[g]
+            tick_seed = seed * 1_000_003 + k
+            if time_router:
+                _clock_gettime(1, ts.ctypes.data)
+                c0 = ts[0] * 1_000_000_000 + ts[1]
+            assign = router(prefill, view, free, nrun.copy(), tick_seed)
+            if time_router:
+                _clock_gettime(1, ts.ctypes.data)
+                c1 = ts[0] * 1_000_000_000 + ts[1]
+            else:
+                c0 = 0
+                c1 = 0
+            if n_ticks == cap_ticks:
+                cap_ticks *= 2
+                tn = np.empty(cap_ticks, dtype=np.int64)
+                tn[:n_ticks] = tick_ns[:n_ticks]
+                tick_ns = tn
+                tp = np.empty(cap_ticks, dtype=np.int64)
+                tp[:n_ticks] = tick_pool[:n_ticks]
+                tick_pool = tp
+            tick_ns[n_ticks] = c1 - c0
+            tick_pool[n_ticks] = P
+            n_ticks += 1
+            keep = 0
+            for j in range(pool_n):
+                i = pool[j]
+                g = assign[j] if j < P else -1
+                if g >= 0 and nrun[g] < max_slots and load[g] + prompt[i] <= kv_cap:
+                    for s in range(max_slots):
+                        if slot_req[g, s] < 0:
+                            slot_req[g, s] = i
+                            break
+                    nrun[g] += 1
+                    total_run += 1
+                    load[g] += prompt[i]
+                    replica[i] = g
+                    start_t[i] = clock
+                    add_ring[slot, g] += prompt[i]
+                else:
+                    pool[keep] = i
+                    keep += 1
+            pool_n = keep
+        # 5. one decode step
+        M = 0
+        S = 0
+        for g in range(G):
+            S += load[g]
+            if load[g] > M:
+                M = load[g]
+        dt = t0 + kappa * M
+        if k == series.shape[0]:
+            grown = np.empty((2 * series.shape[0], 6))
+            grown[:k] = series[:k]
+            series = grown
+        series[k, 0] = clock
+        series[k, 1] = dt
+        series[k, 2] = M
+        series[k, 3] = S
+        series[k, 4] = total_run
+        series[k, 5] = pool_n
+        t_end = clock + dt
+        for g in range(G):
+            for s in range(max_slots):
+                i = slot_req[g, s]
+                if i < 0:
+                    continue
+                decoded[i] += 1
+                load[g] += 1
+                if decoded[i] == 1:
+                    first_t[i] = t_end
+                if decoded[i] == output[i]:
+                    finish_t[i] = t_end
+                    load[g] -= prompt[i] + output[i]
+                    slot_req[g, s] = -1
+                    nrun[g] -= 1
+                    total_run -= 1
+                    if group[i] >= 0:
+                        memo[group[i]] = output[i]
+        clock = t_end
+        k += 1
+    return (
+        start_t,
+        first_t,
+        finish_t,
+        replica,
+        series[:k].copy(),
+        tick_ns[:n_ticks].copy(),
+        tick_pool[:n_ticks].copy(),
+    )
+
+
+def run_engine_reference(
+    router,
+    ready_t,
+    prompt,
+    output,
+    group,
+    n_groups,
+    n_replicas,
+    max_slots,
+    kv_cap,
+    t0,
+    kappa,
+    tick,
+    stale,
+    optimistic,
+    max_pool,
+    horizon,
+    pred_kind,
+    surv_p,
+    surv_mu,
+    seed,
+    max_steps,
+    time_router,
+):
+    """Plain-Python step loop written from the model in the module docstring.
+
+    Running requests are kept per replica in a slot list; the router's view is rebuilt from
+    them each step. ``time_router`` is accepted for signature parity (tick times are 0).
+    """
+    n = len(ready_t)
+    G, H = n_replicas, horizon
+    start_t = [float("nan")] * n
+    first_t = [float("nan")] * n
+    finish_t = [float("nan")] * n
+    replica = [-1] * n
+    decoded = [0] * n
+    slots = [[None] * max_slots for _ in range(G)]
+    memo: dict[int, int] = {}
+    pool: list[int] = []
+    views: dict[int, list[list[float]]] = {}
+    placed_at: dict[int, list[float]] = {}
+    series, tick_pool = [], []
+    clock, k, nxt = 0.0, 0, 0
+
+    def loads():
+        return [sum(prompt[i] + decoded[i] for i in slots[g] if i is not None) for g in range(G)]
+
+    def running(g):
+        return sum(1 for i in slots[g] if i is not None)
+
+    while k < max_steps:
+        while nxt < n and ready_t[nxt] <= clock:
+            pool.append(nxt)
+            nxt += 1
+        if sum(running(g) for g in range(G)) == 0 and not pool:
+            if nxt >= n:
+                break
+            clock = float(ready_t[nxt])
+            continue
+        # the view of step k: exact loads, then the projected horizon columns
+        L = loads()
+        view = [[float(L[g])] + [0.0] * H for g in range(G)]
+        if pred_kind > 0:
+            for g in range(G):
+                for i in slots[g]:
+                    if i is None:
+                        continue
+                    a = decoded[i]
+                    m = memo.get(int(group[i]), -1) if (pred_kind == 3 and group[i] >= 0) else -1
+                    if pred_kind == 1 or m > a:
+                        r = (output[i] if pred_kind == 1 else m) - a
+                        p, mu = (1.0 if r <= H else 0.0), float(r)
+                    else:
+                        j = min(a, len(surv_p) - 1)
+                        p, mu = float(surv_p[j]), float(surv_mu[j])
+                    c = float(H) if p < 0.5 else (1.0 - p) * H + p * mu
+                    for h in range(1, H + 1):
+                        if h < c:
+                            view[g][h] += prompt[i] + a + h
+        views[k] = view
+        views.pop(k - stale - 1, None)
+        placed_at[k] = [0.0] * G
+        placed_at.pop(k - stale - 1, None)
+        if k % tick == 0 and pool:
+            P = min(len(pool), max_pool)
+            prefill = np.array([float(prompt[i]) for i in pool[:P]])
+            seen = [row[:] for row in views[max(k - stale, 0)]]
+            if optimistic:
+                for kk in range(max(k - stale, 0), k):
+                    for g in range(G):
+                        for h in range(H + 1):
+                            seen[g][h] += placed_at[kk][g]
+            free = np.array([max_slots - running(g) for g in range(G)], dtype=np.int64)
+            nrun = np.array([running(g) for g in range(G)], dtype=np.int64)
+            assign = router(prefill, np.array(seen), free, nrun, seed * 1_000_003 + k)
+            tick_pool.append(P)
+            still = []
+            for j, i in enumerate(pool):
+                g = int(assign[j]) if j < P else -1
+                Lg = sum(prompt[q] + decoded[q] for q in slots[g] if q is not None) if g >= 0 else 0
+                if g >= 0 and running(g) < max_slots and Lg + prompt[i] <= kv_cap:
+                    slots[g][slots[g].index(None)] = i
+                    replica[i] = g
+                    start_t[i] = clock
+                    placed_at[k][g] += prompt[i]
+                else:
+                    still.append(i)
+            pool = still
+        L = loads()
+        M, S = max(L), sum(L)
+        dt = t0 + kappa * M
+        series.append([clock, dt, M, S, sum(running(g) for g in range(G)), len(pool)])
+        t_end = clock + dt
+        for g in range(G):
+            for s, i in enumerate(slots[g]):
+                if i is None:
+                    continue
+                decoded[i] += 1
+                if decoded[i] == 1:
+                    first_t[i] = t_end
+                if decoded[i] == output[i]:
+                    finish_t[i] = t_end
+                    slots[g][s] = None
+                    if group[i] >= 0:
+                        memo[int(group[i])] = int(output[i])
+        clock = t_end
+        k += 1
+    return (
+        np.array(start_t),
+        np.array(first_t),
+        np.array(finish_t),
+        np.array(replica, dtype=np.int64),
+        np.array(series, dtype=float).reshape(-1, 6),
+        np.zeros(len(tick_pool), dtype=np.int64),
+        np.array(tick_pool, dtype=np.int64),
+    )

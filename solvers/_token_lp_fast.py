@@ -1,0 +1,321 @@
+"""Exact token LP (TEMPO Lemma 1) by augmenting paths: Numba kernel and plain-Python reference.
+
+Private module (stumpy's ``_stump`` / ``stump`` split): :func:`token_lp_kernel` is the
+jitted kernel, :func:`token_lp_reference` the plain-Python reference written directly from
+the algorithm below, sharing no helper with the kernel. :func:`token_lp_stack_kernel` runs
+the kernel over a stack of layers in parallel. The public wrapper is
+:func:`straggler.solvers.tempo.token_lp_fast`.
+
+Problem: ``lambda* = min max_g N_g`` over fractional splits of each expert's ``n_e`` tokens
+across its replica GPUs ``R(e)``. By max-flow/min-cut (Hall's condition for the bipartite
+transportation problem),
+
+    lambda* = max over GPU sets S of W(S) / |S|,   W(S) = sum of n_e over e with R(e) inside S,
+
+and an integral flow with ``max_g N_g <= C`` exists for an integer ``C`` iff ``C >= lambda*``.
+
+Algorithm (all integer arithmetic, exact):
+
+1. Seed: experts by descending tokens (ties: lower index), each whole on its least-loaded
+   replica (ties: lower GPU index).
+2. Integer cap: ``C = ceil(total / g)``. Push: while some GPU is over ``C`` (the lowest index
+   ``u`` first), breadth-first search from ``u`` in the residual graph, whose arcs are
+   ``w -> v`` when some expert ``e`` has ``x[e, w] > 0`` and a replica on ``v`` (GPUs in
+   increasing index, experts in increasing index, first found kept), up to the first GPU
+   ``t`` under ``C``; push ``min(load[u] - C, C - load[t], shares along the path)`` tokens
+   along it. When no such ``t`` is reachable, the reached set ``S`` is closed (every expert
+   with tokens in ``S`` has all its replicas in ``S``) and every GPU in it is at or over
+   ``C`` with ``u`` over, so ``W(S) = load(S) > C |S|``: then ``C <- max(C + 1,
+   ceil(W(S)/|S|))`` (still ``<= ceil(lambda*)``) and the push resumes from the current
+   flow. It ends with an integral dispatch of ``max_g N_g = ceil(lambda*)``.
+3. Exact value (Dinkelbach on the densest-set ratio): ``p/q`` is the largest ratio
+   ``W(S)/|S|`` seen (``S`` = all GPUs included). While ``p != C q``: scale the integral
+   dispatch by ``q`` and push with cap ``p``; feasible means ``lambda* = p/q``; otherwise
+   the stuck set gives a strictly larger ratio ``W(S')/|S'|``, which becomes ``p/q``.
+
+Tokens are scaled by at most ``g``; counts below ``2**52`` and ``g < 2**11`` stay in int64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ._jit import NJIT, NJIT_PARALLEL
+
+__all__ = ["token_lp_kernel", "token_lp_reference", "token_lp_stack_kernel"]
+
+
+@njit(**NJIT)
+def _replica_lists(replicas):
+    """CSR lists: GPUs of each expert, and experts of each GPU (increasing order)."""
+    E, g = replicas.shape
+    e_ptr = np.zeros(E + 1, np.int64)
+    g_ptr = np.zeros(g + 1, np.int64)
+    for e in range(E):
+        for h in range(g):
+            if replicas[e, h]:
+                e_ptr[e + 1] += 1
+                g_ptr[h + 1] += 1
+    for e in range(E):
+        e_ptr[e + 1] += e_ptr[e]
+    for h in range(g):
+        g_ptr[h + 1] += g_ptr[h]
+    e_gpus = np.empty(e_ptr[E], np.int64)
+    g_exps = np.empty(g_ptr[g], np.int64)
+    fill_g = g_ptr[:-1].copy()
+    k = 0
+    for e in range(E):
+        for h in range(g):
+            if replicas[e, h]:
+                e_gpus[k] = h
+                k += 1
+                g_exps[fill_g[h]] = e
+                fill_g[h] += 1
+    return e_ptr, e_gpus, g_ptr, g_exps
+
+
+@njit(**NJIT)
+def _push(x, load, cap, e_ptr, e_gpus, g_ptr, g_exps):
+    """Augment until no GPU exceeds ``cap`` (True, 0, 0) or stuck: (False, W(S), |S|)."""
+    g = load.shape[0]
+    par_gpu = np.empty(g, np.int64)
+    par_exp = np.empty(g, np.int64)
+    queue = np.empty(g, np.int64)
+    seen = np.zeros(g, np.bool_)
+    while True:
+        u = -1
+        for h in range(g):
+            if load[h] > cap:
+                u = h
+                break
+        if u < 0:
+            return True, 0, 0
+        seen[:] = False
+        seen[u] = True
+        queue[0] = u
+        head = 0
+        tail = 1
+        t = -1
+        while head < tail and t < 0:
+            w = queue[head]
+            head += 1
+            for i in range(g_ptr[w], g_ptr[w + 1]):
+                e = g_exps[i]
+                if x[e, w] == 0:
+                    continue
+                for j in range(e_ptr[e], e_ptr[e + 1]):
+                    v = e_gpus[j]
+                    if not seen[v]:
+                        seen[v] = True
+                        par_gpu[v] = w
+                        par_exp[v] = e
+                        if load[v] < cap:
+                            t = v
+                            break
+                        queue[tail] = v
+                        tail += 1
+                if t >= 0:
+                    break
+        if t < 0:
+            wsum = 0
+            k = 0
+            for h in range(g):
+                if seen[h]:
+                    wsum += load[h]
+                    k += 1
+            return False, wsum, k
+        delta = min(load[u] - cap, cap - load[t])
+        v = t
+        while v != u:
+            w = par_gpu[v]
+            delta = min(delta, x[par_exp[v], w])
+            v = w
+        v = t
+        while v != u:
+            w = par_gpu[v]
+            e = par_exp[v]
+            x[e, w] -= delta
+            x[e, v] += delta
+            v = w
+        load[u] -= delta
+        load[t] += delta
+
+
+@njit(**NJIT)
+def _gcd(p, q):
+    while q:
+        p, q = q, p % q
+    return p
+
+
+@njit(**NJIT)
+def token_lp_kernel(counts, replicas):
+    """Integral token-optimal dispatch and the exact token-LP value ``num / den``.
+
+    Parameters
+    ----------
+    counts : ndarray of int64, shape (n_experts,)
+    replicas : ndarray of bool, shape (n_experts, n_gpus)
+        Every expert with tokens has a replica (validated by the caller).
+
+    Returns
+    -------
+    shares : ndarray of int64, shape (n_experts, n_gpus)
+        Integral dispatch with ``max_g N_g = ceil(lambda*)``.
+    num, den : int
+        ``lambda* = num / den`` in lowest terms (``0 / 1`` without tokens).
+    """
+    E, g = replicas.shape
+    e_ptr, e_gpus, g_ptr, g_exps = _replica_lists(replicas)
+    x = np.zeros((E, g), np.int64)
+    load = np.zeros(g, np.int64)
+    # Step 1: whole experts, descending tokens, least-loaded replica.
+    order = np.argsort(-counts, kind="mergesort")
+    total = 0
+    for i in range(E):
+        e = order[i]
+        n = counts[e]
+        if n == 0:
+            break
+        total += n
+        best = -1
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
+            if best < 0 or load[h] < load[best]:
+                best = h
+        x[e, best] = n
+        load[best] += n
+    if total == 0:
+        return x, 0, 1
+    # Step 2: smallest feasible integer cap.
+    p = total
+    q = g
+    cap = (total + g - 1) // g
+    while True:
+        ok, w, k = _push(x, load, cap, e_ptr, e_gpus, g_ptr, g_exps)
+        if ok:
+            break
+        if w * q > p * k:
+            p = w
+            q = k
+        cap = max(cap + 1, (w + k - 1) // k)
+    # Step 3: exact ratio by Dinkelbach on scaled copies of the integral dispatch.
+    while p != cap * q:
+        xs = x * q
+        ls = load * q
+        ok, w, k = _push(xs, ls, p, e_ptr, e_gpus, g_ptr, g_exps)
+        if ok:
+            break
+        p = w // q
+        q = k
+    d = _gcd(p, q)
+    return x, p // d, q // d
+
+
+def token_lp_reference(counts, replicas):
+    """Plain-Python reference of :func:`token_lp_kernel` (same algorithm and tie-breaking).
+
+    Examples
+    --------
+    Expert 0 (6 tokens) lives on GPUs 0 and 1, expert 1 (2 tokens) only on GPU 1:
+    ``lambda* = 4``.
+
+    >>> x, num, den = token_lp_reference([6, 2], [[True, True], [False, True]])
+    >>> x.tolist(), num, den
+    ([[4, 2], [0, 2]], 4, 1)
+    """
+    counts = [int(c) for c in counts]
+    R = [[bool(r) for r in row] for row in replicas]
+    E, g = len(R), len(R[0])
+    x = [[0] * g for _ in range(E)]
+    load = [0] * g
+
+    def push(x, load, cap):
+        while True:
+            over = [h for h in range(g) if load[h] > cap]
+            if not over:
+                return True, 0, 0
+            u = over[0]
+            seen = {u}
+            parent = {}
+            queue = [u]
+            t = None
+            for w in queue:  # breadth first; the list grows while iterating
+                for e in range(E):
+                    if x[e][w] == 0 or not R[e][w]:
+                        continue
+                    for v in range(g):
+                        if R[e][v] and v not in seen:
+                            seen.add(v)
+                            parent[v] = (w, e)
+                            if load[v] < cap:
+                                t = v
+                                break
+                            queue.append(v)
+                    if t is not None:
+                        break
+                if t is not None:
+                    break
+            if t is None:
+                return False, sum(load[h] for h in seen), len(seen)
+            path = []
+            v = t
+            while v != u:
+                w, e = parent[v]
+                path.append((w, e, v))
+                v = w
+            delta = min([load[u] - cap, cap - load[t]] + [x[e][w] for w, e, _ in path])
+            for w, e, v in path:
+                x[e][w] -= delta
+                x[e][v] += delta
+            load[u] -= delta
+            load[t] += delta
+
+    for e in sorted(range(E), key=lambda e: (-counts[e], e)):
+        if counts[e] == 0:
+            break
+        best = min((h for h in range(g) if R[e][h]), key=lambda h: (load[h], h))
+        x[e][best] = counts[e]
+        load[best] += counts[e]
+    total = sum(counts)
+    if total == 0:
+        return np.array(x, dtype=np.int64).reshape(E, g), 0, 1
+    p, q = total, g
+    cap = -(-total // g)
+    while True:
+        ok, w, k = push(x, load, cap)
+        if ok:
+            break
+        if w * q > p * k:
+            p, q = w, k
+        cap = max(cap + 1, -(-w // k))
+    while p != cap * q:
+        xs = [[v * q for v in row] for row in x]
+        ls = [v * q for v in load]
+        ok, w, k = push(xs, ls, p)
+        if ok:
+            break
+        p, q = w // q, k
+    d = math.gcd(p, q)
+    return np.array(x, dtype=np.int64), p // d, q // d
+
+
+@njit(**NJIT_PARALLEL)
+def token_lp_stack_kernel(counts, replicas):
+    """:func:`token_lp_kernel` on each layer of ``(L, E)`` / ``(L, E, g)`` arrays, in parallel.
+
+    Returns ``shares (L, E, g)``, ``num (L,)``, ``den (L,)``.
+    """
+    L, E, g = replicas.shape
+    shares = np.zeros((L, E, g), np.int64)
+    num = np.zeros(L, np.int64)
+    den = np.ones(L, np.int64)
+    for l in prange(L):
+        x, p, q = token_lp_kernel(counts[l], replicas[l])
+        shares[l] = x
+        num[l] = p
+        den[l] = q
+    return shares, num, den

@@ -14,6 +14,7 @@ from .dispatch import (
     logical_to_physical,
     tile_count,
 )
+from .dispatch_milp import build_dispatch_milp, build_token_lp
 from .errors import (
     BackendUnavailableError,
     InfeasibleSharesError,
@@ -34,6 +35,8 @@ __all__ = [
     "evaluate",
     "logical_to_physical",
     "tile_count",
+    "build_dispatch_milp",
+    "build_token_lp",
     "BackendUnavailableError",
     "InfeasibleSharesError",
     "InvalidInputError",

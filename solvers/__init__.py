@@ -5,6 +5,7 @@
 
 from .bounds import certified_lower_bound
 from .dispatch import DEFAULT_METHOD, solve_dispatch
+from .exact import MilpDispatch, solve_token_lp
 from .highs import MilpSolution, solve_milp
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
@@ -14,6 +15,8 @@ __all__ = [
     "certified_lower_bound",
     "DEFAULT_METHOD",
     "solve_dispatch",
+    "MilpDispatch",
+    "solve_token_lp",
     "MilpSolution",
     "solve_milp",
     "LayerSolution",

@@ -1,0 +1,191 @@
+"""The exact dispatch method against a brute-force oracle, the token LP, and honest limits."""
+
+import math
+
+import numpy as np
+import pytest
+from straggler.formulations import (
+    CostModel,
+    DispatchProblem,
+    InvalidInputError,
+    InvalidOptionError,
+    Status,
+    check_shares,
+    evaluate,
+)
+from straggler.proofs.brute import brute_force_dispatch
+from straggler.solvers import solve_dispatch, solve_token_lp
+
+COSTS = {
+    "two_piece": CostModel(a=0, b=15, c=0, beta=0.1),
+    "intercepts": CostModel(a=3.5, b=2.0, c=4.0, beta=0.05),
+    "tiles": CostModel(a=1.0, b=3.0, c=2.0, beta=0.02, b2=1.5, tile=4),
+    "all_three": CostModel(a=1.0, b=3.0, c=2.0, beta=0.02, b2=0.7, tile=4, c2=5.0, gamma=0.08),
+    "traffic": CostModel(a=0.5, b=1.0, c=0.0, beta=0.01, c2=1.0, gamma=0.3),
+}
+
+
+def random_instance(rng, *, full, max_e, max_g, max_n):
+    E = int(rng.integers(1, max_e + 1))
+    g = int(rng.integers(1, max_g + 1))
+    counts = rng.integers(0, max_n + 1, size=E)
+    counts[rng.random(E) < 0.15] = 0
+    if rng.random() < 0.3:  # ties
+        counts[:] = counts[0]
+    if full:
+        rep = np.ones((E, g), bool)
+    else:
+        rep = rng.random((E, g)) < 0.5
+        rep[np.arange(E), rng.integers(0, g, size=E)] = True
+    return DispatchProblem(counts=counts, replicas=rep)
+
+
+def scaled_cost(cost, rng):
+    """Random positive rescaling of b (and b2) so activation and tokens trade off."""
+    f = float(rng.choice([0.05, 0.2, 1.0, 3.0]))
+    return cost.replace(b=cost.b * f, b2=cost.b2 * f)
+
+
+def check_against_oracle(seed, cost_name, full, **size):
+    rng = np.random.default_rng(seed)
+    cost = scaled_cost(COSTS[cost_name], rng)
+    p = random_instance(rng, full=full, **size)
+    opt, _ = brute_force_dispatch(p, cost)
+    for tightened in (True, False):
+        res = solve_dispatch(p, cost, method="milp", mip_rel_gap=0.0, tightened=tightened)
+        check_shares(p, res.shares)
+        assert res.status is Status.OPTIMAL, (seed, cost_name, tightened)
+        assert res.makespan == pytest.approx(opt, rel=1e-6, abs=1e-9), (seed, cost_name, tightened)
+        assert res.makespan == pytest.approx(evaluate(p, cost, res.shares).makespan, rel=1e-12)
+        assert res.lower_bound <= opt * (1 + 1e-9) + 1e-9, (seed, cost_name, tightened)
+
+
+# default: 5 costs x 2 replication kinds x 12 seeds = 120 instances
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("cost_name", sorted(COSTS))
+def test_milp_equals_brute_force(cost_name, full):
+    for seed in range(12):
+        check_against_oracle(seed, cost_name, full, max_e=3, max_g=3, max_n=14)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("cost_name", sorted(COSTS))
+def test_milp_equals_brute_force_sweep(cost_name, full):
+    for seed in range(1000, 1060):
+        max_n = 12 if COSTS[cost_name].has_tiles else 24
+        check_against_oracle(seed, cost_name, full, max_e=4, max_g=3, max_n=max_n)
+
+
+def test_fig1b_toy():
+    p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    for tightened in (True, False):
+        res = solve_dispatch(p, cost, method="milp", tightened=tightened)
+        assert res.status is Status.OPTIMAL and res.success
+        assert res.makespan == pytest.approx(60.0, abs=1e-9)
+        assert res.lower_bound == pytest.approx(60.0, abs=1e-6)
+        # only the hot expert is split
+        assert (res.shares[1:] > 0).sum() == 6 and (res.shares[0] > 0).sum() == 2
+
+
+def test_stack_and_zero_layers():
+    counts = np.array([[5, 0, 3], [0, 0, 0]])
+    p = DispatchProblem(counts=counts, replicas=np.ones((3, 2), bool))
+    cost = CostModel(a=1, b=2, c=0.5, beta=0.1)
+    res = solve_dispatch(p, cost, method="milp")
+    assert res.shares.shape == (2, 3, 2)
+    assert res.makespan[1] == pytest.approx(1.0)  # idle layer: max(a, c)
+    check_shares(p, res.shares)
+
+
+def test_warm_start_and_bad_options():
+    p = DispatchProblem(counts=[9, 4, 4, 1], replicas=np.ones((4, 3), bool))
+    cost = CostModel(a=0, b=1, c=0, beta=0.3)
+    res = solve_dispatch(p, cost, method="milp", warm_start="token_lp", mip_rel_gap=0.0)
+    assert res.makespan == pytest.approx(brute_force_dispatch(p, cost)[0], rel=1e-6)
+    for bad in (
+        dict(gap=0.1),
+        dict(backend="gurobi"),
+        dict(warm_start="nope"),
+        dict(mip_rel_gap=-1),
+        dict(threads=0),
+        dict(tightened="yes"),
+    ):
+        with pytest.raises(InvalidInputError):
+            solve_dispatch(p, cost, method="milp", **bad)
+    with pytest.raises(InvalidOptionError, match="gap"):
+        solve_dispatch(p, cost, method="milp", gap=0.1)
+    for tl in (0, -1.0, float("nan"), "1"):
+        with pytest.raises(InvalidInputError, match="time_limit"):
+            solve_dispatch(p, cost, method="milp", time_limit=tl)
+
+
+def hard_instance():
+    rng = np.random.default_rng(7)
+    E, g = 128, 16
+    counts = np.floor(2000 * rng.random(E) ** 3).astype(int) + 1
+    rep = np.zeros((E, g), bool)
+    rep[np.arange(E), np.arange(E) % g] = True
+    rep[np.arange(E), (np.arange(E) * 7 + 3) % g] = True
+    return DispatchProblem(counts=counts, replicas=rep)
+
+
+def test_time_limit_is_honest():
+    p = hard_instance()
+    cost = CostModel.preset("dsv3_a_offline")
+    for tightened in (True, False):
+        res = solve_dispatch(p, cost, method="milp", time_limit=0.01, tightened=tightened)
+        check_shares(p, res.shares)
+        assert res.status in (Status.FEASIBLE, Status.NO_SOLUTION, Status.OPTIMAL)
+        assert math.isfinite(res.lower_bound) and res.lower_bound <= res.makespan + 1e-9
+        if res.status is not Status.OPTIMAL:
+            assert not res.success
+            assert res.extras["gap"] > 0
+        if res.status is Status.NO_SOLUTION:
+            assert "fallback" in res.extras
+
+
+def test_no_incumbent_falls_back_honestly(monkeypatch):
+    """A backend that finds nothing: seed shares returned, NO_SOLUTION kept, success False."""
+    import straggler.solvers.exact as exact
+    from straggler.solvers.highs import MilpSolution
+
+    def nothing(model, **kw):
+        return MilpSolution(
+            status=Status.NO_SOLUTION,
+            x=None,
+            objective=math.inf,
+            dual_bound=1.0,
+            gap=math.inf,
+            runtime_s=0.0,
+            raw_status="Time limit reached",
+        )
+
+    monkeypatch.setattr(exact, "solve_milp", nothing)
+    p = DispatchProblem(counts=[6, 2], replicas=[[1, 1], [1, 0]])
+    res = solve_dispatch(p, CostModel(a=0, b=1, c=0, beta=0.5), method="milp")
+    assert res.status is Status.NO_SOLUTION and not res.success
+    assert "fallback" in res.extras
+    check_shares(p, res.shares)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_token_lp_value_is_min_max_tokens(seed):
+    rng = np.random.default_rng(seed)
+    p = random_instance(rng, full=seed % 2 == 0, max_e=5, max_g=3, max_n=30)
+    x, v = solve_token_lp(p)
+    check_shares(p, x)
+    assert x.sum(axis=0).max() == v
+    # the exact value: a MILP with b = 0 minimizes max_g beta*N_g
+    res = solve_dispatch(p, CostModel(a=0, b=0, c=0, beta=1.0), method="milp", mip_rel_gap=0)
+    assert v == pytest.approx(res.makespan, rel=1e-9, abs=1e-9)
+    assert not ((x > 0) & (x < 1e-9 * p.counts[:, None])).any()
+
+
+def test_token_lp_bad_input():
+    p = DispatchProblem(counts=[1], replicas=[[1]])
+    with pytest.raises(InvalidInputError, match="time_limit"):
+        solve_token_lp(p, time_limit=0)
+    with pytest.raises(InvalidInputError, match="problem"):
+        solve_token_lp(DispatchProblem(counts=[[1]], replicas=[[1]]))

@@ -1,0 +1,108 @@
+"""Hypothesis strategies for dispatch instances (small first, so exact oracles stay fast).
+
+``dispatch_instances()`` draws ``(problem, cost)`` pairs covering full and restricted
+replication, every cost term (floor ``a, b``, tile staircase ``b2`` with small tiles,
+compute ``c, beta``, traffic ``c2, gamma``), ties, zero counts, one GPU and one giant
+expert. Use them with ``@given``:
+
+>>> from hypothesis import given
+>>> @given(dispatch_instances(max_experts=3, max_gpus=2))
+... def check(inst):
+...     problem, cost = inst
+...     assert problem.n_gpus <= 2
+>>> check()
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..formulations.cost import CostModel
+from ..formulations.dispatch import DispatchProblem
+
+__all__ = ["cost_models", "replica_masks", "token_counts", "dispatch_instances"]
+
+
+@st.composite
+def cost_models(draw, *, tiles: bool | None = None, traffic: bool | None = None) -> CostModel:
+    """A :class:`CostModel` with small integer-ish parameters (exact arithmetic friendly).
+
+    ``tiles`` / ``traffic``: force the tile staircase / traffic piece on (True) or off
+    (False); None draws it. Tiles are small (2-8 tokens) so that small counts cross them.
+    """
+    a = draw(st.sampled_from([0.0, 0.0, 1.0, 5.0, 20.0]))
+    b = draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 15.0]))
+    c = draw(st.sampled_from([0.0, 0.0, 2.0, 10.0]))
+    beta = draw(st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0]))
+    use_tiles = draw(st.booleans()) if tiles is None else tiles
+    b2, tile = 0.0, 128
+    if use_tiles:
+        b2 = draw(st.sampled_from([0.5, 1.0, 2.0, 4.0]))
+        tile = draw(st.integers(2, 8))
+    use_traffic = draw(st.booleans()) if traffic is None else traffic
+    extra = {}
+    if use_traffic:
+        extra = dict(
+            c2=draw(st.sampled_from([0.0, 3.0, 25.0])),
+            gamma=draw(st.sampled_from([0.1, 0.7, 3.0])),
+        )
+    return CostModel(a=a, b=b, c=c, beta=beta, b2=b2, tile=tile, **extra)
+
+
+@st.composite
+def token_counts(draw, n_experts: int, *, max_tokens: int = 40) -> np.ndarray:
+    """Counts with zeros, ties and sometimes one giant expert."""
+    kind = draw(st.sampled_from(["random", "ties", "giant", "zeros"]))
+    if kind == "ties":
+        v = draw(st.integers(1, max_tokens))
+        counts = [v] * n_experts
+    else:
+        counts = draw(st.lists(st.integers(0, max_tokens), min_size=n_experts, max_size=n_experts))
+    if kind == "giant":
+        counts[draw(st.integers(0, n_experts - 1))] = draw(
+            st.integers(5 * max_tokens, 20 * max_tokens)
+        )
+    if kind == "zeros":
+        for e in draw(st.lists(st.integers(0, n_experts - 1), max_size=n_experts)):
+            counts[e] = 0
+    return np.array(counts, dtype=np.int64)
+
+
+@st.composite
+def replica_masks(draw, n_experts: int, n_gpus: int, *, full: bool | None = None) -> np.ndarray:
+    """A replica mask with at least one replica per expert; ``full=True`` gives all ones."""
+    is_full = draw(st.booleans()) if full is None else full
+    if is_full:
+        return np.ones((n_experts, n_gpus), bool)
+    rows = []
+    for _ in range(n_experts):
+        first = draw(st.integers(0, n_gpus - 1))
+        extra = draw(st.lists(st.integers(0, n_gpus - 1), max_size=n_gpus))
+        row = np.zeros(n_gpus, bool)
+        row[first] = True
+        row[extra] = True
+        rows.append(row)
+    return np.array(rows)
+
+
+@st.composite
+def dispatch_instances(
+    draw,
+    *,
+    min_experts: int = 1,
+    max_experts: int = 5,
+    min_gpus: int = 1,
+    max_gpus: int = 3,
+    max_tokens: int = 40,
+    full: bool | None = None,
+    tiles: bool | None = None,
+    traffic: bool | None = None,
+):
+    """``(DispatchProblem, CostModel)`` for one layer, small by default."""
+    n_experts = draw(st.integers(min_experts, max_experts))
+    n_gpus = draw(st.integers(min_gpus, max_gpus))
+    counts = draw(token_counts(n_experts, max_tokens=max_tokens))
+    rep = draw(replica_masks(n_experts, n_gpus, full=full))
+    cost = draw(cost_models(tiles=tiles, traffic=traffic))
+    return DispatchProblem(counts=counts, replicas=rep), cost

@@ -1,0 +1,93 @@
+"""certified_lower_bound: kernel == reference, never above the exact optimum."""
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from straggler.formulations import CostModel, DispatchProblem, basic_lower_bound
+from straggler.proofs.brute import brute_force_dispatch
+from straggler.proofs.conjecture import exact_optimum, support_optimum
+from straggler.proofs.strategies import dispatch_instances
+from straggler.solvers import certified_lower_bound, semi_matching
+from straggler.solvers._bounds import lower_bound_kernel, lower_bound_reference
+from straggler.solvers._semi_matching import semi_matching_reference
+
+
+def _both(p, cost):
+    params = cost.as_array()
+    sm_k = semi_matching(p.replicas, p.counts > 0)[1]
+    sm_r = semi_matching_reference(p.replicas, p.counts > 0)[1]
+    k = lower_bound_kernel(p.counts, p.replicas, params, sm_k)
+    py = lower_bound_kernel.py_func(p.counts, p.replicas, params, sm_k)
+    r = lower_bound_reference(p.counts, p.replicas, params, sm_r)
+    return k, py, r
+
+
+@given(dispatch_instances(max_experts=10, max_gpus=5, max_tokens=300))
+def test_kernel_equals_reference(inst):
+    p, cost = inst
+    k, py, r = _both(p, cost)
+    assert k == py == r
+    assert k == certified_lower_bound(p, cost)
+
+
+def test_kernel_equals_reference_many_gpus():
+    """g > 64 uses per-expert sets only; both implementations agree there too."""
+    rng = np.random.default_rng(0)
+    rep = rng.random((40, 70)) < 0.05
+    rep[np.arange(40), rng.integers(0, 70, 40)] = True
+    p = DispatchProblem(counts=rng.integers(0, 500, 40), replicas=rep)
+    k, py, r = _both(p, CostModel.preset("qwen3_235b_b_tile"))
+    assert k == py == r
+
+
+@given(dispatch_instances(max_experts=6, max_gpus=3))
+@example(
+    (
+        DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool)),
+        CostModel(a=0, b=15, c=0, beta=0.1),
+    )
+)
+@example(
+    (
+        DispatchProblem(counts=[8] * 6, replicas=np.ones((6, 2), bool)),
+        CostModel(a=0, b=1, c=0, beta=0, b2=10, tile=4),
+    )
+)
+def test_never_above_the_optimum(inst):
+    p, cost = inst
+    opt = exact_optimum(p, cost)
+    lb = certified_lower_bound(p, cost)
+    assert lb <= opt * (1 + 1e-9) + 1e-9
+    # at least as strong as the averaging bound it extends
+    assert lb >= basic_lower_bound(p, cost) * (1 - 1e-12) - 1e-12
+
+
+@given(dispatch_instances(max_experts=4, max_gpus=3, tiles=False))
+def test_support_oracle_agrees_with_the_milp(inst):
+    """The independent support-enumeration oracle equals the MILP optimum (b2 = 0)."""
+    p, cost = inst
+    assert support_optimum(p, cost) == pytest.approx(exact_optimum(p, cost), rel=1e-7, abs=1e-7)
+
+
+def test_against_brute_force_with_tiles():
+    """A few tiny instances against the brute-force oracle (independent of the MILP)."""
+    rng = np.random.default_rng(7)
+    for _ in range(6):
+        rep = rng.random((3, 2)) < 0.6
+        rep[np.arange(3), rng.integers(0, 2, 3)] = True
+        p = DispatchProblem(counts=rng.integers(0, 12, 3), replicas=rep)
+        cost = CostModel(a=1, b=3, c=1, beta=0.5, b2=float(rng.choice([1, 5])), tile=4)
+        value, _ = brute_force_dispatch(p, cost)
+        assert certified_lower_bound(p, cost) <= value * (1 + 1e-9) + 1e-9
+
+
+def test_restricted_bounds_bind():
+    # B3: expert 0 lives only on GPU 0
+    p = DispatchProblem(counts=[90, 10], replicas=[[1, 0], [1, 1]])
+    assert certified_lower_bound(p, CostModel(a=0, b=0, c=0, beta=1)) == 90.0
+    # B2: three experts only on GPU 0 -> 3 activations there
+    p = DispatchProblem(counts=[1, 1, 1, 1], replicas=[[1, 0]] * 3 + [[1, 1]])
+    assert certified_lower_bound(p, CostModel(a=1, b=2, c=0, beta=0)) == 7.0
+    # B4: 300 tokens on 2 replicas, tile 128: the larger piece has 2 tiles
+    p = DispatchProblem(counts=[300], replicas=[[1, 1]])
+    assert certified_lower_bound(p, CostModel(a=0, b=4, c=0, beta=0, b2=1)) == 5.0

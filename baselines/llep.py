@@ -1,0 +1,199 @@
+"""``llep``: least-loaded expert parallelism restricted to existing replicas (LLEP-R).
+
+LLEP (Nguyen et al., Salesforce AI Research; ``compute_llep_lpt_plan`` in its public code)
+caps every GPU at ``max_tokens_factor * (N // g)`` tokens, visits experts by descending
+count (LPT order), keeps what fits on the expert's native GPU and spills the rest to the
+GPUs with the least *effective* load (tokens already assigned plus the native load of
+experts not yet visited), never in a chunk under ``min_tokens_per_gemm`` except the
+remainder. The original moves weights to any helper GPU; LLEP-R spills only to GPUs that
+already hold a replica, so no weight moves and the result lies on the replica mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+
+from ..formulations.dispatch import DispatchProblem
+from ..formulations.errors import InvalidOptionError
+from ..solvers.registry import LayerSolution, register_dispatch_method
+
+__all__ = ["LLEP", "llep_plan"]
+
+
+def llep_plan(counts, replicas, *, cap_factor: float = 1.1, min_chunk: int = 1024):
+    """LLEP-R's integer token shares for one layer.
+
+    Follows ``compute_llep_lpt_plan`` step by step, with "any other GPU" replaced by
+    "any other GPU holding a replica" and the native GPU of expert ``e`` defined as its
+    lowest-index replica GPU.
+
+    * ``cap = max(1, int(cap_factor * (N // g)))`` (``N`` if ``N // g == 0``).
+    * Experts by descending count, ties by expert index (Python's stable sort).
+    * ``native_available = cap - eff(native)`` where ``eff(h) = assigned[h] + pending[h]``
+      and ``pending`` is the native load of experts not yet visited.
+    * Fits: all tokens stay native. Partial room: native takes ``native_available``; then,
+      round after round, the helpers (sorted by ``eff``, ties by index) are scanned and
+      the first with room takes ``min(remaining, room)`` unless that chunk is under
+      ``min_chunk`` while more remains; a round that places nothing gives the whole
+      remainder to the least-loaded helper. No room: one scan of the helpers sorted once
+      by ``eff``, with the same chunk rule; what is left goes to the helper that was least
+      loaded before the scan.
+    * No helper (a single replica): everything stays on the native GPU, over the cap if
+      need be.
+
+    Returns
+    -------
+    shares : ndarray of int64, shape (n_experts, n_gpus)
+    cap : int
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x, cap = llep_plan(np.array([9, 3, 2, 2]), np.ones((4, 2), bool), min_chunk=1)
+    >>> cap, x.tolist()
+    (8, [[1, 8], [3, 0], [2, 0], [2, 0]])
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    replicas = np.asarray(replicas, dtype=bool)
+    n_experts, n_gpus = replicas.shape
+    total = int(counts.sum())
+    balanced = total // n_gpus
+    cap = int(cap_factor * balanced) if balanced > 0 else total
+    cap = max(cap, 1)
+
+    native = np.where(replicas.any(axis=1), replicas.argmax(axis=1), -1)
+    pending = [0] * n_gpus
+    for e in range(n_experts):
+        if native[e] >= 0:
+            pending[native[e]] += int(counts[e])
+    assigned = [0] * n_gpus
+    shares = np.zeros((n_experts, n_gpus), dtype=np.int64)
+
+    def eff(h: int) -> int:
+        return assigned[h] + pending[h]
+
+    def give(e: int, h: int, k: int) -> None:
+        shares[e, h] += k
+        assigned[h] += k
+
+    order = sorted(range(n_experts), key=lambda i: -int(counts[i]))
+    for e in order:
+        n = int(counts[e])
+        if n == 0:
+            continue
+        home = int(native[e])
+        pending[home] -= n
+        helpers = [int(h) for h in np.flatnonzero(replicas[e]) if h != home]
+        room = cap - eff(home)
+        if room >= n:
+            give(e, home, n)
+        elif room > 0:
+            give(e, home, room)
+            remaining = n - room
+            while remaining > 0:
+                if not helpers:
+                    give(e, home, remaining)
+                    break
+                ranked = sorted(helpers, key=eff)
+                placed = False
+                for h in ranked:
+                    avail = cap - eff(h)
+                    if avail <= 0:
+                        continue
+                    chunk = min(remaining, avail)
+                    if chunk < min_chunk and remaining > chunk:
+                        continue
+                    give(e, h, chunk)
+                    remaining -= chunk
+                    placed = True
+                    break
+                if not placed:
+                    give(e, ranked[0], remaining)
+                    remaining = 0
+        else:
+            if not helpers:
+                give(e, home, n)
+                continue
+            ranked = sorted(helpers, key=eff)
+            avail0 = {h: cap - eff(h) for h in ranked}  # the original computes room once
+            remaining = n
+            for h in ranked:
+                if remaining <= 0:
+                    break
+                if avail0[h] <= 0:
+                    continue
+                chunk = min(remaining, avail0[h])
+                if chunk < min_chunk and remaining > chunk:
+                    continue
+                give(e, h, chunk)
+                remaining -= chunk
+            if remaining > 0:
+                give(e, ranked[0], remaining)
+    return shares, cap
+
+
+@register_dispatch_method("llep")
+@dataclass(frozen=True, kw_only=True)
+class LLEP:
+    """Least-loaded spill over existing replicas with a token cap (LLEP-R).
+
+    Parameters
+    ----------
+    cap_factor : float, default 1.1
+        LLEP's ``max_tokens_factor``: each GPU is capped at ``int(cap_factor * (N // g))``
+        tokens (a soft cap: a remainder that fits nowhere is placed anyway).
+    min_chunk : int, default 1024
+        LLEP's ``min_tokens_per_gemm``: no spilled chunk smaller than this, except the
+        expert's last remainder.
+
+    Notes
+    -----
+    See :func:`llep_plan` for every step and tie-break. When nothing fits, the remainder
+    goes to the helper replica with the least effective load (over the cap), and an expert
+    with a single replica stays whole on it. Whole tokens. ``O(E * g log g)``.
+
+    References
+    ----------
+    ANCHORS.md ("LLEP"); TEMPO §6 (related work).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from straggler.formulations import CostModel, DispatchProblem
+    >>> from straggler.solvers import solve_dispatch
+    >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    >>> cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    >>> r = solve_dispatch(p, cost, method="llep", min_chunk=1)
+    >>> r.extras["cap"], r.shares.sum(axis=0).tolist(), r.makespan
+    (429, [429.0, 351.0], 105.0)
+    """
+
+    cap_factor: float = 1.1
+    min_chunk: int = 1024
+
+    def __post_init__(self) -> None:
+        ok = isinstance(self.cap_factor, Real) and not isinstance(self.cap_factor, bool)
+        if not ok or not (0 < float(self.cap_factor) < float("inf")):
+            raise InvalidOptionError(
+                "The 'cap_factor' option of the llep method must be a positive finite number. "
+                f"Got {self.cap_factor!r} instead."
+            )
+        ok = isinstance(self.min_chunk, Integral) and not isinstance(self.min_chunk, bool)
+        if not ok or self.min_chunk < 1:
+            raise InvalidOptionError(
+                "The 'min_chunk' option of the llep method must be a positive integer. "
+                f"Got {self.min_chunk!r} instead."
+            )
+
+    def solve(self, problem: DispatchProblem, cost, *, time_limit=None, rng=None) -> LayerSolution:
+        """Dispatch one layer (see the class docstring)."""
+        shares, cap = llep_plan(
+            problem.counts,
+            problem.replicas,
+            cap_factor=float(self.cap_factor),
+            min_chunk=int(self.min_chunk),
+        )
+        return LayerSolution(shares=shares.astype(float), extras={"cap": cap})

@@ -1,0 +1,190 @@
+"""Executable certificates: which guarantee applies to a dispatch result, and does it hold.
+
+:func:`certify` recomputes everything from the problem and the shares (never trusting the
+result's own numbers) and checks, with a relative tolerance of ``1e-9``:
+
+* always: the shares are feasible, the reported makespan is the evaluator's, and
+  ``lower_bound <= makespan`` (and ``lower_bound <= OPT`` when ``opt`` is given);
+* ``round_robin`` under full replication (A3): Theorem 2, ``M(A3) <= REF + delta``;
+* ``tempo`` under full replication: Proposition 1, ``M(A*) <= (REF + delta)/(1 - tau)``;
+  and, when the result's extras carry the candidate makespans, the exact ensemble rule
+  ``M(A*) <= min(M(A_H), min_C M(C)/(1 - tau))``;
+* ``semi_matching`` with ``c = beta = b2 = 0`` and no traffic: Lemma 2,
+  ``M = a + b*SM``;
+* ``token_lp`` with ``a = b = b2 = 0``: Lemma 1, ``M = max(c + beta*V, c2 + gamma*V)``
+  with ``V`` the token-LP value.
+
+``delta`` is :func:`~straggler.solvers.round_robin.a3_bound`. ``REF`` is ``opt`` when given,
+else the certified lower bound of :func:`~straggler.solvers.certified_lower_bound`; the
+latter is a stronger check that the proofs still guarantee (Theorem 2's proof bounds
+``M(A3)`` by the averaging bound plus ``delta``, and the certified bound dominates it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formulations.cost import CostModel
+from ..formulations.dispatch import DispatchProblem, check_shares, evaluate
+from ..formulations.errors import InfeasibleSharesError
+from ..formulations.results import DispatchResult
+from ..solvers.bounds import certified_lower_bound
+from ..solvers.exact import solve_token_lp
+from ..solvers.round_robin import a3_bound, is_full_replication
+from ..solvers.semi_matching import semi_matching
+
+__all__ = ["Certificate", "certify", "RTOL"]
+
+#: Relative tolerance of every inequality check.
+RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The verdict of :func:`certify`.
+
+    ``guarantee`` names the strongest guarantee that applies, ``lhs <= rhs`` is its
+    inequality, ``holds`` is True when *every* check in ``details["checks"]`` holds.
+    """
+
+    guarantee: str
+    holds: bool
+    lhs: float
+    rhs: float
+    details: dict = field(default_factory=dict)
+
+
+def _le(lhs, rhs):
+    return bool(lhs <= rhs + RTOL * max(1.0, abs(rhs)))
+
+
+def _certify_layer(problem, cost, shares, makespan, lower_bound, method, extras, tau, opt):
+    checks: dict[str, tuple[float, float, bool]] = {}
+    try:
+        check_shares(problem, shares)
+        feasible = True
+    except InfeasibleSharesError:
+        feasible = False
+    checks["feasible"] = (0.0, 0.0, feasible)
+    m = float(evaluate(problem, cost, shares).makespan)
+    checks["makespan is the evaluator's"] = (
+        float(makespan),
+        m,
+        _le(float(makespan), m) and _le(m, float(makespan)),
+    )
+    lb = float(lower_bound)
+    checks["lower_bound <= makespan"] = (lb, m, _le(lb, m))
+    guarantee, main = "lower_bound <= makespan", (lb, m)
+    if opt is not None:
+        checks["lower_bound <= OPT"] = (lb, float(opt), _le(lb, float(opt)))
+        checks["OPT <= makespan"] = (float(opt), m, _le(float(opt), m))
+    full = is_full_replication(problem)
+    ref = float(opt) if opt is not None else certified_lower_bound(problem, cost)
+    delta = a3_bound(problem, cost)
+    if method == "round_robin" and full and extras.get("rule", "a3") == "a3":
+        guarantee, main = "Theorem 2: M(A3) <= OPT + delta", (m, ref + delta)
+    elif method == "tempo":
+        cands = [
+            float(extras[k])
+            for k in ("makespan_lp", "makespan_a3")
+            if k in extras and math.isfinite(float(extras[k]))
+        ]
+        if "makespan_heuristic" in extras:
+            rule = min([float(extras["makespan_heuristic"])] + [c / (1 - tau) for c in cands])
+            checks["Proposition 1: M(A*) <= min(M(A_H), min_C M(C)/(1-tau))"] = (
+                m,
+                rule,
+                _le(m, rule),
+            )
+        if full:
+            guarantee = "Proposition 1: M(A*) <= (OPT + delta)/(1 - tau)"
+            main = (m, (ref + delta) / (1 - tau))
+    elif method == "semi_matching" and cost.c == cost.beta == cost.b2 == 0 and not cost.has_traffic:
+        sm = semi_matching(problem.replicas, np.asarray(problem.counts) > 0)[1]
+        guarantee, main = "Lemma 2: M = a + b*SM", (m, cost.a + cost.b * sm)
+    elif method == "token_lp" and cost.a == cost.b == cost.b2 == 0:
+        _, v = solve_token_lp(problem, cost)
+        rhs = max(t0 + s * v for t0, s in cost.token_pieces)
+        guarantee, main = "Lemma 1: M = max_k(c_k + beta_k * V_LP)", (m, rhs)
+    if guarantee not in checks:
+        checks[guarantee] = (main[0], main[1], _le(*main))
+    holds = all(v[2] for v in checks.values())
+    details = {"checks": checks, "reference": ref, "delta": delta, "full_replication": full}
+    return Certificate(guarantee=guarantee, holds=holds, lhs=main[0], rhs=main[1], details=details)
+
+
+def certify(
+    problem: DispatchProblem,
+    cost: CostModel,
+    result: DispatchResult,
+    *,
+    tau: float = 0.01,
+    opt=None,
+) -> Certificate:
+    """State which guarantee applies to ``result`` and verify it.
+
+    Parameters
+    ----------
+    problem, cost
+        The instance the result was computed for.
+    result : DispatchResult
+        From :func:`~straggler.solvers.solve_dispatch` (one layer or a stack).
+    tau : float, default 0.01
+        The switching tolerance the ``tempo`` result was computed with.
+    opt : float or array_like, optional
+        The exact optimum (per layer); without it the certified lower bound stands in.
+
+    Returns
+    -------
+    Certificate
+        For a stack, ``lhs``/``rhs`` are arrays, ``holds`` is the conjunction over layers
+        and ``details["layers"]`` holds each layer's certificate.
+
+    Examples
+    --------
+    >>> from straggler.solvers import solve_dispatch
+    >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    >>> cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    >>> cert = certify(p, cost, solve_dispatch(p, cost, method="round_robin"))
+    >>> cert.guarantee, cert.holds, cert.lhs, cert.rhs
+    ('Theorem 2: M(A3) <= OPT + delta', True, 69.0, 120.0)
+    """
+    if not problem.is_stack:
+        return _certify_layer(
+            problem,
+            cost,
+            result.shares,
+            result.makespan,
+            result.lower_bound,
+            result.method,
+            result.extras,
+            tau,
+            opt,
+        )
+    opts = [None] * problem.n_layers if opt is None else list(np.asarray(opt, dtype=float))
+    layer_extras = result.extras.get("layers", [{}] * problem.n_layers)
+    certs = [
+        _certify_layer(
+            p,
+            cost,
+            result.shares[l],
+            result.makespan[l],
+            result.lower_bound[l],
+            result.method,
+            layer_extras[l],
+            tau,
+            opts[l],
+        )
+        for l, p in enumerate(problem.layers())
+    ]
+    names = sorted({c.guarantee for c in certs})
+    return Certificate(
+        guarantee="; ".join(names),
+        holds=all(c.holds for c in certs),
+        lhs=np.array([c.lhs for c in certs]),
+        rhs=np.array([c.rhs for c in certs]),
+        details={"layers": certs},
+    )

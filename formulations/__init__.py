@@ -24,8 +24,24 @@ from .errors import (
 )
 from .milp import MilpModel, RowBuilder
 from .results import DispatchResult, Status, worst_status
+from .routing import (
+    ClusterState,
+    apply_assignment,
+    check_assignment,
+    f_score,
+    horizon_f_score,
+    imbalance,
+    margins,
+)
 
 __all__ = [
+    "ClusterState",
+    "apply_assignment",
+    "check_assignment",
+    "f_score",
+    "horizon_f_score",
+    "imbalance",
+    "margins",
     "PRESETS",
     "CostModel",
     "DispatchProblem",

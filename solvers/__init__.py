@@ -8,10 +8,15 @@ from .dispatch import DEFAULT_METHOD, solve_dispatch
 from .exact import MilpDispatch, solve_token_lp
 from .highs import MilpSolution, solve_milp
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
+from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
 from .semi_matching import SemiMatching, semi_matching
 
 __all__ = [
+    "ROUTING_KERNELS",
+    "RoutingDecision",
+    "project_loads",
+    "route_batch",
     "certified_lower_bound",
     "DEFAULT_METHOD",
     "solve_dispatch",

@@ -1,0 +1,887 @@
+"""Numba kernels of every routing policy, each with its plain-Python reference right below it.
+
+Private module: :mod:`straggler.solvers.routing` validates, then calls these. Every kernel has
+the same signature, so a caller (the simulator's jitted step loop) can hold any of them::
+
+    kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed) -> assignment
+
+=============  ==========================  =================================================
+argument       type, shape                 meaning
+=============  ==========================  =================================================
+prefill        float64 (n,)                prefill lengths of the pool, oldest first
+loads          float64 (G, H+1), C order   column 0: current loads (resident KV tokens);
+                                           columns 1..H: projected loads (BR-H only)
+free_slots     int64 (G,)                  free request slots per replica
+n_running      int64 (G,)                  running requests per replica
+n_waiting      int64 (G,)                  requests waiting in each engine's own queue
+params         float64 (N_PARAMS,)         see the ``P_*`` indices below
+seed           int64 >= 0                  seed of the MINSTD generator (random, p2c)
+assignment     int64 (n,), fresh           replica of each pool request, -1 = stays in pool
+=============  ==========================  =================================================
+
+Shared rules. Inputs are never mutated. A request is only placed on a replica with a free slot;
+each placement takes one slot. A policy stops when the pool is empty or no slot (no eligible
+replica) is left. With ``params[P_OPTIMISTIC] != 0`` every policy updates its local copy of
+the metric after each placement (tokens: ``L_g += s_i`` on every column; requests:
+``n_running[g] += 1``; vLLM: ``n_waiting[g] += 1``, its own rule); with 0 the metric stays at
+the tick's values and only slots are consumed.
+
+Randomness (random, p2c) comes from MINSTD (``x <- 48271*x mod (2^31-1)``, state ``seed mod
+(2^31-2) + 1``), written out in both kernel and reference so they draw the same numbers; a
+uniform index below ``k`` is ``x mod k``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from numba import njit
+
+from ._jit import NJIT
+
+__all__ = [
+    "P_R_MAX",
+    "P_S_GREEDY",
+    "P_ALPHA",
+    "P_BETA",
+    "P_GAMMA",
+    "P_OPTIMISTIC",
+    "P_CURSOR",
+    "N_PARAMS",
+    "best_subset_kernel",
+    "br0_kernel",
+    "br0_reference",
+    "brh_kernel",
+    "brh_reference",
+    "round_robin_kernel",
+    "round_robin_reference",
+    "random_kernel",
+    "random_reference",
+    "jsq_kernel",
+    "jsq_reference",
+    "jsq_requests_kernel",
+    "jsq_requests_reference",
+    "vllm_kernel",
+    "vllm_reference",
+    "p2c_kernel",
+    "p2c_reference",
+    "trtllm_kernel",
+    "trtllm_reference",
+    "project_loads_kernel",
+    "project_loads_reference",
+    "tick_summary_kernel",
+]
+
+#: ``params`` layout shared by every kernel.
+P_R_MAX = 0  # R_max: Stage-2 candidates (int >= 1)
+P_S_GREEDY = 1  # S_greedy: Stage 1 runs while total free slots > S_greedy
+P_ALPHA = 2  # BR-H: weight of the gain term
+P_BETA = 3  # BR-H: weight of the overflow penalty (BR-0 uses G)
+P_GAMMA = 4  # BR-H: discount in (0, 1]
+P_OPTIMISTIC = 5  # 1.0: optimistic local update after each placement; 0.0: none
+P_CURSOR = 6  # round_robin: replica to try first
+N_PARAMS = 7
+
+_MINSTD_A = 48271
+_MINSTD_M = 2147483647
+
+
+# --------------------------------------------------------------------------------------------
+# BR-0 (BalanceRoute 关键设计 1-2)
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best):
+    """Stage 2's subset search: the ``Q`` among candidates ``cand[:nc]`` with ``|Q| <= q``
+    maximizing ``F(Q) = D(Q) - G*(D(Q) - m)_+``.
+
+    Subsets are visited by size ``1..q``, each size in lexicographic order of candidate ranks;
+    the first maximum is kept. Writes the ranks of ``Q`` into ``best[:n_best]`` and returns
+    ``(F(Q), n_best)``; ``(-inf, 0)`` when ``q == 0``.
+    """
+    comb = np.empty(max(q, 1), np.int64)
+    best_f = -np.inf
+    n_best = 0
+    for size in range(1, q + 1):
+        for j in range(size):
+            comb[j] = j
+        while True:
+            D = 0.0
+            for j in range(size):
+                D += prefill[cand[comb[j]]]
+            f = D - n_replicas_f * max(D - margin, 0.0)
+            if f > best_f:
+                best_f = f
+                n_best = size
+                for j in range(size):
+                    best[j] = comb[j]
+            j = size - 1
+            while j >= 0 and comb[j] == nc - size + j:
+                j -= 1
+            if j < 0:
+                break
+            comb[j] += 1
+            for t in range(j + 1, size):
+                comb[t] = comb[t - 1] + 1
+    return best_f, n_best
+
+
+@njit(**NJIT)
+def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """BR-0 on current loads ``loads[:, 0]``; see ``route_batch`` for the full statement."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    r_max = int(params[P_R_MAX])
+    s_greedy = params[P_S_GREEDY]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    Gf = float(G)
+    L = loads[:, 0].copy()
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    live = np.ones(n, np.bool_)
+    n_live = n
+    s_tot = 0
+    for g in range(G):
+        s_tot += cap[g]
+    M = L[0]
+    for g in range(1, G):
+        if L[g] > M:
+            M = L[g]
+    cand = np.empty(r_max, np.int64)
+    cand_f = np.empty(r_max)
+    best = np.empty(r_max, np.int64)
+    while n_live > 0 and s_tot > 0:
+        # Priority queue keyed by (free slots, margin), ties to the lowest index: an O(G) scan
+        # over the live keys (every margin moves when M moves, so a heap would go stale).
+        g = -1
+        mg = 0.0
+        for j in range(G):
+            if cap[j] <= 0:
+                continue
+            mj = M - L[j]
+            if g < 0 or cap[j] > cap[g] or (cap[j] == cap[g] and mj > mg):
+                g = j
+                mg = mj
+        stage1 = s_tot > s_greedy
+        k = 1 if stage1 else min(r_max, n_live)
+        # Candidates: the k live requests with the largest single F_g({i}), ties to lower index.
+        nc = 0
+        for i in range(n):
+            if not live[i]:
+                continue
+            f = prefill[i] - Gf * max(prefill[i] - mg, 0.0)
+            if nc < k:
+                pos = nc
+                nc += 1
+            elif f > cand_f[k - 1]:
+                pos = k - 1
+            else:
+                continue
+            while pos > 0 and cand_f[pos - 1] < f:
+                cand[pos] = cand[pos - 1]
+                cand_f[pos] = cand_f[pos - 1]
+                pos -= 1
+            cand[pos] = i
+            cand_f[pos] = f
+        if stage1:
+            # Stage 1: the replica with most free slots takes the best single request.
+            best[0] = 0
+            n_best = 1
+        else:
+            # Stage 2: best subset of the candidates, then the starvation guard.
+            best_f, n_best = best_subset_kernel(prefill, cand, nc, min(cap[g], nc), mg, Gf, best)
+            if best_f <= 0.0:
+                # Starvation guard: the best single request is placed anyway.
+                best[0] = 0
+                n_best = 1
+        D = 0.0
+        for j in range(n_best):
+            i = cand[best[j]]
+            D += prefill[i]
+            out[i] = g
+            live[i] = False
+        n_live -= n_best
+        cap[g] -= n_best
+        s_tot -= n_best
+        if optimistic:
+            L[g] += D
+            if L[g] > M:
+                M = L[g]
+    return out
+
+
+def br0_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """BR-0 from the paper's pseudo-code, in plain Python (lists, sorted, itertools)."""
+    s = [float(x) for x in prefill]
+    L = [float(row[0]) for row in loads]
+    cap = [int(c) for c in free_slots]
+    G = len(L)
+    r_max = int(params[P_R_MAX])
+    s_greedy = float(params[P_S_GREEDY])
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    out = [-1] * len(s)
+    pool = list(range(len(s)))
+
+    def F(D, m):
+        return D - float(G) * max(D - m, 0.0)
+
+    while pool and sum(cap) > 0:
+        M = max(L)
+        S_tot = sum(cap)
+        # pop the replica with the largest (free slots, margin), lowest index on ties
+        g = min((j for j in range(G) if cap[j] > 0), key=lambda j: (-cap[j], -(M - L[j]), j))
+        m = M - L[g]
+        ranked = sorted(pool, key=lambda i: (-F(s[i], m), i))
+        if S_tot > s_greedy:  # Stage 1
+            Q = [ranked[0]]
+        else:  # Stage 2
+            top = ranked[:r_max]
+            best_q, best_f = None, -math.inf
+            for size in range(1, min(cap[g], len(top)) + 1):
+                for combo in itertools.combinations(range(len(top)), size):
+                    D = 0.0
+                    for c in combo:
+                        D += s[top[c]]
+                    if F(D, m) > best_f:
+                        best_q, best_f = [top[c] for c in combo], F(D, m)
+            Q = best_q if best_f > 0.0 else [top[0]]  # starvation guard
+        D = 0.0
+        for i in Q:
+            D += s[i]
+            out[i] = g
+            pool.remove(i)
+        cap[g] -= len(Q)
+        if optimistic:
+            L[g] += D
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# BR-H (BalanceRoute 关键设计 3): the same two stages with the horizon F-score
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def brh_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """BR-H on projected loads ``loads`` (G, H+1); see ``route_batch``."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    H1 = loads.shape[1]
+    r_max = int(params[P_R_MAX])
+    s_greedy = params[P_S_GREEDY]
+    alpha = params[P_ALPHA]
+    beta = params[P_BETA]
+    gamma = params[P_GAMMA]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    d = np.empty(H1)
+    acc = 1.0
+    for h in range(H1):
+        d[h] = acc
+        acc *= gamma
+    sd = 0.0
+    for h in range(H1):
+        sd += d[h]
+    gain = alpha * sd
+    L = loads.copy()
+    Mh = np.empty(H1)
+    for h in range(H1):
+        Mh[h] = L[0, h]
+        for g in range(1, G):
+            if L[g, h] > Mh[h]:
+                Mh[h] = L[g, h]
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    live = np.ones(n, np.bool_)
+    n_live = n
+    s_tot = 0
+    for g in range(G):
+        s_tot += cap[g]
+    m = np.empty(H1)
+    cand = np.empty(r_max, np.int64)
+    cand_f = np.empty(r_max)
+    comb = np.empty(r_max, np.int64)
+    best = np.empty(r_max, np.int64)
+    while n_live > 0 and s_tot > 0:
+        # Replica key: (free slots, discounted margin d'm_g), ties to the lowest index.
+        g = -1
+        key = 0.0
+        for j in range(G):
+            if cap[j] <= 0:
+                continue
+            kj = 0.0
+            for h in range(H1):
+                kj += d[h] * (Mh[h] - L[j, h])
+            if g < 0 or cap[j] > cap[g] or (cap[j] == cap[g] and kj > key):
+                g = j
+                key = kj
+        for h in range(H1):
+            m[h] = Mh[h] - L[g, h]
+        stage1 = s_tot > s_greedy
+        k = 1 if stage1 else min(r_max, n_live)
+        nc = 0
+        for i in range(n):
+            if not live[i]:
+                continue
+            pen = 0.0
+            for h in range(H1):
+                pen += max(prefill[i] - m[h], 0.0) * d[h]
+            f = gain * prefill[i] - beta * pen
+            if nc < k:
+                pos = nc
+                nc += 1
+            elif f > cand_f[k - 1]:
+                pos = k - 1
+            else:
+                continue
+            while pos > 0 and cand_f[pos - 1] < f:
+                cand[pos] = cand[pos - 1]
+                cand_f[pos] = cand_f[pos - 1]
+                pos -= 1
+            cand[pos] = i
+            cand_f[pos] = f
+        if stage1:
+            best[0] = 0
+            n_best = 1
+        else:
+            q = min(cap[g], nc)
+            best_f = -np.inf
+            n_best = 0
+            for size in range(1, q + 1):
+                for j in range(size):
+                    comb[j] = j
+                while True:
+                    D = 0.0
+                    for j in range(size):
+                        D += prefill[cand[comb[j]]]
+                    pen = 0.0
+                    for h in range(H1):
+                        pen += max(D - m[h], 0.0) * d[h]
+                    f = gain * D - beta * pen
+                    if f > best_f:
+                        best_f = f
+                        n_best = size
+                        for j in range(size):
+                            best[j] = comb[j]
+                    j = size - 1
+                    while j >= 0 and comb[j] == nc - size + j:
+                        j -= 1
+                    if j < 0:
+                        break
+                    comb[j] += 1
+                    for t in range(j + 1, size):
+                        comb[t] = comb[t - 1] + 1
+            if best_f <= 0.0:
+                best[0] = 0
+                n_best = 1
+        D = 0.0
+        for j in range(n_best):
+            i = cand[best[j]]
+            D += prefill[i]
+            out[i] = g
+            live[i] = False
+        n_live -= n_best
+        cap[g] -= n_best
+        s_tot -= n_best
+        if optimistic:
+            for h in range(H1):
+                L[g, h] += D
+                if L[g, h] > Mh[h]:
+                    Mh[h] = L[g, h]
+    return out
+
+
+def brh_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """BR-H in plain Python: margin vectors, discount vector, horizon F-score."""
+    s = [float(x) for x in prefill]
+    L = [[float(v) for v in row] for row in loads]
+    cap = [int(c) for c in free_slots]
+    G, H1 = len(L), len(L[0])
+    r_max = int(params[P_R_MAX])
+    s_greedy = float(params[P_S_GREEDY])
+    alpha, beta, gamma = float(params[P_ALPHA]), float(params[P_BETA]), float(params[P_GAMMA])
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    d = []
+    acc = 1.0
+    for _ in range(H1):
+        d.append(acc)
+        acc *= gamma
+    sd = 0.0
+    for x in d:
+        sd += x
+    out = [-1] * len(s)
+    pool = list(range(len(s)))
+
+    def F(D, m):
+        pen = 0.0
+        for h in range(H1):
+            pen += max(D - m[h], 0.0) * d[h]
+        return alpha * sd * D - beta * pen
+
+    def dm(mv):
+        acc = 0.0
+        for h in range(H1):
+            acc += d[h] * mv[h]
+        return acc
+
+    while pool and sum(cap) > 0:
+        M = [max(L[g][h] for g in range(G)) for h in range(H1)]
+        margin = [[M[h] - L[g][h] for h in range(H1)] for g in range(G)]
+        g = min((j for j in range(G) if cap[j] > 0), key=lambda j: (-cap[j], -dm(margin[j]), j))
+        m = margin[g]
+        ranked = sorted(pool, key=lambda i: (-F(s[i], m), i))
+        if sum(cap) > s_greedy:
+            Q = [ranked[0]]
+        else:
+            top = ranked[:r_max]
+            best_q, best_f = None, -math.inf
+            for size in range(1, min(cap[g], len(top)) + 1):
+                for combo in itertools.combinations(range(len(top)), size):
+                    D = 0.0
+                    for c in combo:
+                        D += s[top[c]]
+                    if F(D, m) > best_f:
+                        best_q, best_f = [top[c] for c in combo], F(D, m)
+            Q = best_q if best_f > 0.0 else [top[0]]
+        D = 0.0
+        for i in Q:
+            D += s[i]
+            out[i] = g
+            pool.remove(i)
+        cap[g] -= len(Q)
+        if optimistic:
+            for h in range(H1):
+                L[g][h] += D
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Round-robin: next replica with a free slot in cyclic order from the cursor
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def round_robin_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """Round-robin from ``params[P_CURSOR]``; next cursor = last replica used + 1 (mod G)."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    cur = int(params[P_CURSOR]) % G
+    for i in range(n):
+        g = -1
+        for t in range(G):
+            j = (cur + t) % G
+            if cap[j] > 0:
+                g = j
+                break
+        if g < 0:
+            break
+        out[i] = g
+        cap[g] -= 1
+        cur = (g + 1) % G
+    return out
+
+
+def round_robin_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """Round-robin in plain Python."""
+    G = len(free_slots)
+    cap = [int(c) for c in free_slots]
+    cur = int(params[P_CURSOR]) % G
+    out = []
+    for _ in range(len(prefill)):
+        order = [(cur + t) % G for t in range(G)]
+        free = [j for j in order if cap[j] > 0]
+        if not free:
+            out.append(-1)
+            continue
+        out.append(free[0])
+        cap[free[0]] -= 1
+        cur = (free[0] + 1) % G
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Random: uniform over the replicas with a free slot (MINSTD draws)
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def random_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """Uniform random replica among those with a free slot, one MINSTD draw per request."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    x = seed % (_MINSTD_M - 1) + 1
+    elig = np.empty(G, np.int64)
+    for i in range(n):
+        k = 0
+        for j in range(G):
+            if cap[j] > 0:
+                elig[k] = j
+                k += 1
+        if k == 0:
+            break
+        x = (_MINSTD_A * x) % _MINSTD_M
+        g = elig[x % k]
+        out[i] = g
+        cap[g] -= 1
+    return out
+
+
+def random_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """Random routing in plain Python (the same MINSTD stream)."""
+    cap = [int(c) for c in free_slots]
+    x = int(seed) % (_MINSTD_M - 1) + 1
+    out = [-1] * len(prefill)
+    for i in range(len(prefill)):
+        elig = [j for j in range(len(cap)) if cap[j] > 0]
+        if not elig:
+            break
+        x = (_MINSTD_A * x) % _MINSTD_M
+        out[i] = elig[x % len(elig)]
+        cap[out[i]] -= 1
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# JSQ by tokens (SGLang total_tokens): fewest tokens, then fewest requests, then lowest index
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def jsq_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """JSQ by tokens; requests = running + waiting; optimistic: tokens += s, running += 1."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    tok = loads[:, 0].copy()
+    req = n_running + n_waiting
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    for i in range(n):
+        g = -1
+        for j in range(G):
+            if cap[j] <= 0:
+                continue
+            if g < 0 or tok[j] < tok[g] or (tok[j] == tok[g] and req[j] < req[g]):
+                g = j
+        if g < 0:
+            break
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            tok[g] += prefill[i]
+            req[g] += 1
+    return out
+
+
+def jsq_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """JSQ by tokens in plain Python."""
+    tok = [float(row[0]) for row in loads]
+    req = [int(a) + int(b) for a, b in zip(n_running, n_waiting)]
+    cap = [int(c) for c in free_slots]
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    out = [-1] * len(prefill)
+    for i, s in enumerate(prefill):
+        elig = [j for j in range(len(cap)) if cap[j] > 0]
+        if not elig:
+            break
+        g = min(elig, key=lambda j: (tok[j], req[j], j))
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            tok[g] += float(s)
+            req[g] += 1
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# JSQ by requests (SGLang total_requests): fewest requests, then lowest index
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def jsq_requests_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """Fewest requests (running + waiting), ties to the lowest index; optimistic: +1."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    req = n_running + n_waiting
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    for i in range(n):
+        g = -1
+        for j in range(G):
+            if cap[j] > 0 and (g < 0 or req[j] < req[g]):
+                g = j
+        if g < 0:
+            break
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            req[g] += 1
+    return out
+
+
+def jsq_requests_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """JSQ by requests in plain Python."""
+    req = [int(a) + int(b) for a, b in zip(n_running, n_waiting)]
+    cap = [int(c) for c in free_slots]
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    out = [-1] * len(prefill)
+    for i in range(len(prefill)):
+        elig = [j for j in range(len(cap)) if cap[j] > 0]
+        if not elig:
+            break
+        g = min(elig, key=lambda j: (req[j], j))
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            req[g] += 1
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM DP load balancer: lowest 4*waiting + running, ties to the lowest index
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def vllm_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """vLLM's score ``4*waiting + running``; optimistic update: ``waiting[g] += 1`` (vLLM's)."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    score = 4 * n_waiting + n_running
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    for i in range(n):
+        g = -1
+        for j in range(G):
+            if cap[j] > 0 and (g < 0 or score[j] < score[g]):
+                g = j
+        if g < 0:
+            break
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            score[g] += 4
+    return out
+
+
+def vllm_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """vLLM's DP load balancer in plain Python."""
+    waiting = [int(w) for w in n_waiting]
+    running = [int(r) for r in n_running]
+    cap = [int(c) for c in free_slots]
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    out = [-1] * len(prefill)
+    for i in range(len(prefill)):
+        elig = [j for j in range(len(cap)) if cap[j] > 0]
+        if not elig:
+            break
+        g = min(elig, key=lambda j: (4 * waiting[j] + running[j], j))
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            waiting[g] += 1
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Power of two choices: two distinct replicas with a free slot, fewer tokens wins
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def p2c_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """P2C on tokens: draws a, then b != a among the eligible; ties go to the first draw."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    tok = loads[:, 0].copy()
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    x = seed % (_MINSTD_M - 1) + 1
+    elig = np.empty(G, np.int64)
+    for i in range(n):
+        k = 0
+        for j in range(G):
+            if cap[j] > 0:
+                elig[k] = j
+                k += 1
+        if k == 0:
+            break
+        if k == 1:
+            g = elig[0]
+        else:
+            x = (_MINSTD_A * x) % _MINSTD_M
+            a = x % k
+            x = (_MINSTD_A * x) % _MINSTD_M
+            b = x % (k - 1)
+            if b >= a:
+                b += 1
+            g = elig[a]
+            if tok[elig[b]] < tok[g]:
+                g = elig[b]
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            tok[g] += prefill[i]
+    return out
+
+
+def p2c_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """Power of two choices in plain Python (the same MINSTD stream)."""
+    tok = [float(row[0]) for row in loads]
+    cap = [int(c) for c in free_slots]
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    x = int(seed) % (_MINSTD_M - 1) + 1
+    out = [-1] * len(prefill)
+    for i in range(len(prefill)):
+        elig = [j for j in range(len(cap)) if cap[j] > 0]
+        if not elig:
+            break
+        if len(elig) == 1:
+            g = elig[0]
+        else:
+            x = (_MINSTD_A * x) % _MINSTD_M
+            first = elig[x % len(elig)]
+            x = (_MINSTD_A * x) % _MINSTD_M
+            rest = [j for j in elig if j != first]
+            second = rest[x % len(rest)]
+            g = second if tok[second] < tok[first] else first
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            tok[g] += float(prefill[i])
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# TensorRT-LLM attention-DP: longest prompt first, min-heap on (tokens, requests, rank), cap
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def trtllm_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """TensorRT-LLM's balancer; the heap is an O(G) argmin over the same key."""
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    tok = loads[:, 0].copy()
+    req = n_running.copy()
+    active = n_running.copy()
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    s_tot = 0
+    total = 0
+    mx = 0
+    for g in range(G):
+        s_tot += cap[g]
+        total += n_running[g]
+        if n_running[g] > mx:
+            mx = n_running[g]
+    n_new = min(n, s_tot)
+    limit = max((total + n_new + G - 1) // G, mx)
+    order = np.argsort(-prefill, kind="mergesort")
+    for t in range(n):
+        i = order[t]
+        g = -1
+        for j in range(G):
+            if cap[j] <= 0 or active[j] >= limit:
+                continue
+            if g < 0 or tok[j] < tok[g] or (tok[j] == tok[g] and req[j] < req[g]):
+                g = j
+        if g < 0:
+            break
+        out[i] = g
+        cap[g] -= 1
+        active[g] += 1
+        if optimistic:
+            tok[g] += prefill[i]
+            req[g] += 1
+    return out
+
+
+def trtllm_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """TensorRT-LLM's attention-DP balancer in plain Python with ``heapq``."""
+    import heapq
+
+    G = len(free_slots)
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    cap = [int(c) for c in free_slots]
+    active = [int(r) for r in n_running]
+    n_new = min(len(prefill), sum(cap))
+    limit = max(-(-(sum(active) + n_new) // G), max(active))
+    heap = [
+        (float(loads[g][0]), active[g], g) for g in range(G) if cap[g] > 0 and active[g] < limit
+    ]
+    heapq.heapify(heap)
+    order = sorted(range(len(prefill)), key=lambda i: (-float(prefill[i]), i))
+    out = [-1] * len(prefill)
+    for i in order:
+        if not heap:
+            break
+        tok, req, g = heapq.heappop(heap)
+        out[i] = g
+        cap[g] -= 1
+        active[g] += 1
+        if optimistic:
+            tok, req = tok + float(prefill[i]), req + 1
+        if cap[g] > 0 and active[g] < limit:
+            heapq.heappush(heap, (tok, req, g))
+    return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Projected loads over the horizon (BR-H)
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def project_loads_kernel(replica, tokens, presence, n_replicas, horizon):
+    """``out[g, h] = sum_{i on g} clip(c_i - h, 0, 1) * (tokens_i + h)``, ``h = 0..H``.
+
+    ``tokens_i = prompt_i + decoded_i`` (resident now), ``c_i`` = expected presence (steps).
+    """
+    out = np.zeros((n_replicas, horizon + 1))
+    for i in range(replica.shape[0]):
+        g = replica[i]
+        for h in range(horizon + 1):
+            w = min(max(presence[i] - h, 0.0), 1.0)
+            if w > 0.0:
+                out[g, h] += w * (tokens[i] + h)
+    return out
+
+
+def project_loads_reference(replica, tokens, presence, n_replicas, horizon):
+    """Projected loads in plain Python."""
+    out = [[0.0] * (horizon + 1) for _ in range(n_replicas)]
+    for g, tk, c in zip(replica, tokens, presence):
+        for h in range(horizon + 1):
+            w = min(max(float(c) - h, 0.0), 1.0)
+            if w > 0.0:
+                out[int(g)][h] += w * (float(tk) + h)
+    return np.array(out, dtype=np.float64).reshape(n_replicas, horizon + 1)
+
+
+@njit(**NJIT)
+def tick_summary_kernel(loads, prefill, assignment):
+    """``(I_before, I_after, n_placed)`` on current loads ``loads[:, 0]`` (no reference needed:
+    the tests compare it with :func:`straggler.formulations.routing.imbalance`)."""
+    G = loads.shape[0]
+    L = loads[:, 0].copy()
+    before_max = L.max()
+    before = G * before_max - L.sum()
+    placed = 0
+    for i in range(assignment.shape[0]):
+        if assignment[i] >= 0:
+            L[assignment[i]] += prefill[i]
+            placed += 1
+    after = G * L.max() - L.sum()
+    return before, after, placed

@@ -1,0 +1,422 @@
+"""Termination predictors for BR-H's projected loads (BalanceRoute 关键设计 3, 损失函数).
+
+Every predictor answers one question for running requests, given prompt length, age (tokens
+decoded so far ``a_i``) and the horizon ``H``::
+
+    predict(prompt, decoded, horizon, *, prefix=None, output=None) -> (p_fin, mu_rem)
+
+with ``r_i`` the tokens still to decode (``r_i >= 1``; the request leaves after them),
+``p_fin = P(r_i <= H | x_i, a_i)`` and ``mu_rem = E[r_i | r_i <= H, x_i, a_i]`` (arrays of the
+running requests' shape). ``observe(prompt, output, prefix=None)`` feeds finished requests
+(online learning). :func:`~straggler.solvers.routing.project_loads` turns the pair into the
+expected presence ``c_i`` with the confidence gate ``p_fin < 0.5 -> c_i = H+1``.
+
+* :class:`OraclePredictor`: the true output length (simulation only).
+* :class:`SurvivalPredictor`: empirical CDF of output lengths conditioned on age, O(log n) per
+  query (two binary searches and a prefix sum), fitted from a trace or online.
+* :class:`ExactMatchPredictor`: prompt-prefix hash -> last seen output length; falls back to
+  survival on a miss (or when the memo says the request should already have finished).
+* :class:`TwoStagePredictor`: the paper's calibrated termination classifier (logistic
+  regression, binary cross-entropy) and conditional-mean regressor (least squares, MSE, on the
+  samples that do finish within ``H``), trained on samples taken every ``H/2`` tokens;
+  :func:`calibration_report` gives reliability bins, Brier score, log loss and AUC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import rankdata
+
+from ..formulations.errors import InvalidInputError, param_error
+
+__all__ = [
+    "Predictor",
+    "OraclePredictor",
+    "SurvivalPredictor",
+    "ExactMatchPredictor",
+    "TwoStagePredictor",
+    "CalibrationReport",
+    "calibration_report",
+    "termination_samples",
+]
+
+
+def _arr(x, name, func):
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 1 or not np.all(np.isfinite(a)) or (a.size and a.min() < 0):
+        raise param_error(
+            name,
+            func,
+            "a 1-D array of finite non-negative numbers",
+            f"shape {a.shape}" if a.ndim != 1 else "NaN, infinite or negative values",
+        )
+    return a
+
+
+def _check_horizon(horizon, func):
+    if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 0:
+        raise param_error("horizon", func, "an integer >= 0", repr(horizon))
+    return int(horizon)
+
+
+class Predictor:
+    """Interface of every predictor (see the module docstring)."""
+
+    def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
+        raise NotImplementedError
+
+    def observe(self, prompt, output, prefix=None) -> None:
+        """Learn from finished requests (default: nothing to learn)."""
+
+
+class OraclePredictor(Predictor):
+    """The truth: ``r = output - decoded``, ``p_fin = 1{r <= H}``, ``mu_rem = r``.
+
+    Examples
+    --------
+    >>> p, mu = OraclePredictor().predict([5, 5], [2, 0], 4, output=[6, 20])
+    >>> p.tolist(), mu.tolist()
+    ([1.0, 0.0], [4.0, 20.0])
+    """
+
+    def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
+        f = "OraclePredictor.predict"
+        H = _check_horizon(horizon, f)
+        if output is None:
+            raise param_error("output", f, "the true output lengths (oracle)", "None")
+        a = _arr(decoded, "decoded", f)
+        o = _arr(output, "output", f)
+        if o.shape != a.shape or np.any(o <= a):
+            raise param_error(
+                "output", f, "an array like decoded with output > decoded", f"shape {o.shape}"
+            )
+        r = o - a
+        return (r <= H).astype(np.float64), r
+
+
+class SurvivalPredictor(Predictor):
+    """Empirical survival of output lengths, conditioned on age.
+
+    With ``F`` the ECDF of observed output lengths ``o`` and age ``a``:
+    ``p_fin = #{a < o <= a+H} / #{o > a}`` and ``mu_rem = mean{o - a : a < o <= a+H}``. An age
+    beyond every observation gives ``p_fin = 0`` (the gate then keeps the request for the
+    whole horizon). Online: :meth:`observe` buffers; the sorted table is rebuilt when the buffer
+    exceeds ``max(64, refresh * n)`` (amortized O(log n) per observation), so predictions use
+    the table as of the last rebuild.
+
+    Parameters
+    ----------
+    outputs : array, optional
+        Output lengths to fit from (a trace).
+    refresh : float
+        Relative buffer size that triggers a rebuild (default 0.05).
+
+    Examples
+    --------
+    >>> sp = SurvivalPredictor([2, 4, 4, 10])
+    >>> p, mu = sp.predict([0, 0], [1, 5], 3)
+    >>> p.tolist(), mu.tolist()
+    ([0.75, 0.0], [2.3333333333333335, 1.0])
+    """
+
+    def __init__(self, outputs=None, *, refresh: float = 0.05) -> None:
+        self._sorted = np.zeros(0)
+        self._csum = np.zeros(1)
+        self._pending: list[float] = []
+        self.refresh = float(refresh)
+        if outputs is not None:
+            self.fit(outputs)
+
+    def fit(self, outputs) -> SurvivalPredictor:
+        """Replace the table by the ECDF of ``outputs``."""
+        o = _arr(outputs, "outputs", "SurvivalPredictor.fit")
+        self._sorted = np.sort(o)
+        self._csum = np.concatenate(([0.0], np.cumsum(self._sorted)))
+        self._pending = []
+        return self
+
+    def observe(self, prompt, output, prefix=None) -> None:
+        self._pending.extend(np.atleast_1d(np.asarray(output, dtype=np.float64)).tolist())
+        if len(self._pending) >= max(64, self.refresh * self._sorted.size):
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.fit(np.concatenate((self._sorted, np.asarray(self._pending))))
+
+    @property
+    def n_observed(self) -> int:
+        return int(self._sorted.size + len(self._pending))
+
+    def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
+        f = "SurvivalPredictor.predict"
+        H = _check_horizon(horizon, f)
+        a = _arr(decoded, "decoded", f)
+        if self._sorted.size == 0 and self._pending:
+            self._rebuild()
+        o = self._sorted
+        lo = np.searchsorted(o, a, side="right")  # #{o <= a}
+        hi = np.searchsorted(o, a + H, side="right")  # #{o <= a+H}
+        alive = o.size - lo
+        n_in = hi - lo
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = np.where(alive > 0, n_in / np.maximum(alive, 1), 0.0)
+            mu = np.where(
+                n_in > 0, (self._csum[hi] - self._csum[lo]) / np.maximum(n_in, 1) - a, 1.0
+            )
+        return p, mu
+
+
+class ExactMatchPredictor(Predictor):
+    """Prompt-prefix hash memo (last seen output length), survival fallback.
+
+    A hit with remembered output ``o > a`` is treated as the truth (``r = o - a``); a miss, or a
+    memo ``o <= a`` (the request outlived its twin), asks the fallback.
+
+    Examples
+    --------
+    >>> em = ExactMatchPredictor(SurvivalPredictor([3, 3, 8]))
+    >>> em.observe([10], [5], prefix=[42])
+    >>> p, mu = em.predict([10, 10], [1, 1], 3, prefix=[42, 7])
+    >>> p.tolist(), mu.tolist()
+    ([0.0, 0.6666666666666666], [4.0, 2.0])
+    """
+
+    def __init__(self, fallback: Predictor | None = None) -> None:
+        self.fallback = fallback if fallback is not None else SurvivalPredictor()
+        self.memo: dict[int, float] = {}
+
+    def observe(self, prompt, output, prefix=None) -> None:
+        out = np.atleast_1d(np.asarray(output, dtype=np.float64))
+        if prefix is not None:
+            for h, o in zip(np.atleast_1d(prefix).tolist(), out.tolist()):
+                self.memo[h] = o
+        self.fallback.observe(prompt, output, prefix)
+
+    def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
+        f = "ExactMatchPredictor.predict"
+        H = _check_horizon(horizon, f)
+        a = _arr(decoded, "decoded", f)
+        p, mu = self.fallback.predict(prompt, decoded, H, prefix=prefix)
+        if prefix is None or not self.memo:
+            return p, mu
+        memo = np.array([self.memo.get(h, -1.0) for h in np.asarray(prefix).tolist()])
+        hit = memo > a
+        r = memo - a
+        return np.where(hit, (r <= H).astype(np.float64), p), np.where(hit, r, mu)
+
+
+def termination_samples(prompts, outputs, horizon: int, stride: int | None = None):
+    """Training tuples of the two-stage predictor, one every ``stride = max(1, H//2)`` tokens.
+
+    For each request (prompt ``s``, output ``o``) and age ``a = 0, stride, 2*stride, ... < o``:
+    features ``(s, a)``, label ``y = 1{o - a <= H}`` and target ``r = o - a``.
+
+    Returns ``(prompt, age, y, r)`` arrays.
+
+    Examples
+    --------
+    >>> s, a, y, r = termination_samples([7], [5], 2)
+    >>> a.tolist(), y.tolist(), r.tolist()
+    ([0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 1.0, 1.0], [5.0, 4.0, 3.0, 2.0, 1.0])
+    """
+    f = "termination_samples"
+    H = _check_horizon(horizon, f)
+    s = _arr(prompts, "prompts", f)
+    o = _arr(outputs, "outputs", f)
+    if s.shape != o.shape:
+        raise param_error("outputs", f, f"shape {s.shape} like prompts", f"shape {o.shape}")
+    step = max(1, H // 2) if stride is None else int(stride)
+    if step < 1:
+        raise param_error("stride", f, "an integer >= 1", repr(stride))
+    counts = np.ceil(o / step).astype(np.int64)
+    idx = np.repeat(np.arange(o.size), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    age = (np.arange(idx.size) - first) * float(step)
+    r = o[idx] - age
+    return s[idx], age, (r <= H).astype(np.float64), r
+
+
+def _features(prompt, age) -> np.ndarray:
+    lp = np.log1p(np.asarray(prompt, dtype=np.float64))
+    la = np.log1p(np.asarray(age, dtype=np.float64))
+    return np.column_stack((np.ones_like(lp), lp, la, la * la, lp * la))
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class CalibrationReport:
+    """Reliability of a termination classifier.
+
+    Attributes
+    ----------
+    bins : ndarray, shape (n_bins, 4)
+        Per probability bin: mean predicted probability, observed frequency, count, bin upper
+        edge (empty bins have count 0 and NaN means).
+    brier : float
+        Mean ``(p - y)^2``.
+    log_loss : float
+        Mean binary cross-entropy.
+    auc : float
+        Area under the ROC curve (Mann-Whitney, ties counted half); NaN with one class only.
+    ece : float
+        Expected calibration error, ``sum_b count_b/n * |mean_pred_b - freq_b|``.
+    n : int
+    """
+
+    bins: np.ndarray
+    brier: float
+    log_loss: float
+    auc: float
+    ece: float
+    n: int
+
+    def table(self) -> str:
+        """The reliability table as text."""
+        rows = ["bin<=  mean_p  freq    count"]
+        for mp, fr, c, up in self.bins:
+            rows.append(f"{up:5.2f}  {mp:6.3f}  {fr:6.3f}  {int(c):6d}")
+        rows.append(
+            f"Brier {self.brier:.4f}  log-loss {self.log_loss:.4f}  AUC {self.auc:.4f}  "
+            f"ECE {self.ece:.4f}  n {self.n}"
+        )
+        return "\n".join(rows)
+
+
+def calibration_report(p, y, n_bins: int = 10) -> CalibrationReport:
+    """Reliability bins, Brier score, log loss, AUC and ECE of probabilities ``p`` for labels ``y``.
+
+    Examples
+    --------
+    >>> r = calibration_report([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1], n_bins=2)
+    >>> round(r.brier, 4), r.auc, r.bins[:, 2].tolist()
+    (0.1581, 0.75, [3.0, 1.0])
+    """
+    f = "calibration_report"
+    p = np.asarray(p, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if p.shape != y.shape or p.ndim != 1 or p.size == 0:
+        raise param_error(
+            "y", f, f"a non-empty 1-D array of shape {p.shape} like p", f"shape {y.shape}"
+        )
+    if np.any((p < 0) | (p > 1)) or not np.all(np.isfinite(p)):
+        raise param_error("p", f, "probabilities in [0, 1]", "values outside")
+    if not np.all((y == 0) | (y == 1)):
+        raise param_error("y", f, "labels in {0, 1}", "other values")
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    b = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, n_bins - 1)
+    cnt = np.bincount(b, minlength=n_bins).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mp = np.bincount(b, weights=p, minlength=n_bins) / cnt
+        fr = np.bincount(b, weights=y, minlength=n_bins) / cnt
+    ece = float(np.nansum(cnt / p.size * np.abs(mp - fr)))
+    eps = 1e-12
+    pc = np.clip(p, eps, 1 - eps)
+    ll = float(-np.mean(y * np.log(pc) + (1 - y) * np.log(1 - pc)))
+    n_pos = int(y.sum())
+    n_neg = p.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        auc = float("nan")
+    else:
+        ranks = rankdata(p)
+        auc = float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    return CalibrationReport(
+        bins=np.column_stack((mp, fr, cnt, edges[1:])),
+        brier=float(np.mean((p - y) ** 2)),
+        log_loss=ll,
+        auc=auc,
+        ece=ece,
+        n=int(p.size),
+    )
+
+
+class TwoStagePredictor(Predictor):
+    """Calibrated termination classifier + conditional-mean regressor (the paper's training).
+
+    Stage 1: logistic regression ``p_fin = sigmoid(w'phi(s, a))`` fitted by Newton's method on
+    the binary cross-entropy (with a small ridge ``l2`` on the non-intercept weights), features
+    ``phi = (1, log1p s, log1p a, (log1p a)^2, log1p s * log1p a)`` standardized on the training
+    set. Stage 2: least squares (MSE) ``mu_rem = v'phi(s, a)`` on the samples with ``r <= H``,
+    clipped to ``[1, H]``. Samples come from :func:`termination_samples` (stride ``H/2``).
+
+    Parameters
+    ----------
+    horizon : int
+        The ``H`` it is trained for (``predict`` must use the same).
+    l2 : float
+        Ridge weight (default 1e-4).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> s = rng.integers(10, 1000, 400); o = np.where(s > 500, 20, 300)
+    >>> tp = TwoStagePredictor(40).fit(s, o)
+    >>> p, mu = tp.predict([900, 100], [0, 0], 40)
+    >>> bool(p[0] > 0.9), bool(p[1] < 0.1)
+    (True, True)
+    """
+
+    def __init__(self, horizon: int, *, l2: float = 1e-4) -> None:
+        self.horizon = _check_horizon(horizon, "TwoStagePredictor")
+        self.l2 = float(l2)
+        self.w = None
+        self.v = None
+
+    def _phi(self, prompt, age):
+        return (_features(prompt, age) - self._mean) / self._std
+
+    def fit(self, prompts, outputs, *, stride: int | None = None, max_iter: int = 50):
+        """Fit both stages on a trace of finished requests (prompt and output lengths)."""
+        s, a, y, r = termination_samples(prompts, outputs, self.horizon, stride)
+        if s.size == 0:
+            raise InvalidInputError(
+                "TwoStagePredictor.fit needs at least one request with a positive output length."
+            )
+        X = _features(s, a)
+        self._mean = X.mean(axis=0)
+        self._mean[0] = 0.0
+        self._std = X.std(axis=0)
+        self._std[self._std == 0] = 1.0
+        X = (X - self._mean) / self._std
+        reg = np.full(X.shape[1], self.l2)
+        reg[0] = 0.0
+        w = np.zeros(X.shape[1])
+        for _ in range(max_iter):  # Newton / IRLS on the BCE
+            z = X @ w
+            p = 1.0 / (1.0 + np.exp(-z))
+            grad = X.T @ (p - y) / y.size + reg * w
+            hess = (X.T * (p * (1 - p))) @ X / y.size + np.diag(reg + 1e-12)
+            step = np.linalg.solve(hess, grad)
+            w -= step
+            if np.max(np.abs(step)) < 1e-10:
+                break
+        self.w = w
+        pos = y == 1
+        if pos.any():
+            self.v = np.linalg.lstsq(X[pos], r[pos], rcond=None)[0]
+        else:
+            self.v = np.zeros(X.shape[1])
+            self.v[0] = float(self.horizon)
+        return self
+
+    def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
+        f = "TwoStagePredictor.predict"
+        H = _check_horizon(horizon, f)
+        if self.w is None:
+            raise InvalidInputError("TwoStagePredictor.predict called before fit.")
+        if H != self.horizon:
+            raise param_error(
+                "horizon", f, f"the horizon it was trained for ({self.horizon})", repr(horizon)
+            )
+        a = _arr(decoded, "decoded", f)
+        s = _arr(prompt, "prompt", f)
+        X = self._phi(s, a)
+        p = 1.0 / (1.0 + np.exp(-(X @ self.w)))
+        mu = np.clip(X @ self.v, 1.0, max(H, 1))
+        return p, mu
+
+    def calibration(self, prompts, outputs, *, stride: int | None = None, n_bins: int = 10):
+        """:func:`calibration_report` of the classifier on (held-out) requests."""
+        s, a, y, _ = termination_samples(prompts, outputs, self.horizon, stride)
+        p, _ = self.predict(s, a, self.horizon)
+        return calibration_report(p, y, n_bins)

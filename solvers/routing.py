@@ -1,0 +1,514 @@
+"""DP decode routing: :func:`route_batch` (BalanceRoute BR-0 / BR-H and the deployed baselines).
+
+One tick of the router: the pool's ready requests are assigned to ``G`` lock-step decode
+replicas. ``route_batch`` validates once (one vectorized function), packs the scalar options
+into a ``params`` vector and calls one Numba kernel from :data:`ROUTING_KERNELS`.
+
+For a jitted caller (the simulator's step loop) every kernel shares one signature::
+
+    kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed) -> assignment
+
+with ``prefill`` float64 (n,), ``loads`` float64 (G, H+1) C-contiguous (column 0 = current
+loads), ``free_slots``/``n_running``/``n_waiting`` int64 (G,), ``params`` from
+:func:`make_params` (float64, indices ``P_*`` below), ``seed`` int64 >= 0; ``assignment`` is a
+fresh int64 (n,) array, -1 for a request that stays in the pool. Kernels assume valid input
+(see :func:`validate_routing_input`) and never mutate their arguments. :data:`POLICY_IDS` gives
+each policy a stable integer for ``if``-dispatch inside a jitted loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formulations.errors import InvalidOptionError, param_error
+from ._routing_kernels import (
+    N_PARAMS,
+    P_ALPHA,
+    P_BETA,
+    P_CURSOR,
+    P_GAMMA,
+    P_OPTIMISTIC,
+    P_R_MAX,
+    P_S_GREEDY,
+    br0_kernel,
+    brh_kernel,
+    jsq_kernel,
+    jsq_requests_kernel,
+    p2c_kernel,
+    project_loads_kernel,
+    random_kernel,
+    round_robin_kernel,
+    tick_summary_kernel,
+    trtllm_kernel,
+    vllm_kernel,
+)
+
+__all__ = [
+    "route_batch",
+    "RoutingDecision",
+    "ROUTING_KERNELS",
+    "POLICY_IDS",
+    "POLICIES",
+    "make_params",
+    "default_s_greedy",
+    "validate_routing_input",
+    "project_loads",
+    "presence_from_prediction",
+    "N_PARAMS",
+    "P_R_MAX",
+    "P_S_GREEDY",
+    "P_ALPHA",
+    "P_BETA",
+    "P_GAMMA",
+    "P_OPTIMISTIC",
+    "P_CURSOR",
+]
+
+#: Policy name -> Numba kernel with the common signature (see the module docstring).
+ROUTING_KERNELS = {
+    "br0": br0_kernel,
+    "brh": brh_kernel,
+    "round_robin": round_robin_kernel,
+    "random": random_kernel,
+    "jsq": jsq_kernel,
+    "jsq_requests": jsq_requests_kernel,
+    "vllm": vllm_kernel,
+    "p2c": p2c_kernel,
+    "trtllm": trtllm_kernel,
+}
+#: Stable integer id of each policy (for dispatch inside a jitted loop).
+POLICY_IDS = {name: k for k, name in enumerate(ROUTING_KERNELS)}
+POLICIES = tuple(ROUTING_KERNELS)
+
+_EXTRA = frozenset({"n_running", "n_waiting", "optimistic", "cursor"})
+_FUNC = "route_batch"
+
+
+def default_s_greedy(n_replicas: int, r_max: int) -> int:
+    """``S_greedy = G * R_max`` (the paper gives no value).
+
+    Below it each replica has on average at most ``R_max`` free slots, so one Stage-2 pop per
+    replica (a subset of at most ``R_max`` requests) can use every slot; this is where slots
+    are scarce and each one should be chosen by subset search. Above it, margins are filled
+    greedily (Stage 1) at O(n) per placement.
+
+    Examples
+    --------
+    >>> default_s_greedy(16, 4)
+    64
+    """
+    return int(n_replicas) * int(r_max)
+
+
+def make_params(
+    *,
+    r_max: int = 4,
+    s_greedy: float = 0.0,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    gamma: float = 1.0,
+    optimistic: bool = True,
+    cursor: int = 0,
+) -> np.ndarray:
+    """The ``params`` vector of the kernels (no validation: use :func:`route_batch` for that).
+
+    Examples
+    --------
+    >>> make_params(r_max=4, s_greedy=32, beta=8).tolist()
+    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 0.0]
+    """
+    p = np.empty(N_PARAMS)
+    p[P_R_MAX] = r_max
+    p[P_S_GREEDY] = s_greedy
+    p[P_ALPHA] = alpha
+    p[P_BETA] = beta
+    p[P_GAMMA] = gamma
+    p[P_OPTIMISTIC] = 1.0 if optimistic else 0.0
+    p[P_CURSOR] = cursor
+    return p
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class RoutingDecision:
+    """What :func:`route_batch` returns.
+
+    Attributes
+    ----------
+    assignment : ndarray of int64, shape (n_pool,)
+        Replica of each pool request, ``-1`` when it stays in the pool.
+    imbalance_before, imbalance_after : float
+        ``G*max L - sum L`` on current loads (column 0) before and after adding the placed
+        prefill lengths.
+    n_placed : int
+    policy : str
+    stage : int
+        BR-0/BR-H: 1 when the tick started in Stage 1 (``S_tot > S_greedy``), else 2; 0 for
+        the baselines.
+    runtime_s : float
+        Wall time of the whole call (validation included).
+    extras : dict
+        ``next_cursor`` for round-robin, ``s_greedy`` for BR-0/BR-H.
+    """
+
+    assignment: np.ndarray
+    imbalance_before: float
+    imbalance_after: float
+    n_placed: int
+    policy: str
+    stage: int
+    runtime_s: float
+    extras: dict = field(default_factory=dict)
+
+
+def _vector(x, name, dtype, G=None):
+    """1-D array of ``dtype`` (no copy when it already is one)."""
+    try:
+        a = (
+            np.asarray(x, dtype=dtype)
+            if not (isinstance(x, np.ndarray) and x.dtype == dtype)
+            else x
+        )
+    except (TypeError, ValueError):
+        raise param_error(name, _FUNC, "a 1-D numeric array", repr(x)) from None
+    if a.ndim != 1 or (G is not None and a.shape[0] != G):
+        exp = "a 1-D array" if G is None else f"a 1-D array of length G = {G} (loads.shape[0])"
+        raise param_error(name, _FUNC, exp, f"shape {a.shape}")
+    return a
+
+
+def _int_vector(x, name, G):
+    if isinstance(x, np.ndarray) and x.dtype == np.int64:
+        a = x
+    else:
+        a = np.asarray(x)
+        if a.dtype.kind == "f" and a.size and not np.all(a == np.floor(a)):
+            raise param_error(name, _FUNC, "an array of non-negative integers", f"{a!r}")
+        if a.dtype.kind not in "iuf" and a.size:
+            raise param_error(name, _FUNC, "an array of non-negative integers", f"dtype {a.dtype}")
+        a = a.astype(np.int64)
+    if a.ndim != 1 or a.shape[0] != G:
+        raise param_error(
+            name, _FUNC, f"a 1-D array of length G = {G} (loads.shape[0])", f"shape {a.shape}"
+        )
+    if G and a.min() < 0:
+        raise param_error(
+            name, _FUNC, "an array of non-negative integers", f"negative value {a.min()}"
+        )
+    return a
+
+
+def validate_routing_input(prefill_lengths, loads, free_slots, policy, options):
+    """Validate every argument of :func:`route_batch` once; return normalized arrays.
+
+    Returns ``(prefill float64 (n,), loads float64 (G, H+1) C-contiguous, free int64 (G,),
+    n_running int64 (G,), n_waiting int64 (G,))``. Raises :class:`InvalidInputError` (or
+    :class:`InvalidOptionError` for an unknown policy or option) naming the parameter.
+    """
+    if policy not in ROUTING_KERNELS:
+        raise param_error(
+            "policy", _FUNC, f"one of {sorted(ROUTING_KERNELS)}", repr(policy), InvalidOptionError
+        )
+    unknown = set(options) - _EXTRA
+    if unknown:
+        raise InvalidOptionError(
+            f"route_batch got unknown option(s) {sorted(unknown)}; expected some of "
+            f"{sorted(_EXTRA)}."
+        )
+    s = _vector(prefill_lengths, "prefill_lengths", np.float64)
+    if s.size:
+        lo, hi = s.min(), s.max()
+        if not (lo >= 0.0 and hi < math.inf):  # NaN fails both comparisons
+            raise param_error(
+                "prefill_lengths",
+                _FUNC,
+                "an array of finite non-negative numbers",
+                "NaN, infinite or negative values",
+            )
+    if isinstance(loads, np.ndarray) and loads.dtype == np.float64:
+        L = loads
+    else:
+        try:
+            L = np.asarray(loads, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise param_error("loads", _FUNC, "a numeric array", repr(loads)) from None
+    if L.ndim == 1:
+        L = L.reshape(-1, 1)
+    if L.ndim != 2 or L.shape[0] == 0 or L.shape[1] == 0:
+        raise param_error(
+            "loads", _FUNC, "a non-empty (G,) or (G, H+1) array", f"shape {np.shape(loads)}"
+        )
+    if not L.flags.c_contiguous:
+        L = np.ascontiguousarray(L)
+    lo, hi = L.min(), L.max()
+    if not (lo >= 0.0 and hi < math.inf):
+        raise param_error(
+            "loads",
+            _FUNC,
+            "an array of finite non-negative numbers",
+            "NaN, infinite or negative values",
+        )
+    G = L.shape[0]
+    free = _int_vector(free_slots, "free_slots", G)
+    zeros = None
+    n_run = options.get("n_running")
+    if n_run is None:
+        zeros = np.zeros(G, np.int64)
+        n_run = zeros
+    else:
+        n_run = _int_vector(n_run, "n_running", G)
+    n_wait = options.get("n_waiting")
+    if n_wait is None:
+        n_wait = zeros if zeros is not None else np.zeros(G, np.int64)
+    else:
+        n_wait = _int_vector(n_wait, "n_waiting", G)
+    return s, L, free, n_run, n_wait
+
+
+def _scalar(value, name, lo, hi, *, integer=False, lo_open=False):
+    bad = isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
+    if not bad:
+        v = float(value)
+        bad = not (v > lo if lo_open else v >= lo) or not v <= hi or (integer and v != int(v))
+    if bad:
+        kind = "an integer" if integer else "a number"
+        lb = f"({lo}" if lo_open else f"[{lo}"
+        raise param_error(name, _FUNC, f"{kind} in {lb}, {hi}]", repr(value))
+    return float(value)
+
+
+def route_batch(
+    prefill_lengths,
+    loads,
+    free_slots,
+    *,
+    policy: str = "br0",
+    r_max: int = 4,
+    s_greedy: float | None = None,
+    alpha: float = 1.0,
+    beta: float | None = None,
+    gamma: float = 1.0,
+    rng=None,
+    **params,
+) -> RoutingDecision:
+    r"""Route one tick of ready requests to ``G`` lock-step decode replicas.
+
+    BR-0 (``policy="br0"``), BalanceRoute 关键设计 2, on current loads ``L = loads[:, 0]``,
+    ``M = max L``, margins ``m_g = M - L_g``, F-score ``F_g(Q) = D(Q) - G*(D(Q) - m_g)_+``.
+    Until the pool is empty or no free slot is left, repeat:
+
+    1. Pop the replica ``g`` with a free slot that is largest in ``(cap_g, m_g)``
+       (lexicographic; ties to the lowest index). The priority queue is an O(G) scan over
+       the live keys: each placement can raise ``M`` and so moves every margin.
+    2. Rank the pool by the single score ``F_g({i})``, descending, ties to the lower pool
+       index (older request first).
+    3. **Stage 1**, while the total free slots ``S_tot > S_greedy``: place the top-ranked
+       request on ``g``.
+       **Stage 2**, otherwise: candidates are the top ``R_max`` of the ranking; search every
+       subset ``Q`` with ``1 <= |Q| <= min(cap_g, R_max)`` for the largest ``F_g(Q)``; subsets
+       are visited by size, then in lexicographic order of candidate ranks, and the first
+       maximum is kept (so ties go to fewer requests, then to better-ranked ones). If the best
+       score is ``<= 0`` the starvation guard places the top-ranked request alone.
+    4. Optimistic update (``optimistic=True``, default): ``L_g += D(Q)``, ``M = max(M, L_g)``,
+       all margins recomputed from the new ``M``; ``cap_g -= |Q|``.
+
+    Every pop places at least one request, so a tick places ``min(n_pool, S_tot)`` requests.
+
+    BR-H (``policy="brh"``), 关键设计 3: ``loads`` is ``(G, H+1)`` projected loads (see
+    :func:`project_loads`), margin vectors ``m_{g,h} = max_g' L_{g',h} - L_{g,h}``, discount
+    ``d = (1, gamma, ..., gamma^H)``, score ``F_g(Q) = alpha*(1'd)*D - beta*((D*1 - m_g)_+)'d``
+    (``beta`` defaults to ``G``). Same two stages; the replica key is ``(cap_g, d'm_g)`` and the
+    update adds ``D(Q)`` to every column of ``g``. With ``H = 0, alpha = 1, beta = G`` it makes
+    exactly BR-0's decisions (Theorem R3).
+
+    Baselines (all place in pool order, only on replicas with a free slot): ``round_robin``
+    (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang ``total_tokens``:
+    fewest tokens, then fewest requests, ties to the lowest index), ``jsq_requests`` (fewest
+    running + waiting requests, lowest index), ``vllm`` (lowest ``4*waiting + running``, lowest
+    index; update ``waiting += 1``), ``p2c`` (two distinct random replicas, fewer tokens wins,
+    ties to the first draw), ``trtllm`` (longest prompt first, ties to the lower index;
+    min-heap on ``(tokens, requests, rank)`` with per-rank cap
+    ``max(ceil((sum active + n_new)/G), max active)``, ``n_new = min(n_pool, S_tot)``).
+
+    Parameters
+    ----------
+    prefill_lengths : array, shape (n_pool,)
+        Prefill (prompt) lengths ``s_i >= 0`` of the pool, oldest first.
+    loads : array, shape (G,) or (G, H+1)
+        Current loads (resident KV tokens) or projected loads (column 0 = current). Policies
+        other than ``brh`` read column 0 only.
+    free_slots : array of int, shape (G,)
+        Free request slots per replica.
+    policy : str
+        One of :data:`POLICIES`.
+    r_max : int
+        ``R_max``, Stage-2 candidates, 1..16 (default 4, the paper's example).
+    s_greedy : float, optional
+        Stage-1 threshold; default :func:`default_s_greedy` ``= G * r_max``.
+    alpha, beta, gamma : float
+        BR-H weights; ``beta`` defaults to ``G``; ``gamma`` in (0, 1].
+    rng : None, int or numpy Generator
+        Seed of ``random`` and ``p2c`` (a Generator is drawn from once).
+    **params
+        ``n_running``, ``n_waiting`` (int (G,), default zeros): request counts per replica
+        (JSQ tie-break, ``jsq_requests``, ``vllm``, ``trtllm``); ``optimistic`` (bool, default
+        True); ``cursor`` (int, round-robin start, default 0).
+
+    Returns
+    -------
+    RoutingDecision
+
+    Raises
+    ------
+    InvalidInputError
+        Negative, NaN or infinite lengths or loads, shape mismatches, negative free slots or
+        counts, out-of-range options (the message names the parameter).
+    InvalidOptionError
+        Unknown policy or keyword option.
+
+    Notes
+    -----
+    Cost per tick: BR-0 O(P*(G + n) + P2*2^R_max) for P placements, P2 of them in Stage 2;
+    baselines O(n*G) (trtllm adds O(n log n)). Deviations from the paper: it states neither
+    ``S_greedy`` nor the candidate order nor the tie-breaks; the choices above are ours.
+
+    References
+    ----------
+    BalanceRoute (arXiv 2605.06113) 关键设计 1-3; ANCHORS.md "DP routers".
+
+    Examples
+    --------
+    >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1])
+    >>> d.assignment.tolist(), d.imbalance_before, d.imbalance_after, d.stage
+    ([1, 0, 2], 9.0, 4.0, 2)
+    >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], policy="jsq")
+    >>> d.assignment.tolist(), d.imbalance_after
+    ([1, 2, 0], 7.0)
+    >>> d = route_batch([5, 5], [0, 0, 0], [1, 1, 1], policy="round_robin", cursor=2)
+    >>> d.assignment.tolist(), d.extras["next_cursor"]
+    ([2, 0], 1)
+    """
+    t0 = time.perf_counter()
+    s, L, free, n_run, n_wait = validate_routing_input(
+        prefill_lengths, loads, free_slots, policy, params
+    )
+    G = L.shape[0]
+    r_max = int(_scalar(r_max, "r_max", 1, 16, integer=True))
+    if s_greedy is None:
+        s_greedy = default_s_greedy(G, r_max)
+    s_greedy = _scalar(s_greedy, "s_greedy", 0.0, math.inf)
+    alpha = _scalar(alpha, "alpha", 0.0, math.inf, lo_open=True)
+    beta = float(G) if beta is None else _scalar(beta, "beta", 0.0, math.inf)
+    gamma = _scalar(gamma, "gamma", 0.0, 1.0, lo_open=True)
+    optimistic = params.get("optimistic", True)
+    if not isinstance(optimistic, (bool, np.bool_)):
+        raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
+    cursor = int(_scalar(params.get("cursor", 0), "cursor", 0, math.inf, integer=True))
+    if policy in ("random", "p2c"):
+        seed = _seed(rng)
+    else:
+        seed = 0
+    p = make_params(
+        r_max=r_max,
+        s_greedy=s_greedy,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        optimistic=bool(optimistic),
+        cursor=cursor,
+    )
+    out = ROUTING_KERNELS[policy](s, L, free, n_run, n_wait, p, seed)
+    before, after, placed = tick_summary_kernel(L, s, out)
+    extras = {}
+    stage = 0
+    if policy in ("br0", "brh"):
+        stage = 1 if free.sum() > s_greedy else 2
+        extras["s_greedy"] = s_greedy
+    elif policy == "round_robin":
+        used = out[out >= 0]
+        extras["next_cursor"] = int((used[-1] + 1) % G) if used.size else cursor % G
+    return RoutingDecision(
+        assignment=out,
+        imbalance_before=float(before),
+        imbalance_after=float(after),
+        n_placed=int(placed),
+        policy=policy,
+        stage=stage,
+        runtime_s=time.perf_counter() - t0,
+        extras=extras,
+    )
+
+
+def _seed(rng) -> int:
+    if rng is None:
+        return int(np.random.default_rng().integers(2**62))
+    if isinstance(rng, np.random.Generator):
+        return int(rng.integers(2**62))
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng >= 0:
+        return int(rng)
+    raise param_error("rng", _FUNC, "None, a non-negative int seed or a numpy Generator", repr(rng))
+
+
+def presence_from_prediction(p_fin, mu_rem, horizon: int) -> np.ndarray:
+    """Expected presence ``c_i`` (steps, on horizon offsets ``h = 0..H``) with the gate.
+
+    ``r_i`` = tokens still to decode (``>= 1``); request ``i`` is resident at offset ``h`` iff
+    ``h < r_i``. With ``p_fin = P(r_i <= H)`` and ``mu_rem = E[r_i | r_i <= H]`` the expected
+    number of resident offsets is ``c_i = (1 - p_fin)*(H+1) + p_fin*mu_rem`` (the paper's
+    ``(1-p)*H + p*mu`` counted on our ``H+1`` offsets, ``h = 0`` being now). Confidence gate:
+    ``p_fin < 0.5 -> c_i = H+1`` (resident for the whole horizon).
+
+    Examples
+    --------
+    >>> presence_from_prediction([0.2, 1.0, 0.5], [3.0, 2.0, 4.0], 10).tolist()
+    [11.0, 2.0, 7.5]
+    """
+    p = np.asarray(p_fin, dtype=np.float64)
+    mu = np.clip(np.asarray(mu_rem, dtype=np.float64), 1.0, float(max(horizon, 1)))
+    c = (1.0 - p) * (horizon + 1) + p * mu
+    return np.where(p < 0.5, float(horizon + 1), c)
+
+
+def project_loads(state, predictor, horizon: int) -> np.ndarray:
+    """Projected loads ``(G, H+1)`` of a :class:`~straggler.formulations.ClusterState`.
+
+    ``L_{g,h} = sum_{i on g} clip(c_i - h, 0, 1) * (prompt_i + decoded_i + h)``: each running
+    request keeps growing by one token per step while it is (expected to be) resident, with
+    ``c_i`` from :func:`presence_from_prediction` on the predictor's ``(p_fin, mu_rem)``.
+    Column 0 equals the state's current loads when they are derived from the running requests.
+
+    Parameters
+    ----------
+    state : ClusterState
+    predictor : object with ``predict(prompt, decoded, horizon, *, prefix=None, output=None)
+        -> (p_fin, mu_rem)`` (see :mod:`straggler.solvers.predictors`).
+    horizon : int
+        ``H >= 0``.
+
+    Examples
+    --------
+    >>> from straggler.formulations import ClusterState
+    >>> from straggler.solvers.predictors import OraclePredictor
+    >>> st = ClusterState(free_slots=[1, 1], running_replica=[0, 1], running_prompt=[4, 2],
+    ...                   running_decoded=[0, 0], running_output=[2, 5], pool_prefill=[])
+    >>> project_loads(st, OraclePredictor(), 3).tolist()
+    [[4.0, 5.0, 0.0, 0.0], [2.0, 3.0, 4.0, 5.0]]
+    """
+    if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 0:
+        raise param_error("horizon", "project_loads", "an integer >= 0", repr(horizon))
+    H = int(horizon)
+    if state.running_replica.size == 0:
+        return np.zeros((state.n_replicas, H + 1))
+    p, mu = predictor.predict(
+        state.running_prompt,
+        state.running_decoded,
+        H,
+        prefix=state.running_prefix,
+        output=state.running_output,
+    )
+    c = presence_from_prediction(p, mu, H)
+    tokens = state.running_prompt + state.running_decoded
+    return project_loads_kernel(state.running_replica, tokens, c, state.n_replicas, H)

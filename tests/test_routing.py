@@ -1,0 +1,235 @@
+"""route_batch, its kernels and references, the baselines, and bad input."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from straggler.formulations import InvalidInputError, InvalidOptionError
+from straggler.formulations.routing import (
+    apply_assignment,
+    check_assignment,
+    f_score,
+    imbalance,
+)
+from straggler.proofs.routing_strategies import kernel_args, routing_instances
+from straggler.solvers import _routing_kernels as K
+from straggler.solvers.routing import (
+    POLICIES,
+    ROUTING_KERNELS,
+    make_params,
+    route_batch,
+)
+
+REFERENCES = {name: getattr(K, f"{name}_reference") for name in POLICIES}
+
+
+def _copy(inst):
+    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inst.items()}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@given(inst=routing_instances(max_horizon=2))
+def test_kernel_equals_py_func_equals_reference(policy, inst):
+    kernel = ROUTING_KERNELS[policy]
+    before = _copy(inst)
+    a = kernel(*kernel_args(inst))
+    b = getattr(kernel, "py_func", kernel)(*kernel_args(inst))
+    c = REFERENCES[policy](*kernel_args(inst))
+    for k, v in before.items():  # inputs not mutated
+        assert np.array_equal(v, inst[k]), (policy, k)
+    assert a.dtype == np.int64
+    assert a.tolist() == b.tolist() == c.tolist(), policy
+    placed = check_assignment(a, inst["prefill"], inst["free_slots"])
+    n_max = min(inst["prefill"].size, int(inst["free_slots"].sum()))
+    if policy == "trtllm":
+        assert placed.sum() <= n_max
+    else:  # every other policy places as many requests as it can
+        assert placed.sum() == n_max, policy
+
+
+@given(inst=routing_instances(max_horizon=0))
+def test_brh_with_h0_alpha1_betaG_is_br0(inst):
+    """Theorem R3: BR-H with H = 0, alpha = 1, beta = G makes BR-0's decisions."""
+    p = inst["params"].copy()
+    G = inst["loads"].shape[0]
+    p[K.P_ALPHA], p[K.P_BETA] = 1.0, float(G)
+    p[K.P_GAMMA] = 0.5  # irrelevant at H = 0
+    inst["params"] = p
+    args = kernel_args(inst)
+    assert K.brh_kernel(*args).tolist() == K.br0_kernel(*args).tolist()
+
+
+@given(inst=routing_instances(max_horizon=0))
+def test_route_batch_brh_reduction(inst):
+    kw = dict(r_max=int(inst["params"][K.P_R_MAX]), s_greedy=float(inst["params"][K.P_S_GREEDY]))
+    a = route_batch(inst["prefill"], inst["loads"][:, 0], inst["free_slots"], policy="br0", **kw)
+    b = route_batch(
+        inst["prefill"],
+        inst["loads"],
+        inst["free_slots"],
+        policy="brh",
+        alpha=1.0,
+        beta=float(inst["loads"].shape[0]),
+        gamma=0.3,
+        **kw,
+    )
+    assert a.assignment.tolist() == b.assignment.tolist()
+
+
+@given(
+    s=st.lists(st.integers(0, 30), min_size=1, max_size=6),
+    m=st.integers(0, 60),
+    G=st.integers(1, 8),
+    q=st.integers(1, 6),
+)
+def test_best_subset_is_optimal_among_candidates(s, m, G, q):
+    """Stage 2's subset search equals brute force over every subset of the candidates."""
+    prefill = np.array(s, dtype=np.float64)
+    cand = np.arange(prefill.size, dtype=np.int64)
+    nc = prefill.size
+    q = min(q, nc)
+    best = np.empty(nc, np.int64)
+    f, k = K.best_subset_kernel(prefill, cand, nc, q, float(m), float(G), best)
+    brute = max(
+        f_score(sum(c), m, G) for size in range(1, q + 1) for c in itertools.combinations(s, size)
+    )
+    assert f == brute
+    assert 1 <= k <= q
+    assert f_score(prefill[best[:k]].sum(), m, G) == f
+
+
+def test_stage1_and_stage2_examples():
+    # Stage 1 (S_tot = 3 > S_greedy = 0): the replica with most free slots (1) takes the request
+    # with the largest single F (margin 6: s = 6), then replica 1 again (2 slots left vs 1).
+    d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], s_greedy=0)
+    assert d.stage == 1
+    assert d.assignment.tolist() == [1, 0, 2]
+    # Stage 2 with the guard: every request is placed even when F <= 0.
+    d = route_batch([5, 5], [0, 0], [2, 0])
+    assert d.assignment.tolist() == [0, 0] and d.imbalance_after == 10.0
+
+
+def test_imbalance_summary_matches_formulation():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        G = int(rng.integers(1, 6))
+        L = rng.integers(0, 50, G).astype(float)
+        s = rng.integers(0, 30, int(rng.integers(0, 8))).astype(float)
+        free = rng.integers(0, 3, G)
+        for policy in POLICIES:
+            d = route_batch(s, L, free, policy=policy, rng=3)
+            assert d.imbalance_before == imbalance(L)
+            assert d.imbalance_after == imbalance(apply_assignment(L, d.assignment, s))
+            assert d.n_placed == int((d.assignment >= 0).sum())
+
+
+def test_seeded_policies_repeat():
+    s, L, free = np.arange(20.0), np.zeros(6), np.full(6, 5)
+    for policy in ("random", "p2c"):
+        a = route_batch(s, L, free, policy=policy, rng=7).assignment
+        b = route_batch(s, L, free, policy=policy, rng=np.random.default_rng(7)).assignment
+        c = route_batch(s, L, free, policy=policy, rng=np.random.default_rng(7)).assignment
+        assert a.tolist() == route_batch(s, L, free, policy=policy, rng=7).assignment.tolist()
+        assert b.tolist() == c.tolist()
+
+
+def test_optimistic_update_spreads_a_burst():
+    s, L, free = np.full(8, 100.0), np.zeros(4), np.full(4, 8)
+    on = route_batch(s, L, free, policy="jsq").assignment
+    off = route_batch(s, L, free, policy="jsq", optimistic=False).assignment
+    assert np.bincount(on, minlength=4).tolist() == [2, 2, 2, 2]
+    assert off.tolist() == [0] * 8  # stale metric: the whole burst goes to one replica
+
+
+def test_baseline_rules():
+    # JSQ ties: tokens, then requests, then lowest index
+    d = route_batch([1], [5, 5, 5], [1, 1, 1], policy="jsq", n_running=[3, 2, 2])
+    assert d.assignment.tolist() == [1]
+    # vLLM: 4*waiting + running
+    d = route_batch([1], [0, 0], [1, 1], policy="vllm", n_running=[0, 5], n_waiting=[2, 0])
+    assert d.assignment.tolist() == [1]
+    # TRT-LLM: longest prompt first onto the least-token rank
+    d = route_batch([1, 9], [0, 5], [2, 2], policy="trtllm", n_running=[0, 0])
+    assert d.assignment.tolist() == [1, 0]
+    # round robin skips full replicas and reports the next cursor
+    d = route_batch([1, 1, 1], [0, 0, 0], [1, 0, 2], policy="round_robin", cursor=1)
+    assert d.assignment.tolist() == [2, 0, 2] and d.extras["next_cursor"] == 0
+    # p2c with two replicas compares both
+    d = route_batch([1], [9, 1], [1, 1], policy="p2c", rng=0)
+    assert d.assignment.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, param",
+    [
+        (([-1.0], [0, 0], [1, 1]), {}, "prefill_lengths"),
+        (([np.nan], [0, 0], [1, 1]), {}, "prefill_lengths"),
+        (([[1.0]], [0, 0], [1, 1]), {}, "prefill_lengths"),
+        (([1.0], [0, np.nan], [1, 1]), {}, "loads"),
+        (([1.0], [0, -2], [1, 1]), {}, "loads"),
+        (([1.0], [0, 0], [1, 1, 1]), {}, "free_slots"),
+        (([1.0], [0, 0], [1, -1]), {}, "free_slots"),
+        (([1.0], [0, 0], [1, 1]), {"r_max": 0}, "r_max"),
+        (([1.0], [0, 0], [1, 1]), {"gamma": 0.0}, "gamma"),
+        (([1.0], [0, 0], [1, 1]), {"s_greedy": -1}, "s_greedy"),
+        (([1.0], [0, 0], [1, 1]), {"n_running": [1]}, "n_running"),
+        (([1.0], [0, 0], [1, 1]), {"rng": "x", "policy": "random"}, "rng"),
+        (([1.0], [0, 0], [1, 1]), {"optimistic": 1}, "optimistic"),
+    ],
+)
+def test_bad_input_names_the_parameter(args, kwargs, param):
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        route_batch(*args, **kwargs)
+
+
+def test_unknown_policy_and_option():
+    with pytest.raises(InvalidOptionError, match="'policy'"):
+        route_batch([1.0], [0], [1], policy="nope")
+    with pytest.raises(InvalidOptionError, match="bogus"):
+        route_batch([1.0], [0], [1], bogus=3)
+    with pytest.raises(ValueError):
+        route_batch([1.0], [0], [1], policy="nope")
+
+
+@settings(max_examples=20)
+@given(inst=routing_instances())
+@example(
+    inst=dict(
+        prefill=np.array([3.0]),
+        loads=np.array([[5.0], [0.0]]),
+        free_slots=np.array([1, 1]),
+        n_running=np.zeros(2, np.int64),
+        n_waiting=np.zeros(2, np.int64),
+        params=make_params(r_max=2, s_greedy=0),
+        seed=0,
+    )
+)
+def test_route_batch_through_public_api_matches_kernel(inst):
+    p = inst["params"]
+    d = route_batch(
+        inst["prefill"],
+        inst["loads"],
+        inst["free_slots"],
+        policy="br0",
+        r_max=int(p[K.P_R_MAX]),
+        s_greedy=float(p[K.P_S_GREEDY]),
+        optimistic=bool(p[K.P_OPTIMISTIC]),
+    )
+    q = make_params(
+        r_max=int(p[K.P_R_MAX]),
+        s_greedy=float(p[K.P_S_GREEDY]),
+        beta=float(inst["loads"].shape[0]),
+        optimistic=bool(p[K.P_OPTIMISTIC]),
+    )
+    ref = K.br0_reference(
+        inst["prefill"],
+        inst["loads"],
+        inst["free_slots"],
+        inst["n_running"],
+        inst["n_waiting"],
+        q,
+        0,
+    )
+    assert d.assignment.tolist() == ref.tolist()

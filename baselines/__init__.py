@@ -8,5 +8,6 @@ from . import (
     token_lp,  # noqa: F401
     uniform,  # noqa: F401
 )
+from .eplb import rebalance_experts
 
-__all__: list[str] = []
+__all__: list[str] = ["rebalance_experts"]

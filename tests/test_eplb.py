@@ -1,0 +1,264 @@
+"""EPLB placement: upstream's README example, hand-checked cases, a loop-by-loop reference,
+properties, the distinct variant and input validation. No torch needed."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from straggler.baselines import eplb
+from straggler.baselines.eplb import rebalance_experts
+from straggler.formulations import DispatchProblem, InvalidInputError
+
+README_WEIGHT = [
+    [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+    [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
+]
+README_P2L = [
+    [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
+    [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1],
+]
+
+
+def test_readme_example():
+    p2l, l2p, cnt = rebalance_experts(np.array(README_WEIGHT), 16, 4, 2, 8)
+    assert p2l.tolist() == README_P2L
+    _check_tables(np.array(README_WEIGHT), p2l, l2p, cnt, 16, 8)
+
+
+def test_global_policy_by_hand_with_duplicate_on_one_gpu():
+    # 1 group on 2 nodes: 1 % 2 != 0, so the global policy. Replicate 4 -> 6: expert 0
+    # (6) first, then a tie 6/2 == 3/1 won by expert 0: counts [3, 1, 1, 1], replica
+    # loads [2, 2, 3, 1, 2, 2]. Packing (desc., stable): slot2 -> GPU0 (3), slot0 -> GPU1
+    # (2), slot1 -> GPU1 (4), slot4 -> GPU0 (5), slot5 -> GPU1 (6, full), slot3 -> GPU0.
+    p2l, l2p, cnt = rebalance_experts([[6, 2, 3, 1]], 6, 1, 2, 2)
+    assert p2l.tolist() == [[2, 0, 3, 0, 1, 0]]  # two replicas of expert 0 on GPU 1
+    assert cnt.tolist() == [[3, 1, 1, 1]]
+    # logical_to_physical lists slots in replica-rank order, not slot order
+    assert l2p.tolist() == [[[3, 1, 5], [4, -1, -1], [0, -1, -1], [2, -1, -1]]]
+    # the distinct variant caps replicas at 2 GPUs and packs without duplicates:
+    # counts [2, 1, 2, 1], loads [3, 2, 1.5, 1, 3, 1.5]
+    p2l, l2p, cnt = rebalance_experts([[6, 2, 3, 1]], 6, 1, 2, 2, distinct=True)
+    assert p2l.tolist() == [[0, 1, 2, 0, 2, 3]]
+    assert cnt.tolist() == [[2, 1, 2, 1]]
+
+
+def test_hierarchical_keeps_groups_on_nodes_and_hot_expert_unreplicated():
+    # 2 groups of 2 on 2 nodes, 4 GPUs, 8 slots: group {0, 1} (load 101) goes to node 0,
+    # group {2, 3} (load 60) to node 1; each node replicates its own experts into 4 slots.
+    w = [[100, 1, 30, 30]]
+    p2l, _, cnt = rebalance_experts(w, 8, 2, 2, 4)
+    assert sorted(p2l[0, :4].tolist()) == [0, 0, 0, 1]
+    assert sorted(p2l[0, 4:].tolist()) == [2, 2, 3, 3]
+    # the global policy replicates the hot expert more
+    _, _, cnt_global = rebalance_experts(w, 8, 1, 2, 4)
+    assert cnt.tolist() == [[3, 1, 2, 2]] and cnt_global.tolist() == [[4, 1, 2, 1]]
+
+
+def test_swap_repair_of_the_distinct_packing():
+    # 6 replicas into 3 packs of 2; labels are experts, the last two share expert 4.
+    weight = np.array([[3, 3, 7, 7, 8, 2]], np.float32)
+    labels = np.array([[0, 1, 2, 3, 4, 4]])
+    # greedy (desc., stable): item4 -> p0 (8), item2 -> p1 (7), item3 -> p2 (7),
+    # item0 -> p1 (tie 7/7, lowest; 10, full), item1 -> p2 (10, full); item5 (expert 4):
+    # only p0 has room and it holds expert 4 -> dead end. Repair: the lightest full pack
+    # without expert 4 is p1 (tie 10/10, lowest); its lightest item whose expert is absent
+    # from p0 is item0 (3): item0 moves to p0 (rank 1), item5 takes its place in p1.
+    pack, rank = eplb._balanced_packing_distinct(weight, labels, 3)
+    assert pack.tolist() == [[0, 2, 1, 2, 0, 1]]
+    assert rank.tolist() == [[1, 1, 0, 0, 0, 1]]
+    # upstream's packing puts both replicas of expert 4 in p0
+    pack, _ = eplb.balanced_packing(weight, 3)
+    assert pack[0, 4] == pack[0, 5] == 0
+
+
+def _distinct(pack, labels):
+    return all(
+        len(set(labels[i][pack[i] == p])) == int((pack[i] == p).sum())
+        for i in range(pack.shape[0])
+        for p in np.unique(pack[i])
+    )
+
+
+# --- a loop-by-loop reference of upstream's code (lists and float32 scalars) -------------
+
+
+def _ref_packing(w, m):
+    n = len(w)
+    per = n // m
+    if per == 1:
+        return list(range(n)), [0] * n
+    order = sorted(range(n), key=lambda j: -w[j])  # Python's sort is stable
+    loads, items = [np.float32(0)] * m, [0] * m
+    pack, rank = [-1] * n, [-1] * n
+    for j in order:
+        best = None
+        for p in range(m):
+            if items[p] < per and (best is None or loads[p] < loads[best]):
+                best = p
+        pack[j], rank[j] = best, items[best]
+        loads[best] = loads[best] + w[j]
+        items[best] += 1
+    return pack, rank
+
+
+def _ref_replicate(w, num_phy):
+    num_log = len(w)
+    p2l, rank, cnt = list(range(num_phy)), [0] * num_phy, [1] * num_log
+    for i in range(num_log, num_phy):
+        ratios = [w[e] / np.float32(cnt[e]) for e in range(num_log)]
+        best = 0
+        for e in range(1, num_log):
+            if ratios[e] > ratios[best]:
+                best = e
+        p2l[i], rank[i] = best, cnt[best]
+        cnt[best] += 1
+    return p2l, rank, cnt
+
+
+def _ref_layer(w, P, groups, nodes, gpus):
+    """One layer of the hierarchical policy, written out with explicit loops."""
+    E = len(w)
+    gsize, per_node_log, per_node_phy = E // groups, E // nodes, P // nodes
+    per_gpu = P // gpus
+    gload = [np.float32(0)] * groups
+    for g in range(groups):
+        for k in range(gsize):
+            gload[g] = gload[g] + w[g * gsize + k]
+    gpack, grank = _ref_packing(gload, nodes)
+    # node-major "middle" numbering: node n holds middle ids n*per_node_log ...
+    log2mlog = [0] * E
+    for g in range(groups):
+        for k in range(gsize):
+            log2mlog[g * gsize + k] = (gpack[g] * (groups // nodes) + grank[g]) * gsize + k
+    mlog2log = [0] * E
+    for e, m in enumerate(log2mlog):
+        mlog2log[m] = e
+    p2l, rank, cnt = [None] * P, [None] * P, [0] * E
+    for node in range(nodes):
+        wn = [w[mlog2log[node * per_node_log + j]] for j in range(per_node_log)]
+        phy2m, phyrank, mcnt = _ref_replicate(wn, per_node_phy)
+        loads = [wn[phy2m[i]] / np.float32(mcnt[phy2m[i]]) for i in range(per_node_phy)]
+        pack, prank = _ref_packing(loads, gpus // nodes)
+        for i in range(per_node_phy):
+            slot = node * per_node_phy + pack[i] * per_gpu + prank[i]
+            e = mlog2log[node * per_node_log + phy2m[i]]
+            p2l[slot], rank[slot] = e, phyrank[i]
+        for j in range(per_node_log):
+            cnt[mlog2log[node * per_node_log + j]] = mcnt[j]
+    return p2l, rank, cnt
+
+
+def _reference(weight, P, groups, nodes, gpus):
+    w = np.asarray(weight, dtype=np.float32)
+    if groups % nodes:
+        groups, nodes = 1, 1
+    out = [_ref_layer(list(row), P, groups, nodes, gpus) for row in w]
+    return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
+
+
+@st.composite
+def eplb_inputs(draw):
+    nodes = draw(st.integers(1, 3))
+    gpus = nodes * draw(st.integers(1, 3))
+    groups = draw(st.sampled_from([1, 2, 3, 4, 6]))
+    E = groups * draw(st.integers(1, 3))
+    P = gpus * draw(st.integers(-(-E // gpus), -(-E // gpus) + 3))
+    L = draw(st.integers(1, 3))
+    hi = draw(st.sampled_from([3, 10, 1000]))  # small ranges make many ties
+    w = draw(st.lists(st.integers(0, hi), min_size=L * E, max_size=L * E))
+    return np.array(w).reshape(L, E), P, groups, nodes, gpus
+
+
+@given(eplb_inputs())
+def test_matches_loop_reference(args):
+    weight, P, groups, nodes, gpus = args
+    hier = groups % nodes == 0
+    if hier and (weight.shape[1] % groups or gpus % nodes):
+        with pytest.raises(InvalidInputError):
+            rebalance_experts(weight, P, groups, nodes, gpus)
+        return
+    p2l, l2p, cnt = rebalance_experts(weight, P, groups, nodes, gpus)
+    ref_p2l, ref_rank, ref_cnt = _reference(weight, P, groups, nodes, gpus)
+    assert p2l.tolist() == ref_p2l
+    assert cnt.tolist() == ref_cnt
+    for layer in range(weight.shape[0]):
+        for slot in range(P):
+            assert l2p[layer, p2l[layer, slot], ref_rank[layer][slot]] == slot
+    _check_tables(weight, p2l, l2p, cnt, P, gpus)
+
+
+def _check_tables(weight, p2l, l2p, cnt, P, gpus):
+    L, E = weight.shape
+    assert p2l.shape == (L, P) and cnt.shape == (L, E)
+    assert ((p2l >= 0) & (p2l < E)).all()
+    for layer in range(L):
+        assert (np.bincount(p2l[layer], minlength=E) == cnt[layer]).all()
+        assert (cnt[layer] >= 1).all()  # every expert keeps at least one replica
+        for e in range(E):
+            slots = l2p[layer, e, : cnt[layer, e]]
+            assert (l2p[layer, e, cnt[layer, e] :] == -1).all()
+            assert sorted(slots.tolist()) == np.flatnonzero(p2l[layer] == e).tolist()
+    assert l2p.shape == (L, E, int(cnt.max()))
+    # each GPU gets P / gpus slots, all filled; the mask built from the map covers all
+    prob = DispatchProblem.from_placement(np.zeros((L, E), int), p2l, gpus)
+    assert prob.replicas.any(axis=-1).all()
+
+
+@given(eplb_inputs())
+def test_distinct_variant_never_duplicates(args):
+    weight, P, groups, nodes, gpus = args
+    hier = groups % nodes == 0
+    if hier and (weight.shape[1] % groups or gpus % nodes):
+        return
+    g_nodes = nodes if hier else 1
+    if P // g_nodes > (weight.shape[1] // g_nodes) * (gpus // g_nodes):
+        with pytest.raises(InvalidInputError, match="distinct"):
+            rebalance_experts(weight, P, groups, nodes, gpus, distinct=True)
+        return
+    p2l, l2p, cnt = rebalance_experts(weight, P, groups, nodes, gpus, distinct=True)
+    _check_tables(weight, p2l, l2p, cnt, P, gpus)
+    per_gpu = P // gpus
+    for layer in range(weight.shape[0]):
+        for g in range(gpus):
+            on_gpu = p2l[layer, g * per_gpu : (g + 1) * per_gpu]
+            assert len(set(on_gpu.tolist())) == per_gpu, (layer, g, on_gpu)
+
+
+def test_upstream_duplicates_do_occur():
+    """The known upstream behaviour the distinct variant removes, on a skewed load."""
+    rng = np.random.default_rng(0)
+    w = rng.zipf(1.5, size=(8, 64)).astype(float)
+    p2l, _, _ = rebalance_experts(w, 80, 8, 1, 8)
+    per_gpu = 10
+    dup = sum(
+        len(set(p2l[l, g * per_gpu : (g + 1) * per_gpu].tolist())) < per_gpu
+        for l in range(8)
+        for g in range(8)
+    )
+    assert dup > 0
+    p2l, _, _ = rebalance_experts(w, 80, 8, 1, 8, distinct=True)
+    assert all(
+        len(set(p2l[l, g * per_gpu : (g + 1) * per_gpu].tolist())) == per_gpu
+        for l in range(8)
+        for g in range(8)
+    )
+
+
+@pytest.mark.parametrize(
+    "args, param",
+    [
+        (([[1, 2, 3]], 3, 1, 1, 2), "num_replicas"),  # 3 slots on 2 GPUs
+        (([[1, 2, 3, 4]], 6, 1, 1, 4), "num_replicas"),  # not a multiple of num_gpus
+        (([[1, 2, 3, 4]], 2, 1, 1, 2), "num_replicas"),  # fewer slots than experts
+        (([[1, 2, 3, 4]], 4, 3, 1, 2), "num_groups"),  # 4 experts, 3 groups (hierarchical)
+        (([[1, 2, 3, 4]], 4, 2, 2, 3), "num_gpus"),  # 3 GPUs on 2 nodes
+        (([1, 2, 3, 4], 4, 1, 1, 2), "weight"),  # 1-D
+        (([[1, np.nan]], 2, 1, 1, 2), "weight"),
+        (([[True, False]], 2, 1, 1, 2), "weight"),
+        (([[1, 2]], 2, 0, 1, 2), "num_groups"),
+        (([[1, 2]], 2, 1, 1, 2.0), "num_gpus"),
+    ],
+)
+def test_invalid_input(args, param):
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        rebalance_experts(*args)

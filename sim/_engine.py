@@ -21,15 +21,22 @@ Model (one loop iteration = one decode step of the whole cluster)
    output length leaves at ``clock + dt`` (``L_g -= prompt + output``). Records per step:
    start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``, running requests, pool size.
 
-Projection (``pred_kind > 0``, BR-H) of a running request ``i`` with prompt ``s_i`` and age
-``a_i``: its load ``s_i + a_i + h`` counts at horizon ``h`` when ``h < c_i`` (``h = 0`` always
-counts), where ``c_i = H`` if ``p_fin < 0.5`` else ``(1 - p_fin) H + p_fin mu_rem``, with
-``(p_fin, mu_rem)``:
+Projection (``pred_kind > 0``, BR-H), as :func:`straggler.solvers.routing.project_loads`:
+``L_{g,h} = sum_{i on g} clip(c_i - h, 0, 1) * (s_i + a_i + h)`` for prompt ``s_i`` and age
+``a_i``, with presence ``c_i = H+1`` if ``p_fin < 0.5`` else ``(1 - p_fin)(H+1) + p_fin mu``
+(``mu = clip(mu_rem, 1, max(H, 1))``) and ``(p_fin, mu_rem)`` from
 
-* oracle (1): ``r = output - a``: ``(1, r)`` if ``r <= H`` else ``(0, r)``;
-* survival (2): tables indexed by age (the last entry for older ages);
-* exact-match (3): ``m`` = output length of the last *finished* request with the same prompt
-  hash; if ``m > a``: ``r = m - a``, ``(1, r)`` if ``r <= H`` else ``(0, r)``; else survival.
+* oracle (1): ``r = output - a``: ``(1{r <= H}, r)`` (``OraclePredictor``);
+* survival (2): tables by age ``surv_p[a], surv_mu[a]`` (the last entry for older ages),
+  built from ``SurvivalPredictor``;
+* exact-match (3): ``m`` = output length of the last request with the same prompt hash that
+  *finished* (the memo is updated as requests leave); if ``m > a``: ``(1{m - a <= H}, m - a)``,
+  else survival (``ExactMatchPredictor``).
+
+Router signature: ``kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)``
+of :data:`straggler.solvers.routing.ROUTING_KERNELS`. ``n_waiting`` is 0 (a request is only
+sent to a replica with a free slot, so engines have no queue of their own); the round-robin
+cursor ``params[P_CURSOR]`` is carried from tick to tick (last replica used + 1).
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ import numpy as np
 from numba import njit
 
 from ..solvers._jit import NJIT
+from ..solvers._routing_kernels import P_CURSOR
 
-__all__ = ["run_engine", "run_engine_reference", "NS_CLOCK"]
+__all__ = ["run_engine", "run_engine_reference", "project_view", "NS_CLOCK"]
 
 # The engine calls a ctypes function (the clock), which numba cannot cache.
 _NJIT_ENGINE = dict(NJIT, cache=False)
@@ -61,8 +69,52 @@ def NS_CLOCK() -> int:
 
 
 @njit(**_NJIT_ENGINE)
+def project_view(slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H):
+    """Projected loads ``(G, H+1)`` of the running requests ``slot_req`` (-1 = empty slot).
+
+    Equals :func:`straggler.solvers.routing.project_loads` with the running requests listed
+    replica by replica in slot order, and the predictor of ``pred_kind`` (1 oracle, 2 survival
+    tables ``surv_p[a], surv_mu[a]`` by age ``a``, the last entry for older ages, 3 exact-match
+    on ``memo[group[i]]`` with the survival fallback).
+    """
+    G, n_slots = slot_req.shape
+    out = np.zeros((G, H + 1))
+    n_surv = surv_p.size
+    for g in range(G):
+        for s in range(n_slots):
+            i = slot_req[g, s]
+            if i < 0:
+                continue
+            a = decoded[i]
+            if pred_kind == 1:
+                r = output[i] - a
+                p = 1.0 if r <= H else 0.0
+                mu = float(r)
+            else:
+                m = memo[group[i]] if (pred_kind == 3 and group[i] >= 0) else -1
+                if m > a:
+                    r = m - a
+                    p = 1.0 if r <= H else 0.0
+                    mu = float(r)
+                else:
+                    j = a if a < n_surv else n_surv - 1
+                    p = surv_p[j]
+                    mu = surv_mu[j]
+            # presence with the confidence gate, as presence_from_prediction
+            mu = min(max(mu, 1.0), float(max(H, 1)))
+            c = float(H + 1) if p < 0.5 else (1.0 - p) * (H + 1) + p * mu
+            base = prompt[i] + a
+            for h in range(H + 1):
+                w = min(max(c - h, 0.0), 1.0)
+                if w > 0.0:
+                    out[g, h] += w * (base + h)
+    return out
+
+
+@njit(**_NJIT_ENGINE)
 def run_engine(
     router,
+    params,
     ready_t,
     prompt,
     output,
@@ -116,7 +168,8 @@ def run_engine(
     tick_pool = np.empty(cap_ticks, dtype=np.int64)
     n_ticks = 0
     ts = np.zeros(2, dtype=np.int64)
-    n_surv = surv_p.size
+    par = params.copy()
+    nwait = np.zeros(G, dtype=np.int64)
     clock = 0.0
     k = 0
     nxt = 0
@@ -141,33 +194,9 @@ def run_engine(
                 view_ring[slot, g, h] = 0.0
             view_ring[slot, g, 0] = load[g]
         if pred_kind > 0:
-            for g in range(G):
-                for s in range(max_slots):
-                    i = slot_req[g, s]
-                    if i < 0:
-                        continue
-                    a = decoded[i]
-                    if pred_kind == 1:
-                        r = output[i] - a
-                        p = 1.0 if r <= H else 0.0
-                        mu = float(r)
-                    else:
-                        m = memo[group[i]] if (pred_kind == 3 and group[i] >= 0) else -1
-                        if m > a:
-                            r = m - a
-                            p = 1.0 if r <= H else 0.0
-                            mu = float(r)
-                        else:
-                            j = a if a < n_surv else n_surv - 1
-                            p = surv_p[j]
-                            mu = surv_mu[j]
-                    c = float(H) if p < 0.5 else (1.0 - p) * H + p * mu
-                    base = prompt[i] + a
-                    for h in range(1, H + 1):
-                        if h < c:
-                            view_ring[slot, g, h] += base + h
-                        else:
-                            break
+            view_ring[slot] = project_view(
+                slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H
+            )
         # 4. routing tick
         if k % tick == 0 and pool_n > 0:
             P = pool_n if pool_n < max_pool else max_pool
@@ -189,7 +218,7 @@ def run_engine(
             if time_router:
                 _clock_gettime(1, ts.ctypes.data)
                 c0 = ts[0] * 1_000_000_000 + ts[1]
-            assign = router(prefill, view, free, nrun.copy(), tick_seed)
+            assign = router(prefill, view, free, nrun.copy(), nwait, par, tick_seed)
             if time_router:
                 _clock_gettime(1, ts.ctypes.data)
                 c1 = ts[0] * 1_000_000_000 + ts[1]
@@ -207,6 +236,9 @@ def run_engine(
             tick_ns[n_ticks] = c1 - c0
             tick_pool[n_ticks] = P
             n_ticks += 1
+            for j in range(P):
+                if assign[j] >= 0:
+                    par[P_CURSOR] = float((assign[j] + 1) % G)
             keep = 0
             for j in range(pool_n):
                 i = pool[j]
@@ -277,6 +309,7 @@ def run_engine(
 
 def run_engine_reference(
     router,
+    params,
     ready_t,
     prompt,
     output,
@@ -318,6 +351,7 @@ def run_engine_reference(
     placed_at: dict[int, list[float]] = {}
     series, tick_pool = [], []
     clock, k, nxt = 0.0, 0, 0
+    par = np.array(params, dtype=np.float64)
 
     def loads():
         return [sum(prompt[i] + decoded[i] for i in slots[g] if i is not None) for g in range(G)]
@@ -338,6 +372,7 @@ def run_engine_reference(
         L = loads()
         view = [[float(L[g])] + [0.0] * H for g in range(G)]
         if pred_kind > 0:
+            view = [[0.0] * (H + 1) for g in range(G)]
             for g in range(G):
                 for i in slots[g]:
                     if i is None:
@@ -350,10 +385,12 @@ def run_engine_reference(
                     else:
                         j = min(a, len(surv_p) - 1)
                         p, mu = float(surv_p[j]), float(surv_mu[j])
-                    c = float(H) if p < 0.5 else (1.0 - p) * H + p * mu
-                    for h in range(1, H + 1):
-                        if h < c:
-                            view[g][h] += prompt[i] + a + h
+                    mu = min(max(mu, 1.0), float(max(H, 1)))
+                    c = float(H + 1) if p < 0.5 else (1.0 - p) * (H + 1) + p * mu
+                    for h in range(H + 1):
+                        w = min(max(c - h, 0.0), 1.0)
+                        if w > 0.0:
+                            view[g][h] += w * (prompt[i] + a + h)
         views[k] = view
         views.pop(k - stale - 1, None)
         placed_at[k] = [0.0] * G
@@ -369,8 +406,19 @@ def run_engine_reference(
                             seen[g][h] += placed_at[kk][g]
             free = np.array([max_slots - running(g) for g in range(G)], dtype=np.int64)
             nrun = np.array([running(g) for g in range(G)], dtype=np.int64)
-            assign = router(prefill, np.array(seen), free, nrun, seed * 1_000_003 + k)
+            assign = router(
+                prefill,
+                np.array(seen),
+                free,
+                nrun,
+                np.zeros(G, dtype=np.int64),
+                par.copy(),
+                seed * 1_000_003 + k,
+            )
             tick_pool.append(P)
+            placed = [int(g) for g in assign[:P] if g >= 0]
+            if placed:
+                par[P_CURSOR] = float((placed[-1] + 1) % G)
             still = []
             for j, i in enumerate(pool):
                 g = int(assign[j]) if j < P else -1

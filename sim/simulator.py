@@ -1,0 +1,505 @@
+"""Lock-step decode-cluster simulator: replay a trace under a routing policy, report metrics.
+
+``simulate(trace, policy)`` runs the step loop of :mod:`straggler.sim._engine` (Numba) with a
+routing kernel of :data:`straggler.solvers.routing.ROUTING_KERNELS` called at every routing
+tick, and summarises the run in a :class:`SimReport`.
+
+The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives, its prefill takes
+``prefill_base_s + prefill_per_token_s * prompt`` seconds (prefill capacity is not modelled:
+prefills run in parallel), then it waits in the prompt pool until the router places it on one
+of ``G`` decode replicas. Replicas step in lock-step; a step costs ``t0 + kappa * max_g L_g``
+where ``L_g`` is replica ``g``'s resident KV tokens (the paper's ``a*x + b`` with the barrier:
+the most loaded replica sets the pace). Every running request gains one token per step and
+leaves after ``output_len`` steps. Each replica has ``max_slots`` request slots and
+``kv_capacity`` KV tokens (checked at admission). See :mod:`straggler.sim._engine` for the
+exact order of events.
+
+Default step time (derived from the paper's Azure-2024 table, G = 8)
+--------------------------------------------------------------------
+* ``kappa = 1.4e-6`` s/token: JSQ and BR-H (oracle) differ by 12.0 ms of TPOT P95 (89.3 vs
+  77.3) and by ``(104,737 - 35,301) / 8 = 8,680`` tokens of ``max L - mean L`` (``I = G*(M -
+  mean)``); the load-independent part cancels, so ``kappa = 12.0 ms / 8,680 = 1.38 us``.
+* ``t0 = 0.040`` s: by Little's law JSQ runs ``785 tok/s * 0.0893 s ~= 70`` requests, 8.8 per
+  replica; at ~2.6k resident tokens each (Azure-2024 prompts ~2k plus half of the >1,000-token
+  outputs; our assumption) the mean load is ~23k and ``M ~= 23k + 13.1k = 36k``, so
+  ``t0 = 89.3 ms - 1.38 us * 36k ~= 40 ms``.
+
+With these, a saturated Azure-2023 conversation replay at 16 slots per replica lands at TPOT
+~70-90 ms (see ``benchmarks/routing_table.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from ..formulations.errors import InvalidOptionError, param_error
+from ..solvers.routing import ROUTING_KERNELS, default_s_greedy, make_params
+from ._engine import run_engine, run_engine_reference
+from .traces import Trace, generate_trace, saturate_trace
+
+__all__ = ["simulate", "SimReport", "PREDICTORS", "DEFAULT_STEP_TIME"]
+
+#: ``(t0 seconds, kappa seconds per token)``; derivation in the module docstring.
+DEFAULT_STEP_TIME = (0.040, 1.4e-6)
+
+#: Predictors BR-H can use inside the simulator (engine codes).
+PREDICTORS = {"oracle": 1, "survival": 2, "exact_match": 3}
+
+_FUNC = "simulate"
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SimReport:
+    """Metrics of one simulated run.
+
+    Step metrics (imbalance, balance ratio, throughput) are averaged over the measurement
+    window: every step, or in saturated mode the steps until the last request was admitted
+    (while the pool was never drained for lack of arrivals). Request metrics cover every
+    request that finished.
+
+    Attributes
+    ----------
+    policy, trace : str
+        Policy label (``"brh:oracle"`` for BR-H with a predictor) and trace name.
+    n_replicas, n_requests, n_finished, n_steps, n_ticks : int
+    mean_imbalance : float
+        Mean over window steps of ``I = G*max L - sum L`` (tokens).
+    balance_ratio : float
+        Mean over window steps (with ``max L > 0``) of ``mean L / max L``.
+    throughput_tps : float
+        Tokens decoded per second over the window (one token per running request per step).
+    mean_step_ms : float
+        Mean step time in the window.
+    tpot_p50_ms, tpot_p95_ms, tpot_p99_ms : float
+        Time per output token of each finished request: ``(finish - start) / output_len``
+        (the mean step time over its decode).
+    ttft_p50_ms, ttft_p99_ms : float
+        Arrival to the end of the first decode step (prefill + pool wait + one step).
+    queue_p50_ms, queue_p99_ms : float
+        Time in the prompt pool (admission - prefill done).
+    sched_us_p50, sched_us_p99, sched_us_mean : float
+        Router time per tick (the kernel call inside the jitted loop), microseconds.
+    series : dict of ndarray
+        Per step: ``time_s`` (start), ``step_s``, ``max_load``, ``sum_load``, ``imbalance``,
+        ``running``, ``pool``.
+    requests : dict of ndarray
+        Per request (ready order): ``arrival_s``, ``ready_s``, ``start_s``, ``first_s``,
+        ``finish_s``, ``replica``, ``prompt_len``, ``output_len``.
+    window : tuple of int
+        ``(first, end)`` step indices of the measurement window.
+    config : dict
+        Every setting of the run.
+    wall_s : float
+        Host time of the simulation (engine call).
+    """
+
+    policy: str
+    trace: str
+    n_replicas: int
+    n_requests: int
+    n_finished: int
+    n_steps: int
+    n_ticks: int
+    mean_imbalance: float
+    balance_ratio: float
+    throughput_tps: float
+    mean_step_ms: float
+    tpot_p50_ms: float
+    tpot_p95_ms: float
+    tpot_p99_ms: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    queue_p50_ms: float
+    queue_p99_ms: float
+    sched_us_p50: float
+    sched_us_p99: float
+    sched_us_mean: float
+    series: dict[str, np.ndarray] = field(repr=False)
+    requests: dict[str, np.ndarray] = field(repr=False)
+    window: tuple[int, int]
+    config: dict[str, Any] = field(repr=False)
+    wall_s: float
+
+    def summary(self) -> dict[str, float | str | int]:
+        """The scalar fields as a plain dict (for JSON)."""
+        skip = {"series", "requests", "config"}
+        out = {}
+        for k in self.__dataclass_fields__:
+            if k in skip:
+                continue
+            v = getattr(self, k)
+            out[k] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+def _check_int(x, name, lo, hi=None):
+    if (
+        not isinstance(x, (int, np.integer))
+        or isinstance(x, bool)
+        or x < lo
+        or (hi is not None and x > hi)
+    ):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise param_error(name, _FUNC, f"an integer {rng}", repr(x))
+    return int(x)
+
+
+def _check_num(x, name, lo, *, open_lo=False):
+    if (
+        not isinstance(x, Real)
+        or isinstance(x, bool)
+        or not math.isfinite(x)
+        or (x <= lo if open_lo else x < lo)
+    ):
+        cmp = ">" if open_lo else ">="
+        raise param_error(name, _FUNC, f"a finite number {cmp} {lo}", repr(x))
+    return float(x)
+
+
+def _survival_tables(output_len: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """Age-indexed ``(p_fin, mu_rem)`` of H4's empirical-survival predictor fitted on
+    ``output_len``, for ages ``0..max(output_len)`` (older ages use the last entry)."""
+    from ..solvers.predictors import SurvivalPredictor
+
+    pred = SurvivalPredictor(output_len)
+    ages = np.arange(int(output_len.max()) + 1, dtype=np.float64)
+    p, mu = pred.predict(np.zeros_like(ages), ages, horizon)
+    return np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(mu, dtype=np.float64)
+
+
+def _groups(prefix_hash: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
+    if prefix_hash is None:
+        return np.full(n, -1, dtype=np.int64), 0
+    known = prefix_hash >= 0
+    uniq, inv = np.unique(prefix_hash[known], return_inverse=True)
+    g = np.full(n, -1, dtype=np.int64)
+    g[known] = inv
+    return g, int(uniq.size)
+
+
+def simulate(
+    trace: Trace | str = "bursty",
+    policy: str = "br0",
+    *,
+    n_replicas: int = 8,
+    max_slots: int = 16,
+    kv_capacity: int = 500_000,
+    t0: float = DEFAULT_STEP_TIME[0],
+    kappa: float = DEFAULT_STEP_TIME[1],
+    prefill_base_s: float = 0.02,
+    prefill_per_token_s: float = 5e-5,
+    tick: int = 1,
+    stale: int = 0,
+    optimistic: bool = True,
+    max_pool: int = 256,
+    predictor: str = "survival",
+    horizon: int = 80,
+    r_max: int = 4,
+    s_greedy: float | None = None,
+    alpha: float = 1.0,
+    beta: float | None = None,
+    gamma: float = 1.0,
+    saturated: bool = False,
+    min_output: int = 0,
+    overload: float = 1.5,
+    seed: int = 0,
+    max_steps: int | None = None,
+    engine: str = "numba",
+    time_router: bool = True,
+) -> SimReport:
+    """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
+
+    Parameters
+    ----------
+    trace : Trace or str
+        A :class:`~straggler.sim.traces.Trace`, or the name of a generator preset (default
+        ``"bursty"``: one hour of the shipped generator, seed 0).
+    policy : str
+        A routing policy of :func:`straggler.solvers.route_batch`: ``br0``, ``brh``,
+        ``round_robin``, ``random``, ``jsq``, ``jsq_requests``, ``vllm``, ``p2c``,
+        ``trtllm``. ``brh`` uses ``predictor`` and ``horizon``.
+    n_replicas : int
+        ``G`` decode replicas.
+    max_slots : int
+        Request slots per replica (its decode batch size).
+    kv_capacity : int
+        KV tokens per replica; a request is admitted only if ``L_g + prompt <= kv_capacity``.
+    t0, kappa : float
+        Step time ``t0 + kappa * max_g L_g`` (seconds, seconds per token); defaults in
+        :data:`DEFAULT_STEP_TIME`, derived in the module docstring.
+    prefill_base_s, prefill_per_token_s : float
+        Prefill delay ``prefill_base_s + prefill_per_token_s * prompt`` before a request
+        enters the prompt pool (defaults: 20 ms + 20k tokens/s).
+    tick : int
+        A routing tick every ``tick`` steps.
+    stale : int
+        The router sees loads (projections) ``stale`` steps old.
+    optimistic : bool
+        Optimistic local update: within a tick each policy adds a placed request's prompt to
+        its copy of the replica's load (policy option ``optimistic``); across ticks, with
+        ``stale > 0``, the prompts placed since the stale snapshot are added too. False turns
+        off both.
+    max_pool : int
+        The router sees the oldest ``max_pool`` requests of the pool.
+    predictor : {"survival", "exact_match", "oracle"}
+        BR-H's predictor: empirical survival (ECDF of the trace's output lengths by age, H4's
+        ``SurvivalPredictor``), exact-match (output length of the last finished request with
+        the same prompt hash, falling back to survival; traces without hashes fall back
+        always), oracle (true remaining length).
+    horizon : int
+        BR-H's ``H`` (default 80, the paper's).
+    r_max, s_greedy, alpha, beta, gamma
+        BR-0/BR-H options of :func:`~straggler.solvers.route_batch`.
+    saturated : bool
+        Saturated mode (the paper's): keep requests with ``output_len >= min_output`` and
+        compress arrivals to ``overload`` times the cluster's capacity
+        (:func:`~straggler.sim.traces.saturate_trace`); step metrics over the steps until the
+        last admission.
+    seed : int
+        Seed of ``random``/``p2c`` (per tick: ``seed * 1_000_003 + step``).
+    max_steps : int, optional
+        Stop after this many steps.
+    engine : {"numba", "python"}
+        The jitted step loop or its plain-Python reference (slow; for checks).
+    time_router : bool
+        Time each router call (a monotonic clock read around it).
+
+    Returns
+    -------
+    SimReport
+
+    Examples
+    --------
+    >>> from straggler.sim.traces import Trace
+    >>> tr = Trace(arrival_s=[0, 0, 0], prompt_len=[100, 50, 50], output_len=[2, 2, 2])
+    >>> r = simulate(tr, "jsq", n_replicas=2, max_slots=2, t0=0.01, kappa=0.0,
+    ...              prefill_base_s=0.0, prefill_per_token_s=0.0, engine="python")
+    >>> r.n_finished, r.n_steps, r.series["max_load"].tolist(), r.mean_imbalance
+    (3, 2, [100.0, 102.0], 0.5)
+    """
+    cfg = dict(
+        policy=policy,
+        n_replicas=_check_int(n_replicas, "n_replicas", 1),
+        max_slots=_check_int(max_slots, "max_slots", 1),
+        kv_capacity=_check_int(kv_capacity, "kv_capacity", 1),
+        t0=_check_num(t0, "t0", 0.0),
+        kappa=_check_num(kappa, "kappa", 0.0),
+        prefill_base_s=_check_num(prefill_base_s, "prefill_base_s", 0.0),
+        prefill_per_token_s=_check_num(prefill_per_token_s, "prefill_per_token_s", 0.0),
+        tick=_check_int(tick, "tick", 1),
+        stale=_check_int(stale, "stale", 0),
+        optimistic=bool(optimistic),
+        max_pool=_check_int(max_pool, "max_pool", 1),
+        horizon=_check_int(horizon, "horizon", 0),
+        r_max=_check_int(r_max, "r_max", 1, 16),
+        alpha=_check_num(alpha, "alpha", 0.0, open_lo=True),
+        gamma=_check_num(gamma, "gamma", 0.0, open_lo=True),
+        saturated=bool(saturated),
+        min_output=_check_int(min_output, "min_output", 0),
+        overload=_check_num(overload, "overload", 0.0, open_lo=True),
+        seed=_check_int(seed, "seed", 0),
+        engine=engine,
+    )
+    if not isinstance(optimistic, (bool, np.bool_)):
+        raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
+    if cfg["t0"] == 0 and cfg["kappa"] == 0:
+        raise param_error("t0", _FUNC, "positive when kappa is 0 (steps must take time)", "0")
+    if cfg["gamma"] > 1:
+        raise param_error("gamma", _FUNC, "in (0, 1]", repr(gamma))
+    if policy not in ROUTING_KERNELS:
+        raise param_error(
+            "policy", _FUNC, f"one of {sorted(ROUTING_KERNELS)}", repr(policy), InvalidOptionError
+        )
+    if engine not in ("numba", "python"):
+        raise param_error("engine", _FUNC, "'numba' or 'python'", repr(engine), InvalidOptionError)
+    G = cfg["n_replicas"]
+    if policy == "brh":
+        if predictor not in PREDICTORS:
+            raise param_error(
+                "predictor",
+                _FUNC,
+                f"one of {sorted(PREDICTORS)}",
+                repr(predictor),
+                InvalidOptionError,
+            )
+        pred_kind = PREDICTORS[predictor]
+        H = cfg["horizon"]
+        label = f"brh:{predictor}"
+    else:
+        pred_kind, H, label = 0, 0, policy
+    cfg.update(predictor=predictor if policy == "brh" else None, label=label)
+    if s_greedy is None:
+        s_greedy = default_s_greedy(G, cfg["r_max"])
+    s_greedy = _check_num(s_greedy, "s_greedy", 0.0)
+    beta = float(G) if beta is None else _check_num(beta, "beta", 0.0)
+    cfg.update(s_greedy=s_greedy, beta=beta)
+
+    if isinstance(trace, str):
+        trace = generate_trace(trace)
+    if not isinstance(trace, Trace):
+        raise param_error(
+            "trace", _FUNC, "a Trace or a generator preset name", type(trace).__name__
+        )
+    if len(trace) == 0:
+        raise param_error("trace", _FUNC, "a non-empty Trace", "an empty one")
+    if cfg["saturated"]:
+        mean_res = float(np.mean(trace.prompt_len + trace.output_len / 2.0))
+        step_est = cfg["t0"] + cfg["kappa"] * cfg["max_slots"] * mean_res
+        trace = saturate_trace(
+            trace,
+            n_replicas=G,
+            max_slots=cfg["max_slots"],
+            step_time_s=step_est,
+            min_output=cfg["min_output"],
+            overload=cfg["overload"],
+        )
+    if int(trace.prompt_len.max()) > cfg["kv_capacity"]:
+        raise param_error(
+            "kv_capacity",
+            _FUNC,
+            "at least the longest prompt of the trace",
+            f"{cfg['kv_capacity']} < {int(trace.prompt_len.max())}",
+        )
+
+    ready = trace.arrival_s + cfg["prefill_base_s"] + cfg["prefill_per_token_s"] * trace.prompt_len
+    order = np.argsort(ready, kind="stable")
+    ready = np.ascontiguousarray(ready[order])
+    prompt = np.ascontiguousarray(trace.prompt_len[order])
+    output = np.ascontiguousarray(trace.output_len[order])
+    group, n_groups = _groups(
+        None if trace.prefix_hash is None else trace.prefix_hash[order], len(trace)
+    )
+    if pred_kind in (2, 3):
+        surv_p, surv_mu = _survival_tables(trace.output_len, H)
+    else:
+        surv_p, surv_mu = np.zeros(1), np.ones(1)
+    params = make_params(
+        r_max=cfg["r_max"],
+        s_greedy=s_greedy,
+        alpha=cfg["alpha"],
+        beta=beta,
+        gamma=cfg["gamma"],
+        optimistic=cfg["optimistic"],
+        cursor=0,
+    )
+    if max_steps is None:
+        max_steps = int(output.sum()) + len(trace) + 1
+    max_steps = _check_int(max_steps, "max_steps", 1)
+    kernel = ROUTING_KERNELS[policy]
+    args = (
+        params,
+        ready,
+        prompt,
+        output,
+        group,
+        n_groups,
+        G,
+        cfg["max_slots"],
+        cfg["kv_capacity"],
+        cfg["t0"],
+        cfg["kappa"],
+        cfg["tick"],
+        cfg["stale"],
+        cfg["optimistic"],
+        cfg["max_pool"],
+        H,
+        pred_kind,
+        surv_p,
+        surv_mu,
+        cfg["seed"],
+        max_steps,
+        bool(time_router),
+    )
+    w0 = time.perf_counter()
+    if engine == "numba":
+        out = run_engine(kernel, *args)
+    else:
+        out = run_engine_reference(getattr(kernel, "py_func", kernel), *args)
+    wall = time.perf_counter() - w0
+    return _report(trace, ready, prompt, output, order, out, cfg, label, wall)
+
+
+def _pct(x: np.ndarray, q: float, scale: float) -> float:
+    return float(np.percentile(x, q) * scale) if x.size else float("nan")
+
+
+def _report(trace, ready, prompt, output, order, out, cfg, label, wall) -> SimReport:
+    start, first, finish, replica, series, tick_ns, _tick_pool = out
+    G = cfg["n_replicas"]
+    n_steps = series.shape[0]
+    clock, dt, mx, sm, running, pool = (series[:, j] for j in range(6))
+    imb = G * mx - sm
+    lo, hi = 0, n_steps
+    if cfg["saturated"] and n_steps:
+        # window: until the step at which the last request was admitted
+        last_admit = np.nanmax(start)
+        hi = int(np.searchsorted(clock, last_admit, side="right"))
+        hi = max(hi, 1)
+    w = slice(lo, hi)
+    if hi > lo:
+        span = clock[hi - 1] + dt[hi - 1] - clock[lo]
+        mean_imb = float(imb[w].mean())
+        pos = mx[w] > 0
+        ratio = float(np.mean(sm[w][pos] / G / mx[w][pos])) if pos.any() else 1.0
+        thr = float(running[w].sum() / span) if span > 0 else 0.0
+        mean_step = float(dt[w].mean() * 1e3)
+    else:
+        mean_imb, ratio, thr, mean_step = 0.0, 1.0, 0.0, float("nan")
+    done = ~np.isnan(finish)
+    tpot = (finish[done] - start[done]) / output[done]
+    arrival = trace.arrival_s[order]
+    ttft = first[~np.isnan(first)] - arrival[~np.isnan(first)]
+    admitted = ~np.isnan(start)
+    queue = start[admitted] - ready[admitted]
+    us = tick_ns / 1e3
+    return SimReport(
+        policy=label,
+        trace=trace.name,
+        n_replicas=G,
+        n_requests=len(trace),
+        n_finished=int(done.sum()),
+        n_steps=int(n_steps),
+        n_ticks=int(tick_ns.size),
+        mean_imbalance=mean_imb,
+        balance_ratio=ratio,
+        throughput_tps=thr,
+        mean_step_ms=mean_step,
+        tpot_p50_ms=_pct(tpot, 50, 1e3),
+        tpot_p95_ms=_pct(tpot, 95, 1e3),
+        tpot_p99_ms=_pct(tpot, 99, 1e3),
+        ttft_p50_ms=_pct(ttft, 50, 1e3),
+        ttft_p99_ms=_pct(ttft, 99, 1e3),
+        queue_p50_ms=_pct(queue, 50, 1e3),
+        queue_p99_ms=_pct(queue, 99, 1e3),
+        sched_us_p50=_pct(us, 50, 1.0) if cfg["engine"] == "numba" else float("nan"),
+        sched_us_p99=_pct(us, 99, 1.0) if cfg["engine"] == "numba" else float("nan"),
+        sched_us_mean=float(us.mean()) if us.size and cfg["engine"] == "numba" else float("nan"),
+        series={
+            "time_s": clock,
+            "step_s": dt,
+            "max_load": mx,
+            "sum_load": sm,
+            "imbalance": imb,
+            "running": running,
+            "pool": pool,
+        },
+        requests={
+            "arrival_s": arrival,
+            "ready_s": ready,
+            "start_s": start,
+            "first_s": first,
+            "finish_s": finish,
+            "replica": replica,
+            "prompt_len": prompt,
+            "output_len": output,
+        },
+        window=(lo, hi),
+        config=cfg,
+        wall_s=wall,
+    )

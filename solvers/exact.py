@@ -52,7 +52,7 @@ def whole_expert_greedy(problem: DispatchProblem, cost: CostModel) -> np.ndarray
     >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
     >>> x = whole_expert_greedy(p, CostModel(a=0, b=15, c=0, beta=0.1))
     >>> x.sum(axis=0).tolist()
-    [600.0, 180.0]
+    [660.0, 120.0]
     """
     n = problem.counts
     G = np.zeros(problem.n_gpus)
@@ -195,7 +195,7 @@ class MilpDispatch:
             "n_rows": model.n_rows,
             "n_cols": model.n_cols,
         }
-        extras.update({k: v for k, v in sol.extras.items() if k not in extras})
+        extras.update({k: v for k, v in sol.extras.items() if k not in extras and k != "shares"})
         if sol.x is None:
             shares = seed_x
             extras["fallback"] = (
@@ -203,7 +203,7 @@ class MilpDispatch:
                 f"{seed_name!r} seed, not a backend solution"
             )
         else:
-            shares = sol.shares if hasattr(sol, "shares") else model.decode(sol.x)
+            shares = sol.extras["shares"] if "shares" in sol.extras else model.decode(sol.x)
             # decoding can only lose to the seed through rounding; never return worse
             if evaluate(problem, cost, shares).makespan > ub:
                 shares = seed_x

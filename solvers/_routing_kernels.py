@@ -72,6 +72,10 @@ __all__ = [
     "project_loads_kernel",
     "project_loads_reference",
     "tick_summary_kernel",
+    "check_inputs_kernel",
+    "POLICY_NAMES",
+    "route_tick_kernel",
+    "route_batch_kernel",
 ]
 
 #: ``params`` layout shared by every kernel.
@@ -94,15 +98,14 @@ _MINSTD_M = 2147483647
 
 
 @njit(**NJIT)
-def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best):
+def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best, comb):
     """Stage 2's subset search: the ``Q`` among candidates ``cand[:nc]`` with ``|Q| <= q``
     maximizing ``F(Q) = D(Q) - G*(D(Q) - m)_+``.
 
     Subsets are visited by size ``1..q``, each size in lexicographic order of candidate ranks;
     the first maximum is kept. Writes the ranks of ``Q`` into ``best[:n_best]`` and returns
-    ``(F(Q), n_best)``; ``(-inf, 0)`` when ``q == 0``.
+    ``(F(Q), n_best)``; ``(-inf, 0)`` when ``q == 0``. ``comb`` is scratch of length ``>= q``.
     """
-    comb = np.empty(max(q, 1), np.int64)
     best_f = -np.inf
     n_best = 0
     for size in range(1, q + 1):
@@ -130,6 +133,54 @@ def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best):
 
 
 @njit(**NJIT)
+def _find(parent, p):
+    """Union-find root with path halving (the "next live" pointer of a deleted position)."""
+    while parent[p] != p:
+        parent[p] = parent[parent[p]]
+        p = parent[p]
+    return p
+
+
+@njit(**NJIT)
+def _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f):
+    """The ``k`` live requests with the largest ``F(s) = s - G*(s - m)_+``, ties to lower index.
+
+    For ``G >= 2``, ``F`` increases (slope 1) up to the margin and strictly decreases (slope
+    ``1-G``) above it, so the ranking merges two sorted walks from the margin: downward over
+    ``s <= m`` (each run of equal ``s`` in index order) and upward over ``s > m``.
+    """
+    n = sv.shape[0]
+    p = np.searchsorted(sv, mg, side="right")  # first position with s > m
+    lo_q = _find(prv, p) - 1  # last live position with s <= m (-1: none)
+    lo = _find(nxt, run_start[lo_q]) if lo_q >= 0 else -1  # walk inside lo_q's run
+    hi = _find(nxt, p)  # first live position with s > m (n: none)
+    nc = 0
+    while nc < k and (lo >= 0 or hi < n):
+        f_lo = -np.inf
+        f_hi = -np.inf
+        if lo >= 0:
+            f_lo = sv[lo] - Gf * max(sv[lo] - mg, 0.0)
+        if hi < n:
+            f_hi = sv[hi] - Gf * max(sv[hi] - mg, 0.0)
+        take_lo = lo >= 0 and (hi >= n or f_lo > f_hi or (f_lo == f_hi and order[lo] < order[hi]))
+        if take_lo:
+            cand[nc] = order[lo]
+            cand_f[nc] = f_lo
+            if lo < lo_q:
+                lo = _find(nxt, lo + 1)
+            else:  # run exhausted: the previous run with a live member
+                r = run_start[lo_q]
+                lo_q = _find(prv, r) - 1
+                lo = _find(nxt, run_start[lo_q]) if lo_q >= 0 else -1
+        else:
+            cand[nc] = order[hi]
+            cand_f[nc] = f_hi
+            hi = _find(nxt, hi + 1)
+        nc += 1
+    return nc
+
+
+@njit(**NJIT)
 def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
     """BR-0 on current loads ``loads[:, 0]``; see ``route_batch`` for the full statement."""
     n = prefill.shape[0]
@@ -153,6 +204,18 @@ def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
     cand = np.empty(r_max, np.int64)
     cand_f = np.empty(r_max)
     best = np.empty(r_max, np.int64)
+    comb = np.empty(r_max, np.int64)
+    # The pool sorted by (s, index) once; deletions tracked by two union-find "next live"
+    # pointer arrays, so each ranking costs O(k log n) instead of a scan of the pool.
+    order = np.argsort(prefill, kind="mergesort")
+    sv = prefill[order]
+    pos_of = np.empty(n, np.int64)
+    run_start = np.empty(n, np.int64)
+    for p in range(n):
+        pos_of[order[p]] = p
+        run_start[p] = p if p == 0 or sv[p] != sv[p - 1] else run_start[p - 1]
+    nxt = np.arange(n + 1)  # find(nxt, p): first live position >= p (n: none)
+    prv = np.arange(n + 1)  # find(prv, p + 1) - 1: last live position <= p (-1: none)
     while n_live > 0 and s_tot > 0:
         # Priority queue keyed by (free slots, margin), ties to the lowest index: an O(G) scan
         # over the live keys (every margin moves when M moves, so a heap would go stale).
@@ -168,31 +231,24 @@ def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
         stage1 = s_tot > s_greedy
         k = 1 if stage1 else min(r_max, n_live)
         # Candidates: the k live requests with the largest single F_g({i}), ties to lower index.
-        nc = 0
-        for i in range(n):
-            if not live[i]:
-                continue
-            f = prefill[i] - Gf * max(prefill[i] - mg, 0.0)
-            if nc < k:
-                pos = nc
-                nc += 1
-            elif f > cand_f[k - 1]:
-                pos = k - 1
-            else:
-                continue
-            while pos > 0 and cand_f[pos - 1] < f:
-                cand[pos] = cand[pos - 1]
-                cand_f[pos] = cand_f[pos - 1]
-                pos -= 1
-            cand[pos] = i
-            cand_f[pos] = f
+        if G >= 2:
+            nc = _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f)
+        else:
+            # G = 1: F = 0 for every request (m = 0), so the ranking is the pool order.
+            nc = 0
+            for i in range(n):
+                if live[i] and nc < k:
+                    cand[nc] = i
+                    nc += 1
         if stage1:
             # Stage 1: the replica with most free slots takes the best single request.
             best[0] = 0
             n_best = 1
         else:
             # Stage 2: best subset of the candidates, then the starvation guard.
-            best_f, n_best = best_subset_kernel(prefill, cand, nc, min(cap[g], nc), mg, Gf, best)
+            best_f, n_best = best_subset_kernel(
+                prefill, cand, nc, min(cap[g], nc), mg, Gf, best, comb
+            )
             if best_f <= 0.0:
                 # Starvation guard: the best single request is placed anyway.
                 best[0] = 0
@@ -203,6 +259,8 @@ def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
             D += prefill[i]
             out[i] = g
             live[i] = False
+            nxt[pos_of[i]] = pos_of[i] + 1
+            prv[pos_of[i] + 1] = pos_of[i]
         n_live -= n_best
         cap[g] -= n_best
         s_tot -= n_best
@@ -885,3 +943,73 @@ def tick_summary_kernel(loads, prefill, assignment):
             placed += 1
     after = G * L.max() - L.sum()
     return before, after, placed
+
+
+@njit(**NJIT)
+def check_inputs_kernel(prefill, loads, free_slots):
+    """0 when valid, else 1 (prefill), 2 (loads) or 3 (free_slots) for the first bad array:
+    NaN, infinite or negative values (one pass, for ``route_batch``'s validation)."""
+    for i in range(prefill.shape[0]):
+        if not (prefill[i] >= 0.0 and prefill[i] < np.inf):
+            return 1
+    for g in range(loads.shape[0]):
+        for h in range(loads.shape[1]):
+            if not (loads[g, h] >= 0.0 and loads[g, h] < np.inf):
+                return 2
+    for g in range(free_slots.shape[0]):
+        if free_slots[g] < 0:
+            return 3
+    return 0
+
+
+#: Policy names in the order of their integer ids (``route_tick_kernel``'s ``policy_id``).
+POLICY_NAMES = (
+    "br0",
+    "brh",
+    "round_robin",
+    "random",
+    "jsq",
+    "jsq_requests",
+    "vllm",
+    "p2c",
+    "trtllm",
+)
+
+
+@njit(**NJIT)
+def route_tick_kernel(policy_id, prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """The kernel of policy ``POLICY_NAMES[policy_id]`` (for callers inside jitted code)."""
+    if policy_id == 0:
+        return br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    elif policy_id == 1:
+        return brh_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    elif policy_id == 2:
+        return round_robin_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    elif policy_id == 3:
+        return random_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    elif policy_id == 4:
+        return jsq_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    elif policy_id == 5:
+        return jsq_requests_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    elif policy_id == 6:
+        return vllm_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    elif policy_id == 7:
+        return p2c_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+    return trtllm_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)
+
+
+@njit(**NJIT)
+def route_batch_kernel(policy_id, prefill, loads, free_slots, n_running, n_waiting, params, seed):
+    """One call for ``route_batch``: value check, the policy's kernel, the tick summary.
+
+    Returns ``(code, assignment, I_before, I_after, n_placed)``; ``code`` as in
+    :func:`check_inputs_kernel` (nothing is routed when it is not 0).
+    """
+    code = check_inputs_kernel(prefill, loads, free_slots)
+    if code != 0:
+        return code, np.full(prefill.shape[0], -1, np.int64), 0.0, 0.0, 0
+    out = route_tick_kernel(
+        policy_id, prefill, loads, free_slots, n_running, n_waiting, params, seed
+    )
+    before, after, placed = tick_summary_kernel(loads, prefill, out)
+    return 0, out, before, after, placed

@@ -34,15 +34,18 @@ from ._routing_kernels import (
     P_OPTIMISTIC,
     P_R_MAX,
     P_S_GREEDY,
+    POLICY_NAMES,
     br0_kernel,
     brh_kernel,
+    check_inputs_kernel,
     jsq_kernel,
     jsq_requests_kernel,
     p2c_kernel,
     project_loads_kernel,
     random_kernel,
     round_robin_kernel,
-    tick_summary_kernel,
+    route_batch_kernel,
+    route_tick_kernel,
     trtllm_kernel,
     vllm_kernel,
 )
@@ -53,6 +56,7 @@ __all__ = [
     "ROUTING_KERNELS",
     "POLICY_IDS",
     "POLICIES",
+    "route_tick_kernel",
     "make_params",
     "default_s_greedy",
     "validate_routing_input",
@@ -69,7 +73,7 @@ __all__ = [
 ]
 
 #: Policy name -> Numba kernel with the common signature (see the module docstring).
-ROUTING_KERNELS = {
+ROUTING_KERNELS: dict = {
     "br0": br0_kernel,
     "brh": brh_kernel,
     "round_robin": round_robin_kernel,
@@ -80,9 +84,10 @@ ROUTING_KERNELS = {
     "p2c": p2c_kernel,
     "trtllm": trtllm_kernel,
 }
-#: Stable integer id of each policy (for dispatch inside a jitted loop).
-POLICY_IDS = {name: k for k, name in enumerate(ROUTING_KERNELS)}
-POLICIES = tuple(ROUTING_KERNELS)
+#: Stable integer id of each policy: ``route_tick_kernel(POLICY_IDS[name], *kernel_args)``
+#: calls that policy's kernel from inside jitted code.
+POLICY_IDS = {name: k for k, name in enumerate(POLICY_NAMES)}
+POLICIES = POLICY_NAMES
 
 _EXTRA = frozenset({"n_running", "n_waiting", "optimistic", "cursor"})
 _FUNC = "route_batch"
@@ -164,107 +169,100 @@ class RoutingDecision:
     extras: dict = field(default_factory=dict)
 
 
-def _vector(x, name, dtype, G=None):
-    """1-D array of ``dtype`` (no copy when it already is one)."""
-    try:
-        a = (
-            np.asarray(x, dtype=dtype)
-            if not (isinstance(x, np.ndarray) and x.dtype == dtype)
-            else x
-        )
-    except (TypeError, ValueError):
-        raise param_error(name, _FUNC, "a 1-D numeric array", repr(x)) from None
-    if a.ndim != 1 or (G is not None and a.shape[0] != G):
-        exp = "a 1-D array" if G is None else f"a 1-D array of length G = {G} (loads.shape[0])"
-        raise param_error(name, _FUNC, exp, f"shape {a.shape}")
-    return a
-
-
-def _int_vector(x, name, G):
-    if isinstance(x, np.ndarray) and x.dtype == np.int64:
+def _as(x, name, dtype, ndim):
+    """``x`` as an array of ``dtype`` (no copy when it already is one) with ``ndim`` in ndim."""
+    if isinstance(x, np.ndarray) and x.dtype == dtype:
         a = x
     else:
-        a = np.asarray(x)
-        if a.dtype.kind == "f" and a.size and not np.all(a == np.floor(a)):
-            raise param_error(name, _FUNC, "an array of non-negative integers", f"{a!r}")
-        if a.dtype.kind not in "iuf" and a.size:
-            raise param_error(name, _FUNC, "an array of non-negative integers", f"dtype {a.dtype}")
-        a = a.astype(np.int64)
-    if a.ndim != 1 or a.shape[0] != G:
+        try:
+            a = np.asarray(x)
+            if (
+                dtype == np.int64
+                and a.size
+                and (
+                    a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and np.any(a != np.floor(a)))
+                )
+            ):
+                raise TypeError
+            a = a.astype(dtype)
+        except (TypeError, ValueError):
+            kind = "integers" if dtype == np.int64 else "numbers"
+            raise param_error(name, _FUNC, f"an array of {kind}", repr(x)) from None
+    if a.ndim not in ndim:
         raise param_error(
-            name, _FUNC, f"a 1-D array of length G = {G} (loads.shape[0])", f"shape {a.shape}"
-        )
-    if G and a.min() < 0:
-        raise param_error(
-            name, _FUNC, "an array of non-negative integers", f"negative value {a.min()}"
+            name,
+            _FUNC,
+            f"an array with {' or '.join(map(str, ndim))} dimension(s)",
+            f"shape {a.shape}",
         )
     return a
 
 
-def validate_routing_input(prefill_lengths, loads, free_slots, policy, options):
+def _counts(x, name, G):
+    if x is None:
+        return np.zeros(G, np.int64)
+    a = _as(x, name, np.int64, (1,))
+    if a.shape[0] != G or (G and a.min() < 0):
+        raise param_error(name, _FUNC, f"a 1-D array of G = {G} non-negative integers", f"{a!r}")
+    return a
+
+
+def _raise_bad(code: int) -> None:
+    if code:
+        name, expected = _BAD[code]
+        raise param_error(name, _FUNC, expected, "NaN, infinite or negative values")
+
+
+_BAD = {
+    1: ("prefill_lengths", "an array of finite non-negative numbers"),
+    2: ("loads", "an array of finite non-negative numbers"),
+    3: ("free_slots", "an array of non-negative integers"),
+}
+
+
+def validate_routing_input(prefill_lengths, loads, free_slots, policy, options, *, values=True):
     """Validate every argument of :func:`route_batch` once; return normalized arrays.
 
     Returns ``(prefill float64 (n,), loads float64 (G, H+1) C-contiguous, free int64 (G,),
-    n_running int64 (G,), n_waiting int64 (G,))``. Raises :class:`InvalidInputError` (or
+    n_running int64 (G,), n_waiting int64 (G,))``. Shapes and dtypes are checked here, values
+    (NaN, infinite, negative) in one jitted pass. Raises :class:`InvalidInputError` (or
     :class:`InvalidOptionError` for an unknown policy or option) naming the parameter.
     """
     if policy not in ROUTING_KERNELS:
         raise param_error(
             "policy", _FUNC, f"one of {sorted(ROUTING_KERNELS)}", repr(policy), InvalidOptionError
         )
-    unknown = set(options) - _EXTRA
-    if unknown:
+    if options and not _EXTRA.issuperset(options):
         raise InvalidOptionError(
-            f"route_batch got unknown option(s) {sorted(unknown)}; expected some of "
-            f"{sorted(_EXTRA)}."
+            f"route_batch got unknown option(s) {sorted(set(options) - _EXTRA)}; expected some "
+            f"of {sorted(_EXTRA)}."
         )
-    s = _vector(prefill_lengths, "prefill_lengths", np.float64)
-    if s.size:
-        lo, hi = s.min(), s.max()
-        if not (lo >= 0.0 and hi < math.inf):  # NaN fails both comparisons
-            raise param_error(
-                "prefill_lengths",
-                _FUNC,
-                "an array of finite non-negative numbers",
-                "NaN, infinite or negative values",
-            )
-    if isinstance(loads, np.ndarray) and loads.dtype == np.float64:
-        L = loads
-    else:
-        try:
-            L = np.asarray(loads, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise param_error("loads", _FUNC, "a numeric array", repr(loads)) from None
+    s = _as(prefill_lengths, "prefill_lengths", np.float64, (1,))
+    L = _as(loads, "loads", np.float64, (1, 2))
     if L.ndim == 1:
         L = L.reshape(-1, 1)
-    if L.ndim != 2 or L.shape[0] == 0 or L.shape[1] == 0:
+    elif not L.flags.c_contiguous:
+        L = np.ascontiguousarray(L)
+    G = L.shape[0]
+    if G == 0 or L.shape[1] == 0:
         raise param_error(
             "loads", _FUNC, "a non-empty (G,) or (G, H+1) array", f"shape {np.shape(loads)}"
         )
-    if not L.flags.c_contiguous:
-        L = np.ascontiguousarray(L)
-    lo, hi = L.min(), L.max()
-    if not (lo >= 0.0 and hi < math.inf):
+    free = _as(free_slots, "free_slots", np.int64, (1,))
+    if free.shape[0] != G:
         raise param_error(
-            "loads",
+            "free_slots",
             _FUNC,
-            "an array of finite non-negative numbers",
-            "NaN, infinite or negative values",
+            f"a 1-D array of length G = {G} (loads.shape[0])",
+            f"shape {free.shape}",
         )
-    G = L.shape[0]
-    free = _int_vector(free_slots, "free_slots", G)
-    zeros = None
-    n_run = options.get("n_running")
-    if n_run is None:
-        zeros = np.zeros(G, np.int64)
-        n_run = zeros
+    if values:
+        _raise_bad(check_inputs_kernel(s, L, free))
+    if options:
+        n_run = _counts(options.get("n_running"), "n_running", G)
+        n_wait = _counts(options.get("n_waiting"), "n_waiting", G)
     else:
-        n_run = _int_vector(n_run, "n_running", G)
-    n_wait = options.get("n_waiting")
-    if n_wait is None:
-        n_wait = zeros if zeros is not None else np.zeros(G, np.int64)
-    else:
-        n_wait = _int_vector(n_wait, "n_waiting", G)
+        n_run = n_wait = np.zeros(G, np.int64)
     return s, L, free, n_run, n_wait
 
 
@@ -393,7 +391,7 @@ def route_batch(
     """
     t0 = time.perf_counter()
     s, L, free, n_run, n_wait = validate_routing_input(
-        prefill_lengths, loads, free_slots, policy, params
+        prefill_lengths, loads, free_slots, policy, params, values=False
     )
     G = L.shape[0]
     r_max = int(_scalar(r_max, "r_max", 1, 16, integer=True))
@@ -420,8 +418,11 @@ def route_batch(
         optimistic=bool(optimistic),
         cursor=cursor,
     )
-    out = ROUTING_KERNELS[policy](s, L, free, n_run, n_wait, p, seed)
-    before, after, placed = tick_summary_kernel(L, s, out)
+    # value checks, the kernel and the summary in one jitted call
+    code, out, before, after, placed = route_batch_kernel(
+        POLICY_IDS[policy], s, L, free, n_run, n_wait, p, seed
+    )
+    _raise_bad(code)
     extras = {}
     stage = 0
     if policy in ("br0", "brh"):

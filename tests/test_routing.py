@@ -91,7 +91,7 @@ def test_best_subset_is_optimal_among_candidates(s, m, G, q):
     nc = prefill.size
     q = min(q, nc)
     best = np.empty(nc, np.int64)
-    f, k = K.best_subset_kernel(prefill, cand, nc, q, float(m), float(G), best)
+    f, k = K.best_subset_kernel(prefill, cand, nc, q, float(m), float(G), best, best.copy())
     brute = max(
         f_score(sum(c), m, G) for size in range(1, q + 1) for c in itertools.combinations(s, size)
     )
@@ -233,3 +233,15 @@ def test_route_batch_through_public_api_matches_kernel(inst):
         0,
     )
     assert d.assignment.tolist() == ref.tolist()
+
+
+def test_policy_ids_match_the_kernel_table():
+    from straggler.solvers.routing import POLICY_IDS, route_tick_kernel
+
+    assert tuple(ROUTING_KERNELS) == POLICIES
+    s, L, free = np.array([5.0, 1.0, 3.0]), np.array([[4.0], [0.0]]), np.array([2, 2])
+    z = np.zeros(2, np.int64)
+    p = make_params(r_max=2, s_greedy=0, beta=2.0)
+    for name, kernel in ROUTING_KERNELS.items():
+        a = route_tick_kernel(POLICY_IDS[name], s, L, free, z, z, p, 3)
+        assert a.tolist() == kernel(s, L, free, z, z, p, 3).tolist(), name

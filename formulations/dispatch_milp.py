@@ -151,7 +151,8 @@ def build_dispatch_milp(
     -------
     MilpModel
         Blocks ``"x"``, ``"z"`` (one column per live entry, see :func:`live_pairs`), ``"t"``
-        (when ``b2 > 0``), ``"K"`` (tightened: one per GPU) and ``"M"``. ``encode(shares)``
+        (when ``b2 > 0``), ``"K"`` and, with tiles, ``"X"`` (tightened: one per GPU) and
+        ``"M"``. ``encode(shares)``
         gives the column vector of a feasible dispatch (for the tightened model with an
         ``upper_bound``, of one whose makespan is at most that bound), with ``z = [x > 0]``,
         ``t = ceil(x/tile)``, ``K_g = G_g`` and ``M`` its makespan; ``decode(x)`` gives a clean
@@ -172,6 +173,10 @@ def build_dispatch_milp(
     * integer activation counts ``K_g >= sum_e z_eg`` with ``M >= a + b K_g + b2 sum(t - z)``:
       the LP relaxation can no longer spread a fraction of an activation over GPUs, and
       branching on ``K_g`` decides whole activations at once (``K_g = G_g`` is feasible);
+    * integer extra tiles per GPU ``X_g >= sum_e (t_eg - z_eg)`` with
+      ``M >= a + b K_g + b2 X_g`` when ``b2 > 0`` (``X_g = T_g - G_g`` is feasible);
+    * tile total ``sum_g t_eg >= ceil(n_e/tile)`` per live expert when ``b2 > 0``
+      (``n_e = sum_g x_eg <= tile * sum_g t_eg`` and the left side is an integer);
     * cover ``sum_g z_eg >= 1`` per live expert (``n_e > 0`` and conservation force one
       positive share) and ``sum_g K_g >= E_live`` (sum of the covers);
     * forced entries: an expert with one replica has ``x = n_e``, ``z = 1``,
@@ -232,6 +237,9 @@ def build_dispatch_milp(
     if tightened:
         cols["K"] = nxt + np.arange(n_gpus)
         nxt += n_gpus
+        if tiles:
+            cols["X"] = nxt + np.arange(n_gpus)
+            nxt += n_gpus
     cols["M"] = np.array([nxt])
     n_cols = nxt + 1
     xc, zc, Mc = cols["x"], cols["z"], int(cols["M"][0])
@@ -307,7 +315,23 @@ def build_dispatch_milp(
             [np.full(n_gpus, Mc), zc],
             [np.ones(n_gpus), -cost.b * np.ones(P)],
         )
-    if tiles:
+    if tiles and tightened:
+        # integer extra tiles per GPU: X_g >= sum_e (t - z), M >= ... + b2 X_g
+        Xc = cols["X"]
+        rb.add(
+            "extra_tiles",
+            np.r_[g_idx, g_idx, gr],
+            np.r_[cols["t"], zc, Xc],
+            np.r_[np.ones(P), -np.ones(P), -np.ones(n_gpus)],
+            -np.inf,
+            0.0,
+            n_rows=n_gpus,
+        )
+        integ[Xc] = True
+        rows += [gr]
+        cc += [Xc]
+        vv += [-cost.b2 * np.ones(n_gpus)]
+    elif tiles:
         rows += [g_idx, g_idx]
         cc += [cols["t"], zc]
         vv += [-cost.b2 * np.ones(P), cost.b2 * np.ones(P)]
@@ -336,6 +360,17 @@ def build_dispatch_milp(
         Kc = cols["K"]
         rb.add("cover", pos, zc, np.ones(P), 1.0, np.inf, n_rows=live_e.size)
         rb.add("count_total", np.zeros(n_gpus), Kc, np.ones(n_gpus), live_e.size, np.inf, n_rows=1)
+        if tiles:
+            # every expert needs ceil(n_e/tile) tiles in all (rounded CG cut of conservation)
+            rb.add(
+                "tile_total",
+                pos,
+                cols["t"],
+                np.ones(P),
+                np.ceil(n[live_e] / tile - 1e-12),
+                np.inf,
+                n_rows=live_e.size,
+            )
         # forced entries (experts with a single live replica)
         n_rep = np.bincount(e_idx, minlength=problem.n_experts)
         forced = n_rep[e_idx] == 1
@@ -398,6 +433,8 @@ def build_dispatch_milp(
             floor = floor + cost.b2 * np.bincount(g_idx, weights=ts - zs, minlength=n_gpus)
         if tightened:
             v[cols["K"]] = G
+            if tiles:
+                v[cols["X"]] = np.bincount(g_idx, weights=ts - zs, minlength=n_gpus)
         pieces = [floor] + [c0 + slope * Ng for c0, slope in cost.token_pieces]
         v[Mc] = float(np.max(np.maximum.reduce(pieces)))
         return v

@@ -95,7 +95,8 @@ class MilpDispatch:
     seed : int, default 0
     warm_start : str or None
         Name of a registered heuristic whose dispatch seeds the search (in addition to the
-        built-in whole-expert greedy and the even split; the best of them is used).
+        built-in seeds: whole-expert greedy, the even split and the token LP optimum; the
+        best of them is used).
     backend : {"highs", "cpsat"}
 
     Notes
@@ -145,6 +146,8 @@ class MilpDispatch:
             "greedy": whole_expert_greedy(problem, cost),
             "uniform": _uniform_split(problem),
         }
+        if problem.counts.any():
+            seeds["token_lp"] = solve_token_lp(problem, time_limit=time_limit)[0]
         if self.warm_start is not None:
             h = make_method(self.warm_start, {})
             seeds[self.warm_start] = np.asarray(

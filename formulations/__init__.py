@@ -33,8 +33,11 @@ from .routing import (
     imbalance,
     margins,
 )
+from .routing_milp import build_fscore_knapsack_milp, build_joint_tick_milp
 
 __all__ = [
+    "build_fscore_knapsack_milp",
+    "build_joint_tick_milp",
     "ClusterState",
     "apply_assignment",
     "check_assignment",

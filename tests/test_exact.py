@@ -193,3 +193,73 @@ def test_token_lp_bad_input():
         solve_token_lp(p, time_limit=0)
     with pytest.raises(InvalidInputError, match="problem"):
         solve_token_lp(DispatchProblem(counts=[[1]], replicas=[[1]]))
+
+
+# --- token_lp baseline (LPLB) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_token_lp_baseline_is_feasible_and_not_better_than_milp(seed):
+    rng = np.random.default_rng(500 + seed)
+    p = random_instance(rng, full=seed % 2 == 0, max_e=6, max_g=4, max_n=50)
+    cost = COSTS["two_piece"]
+    res = solve_dispatch(p, cost, method="token_lp")
+    check_shares(p, res.shares)
+    assert res.status in (Status.HEURISTIC, Status.OPTIMAL)
+    assert res.extras["max_tokens"] == pytest.approx(solve_token_lp(p)[1], rel=1e-12)
+    opt = solve_dispatch(p, cost, method="milp", mip_rel_gap=0)
+    assert res.makespan >= opt.makespan - 1e-9
+    assert not ((res.shares > 0) & (res.shares < 1e-9 * p.counts[:, None])).any()
+
+
+@pytest.mark.parametrize(
+    "topology, n_gpus, gpu_node",
+    [
+        ("ring", 5, None),
+        ("cube", 8, None),
+        ("cube", 16, None),
+        ("hypercube", 16, None),
+        ("torus", 8, [0, 0, 0, 0, 1, 1, 1, 1]),
+        ("torus", 6, [0, 0, 1, 1, 2, 2]),
+    ],
+)
+def test_token_lp_topologies(topology, n_gpus, gpu_node):
+    from straggler.baselines.token_lp import restrict_to_topology, topology_r2o
+
+    rng = np.random.default_rng(n_gpus)
+    E = 3 * n_gpus
+    rep = rng.random((E, n_gpus)) < 0.4
+    rep[np.arange(E), np.arange(E) % n_gpus] = True
+    p = DispatchProblem(counts=rng.integers(1, 100, size=E), replicas=rep, gpu_node=gpu_node)
+    r2o = topology_r2o(topology, n_gpus, p.gpu_node)
+    # every redundant column is a permutation: each GPU's experts get one copy per column
+    for j in range(r2o.shape[1]):
+        assert sorted(r2o[:, j]) == list(range(n_gpus))
+    assert (r2o != np.arange(n_gpus)[:, None]).all()
+    mask = restrict_to_topology(p, topology)
+    assert (mask <= rep).all() and (mask.sum(axis=1) <= 2).all()
+    for e in range(E):
+        o = np.flatnonzero(rep[e])[0]
+        allowed = {o} | {r for r in range(n_gpus) if o in r2o[r]}
+        assert set(np.flatnonzero(mask[e])) <= allowed and mask[e, o]
+    res = solve_dispatch(p, COSTS["two_piece"], method="token_lp", topology=topology)
+    check_shares(p, res.shares)
+    assert not (res.shares[~mask] > 0).any()
+    # fewer copies can only raise the token LP's value
+    assert res.extras["max_tokens"] >= solve_token_lp(p)[1] - 1e-9
+
+
+def test_token_lp_topology_errors():
+    p = DispatchProblem(counts=[3, 4, 5], replicas=np.ones((3, 6), bool))
+    cost = COSTS["two_piece"]
+    for topology in ("cube", "hypercube", "torus"):
+        with pytest.raises(InvalidInputError, match=topology):
+            solve_dispatch(p, cost, method="token_lp", topology=topology)
+    with pytest.raises(InvalidOptionError, match="topology"):
+        solve_dispatch(p, cost, method="token_lp", topology="mesh")
+    bad_nodes = DispatchProblem(counts=[1], replicas=np.ones((1, 4), bool), gpu_node=[0, 1, 0, 1])
+    with pytest.raises(InvalidInputError, match="torus"):
+        solve_dispatch(bad_nodes, cost, method="token_lp", topology="torus")
+    one = DispatchProblem(counts=[1], replicas=[[True]])
+    with pytest.raises(InvalidInputError, match="ring"):
+        solve_dispatch(one, cost, method="token_lp", topology="ring")

@@ -11,6 +11,7 @@ from .registry import LayerSolution, dispatch_methods, register_dispatch_method
 from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
 from .semi_matching import SemiMatching, semi_matching
+from .tempo import Tempo, TokenLP, token_lp_fast
 
 __all__ = [
     "ROUTING_KERNELS",
@@ -32,4 +33,7 @@ __all__ = [
     "round_robin_shares",
     "SemiMatching",
     "semi_matching",
+    "Tempo",
+    "TokenLP",
+    "token_lp_fast",
 ]

@@ -37,11 +37,13 @@ INFO_FIELDS = (
     "makespan_seed",  # after stage 1
     "makespan_chains",  # after stage 2
     "makespan_heuristic",  # after stage 3: M(A_H)
-    "makespan_lp",  # token-LP candidate (nan when the ensemble is off)
+    "makespan_lp",  # token-LP candidate as given (nan when the ensemble is off)
     "makespan_a3",  # A3 candidate (nan when infeasible or the ensemble is off)
-    "choice",  # 0: heuristic, 1: token LP, 2: A3
+    "makespan_sm",  # semi-matching candidate (nan when the ensemble is off)
+    "makespan_candidate",  # best candidate after its local search (nan: ensemble off)
+    "choice",  # 0: heuristic, 1: token LP, 2: A3, 3: semi-matching
     "chain_moves",  # augmenting chains applied in stage 2
-    "ls_moves",  # local-search moves applied in stage 3
+    "ls_moves",  # local-search moves applied in stage 3 (to A_H)
 )
 _N_INFO = len(INFO_FIELDS)
 
@@ -91,8 +93,205 @@ def _rest_max(times, i, j, k):
 
 
 @njit(**NJIT)
-def tempo_kernel(counts, replicas, cost, lp_shares, seed, chains, local_search, ensemble, tau,
-                 max_iter):  # fmt: skip
+def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost, tile, max_iter,
+                  stop_at):  # fmt: skip
+    """Stage 3 on the state (x, G, N, T, times), in place; returns the number of moves."""
+    g = times.shape[0]
+    n_ls = 0
+    while n_ls < max_iter:
+        M = times.max()
+        if M <= stop_at:
+            break
+        best_v = M
+        bs = be = bd = bq = -1
+        for s in range(g):
+            if times[s] != M:
+                continue
+            for i in range(g_ptr[s], g_ptr[s + 1]):
+                e = g_exps[i]
+                xs = x[e, s]
+                if xs == 0:
+                    continue
+                ks = (xs + tile - 1) // tile
+                ts_full = _t(cost, G[s] - 1, N[s] - xs, T[s] - ks)
+                for j in range(e_ptr[e], e_ptr[e + 1]):
+                    d = e_gpus[j]
+                    if d == s or times[d] >= best_v:
+                        continue
+                    xd = x[e, d]
+                    kd = (xd + tile - 1) // tile
+                    Gd = G[d] + (1 if xd == 0 else 0)
+                    v = max(
+                        ts_full, _t(cost, Gd, N[d] + xs, T[d] - kd + (xd + xs + tile - 1) // tile)
+                    )
+                    if v < best_v:
+                        best_v = v
+                        bs = s
+                        be = e
+                        bd = d
+                        bq = xs
+                    if xs < 2:
+                        continue
+                    b_lo = _t(cost, Gd, N[d] + 1, T[d] - kd + (xd + 1 + tile - 1) // tile)
+                    a_lo = _t(cost, G[s], N[s] - (xs - 1), T[s] - ks + 1)
+                    if b_lo >= best_v or a_lo >= best_v:
+                        continue
+                    lo = 1
+                    hi = xs
+                    while lo < hi:
+                        mid = (lo + hi) // 2
+                        am = _t(cost, G[s], N[s] - mid, T[s] - ks + (xs - mid + tile - 1) // tile)
+                        bm = _t(cost, Gd, N[d] + mid, T[d] - kd + (xd + mid + tile - 1) // tile)
+                        if bm >= am:
+                            hi = mid
+                        else:
+                            lo = mid + 1
+                    for q in (lo - 1, lo):
+                        if q < 1 or q > xs - 1:
+                            continue
+                        aq = _t(cost, G[s], N[s] - q, T[s] - ks + (xs - q + tile - 1) // tile)
+                        bq_ = _t(cost, Gd, N[d] + q, T[d] - kd + (xd + q + tile - 1) // tile)
+                        v = max(aq, bq_)
+                        if v < best_v:
+                            best_v = v
+                            bs = s
+                            be = e
+                            bd = d
+                            bq = q
+        bf = -1
+        if bs < 0:
+            # Fallback: swaps. q tokens of e go from s to d (full or partial, same bisection)
+            # while the whole share of another expert f goes from d to s.
+            # Pruning (lower bounds that cannot beat best_v, so the result is unchanged):
+            # t >= a + b*G since T >= G, and t >= _t(0, N, 0) for the token pieces.
+            for s in range(g):
+                if times[s] != M or _t(cost, G[s] - 1, 0, G[s] - 1) >= best_v:
+                    continue
+                for i in range(g_ptr[s], g_ptr[s + 1]):
+                    e = g_exps[i]
+                    xs = x[e, s]
+                    if xs == 0:
+                        continue
+                    ks = (xs + tile - 1) // tile
+                    for j in range(e_ptr[e], e_ptr[e + 1]):
+                        d = e_gpus[j]
+                        if d == s:
+                            continue
+                        xd = x[e, d]
+                        kd = (xd + tile - 1) // tile
+                        gd = G[d] - 1 + (1 if xd == 0 else 0)
+                        if _t(cost, gd, 0, gd) >= best_v:
+                            continue
+                        for i2 in range(g_ptr[d], g_ptr[d + 1]):
+                            f = g_exps[i2]
+                            yd = x[f, d]
+                            if f == e or yd == 0 or not replicas[f, s]:
+                                continue
+                            if (
+                                _t(cost, 0, N[s] - xs + yd, 0) >= best_v
+                                or _t(cost, 0, N[d] + 1 - yd, 0) >= best_v
+                            ):
+                                continue
+                            ys = x[f, s]
+                            Gs = G[s] + (1 if ys == 0 else 0)
+                            Ts = T[s] - ks - (ys + tile - 1) // tile + (ys + yd + tile - 1) // tile
+                            Gd = G[d] - 1 + (1 if xd == 0 else 0)
+                            Td = T[d] - kd - (yd + tile - 1) // tile
+                            v = max(
+                                _t(cost, Gs - 1, N[s] - xs + yd, Ts),
+                                _t(cost, Gd, N[d] + xs - yd, Td + (xd + xs + tile - 1) // tile),
+                            )
+                            if v < best_v:
+                                best_v = v
+                                bs = s
+                                be = e
+                                bd = d
+                                bq = xs
+                                bf = f
+                            if xs < 2:
+                                continue
+                            a_lo = _t(cost, Gs, N[s] - (xs - 1) + yd, Ts + 1)
+                            b_lo = _t(cost, Gd, N[d] + 1 - yd, Td + (xd + 1 + tile - 1) // tile)
+                            if b_lo >= best_v or a_lo >= best_v:
+                                continue
+                            lo = 1
+                            hi = xs
+                            while lo < hi:
+                                mid = (lo + hi) // 2
+                                am = _t(
+                                    cost, Gs, N[s] - mid + yd, Ts + (xs - mid + tile - 1) // tile
+                                )
+                                bm = _t(
+                                    cost, Gd, N[d] + mid - yd, Td + (xd + mid + tile - 1) // tile
+                                )
+                                if bm >= am:
+                                    hi = mid
+                                else:
+                                    lo = mid + 1
+                            for q in (lo - 1, lo):
+                                if q < 1 or q > xs - 1:
+                                    continue
+                                aq = _t(cost, Gs, N[s] - q + yd, Ts + (xs - q + tile - 1) // tile)
+                                bq_ = _t(cost, Gd, N[d] + q - yd, Td + (xd + q + tile - 1) // tile)
+                                v = max(aq, bq_)
+                                if v < best_v:
+                                    best_v = v
+                                    bs = s
+                                    be = e
+                                    bd = d
+                                    bq = q
+                                    bf = f
+        if bs < 0:
+            break
+        if bf >= 0:
+            yd = x[bf, bd]
+            ys = x[bf, bs]
+            G[bs] += 1 if ys == 0 else 0
+            N[bs] += yd
+            T[bs] += (ys + yd + tile - 1) // tile - (ys + tile - 1) // tile
+            G[bd] -= 1
+            N[bd] -= yd
+            T[bd] -= (yd + tile - 1) // tile
+            x[bf, bs] = ys + yd
+            x[bf, bd] = 0
+        xs = x[be, bs]
+        xd = x[be, bd]
+        G[bs] -= 1 if bq == xs else 0
+        N[bs] -= bq
+        T[bs] += (xs - bq + tile - 1) // tile - (xs + tile - 1) // tile
+        G[bd] += 1 if xd == 0 else 0
+        N[bd] += bq
+        T[bd] += (xd + bq + tile - 1) // tile - (xd + tile - 1) // tile
+        x[be, bs] = xs - bq
+        x[be, bd] = xd + bq
+        times[bs] = _t(cost, G[bs], N[bs], T[bs])
+        times[bd] = _t(cost, G[bd], N[bd], T[bd])
+        n_ls += 1
+    return n_ls
+
+
+@njit(**NJIT)
+def _state(x, cost, tile):
+    """Per-GPU (G, N, T, times) of a whole-token dispatch."""
+    E, g = x.shape
+    G = np.zeros(g, np.int64)
+    N = np.zeros(g, np.int64)
+    T = np.zeros(g, np.int64)
+    times = np.empty(g)
+    for h in range(g):
+        for e in range(E):
+            v = x[e, h]
+            if v > 0:
+                G[h] += 1
+                N[h] += v
+                T[h] += (v + tile - 1) // tile
+        times[h] = _t(cost, G[h], N[h], T[h])
+    return G, N, T, times
+
+
+@njit(**NJIT)
+def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, local_search, ensemble,
+                 tau, max_iter):  # fmt: skip
     """One layer of tempo_fast.
 
     Parameters
@@ -102,7 +301,10 @@ def tempo_kernel(counts, replicas, cost, lp_shares, seed, chains, local_search, 
     cost : ndarray of float64, shape (8,)
         ``CostModel.as_array()``.
     lp_shares : ndarray of int64, shape (n_experts, n_gpus)
-        The token-LP candidate of stage 4 (ignored when ``ensemble`` is False).
+        The integral token-LP dispatch (``max_g N_g = ceil(lambda*)``): a stage-4
+        candidate, and with ``sm_assign`` the integral lower bound that stops stage 3.
+    sm_assign : ndarray of int64, shape (n_experts,)
+        An optimal semi-matching (GPU of each live expert, -1 otherwise).
     seed, chains, local_search, ensemble : bool
         Stage switches.
     tau : float
@@ -152,8 +354,8 @@ def tempo_kernel(counts, replicas, cost, lp_shares, seed, chains, local_search, 
     M = times.max()
 
     # Stage 1: whole experts by descending tokens (ties: lower index), each on the replica
-    # minimizing (resulting makespan, resulting GPU time, GPU index); seed=False puts each
-    # on its lowest-index replica instead.
+    # minimizing (marginal cost t_new - t_old of that GPU, t_new, GPU index); seed=False
+    # puts each on its lowest-index replica instead.
     order = np.argsort(-counts, kind="mergesort")
     for i in range(E):
         e = order[i]
@@ -164,13 +366,14 @@ def tempo_kernel(counts, replicas, cost, lp_shares, seed, chains, local_search, 
         best = -1
         bk1 = np.inf
         bk2 = np.inf
+        # (the makespan is not needed here: it only grows, and stages 2-4 read times)
         for j in range(e_ptr[e], e_ptr[e + 1]):
             h = e_gpus[j]
             if not seed:
                 best = h
                 break
             tn = _t(cost, G[h] + 1, N[h] + n, T[h] + kn)
-            k1 = max(M, tn)
+            k1 = tn - times[h]
             if best < 0 or k1 < bk1 or (k1 == bk1 and tn < bk2):
                 best = h
                 bk1 = k1
@@ -300,124 +503,79 @@ def tempo_kernel(counts, replicas, cost, lp_shares, seed, chains, local_search, 
     # A(q) is nonincreasing and the destination time B(q) nondecreasing, so with
     # q* = min{q : B(q) >= A(q)} (binary search) the best split is q*-1 or q* (the former
     # on ties).
+    # integral lower bound: no whole-token dispatch goes below it, so the search stops there
+    lp_nmax = 0
+    for h in range(g):
+        v = 0
+        for e in range(E):
+            v += lp_shares[e, h]
+        lp_nmax = max(lp_nmax, v)
+    sm_cnt = np.zeros(g, np.int64)
+    for e in range(E):
+        if counts[e] > 0:
+            sm_cnt[sm_assign[e]] += 1
+    stop_at = max(_t(cost, 0, lp_nmax, 0), _t(cost, sm_cnt.max(), 0, sm_cnt.max()))
     n_ls = 0
-    while local_search and n_ls < max_iter:
-        M = times.max()
-        best_v = M
-        bs = be = bd = bq = -1
-        for s in range(g):
-            if times[s] != M:
-                continue
-            for i in range(g_ptr[s], g_ptr[s + 1]):
-                e = g_exps[i]
-                xs = x[e, s]
-                if xs == 0:
-                    continue
-                ks = (xs + tile - 1) // tile
-                ts_full = _t(cost, G[s] - 1, N[s] - xs, T[s] - ks)
-                for j in range(e_ptr[e], e_ptr[e + 1]):
-                    d = e_gpus[j]
-                    if d == s or times[d] >= best_v:
-                        continue
-                    xd = x[e, d]
-                    kd = (xd + tile - 1) // tile
-                    Gd = G[d] + (1 if xd == 0 else 0)
-                    v = max(
-                        ts_full, _t(cost, Gd, N[d] + xs, T[d] - kd + (xd + xs + tile - 1) // tile)
-                    )
-                    if v < best_v:
-                        best_v = v
-                        bs = s
-                        be = e
-                        bd = d
-                        bq = xs
-                    if xs < 2:
-                        continue
-                    b_lo = _t(cost, Gd, N[d] + 1, T[d] - kd + (xd + 1 + tile - 1) // tile)
-                    a_lo = _t(cost, G[s], N[s] - (xs - 1), T[s] - ks + 1)
-                    if b_lo >= best_v or a_lo >= best_v:
-                        continue
-                    lo = 1
-                    hi = xs
-                    while lo < hi:
-                        mid = (lo + hi) // 2
-                        am = _t(cost, G[s], N[s] - mid, T[s] - ks + (xs - mid + tile - 1) // tile)
-                        bm = _t(cost, Gd, N[d] + mid, T[d] - kd + (xd + mid + tile - 1) // tile)
-                        if bm >= am:
-                            hi = mid
-                        else:
-                            lo = mid + 1
-                    for q in (lo - 1, lo):
-                        if q < 1 or q > xs - 1:
-                            continue
-                        aq = _t(cost, G[s], N[s] - q, T[s] - ks + (xs - q + tile - 1) // tile)
-                        bq_ = _t(cost, Gd, N[d] + q, T[d] - kd + (xd + q + tile - 1) // tile)
-                        v = max(aq, bq_)
-                        if v < best_v:
-                            best_v = v
-                            bs = s
-                            be = e
-                            bd = d
-                            bq = q
-        if bs < 0:
-            break
-        xs = x[be, bs]
-        xd = x[be, bd]
-        G[bs] -= 1 if bq == xs else 0
-        N[bs] -= bq
-        T[bs] += (xs - bq + tile - 1) // tile - (xs + tile - 1) // tile
-        G[bd] += 1 if xd == 0 else 0
-        N[bd] += bq
-        T[bd] += (xd + bq + tile - 1) // tile - (xd + tile - 1) // tile
-        x[be, bs] = xs - bq
-        x[be, bd] = xd + bq
-        times[bs] = _t(cost, G[bs], N[bs], T[bs])
-        times[bd] = _t(cost, G[bd], N[bd], T[bd])
-        n_ls += 1
+    if local_search:
+        n_ls = _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost, tile,
+                             max_iter, stop_at)  # fmt: skip
     m_h = times.max()
     info[3] = m_h
 
-    # Stage 4: ensemble (Proposition 1). Candidates: the token-LP dispatch and, when every
-    # live expert is replicated on every GPU, A3 round robin (rank r -> GPU r mod g). The
-    # best candidate (LP first on ties) replaces A_H iff it is below (1 - tau) M(A_H).
+    # Stage 4: ensemble (Proposition 1). Candidates, in this order: the token-LP dispatch,
+    # A3 round robin (rank r -> GPU r mod g) when every live expert is replicated on every
+    # GPU, and the optimal semi-matching (whole experts). A candidate below M(A_H) is first
+    # improved by the stage-3 local search (when that stage is on); the best (first on
+    # ties) replaces A_H iff it is below (1 - tau) M(A_H).
     out = x
     choice = 0
     if ensemble:
-        m_lp = _score(lp_shares, cost, tile)
-        info[4] = m_lp
-        best_c = m_lp
-        cand = 1
         full = True
         for e in range(E):
             if counts[e] > 0 and e_ptr[e + 1] - e_ptr[e] != g:
                 full = False
                 break
-        a3 = np.zeros((E, g), np.int64)
-        if full:
-            r = 0
-            for i in range(E):
-                e = order[i]
-                if counts[e] == 0:
-                    break
-                a3[e, r % g] = counts[e]
-                r += 1
-            m_a3 = _score(a3, cost, tile)
-            info[5] = m_a3
-            if m_a3 < best_c:
-                best_c = m_a3
-                cand = 2
-        if best_c < (1.0 - tau) * m_h:
-            choice = cand
-            out = lp_shares.copy() if cand == 1 else a3
+        best_c = np.inf
+        for cand in range(1, 4):
+            if cand == 2 and not full:
+                continue
+            y = np.zeros((E, g), np.int64)
+            if cand == 1:
+                y[:, :] = lp_shares
+            elif cand == 2:
+                r = 0
+                for i in range(E):
+                    e = order[i]
+                    if counts[e] == 0:
+                        break
+                    y[e, r % g] = counts[e]
+                    r += 1
+            else:
+                for e in range(E):
+                    if counts[e] > 0:
+                        y[e, sm_assign[e]] = counts[e]
+            Gc, Nc, Tc, tc = _state(y, cost, tile)
+            m_c = tc.max()
+            info[3 + cand] = m_c
+            if local_search and m_c < m_h:
+                _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost,
+                              tile, max_iter, stop_at)  # fmt: skip
+                m_c = tc.max()
+            if m_c < best_c:
+                best_c = m_c
+                info[7] = m_c
+                if best_c < (1.0 - tau) * m_h:
+                    choice = cand
+                    out = y
     info[0] = _score(out, cost, tile)
-    info[6] = choice
-    info[7] = n_chain
-    info[8] = n_ls
+    info[8] = choice
+    info[9] = n_chain
+    info[10] = n_ls
     return out, info
 
 
-def tempo_reference(counts, replicas, cost, lp_shares, seed, chains, local_search, ensemble, tau,
-                    max_iter):  # fmt: skip
+def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, local_search,
+                    ensemble, tau, max_iter):  # fmt: skip
     """Plain-Python reference of :func:`tempo_kernel`: same stages, same tie-breaking.
 
     Written from the stage descriptions without incremental bookkeeping: every candidate
@@ -429,8 +587,9 @@ def tempo_reference(counts, replicas, cost, lp_shares, seed, chains, local_searc
     TEMPO Fig. 1b (``b = 15``, ``beta = 0.1``): only the hot expert is split, 60 us.
 
     >>> cost = [0.0, 15.0, 0.0, 0.0, 0.1, 0.0, 0.0, 128.0]
-    >>> x, info = tempo_reference([600] + [30] * 6, [[True, True]] * 7, cost,
-    ...                           [[0, 0]] * 7, True, True, True, False, 0.01, 300)
+    >>> lp = [[300, 300]] + [[30, 0]] * 3 + [[0, 30]] * 3
+    >>> x, info = tempo_reference([600] + [30] * 6, [[True, True]] * 7, cost, lp,
+    ...                           [0, 0, 0, 0, 1, 1, 1], True, True, True, False, 0.01, 300)
     >>> x[0].tolist(), float(info[0])
     ([300, 300], 60.0)
     """
@@ -471,12 +630,11 @@ def tempo_reference(counts, replicas, cost, lp_shares, seed, chains, local_searc
             break
         cands = [h for h in range(g) if R[e][h]]
         if seed:
-            M = max(times_of(x))
 
-            def key(h, e=e, n=n, M=M):
-                G, N, T = gpu(h, x)
+            def key(h, n=n, y=x):
+                G, N, T = gpu(h, y)
                 tn = time_of(G + 1, N + n, T + ceil_tiles(n))
-                return (max(M, tn), tn, h)
+                return (tn - time_of(G, N, T), tn, h)
 
             h = min(cands, key=key)
         else:
@@ -496,8 +654,8 @@ def tempo_reference(counts, replicas, cost, lp_shares, seed, chains, local_searc
         def allowed(e, d, y=x, Gs=Gs, Gmax=Gmax):
             return y[e][d] > 0 or Gs[d] <= Gmax - 2
 
-        def value(moves, touched):
-            new = times_of(moved(x, moves))
+        def value(moves, touched, y=x):
+            new = times_of(moved(y, moves))
             return max(new), max(new[h] for h in touched)
 
         best = None
@@ -539,78 +697,136 @@ def tempo_reference(counts, replicas, cost, lp_shares, seed, chains, local_searc
         n_chain += 1
     info[2] = max(times_of(x))
 
-    # Stage 3: bottleneck local search.
-    n_ls = 0
-    while local_search and n_ls < max_iter:
-        times = times_of(x)
-        M = max(times)
-        best_v, best_move = M, None
-        for s in range(g):
-            if times[s] != M:
-                continue
-            for e in range(E):
-                xs = x[e][s]
-                if xs == 0:
+    # Stage 3: bottleneck local search (moves, partial migrations, swaps as fallback),
+    # stopped at the integral lower bound.
+    lp = [[int(v) for v in row] for row in lp_shares]
+    lp_nmax = max(sum(lp[e][h] for e in range(E)) for h in range(g))
+    sm_max = max([list(sm_assign[e] for e in range(E) if counts[e] > 0).count(h) for h in range(g)])
+    stop_at = max(time_of(0, lp_nmax, 0), time_of(sm_max, 0, sm_max))
+
+    def search(x):
+        n_ls = 0
+        while n_ls < max_iter:
+            times = times_of(x)
+            M = max(times)
+            if M <= stop_at:
+                break
+            best_v, best_move = M, None
+            for s in range(g):
+                if times[s] != M:
                     continue
-                for d in range(g):
-                    if d == s or not R[e][d]:
+                for e in range(E):
+                    xs = x[e][s]
+                    if xs == 0:
                         continue
+                    for d in range(g):
+                        if d == s or not R[e][d]:
+                            continue
 
-                    def f(q, e=e, s=s, d=d):
-                        new = times_of(moved(x, [(e, s, d, q)]))
-                        return new[s], new[d]
+                        def f(q, e=e, s=s, d=d, y=x):
+                            new = times_of(moved(y, [(e, s, d, q)]))
+                            return new[s], new[d]
 
-                    v = max(f(xs))
-                    if v < best_v:
-                        best_v, best_move = v, (e, s, d, xs)
-                    if xs < 2:
+                        v = max(f(xs))
+                        if v < best_v:
+                            best_v, best_move = v, (e, s, d, xs)
+                        if xs < 2:
+                            continue
+                        q_star = 1
+                        while q_star < xs and f(q_star)[1] < f(q_star)[0]:
+                            q_star += 1
+                        for q in (q_star - 1, q_star):
+                            if 1 <= q <= xs - 1:
+                                v = max(f(q))
+                                if v < best_v:
+                                    best_v, best_move = v, (e, s, d, q)
+            if best_move is None:
+                # fallback: swaps (q of e from s to d, all of another expert f from d to s)
+                for s in range(g):
+                    if times[s] != M:
                         continue
-                    q_star = 1
-                    while q_star < xs and f(q_star)[1] < f(q_star)[0]:
-                        q_star += 1
-                    for q in (q_star - 1, q_star):
-                        if 1 <= q <= xs - 1:
-                            v = max(f(q))
-                            if v < best_v:
-                                best_v, best_move = v, (e, s, d, q)
-        if best_move is None:
-            break
-        x = moved(x, [best_move])
-        n_ls += 1
+                    for e in range(E):
+                        xs = x[e][s]
+                        if xs == 0:
+                            continue
+                        for d in range(g):
+                            if d == s or not R[e][d]:
+                                continue
+                            for f2 in range(E):
+                                if f2 == e or x[f2][d] == 0 or not R[f2][s]:
+                                    continue
+                                back = (f2, d, s, x[f2][d])
+
+                                def fs(q, e=e, s=s, d=d, back=back, y=x):
+                                    new = times_of(moved(y, [back, (e, s, d, q)]))
+                                    return new[s], new[d]
+
+                                v = max(fs(xs))
+                                if v < best_v:
+                                    best_v, best_move = v, [back, (e, s, d, xs)]
+                                if xs < 2:
+                                    continue
+                                q_star = 1
+                                while q_star < xs and fs(q_star)[1] < fs(q_star)[0]:
+                                    q_star += 1
+                                for q in (q_star - 1, q_star):
+                                    if 1 <= q <= xs - 1:
+                                        v = max(fs(q))
+                                        if v < best_v:
+                                            best_v, best_move = v, [back, (e, s, d, q)]
+                if best_move is None:
+                    break
+            else:
+                best_move = [best_move]
+            x = moved(x, best_move)
+            n_ls += 1
+        return x, n_ls
+
+    n_ls = 0
+    if local_search:
+        x, n_ls = search(x)
     m_h = max(times_of(x))
     info[3] = m_h
 
-    # Stage 4: ensemble with switching tolerance tau.
+    # Stage 4: ensemble with switching tolerance tau; promising candidates polished first.
     out, choice = x, 0
     if ensemble:
-        lp = [[int(v) for v in row] for row in lp_shares]
-        cands = [(max(times_of(lp)), 1, lp)]
-        info[4] = cands[0][0]
         live = [e for e in order if counts[e] > 0]
-        if all(all(R[e]) for e in live):
-            a3 = [[0] * g for _ in range(E)]
-            for r, e in enumerate(live):
-                a3[e][r % g] = counts[e]
-            info[5] = max(times_of(a3))
-            cands.append((info[5], 2, a3))
-        m_c, cand, y = min(cands, key=lambda t: (t[0], t[1]))
-        if m_c < (1.0 - tau) * m_h:
-            out, choice = y, cand
+        a3 = [[0] * g for _ in range(E)]
+        for r, e in enumerate(live):
+            a3[e][r % g] = counts[e]
+        sm = [[0] * g for _ in range(E)]
+        for e in live:
+            sm[e][int(sm_assign[e])] = counts[e]
+        cands = [(1, lp), (2, a3), (3, sm)]
+        if not all(all(R[e]) for e in live):
+            cands.pop(1)
+        best_c = float("inf")
+        for cand, y in cands:
+            m_c = max(times_of(y))
+            info[3 + cand] = m_c
+            if local_search and m_c < m_h:
+                y, _ = search(y)
+                m_c = max(times_of(y))
+            if m_c < best_c:
+                best_c = info[7] = m_c
+                if m_c < (1.0 - tau) * m_h:
+                    out, choice = y, cand
     info[0] = max(times_of(out))
-    info[6], info[7], info[8] = choice, n_chain, n_ls
+    info[8], info[9], info[10] = choice, n_chain, n_ls
     return np.array(out, dtype=np.int64).reshape(E, g), np.array(info)
 
 
 @njit(**NJIT_PARALLEL)
-def tempo_stack_kernel(counts, replicas, cost, lp_shares, seed, chains, local_search, ensemble, tau,
-                       max_iter):  # fmt: skip
+def tempo_stack_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, local_search,
+                       ensemble, tau, max_iter):  # fmt: skip
     """:func:`tempo_kernel` on every layer of ``(L, E)`` / ``(L, E, g)`` arrays, in parallel."""
     L, E, g = replicas.shape
     shares = np.zeros((L, E, g), np.int64)
     info = np.zeros((L, _N_INFO))
     for l in prange(L):
-        x, inf = tempo_kernel(counts[l], replicas[l], cost, lp_shares[l], seed, chains,
-                              local_search, ensemble, tau, max_iter)  # fmt: skip
+        x, inf = tempo_kernel(counts[l], replicas[l], cost, lp_shares[l], sm_assign[l], seed,
+                              chains, local_search, ensemble, tau, max_iter)  # fmt: skip
         shares[l] = x
         info[l] = inf
     return shares, info

@@ -1,0 +1,244 @@
+"""``tempo``: the tempo_fast dispatcher of TEMPO §4.2, and the exact fast token LP.
+
+``solve_dispatch(problem, cost, method="tempo")`` runs four stages on each layer (a
+Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it):
+
+1. **Cost-aware greedy seeding.** Live experts by descending tokens (ties: lower index),
+   each placed whole on the replica minimizing, lexicographically, the resulting makespan,
+   then the resulting time of that GPU, then the GPU index; every term of the cost model
+   (floor, tiles, compute, traffic) is priced. With ``seed=False`` each expert goes whole
+   to its lowest-index replica instead (the ablation's naive start).
+2. **Augmenting chains on max G** (the truncated semi-matching of Lemma 2). Let
+   ``Gmax = max_g G_g``. A 1-step chain moves an expert's whole share off a GPU at
+   ``Gmax`` to another replica ``d`` that already holds it or has ``G_d <= Gmax - 2``; a
+   2-step chain moves it to a GPU ``m`` at ``Gmax - 1`` not holding it and one other share
+   off ``m`` to such a ``d`` (``d`` not the first GPU). A chain is applied only if the
+   modeled makespan does not increase; among applicable chains the one minimizing
+   (makespan, largest time among the GPUs it changes) wins, the first enumerated on ties
+   (GPUs, experts, GPUs in increasing index), and 2-step chains are searched only when no
+   1-step chain applies. Each chain lowers ``(Gmax, #GPUs at Gmax)`` lexicographically, so
+   the stage ends.
+3. **Bottleneck local search.** A move sends ``q`` tokens of an expert from a GPU ``s``
+   at the makespan ``M`` to another of its replicas ``d``: the full share (a whole-expert
+   move) or a partial migration ``1 <= q < x[e, s]``. A move improves iff both new times are
+   below ``M``: then the makespan drops, or (several GPUs at ``M``) the number of GPUs at
+   it does, so ``(M, #GPUs at M)`` decreases lexicographically and ties in the bottleneck
+   are handled. Each iteration applies the move minimizing ``max(t_s', t_d')`` (first
+   found on ties: ``s``, ``e``, ``d`` increasing, full before partial), at most
+   ``max_iter`` times. The split size: the source time ``A(q)`` is nonincreasing and the
+   destination time ``B(q)`` nondecreasing in ``q`` (every term, tiles included), so
+   ``max(A, B)`` is unimodal and its integer minimum is at ``q* - 1`` or ``q*`` with
+   ``q* = min{q : B(q) >= A(q)}``, found by bisection: the exact integer form of the
+   paper's ternary search (``q* - 1`` on ties).
+4. **Ensemble** (Proposition 1). The token-LP dispatch and, when every live expert is
+   replicated on every GPU, A3 round robin (rank ``r`` to GPU ``r mod g``) are scored
+   under the model; the better (LP on ties) replaces the heuristic ``A_H`` iff its
+   makespan is below ``(1 - tau) M(A_H)``. So ``M(A*) <= min(M(A_H), min_C M(C)/(1-tau))``,
+   and under full replication ``M(A*) <= (OPT + max_k phi_k(n_max)) / (1 - tau)``
+   (Theorem 2); ``tau = 0`` gives the additive bound exactly.
+
+Shares are whole tokens throughout (int-valued float64). The token-LP candidate is the
+integral token-optimal dispatch of :func:`token_lp_fast` (``max_g N_g = ceil(lambda*)``,
+less than one token per GPU above the fractional optimum ``lambda*``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Real
+from typing import NamedTuple
+
+import numpy as np
+
+from ..formulations.cost import CostModel
+from ..formulations.dispatch import DispatchProblem
+from ..formulations.errors import param_error
+from ._semi_matching import semi_matching_kernel
+from ._tempo import INFO_FIELDS, tempo_kernel, tempo_stack_kernel
+from ._token_lp_fast import token_lp_kernel, token_lp_stack_kernel
+from .registry import LayerSolution, register_dispatch_method
+
+__all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
+
+#: What ``extras["choice"]`` can say: which dispatch tempo returned.
+CHOICES = ("heuristic", "token_lp", "a3", "semi_matching")
+
+
+class TokenLP(NamedTuple):
+    """Exact token LP (Lemma 1) of one layer."""
+
+    shares: np.ndarray
+    """Integral token-optimal dispatch ``(n_experts, n_gpus)``, ``max_g N_g = ceil(value)``."""
+    value: float
+    """``lambda* = min max_g N_g`` over fractional dispatches (``num / den``)."""
+    num: int
+    """Numerator of ``lambda*`` in lowest terms."""
+    den: int
+    """Denominator of ``lambda*`` (at most ``n_gpus``)."""
+
+
+def token_lp_fast(problem: DispatchProblem) -> TokenLP:
+    """Solve the token LP ``min max_g N_g`` (Lemma 1) exactly, without an LP solver.
+
+    ``lambda* = max_S W(S)/|S|`` over GPU sets ``S``, where ``W(S)`` sums the tokens of the
+    experts whose replicas all lie in ``S`` (max-flow/min-cut). Augmenting paths find the
+    integral optimum ``ceil(lambda*)`` and a Dinkelbach iteration on the ratio the exact
+    ``lambda*``; see :mod:`straggler.solvers._token_lp_fast`.
+
+    Parameters
+    ----------
+    problem : DispatchProblem
+        One layer.
+
+    Returns
+    -------
+    TokenLP
+        ``shares``, ``value``, ``num``, ``den``.
+
+    Notes
+    -----
+    ``c + beta*value`` (and ``c2 + gamma*value``) is a certified lower bound on the optimal
+    makespan: every dispatch has a GPU with at least ``lambda*`` tokens.
+
+    Examples
+    --------
+    Expert 0 (7 tokens) may go to GPU 0 or 1; expert 1 (2 tokens) only to GPU 1:
+
+    >>> res = token_lp_fast(DispatchProblem(counts=[7, 2], replicas=[[1, 1], [0, 1]]))
+    >>> res.shares.tolist(), res.value, (res.num, res.den)
+    ([[5, 2], [0, 2]], 4.5, (9, 2))
+    """
+    if not isinstance(problem, DispatchProblem) or problem.is_stack:
+        raise param_error(
+            "problem", "token_lp_fast", "a single-layer DispatchProblem", repr(problem)
+        )
+    x, num, den = token_lp_kernel(
+        np.ascontiguousarray(problem.counts, dtype=np.int64), np.ascontiguousarray(problem.replicas)
+    )
+    return TokenLP(shares=x, value=num / den, num=int(num), den=int(den))
+
+
+def tempo_layer_bound(cost: CostModel, lp_value: float, sm_value: int) -> float:
+    """``max(c + beta*lambda*, c2 + gamma*lambda*, a + b*SM)``: the bound tempo reports.
+
+    ``lambda*`` is the token-LP value (some GPU carries at least that many tokens) and
+    ``SM`` the optimal semi-matching value (some GPU activates at least ``SM`` replicas,
+    and ``b2*(T - G) >= 0``).
+
+    Examples
+    --------
+    >>> tempo_layer_bound(CostModel(a=0, b=15, c=0, beta=0.1), 390.0, 4)
+    60.0
+    """
+    bound = max(cost.c + cost.beta * lp_value, cost.a + cost.b * sm_value)
+    if cost.has_traffic:
+        bound = max(bound, cost.c2 + cost.gamma * lp_value)
+    return float(bound)
+
+
+def _check_flag(name, v):
+    if not isinstance(v, (bool, np.bool_)):
+        raise param_error(name, "solve_dispatch(method='tempo')", "a bool", repr(v))
+
+
+@register_dispatch_method("tempo")
+@dataclass(frozen=True)
+class Tempo:
+    """tempo_fast (TEMPO §4.2): seed, augmenting chains, local search, ensemble.
+
+    Parameters
+    ----------
+    seed, chains, local_search, ensemble : bool, default True
+        Switch each stage (the Table 2 / Table 8 ablations).
+    tau : float in [0, 1), default 0.01
+        Switching tolerance of the ensemble (Proposition 1).
+    max_iter : int >= 0, default 300
+        Iteration cap of the local search.
+
+    Notes
+    -----
+    See :mod:`straggler.solvers.tempo` for the stages, guarantees and tie-breaking. The
+    reported ``lower_bound`` is :func:`tempo_layer_bound`; ``extras`` holds the makespan
+    after each stage, the candidates' makespans, the choice and the move counts.
+
+    Examples
+    --------
+    TEMPO Fig. 1b: the optimum, 60 us, splitting only the hot expert.
+
+    >>> from straggler.solvers import solve_dispatch
+    >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    >>> res = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method="tempo")
+    >>> res.makespan, res.status.name, res.shares[0].tolist()
+    (60.0, 'OPTIMAL', [300.0, 300.0])
+    """
+
+    seed: bool = True
+    chains: bool = True
+    local_search: bool = True
+    ensemble: bool = True
+    tau: float = 0.01
+    max_iter: int = 300
+
+    def __post_init__(self) -> None:
+        for name in ("seed", "chains", "local_search", "ensemble"):
+            _check_flag(name, getattr(self, name))
+        t = self.tau
+        if not isinstance(t, Real) or isinstance(t, bool) or not (0 <= t < 1):
+            raise param_error(
+                "tau", "solve_dispatch(method='tempo')", "a number in [0, 1)", repr(t)
+            )
+        m = self.max_iter
+        if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 0:
+            raise param_error(
+                "max_iter", "solve_dispatch(method='tempo')", "a non-negative integer", repr(m)
+            )
+
+    def _flags(self):
+        return (
+            bool(self.seed),
+            bool(self.chains),
+            bool(self.local_search),
+            bool(self.ensemble),
+            float(self.tau),
+            int(self.max_iter),
+        )
+
+    def _solution(self, cost, shares, info, num, den, sm) -> LayerSolution:
+        extras = {name: float(v) for name, v in zip(INFO_FIELDS, info)}
+        extras["choice"] = CHOICES[int(info[INFO_FIELDS.index("choice")])]
+        extras["chain_moves"] = int(extras["chain_moves"])
+        extras["ls_moves"] = int(extras["ls_moves"])
+        extras["token_lp_value"] = num / den
+        extras["semi_matching_value"] = int(sm)
+        return LayerSolution(
+            shares=shares.astype(np.float64),
+            lower_bound=tempo_layer_bound(cost, num / den, int(sm)),
+            extras=extras,
+        )
+
+    def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
+        """One validated layer."""
+        counts = np.ascontiguousarray(problem.counts, dtype=np.int64)
+        replicas = np.ascontiguousarray(problem.replicas)
+        lp, num, den = token_lp_kernel(counts, replicas)
+        assign, sm, _ = semi_matching_kernel(replicas, counts > 0)
+        shares, info = tempo_kernel(counts, replicas, cost.as_array(), lp, assign, *self._flags())
+        return self._solution(cost, shares, info, num, den, sm)
+
+    def solve_stack(self, problems, cost: CostModel, *, time_limit, rng) -> list[LayerSolution]:
+        """Every layer at once, in parallel over layers (same results as :meth:`solve`)."""
+        problems = list(problems)
+        counts = np.ascontiguousarray(np.stack([p.counts for p in problems]), dtype=np.int64)
+        replicas = np.ascontiguousarray(np.stack([p.replicas for p in problems]))
+        lp, num, den = token_lp_stack_kernel(counts, replicas)
+        assign = np.empty(counts.shape, np.int64)
+        sm = np.empty(len(problems), np.int64)
+        for l in range(len(problems)):
+            assign[l], sm[l], _ = semi_matching_kernel(replicas[l], counts[l] > 0)
+        shares, info = tempo_stack_kernel(
+            counts, replicas, cost.as_array(), lp, assign, *self._flags()
+        )
+        return [
+            self._solution(cost, shares[l], info[l], num[l], den[l], sm[l])
+            for l in range(len(problems))
+        ]

@@ -17,8 +17,9 @@ expected presence ``c_i`` with the confidence gate ``p_fin < 0.5 -> c_i = H+1``.
 * :class:`ExactMatchPredictor`: prompt-prefix hash -> last seen output length; falls back to
   survival on a miss (or when the memo says the request should already have finished).
 * :class:`TwoStagePredictor`: the paper's calibrated termination classifier (logistic
-  regression, binary cross-entropy) and conditional-mean regressor (least squares, MSE, on the
-  samples that do finish within ``H``), trained on samples taken every ``H/2`` tokens;
+  regression, binary cross-entropy, isotonic calibration on held-out requests) and
+  conditional-mean regressor (least squares, MSE, on the samples that do finish within ``H``),
+  trained on samples taken every ``H/2`` tokens;
   :func:`calibration_report` gives reliability bins, Brier score, log loss and AUC.
 """
 
@@ -238,10 +239,38 @@ def termination_samples(prompts, outputs, horizon: int, stride: int | None = Non
     return s[idx], age, (r <= H).astype(np.float64), r
 
 
-def _features(prompt, age) -> np.ndarray:
-    lp = np.log1p(np.asarray(prompt, dtype=np.float64))
+def _features(prompt, age, knots_s, knots_a) -> np.ndarray:
+    """``(1, ls, la, ls^2, la^2, ls*la, (ls - k)_+ ..., (la - k)_+ ...)``, ``l* = log1p(*)``."""
+    ls = np.log1p(np.asarray(prompt, dtype=np.float64))
     la = np.log1p(np.asarray(age, dtype=np.float64))
-    return np.column_stack((np.ones_like(lp), lp, la, la * la, lp * la))
+    cols = [np.ones_like(ls), ls, la, ls * ls, la * la, ls * la]
+    cols += [np.maximum(ls - k, 0.0) for k in knots_s]
+    cols += [np.maximum(la - k, 0.0) for k in knots_a]
+    return np.column_stack(cols)
+
+
+def _isotonic(x, y):
+    """Pool-adjacent-violators fit of a non-decreasing step map ``x -> E[y]``.
+
+    Returns ``(ends, values)``: block ``b`` covers scores up to ``ends[b]``.
+    """
+    ux, inv, cnt = np.unique(x, return_inverse=True, return_counts=True)
+    mean = np.bincount(inv, weights=y) / cnt
+    vals: list[float] = []
+    wts: list[float] = []
+    ends: list[float] = []
+    for v, w, e in zip(mean.tolist(), cnt.tolist(), ux.tolist()):
+        vals.append(v)
+        wts.append(w)
+        ends.append(e)
+        while len(vals) > 1 and vals[-2] >= vals[-1]:
+            w2 = wts[-2] + wts[-1]
+            v2 = (vals[-2] * wts[-2] + vals[-1] * wts[-1]) / w2
+            vals.pop()
+            wts.pop()
+            e2 = ends.pop()
+            vals[-1], wts[-1], ends[-1] = v2, w2, e2
+    return np.array(ends), np.array(vals)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -333,11 +362,14 @@ def calibration_report(p, y, n_bins: int = 10) -> CalibrationReport:
 class TwoStagePredictor(Predictor):
     """Calibrated termination classifier + conditional-mean regressor (the paper's training).
 
-    Stage 1: logistic regression ``p_fin = sigmoid(w'phi(s, a))`` fitted by Newton's method on
-    the binary cross-entropy (with a small ridge ``l2`` on the non-intercept weights), features
-    ``phi = (1, log1p s, log1p a, (log1p a)^2, log1p s * log1p a)`` standardized on the training
-    set. Stage 2: least squares (MSE) ``mu_rem = v'phi(s, a)`` on the samples with ``r <= H``,
-    clipped to ``[1, H]``. Samples come from :func:`termination_samples` (stride ``H/2``).
+    Stage 1: logistic regression ``p = sigmoid(w'phi(s, a))`` fitted by Newton's method on the
+    binary cross-entropy (small ridge ``l2`` on the non-intercept weights); ``phi`` holds
+    ``log1p`` of prompt length and age, their squares and product, and hinge terms at the
+    training quartiles (standardized). Calibration: the logistic probabilities are mapped by an
+    isotonic (pool-adjacent-violators) fit on a held-out fraction ``calibration`` of the
+    requests, so that predicted probabilities match observed frequencies. Stage 2: least
+    squares (MSE) ``mu_rem = v'phi(s, a)`` on the samples with ``r <= H``, clipped to
+    ``[1, H]``. Samples come from :func:`termination_samples` (stride ``H/2``).
 
     Parameters
     ----------
@@ -345,6 +377,10 @@ class TwoStagePredictor(Predictor):
         The ``H`` it is trained for (``predict`` must use the same).
     l2 : float
         Ridge weight (default 1e-4).
+    calibration : float
+        Fraction of requests held out for the isotonic map (0 disables it; default 0.2).
+    seed : int
+        Seed of the train/calibration split.
 
     Examples
     --------
@@ -356,23 +392,51 @@ class TwoStagePredictor(Predictor):
     (True, True)
     """
 
-    def __init__(self, horizon: int, *, l2: float = 1e-4) -> None:
+    def __init__(
+        self, horizon: int, *, l2: float = 1e-4, calibration: float = 0.2, seed: int = 0
+    ) -> None:
         self.horizon = _check_horizon(horizon, "TwoStagePredictor")
         self.l2 = float(l2)
+        if not 0.0 <= calibration < 1.0:
+            raise param_error(
+                "calibration", "TwoStagePredictor", "a fraction in [0, 1)", repr(calibration)
+            )
+        self.calibration_fraction = float(calibration)
+        self.seed = int(seed)
         self.w = None
         self.v = None
+        self._iso = None
 
     def _phi(self, prompt, age):
-        return (_features(prompt, age) - self._mean) / self._std
+        return (_features(prompt, age, self._ks, self._ka) - self._mean) / self._std
+
+    def _raw(self, X):
+        return 1.0 / (1.0 + np.exp(-(X @ self.w)))
 
     def fit(self, prompts, outputs, *, stride: int | None = None, max_iter: int = 50):
-        """Fit both stages on a trace of finished requests (prompt and output lengths)."""
-        s, a, y, r = termination_samples(prompts, outputs, self.horizon, stride)
-        if s.size == 0:
-            raise InvalidInputError(
-                "TwoStagePredictor.fit needs at least one request with a positive output length."
+        """Fit both stages (and the calibration map) on finished requests."""
+        f = "TwoStagePredictor.fit"
+        prompts = _arr(prompts, "prompts", f)
+        outputs = _arr(outputs, "outputs", f)
+        if prompts.shape != outputs.shape:
+            raise param_error(
+                "outputs", f, f"shape {prompts.shape} like prompts", f"shape {outputs.shape}"
             )
-        X = _features(s, a)
+        held = np.zeros(prompts.size, bool)
+        if self.calibration_fraction > 0 and prompts.size >= 10:
+            rng = np.random.default_rng(self.seed)
+            k = int(round(self.calibration_fraction * prompts.size))
+            held[rng.choice(prompts.size, k, replace=False)] = True
+        s, a, y, r = termination_samples(prompts[~held], outputs[~held], self.horizon, stride)
+        if s.size == 0 or y.min() == y.max():
+            raise InvalidInputError(
+                "TwoStagePredictor.fit needs samples that finish within the horizon and "
+                "samples that do not."
+            )
+        q = [0.25, 0.5, 0.75]
+        self._ks = np.quantile(np.log1p(s), q)
+        self._ka = np.quantile(np.log1p(a), q)
+        X = _features(s, a, self._ks, self._ka)
         self._mean = X.mean(axis=0)
         self._mean[0] = 0.0
         self._std = X.std(axis=0)
@@ -382,21 +446,21 @@ class TwoStagePredictor(Predictor):
         reg[0] = 0.0
         w = np.zeros(X.shape[1])
         for _ in range(max_iter):  # Newton / IRLS on the BCE
-            z = X @ w
-            p = 1.0 / (1.0 + np.exp(-z))
+            p = 1.0 / (1.0 + np.exp(-(X @ w)))
             grad = X.T @ (p - y) / y.size + reg * w
-            hess = (X.T * (p * (1 - p))) @ X / y.size + np.diag(reg + 1e-12)
+            hess = (X.T * (p * (1 - p))) @ X / y.size + np.diag(reg + 1e-9)
             step = np.linalg.solve(hess, grad)
             w -= step
             if np.max(np.abs(step)) < 1e-10:
                 break
         self.w = w
         pos = y == 1
-        if pos.any():
-            self.v = np.linalg.lstsq(X[pos], r[pos], rcond=None)[0]
-        else:
-            self.v = np.zeros(X.shape[1])
-            self.v[0] = float(self.horizon)
+        self.v = np.linalg.lstsq(X[pos], r[pos], rcond=None)[0]
+        self._iso = None
+        if held.any():
+            cs, ca, cy, _ = termination_samples(prompts[held], outputs[held], self.horizon, stride)
+            if cs.size:
+                self._iso = _isotonic(self._raw(self._phi(cs, ca)), cy)
         return self
 
     def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
@@ -411,7 +475,10 @@ class TwoStagePredictor(Predictor):
         a = _arr(decoded, "decoded", f)
         s = _arr(prompt, "prompt", f)
         X = self._phi(s, a)
-        p = 1.0 / (1.0 + np.exp(-(X @ self.w)))
+        p = self._raw(X)
+        if self._iso is not None:
+            ends, vals = self._iso
+            p = vals[np.minimum(np.searchsorted(ends, p, side="left"), vals.size - 1)]
         mu = np.clip(X @ self.v, 1.0, max(H, 1))
         return p, mu
 

@@ -1,0 +1,173 @@
+"""Predictors: oracle, survival, exact-match, two-stage; projected loads."""
+
+import pathlib
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from straggler.formulations import ClusterState, InvalidInputError
+from straggler.solvers import _routing_kernels as K
+from straggler.solvers.predictors import (
+    ExactMatchPredictor,
+    OraclePredictor,
+    SurvivalPredictor,
+    TwoStagePredictor,
+    calibration_report,
+    termination_samples,
+)
+from straggler.solvers.routing import presence_from_prediction, project_loads
+
+TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
+
+
+@st.composite
+def running(draw, max_g=4, max_n=8):
+    G = draw(st.integers(1, max_g))
+    n = draw(st.integers(0, max_n))
+    rep = draw(st.lists(st.integers(0, G - 1), min_size=n, max_size=n))
+    prompt = draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
+    dec = draw(st.lists(st.integers(0, 20), min_size=n, max_size=n))
+    extra = draw(st.lists(st.integers(1, 15), min_size=n, max_size=n))
+    out = [a + e for a, e in zip(dec, extra)]
+    return ClusterState(
+        free_slots=[1] * G,
+        running_replica=rep,
+        running_prompt=prompt,
+        running_decoded=dec,
+        running_output=out,
+        pool_prefill=[],
+    )
+
+
+@given(st_=running(), H=st.integers(0, 12))
+def test_oracle_projection_is_the_true_future(st_, H):
+    """With the oracle, projected loads equal a step-by-step replay of the running requests."""
+    P = project_loads(st_, OraclePredictor(), H)
+    truth = np.zeros((st_.n_replicas, H + 1))
+    for g, s, a, o in zip(
+        st_.running_replica, st_.running_prompt, st_.running_decoded, st_.running_output
+    ):
+        for h in range(H + 1):
+            if a + h < o:  # still resident after h more steps
+                truth[g, h] += s + a + h
+    assert np.array_equal(P, truth)
+    assert np.array_equal(P[:, 0], st_.loads)
+
+
+@given(
+    rep=st.lists(st.integers(0, 2), max_size=6),
+    H=st.integers(0, 6),
+    data=st.data(),
+)
+def test_project_loads_kernel_equals_reference(rep, H, data):
+    n = len(rep)
+    tokens = np.array(data.draw(st.lists(st.integers(0, 99), min_size=n, max_size=n)), float)
+    c = np.array(data.draw(st.lists(st.floats(0, 10, width=16), min_size=n, max_size=n)), float)
+    r = np.array(rep, dtype=np.int64)
+    a = K.project_loads_kernel(r, tokens, c, 3, H)
+    b = K.project_loads_kernel.py_func(r, tokens, c, 3, H)
+    ref = K.project_loads_reference(r, tokens, c, 3, H)
+    assert np.array_equal(a, b) and np.array_equal(a, ref)
+
+
+def test_confidence_gate():
+    c = presence_from_prediction([0.49, 0.5, 1.0], [2.0, 2.0, 2.0], 8)
+    assert c.tolist() == [9.0, 0.5 * 9 + 0.5 * 2, 2.0]
+
+
+@given(
+    outs=st.lists(st.integers(1, 60), min_size=1, max_size=40),
+    ages=st.lists(st.integers(0, 70), min_size=1, max_size=5),
+    H=st.integers(0, 30),
+)
+def test_survival_matches_direct_conditional_frequencies(outs, ages, H):
+    sp = SurvivalPredictor(outs)
+    p, mu = sp.predict(np.zeros(len(ages)), ages, H)
+    o = np.array(outs, float)
+    for a, pi, mi in zip(ages, p, mu):
+        alive = o[o > a]
+        fin = alive[alive - a <= H]
+        assert pi == pytest.approx(fin.size / alive.size if alive.size else 0.0)
+        if fin.size:
+            assert mi == pytest.approx((fin - a).mean())
+
+
+def test_survival_online_equals_fit():
+    rng = np.random.default_rng(0)
+    outs = rng.integers(1, 500, 1000).astype(float)
+    online = SurvivalPredictor(refresh=0.0)
+    for o in outs:
+        online.observe(0, o)
+    online._rebuild()
+    fitted = SurvivalPredictor(outs)
+    ages = np.arange(0, 600, 7.0)
+    for x, y in zip(online.predict(ages, ages, 40), fitted.predict(ages, ages, 40)):
+        assert np.array_equal(x, y)
+    assert online.n_observed == 1000
+
+
+def test_exact_match_hits_and_falls_back():
+    fb = SurvivalPredictor([10, 20, 30])
+    em = ExactMatchPredictor(fb)
+    em.observe([5, 5], [12, 100], prefix=[1, 2])
+    p, mu = em.predict([5, 5, 5, 5], [3, 3, 3, 150], 10, prefix=[1, 2, 9, 2])
+    fp, fmu = fb.predict([5] * 4, [3, 3, 3, 150], 10)
+    assert p[0] == 1.0 and mu[0] == 9.0  # hit: 12 - 3 = 9 <= 10
+    assert p[1] == 0.0 and mu[1] == 97.0  # hit, finishes beyond the horizon
+    assert p[2] == fp[2] and mu[2] == fmu[2]  # miss
+    assert p[3] == fp[3]  # memo says it should be done already: fallback
+
+
+def test_termination_samples_count_and_labels():
+    s, a, y, r = termination_samples([3, 4], [5, 1], 4)  # stride 2
+    assert a.tolist() == [0, 2, 4, 0] and s.tolist() == [3, 3, 3, 4]
+    assert y.tolist() == [0, 1, 1, 1] and r.tolist() == [5, 3, 1, 1]
+
+
+def test_two_stage_is_calibrated_on_synthetic_data():
+    rng = np.random.default_rng(0)
+    n = 3000
+    s = rng.integers(16, 4096, n).astype(float)
+    # output length depends on the prompt: geometric with a prompt-dependent mean
+    mean = np.where(s > 1000, 40.0, 300.0)
+    o = rng.geometric(1.0 / mean).astype(float)
+    tp = TwoStagePredictor(40).fit(s[:2000], o[:2000])
+    rep = tp.calibration(s[2000:], o[2000:])
+    _, _, y, _ = termination_samples(s[2000:], o[2000:], 40)
+    base = calibration_report(np.full(y.size, y.mean()), y)
+    assert rep.auc > 0.75
+    assert rep.brier < base.brier
+    assert rep.ece < 0.05
+    p, mu = tp.predict([3000.0, 100.0], [0.0, 0.0], 40)
+    assert p[0] > p[1]
+    assert 1.0 <= mu.min() and mu.max() <= 40.0
+    assert "Brier" in rep.table()
+
+
+def test_calibration_report_perfect_and_errors():
+    r = calibration_report([0.0, 1.0, 1.0], [0, 1, 1])
+    assert r.brier == 0.0 and r.auc == 1.0 and r.ece == 0.0
+    with pytest.raises(InvalidInputError, match="'y'"):
+        calibration_report([0.5], [2])
+    with pytest.raises(InvalidInputError, match="'output'"):
+        OraclePredictor().predict([1], [1], 3)
+    with pytest.raises(InvalidInputError, match="'horizon'"):
+        SurvivalPredictor([1]).predict([1], [1], -1)
+
+
+@pytest.mark.skipif(not (TRACE / "AzureLLMInferenceTrace_conv.csv").exists(), reason="no trace")
+def test_predictors_on_azure_conversation_trace():
+    data = np.loadtxt(
+        TRACE / "AzureLLMInferenceTrace_conv.csv", delimiter=",", skiprows=1, usecols=(1, 2)
+    )
+    s, o = data[:, 0], np.maximum(data[:, 1], 1)
+    half = s.size // 2
+    tp = TwoStagePredictor(80).fit(s[:half], o[:half])
+    rep = tp.calibration(s[half:], o[half:])
+    _, a, y, _ = termination_samples(s[half:], o[half:], 80)
+    sp = SurvivalPredictor(o[:half])
+    p_surv, _ = sp.predict(a, a, 80)
+    surv = calibration_report(np.clip(p_surv, 0, 1), y)
+    assert rep.auc > 0.6 and surv.auc > 0.6
+    assert rep.ece < 0.1

@@ -557,7 +557,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
             Gc, Nc, Tc, tc = _state(y, cost, tile)
             m_c = tc.max()
             info[3 + cand] = m_c
-            if local_search and m_c < m_h:
+            if local_search and (m_c < m_h or (cand == 3 and G.max() > sm_cnt.max())):
                 _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost,
                               tile, max_iter, stop_at)  # fmt: skip
                 m_c = tc.max()
@@ -787,6 +787,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
         x, n_ls = search(x)
     m_h = max(times_of(x))
     info[3] = m_h
+    g_max = max(gpu(h, x)[0] for h in range(g))
 
     # Stage 4: ensemble with switching tolerance tau; promising candidates polished first.
     out, choice = x, 0
@@ -805,7 +806,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
         for cand, y in cands:
             m_c = max(times_of(y))
             info[3 + cand] = m_c
-            if local_search and m_c < m_h:
+            if local_search and (m_c < m_h or (cand == 3 and g_max > sm_max)):
                 y, _ = search(y)
                 m_c = max(times_of(y))
             if m_c < best_c:

@@ -1,0 +1,251 @@
+"""``straggler-compare``: every registered dispatch method on one generated decode batch.
+
+The library's main job. It generates a routed decode batch with
+:func:`~straggler.sim.workload.make_decode_problem` (default: DeepSeek-V3 shape, 256
+experts top-8, EP8, 128 tokens per GPU, Zipf skew 0.85, Dirichlet kappa 2000, EPLB
+placement at 1.25x replication), solves it with every method of
+:func:`~straggler.solvers.dispatch_methods` under a calibrated cost preset, and prints one
+row per method: modeled makespan, ratio to the best method on the replica mask, certified
+lower bound, gap, status and runtime. A method whose optional backend is missing is
+skipped with a note; a method that fails is reported (exit status 1) without hiding the
+others.
+
+For a stack of layers the makespan, bound and gap are totals over the layers (the MoE
+time of one step through them). ``moonep`` moves weights, so it is not on the problem's
+replica mask: its row shows the free-prefetch makespan, notes the charged one, and is
+left out of "best".
+
+Run ``straggler-compare --help`` for the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from ..formulations.cost import PRESETS, CostModel
+from ..formulations.errors import BackendUnavailableError, StragglerError
+from ..solvers.dispatch import solve_dispatch
+from ..solvers.registry import dispatch_methods, get_dispatch_method
+from .workload import DEFAULT_KAPPA, SHAPES, SKEWS, make_decode_problem, num_physical_slots
+
+__all__ = ["main", "compare", "DEFAULT_PRESETS", "format_table"]
+
+#: Cost preset used for each model shape when ``--preset`` is not given (TEMPO Tables 6/7;
+#: Qwen2-57B has no fit of its own and borrows the small-expert DSv2-Lite kernel fit).
+DEFAULT_PRESETS = {
+    "dsv3": "dsv3_a_offline",
+    "qwen3_235b": "qwen3_235b_b_tile",
+    "qwen3_30b": "qwen3_30b_a_offline",
+    "qwen2_57b": "dsv2_lite_a_offline",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="straggler-compare",
+        description="Compare every registered EP dispatch method on a generated decode batch.",
+    )
+    p.add_argument("--shape", choices=sorted(SHAPES), default="dsv3", help="model shape")
+    p.add_argument("--gpus", type=int, default=8, help="EP degree (default 8)")
+    p.add_argument("--tokens-per-gpu", type=int, default=128, help="decode batch per GPU")
+    p.add_argument(
+        "--skew",
+        type=float,
+        default=SKEWS["qwen3_prover"],
+        help="Zipf exponent of expert popularity (default 0.85: ~11x max/mean at E=128)",
+    )
+    p.add_argument("--kappa", type=float, default=DEFAULT_KAPPA, help="Dirichlet concentration")
+    p.add_argument("--replication", type=float, default=1.25, help="EPLB replication ratio")
+    p.add_argument("--layers", type=int, default=1, help="MoE layers in the batch")
+    p.add_argument("--nodes", type=int, default=1, help="nodes (EPLB hierarchical policy)")
+    p.add_argument(
+        "--distinct", action="store_true", help="EPLB placement without duplicate replicas"
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="cost preset (default: the shape's, see DEFAULT_PRESETS)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload and method seed")
+    p.add_argument(
+        "--time-limit", type=float, default=5.0, help="seconds per layer for exact methods"
+    )
+    p.add_argument(
+        "--methods", default=None, help="comma-separated subset of methods (default: all)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, seed=0):
+    """Solve ``problem`` with each method; one dict per method (see :func:`main`).
+
+    Keys: ``method``, ``makespan_us``, ``lower_bound_us``, ``gap``, ``ratio_vs_best``,
+    ``status``, ``runtime_s``, ``on_mask``, ``note``. Totals over layers for stacks.
+    ``ratio_vs_best`` divides by the smallest makespan among methods on the replica mask.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from straggler.formulations import CostModel, DispatchProblem
+    >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    >>> rows = compare(p, CostModel(a=0, b=15, c=0, beta=0.1), methods=["uniform", "metro"])
+    >>> [(r["method"], r["makespan_us"], round(r["ratio_vs_best"], 3)) for r in rows]
+    [('uniform', 105.0, 1.522), ('metro', 69.0, 1.0)]
+    """
+    names = dispatch_methods() if methods is None else list(methods)
+    rows = []
+    for name in names:
+        cls = get_dispatch_method(name, "compare")
+        on_mask = not getattr(cls, "moves_weights", False)
+        row = {"method": name, "on_mask": on_mask, "note": ""}
+        t0 = time.perf_counter()
+        try:
+            res = solve_dispatch(problem, cost, method=name, time_limit=time_limit, rng=seed)
+        except BackendUnavailableError as exc:
+            row.update(status="SKIPPED", note=f"skipped: {exc}")
+            rows.append(row)
+            continue
+        except Exception as exc:  # reported, not hidden: main() exits with status 1
+            row.update(
+                status="ERROR",
+                runtime_s=time.perf_counter() - t0,
+                note=f"{type(exc).__name__}: {exc}",
+            )
+            rows.append(row)
+            continue
+        mk = float(np.sum(res.makespan))
+        lb = float(np.sum(res.lower_bound))
+        row.update(
+            makespan_us=mk,
+            lower_bound_us=lb,
+            gap=(mk - lb) / mk if mk > 0 else 0.0,
+            status=res.status.name,
+            runtime_s=res.runtime_s,
+        )
+        if not on_mask:
+            layers = res.extras["layers"] if problem.is_stack else [res.extras]
+            moved = sum(int(x.get("n_moved", 0)) for x in layers)
+            charged = sum(float(x.get("makespan_charged", math.nan)) for x in layers)
+            row["note"] = (
+                f"moves weights: {moved} replica(s) created; free prefetch shown, "
+                f"charged {charged:.1f} us"
+            )
+        rows.append(row)
+    valid = [r["makespan_us"] for r in rows if r["on_mask"] and "makespan_us" in r]
+    best = min(valid) if valid else math.nan
+    for r in rows:
+        if "makespan_us" in r:
+            r["ratio_vs_best"] = r["makespan_us"] / best if best > 0 else math.nan
+    return rows
+
+
+def format_table(rows) -> str:
+    """The rows of :func:`compare` as an aligned text table."""
+    head = ["method", "makespan_us", "vs_best", "lower_bound_us", "gap", "status", "runtime_s"]
+    lines = []
+    for r in rows:
+        if "makespan_us" in r:
+            cells = [
+                r["method"] + ("" if r["on_mask"] else "*"),
+                f"{r['makespan_us']:.1f}",
+                f"{r['ratio_vs_best']:.3f}",
+                f"{r['lower_bound_us']:.1f}",
+                f"{100 * r['gap']:.1f}%",
+                r["status"],
+                f"{r['runtime_s']:.3f}",
+            ]
+        else:
+            rt = f"{r['runtime_s']:.3f}" if "runtime_s" in r else "-"
+            cells = [r["method"], "-", "-", "-", "-", r["status"], rt]
+        lines.append(cells)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    out.append("  ".join("-" * w for w in widths))
+    for cells in lines:
+        out.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+    notes = [f"  {r['method']}: {r['note']}" for r in rows if r["note"]]
+    if notes:
+        out.append("notes (* = not on the replica mask, left out of vs_best):")
+        out.extend(notes)
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    """Console entry point ``straggler-compare``; returns the exit status.
+
+    Exit status 0 when every method ran (or was skipped for a missing optional backend),
+    1 when one failed, 2 on bad arguments.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    preset = args.preset or DEFAULT_PRESETS[args.shape]
+    cost = CostModel.preset(preset)
+    methods = None
+    if args.methods:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        unknown = sorted(set(methods) - set(dispatch_methods()))
+        if unknown:
+            parser.error(f"unknown method(s) {unknown}; registered: {dispatch_methods()}")
+    try:
+        problem = make_decode_problem(
+            args.shape,
+            n_gpus=args.gpus,
+            tokens_per_gpu=args.tokens_per_gpu,
+            skew=args.skew,
+            kappa=args.kappa,
+            replication=args.replication,
+            n_layers=args.layers,
+            num_nodes=args.nodes,
+            distinct=args.distinct,
+            seed=args.seed,
+        )
+    except StragglerError as exc:
+        parser.error(str(exc))
+    if not (args.time_limit > 0):
+        parser.error(f"--time-limit must be positive, got {args.time_limit}")
+    rows = compare(problem, cost, methods=methods, time_limit=args.time_limit, seed=args.seed)
+    shape = SHAPES[args.shape]
+    counts = problem.counts
+    instance = {
+        "shape": args.shape,
+        "n_experts": shape.n_experts,
+        "top_k": shape.top_k,
+        "n_gpus": args.gpus,
+        "tokens_per_gpu": args.tokens_per_gpu,
+        "n_layers": args.layers,
+        "skew": args.skew,
+        "kappa": args.kappa,
+        "replication": args.replication,
+        "physical_slots": num_physical_slots(shape.n_experts, args.gpus, args.replication),
+        "replica_entries": int(problem.replicas.sum()),
+        "max_over_mean_load": float(np.mean(counts.max(axis=-1) / counts.mean(axis=-1))),
+        "cost_preset": preset,
+        "cost": {k: v for k, v in vars(cost).items() if v is not None and not k.startswith("_")},
+        "seed": args.seed,
+        "time_limit_s": args.time_limit,
+    }
+    if args.json:
+        print(json.dumps({"instance": instance, "results": rows}, indent=2))
+    else:
+        print(
+            f"{args.shape}: {shape.n_experts} experts top-{shape.top_k}, EP{args.gpus}, "
+            f"{args.tokens_per_gpu} tokens/GPU, {args.layers} layer(s), skew {args.skew}, "
+            f"kappa {args.kappa:g}, EPLB {args.replication}x "
+            f"({instance['physical_slots']} slots), hottest/mean load "
+            f"{instance['max_over_mean_load']:.1f}x, seed {args.seed}"
+        )
+        print(f"cost preset {preset}: {instance['cost']}")
+        print(format_table(rows))
+    return 1 if any(r["status"] == "ERROR" for r in rows) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

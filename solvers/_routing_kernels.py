@@ -383,10 +383,18 @@ def brh_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
         for i in range(n):
             if not live[i]:
                 continue
+            # F <= gain*s (beta >= 0): a request that cannot beat the k-th candidate is skipped
+            # (ties keep the lower index already ranked), and zero terms of the penalty are
+            # not added (x + 0.0 == x): both leave every computed value unchanged.
+            gs = gain * prefill[i]
+            if nc == k and gs <= cand_f[k - 1]:
+                continue
             pen = 0.0
             for h in range(H1):
-                pen += max(prefill[i] - m[h], 0.0) * d[h]
-            f = gain * prefill[i] - beta * pen
+                x = prefill[i] - m[h]
+                if x > 0.0:
+                    pen += x * d[h]
+            f = gs - beta * pen
             if nc < k:
                 pos = nc
                 nc += 1

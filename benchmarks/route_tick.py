@@ -1,0 +1,166 @@
+"""Tick time of ``route_batch``: BR-0 (both stages), BR-H, JSQ and the plain-Python reference.
+
+Every configuration is timed in one run, side by side, through the public
+``straggler.solvers.route_batch`` (validation and result object included), plus the bare
+BR-0 kernel and the plain-Python reference ``br0_reference`` on the same states.
+
+States: ``G`` replicas with 32 running requests each (prompt lengths from the Azure 2023
+conversation trace when ``../shared/data/traces`` is present, else a lognormal fitted to it:
+median 1,020, mean 1,155 tokens; decoded so far uniform in [0, 400)); a pool of ``n`` ready
+requests with prefill lengths from the same source. Stage 1: ``2*ceil(n/G) + R_max`` free
+slots per replica (``S_tot > S_greedy = G*R_max`` at the start); Stage 2: ``R_max`` free slots
+per replica (``S_tot = S_greedy``: Stage 2 from the first pop). 64 distinct states are cycled.
+
+Paper (BalanceRoute, G = 8, Python proxy): P50 1.20 ms, P99 2.77 ms per tick. Goal here:
+P50 <= 30 us and P99 <= 150 us for G = 16, pool 256.
+
+Writes ``benchmarks/results/route_tick.json`` and prints a table.
+
+Usage: ``python benchmarks/route_tick.py [--reps 2000] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import platform
+import time
+
+import numpy as np
+from straggler.solvers import _routing_kernels as K
+from straggler.solvers.routing import make_params, route_batch
+
+OUT = pathlib.Path(__file__).resolve().parent / "results" / "route_tick.json"
+TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
+R_MAX = 4
+
+
+def prompt_source(rng):
+    path = TRACE / "AzureLLMInferenceTrace_conv.csv"
+    if path.exists():
+        lens = np.loadtxt(path, delimiter=",", skiprows=1, usecols=1)
+        return "azure_conv_2023", lambda k: rng.choice(lens, k).astype(np.float64)
+    sigma = math.sqrt(2 * math.log(1155 / 1020))
+    return "lognormal(median 1020, mean 1155)", lambda k: np.round(
+        rng.lognormal(math.log(1020), sigma, k)
+    )
+
+
+def make_states(G, n, stage, draw, rng, count=64):
+    per = 2 * math.ceil(n / G) + R_MAX if stage == 1 else R_MAX
+    states = []
+    for _ in range(count):
+        running = draw(G * 32) + rng.integers(0, 400, G * 32)
+        loads = running.reshape(G, 32).sum(axis=1)
+        states.append((draw(n), loads.astype(np.float64), np.full(G, per, np.int64)))
+    return states
+
+
+def timeit(fn, states, reps):
+    fn(*states[0])  # warm (JIT compiled and cached)
+    t = np.empty(reps)
+    for r in range(reps):
+        st = states[r % len(states)]
+        t0 = time.perf_counter()
+        fn(*st)
+        t[r] = time.perf_counter() - t0
+    t *= 1e6
+    return {
+        "p50_us": float(np.percentile(t, 50)),
+        "p99_us": float(np.percentile(t, 99)),
+        "mean_us": float(t.mean()),
+        "reps": int(reps),
+    }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=2000)
+    ap.add_argument("--quick", action="store_true", help="G = 16, pool 256 only")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    source, draw = prompt_source(rng)
+    grid = [(16, 256)] if args.quick else [(G, n) for G in (8, 16) for n in (16, 64, 256, 1024)]
+    rows = []
+    for G, n in grid:
+        for stage in (1, 2):
+            states = make_states(G, n, stage, draw, rng)
+            z = np.zeros(G, np.int64)
+            p = make_params(r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))
+            kstates = [(s, L.reshape(-1, 1).copy(), f) for s, L, f in states]
+            ref_reps = max(3, min(200, 200_000 // (n * n)))
+            res = {
+                "br0": timeit(lambda s, L, f: route_batch(s, L, f), states, args.reps),
+                "jsq": timeit(
+                    lambda s, L, f: route_batch(s, L, f, policy="jsq"), states, args.reps
+                ),
+                "br0_kernel": timeit(
+                    lambda s, L, f, z=z, p=p: K.br0_kernel(s, L, f, z, z, p, 0), kstates, args.reps
+                ),
+                "br0_reference": timeit(
+                    lambda s, L, f, z=z, p=p: K.br0_reference(s, L, f, z, z, p, 0),
+                    kstates,
+                    ref_reps,
+                ),
+            }
+            # BR-H on (G, 81) projected loads (H = 80, the paper's horizon), gamma = 0.98
+            hstates = [
+                (s, L[:, None] + np.linspace(0, -0.5, 81)[None, :] * L[:, None], f)
+                for s, L, f in states
+            ]
+            res["brh_h80"] = timeit(
+                lambda s, P, f: route_batch(s, P, f, policy="brh", gamma=0.98),
+                hstates,
+                max(50, args.reps // 4),
+            )
+            d = route_batch(*states[0])
+            rows.append(
+                {
+                    "G": G,
+                    "pool": n,
+                    "stage": stage,
+                    "stage_reported": d.stage,
+                    "free_per_replica": int(states[0][2][0]),
+                    "placed": d.n_placed,
+                    **{k: v for k, v in res.items()},
+                }
+            )
+    out = {
+        "benchmark": "route_tick",
+        "prompt_source": source,
+        "r_max": R_MAX,
+        "paper": {"p50_ms": 1.20, "p99_ms": 2.77, "G": 8},
+        "goal": {"G": 16, "pool": 256, "p50_us": 30, "p99_us": 150},
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "rows": rows,
+    }
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(out, indent=1))
+    hdr = (
+        f"{'G':>3} {'pool':>5} {'st':>2} {'placed':>6} | {'BR-0 p50':>9} {'p99':>8} | "
+        f"{'JSQ p50':>8} {'p99':>7} | {'kernel p50':>10} | {'ref p50':>10} | {'BR-H80 p50':>10} "
+        f"{'p99':>8}   (us)"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(
+            f"{r['G']:>3} {r['pool']:>5} {r['stage']:>2} {r['placed']:>6} | "
+            f"{r['br0']['p50_us']:>9.1f} {r['br0']['p99_us']:>8.1f} | "
+            f"{r['jsq']['p50_us']:>8.1f} {r['jsq']['p99_us']:>7.1f} | "
+            f"{r['br0_kernel']['p50_us']:>10.1f} | {r['br0_reference']['p50_us']:>10.0f} | "
+            f"{r['brh_h80']['p50_us']:>10.1f} {r['brh_h80']['p99_us']:>8.1f}"
+        )
+    print(
+        f"prompt lengths: {source}; paper: P50 1200 us, P99 2770 us (G = 8); goal G=16 pool "
+        "256: P50 <= 30 us, P99 <= 150 us"
+    )
+    return out
+
+
+if __name__ == "__main__":
+    main()

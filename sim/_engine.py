@@ -7,15 +7,18 @@ Model (one loop iteration = one decode step of the whole cluster)
 1. Requests whose prefill is done (``ready_t <= clock``) enter the prompt pool, in ready order
    (ties: trace order).
 2. If nothing runs and the pool is empty, the clock jumps to the next ready time (no step).
+   If nothing runs after a routing tick (nobody could be placed: a prompt above the KV
+   capacity), the loop stops (those requests never start).
 3. Snapshot: the router's view of step ``k`` is computed (loads ``(G, 1)`` or projected loads
    ``(G, H+1)``) and kept in a ring of ``stale + 1`` snapshots.
 4. Routing tick (``k % tick == 0`` and a non-empty pool): the router gets the prefill lengths of
    the oldest ``max_pool`` pool requests, the view of step ``k - stale`` (step 0's for
-   ``k < stale``), plus, when ``optimistic``, the prompt lengths it placed at steps
-   ``k - stale .. k - 1`` added to their replicas (all horizon columns); exact free slots and
-   running counts. The assignment is applied in pool order; a request is admitted when its
-   replica has a free slot and ``load + prompt <= kv_cap``, otherwise it stays in the pool. An
-   admitted request takes the lowest free slot index of its replica.
+   ``k < stale``) and the running counts of that step, plus, when ``optimistic``, the prompt
+   lengths (and counts) it placed at steps ``k - stale .. k - 1`` added to their replicas (all
+   horizon columns); free slots are exact (the engine refuses a full replica anyway). The
+   assignment is applied in pool order; a request is admitted when its replica has a free slot
+   and ``load + prompt <= kv_cap``, otherwise it stays in the pool. An admitted request takes
+   the lowest free slot index of its replica.
 5. Step: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step; every running
    request gains one token (``L_g += 1`` each); a request whose decoded count reaches its
    output length leaves at ``clock + dt`` (``L_g -= prompt + output``). Records per step:
@@ -161,6 +164,8 @@ def run_engine(
     R = stale + 1
     view_ring = np.zeros((R, G, H + 1))
     add_ring = np.zeros((R, G))
+    nrun_ring = np.zeros((R, G), dtype=np.int64)
+    addn_ring = np.zeros((R, G), dtype=np.int64)
     cap_series = 1024
     series = np.empty((cap_series, 6))
     cap_ticks = 1024
@@ -190,6 +195,8 @@ def run_engine(
         slot = k % R
         for g in range(G):
             add_ring[slot, g] = 0.0
+            addn_ring[slot, g] = 0
+            nrun_ring[slot, g] = nrun[g]
             for h in range(H + 1):
                 view_ring[slot, g, h] = 0.0
             view_ring[slot, g, 0] = load[g]
@@ -205,10 +212,12 @@ def run_engine(
                 prefill[j] = prompt[pool[j]]
             old = (k - stale) % R if k >= stale else 0
             view = view_ring[old].copy()
+            seen_n = nrun_ring[old].copy()
             if optimistic:
                 lo = k - stale if k >= stale else 0
                 for kk in range(lo, k):
                     for g in range(G):
+                        seen_n[g] += addn_ring[kk % R, g]
                         for h in range(H + 1):
                             view[g, h] += add_ring[kk % R, g]
             free = np.empty(G, dtype=np.int64)
@@ -218,7 +227,7 @@ def run_engine(
             if time_router:
                 _clock_gettime(1, ts.ctypes.data)
                 c0 = ts[0] * 1_000_000_000 + ts[1]
-            assign = router(prefill, view, free, nrun.copy(), nwait, par, tick_seed)
+            assign = router(prefill, view, free, seen_n, nwait, par, tick_seed)
             if time_router:
                 _clock_gettime(1, ts.ctypes.data)
                 c1 = ts[0] * 1_000_000_000 + ts[1]
@@ -254,10 +263,13 @@ def run_engine(
                     replica[i] = g
                     start_t[i] = clock
                     add_ring[slot, g] += prompt[i]
+                    addn_ring[slot, g] += 1
                 else:
                     pool[keep] = i
                     keep += 1
             pool_n = keep
+            if total_run == 0:
+                break  # nothing runs and the router placed nobody: no progress is possible
         # 5. one decode step
         M = 0
         S = 0
@@ -349,6 +361,7 @@ def run_engine_reference(
     pool: list[int] = []
     views: dict[int, list[list[float]]] = {}
     placed_at: dict[int, list[float]] = {}
+    placed_n: dict[int, list[int]] = {}
     series, tick_pool = [], []
     clock, k, nxt = 0.0, 0, 0
     par = np.array(params, dtype=np.float64)
@@ -391,21 +404,26 @@ def run_engine_reference(
                         w = min(max(c - h, 0.0), 1.0)
                         if w > 0.0:
                             view[g][h] += w * (prompt[i] + a + h)
-        views[k] = view
+        views[k] = (view, [running(g) for g in range(G)])
         views.pop(k - stale - 1, None)
         placed_at[k] = [0.0] * G
+        placed_n[k] = [0] * G
         placed_at.pop(k - stale - 1, None)
+        placed_n.pop(k - stale - 1, None)
         if k % tick == 0 and pool:
             P = min(len(pool), max_pool)
             prefill = np.array([float(prompt[i]) for i in pool[:P]])
-            seen = [row[:] for row in views[max(k - stale, 0)]]
+            old_view, old_n = views[max(k - stale, 0)]
+            seen = [row[:] for row in old_view]
+            seen_n = list(old_n)
             if optimistic:
                 for kk in range(max(k - stale, 0), k):
                     for g in range(G):
+                        seen_n[g] += placed_n[kk][g]
                         for h in range(H + 1):
                             seen[g][h] += placed_at[kk][g]
             free = np.array([max_slots - running(g) for g in range(G)], dtype=np.int64)
-            nrun = np.array([running(g) for g in range(G)], dtype=np.int64)
+            nrun = np.array(seen_n, dtype=np.int64)
             assign = router(
                 prefill,
                 np.array(seen),
@@ -428,9 +446,12 @@ def run_engine_reference(
                     replica[i] = g
                     start_t[i] = clock
                     placed_at[k][g] += prompt[i]
+                    placed_n[k][g] += 1
                 else:
                     still.append(i)
             pool = still
+            if sum(running(g) for g in range(G)) == 0:
+                break  # deadlock: nothing runs and nobody was placed
         L = loads()
         M, S = max(L), sum(L)
         dt = t0 + kappa * M

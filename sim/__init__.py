@@ -1,5 +1,16 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .simulator import DEFAULT_STEP_TIME, PREDICTORS, SimReport, simulate
+from .traces import (
+    WORKLOAD_PRESETS,
+    LengthModel,
+    Trace,
+    fit_length_model,
+    generate_arrivals,
+    generate_trace,
+    load_trace,
+    saturate_trace,
+)
 from .workload import (
     SHAPES,
     SKEWS,
@@ -16,4 +27,16 @@ __all__: list[str] = [
     "make_decode_problem",
     "sample_counts",
     "zipf_popularity",
+    "simulate",
+    "SimReport",
+    "DEFAULT_STEP_TIME",
+    "PREDICTORS",
+    "Trace",
+    "LengthModel",
+    "WORKLOAD_PRESETS",
+    "load_trace",
+    "generate_trace",
+    "generate_arrivals",
+    "fit_length_model",
+    "saturate_trace",
 ]

@@ -245,3 +245,17 @@ def test_policy_ids_match_the_kernel_table():
     for name, kernel in ROUTING_KERNELS.items():
         a = route_tick_kernel(POLICY_IDS[name], s, L, free, z, z, p, 3)
         assert a.tolist() == kernel(s, L, free, z, z, p, 3).tolist(), name
+
+
+def test_stage2_not_optimal_beyond_candidates():
+    """THEOREMS_ROUTING R4's example: {6, 5} from the top-2 candidates, while {6, 4} is best."""
+    from straggler.formulations.routing_milp import build_joint_tick_milp
+    from straggler.solvers.highs import solve_milp
+
+    d = route_batch([6, 5, 4], [10, 0], [0, 2], r_max=2)
+    assert d.stage == 2
+    assert d.assignment.tolist() == [1, 1, -1] and d.imbalance_after == 1.0
+    opt = solve_milp(
+        build_joint_tick_milp([6, 5, 4], [10, 0], [0, 2], must_place=True), mip_rel_gap=0
+    )
+    assert opt.objective == 0.0

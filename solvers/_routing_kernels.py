@@ -24,7 +24,8 @@ each placement takes one slot. A policy stops when the pool is empty or no slot 
 replica) is left. With ``params[P_OPTIMISTIC] != 0`` every policy updates its local copy of
 the metric after each placement (tokens: ``L_g += s_i`` on every column; requests:
 ``n_running[g] += 1``; vLLM: ``n_waiting[g] += 1``, its own rule); with 0 the metric stays at
-the tick's values and only slots are consumed.
+the tick's values and only slots are consumed. Round-robin and random keep no metric, so the
+option does not change them.
 
 Randomness (random, p2c) comes from MINSTD (``x <- 48271*x mod (2^31-1)``, state ``seed mod
 (2^31-2) + 1``), written out in both kernel and reference so they draw the same numbers; a
@@ -166,6 +167,9 @@ def _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f):
         if take_lo:
             cand[nc] = order[lo]
             cand_f[nc] = f_lo
+            nc += 1
+            if nc == k:
+                break
             if lo < lo_q:
                 lo = _find(nxt, lo + 1)
             else:  # run exhausted: the previous run with a live member
@@ -175,8 +179,10 @@ def _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f):
         else:
             cand[nc] = order[hi]
             cand_f[nc] = f_hi
+            nc += 1
+            if nc == k:
+                break
             hi = _find(nxt, hi + 1)
-        nc += 1
     return nc
 
 

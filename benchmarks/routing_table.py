@@ -1,0 +1,223 @@
+"""BalanceRoute's results table, reproduced in the lock-step simulator.
+
+Rows: Random, Round-Robin, P2C, JSQ, BR-0, BR-H (survival), BR-H (exact-match), BR-H (oracle).
+Columns: mean imbalance (tokens), its ratio to JSQ, TPOT P95 (ms), throughput (tokens/s),
+throughput vs JSQ. Datasets: Azure 2023 conversation and code (real, from
+``../shared/data/traces``), the shipped generator's default workload (``bursty``, 1 h), and the
+Mooncake conversation trace (long prompts) as an extra. Every run is in saturated mode (the
+paper's setting: it kept Azure-2024 requests with output > 1000 so that the decode cluster
+stays saturated; here: arrivals compressed to 1.5x the cluster's capacity, see
+``straggler.sim.saturate_trace``), G = 8, 16 slots per replica, default step time.
+
+Also: G = 4, 8, 16 scaling rows (JSQ, BR-0, BR-H oracle) on Azure conversation; a horizon
+sensitivity table for BR-H (oracle); with ``--stale``, the staleness table (loads 10 and 100
+steps old, with and without the optimistic local update); with ``--plot PATH``, a PNG of the
+imbalance over time per policy (Azure conversation, G = 8).
+
+    python benchmarks/routing_table.py [--plot imbalance.png] [--stale] [--quick]
+
+Writes ``benchmarks/results/routing_table.json`` (``routing_staleness.json`` with ``--stale``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+from straggler.sim import generate_trace, load_trace, simulate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRACES = ROOT / ".." / "shared" / "data" / "traces"
+RESULTS = ROOT / "benchmarks" / "results"
+
+ROWS = [
+    ("Random", "random", {}),
+    ("Round-Robin", "round_robin", {}),
+    ("P2C", "p2c", {}),
+    ("JSQ", "jsq", {}),
+    ("BR-0", "br0", {}),
+    ("BR-H (survival)", "brh", {"predictor": "survival"}),
+    ("BR-H (exact-match)", "brh", {"predictor": "exact_match"}),
+    ("BR-H (oracle)", "brh", {"predictor": "oracle"}),
+]
+
+#: The paper's Azure-2024 rows (imbalance, TPOT P95 ms, throughput tok/s, vs JSQ).
+PAPER_AZURE = {
+    "Random": (146_564, 90.3, 706),
+    "Round-Robin": (110_049, 89.1, 771),
+    "P2C": (109_033, 89.3, 794),
+    "JSQ": (104_737, 89.3, 785),
+    "BR-0": (54_051, 83.3, 854),
+    "BR-H (survival)": (44_010, 82.1, 893),
+    "BR-H (exact-match)": (38_496, 82.3, 909),
+    "BR-H (oracle)": (35_301, 77.3, 957),
+}
+#: The paper's scaling rows (proprietary data): G -> {policy: (imbalance, throughput gain %)}.
+PAPER_SCALING = {
+    4: {"JSQ": (75_326, 0.0), "BR-0": (9_711, 11.4), "BR-H (oracle)": (6_576, 13.7)},
+    8: {"JSQ": (215_110, 0.0), "BR-0": (51_927, 11.8), "BR-H (oracle)": (23_577, 22.1)},
+    16: {"JSQ": (675_607, 0.0), "BR-0": (215_170, 20.6), "BR-H (oracle)": (117_067, 34.6)},
+}
+
+
+def datasets(quick: bool):
+    out = {}
+    for key, fname in [
+        ("azure_conv", "AzureLLMInferenceTrace_conv.csv"),
+        ("azure_code", "AzureLLMInferenceTrace_code.csv"),
+    ]:
+        if (TRACES / fname).exists():
+            tr = load_trace(TRACES / fname)
+            out[key] = tr.window(0, 600) if quick else tr
+        else:
+            print(f"(skipping {key}: {TRACES / fname} not found)", file=sys.stderr)
+    out["generated"] = generate_trace("bursty", duration_s=600 if quick else 3600)
+    if not quick and (TRACES / "conversation_trace.jsonl").exists():
+        out["mooncake_conv"] = load_trace(TRACES / "conversation_trace.jsonl")
+    return out
+
+
+def run_row(trace, policy, extra, **kw):
+    r = simulate(trace, policy, saturated=True, **extra, **kw)
+    return {
+        "mean_imbalance": r.mean_imbalance,
+        "balance_ratio": r.balance_ratio,
+        "tpot_p50_ms": r.tpot_p50_ms,
+        "tpot_p95_ms": r.tpot_p95_ms,
+        "tpot_p99_ms": r.tpot_p99_ms,
+        "ttft_p50_ms": r.ttft_p50_ms,
+        "ttft_p99_ms": r.ttft_p99_ms,
+        "throughput_tps": r.throughput_tps,
+        "mean_step_ms": r.mean_step_ms,
+        "sched_us_p50": r.sched_us_p50,
+        "sched_us_p99": r.sched_us_p99,
+        "n_requests": r.n_requests,
+        "n_steps": r.n_steps,
+        "wall_s": r.wall_s,
+    }, r
+
+
+def table(title, rows, *, paper=None):
+    jsq = rows.get("JSQ")
+    print(f"\n{title}")
+    head = (
+        f"{'policy':20s} {'mean imbalance':>15s} {'x JSQ':>6s} {'TPOT P95 ms':>11s} "
+        f"{'throughput tok/s':>16s} {'vs JSQ':>7s}"
+    )
+    if paper:
+        head += f" | {'paper imb.':>10s} {'x JSQ':>6s} {'vs JSQ':>7s}"
+    print(head)
+    for name, m in rows.items():
+        ratio = m["mean_imbalance"] / jsq["mean_imbalance"] if jsq else float("nan")
+        gain = (m["throughput_tps"] / jsq["throughput_tps"] - 1) * 100 if jsq else float("nan")
+        m["imbalance_vs_jsq"] = ratio
+        m["throughput_vs_jsq_pct"] = gain
+        line = (
+            f"{name:20s} {m['mean_imbalance']:15,.0f} {ratio:6.2f} {m['tpot_p95_ms']:11.1f} "
+            f"{m['throughput_tps']:16,.1f} {gain:+6.1f}%"
+        )
+        if paper and name in paper:
+            pi, _, pt = paper[name]
+            pj, _, ptj = paper["JSQ"]
+            line += f" | {pi:10,d} {pi / pj:6.2f} {(pt / ptj - 1) * 100:+6.1f}%"
+        print(line)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plot", help="write a PNG of imbalance over time per policy")
+    ap.add_argument("--stale", action="store_true", help="the staleness table instead")
+    ap.add_argument("--quick", action="store_true", help="10-minute slices (smoke run)")
+    ap.add_argument("--horizon", type=int, default=80, help="BR-H horizon H (paper: 80)")
+    ap.add_argument("--gamma", type=float, default=1.0, help="BR-H discount")
+    ap.add_argument("--replicas", type=int, default=8)
+    args = ap.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data = datasets(args.quick)
+    brh = dict(horizon=args.horizon, gamma=args.gamma)
+    out = {"config": {**vars(args), "saturated": True, "max_slots": 16}, "tables": {}}
+    t_start = time.perf_counter()
+
+    if args.stale:
+        name = "azure_conv" if "azure_conv" in data else "generated"
+        trace = data[name]
+        for stale in (0, 10, 100):
+            for optimistic in (True, False) if stale else (True,):
+                rows = {}
+                for label, pol, extra in ROWS:
+                    kw = {**extra, **(brh if pol == "brh" else {})}
+                    rows[label], _ = run_row(
+                        trace,
+                        pol,
+                        kw,
+                        n_replicas=args.replicas,
+                        stale=stale,
+                        optimistic=optimistic,
+                    )
+                key = f"{name}/G={args.replicas}/stale={stale}/optimistic={optimistic}"
+                table(key, rows)
+                out["tables"][key] = rows
+        path = RESULTS / "routing_staleness.json"
+    else:
+        reports = {}
+        for name, trace in data.items():
+            rows = {}
+            for label, pol, extra in ROWS:
+                kw = {**extra, **(brh if pol == "brh" else {})}
+                rows[label], rep = run_row(trace, pol, kw, n_replicas=args.replicas)
+                if name == "azure_conv" or (name == "generated" and "azure_conv" not in data):
+                    reports[label] = rep
+            key = f"{name}/G={args.replicas}"
+            table(
+                f"{key} ({len(trace):,} requests, saturated)",
+                rows,
+                paper=PAPER_AZURE if name == "azure_conv" else None,
+            )
+            out["tables"][key] = rows
+        scale_name = "azure_conv" if "azure_conv" in data else "generated"
+        for G in (4, 8, 16):
+            rows = {}
+            for label, pol, extra in [ROWS[3], ROWS[4], ROWS[7]]:
+                kw = {**extra, **(brh if pol == "brh" else {})}
+                rows[label], _ = run_row(data[scale_name], pol, kw, n_replicas=G)
+            key = f"scaling/{scale_name}/G={G}"
+            table(key, rows)
+            for label, (pi, pg) in PAPER_SCALING[G].items():
+                print(f"   paper (proprietary) {label:14s} imbalance {pi:9,d}  vs JSQ {pg:+.1f}%")
+            out["tables"][key] = rows
+        # Horizon sensitivity: BR-H's projection has no term for the requests that will
+        # refill slots freed within the horizon, so H must stay short next to output lengths.
+        for name, trace in data.items():
+            rows = {
+                "JSQ": out["tables"][f"{name}/G={args.replicas}"]["JSQ"],
+                "BR-0": out["tables"][f"{name}/G={args.replicas}"]["BR-0"],
+            }
+            for pred in ("survival", "oracle"):
+                for H in (5, 20, 80):
+                    for gamma in (1.0, 0.95):
+                        label = f"BR-H {pred} H={H} g={gamma}"
+                        rows[label], _ = run_row(
+                            trace,
+                            "brh",
+                            dict(predictor=pred, horizon=H, gamma=gamma),
+                            n_replicas=args.replicas,
+                        )
+            key = f"horizon/{name}/G={args.replicas}"
+            table(f"{key} (mean output {trace.output_len.mean():.0f} tokens)", rows)
+            out["tables"][key] = rows
+        if args.plot:
+            from straggler.sim.plots import plot_imbalance
+
+            plot_imbalance(reports, args.plot, title=f"{scale_name}, G={args.replicas}, saturated")
+            print(f"\nwrote {args.plot}")
+        path = RESULTS / "routing_table.json"
+    out["wall_s"] = time.perf_counter() - t_start
+    path.write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {path} ({out['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -32,6 +32,7 @@ __all__ = [
     "check_conjecture",
     "random_restricted_instance",
     "random_search",
+    "targeted_search",
     "COUNTEREXAMPLE",
 ]
 
@@ -117,7 +118,7 @@ class ConjectureCheck:
     def ratio(self) -> float:
         """``M(A3') / (OPT + delta)`` (above 1: a counterexample)."""
         den = self.opt + self.term
-        return self.makespan / den if den > 0 else (1.0 if self.makespan == 0 else np.inf)
+        return self.makespan / den if den > 0 else (0.0 if self.makespan == 0 else np.inf)
 
     @property
     def violated(self) -> bool:
@@ -125,8 +126,18 @@ class ConjectureCheck:
         return self.excess > 1e-7 * max(1.0, self.opt + self.term)
 
 
-def check_conjecture(problem: DispatchProblem, cost: CostModel, *, opt: float | None = None):
+def check_conjecture(
+    problem: DispatchProblem,
+    cost: CostModel,
+    *,
+    opt: float | None = None,
+    rule: str = "fewest",
+    time_limit: float = 60.0,
+):
     """Score the fewest-experts variant on one layer against ``OPT + delta``.
+
+    ``rule="a3"`` scores A3 instead (full replication only: Theorem 2, the control).
+    Raises ``RuntimeError`` when the MILP does not prove the optimum within ``time_limit``.
 
     Examples
     --------
@@ -136,10 +147,10 @@ def check_conjecture(problem: DispatchProblem, cost: CostModel, *, opt: float | 
     >>> chk.makespan, chk.opt, chk.term, chk.violated
     (6.0, 4.0, 1.0, True)
     """
-    shares = round_robin_shares(problem.counts, problem.replicas, rule="fewest")
+    shares = round_robin_shares(problem.counts, problem.replicas, rule=rule)
     m = float(evaluate(problem, cost, shares).makespan)
     if opt is None:
-        opt = exact_optimum(problem, cost)
+        opt = exact_optimum(problem, cost, time_limit=time_limit)
     return ConjectureCheck(makespan=m, opt=float(opt), term=a3_bound(problem, cost))
 
 
@@ -150,8 +161,9 @@ def random_restricted_instance(
     max_gpus: int = 4,
     max_tokens: int = 64,
     balanced_slots: bool = False,
+    full: bool = False,
 ):
-    """A random restricted-replica instance and cost model.
+    """A random restricted-replica instance and cost model (``full``: all-ones mask).
 
     ``balanced_slots=True`` mimics EPLB placements: every GPU holds the same number of
     replica slots, each expert has one or two replicas on distinct GPUs.
@@ -171,6 +183,8 @@ def random_restricted_instance(
         E = int(rng.integers(2, max_experts + 1))
         rep = rng.random((E, g)) < rng.uniform(0.2, 0.8)
         rep[np.arange(E), rng.integers(0, g, E)] = True
+    if full:
+        rep = np.ones_like(rep)
     skew = rng.uniform(0, 2)
     w = rng.permutation(np.arange(1, E + 1, dtype=float) ** -skew)
     counts = rng.multinomial(int(rng.integers(E, max_tokens * E // 2 + E + 1)), w / w.sum())
@@ -179,26 +193,147 @@ def random_restricted_instance(
         b=float(rng.choice([1.0, 4.0, 15.0])),
         c=float(rng.choice([0.0, 3.0])),
         beta=float(rng.choice([0.0, 0.05, 0.1, 0.5])),
+        **(dict(c2=25.0, gamma=float(rng.choice([0.1, 1.0]))) if rng.random() < 0.3 else {}),
     )
     return DispatchProblem(counts=counts, replicas=rep), cost
 
 
-def random_search(n: int, *, seed: int = 0, balanced_slots: bool = False, **kw) -> dict:
+def random_search(
+    n: int,
+    *,
+    seed: int = 0,
+    balanced_slots: bool = False,
+    rule: str = "fewest",
+    milp_time_limit: float = 5.0,
+    **kw,
+) -> dict:
     """Score ``n`` random instances; return the worst ratio and the first counterexample."""
     rng = np.random.default_rng(seed)
     worst = None
     first = None
     n_viol = 0
+    unproved = 0
+    max_excess = -np.inf
     for _ in range(n):
         p, cost = random_restricted_instance(rng, balanced_slots=balanced_slots, **kw)
-        chk = check_conjecture(p, cost)
+        try:
+            chk = check_conjecture(p, cost, rule=rule, time_limit=milp_time_limit)
+        except RuntimeError:
+            unproved += 1
+            continue
+        max_excess = max(max_excess, chk.excess)
         if worst is None or chk.ratio > worst[0].ratio:
             worst = (chk, p, cost)
         if chk.violated:
             n_viol += 1
             if first is None:
                 first = (chk, p, cost)
-    return {"n": n, "violations": n_viol, "worst": worst, "first_counterexample": first}
+    return {
+        "n": n - unproved,
+        "unproved": unproved,
+        "violations": n_viol,
+        "max_excess": max_excess,
+        "worst": worst,
+        "first_counterexample": first,
+    }
+
+
+def targeted_search(
+    max_examples: int,
+    *,
+    seed: int = 0,
+    slot_balanced: bool = False,
+    full: bool = False,
+    rule: str = "fewest",
+    shrink: bool = True,
+    max_experts: int = 8,
+    max_gpus: int = 3,
+    milp_time_limit: float = 5.0,
+) -> dict:
+    """Hypothesis search steered by ``target(excess)`` toward a counterexample.
+
+    Phase 1 explores without failing and records the worst ratio ``M(A3')/(OPT + delta)``.
+    Phase 2 (``shrink``) asserts the conjecture, so hypothesis shrinks the first violation it
+    finds to a minimal one. Instances whose optimum the MILP does not prove within
+    ``milp_time_limit`` are rejected (counted in ``"unproved"``).
+
+    Returns a dict: ``"worst"`` ``(check, problem, cost)`` of the largest ratio,
+    ``"examples"``, ``"violations"`` (phase 1), ``"unproved"``, ``"max_excess"`` (largest
+    ``M - OPT - delta``) and ``"counterexample"`` ``(check, problem, cost)`` or None (the
+    shrunk one when phase 2 finds one, else the first of phase 1).
+    """
+    from hypothesis import HealthCheck, assume, given, settings, target
+    from hypothesis import seed as hseed
+
+    from .strategies import dispatch_instances
+
+    strategy = dispatch_instances(
+        min_gpus=2,
+        max_experts=max_experts,
+        max_gpus=max_gpus,
+        full=full,
+        slot_balanced=slot_balanced,
+    )
+    state: dict = {
+        "worst": None,
+        "examples": 0,
+        "violations": 0,
+        "unproved": 0,
+        "max_excess": -np.inf,
+        "counterexample": None,
+    }
+    opts = dict(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+    )
+
+    @hseed(seed)
+    @settings(**opts)
+    @given(strategy)
+    def explore(inst):
+        p, cost = inst
+        try:
+            chk = check_conjecture(p, cost, rule=rule, time_limit=milp_time_limit)
+        except RuntimeError:
+            state["unproved"] += 1
+            assume(False)
+        state["examples"] += 1
+        state["max_excess"] = max(state["max_excess"], chk.excess)
+        target(chk.excess, label="M(A3') - OPT - delta")
+        if state["worst"] is None or chk.ratio > state["worst"][0].ratio:
+            state["worst"] = (chk, p, cost)
+        if chk.violated:
+            state["violations"] += 1
+            if state["counterexample"] is None:
+                state["counterexample"] = (chk, p, cost)
+
+    explore()
+    if shrink:
+        last: dict = {}
+
+        @hseed(seed + 1)
+        @settings(**opts)
+        @given(strategy)
+        def falsify(inst):
+            p, cost = inst
+            try:
+                chk = check_conjecture(p, cost, rule=rule, time_limit=milp_time_limit)
+            except RuntimeError:
+                assume(False)
+            target(chk.excess, label="M(A3') - OPT - delta")
+            if chk.violated:
+                last["found"] = (chk, p, cost)
+            assert not chk.violated
+
+        try:
+            falsify()
+        except AssertionError:
+            # hypothesis replays the shrunk failing example last
+            state["counterexample"] = last.get("found", state["counterexample"])
+    return state
 
 
 #: A minimal counterexample to the conjecture (pure activation cost, two GPUs): four

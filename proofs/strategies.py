@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 
-__all__ = ["cost_models", "replica_masks", "token_counts", "dispatch_instances"]
+__all__ = [
+    "cost_models",
+    "replica_masks",
+    "slot_balanced_masks",
+    "token_counts",
+    "dispatch_instances",
+]
 
 
 @st.composite
@@ -87,6 +93,25 @@ def replica_masks(draw, n_experts: int, n_gpus: int, *, full: bool | None = None
 
 
 @st.composite
+def slot_balanced_masks(draw, n_gpus: int, *, max_slots_per_gpu: int = 4) -> np.ndarray:
+    """An EPLB-like mask: every GPU holds the same number of slots, every expert >= 1.
+
+    Experts fill ``per * n_gpus`` slots (each expert at least once, the rest drawn), laid
+    out in a drawn order, slot ``p`` on GPU ``p // per``. Returns ``(n_experts, n_gpus)``.
+    """
+    per = draw(st.integers(1, max_slots_per_gpu))
+    slots = per * n_gpus
+    n_experts = draw(st.integers(1, slots))
+    extra = draw(st.lists(st.integers(0, n_experts - 1), min_size=slots - n_experts,
+                          max_size=slots - n_experts))  # fmt: skip
+    owners = draw(st.permutations(list(range(n_experts)) + extra))
+    rep = np.zeros((n_experts, n_gpus), bool)
+    for p, e in enumerate(owners):
+        rep[e, p // per] = True
+    return rep
+
+
+@st.composite
 def dispatch_instances(
     draw,
     *,
@@ -98,11 +123,20 @@ def dispatch_instances(
     full: bool | None = None,
     tiles: bool | None = None,
     traffic: bool | None = None,
+    slot_balanced: bool = False,
 ):
-    """``(DispatchProblem, CostModel)`` for one layer, small by default."""
-    n_experts = draw(st.integers(min_experts, max_experts))
+    """``(DispatchProblem, CostModel)`` for one layer, small by default.
+
+    ``slot_balanced=True`` draws an EPLB-like mask (:func:`slot_balanced_masks`, which
+    sets the number of experts itself; ``full`` is then ignored).
+    """
     n_gpus = draw(st.integers(min_gpus, max_gpus))
+    if slot_balanced:
+        rep = draw(slot_balanced_masks(n_gpus, max_slots_per_gpu=max(1, max_experts // n_gpus)))
+        n_experts = rep.shape[0]
+    else:
+        n_experts = draw(st.integers(min_experts, max_experts))
+        rep = draw(replica_masks(n_experts, n_gpus, full=full))
     counts = draw(token_counts(n_experts, max_tokens=max_tokens))
-    rep = draw(replica_masks(n_experts, n_gpus, full=full))
     cost = draw(cost_models(tiles=tiles, traffic=traffic))
     return DispatchProblem(counts=counts, replicas=rep), cost

@@ -101,3 +101,11 @@ def test_stack_certificate():
     p = DispatchProblem(counts=[[50, 9, 9], [1, 2, 3]], replicas=np.ones((3, 2), bool))
     cert = certify(p, cost, solve_dispatch(p, cost, method="round_robin"))
     assert cert.holds and cert.lhs.shape == (2,)
+
+
+def test_lemma1_certificate():
+    cost = CostModel(a=0, b=0, c=3, beta=0.5, c2=1, gamma=0.75)
+    p = _inst(full=False)
+    cert = certify(p, cost, solve_dispatch(p, cost, method="token_lp"))
+    assert cert.guarantee.startswith("Lemma 1") and cert.holds
+    assert cert.lhs == pytest.approx(cert.rhs, rel=1e-9)

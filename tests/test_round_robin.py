@@ -92,3 +92,13 @@ def test_a3_bound_terms():
     assert a3_bound(p, CostModel(a=0, b=1, c=0, beta=0.01, c2=0, gamma=1.0)) == 600.0
     empty = DispatchProblem(counts=[0, 0], replicas=np.ones((2, 2), bool))
     assert a3_bound(empty, CostModel(a=1, b=1, c=0, beta=1)) == 0.0
+
+
+def test_restricted_conjecture_counterexample():
+    """The conjecture is false: the hand-built counterexample, with OPT from two oracles."""
+    from straggler.proofs.conjecture import COUNTEREXAMPLE, check_conjecture, support_optimum
+
+    p, cost = COUNTEREXAMPLE["problem"], COUNTEREXAMPLE["cost"]
+    assert support_optimum(p, cost) == 4.0 == exact_optimum(p, cost)
+    chk = check_conjecture(p, cost)
+    assert (chk.makespan, chk.opt, chk.term) == (6.0, 4.0, 1.0) and chk.violated

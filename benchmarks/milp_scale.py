@@ -2,14 +2,18 @@
 
 Decode-like batches: Zipf skew ``s`` over ``E`` experts, ``B`` tokens per GPU each routed
 to ``k = 8`` distinct experts, ``g`` GPUs, ``1.25 x`` EPLB-style replication built from the
-long-run expert probabilities. For each instance both models run with the same time limit
-(default 10 s, 1 thread) and the same seed incumbent; we report the share proved optimal
-(gap <= mip_rel_gap) and the median solve time.
+long-run expert probabilities. For each instance both models run through
+``solve_dispatch(method="milp", tightened=...)`` with the same time limit (default 10 s,
+1 thread) and the same seed incumbents; we report the share proved optimal (gap <=
+mip_rel_gap = 1e-4) and the median wall time (seeds included). ``--models cold`` adds the
+plain model handed to HiGHS with no seed at all.
 
-The instance generator is local (independent of ``straggler.sim``): a Gumbel top-k sampler
-for routing and a greedy replication (hottest experts by load per replica get the extra
-replicas; replicas packed heaviest first onto the GPU with the least load among those with
-a free slot and no copy of that expert, so every GPU has the same number of slots).
+Instances come from ``straggler.sim.workload`` when it is importable (Zipf popularity,
+Dirichlet batch fluctuation, EPLB's own placement from 16 history batches, distinct GPUs per
+expert); ``--generator local`` uses a self-contained generator instead: a Gumbel top-k
+sampler for routing and a greedy replication (hottest experts by load per replica get the
+extra replicas; replicas packed heaviest first onto the GPU with the least load among those
+with a free slot and no copy of that expert, so every GPU has the same number of slots).
 
 Usage::
 
@@ -28,8 +32,8 @@ import statistics
 import time
 
 import numpy as np
-from straggler.formulations import CostModel, DispatchProblem, Status
-from straggler.solvers import solve_dispatch
+from straggler.formulations import CostModel, DispatchProblem, Status, build_dispatch_milp
+from straggler.solvers import solve_dispatch, solve_milp
 
 SKEWS = (0.0, 0.5, 1.0, 1.5)
 EXPERTS = (64, 128, 256)
@@ -76,11 +80,71 @@ def greedy_replication(p: np.ndarray, n_gpus: int, factor: float) -> np.ndarray:
     return mask
 
 
-def make_instance(s, E, g, B, seed):
+def make_instance_local(s, E, g, B, seed):
+    """Local generator: Zipf popularity, one Gumbel top-k batch, greedy distinct replication."""
     rng = np.random.default_rng(seed)
     p = zipf_probs(E, s, rng)
     counts = route_batch(p, B * g, TOP_K, rng)
     return DispatchProblem(counts=counts, replicas=greedy_replication(p, g, REPLICATION))
+
+
+def make_instance_sim(s, E, g, B, seed, n_history=16):
+    """``straggler.sim.workload``: Zipf popularity, Dirichlet-fluctuating top-k batches,
+    EPLB's placement (no two replicas of one expert on one GPU) from the mean of
+    ``n_history`` batches, then one fresh batch."""
+    from straggler.sim.workload import eplb_placement, sample_counts, zipf_popularity
+
+    rng = np.random.default_rng(seed)
+    pop = zipf_popularity(E, s, rng=rng)
+    hist = np.mean(
+        [sample_counts(pop, n_tokens=B * g, top_k=TOP_K, rng=rng) for _ in range(n_history)],
+        axis=0,
+    )
+    p2l = eplb_placement(hist, n_gpus=g, replication=REPLICATION, distinct=True)
+    counts = sample_counts(pop, n_tokens=B * g, top_k=TOP_K, rng=rng)
+    return DispatchProblem.from_placement(counts[0], p2l[0], g)
+
+
+def sim_available() -> bool:
+    try:
+        from straggler.sim.workload import eplb_placement  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+make_instance = make_instance_local
+
+
+def solve_method(p, cost, time_limit, tightened):
+    """The ``milp`` method as users call it (seeded, naive or tightened model)."""
+    t0 = time.perf_counter()
+    res = solve_dispatch(p, cost, method="milp", time_limit=time_limit, tightened=tightened)
+    return dict(
+        status=res.status.name,
+        optimal=res.status is Status.OPTIMAL,
+        makespan=res.makespan,
+        lower_bound=res.lower_bound,
+        gap=res.extras["gap"],
+        wall_s=time.perf_counter() - t0,
+        nodes=res.extras["node_count"],
+    )
+
+
+def solve_cold(p, cost, time_limit):
+    """The plain big-M model handed to HiGHS alone: no seed incumbent, no bound from it."""
+    t0 = time.perf_counter()
+    model = build_dispatch_milp(p, cost, tightened=False)
+    sol = solve_milp(model, time_limit=time_limit, mip_rel_gap=1e-4, threads=1)
+    return dict(
+        status=sol.status.name,
+        optimal=sol.status is Status.OPTIMAL,
+        makespan=sol.objective,
+        lower_bound=sol.dual_bound,
+        gap=sol.gap,
+        wall_s=time.perf_counter() - t0,
+        nodes=sol.extras["mip_node_count"],
+    )
 
 
 def run(configs, cost_name, time_limit, models, seeds):
@@ -90,19 +154,10 @@ def run(configs, cost_name, time_limit, models, seeds):
         p = make_instance(s, E, g, B, seed)
         row = dict(cost=cost_name, skew=s, n_experts=E, n_gpus=g, tokens_per_gpu=B, seed=seed)
         for name in models:
-            t0 = time.perf_counter()
-            res = solve_dispatch(
-                p, cost, method="milp", time_limit=time_limit, tightened=name == "tightened"
-            )
-            wall = time.perf_counter() - t0
-            row[name] = dict(
-                status=res.status.name,
-                optimal=res.status is Status.OPTIMAL,
-                makespan=res.makespan,
-                lower_bound=res.lower_bound,
-                gap=res.extras["gap"],
-                wall_s=wall,
-                nodes=res.extras["node_count"],
+            row[name] = (
+                solve_cold(p, cost, time_limit)
+                if name == "cold"
+                else solve_method(p, cost, time_limit, tightened=name == "tightened")
             )
         rows.append(row)
         print(
@@ -137,7 +192,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a small subset of the grid")
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--seeds", type=int, default=1, help="instances per configuration")
-    ap.add_argument("--models", default="naive,tightened")
+    ap.add_argument(
+        "--models",
+        default="naive,tightened",
+        help="comma-separated: naive, tightened (the milp method, seeded), cold (naive model "
+        "alone in HiGHS, no seed)",
+    )
     ap.add_argument(
         "--costs",
         default="dsv3_a_offline,qwen3_235b_b_tile",
@@ -150,7 +210,17 @@ def main(argv=None):
         help="representative: every skew and size, tokens per GPU in {64, 512} only",
     )
     ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results/milp_scale.json"))
+    ap.add_argument(
+        "--generator",
+        choices=("auto", "sim", "local"),
+        default="auto",
+        help="instances from straggler.sim.workload (auto: when importable) or the local one",
+    )
     args = ap.parse_args(argv)
+    global make_instance
+    use_sim = args.generator == "sim" or (args.generator == "auto" and sim_available())
+    make_instance = make_instance_sim if use_sim else make_instance_local
+    args.generator = "sim" if use_sim else "local"
     models = args.models.split(",")
     if args.quick:
         configs = list(itertools.product((0.0, 1.0), (64,), (8,), (64, 512)))

@@ -15,9 +15,14 @@ from numbers import Real
 import numpy as np
 
 from ..formulations.cost import CostModel
-from ..formulations.dispatch import DispatchProblem, evaluate
+from ..formulations.dispatch import DispatchProblem, check_shares, evaluate
 from ..formulations.dispatch_milp import build_dispatch_milp, build_token_lp, live_pairs
-from ..formulations.errors import InvalidOptionError, StragglerError, param_error
+from ..formulations.errors import (
+    InfeasibleSharesError,
+    InvalidOptionError,
+    StragglerError,
+    param_error,
+)
 from ..formulations.results import Status
 from .highs import solve_milp
 from .registry import LayerSolution, make_method, register_dispatch_method
@@ -150,9 +155,17 @@ class MilpDispatch:
             seeds["token_lp"] = solve_token_lp(problem, time_limit=time_limit)[0]
         if self.warm_start is not None:
             h = make_method(self.warm_start, {})
-            seeds[self.warm_start] = np.asarray(
+            x = np.asarray(
                 h.solve(problem, cost, time_limit=time_limit, rng=rng).shares, dtype=float
             )
+            try:
+                check_shares(problem, x)
+            except InfeasibleSharesError as exc:
+                raise StragglerError(
+                    f"The warm_start heuristic {self.warm_start!r} returned an infeasible "
+                    f"dispatch: {exc}"
+                ) from exc
+            seeds[self.warm_start] = x
         scored = {k: evaluate(problem, cost, v).makespan for k, v in seeds.items()}
         best = min(scored, key=lambda k: (scored[k], k != self.warm_start))
         return best, seeds[best], float(scored[best])

@@ -409,3 +409,18 @@ def test_full_hour_replay_every_policy():
     for pol in ROUTING_KERNELS:
         r = simulate(tr, pol)
         assert r.n_finished == len(tr)
+
+
+def test_plot_imbalance_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from straggler.sim.plots import plot_imbalance
+
+    tr = _small_trace(n=30)
+    reps = [simulate(tr, p, n_replicas=2, max_slots=4) for p in ("jsq", "br0")]
+    out = tmp_path / "imb.png"
+    fig = plot_imbalance(reps, out, bin_s=0.5)
+    assert out.stat().st_size > 1000
+    assert [t.get_text().split(" (")[0] for t in fig.axes[0].get_legend().get_texts()] == [
+        "jsq",
+        "br0",
+    ]

@@ -1,4 +1,6 @@
 """Theorems (THEOREMS.md), executable certificates, brute-force oracles, reductions and
 hypothesis strategies. Nothing in the library imports this package."""
 
-__all__: list[str] = []
+from .certificates import Certificate, certify
+
+__all__: list[str] = ["Certificate", "certify"]

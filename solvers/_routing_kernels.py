@@ -329,6 +329,103 @@ def br0_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed
 
 
 @njit(**NJIT)
+def _brh_insert(i, f, k, nc, cand, cand_f):
+    """Insert request ``i`` of score ``f`` into the top-k list ordered by (f desc, index asc)."""
+    if nc < k:
+        pos = nc
+        nc += 1
+    elif f > cand_f[k - 1] or (f == cand_f[k - 1] and i < cand[k - 1]):
+        pos = k - 1
+    else:
+        return nc
+    while pos > 0 and (cand_f[pos - 1] < f or (cand_f[pos - 1] == f and cand[pos - 1] > i)):
+        cand[pos] = cand[pos - 1]
+        cand_f[pos] = cand_f[pos - 1]
+        pos -= 1
+    cand[pos] = i
+    cand_f[pos] = f
+    return nc
+
+
+@njit(**NJIT)
+def _brh_candidates(sv, order, nxt, prv, m, d, gain, beta, k, cand, cand_f, idx):
+    """The ``k`` live requests with the largest horizon score, ties to the lower index.
+
+    ``F(s) = gain*s - beta*sum_h d_h (s - m_h)_+`` is concave in ``s`` (``beta, d_h >= 0``),
+    increasing below its peak ``s*`` and non-increasing above it. Two walks over the pool
+    sorted by ``s`` start near the peak: downward from ``s_lo <= s*`` and upward, each computing
+    ``F`` exactly as the scan does. A walk stops once the computed ``F`` is below the k-th
+    candidate by more than twice a rigorous bound ``eps`` on the rounding error of ``F``
+    (the upward walk only beyond ``s_hi >= s*``): every later request's computed score is then
+    below the k-th too, so the top-k equals the full scan's. ``s_lo``/``s_hi`` come from the
+    slope signs at the sorted margins, decided with a tolerance so they bracket ``s*``.
+    """
+    n = sv.shape[0]
+    H1 = m.shape[0]
+    # idx: this replica's permutation from its previous pop, nearly sorted: insertion sort.
+    for j in range(1, H1):
+        v = idx[j]
+        i = j - 1
+        while i >= 0 and m[idx[i]] > m[v]:
+            idx[i + 1] = idx[i]
+            i -= 1
+        idx[i + 1] = v
+    sd = 0.0
+    spread = 0.0
+    for h in range(H1):
+        sd += d[h]
+        spread += d[h] * abs(m[h])
+    tol = 1e-9 * (gain + beta * sd)
+    s_lo = np.inf
+    s_hi = np.inf
+    w = 0.0
+    for j in range(H1):
+        w += d[idx[j]]
+        if j + 1 < H1 and m[idx[j + 1]] == m[idx[j]]:
+            continue
+        slope = gain - beta * w  # slope of F just above the breakpoint m[idx[j]]
+        if s_lo == np.inf and slope <= tol:
+            s_lo = m[idx[j]]
+        if slope < -tol:
+            s_hi = m[idx[j]]
+            break
+    top = _find(prv, n) - 1  # largest live position
+    if top < 0:
+        return 0
+    smax = sv[top]
+    eps = 1e-10 * (gain * smax + beta * (sd * smax + spread)) + 1e-300
+    p = np.searchsorted(sv, s_lo, side="right")  # first position with s > s_lo
+    nc = 0
+    q = _find(prv, p) - 1  # downward walk
+    while q >= 0:
+        s = sv[q]
+        pen = 0.0
+        for h in range(H1):
+            x = s - m[h]
+            if x > 0.0:
+                pen += x * d[h]
+        f = gain * s - beta * pen
+        nc = _brh_insert(order[q], f, k, nc, cand, cand_f)
+        if nc == k and f + 2.0 * eps < cand_f[k - 1]:
+            break
+        q = _find(prv, q) - 1
+    q = _find(nxt, p)  # upward walk
+    while q < n:
+        s = sv[q]
+        pen = 0.0
+        for h in range(H1):
+            x = s - m[h]
+            if x > 0.0:
+                pen += x * d[h]
+        f = gain * s - beta * pen
+        nc = _brh_insert(order[q], f, k, nc, cand, cand_f)
+        if nc == k and s >= s_hi and f + 2.0 * eps < cand_f[k - 1]:
+            break
+        q = _find(nxt, q + 1)
+    return nc
+
+
+@njit(**NJIT)
 def brh_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
     """BR-H on projected loads ``loads`` (G, H+1); see ``route_batch``."""
     n = prefill.shape[0]
@@ -368,52 +465,40 @@ def brh_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
     cand_f = np.empty(r_max)
     comb = np.empty(r_max, np.int64)
     best = np.empty(r_max, np.int64)
+    order = np.argsort(prefill, kind="mergesort")
+    sv = prefill[order]
+    pos_of = np.empty(n, np.int64)
+    for p in range(n):
+        pos_of[order[p]] = p
+    nxt = np.arange(n + 1)
+    prv = np.arange(n + 1)
+    perm = np.empty((G, H1), np.int64)  # per replica: its horizon offsets by margin
+    for g in range(G):
+        for h in range(H1):
+            perm[g, h] = h
     while n_live > 0 and s_tot > 0:
         # Replica key: (free slots, discounted margin d'm_g), ties to the lowest index.
+        # (keys are only computed for the replicas with the most free slots).
+        cmax = 0
+        for j in range(G):
+            if cap[j] > cmax:
+                cmax = cap[j]
         g = -1
         key = 0.0
         for j in range(G):
-            if cap[j] <= 0:
+            if cap[j] != cmax:
                 continue
             kj = 0.0
             for h in range(H1):
                 kj += d[h] * (Mh[h] - L[j, h])
-            if g < 0 or cap[j] > cap[g] or (cap[j] == cap[g] and kj > key):
+            if g < 0 or kj > key:
                 g = j
                 key = kj
         for h in range(H1):
             m[h] = Mh[h] - L[g, h]
         stage1 = s_tot > s_greedy
         k = 1 if stage1 else min(r_max, n_live)
-        nc = 0
-        for i in range(n):
-            if not live[i]:
-                continue
-            # F <= gain*s (beta >= 0): a request that cannot beat the k-th candidate is skipped
-            # (ties keep the lower index already ranked), and zero terms of the penalty are
-            # not added (x + 0.0 == x): both leave every computed value unchanged.
-            gs = gain * prefill[i]
-            if nc == k and gs <= cand_f[k - 1]:
-                continue
-            pen = 0.0
-            for h in range(H1):
-                x = prefill[i] - m[h]
-                if x > 0.0:
-                    pen += x * d[h]
-            f = gs - beta * pen
-            if nc < k:
-                pos = nc
-                nc += 1
-            elif f > cand_f[k - 1]:
-                pos = k - 1
-            else:
-                continue
-            while pos > 0 and cand_f[pos - 1] < f:
-                cand[pos] = cand[pos - 1]
-                cand_f[pos] = cand_f[pos - 1]
-                pos -= 1
-            cand[pos] = i
-            cand_f[pos] = f
+        nc = _brh_candidates(sv, order, nxt, prv, m, d, gain, beta, k, cand, cand_f, perm[g])
         if stage1:
             best[0] = 0
             n_best = 1
@@ -454,6 +539,8 @@ def brh_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
             D += prefill[i]
             out[i] = g
             live[i] = False
+            nxt[pos_of[i]] = pos_of[i] + 1
+            prv[pos_of[i] + 1] = pos_of[i]
         n_live -= n_best
         cap[g] -= n_best
         s_tot -= n_best

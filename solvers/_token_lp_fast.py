@@ -2,8 +2,7 @@
 
 Private module (stumpy's ``_stump`` / ``stump`` split): :func:`token_lp_kernel` is the
 jitted kernel, :func:`token_lp_reference` the plain-Python reference written directly from
-the algorithm below, sharing no helper with the kernel. :func:`token_lp_stack_kernel` runs
-the kernel over a stack of layers in parallel. The public wrapper is
+the algorithm below, sharing no helper with the kernel. The public wrapper is
 :func:`straggler.solvers.tempo.token_lp_fast`.
 
 Problem: ``lambda* = min max_g N_g`` over fractional splits of each expert's ``n_e`` tokens
@@ -41,11 +40,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ._jit import NJIT, NJIT_PARALLEL
+from ._jit import NJIT
 
-__all__ = ["token_lp_kernel", "token_lp_reference", "token_lp_stack_kernel"]
+__all__ = ["token_lp_kernel", "token_lp_reference"]
 
 
 @njit(**NJIT)
@@ -301,21 +300,3 @@ def token_lp_reference(counts, replicas):
         p, q = w // q, k
     d = math.gcd(p, q)
     return np.array(x, dtype=np.int64), p // d, q // d
-
-
-@njit(**NJIT_PARALLEL)
-def token_lp_stack_kernel(counts, replicas):
-    """:func:`token_lp_kernel` on each layer of ``(L, E)`` / ``(L, E, g)`` arrays, in parallel.
-
-    Returns ``shares (L, E, g)``, ``num (L,)``, ``den (L,)``.
-    """
-    L, E, g = replicas.shape
-    shares = np.zeros((L, E, g), np.int64)
-    num = np.zeros(L, np.int64)
-    den = np.ones(L, np.int64)
-    for l in prange(L):
-        x, p, q = token_lp_kernel(counts[l], replicas[l])
-        shares[l] = x
-        num[l] = p
-        den[l] = q
-    return shares, num, den

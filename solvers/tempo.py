@@ -1,61 +1,75 @@
 """``tempo``: the tempo_fast dispatcher of TEMPO §4.2, and the exact fast token LP.
 
 ``solve_dispatch(problem, cost, method="tempo")`` runs four stages on each layer (a
-Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it):
+Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it).
+Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
 
 1. **Cost-aware greedy seeding.** Live experts by descending tokens (ties: lower index),
-   each placed whole on the replica minimizing, lexicographically, the resulting makespan,
-   then the resulting time of that GPU, then the GPU index; every term of the cost model
-   (floor, tiles, compute, traffic) is priced. With ``seed=False`` each expert goes whole
-   to its lowest-index replica instead (the ablation's naive start).
-2. **Augmenting chains on max G** (the truncated semi-matching of Lemma 2). Let
-   ``Gmax = max_g G_g``. A 1-step chain moves an expert's whole share off a GPU at
-   ``Gmax`` to another replica ``d`` that already holds it or has ``G_d <= Gmax - 2``; a
-   2-step chain moves it to a GPU ``m`` at ``Gmax - 1`` not holding it and one other share
-   off ``m`` to such a ``d`` (``d`` not the first GPU). A chain is applied only if the
-   modeled makespan does not increase; among applicable chains the one minimizing
-   (makespan, largest time among the GPUs it changes) wins, the first enumerated on ties
-   (GPUs, experts, GPUs in increasing index), and 2-step chains are searched only when no
+   each placed whole on the replica of lowest marginal cost ``t(G+1, N+n, T+ceil(n/tile))
+   - t(G, N, T)`` under the full model (floor, tiles, compute, traffic); ties: lower
+   resulting time, then lower GPU index. A GPU already in the linear regime absorbs a cold
+   expert's activation for free, which is the point. ``seed=False``: each expert whole on
+   its lowest-index replica (the ablation's naive start).
+2. **Augmenting chains on max G** (the 1/2-step truncation of the semi-matching augmenting
+   paths of Lemma 2). ``Gmax = max_g G_g``. A 1-step chain moves an expert's whole share
+   off a GPU at ``Gmax`` to another replica ``d`` that already holds it or has
+   ``G_d <= Gmax - 2``; a 2-step chain moves it to a GPU ``m`` at ``Gmax - 1`` not holding
+   it, and one other whole share off ``m`` to such a ``d`` (``d`` not the first GPU). A
+   chain is applied only if the modeled makespan does not increase; the applied chain
+   minimizes (makespan, largest time among the GPUs it changes), first enumerated on ties
+   (GPUs, experts, GPUs by increasing index); 2-step chains are searched only when no
    1-step chain applies. Each chain lowers ``(Gmax, #GPUs at Gmax)`` lexicographically, so
    the stage ends.
 3. **Bottleneck local search.** A move sends ``q`` tokens of an expert from a GPU ``s``
-   at the makespan ``M`` to another of its replicas ``d``: the full share (a whole-expert
-   move) or a partial migration ``1 <= q < x[e, s]``. A move improves iff both new times are
-   below ``M``: then the makespan drops, or (several GPUs at ``M``) the number of GPUs at
-   it does, so ``(M, #GPUs at M)`` decreases lexicographically and ties in the bottleneck
-   are handled. Each iteration applies the move minimizing ``max(t_s', t_d')`` (first
-   found on ties: ``s``, ``e``, ``d`` increasing, full before partial), at most
-   ``max_iter`` times. The split size: the source time ``A(q)`` is nonincreasing and the
-   destination time ``B(q)`` nondecreasing in ``q`` (every term, tiles included), so
-   ``max(A, B)`` is unimodal and its integer minimum is at ``q* - 1`` or ``q*`` with
-   ``q* = min{q : B(q) >= A(q)}``, found by bisection: the exact integer form of the
-   paper's ternary search (``q* - 1`` on ties).
-4. **Ensemble** (Proposition 1). The token-LP dispatch and, when every live expert is
-   replicated on every GPU, A3 round robin (rank ``r`` to GPU ``r mod g``) are scored
-   under the model; the better (LP on ties) replaces the heuristic ``A_H`` iff its
-   makespan is below ``(1 - tau) M(A_H)``. So ``M(A*) <= min(M(A_H), min_C M(C)/(1-tau))``,
-   and under full replication ``M(A*) <= (OPT + max_k phi_k(n_max)) / (1 - tau)``
-   (Theorem 2); ``tau = 0`` gives the additive bound exactly.
+   at the makespan ``M`` to another of its replicas ``d``: the whole share, or a partial
+   migration ``1 <= q < x[e, s]``. A move improves iff both new times are below ``M``:
+   then the makespan drops or, with several GPUs at ``M``, the number of GPUs at it does
+   (ties in the bottleneck: ``(M, #GPUs at M)`` decreases lexicographically, so the search
+   cannot cycle). Each iteration applies the move minimizing ``max(t_s', t_d')``, first
+   found on ties (``s``, ``e``, ``d`` increasing, whole before partial); at most
+   ``max_iter`` iterations. Split size: the source time ``A(q)`` is nonincreasing and the
+   destination time ``B(q)`` nondecreasing in ``q``, tiles included, so ``max(A, B)`` is
+   unimodal and its integer minimum is at ``q* - 1`` or ``q*``, ``q* = min{q : B(q) >=
+   A(q)}``, found by bisection: the exact integer form of the paper's ternary search
+   (``q* - 1`` on ties). It is exact over all integer splits, so it includes every
+   tile-boundary split the paper snaps to, with the tile staircase priced in ``A`` and
+   ``B``. *Extension:* when no move improves, swaps are tried (``q`` tokens of ``e`` from
+   ``s`` to ``d``, whole or by the same bisection, while another expert's whole share goes
+   from ``d`` to ``s``), same acceptance and tie rules. The search stops early at the
+   integral lower bound ``max(t(0, ceil(lambda*), 0), t(SM, 0, SM))`` that no whole-token
+   dispatch can beat.
+4. **Ensemble** (Proposition 1). Candidates: the token-LP dispatch, A3 round robin (rank
+   ``r`` to GPU ``r mod g``) when every live expert is replicated on every GPU, and
+   (*extension*) the optimal semi-matching with whole experts. *Extension:* a candidate
+   below ``M(A_H)``, and the semi-matching one when ``A_H`` activates more than ``SM``
+   replicas somewhere, is first improved by the stage-3 search (when stage 3 is on). The
+   best (first on ties) replaces ``A_H`` iff its makespan is below ``(1 - tau) M(A_H)``.
+   Polishing only lowers a candidate, so ``M(A*) <= min(M(A_H), min_C M(C) / (1 - tau))``
+   holds for the raw candidates, and under full replication ``M(A*) <= (OPT + max_k
+   phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the additive bound exactly.
 
-Shares are whole tokens throughout (int-valued float64). The token-LP candidate is the
-integral token-optimal dispatch of :func:`token_lp_fast` (``max_g N_g = ceil(lambda*)``,
-less than one token per GPU above the fractional optimum ``lambda*``).
+The token-LP candidate is the integral token-optimal dispatch of :func:`token_lp_fast`
+(``max_g N_g = ceil(lambda*)``, under one token per GPU above the fractional optimum); so
+on tiny instances, where one token matters, tempo can be above a fractional OPT by the
+cost of about one token per GPU. ``lower_bound`` is :func:`tempo_layer_bound`.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from numbers import Real
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ._semi_matching import semi_matching_kernel
-from ._tempo import INFO_FIELDS, tempo_kernel, tempo_stack_kernel
-from ._token_lp_fast import token_lp_kernel, token_lp_stack_kernel
+from ._tempo import INFO_FIELDS, tempo_kernel
+from ._token_lp_fast import token_lp_kernel
 from .registry import LayerSolution, register_dispatch_method
 
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
@@ -168,8 +182,8 @@ class Tempo:
     >>> from straggler.solvers import solve_dispatch
     >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
     >>> res = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method="tempo")
-    >>> res.makespan, res.status.name, res.shares[0].tolist()
-    (60.0, 'OPTIMAL', [300.0, 300.0])
+    >>> res.makespan, res.status.name, (res.shares > 0).sum(axis=1).tolist()
+    (60.0, 'OPTIMAL', [2, 1, 1, 1, 1, 1, 1])
     """
 
     seed: bool = True
@@ -216,29 +230,43 @@ class Tempo:
             extras=extras,
         )
 
+    def _arrays(self, cost, counts, replicas):
+        """Token LP, semi-matching and tempo kernels on one layer (all release the GIL)."""
+        lp, num, den = token_lp_kernel(counts, replicas)
+        assign, sm, _ = semi_matching_kernel(replicas, counts > 0)
+        shares, info = tempo_kernel(counts, replicas, cost, lp, assign, *self._flags())
+        return shares, info, num, den, sm
+
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
         """One validated layer."""
         counts = np.ascontiguousarray(problem.counts, dtype=np.int64)
         replicas = np.ascontiguousarray(problem.replicas)
-        lp, num, den = token_lp_kernel(counts, replicas)
-        assign, sm, _ = semi_matching_kernel(replicas, counts > 0)
-        shares, info = tempo_kernel(counts, replicas, cost.as_array(), lp, assign, *self._flags())
-        return self._solution(cost, shares, info, num, den, sm)
+        return self._solution(cost, *self._arrays(cost.as_array(), counts, replicas))
 
     def solve_stack(self, problems, cost: CostModel, *, time_limit, rng) -> list[LayerSolution]:
-        """Every layer at once, in parallel over layers (same results as :meth:`solve`)."""
+        """Every layer, in parallel over layers on a thread pool around the ``nogil`` kernels.
+
+        Results are identical to :meth:`solve` layer by layer (the kernels are
+        deterministic and share no state). Threads: ``numba.get_num_threads()``.
+        """
         problems = list(problems)
-        counts = np.ascontiguousarray(np.stack([p.counts for p in problems]), dtype=np.int64)
-        replicas = np.ascontiguousarray(np.stack([p.replicas for p in problems]))
-        lp, num, den = token_lp_stack_kernel(counts, replicas)
-        assign = np.empty(counts.shape, np.int64)
-        sm = np.empty(len(problems), np.int64)
-        for l in range(len(problems)):
-            assign[l], sm[l], _ = semi_matching_kernel(replicas[l], counts[l] > 0)
-        shares, info = tempo_stack_kernel(
-            counts, replicas, cost.as_array(), lp, assign, *self._flags()
-        )
-        return [
-            self._solution(cost, shares[l], info[l], num[l], den[l], sm[l])
-            for l in range(len(problems))
-        ]
+        c = cost.as_array()
+        counts = [np.ascontiguousarray(p.counts, dtype=np.int64) for p in problems]
+        replicas = [np.ascontiguousarray(p.replicas) for p in problems]
+        n_threads = max(1, min(numba.get_num_threads(), len(problems)))
+
+        def chunk(k):
+            return [
+                self._arrays(c, counts[l], replicas[l]) for l in range(k, len(problems), n_threads)
+            ]
+
+        if n_threads == 1:
+            parts = [chunk(0)]
+        else:
+            with ThreadPoolExecutor(n_threads) as pool:
+                parts = list(pool.map(chunk, range(n_threads)))
+        out = [None] * len(problems)
+        for k, part in enumerate(parts):
+            for i, arrays in enumerate(part):
+                out[k + i * n_threads] = self._solution(cost, *arrays)
+        return out

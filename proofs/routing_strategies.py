@@ -24,8 +24,12 @@ def routing_instances(
     max_len: int = 40,
     max_slots: int = 4,
     max_r: int = 4,
+    fractional: bool = False,
 ):
-    """A random routing tick (dict of the kernel arguments)."""
+    """A random routing tick (dict of the kernel arguments).
+
+    ``fractional=True`` adds quarter-token fractions to the loads (as projected loads have).
+    """
     from straggler.solvers.routing import make_params
 
     G = draw(st.integers(1, max_replicas))
@@ -37,6 +41,9 @@ def routing_instances(
         draw(st.lists(st.integers(0, 3 * max_len), min_size=G * (H + 1), max_size=G * (H + 1))),
         dtype=np.float64,
     ).reshape(G, H + 1)
+    if fractional:
+        q = draw(st.lists(st.integers(0, 3), min_size=G * (H + 1), max_size=G * (H + 1)))
+        loads = loads + np.array(q, dtype=np.float64).reshape(G, H + 1) / 4
     free = np.array(draw(st.lists(st.integers(0, max_slots), min_size=G, max_size=G)), np.int64)
     n_running = np.array(draw(st.lists(st.integers(0, 6), min_size=G, max_size=G)), np.int64)
     n_waiting = np.array(draw(st.lists(st.integers(0, 3), min_size=G, max_size=G)), np.int64)

@@ -259,3 +259,11 @@ def test_stage2_not_optimal_beyond_candidates():
         build_joint_tick_milp([6, 5, 4], [10, 0], [0, 2], must_place=True), mip_rel_gap=0
     )
     assert opt.objective == 0.0
+
+
+@settings(max_examples=40)
+@given(inst=routing_instances(max_horizon=24, max_pool=14, max_slots=6, fractional=True))
+def test_brh_long_horizon_kernel_equals_reference(inst):
+    """The two-walk ranking of BR-H against the plain scan, with fractional projected loads."""
+    args = kernel_args(inst)
+    assert K.brh_kernel(*args).tolist() == K.brh_reference(*args).tolist()

@@ -17,8 +17,8 @@ from .registry import LayerSolution, make_method
 
 __all__ = ["solve_dispatch", "DEFAULT_METHOD", "as_rng"]
 
-#: The method used when none is named.
-DEFAULT_METHOD = "milp"
+#: The method used when none is named: tempo_fast (TEMPO §4.2, ``straggler.solvers.tempo``).
+DEFAULT_METHOD = "tempo"
 #: Relative slack under which a makespan equal to a certified bound counts as proved optimal.
 OPTIMALITY_RTOL = 1e-9
 

@@ -369,9 +369,16 @@ def route_batch(
 
     Notes
     -----
-    Cost per tick: BR-0 O(P*(G + n) + P2*2^R_max) for P placements, P2 of them in Stage 2;
-    baselines O(n*G) (trtllm adds O(n log n)). Deviations from the paper: it states neither
-    ``S_greedy`` nor the candidate order nor the tie-breaks; the choices above are ours.
+    Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n log n + P*(G + R_max log n)
+    + P2*2^R_max)`` (the pool is sorted once; the ranking merges two walks from the margin,
+    Theorem R2, over union-find "next live" pointers); BR-H ``O(P*(G*H + e*H))`` with ``e`` the
+    requests evaluated by its two walks from the peak of the concave score (all of them in the
+    worst case); baselines ``O(n*G)`` (trtllm adds ``O(n log n)``). The kernels equal their
+    plain-Python references (which rank the whole pool on every pop) decision for decision.
+
+    Deviations from the paper: it states neither ``S_greedy`` nor the candidate order nor the
+    tie-breaks; the choices above are ours. The replica key ``(cap_g, m_g)`` is read as
+    lexicographic (free slots first), as the paper writes the tuple.
 
     References
     ----------

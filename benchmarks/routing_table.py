@@ -80,8 +80,11 @@ def datasets(quick: bool):
     return out
 
 
+STEP = {}
+
+
 def run_row(trace, policy, extra, **kw):
-    r = simulate(trace, policy, saturated=True, **extra, **kw)
+    r = simulate(trace, policy, saturated=True, **extra, **STEP, **kw)
     return {
         "mean_imbalance": r.mean_imbalance,
         "balance_ratio": r.balance_ratio,
@@ -134,7 +137,12 @@ def main(argv=None):
     ap.add_argument("--horizon", type=int, default=80, help="BR-H horizon H (paper: 80)")
     ap.add_argument("--gamma", type=float, default=1.0, help="BR-H discount")
     ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--t0", type=float, default=None, help="step time t0 (s); default library's")
+    ap.add_argument("--kappa", type=float, default=None, help="step time slope (s/token)")
+    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results")
     args = ap.parse_args(argv)
+    STEP.clear()
+    STEP.update({k: getattr(args, k) for k in ("t0", "kappa") if getattr(args, k) is not None})
     RESULTS.mkdir(parents=True, exist_ok=True)
     data = datasets(args.quick)
     brh = dict(horizon=args.horizon, gamma=args.gamma)
@@ -160,7 +168,7 @@ def main(argv=None):
                 key = f"{name}/G={args.replicas}/stale={stale}/optimistic={optimistic}"
                 table(key, rows)
                 out["tables"][key] = rows
-        path = RESULTS / "routing_staleness.json"
+        path = RESULTS / (args.out or "routing_staleness.json")
     else:
         reports = {}
         for name, trace in data.items():
@@ -213,7 +221,7 @@ def main(argv=None):
 
             plot_imbalance(reports, args.plot, title=f"{scale_name}, G={args.replicas}, saturated")
             print(f"\nwrote {args.plot}")
-        path = RESULTS / "routing_table.json"
+        path = RESULTS / (args.out or "routing_table.json")
     out["wall_s"] = time.perf_counter() - t_start
     path.write_text(json.dumps(out, indent=1))
     print(f"\nwrote {path} ({out['wall_s']:.0f} s)")

@@ -267,3 +267,36 @@ def test_brh_long_horizon_kernel_equals_reference(inst):
     """The two-walk ranking of BR-H against the plain scan, with fractional projected loads."""
     args = kernel_args(inst)
     assert K.brh_kernel(*args).tolist() == K.brh_reference(*args).tolist()
+
+
+def test_kernel_callable_from_jitted_code():
+    """The simulator's use: a kernel passed as an argument to a jitted loop."""
+    from numba import njit
+
+    @njit
+    def by_function(kernel, s, L, free, z, p):
+        return kernel(s, L, free, z, z, p, 1)
+
+    s, L, free = np.array([5.0, 1.0, 3.0]), np.array([[4.0], [0.0]]), np.array([2, 2])
+    z = np.zeros(2, np.int64)
+    p = make_params(r_max=2, s_greedy=0, beta=2.0)
+    want = K.jsq_kernel(s, L, free, z, z, p, 1).tolist()
+    assert by_function(K.jsq_kernel, s, L, free, z, p).tolist() == want
+
+
+@pytest.mark.slow
+def test_route_tick_kernel_by_id_inside_jitted_code():
+    """Dispatch by POLICY_IDS inside a jitted loop (compiles every kernel: slow)."""
+    from numba import njit
+    from straggler.solvers.routing import POLICY_IDS, route_tick_kernel
+
+    @njit
+    def by_id(pid, s, L, free, z, p):
+        return route_tick_kernel(pid, s, L, free, z, z, p, 1)
+
+    s, L, free = np.array([5.0, 1.0, 3.0]), np.array([[4.0], [0.0]]), np.array([2, 2])
+    z = np.zeros(2, np.int64)
+    p = make_params(r_max=2, s_greedy=0, beta=2.0)
+    for name, kernel in ROUTING_KERNELS.items():
+        want = kernel(s, L, free, z, z, p, 1).tolist()
+        assert by_id(POLICY_IDS[name], s, L, free, z, p).tolist() == want, name

@@ -207,7 +207,8 @@ def random_search(
     milp_time_limit: float = 5.0,
     **kw,
 ) -> dict:
-    """Score ``n`` random instances; return the worst ratio and the first counterexample."""
+    """Score ``n`` random instances; return the worst ratio (over ``delta > 0``), the largest
+    excess, the number of violations and the first counterexample."""
     rng = np.random.default_rng(seed)
     worst = None
     first = None
@@ -222,7 +223,7 @@ def random_search(
             unproved += 1
             continue
         max_excess = max(max_excess, chk.excess)
-        if worst is None or chk.ratio > worst[0].ratio:
+        if chk.term > 0 and (worst is None or chk.ratio > worst[0].ratio):
             worst = (chk, p, cost)
         if chk.violated:
             n_viol += 1
@@ -252,7 +253,9 @@ def targeted_search(
 ) -> dict:
     """Hypothesis search steered by ``target(excess)`` toward a counterexample.
 
-    Phase 1 explores without failing and records the worst ratio ``M(A3')/(OPT + delta)``.
+    Phase 1 explores without failing and records the worst ratio ``M(A3')/(OPT + delta)``
+    over instances with ``delta > 0`` (with ``delta = 0`` the ratio is 1 whenever the rule is
+    optimal, which says nothing).
     Phase 2 (``shrink``) asserts the conjecture, so hypothesis shrinks the first violation it
     finds to a minimal one. Instances whose optimum the MILP does not prove within
     ``milp_time_limit`` are rejected (counted in ``"unproved"``).
@@ -303,7 +306,7 @@ def targeted_search(
         state["examples"] += 1
         state["max_excess"] = max(state["max_excess"], chk.excess)
         target(chk.excess, label="M(A3') - OPT - delta")
-        if state["worst"] is None or chk.ratio > state["worst"][0].ratio:
+        if chk.term > 0 and (state["worst"] is None or chk.ratio > state["worst"][0].ratio):
             state["worst"] = (chk, p, cost)
         if chk.violated:
             state["violations"] += 1

@@ -102,3 +102,24 @@ def test_restricted_conjecture_counterexample():
     assert support_optimum(p, cost) == 4.0 == exact_optimum(p, cost)
     chk = check_conjecture(p, cost)
     assert (chk.makespan, chk.opt, chk.term) == (6.0, 4.0, 1.0) and chk.violated
+
+
+def test_conjecture_search_plumbing():
+    from straggler.proofs.conjecture import random_search, targeted_search
+
+    r = random_search(5, seed=0)
+    assert r["n"] + r["unproved"] == 5 and r["violations"] >= 0
+    t = targeted_search(5, seed=0, shrink=False)
+    assert t["examples"] + t["unproved"] >= 1
+    assert t["worst"] is None or t["worst"][0].term > 0
+
+
+@pytest.mark.slow
+def test_targeted_search_refutes_the_conjecture():
+    """hypothesis target() finds (and shrinks) a violation on arbitrary restricted masks."""
+    from straggler.proofs.conjecture import check_conjecture, targeted_search
+
+    r = targeted_search(400, seed=1, max_experts=10)
+    assert r["counterexample"] is not None
+    chk, p, cost = r["counterexample"]
+    assert check_conjecture(p, cost).violated

@@ -90,6 +90,7 @@ POLICY_IDS = {name: k for k, name in enumerate(POLICY_NAMES)}
 POLICIES = POLICY_NAMES
 
 _EXTRA = frozenset({"n_running", "n_waiting", "optimistic", "cursor"})
+_BIG = 1e300  # alpha and beta must be finite
 _FUNC = "route_batch"
 
 
@@ -405,13 +406,13 @@ def route_batch(
     if s_greedy is None:
         s_greedy = default_s_greedy(G, r_max)
     s_greedy = _scalar(s_greedy, "s_greedy", 0.0, math.inf)
-    alpha = _scalar(alpha, "alpha", 0.0, math.inf, lo_open=True)
-    beta = float(G) if beta is None else _scalar(beta, "beta", 0.0, math.inf)
+    alpha = _scalar(alpha, "alpha", 0.0, _BIG, lo_open=True)
+    beta = float(G) if beta is None else _scalar(beta, "beta", 0.0, _BIG)
     gamma = _scalar(gamma, "gamma", 0.0, 1.0, lo_open=True)
     optimistic = params.get("optimistic", True)
     if not isinstance(optimistic, (bool, np.bool_)):
         raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
-    cursor = int(_scalar(params.get("cursor", 0), "cursor", 0, math.inf, integer=True))
+    cursor = int(_scalar(params.get("cursor", 0), "cursor", 0, 2**62, integer=True))
     if policy in ("random", "p2c"):
         seed = _seed(rng)
     else:

@@ -300,3 +300,20 @@ def test_route_tick_kernel_by_id_inside_jitted_code():
     for name, kernel in ROUTING_KERNELS.items():
         want = kernel(s, L, free, z, z, p, 1).tolist()
         assert by_id(POLICY_IDS[name], s, L, free, z, p).tolist() == want, name
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"beta": np.inf, "policy": "brh"}, "beta"),
+        ({"alpha": 0.0, "policy": "brh"}, "alpha"),
+        ({"alpha": np.nan, "policy": "brh"}, "alpha"),
+        ({"cursor": np.inf, "policy": "round_robin"}, "cursor"),
+        ({"cursor": -1, "policy": "round_robin"}, "cursor"),
+        ({"r_max": True}, "r_max"),
+        ({"n_waiting": [1, -1]}, "n_waiting"),
+    ],
+)
+def test_bad_scalar_options(kwargs, param):
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        route_batch([1.0], [0.0, 0.0], [1, 1], **kwargs)

@@ -152,7 +152,10 @@ class MilpDispatch:
             "uniform": _uniform_split(problem),
         }
         if problem.counts.any():
-            seeds["token_lp"] = solve_token_lp(problem, time_limit=time_limit)[0]
+            try:
+                seeds["token_lp"] = solve_token_lp(problem, time_limit=time_limit)[0]
+            except StragglerError:  # the LP ran out of time: seed from the others
+                pass
         if self.warm_start is not None:
             h = make_method(self.warm_start, {})
             x = np.asarray(

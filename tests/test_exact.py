@@ -265,3 +265,17 @@ def test_token_lp_topology_errors():
     one = DispatchProblem(counts=[1], replicas=[[True]])
     with pytest.raises(InvalidInputError, match="ring"):
         solve_dispatch(one, cost, method="token_lp", topology="ring")
+
+
+def test_token_lp_seed_timeout_is_not_fatal(monkeypatch):
+    import straggler.solvers.exact as exact
+    from straggler.formulations import StragglerError
+
+    def out_of_time(*args, **kw):
+        raise StragglerError("time limit")
+
+    monkeypatch.setattr(exact, "solve_token_lp", out_of_time)
+    p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    res = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method="milp")
+    assert res.status is Status.OPTIMAL and res.makespan == pytest.approx(60.0)
+    assert res.extras["seed"] in ("greedy", "uniform")

@@ -92,6 +92,23 @@ def _rest_max(times, i, j, k):
 
 
 @njit(**NJIT)
+def _move(x, G, N, T, times, cost, tile, e, src, dst, q):
+    """Send q tokens of expert e from GPU src to GPU dst, updating the state in place."""
+    xs = x[e, src]
+    xd = x[e, dst]
+    G[src] -= 1 if q == xs else 0
+    N[src] -= q
+    T[src] += (xs - q + tile - 1) // tile - (xs + tile - 1) // tile
+    G[dst] += 1 if xd == 0 else 0
+    N[dst] += q
+    T[dst] += (xd + q + tile - 1) // tile - (xd + tile - 1) // tile
+    x[e, src] = xs - q
+    x[e, dst] = xd + q
+    times[src] = _t(cost, G[src], N[src], T[src])
+    times[dst] = _t(cost, G[dst], N[dst], T[dst])
+
+
+@njit(**NJIT)
 def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost, tile, max_iter,
                   stop_at):  # fmt: skip
     """Stage 3 on the state (x, G, N, T, times), in place; returns the number of moves."""
@@ -240,31 +257,66 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
                                     bd = d
                                     bq = q
                                     bf = f
+        bm = -1
+        be2 = -1
+        if bs < 0:
+            # Fallback 2: ejection chains. e's whole share goes from s to m, another expert
+            # e2's whole share from m to d (d not s); all three new times below best_v.
+            for s in range(g):
+                if times[s] != M:
+                    continue
+                for i in range(g_ptr[s], g_ptr[s + 1]):
+                    e = g_exps[i]
+                    xs = x[e, s]
+                    if xs == 0:
+                        continue
+                    ts = _t(cost, G[s] - 1, N[s] - xs, T[s] - (xs + tile - 1) // tile)
+                    if ts >= best_v:
+                        continue
+                    for j in range(e_ptr[e], e_ptr[e + 1]):
+                        m = e_gpus[j]
+                        if m == s:
+                            continue
+                        xm = x[e, m]
+                        Gm = G[m] + (1 if xm == 0 else 0)
+                        Tm = T[m] - (xm + tile - 1) // tile + (xm + xs + tile - 1) // tile
+                        for i2 in range(g_ptr[m], g_ptr[m + 1]):
+                            e2 = g_exps[i2]
+                            q2 = x[e2, m]
+                            if e2 == e or q2 == 0:
+                                continue
+                            tm = _t(cost, Gm - 1, N[m] + xs - q2, Tm - (q2 + tile - 1) // tile)
+                            if tm >= best_v:
+                                continue
+                            for j2 in range(e_ptr[e2], e_ptr[e2 + 1]):
+                                d = e_gpus[j2]
+                                if d == m or d == s or times[d] >= best_v:
+                                    continue
+                                yd = x[e2, d]
+                                td = _t(
+                                    cost,
+                                    G[d] + (1 if yd == 0 else 0),
+                                    N[d] + q2,
+                                    T[d] - (yd + tile - 1) // tile + (yd + q2 + tile - 1) // tile,
+                                )
+                                v = max(ts, max(tm, td))
+                                if v < best_v:
+                                    best_v = v
+                                    bs = s
+                                    be = e
+                                    bm = m
+                                    be2 = e2
+                                    bd = d
+                                    bq = xs
         if bs < 0:
             break
         if bf >= 0:
-            yd = x[bf, bd]
-            ys = x[bf, bs]
-            G[bs] += 1 if ys == 0 else 0
-            N[bs] += yd
-            T[bs] += (ys + yd + tile - 1) // tile - (ys + tile - 1) // tile
-            G[bd] -= 1
-            N[bd] -= yd
-            T[bd] -= (yd + tile - 1) // tile
-            x[bf, bs] = ys + yd
-            x[bf, bd] = 0
-        xs = x[be, bs]
-        xd = x[be, bd]
-        G[bs] -= 1 if bq == xs else 0
-        N[bs] -= bq
-        T[bs] += (xs - bq + tile - 1) // tile - (xs + tile - 1) // tile
-        G[bd] += 1 if xd == 0 else 0
-        N[bd] += bq
-        T[bd] += (xd + bq + tile - 1) // tile - (xd + tile - 1) // tile
-        x[be, bs] = xs - bq
-        x[be, bd] = xd + bq
-        times[bs] = _t(cost, G[bs], N[bs], T[bs])
-        times[bd] = _t(cost, G[bd], N[bd], T[bd])
+            _move(x, G, N, T, times, cost, tile, bf, bd, bs, x[bf, bd])
+        if bm >= 0:
+            _move(x, G, N, T, times, cost, tile, be, bs, bm, bq)
+            _move(x, G, N, T, times, cost, tile, be2, bm, bd, x[be2, bm])
+        else:
+            _move(x, G, N, T, times, cost, tile, be, bs, bd, bq)
         n_ls += 1
     return n_ls
 
@@ -774,6 +826,28 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
                                         v = max(fs(q))
                                         if v < best_v:
                                             best_v, best_move = v, [back, (e, s, d, q)]
+                if best_move is None:
+                    # fallback 2: ejection chains (e: s -> m whole, then e2: m -> d whole)
+                    for s in range(g):
+                        if times[s] != M:
+                            continue
+                        for e in range(E):
+                            if x[e][s] == 0:
+                                continue
+                            for m in range(g):
+                                if m == s or not R[e][m]:
+                                    continue
+                                for e2 in range(E):
+                                    if e2 == e or x[e2][m] == 0:
+                                        continue
+                                    for d in range(g):
+                                        if d in (m, s) or not R[e2][d]:
+                                            continue
+                                        moves = [(e, s, m, x[e][s]), (e2, m, d, x[e2][m])]
+                                        new = times_of(moved(x, moves))
+                                        v = max(new[s], new[m], new[d])
+                                        if v < best_v:
+                                            best_v, best_move = v, moves
                 if best_move is None:
                     break
             else:

@@ -35,7 +35,9 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
    tile-boundary split the paper snaps to, with the tile staircase priced in ``A`` and
    ``B``. *Extension:* when no move improves, swaps are tried (``q`` tokens of ``e`` from
    ``s`` to ``d``, whole or by the same bisection, while another expert's whole share goes
-   from ``d`` to ``s``), same acceptance and tie rules. The search stops early at the
+   from ``d`` to ``s``), then ejection chains (an expert's whole share from ``s`` to ``m``
+   and another whole share from ``m`` to ``d``, ``d`` not ``s``, all three new times
+   below ``M``), with the same acceptance and tie rules. The search stops early at the
    integral lower bound ``max(t(0, ceil(lambda*), 0), t(SM, 0, SM))`` that no whole-token
    dispatch can beat.
 4. **Ensemble** (Proposition 1). Candidates: the token-LP dispatch, A3 round robin (rank

@@ -96,29 +96,47 @@ def lower_bound_kernel(counts, replicas, params, sm):
     if v > best:
         best = v
     # B3 over the replica set of each live expert
-    for i in range(n_live):
-        if g <= 64:
-            s_mask = masks[i]
-            dup = False
-            for q in range(i):
-                if masks[q] == s_mask:
-                    dup = True
-                    break
-            if dup:
-                continue
-            sn = np.int64(0)
-            sj = np.int64(0)
-            sk = np.int64(0)
-            for q in range(n_live):
-                if masks[q] & ~s_mask == np.uint64(0):
-                    sn += ntok[q]
-                    sj += jj[q]
-                    sk += kk[q]
-        else:
-            sn = ntok[i]
-            sj = jj[i]
-            sk = kk[i]
-        s = rr[i]
+    if g > 64:
+        for i in range(n_live):
+            s = rr[i]
+            v = c + beta * ntok[i] / s
+            if v > best:
+                best = v
+            v = c2 + gamma * ntok[i] / s
+            if v > best:
+                best = v
+            v = a + (b * jj[i] + b2 * (kk[i] - jj[i])) / s
+            if v > best:
+                best = v
+        return best
+    # aggregate experts by distinct replica set, then sum over subsets: O(E log E + D^2)
+    order = np.argsort(masks)
+    dm = np.zeros(n_live, np.uint64)
+    dn = np.zeros(n_live, np.int64)
+    dj = np.zeros(n_live, np.int64)
+    dk = np.zeros(n_live, np.int64)
+    dr = np.zeros(n_live, np.int64)
+    D = 0
+    for t in range(n_live):
+        i = order[t]
+        if D == 0 or dm[D - 1] != masks[i]:
+            dm[D] = masks[i]
+            dr[D] = rr[i]
+            D += 1
+        dn[D - 1] += ntok[i]
+        dj[D - 1] += jj[i]
+        dk[D - 1] += kk[i]
+    for d in range(D):
+        s_mask = dm[d]
+        sn = np.int64(0)
+        sj = np.int64(0)
+        sk = np.int64(0)
+        for q in range(D):
+            if dm[q] & ~s_mask == np.uint64(0):
+                sn += dn[q]
+                sj += dj[q]
+                sk += dk[q]
+        s = dr[d]
         v = c + beta * sn / s
         if v > best:
             best = v

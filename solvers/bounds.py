@@ -10,11 +10,15 @@ for any replica sets and is proved in ``proofs/THEOREMS.md`` (Part I, "Lower bou
   (Lemma 2);
 * B3, token and activation-measure bounds over GPU sets closed under the replica sets of
   the experts they hold (``N(E(S))/|S|``);
-* B4, the tile count of each expert's largest piece.
+* B4, the tile count of each expert's largest piece;
+* B5, the token-LP bound ``max(c + beta*V, c2 + gamma*V)`` with ``V = min max_g N_g``
+  (Lemma 1), computed exactly by the augmenting-path kernel of
+  ``straggler.solvers._token_lp_fast`` (the best of all closed-set token bounds).
 
-It is computed by one Numba kernel (``straggler.solvers._bounds``, plain-Python reference
-beside it) plus the semi-matching kernel; no LP or MILP is solved, so every
-``solve_dispatch`` call can afford it (a few microseconds for ``E = 256, g = 8``).
+B1-B4 come from one Numba kernel (``straggler.solvers._bounds``, plain-Python reference
+beside it), B2 from the semi-matching kernel, B5 from the token-LP kernel; no LP solver or
+MILP is called, so every ``solve_dispatch`` call can afford it (about 5-25 us for
+``E = 64-256, g = 8-16`` with restricted replicas).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ._bounds import lower_bound_kernel
 from ._semi_matching import semi_matching_kernel
+from ._token_lp_fast import token_lp_kernel
 
 __all__ = ["certified_lower_bound"]
 
@@ -30,7 +35,8 @@ __all__ = ["certified_lower_bound"]
 def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float:
     """A lower bound on the optimal makespan of one layer (layer 0 of a stack).
 
-    Returns ``max(B1, B2, B3, B4)`` (see the module docstring); never above the optimum.
+    Returns ``max(B1, B2, B3, B4, B5)`` (see the module docstring); never above the
+    optimum.
 
     Examples
     --------
@@ -53,4 +59,8 @@ def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float:
     counts = p.counts
     replicas = p.replicas
     _, sm, _ = semi_matching_kernel(replicas, counts > 0)
-    return float(lower_bound_kernel(counts, replicas, cost.as_array(), sm))
+    best = float(lower_bound_kernel(counts, replicas, cost.as_array(), sm))
+    _, num, den = token_lp_kernel(counts, replicas)
+    for c0, slope in cost.token_pieces:
+        best = max(best, c0 + slope * num / den)
+    return best

@@ -7,7 +7,7 @@ from straggler.formulations import CostModel, DispatchProblem, basic_lower_bound
 from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.conjecture import exact_optimum, support_optimum
 from straggler.proofs.strategies import dispatch_instances
-from straggler.solvers import certified_lower_bound, semi_matching
+from straggler.solvers import certified_lower_bound, semi_matching, solve_token_lp
 from straggler.solvers._bounds import lower_bound_kernel, lower_bound_reference
 from straggler.solvers._semi_matching import semi_matching_reference
 
@@ -27,7 +27,10 @@ def test_kernel_equals_reference(inst):
     p, cost = inst
     k, py, r = _both(p, cost)
     assert k == py == r
-    assert k == certified_lower_bound(p, cost)
+    # B5 (token LP, exact) on top of the kernel's B1-B4
+    _, v = solve_token_lp(p, cost)
+    b5 = max(c0 + s * v for c0, s in cost.token_pieces)
+    assert certified_lower_bound(p, cost) == pytest.approx(max(k, b5), rel=1e-9, abs=1e-12)
 
 
 def test_kernel_equals_reference_many_gpus():

@@ -3,8 +3,9 @@
 Under full replication, A3 places whole experts by descending-token round-robin and
 satisfies ``M(A3) <= OPT + max_k phi_k(n_max)`` for the per-GPU cost
 ``max_k(a_k + sum_e phi_k(n_e))`` (proofs/THEOREMS.md, Theorem 2). Under restricted replicas
-the "fewest-experts replica, token tie-break" variant is used; its additive bound is a
-conjecture, tested by ``straggler.proofs.conjecture``, never assumed.
+the "fewest-experts replica, token tie-break" variant is used; TEMPO conjectures the same
+additive bound for it, but ``straggler.proofs.conjecture`` refutes it (counterexamples in
+proofs/THEOREMS.md), so no guarantee is claimed for the variant.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def round_robin_shares(counts, replicas, *, rule: str = "auto") -> np.ndarray:
     far, then to the lowest GPU index. ``O(E log E + E g)``.
 
     Guarantee (A3, full replication): ``M(A3) <= OPT + a3_bound(problem, cost)``
-    (Theorem 2); for the variant the same bound is only conjectured.
+    (Theorem 2). The variant has no such guarantee: TEMPO's conjecture that it does is false
+    (proofs/THEOREMS.md, "The restricted-replication conjecture is false").
 
     Examples
     --------

@@ -36,11 +36,11 @@ Azure-2024, G = 8         (104,737 - 35,301) / 8 = 8,680       12.0 ms      1.38
   load (our reading: ~175k mean, ~20k resident tokens per long-context request) ``M ~= 175k +
   215,110 / 8 ~= 202k`` and ``t0 = 83.2 ms - 0.22 us * 202k ~= 39 ms``.
 
-So a step costs ~85 ms at ~200k tokens on the slowest replica (the paper's TPOT scale); the
-Mooncake conversation trace (12k-token prompts) at 16 slots per replica is in that regime, the
-Azure-2023 traces (1-2k-token prompts, ~20k tokens per replica) run at ~45 ms steps, where the
-barrier matters less. ``benchmarks/routing_table.py --kappa 1.38e-6`` reruns the table with the
-Azure-pair slope instead.
+So a step costs ~85 ms at ~200k tokens on the slowest replica (the paper's TPOT scale). In
+saturated replays at 16 slots per replica, the Mooncake conversation trace (12k-token prompts)
+is in that regime (TPOT P95 ~100-130 ms); the Azure-2023 traces (1-2k-token prompts, ~20k
+tokens per replica) run at ~45-55 ms, where the barrier costs little.
+``benchmarks/routing_table.py --kappa 1.38e-6`` reruns the table with the Azure-pair slope.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def plot_imbalance(
     items = (
         list(reports.items()) if isinstance(reports, Mapping) else [(r.policy, r) for r in reports]
     )
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     for label, r in items:
         lo, hi = r.window if window_only else (0, r.n_steps)
         t = r.series["time_s"][lo:hi]
@@ -96,7 +96,7 @@ def plot_imbalance(
     ax.set_ylabel(f"imbalance G*max L - sum L (tokens, {bin_s:g} s bins)")
     ax.set_yscale("symlog", linthresh=1000)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     if title:
         ax.set_title(title)
     fig.tight_layout()

@@ -309,6 +309,75 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
                                     bd = d
                                     bq = xs
         if bs < 0:
+            # Fallback 3: leximax moves below the makespan, to make room. GPUs not at M by
+            # decreasing time (ties: lower index); the first with a move taking both new
+            # times below its own time (a strict decrease of the sorted time vector) gives
+            # the best such move. M never increases; nothing can cycle.
+            g_order = np.argsort(-times, kind="mergesort")
+            for r in range(g):
+                s = g_order[r]
+                if times[s] == M:
+                    continue
+                best_v = times[s]
+                for i in range(g_ptr[s], g_ptr[s + 1]):
+                    e = g_exps[i]
+                    xs = x[e, s]
+                    if xs == 0:
+                        continue
+                    ks = (xs + tile - 1) // tile
+                    ts_full = _t(cost, G[s] - 1, N[s] - xs, T[s] - ks)
+                    for j in range(e_ptr[e], e_ptr[e + 1]):
+                        d = e_gpus[j]
+                        if d == s or times[d] >= best_v:
+                            continue
+                        xd = x[e, d]
+                        kd = (xd + tile - 1) // tile
+                        Gd = G[d] + (1 if xd == 0 else 0)
+                        v = max(
+                            ts_full,
+                            _t(cost, Gd, N[d] + xs, T[d] - kd + (xd + xs + tile - 1) // tile),
+                        )
+                        if v < best_v:
+                            best_v = v
+                            bs = s
+                            be = e
+                            bd = d
+                            bq = xs
+                        if xs < 2:
+                            continue
+                        b_lo = _t(cost, Gd, N[d] + 1, T[d] - kd + (xd + 1 + tile - 1) // tile)
+                        a_lo = _t(cost, G[s], N[s] - (xs - 1), T[s] - ks + 1)
+                        if b_lo >= best_v or a_lo >= best_v:
+                            continue
+                        lo = 1
+                        hi = xs
+                        while lo < hi:
+                            mid = (lo + hi) // 2
+                            am = _t(
+                                cost, G[s], N[s] - mid, T[s] - ks + (xs - mid + tile - 1) // tile
+                            )
+                            bm_ = _t(
+                                cost, Gd, N[d] + mid, T[d] - kd + (xd + mid + tile - 1) // tile
+                            )
+                            if bm_ >= am:
+                                hi = mid
+                            else:
+                                lo = mid + 1
+                        for q in (lo - 1, lo):
+                            if q < 1 or q > xs - 1:
+                                continue
+                            aq = _t(cost, G[s], N[s] - q, T[s] - ks + (xs - q + tile - 1) // tile)
+                            bq_ = _t(cost, Gd, N[d] + q, T[d] - kd + (xd + q + tile - 1) // tile)
+                            v = max(aq, bq_)
+                            if v < best_v:
+                                best_v = v
+                                bs = s
+                                be = e
+                                bd = d
+                                bq = q
+                if bs >= 0:
+                    break
+        if bs < 0:
             break
         if bf >= 0:
             _move(x, G, N, T, times, cost, tile, bf, bd, bs, x[bf, bd])
@@ -848,6 +917,39 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
                                         v = max(new[s], new[m], new[d])
                                         if v < best_v:
                                             best_v, best_move = v, moves
+                if best_move is None:
+                    # fallback 3: leximax moves on the first GPU below M that has one
+                    for s in sorted(range(g), key=lambda h: (-times[h], h)):
+                        if times[s] == M:
+                            continue
+                        best_v = times[s]
+                        for e in range(E):
+                            xs = x[e][s]
+                            if xs == 0:
+                                continue
+                            for d in range(g):
+                                if d == s or not R[e][d]:
+                                    continue
+
+                                def fl(q, e=e, s=s, d=d, y=x):
+                                    new = times_of(moved(y, [(e, s, d, q)]))
+                                    return new[s], new[d]
+
+                                v = max(fl(xs))
+                                if v < best_v:
+                                    best_v, best_move = v, [(e, s, d, xs)]
+                                if xs < 2:
+                                    continue
+                                q_star = 1
+                                while q_star < xs and fl(q_star)[1] < fl(q_star)[0]:
+                                    q_star += 1
+                                for q in (q_star - 1, q_star):
+                                    if 1 <= q <= xs - 1:
+                                        v = max(fl(q))
+                                        if v < best_v:
+                                            best_v, best_move = v, [(e, s, d, q)]
+                        if best_move is not None:
+                            break
                 if best_move is None:
                     break
             else:

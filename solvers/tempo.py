@@ -40,9 +40,9 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
    below ``M``), with the same acceptance and tie rules; and last, leximax moves below
    the makespan (on the highest GPU not at ``M`` that has one: a move or split taking both
    of its new times below that GPU's time, which strictly lowers the sorted vector of
-   times, so the search still cannot cycle), which make room for the moves above. The search stops early at the
-   integral lower bound ``max(t(0, ceil(lambda*), 0), t(SM, 0, SM))`` that no whole-token
-   dispatch can beat.
+   times, so the search still cannot cycle), which make room for the moves above. The
+   search stops early at the integral lower bound ``max(t(0, ceil(lambda*), 0),
+   t(SM, 0, SM))`` that no whole-token dispatch can beat.
 4. **Ensemble** (Proposition 1). Candidates: the token-LP dispatch, A3 round robin (rank
    ``r`` to GPU ``r mod g``) when every live expert is replicated on every GPU, and
    (*extension*) the optimal semi-matching with whole experts. *Extension:* a candidate

@@ -248,7 +248,7 @@ def test_policy_ids_match_the_kernel_table():
 
 
 def test_stage2_not_optimal_beyond_candidates():
-    """THEOREMS_ROUTING R4's example: {6, 5} from the top-2 candidates, while {6, 4} is best."""
+    """THEOREMS.md Part II R4's example: {6, 5} from the top-2 candidates, while {6, 4} is best."""
     from straggler.formulations.routing_milp import build_joint_tick_milp
     from straggler.solvers.highs import solve_milp
 

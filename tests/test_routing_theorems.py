@@ -1,4 +1,4 @@
-"""Part II theorems (proofs/THEOREMS_ROUTING.md) as hypothesis properties, exact on integers."""
+"""Part II theorems (proofs/THEOREMS.md, Part II) as hypothesis properties, exact on integers."""
 
 import numpy as np
 from hypothesis import example, given

@@ -112,7 +112,7 @@ def _decode_shares(problem, e_idx, g_idx, xs, zs=None, caps=None) -> np.ndarray:
         # the scaling above leaves conservation within one ulp per entry; put the rest on
         # the largest entry
         row[np.argmax(row)] += n[e] - row.sum()
-    return out
+    return out + 0.0  # no negative zeros
 
 
 def build_dispatch_milp(

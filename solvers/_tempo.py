@@ -49,7 +49,9 @@ _N_INFO = len(INFO_FIELDS)
 
 @njit(**NJIT)
 def _t(cost, G, N, T):
-    """Modeled time of one GPU (the one cost family)."""
+    """Modeled time of one GPU (the one cost family); inf above the activation cap cost[8]."""
+    if G > cost[8]:
+        return np.inf
     t = cost[0] + cost[1] * G + cost[2] * (T - G)
     u = cost[3] + cost[4] * N
     if u > t:
@@ -440,6 +442,8 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     E, g = replicas.shape
     tile = np.int64(cost[7])
     info = np.full(_N_INFO, np.nan)
+    # internal cost vector: a ninth entry caps the activations of a GPU (inf: no cap)
+    cost = np.append(cost, np.inf)
     # replica lists: GPUs of each expert, experts of each GPU (increasing order)
     e_ptr = np.zeros(E + 1, np.int64)
     g_ptr = np.zeros(g + 1, np.int64)
@@ -655,6 +659,8 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
             if counts[e] > 0 and e_ptr[e + 1] - e_ptr[e] != g:
                 full = False
                 break
+        # A_H activates more than SM replicas on a GPU whose floor reaches the makespan
+        act_bound = G.max() > sm_cnt.max() and _t(cost, G.max(), 0, G.max()) >= m_h
         best_c = np.inf
         for cand in range(1, 4):
             if cand == 2 and not full:
@@ -677,7 +683,13 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
             Gc, Nc, Tc, tc = _state(y, cost, tile)
             m_c = tc.max()
             info[3 + cand] = m_c
-            if local_search and (m_c < m_h or (cand == 3 and G.max() > sm_cnt.max())):
+            if local_search and (m_c < m_h or (cand == 3 and act_bound)):
+                if cand == 3:
+                    # first balance under the activation cap SM, then without it
+                    capped = cost.copy()
+                    capped[8] = sm_cnt.max()
+                    _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps,
+                                  capped, tile, max_iter, stop_at)  # fmt: skip
                 _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost,
                               tile, max_iter, stop_at)  # fmt: skip
                 m_c = tc.max()
@@ -729,11 +741,13 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
         col = [y[e][h] for e in range(E) if y[e][h] > 0]
         return len(col), sum(col), sum(ceil_tiles(v) for v in col)
 
-    def time_of(G, N, T):
+    def time_of(G, N, T, cap=float("inf")):
+        if G > cap:
+            return float("inf")
         return max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
 
-    def times_of(y):
-        return [time_of(*gpu(h, y)) for h in range(g)]
+    def times_of(y, cap=float("inf")):
+        return [time_of(*gpu(h, y), cap) for h in range(g)]
 
     def moved(y, moves):
         """Copy of y with moves (e, src, dst, q) applied in order."""
@@ -825,10 +839,13 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
     sm_max = max([list(sm_assign[e] for e in range(E) if counts[e] > 0).count(h) for h in range(g)])
     stop_at = max(time_of(0, lp_nmax, 0), time_of(sm_max, 0, sm_max))
 
-    def search(x):
+    def search(x, cap=float("inf")):
+        def times_cap(y):
+            return times_of(y, cap)
+
         n_ls = 0
         while n_ls < max_iter:
-            times = times_of(x)
+            times = times_cap(x)
             M = max(times)
             if M <= stop_at:
                 break
@@ -845,7 +862,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
                             continue
 
                         def f(q, e=e, s=s, d=d, y=x):
-                            new = times_of(moved(y, [(e, s, d, q)]))
+                            new = times_cap(moved(y, [(e, s, d, q)]))
                             return new[s], new[d]
 
                         v = max(f(xs))
@@ -879,7 +896,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
                                 back = (f2, d, s, x[f2][d])
 
                                 def fs(q, e=e, s=s, d=d, back=back, y=x):
-                                    new = times_of(moved(y, [back, (e, s, d, q)]))
+                                    new = times_cap(moved(y, [back, (e, s, d, q)]))
                                     return new[s], new[d]
 
                                 v = max(fs(xs))
@@ -913,7 +930,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
                                         if d in (m, s) or not R[e2][d]:
                                             continue
                                         moves = [(e, s, m, x[e][s]), (e2, m, d, x[e2][m])]
-                                        new = times_of(moved(x, moves))
+                                        new = times_cap(moved(x, moves))
                                         v = max(new[s], new[m], new[d])
                                         if v < best_v:
                                             best_v, best_move = v, moves
@@ -932,7 +949,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
                                     continue
 
                                 def fl(q, e=e, s=s, d=d, y=x):
-                                    new = times_of(moved(y, [(e, s, d, q)]))
+                                    new = times_cap(moved(y, [(e, s, d, q)]))
                                     return new[s], new[d]
 
                                 v = max(fl(xs))
@@ -964,6 +981,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
     m_h = max(times_of(x))
     info[3] = m_h
     g_max = max(gpu(h, x)[0] for h in range(g))
+    act_bound = g_max > sm_max and time_of(g_max, 0, g_max) >= m_h
 
     # Stage 4: ensemble with switching tolerance tau; promising candidates polished first.
     out, choice = x, 0
@@ -982,7 +1000,9 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
         for cand, y in cands:
             m_c = max(times_of(y))
             info[3 + cand] = m_c
-            if local_search and (m_c < m_h or (cand == 3 and g_max > sm_max)):
+            if local_search and (m_c < m_h or (cand == 3 and act_bound)):
+                if cand == 3:
+                    y, _ = search(y, sm_max)
                 y, _ = search(y)
                 m_c = max(times_of(y))
             if m_c < best_c:

@@ -46,8 +46,11 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
 4. **Ensemble** (Proposition 1). Candidates: the token-LP dispatch, A3 round robin (rank
    ``r`` to GPU ``r mod g``) when every live expert is replicated on every GPU, and
    (*extension*) the optimal semi-matching with whole experts. *Extension:* a candidate
-   below ``M(A_H)``, and the semi-matching one when ``A_H`` activates more than ``SM``
-   replicas somewhere, is first improved by the stage-3 search (when stage 3 is on). The
+   below ``M(A_H)`` is first improved by the stage-3 search (when stage 3 is on); so is the
+   semi-matching one when ``A_H`` activates more than ``SM`` replicas on a GPU whose floor
+   ``t(Gmax, 0, Gmax)`` reaches ``M(A_H)``, and then first under the cap ``G_g <= SM``
+   (a move over the cap costs infinity), which finds the activation-tight optima that
+   the uncapped search trades away for token balance. The
    best (first on ties) replaces ``A_H`` iff its makespan is below ``(1 - tau) M(A_H)``.
    Polishing only lowers a candidate, so ``M(A*) <= min(M(A_H), min_C M(C) / (1 - tau))``
    holds for the raw candidates, and under full replication ``M(A*) <= (OPT + max_k

@@ -15,6 +15,8 @@ A GPU with ``G`` activated replicas, ``N`` tokens and ``T`` tiles takes
 ``max(a + b*G + b2*(T - G), c + beta*N, c2 + gamma*N)``, evaluated in exactly this order
 in both implementations (and in :func:`~straggler.formulations.evaluate`), so the floats
 agree bit for bit.
+
+The expert order uses the int64 keys ``-n_e * E + e`` (counts below ``2**52``, ``E < 2**11``).
 """
 
 from __future__ import annotations
@@ -480,7 +482,11 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     # Stage 1: whole experts by descending tokens (ties: lower index), each on the replica
     # minimizing (marginal cost t_new - t_old of that GPU, t_new, GPU index); seed=False
     # puts each on its lowest-index replica instead.
-    order = np.argsort(-counts, kind="mergesort")
+    # descending tokens, ties lower index: unique keys, so any sort gives this order
+    key = np.empty(E, np.int64)
+    for e in range(E):
+        key[e] = -counts[e] * E + e
+    order = np.argsort(key)
     for i in range(E):
         e = order[i]
         n = counts[e]

@@ -32,7 +32,8 @@ Algorithm (all integer arithmetic, exact):
    dispatch by ``q`` and push with cap ``p``; feasible means ``lambda* = p/q``; otherwise
    the stuck set gives a strictly larger ratio ``W(S')/|S'|``, which becomes ``p/q``.
 
-Tokens are scaled by at most ``g``; counts below ``2**52`` and ``g < 2**11`` stay in int64.
+Tokens are scaled by at most ``g`` and sort keys are ``-n_e * E + e``; counts below ``2**52``
+with ``g, E < 2**11`` stay in int64.
 """
 
 from __future__ import annotations
@@ -172,7 +173,11 @@ def token_lp_kernel(counts, replicas):
     x = np.zeros((E, g), np.int64)
     load = np.zeros(g, np.int64)
     # Step 1: whole experts, descending tokens, least-loaded replica.
-    order = np.argsort(-counts, kind="mergesort")
+    # descending tokens, ties lower index: unique keys, so any sort gives this order
+    key = np.empty(E, np.int64)
+    for e in range(E):
+        key[e] = -counts[e] * E + e
+    order = np.argsort(key)
     total = 0
     for i in range(E):
         e = order[i]

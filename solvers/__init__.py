@@ -8,8 +8,8 @@ from .dispatch import DEFAULT_METHOD, solve_dispatch
 from .exact import MilpDispatch, solve_token_lp
 from .highs import MilpSolution, solve_milp
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
-from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
+from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
 from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
 

@@ -208,9 +208,13 @@ class DispatchProblem:
         """The single-layer problem of layer ``l`` (the problem itself if not a stack)."""
         if not self.is_stack:
             return self
-        return DispatchProblem(
-            counts=self.counts[l], replicas=self.replicas[l], gpu_node=self.gpu_node
-        )
+        # The stack was validated once; its slices are valid read-only views, so the
+        # layer skips __post_init__ (validation happens once, at the entry point).
+        layer = object.__new__(DispatchProblem)
+        object.__setattr__(layer, "counts", self.counts[l])
+        object.__setattr__(layer, "replicas", self.replicas[l])
+        object.__setattr__(layer, "gpu_node", self.gpu_node)
+        return layer
 
     def layers(self):
         """Iterate over single-layer problems."""

@@ -32,11 +32,26 @@ from ._token_lp_fast import token_lp_kernel
 __all__ = ["certified_lower_bound"]
 
 
-def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float:
+def certified_lower_bound(
+    problem: DispatchProblem,
+    cost: CostModel,
+    *,
+    semi_matching_value: int | None = None,
+    token_lp_value: float | None = None,
+) -> float:
     """A lower bound on the optimal makespan of one layer (layer 0 of a stack).
 
     Returns ``max(B1, B2, B3, B4, B5)`` (see the module docstring); never above the
     optimum.
+
+    Parameters
+    ----------
+    problem : DispatchProblem
+    cost : CostModel
+    semi_matching_value, token_lp_value : optional
+        The exact optimal semi-matching value ``SM`` and token-LP value ``V`` of this
+        layer, when a caller already computed them with this library's kernels (``tempo``
+        does); they are then not recomputed. Passing anything else voids the certificate.
 
     Examples
     --------
@@ -58,9 +73,12 @@ def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float:
     p = problem.layer(0) if problem.is_stack else problem
     counts = p.counts
     replicas = p.replicas
-    _, sm, _ = semi_matching_kernel(replicas, counts > 0)
-    best = float(lower_bound_kernel(counts, replicas, cost.as_array(), sm))
-    _, num, den = token_lp_kernel(counts, replicas)
+    if semi_matching_value is None:
+        _, semi_matching_value, _ = semi_matching_kernel(replicas, counts > 0)
+    best = float(lower_bound_kernel(counts, replicas, cost.as_array(), int(semi_matching_value)))
+    if token_lp_value is None:
+        _, num, den = token_lp_kernel(counts, replicas)
+        token_lp_value = num / den
     for c0, slope in cost.token_pieces:
-        best = max(best, c0 + slope * num / den)
+        best = max(best, c0 + slope * token_lp_value)
     return best

@@ -52,13 +52,22 @@ def _validate(problem, cost, time_limit) -> None:
         raise param_error("time_limit", func, "a positive number of seconds", repr(time_limit))
 
 
-def _finish_layer(problem, cost, sol: LayerSolution):
-    ev = evaluate(problem, cost, sol.shares)
-    lb = max(certified_lower_bound(problem, cost), float(sol.lower_bound))
-    status = sol.status
-    if status is Status.HEURISTIC and ev.makespan <= lb * (1 + OPTIMALITY_RTOL) + 1e-12:
-        status = Status.OPTIMAL
-    return ev, lb, status
+def _layer_bound(problem, cost, sol: LayerSolution) -> float:
+    """The certified bound combined with the method's own (reusing the exact semi-matching
+    and token-LP values a method like ``tempo`` computed with the library's kernels)."""
+    lb = certified_lower_bound(
+        problem,
+        cost,
+        semi_matching_value=sol.extras.get("semi_matching_value"),
+        token_lp_value=sol.extras.get("token_lp_value"),
+    )
+    return max(lb, float(sol.lower_bound))
+
+
+def _status(sol: LayerSolution, makespan: float, lb: float) -> Status:
+    if sol.status is Status.HEURISTIC and makespan <= lb * (1 + OPTIMALITY_RTOL) + 1e-12:
+        return Status.OPTIMAL
+    return sol.status
 
 
 def solve_dispatch(
@@ -134,25 +143,27 @@ def solve_dispatch(
     else:
         sols = [solver.solve(p, cost, time_limit=float(time_limit), rng=gen) for p in layers]
     runtime = time.perf_counter() - t0
-    finished = [_finish_layer(p, cost, s) for p, s in zip(layers, sols)]
+    shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
+    bounds = np.array([_layer_bound(p, cost, s) for p, s in zip(layers, sols)])
+    ev = evaluate(problem, cost, shares if problem.is_stack else shares[0])
+    makespans = np.atleast_1d(ev.makespan)
+    statuses = [_status(s, m, lb) for s, m, lb in zip(sols, makespans, bounds)]
     if not problem.is_stack:
-        (ev, lb, st), sol = finished[0], sols[0]
         return DispatchResult(
-            shares=np.asarray(sol.shares, dtype=float),
+            shares=shares[0],
             makespan=float(ev.makespan),
             gpu_time=ev.times,
-            lower_bound=float(lb),
-            status=st,
+            lower_bound=float(bounds[0]),
+            status=statuses[0],
             method=name,
             runtime_s=runtime,
-            extras=dict(sol.extras),
+            extras=dict(sols[0].extras),
         )
-    statuses = [f[2] for f in finished]
     return DispatchResult(
-        shares=np.stack([np.asarray(s.shares, dtype=float) for s in sols]),
-        makespan=np.array([f[0].makespan for f in finished]),
-        gpu_time=np.stack([f[0].times for f in finished]),
-        lower_bound=np.array([f[1] for f in finished]),
+        shares=shares,
+        makespan=makespans,
+        gpu_time=ev.times,
+        lower_bound=bounds,
         status=worst_status(statuses),
         method=name,
         runtime_s=runtime,

@@ -27,7 +27,7 @@ from ..formulations.results import Status
 from .highs import solve_milp
 from .registry import LayerSolution, make_method, register_dispatch_method
 
-__all__ = ["MilpDispatch", "solve_token_lp", "whole_expert_greedy", "first_replica_dispatch"]
+__all__ = ["MilpDispatch", "solve_token_lp", "whole_expert_greedy"]
 
 _BACKENDS = ("highs", "cpsat")
 #: Relative slack on top of ``mip_rel_gap`` when checking a reported optimum against its
@@ -43,22 +43,6 @@ def _stale(sol, mip_rel_gap: float) -> bool:
         and math.isfinite(sol.dual_bound)
         and sol.objective > sol.dual_bound + (mip_rel_gap + _GAP_SLACK) * abs(sol.objective) + 1e-9
     )
-
-
-def first_replica_dispatch(problem: DispatchProblem) -> np.ndarray:
-    """Each expert whole on its first (lowest-index) replica GPU: trivially feasible.
-
-    Examples
-    --------
-    >>> p = DispatchProblem(counts=[3, 2], replicas=[[0, 1], [1, 1]])
-    >>> first_replica_dispatch(p).tolist()
-    [[0.0, 3.0], [2.0, 0.0]]
-    """
-    x = np.zeros((problem.n_experts, problem.n_gpus))
-    live = problem.counts > 0
-    first = np.argmax(problem.replicas, axis=1)
-    x[np.flatnonzero(live), first[live]] = problem.counts[live]
-    return x
 
 
 def whole_expert_greedy(problem: DispatchProblem, cost: CostModel) -> np.ndarray:

@@ -30,19 +30,11 @@ from .registry import LayerSolution, make_method, register_dispatch_method
 __all__ = ["MilpDispatch", "solve_token_lp", "whole_expert_greedy"]
 
 _BACKENDS = ("highs", "cpsat")
+
+
 #: Relative slack on top of ``mip_rel_gap`` when checking a reported optimum against its
 #: dual bound (HiGHS's feasibility tolerances leave ~1e-7 relative between them).
 _GAP_SLACK = 1e-6
-
-
-def _stale(sol, mip_rel_gap: float) -> bool:
-    """An "optimal" incumbent whose objective its own dual bound does not certify."""
-    return (
-        sol.status is Status.OPTIMAL
-        and sol.x is not None
-        and math.isfinite(sol.dual_bound)
-        and sol.objective > sol.dual_bound + (mip_rel_gap + _GAP_SLACK) * abs(sol.objective) + 1e-9
-    )
 
 
 def whole_expert_greedy(problem: DispatchProblem, cost: CostModel) -> np.ndarray:
@@ -178,17 +170,10 @@ class MilpDispatch:
             problem, cost, tightened=self.tightened, upper_bound=ub if self.tightened else None
         )
         warm = model.encode(seed_x)
-        stale = False
         if self.backend == "highs":
             opts = dict(mip_rel_gap=self.mip_rel_gap, threads=self.threads, seed=self.seed)
+            # solve_milp re-solves unseeded if HiGHS hands back a stale warm start
             sol = solve_milp(model, time_limit=left, warm_start=warm, **opts)
-            if _stale(sol, self.mip_rel_gap):
-                # HiGHS 1.16 can report "Optimal" (its objective and bound agree) yet hand
-                # back the warm-start vector when presolve settles the whole model; the
-                # vector's objective then exceeds the bound. Solve again without the seed.
-                stale = True
-                left = max(time_limit - (time.perf_counter() - t0), 1e-3)
-                sol = solve_milp(model, time_limit=left, **opts)
         else:
             from .cpsat import solve_dispatch_cpsat
 
@@ -212,7 +197,7 @@ class MilpDispatch:
             "seed_makespan": ub,
             "n_rows": model.n_rows,
             "n_cols": model.n_cols,
-            "resolved_stale_warm_start": stale,
+            "resolved_stale_warm_start": sol.extras.get("resolved_stale_warm_start", False),
         }
         extras.update({k: v for k, v in sol.extras.items() if k not in extras and k != "shares"})
         if sol.x is None:

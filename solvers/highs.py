@@ -194,6 +194,23 @@ def solve_milp(
     info = h.getInfo()
     has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
     x = np.array(h.getSolution().col_value, dtype=float) if has_x else None
+    if warm_start is not None and x is not None:
+        reported = float(info.objective_function_value)
+        if abs(model.objective(x) - reported) > 1e-6 * max(1.0, abs(reported)):
+            # HiGHS 1.16 can report "Optimal" with the right objective value yet hand back
+            # the warm-start vector (seen when presolve settles the whole model). The
+            # vector then disagrees with the reported objective: solve again unseeded.
+            left = max(float(time_limit) - (time.perf_counter() - t0), 1e-3)
+            again = solve_milp(
+                model,
+                time_limit=left,
+                mip_rel_gap=mip_rel_gap,
+                threads=threads,
+                seed=seed,
+                **options,
+            )
+            again.extras["resolved_stale_warm_start"] = True
+            return again
     status = _status_of(h, has_x)
     if x is not None:
         obj = model.objective(x)
@@ -219,5 +236,8 @@ def solve_milp(
         gap=gap,
         runtime_s=runtime,
         raw_status=h.modelStatusToString(h.getModelStatus()),
-        extras={"mip_node_count": int(getattr(info, "mip_node_count", 0))},
+        extras={
+            "mip_node_count": int(getattr(info, "mip_node_count", 0)),
+            "resolved_stale_warm_start": False,
+        },
     )

@@ -16,7 +16,7 @@ A GPU with ``G`` activated replicas, ``N`` tokens and ``T`` tiles takes
 in both implementations (and in :func:`~straggler.formulations.evaluate`), so the floats
 agree bit for bit.
 
-The expert order uses the int64 keys ``-n_e * E + e`` (counts below ``2**52``, ``E < 2**11``).
+The expert order (descending tokens, ties lower index) comes from a stable radix sort.
 """
 
 from __future__ import annotations
@@ -65,24 +65,34 @@ def _t(cost, G, N, T):
 
 
 @njit(**NJIT)
-def _score(shares, cost, tile):
-    """Makespan of a whole-token dispatch."""
-    E, g = shares.shape
-    m = -np.inf
-    for h in range(g):
-        G = 0
-        N = 0
-        T = 0
-        for e in range(E):
-            v = shares[e, h]
-            if v > 0:
-                G += 1
-                N += v
-                T += (v + tile - 1) // tile
-        t = _t(cost, G, N, T)
-        if t > m:
-            m = t
-    return m
+def _expert_order(counts):
+    """Experts by descending tokens, ties lower index (LSD radix sort on max - n, stable).
+
+    The same order as sorting the unique keys ``-n_e * E + e``, without the branch
+    mispredictions of a comparison sort (which dominate when layers stream past).
+    """
+    E = counts.shape[0]
+    mx = 0
+    for e in range(E):
+        mx = max(mx, counts[e])
+    order = np.arange(E)
+    tmp = np.empty(E, np.int64)
+    cnt = np.empty(257, np.int64)
+    shift = 0
+    while (mx >> shift) > 0:
+        cnt[:] = 0
+        for i in range(E):
+            cnt[((mx - counts[order[i]]) >> shift & 255) + 1] += 1
+        for d in range(256):
+            cnt[d + 1] += cnt[d]
+        for i in range(E):
+            e = order[i]
+            d = (mx - counts[e]) >> shift & 255
+            tmp[cnt[d]] = e
+            cnt[d] += 1
+        order, tmp = tmp, order
+        shift += 8
+    return order
 
 
 @njit(**NJIT)
@@ -395,25 +405,6 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
 
 
 @njit(**NJIT)
-def _state(x, cost, tile):
-    """Per-GPU (G, N, T, times) of a whole-token dispatch."""
-    E, g = x.shape
-    G = np.zeros(g, np.int64)
-    N = np.zeros(g, np.int64)
-    T = np.zeros(g, np.int64)
-    times = np.empty(g)
-    for h in range(g):
-        for e in range(E):
-            v = x[e, h]
-            if v > 0:
-                G[h] += 1
-                N[h] += v
-                T[h] += (v + tile - 1) // tile
-        times[h] = _t(cost, G[h], N[h], T[h])
-    return G, N, T, times
-
-
-@njit(**NJIT)
 def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, local_search, ensemble,
                  tau, max_iter):  # fmt: skip
     """One layer of tempo_fast.
@@ -447,28 +438,31 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     # internal cost vector: a ninth entry caps the activations of a GPU (inf: no cap)
     cost = np.append(cost, np.inf)
     # replica lists: GPUs of each expert, experts of each GPU (increasing order)
+    # (branch-free: unpredictable branches on the replica bits dominate the cost otherwise;
+    # each list carries one scratch slot at its end for the writes that do not count)
     e_ptr = np.zeros(E + 1, np.int64)
     g_ptr = np.zeros(g + 1, np.int64)
     for e in range(E):
+        k = 0
         for h in range(g):
-            if replicas[e, h]:
-                e_ptr[e + 1] += 1
-                g_ptr[h + 1] += 1
-    for e in range(E):
-        e_ptr[e + 1] += e_ptr[e]
+            r = np.int64(replicas[e, h])
+            k += r
+            g_ptr[h + 1] += r
+        e_ptr[e + 1] = e_ptr[e] + k
     for h in range(g):
         g_ptr[h + 1] += g_ptr[h]
-    e_gpus = np.empty(e_ptr[E], np.int64)
-    g_exps = np.empty(g_ptr[g], np.int64)
-    fill = g_ptr[:-1].copy()
+    e_gpus = np.empty(e_ptr[E] + 1, np.int64)
+    g_exps = np.empty(g_ptr[g] + 1, np.int64)
     k = 0
     for e in range(E):
         for h in range(g):
-            if replicas[e, h]:
-                e_gpus[k] = h
-                k += 1
-                g_exps[fill[h]] = e
-                fill[h] += 1
+            e_gpus[k] = h
+            k += np.int64(replicas[e, h])
+    for h in range(g):
+        k = g_ptr[h]
+        for e in range(E):
+            g_exps[k] = e
+            k += np.int64(replicas[e, h])
 
     x = np.zeros((E, g), np.int64)
     G = np.zeros(g, np.int64)
@@ -482,11 +476,8 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     # Stage 1: whole experts by descending tokens (ties: lower index), each on the replica
     # minimizing (marginal cost t_new - t_old of that GPU, t_new, GPU index); seed=False
     # puts each on its lowest-index replica instead.
-    # descending tokens, ties lower index: unique keys, so any sort gives this order
-    key = np.empty(E, np.int64)
-    for e in range(E):
-        key[e] = -counts[e] * E + e
-    order = np.argsort(key)
+    # descending tokens, ties lower index (radix sort; the reference sorts (-n_e, e))
+    order = _expert_order(counts)
     for i in range(E):
         e = order[i]
         n = counts[e]
@@ -634,12 +625,11 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     # q* = min{q : B(q) >= A(q)} (binary search) the best split is q*-1 or q* (the former
     # on ties).
     # integral lower bound: no whole-token dispatch goes below it, so the search stops there
-    lp_nmax = 0
-    for h in range(g):
-        v = 0
-        for e in range(E):
-            v += lp_shares[e, h]
-        lp_nmax = max(lp_nmax, v)
+    lp_load = np.zeros(g, np.int64)
+    for e in range(E):
+        for h in range(g):
+            lp_load[h] += lp_shares[e, h]
+    lp_nmax = lp_load.max()
     sm_cnt = np.zeros(g, np.int64)
     for e in range(E):
         if counts[e] > 0:
@@ -655,9 +645,12 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     # Stage 4: ensemble (Proposition 1). Candidates, in this order: the token-LP dispatch,
     # A3 round robin (rank r -> GPU r mod g) when every live expert is replicated on every
     # GPU, and the optimal semi-matching (whole experts). A candidate below M(A_H) is first
-    # improved by the stage-3 local search (when that stage is on); the best (first on
-    # ties) replaces A_H iff it is below (1 - tau) M(A_H).
+    # improved by the stage-3 local search (when that stage is on and the integral lower
+    # bound leaves room to switch: stop_at < (1 - tau) M(A_H)); the best (first on ties)
+    # replaces A_H iff it is below (1 - tau) M(A_H). A candidate's state is built from its
+    # live entries; its share matrix only when it is polished or taken.
     out = x
+    m_out = m_h
     choice = 0
     if ensemble:
         full = True
@@ -667,45 +660,71 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
                 break
         # A_H activates more than SM replicas on a GPU whose floor reaches the makespan
         act_bound = G.max() > sm_cnt.max() and _t(cost, G.max(), 0, G.max()) >= m_h
+        room = stop_at < (1.0 - tau) * m_h
         best_c = np.inf
         for cand in range(1, 4):
             if cand == 2 and not full:
                 continue
-            y = np.zeros((E, g), np.int64)
+            Gc = np.zeros(g, np.int64)
+            Nc = np.zeros(g, np.int64)
+            Tc = np.zeros(g, np.int64)
             if cand == 1:
-                y[:, :] = lp_shares
-            elif cand == 2:
+                for e in range(E):
+                    for j in range(e_ptr[e], e_ptr[e + 1]):
+                        h = e_gpus[j]
+                        v = lp_shares[e, h]
+                        if v > 0:
+                            Gc[h] += 1
+                            Nc[h] += v
+                            Tc[h] += (v + tile - 1) // tile
+            else:
                 r = 0
                 for i in range(E):
                     e = order[i]
-                    if counts[e] == 0:
+                    n = counts[e]
+                    if n == 0:
                         break
-                    y[e, r % g] = counts[e]
+                    h = r % g if cand == 2 else sm_assign[e]
+                    Gc[h] += 1
+                    Nc[h] += n
+                    Tc[h] += (n + tile - 1) // tile
                     r += 1
-            else:
-                for e in range(E):
-                    if counts[e] > 0:
-                        y[e, sm_assign[e]] = counts[e]
-            Gc, Nc, Tc, tc = _state(y, cost, tile)
+            tc = np.empty(g)
+            for h in range(g):
+                tc[h] = _t(cost, Gc[h], Nc[h], Tc[h])
             m_c = tc.max()
             info[3 + cand] = m_c
-            if local_search and (m_c < m_h or (cand == 3 and act_bound)):
-                if cand == 3:
-                    # first balance under the activation cap SM, then without it
-                    capped = cost.copy()
-                    capped[8] = sm_cnt.max()
+            polish = local_search and room and (m_c < m_h or (cand == 3 and act_bound))
+            if polish or (m_c < best_c and m_c < (1.0 - tau) * m_h):
+                y = np.zeros((E, g), np.int64)
+                if cand == 1:
+                    y[:, :] = lp_shares
+                else:
+                    r = 0
+                    for i in range(E):
+                        e = order[i]
+                        if counts[e] == 0:
+                            break
+                        y[e, r % g if cand == 2 else sm_assign[e]] = counts[e]
+                        r += 1
+                if polish:
+                    if cand == 3:
+                        # first balance under the activation cap SM, then without it
+                        capped = cost.copy()
+                        capped[8] = sm_cnt.max()
+                        _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps,
+                                      capped, tile, max_iter, stop_at)  # fmt: skip
                     _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps,
-                                  capped, tile, max_iter, stop_at)  # fmt: skip
-                _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost,
-                              tile, max_iter, stop_at)  # fmt: skip
-                m_c = tc.max()
+                                  cost, tile, max_iter, stop_at)  # fmt: skip
+                    m_c = tc.max()
+                if m_c < best_c and m_c < (1.0 - tau) * m_h:
+                    choice = cand
+                    out = y
+                    m_out = m_c
             if m_c < best_c:
                 best_c = m_c
                 info[7] = m_c
-                if best_c < (1.0 - tau) * m_h:
-                    choice = cand
-                    out = y
-    info[0] = _score(out, cost, tile)
+    info[0] = m_out
     info[8] = choice
     info[9] = n_chain
     info[10] = n_ls
@@ -1006,7 +1025,8 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
         for cand, y in cands:
             m_c = max(times_of(y))
             info[3 + cand] = m_c
-            if local_search and (m_c < m_h or (cand == 3 and act_bound)):
+            room = stop_at < (1.0 - tau) * m_h  # else no polish can switch
+            if local_search and room and (m_c < m_h or (cand == 3 and act_bound)):
                 if cand == 3:
                     y, _ = search(y, sm_max)
                 y, _ = search(y)

@@ -143,7 +143,147 @@ def _find(parent, p):
 
 
 @njit(**NJIT)
-def _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f):
+def _stable_argsort(x):
+    """``np.argsort(x, kind="stable")`` for finite ``x >= 0``: LSD radix sort on the IEEE bits.
+
+    For non-negative doubles (``-0.0`` mapped to ``+0.0``) the bit patterns read as int64 are
+    ordered as the values, so byte-wise counting passes (stable) give the order by ``(x, index)``;
+    bytes that are equal in every key are skipped (token counts vary in 2-3 bytes only).
+    """
+    n = x.shape[0]
+    buf = np.empty(n)
+    for i in range(n):
+        buf[i] = x[i] + 0.0
+    keys = buf.view(np.int64)
+    diff = 0
+    for i in range(n):
+        diff |= keys[i] ^ keys[0]
+    order = np.arange(n)
+    tmp = np.empty(n, np.int64)
+    cnt = np.empty(257, np.int64)
+    for sh in range(0, 64, 8):
+        if ((diff >> sh) & 255) == 0:
+            continue
+        for d in range(257):
+            cnt[d] = 0
+        for i in range(n):
+            cnt[((keys[i] >> sh) & 255) + 1] += 1
+        for d in range(256):
+            cnt[d + 1] += cnt[d]
+        for i in range(n):
+            o = order[i]
+            d = (keys[o] >> sh) & 255
+            tmp[cnt[d]] = o
+            cnt[d] += 1
+        order, tmp = tmp, order
+    return order
+
+
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+_ONE = np.uint64(1)
+# _BIT_OF[(2^b * _DEBRUIJN mod 2^64) >> 58] = b
+_BIT_OF = np.zeros(64, np.int64)
+for _b in range(64):
+    _BIT_OF[((_DEBRUIJN << np.uint64(_b)) & _ALL) >> np.uint64(58)] = _b
+del _b
+
+
+@njit(**NJIT)
+def _low_bit(x):
+    """Index of the lowest set bit of a non-zero uint64 (de Bruijn multiplication)."""
+    return _BIT_OF[((x & (~x + _ONE)) * _DEBRUIJN) >> np.uint64(58)]
+
+
+@njit(**NJIT)
+def _high_bit(x):
+    """Index of the highest set bit of a non-zero uint64."""
+    x |= x >> np.uint64(1)
+    x |= x >> np.uint64(2)
+    x |= x >> np.uint64(4)
+    x |= x >> np.uint64(8)
+    x |= x >> np.uint64(16)
+    x |= x >> np.uint64(32)
+    return _BIT_OF[((x ^ (x >> _ONE)) * _DEBRUIJN) >> np.uint64(58)]
+
+
+@njit(**NJIT)
+def _live_set(n):
+    """Two-level bitset of the sorted positions ``0..n-1``, all live: ``(words, summary)``.
+
+    Bit ``p & 63`` of ``words[p >> 6]`` is set while position ``p`` is live; bit ``w & 63`` of
+    ``summary[w >> 6]`` while ``words[w]`` is non-zero.
+    """
+    nw = (n >> 6) + 1
+    words = np.zeros(nw, np.uint64)
+    summary = np.zeros((nw >> 6) + 1, np.uint64)
+    for w in range(n >> 6):
+        words[w] = _ALL
+    if n & 63:
+        words[n >> 6] = (_ONE << np.uint64(n & 63)) - _ONE
+    for w in range(nw):
+        if words[w] != 0:
+            summary[w >> 6] |= _ONE << np.uint64(w & 63)
+    return words, summary
+
+
+@njit(**NJIT)
+def _kill(words, summary, p):
+    """Delete live position ``p``."""
+    w = p >> 6
+    words[w] &= ~(_ONE << np.uint64(p & 63))
+    if words[w] == 0:
+        summary[w >> 6] &= ~(_ONE << np.uint64(w & 63))
+
+
+@njit(**NJIT)
+def _next_live(words, summary, p, n):
+    """First live position ``>= p`` (``n``: none); ``p >= 0``."""
+    w = p >> 6
+    if w >= words.shape[0]:
+        return n
+    x = words[w] & (_ALL << np.uint64(p & 63))
+    if x != 0:
+        return (w << 6) + _low_bit(x)
+    w += 1
+    sw = w >> 6
+    if sw >= summary.shape[0]:
+        return n
+    y = summary[sw] & (_ALL << np.uint64(w & 63))
+    while y == 0:
+        sw += 1
+        if sw == summary.shape[0]:
+            return n
+        y = summary[sw]
+    w = (sw << 6) + _low_bit(y)
+    return (w << 6) + _low_bit(words[w])
+
+
+@njit(**NJIT)
+def _prev_live(words, summary, p):
+    """Last live position ``<= p`` (``-1``: none)."""
+    if p < 0:
+        return -1
+    w = p >> 6
+    x = words[w] & (_ALL >> np.uint64(63 - (p & 63)))
+    if x != 0:
+        return (w << 6) + _high_bit(x)
+    w -= 1
+    if w < 0:
+        return -1
+    sw = w >> 6
+    y = summary[sw] & (_ALL >> np.uint64(63 - (w & 63)))
+    while y == 0:
+        sw -= 1
+        if sw < 0:
+            return -1
+        y = summary[sw]
+    w = (sw << 6) + _high_bit(y)
+    return (w << 6) + _high_bit(words[w])
+
+
+@njit(**NJIT)
+def _br0_candidates(sv, order, run_start, words, summary, mg, Gf, k, cand, cand_f):
     """The ``k`` live requests with the largest ``F(s) = s - G*(s - m)_+``, ties to lower index.
 
     For ``G >= 2``, ``F`` increases (slope 1) up to the margin and strictly decreases (slope
@@ -152,9 +292,10 @@ def _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f):
     """
     n = sv.shape[0]
     p = np.searchsorted(sv, mg, side="right")  # first position with s > m
-    lo_q = _find(prv, p) - 1  # last live position with s <= m (-1: none)
-    lo = _find(nxt, run_start[lo_q]) if lo_q >= 0 else -1  # walk inside lo_q's run
-    hi = _find(nxt, p)  # first live position with s > m (n: none)
+    lo_q = _prev_live(words, summary, p - 1)  # last live position with s <= m (-1: none)
+    # walk inside lo_q's run, in index order
+    lo = _next_live(words, summary, run_start[lo_q], n) if lo_q >= 0 else -1
+    hi = _next_live(words, summary, p, n)  # first live position with s > m (n: none)
     nc = 0
     while nc < k and (lo >= 0 or hi < n):
         f_lo = -np.inf
@@ -171,24 +312,35 @@ def _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f):
             if nc == k:
                 break
             if lo < lo_q:
-                lo = _find(nxt, lo + 1)
+                lo = _next_live(words, summary, lo + 1, n)
             else:  # run exhausted: the previous run with a live member
-                r = run_start[lo_q]
-                lo_q = _find(prv, r) - 1
-                lo = _find(nxt, run_start[lo_q]) if lo_q >= 0 else -1
+                lo_q = _prev_live(words, summary, run_start[lo_q] - 1)
+                lo = _next_live(words, summary, run_start[lo_q], n) if lo_q >= 0 else -1
         else:
             cand[nc] = order[hi]
             cand_f[nc] = f_hi
             nc += 1
             if nc == k:
                 break
-            hi = _find(nxt, hi + 1)
+            hi = _next_live(words, summary, hi + 1, n)
     return nc
 
 
 @njit(**NJIT)
 def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
-    """BR-0 on current loads ``loads[:, 0]``; see ``route_batch`` for the full statement."""
+    """BR-0 on current loads ``loads[:, 0]``; see ``route_batch`` for the full statement.
+
+    Data structures (the decisions are those of :func:`br0_reference`, which re-ranks the
+    whole pool on every pop): the pool is sorted once by ``(s, index)`` (stable radix sort);
+    live requests are a two-level bitset over sorted positions. A Stage-1 pop needs only the
+    best single request: the largest live ``s <= m`` (``F = s``; the lowest index of its run)
+    against the smallest live ``s > m`` (``F = s - G*(s - m)``), found by a binary search for
+    the margin and two bitset look-ups (``O(log n)``); when every live ``s`` is ``<= m``, the
+    largest live one wins without a search. The replica of a pop is the one with the most
+    free slots, then the largest margin, then the lowest index: the largest free-slot count
+    ``cmax`` and how many replicas hold it are kept between pops, so one pass over ``G`` keys
+    finds it.
+    """
     n = prefill.shape[0]
     G = loads.shape[0]
     r_max = int(params[P_R_MAX])
@@ -198,7 +350,6 @@ def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
     L = loads[:, 0].copy()
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
-    live = np.ones(n, np.bool_)
     n_live = n
     s_tot = 0
     for g in range(G):
@@ -211,41 +362,76 @@ def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
     cand_f = np.empty(r_max)
     best = np.empty(r_max, np.int64)
     comb = np.empty(r_max, np.int64)
-    # The pool sorted by (s, index) once; deletions tracked by two union-find "next live"
-    # pointer arrays, so each ranking costs O(k log n) instead of a scan of the pool.
-    order = np.argsort(prefill, kind="mergesort")
-    sv = prefill[order]
+    order = _stable_argsort(prefill)
+    sv = np.empty(n)
     pos_of = np.empty(n, np.int64)
     run_start = np.empty(n, np.int64)
     for p in range(n):
-        pos_of[order[p]] = p
+        o = order[p]
+        sv[p] = prefill[o]
+        pos_of[o] = p
         run_start[p] = p if p == 0 or sv[p] != sv[p - 1] else run_start[p - 1]
-    nxt = np.arange(n + 1)  # find(nxt, p): first live position >= p (n: none)
-    prv = np.arange(n + 1)  # find(prv, p + 1) - 1: last live position <= p (-1: none)
+    words, summary = _live_set(n)
+    first = 0  # G = 1: lowest pool index that may still be live
+    cmax = 0  # largest free-slot count ...
+    n_at = 0  # ... and how many replicas hold it (0: recompute)
     while n_live > 0 and s_tot > 0:
-        # Priority queue keyed by (free slots, margin), ties to the lowest index: an O(G) scan
-        # over the live keys (every margin moves when M moves, so a heap would go stale).
+        # Priority queue keyed by (free slots, margin), ties to the lowest index. Margins all
+        # move when M moves, so the keys are read afresh (one pass over the cmax replicas).
+        if n_at == 0:
+            cmax = 0
+            for j in range(G):
+                if cap[j] > cmax:
+                    cmax = cap[j]
+            for j in range(G):
+                if cap[j] == cmax:
+                    n_at += 1
         g = -1
-        mg = 0.0
+        mg = -1.0
         for j in range(G):
-            if cap[j] <= 0:
-                continue
-            mj = M - L[j]
-            if g < 0 or cap[j] > cap[g] or (cap[j] == cap[g] and mj > mg):
-                g = j
-                mg = mj
+            if cap[j] == cmax:
+                mj = M - L[j]
+                if mj > mg:  # margins are >= 0; strict: ties to the lowest index
+                    g = j
+                    mg = mj
         stage1 = s_tot > s_greedy
-        k = 1 if stage1 else min(r_max, n_live)
-        # Candidates: the k live requests with the largest single F_g({i}), ties to lower index.
-        if G >= 2:
-            nc = _br0_candidates(sv, order, run_start, nxt, prv, mg, Gf, k, cand, cand_f)
-        else:
-            # G = 1: F = 0 for every request (m = 0), so the ranking is the pool order.
+        if G == 1:
+            # F = 0 for every request (m = 0): the ranking is the pool order.
+            k = 1 if stage1 else min(r_max, n_live)
+            while out[first] >= 0:
+                first += 1
             nc = 0
-            for i in range(n):
-                if live[i] and nc < k:
+            for i in range(first, n):
+                if out[i] < 0:
                     cand[nc] = i
                     nc += 1
+                    if nc == k:
+                        break
+        elif stage1:
+            # The best single request: top-ranked of the two walks of _br0_candidates.
+            top = _prev_live(words, summary, n - 1)  # largest live s
+            if sv[top] <= mg:
+                q = _next_live(words, summary, run_start[top], n)
+            else:
+                # first position with s > m, in [0, top] (branch-free binary search)
+                base = 0
+                size = top + 1
+                while size > 1:
+                    half = size >> 1
+                    base += half * (sv[base + half - 1] <= mg)
+                    size -= half
+                q = _next_live(words, summary, base, n)  # smallest live s > m
+                lo = _prev_live(words, summary, base - 1)  # largest live s <= m
+                if lo >= 0:
+                    lo = _next_live(words, summary, run_start[lo], n)
+                    f_hi = sv[q] - Gf * max(sv[q] - mg, 0.0)
+                    if sv[lo] > f_hi or (sv[lo] == f_hi and order[lo] < order[q]):
+                        q = lo
+            cand[0] = order[q]
+            nc = 1
+        else:
+            k = min(r_max, n_live)
+            nc = _br0_candidates(sv, order, run_start, words, summary, mg, Gf, k, cand, cand_f)
         if stage1:
             # Stage 1: the replica with most free slots takes the best single request.
             best[0] = 0
@@ -264,12 +450,11 @@ def br0_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
             i = cand[best[j]]
             D += prefill[i]
             out[i] = g
-            live[i] = False
-            nxt[pos_of[i]] = pos_of[i] + 1
-            prv[pos_of[i] + 1] = pos_of[i]
+            _kill(words, summary, pos_of[i])
         n_live -= n_best
         cap[g] -= n_best
         s_tot -= n_best
+        n_at -= 1  # g left the cmax level
         if optimistic:
             L[g] += D
             if L[g] > M:
@@ -1103,14 +1288,18 @@ def route_tick_kernel(policy_id, prefill, loads, free_slots, n_running, n_waitin
 def route_batch_kernel(policy_id, prefill, loads, free_slots, n_running, n_waiting, params, seed):
     """One call for ``route_batch``: value check, the policy's kernel, the tick summary.
 
-    Returns ``(code, assignment, I_before, I_after, n_placed)``; ``code`` as in
-    :func:`check_inputs_kernel` (nothing is routed when it is not 0).
+    Returns ``(code, assignment, I_before, I_after, n_placed, S_tot)``; ``code`` as in
+    :func:`check_inputs_kernel` (nothing is routed when it is not 0); ``S_tot`` = total free
+    slots at the start of the tick.
     """
     code = check_inputs_kernel(prefill, loads, free_slots)
     if code != 0:
-        return code, np.full(prefill.shape[0], -1, np.int64), 0.0, 0.0, 0
+        return code, np.full(prefill.shape[0], -1, np.int64), 0.0, 0.0, 0, 0
     out = route_tick_kernel(
         policy_id, prefill, loads, free_slots, n_running, n_waiting, params, seed
     )
     before, after, placed = tick_summary_kernel(loads, prefill, out)
-    return 0, out, before, after, placed
+    s_tot = 0
+    for g in range(free_slots.shape[0]):
+        s_tot += free_slots[g]
+    return 0, out, before, after, placed, s_tot

@@ -402,39 +402,18 @@ def route_batch(
         prefill_lengths, loads, free_slots, policy, params, values=False
     )
     G = L.shape[0]
-    r_max = int(_scalar(r_max, "r_max", 1, 16, integer=True))
-    if s_greedy is None:
-        s_greedy = default_s_greedy(G, r_max)
-    s_greedy = _scalar(s_greedy, "s_greedy", 0.0, math.inf)
-    alpha = _scalar(alpha, "alpha", 0.0, _BIG, lo_open=True)
-    beta = float(G) if beta is None else _scalar(beta, "beta", 0.0, _BIG)
-    gamma = _scalar(gamma, "gamma", 0.0, 1.0, lo_open=True)
-    optimistic = params.get("optimistic", True)
-    if not isinstance(optimistic, (bool, np.bool_)):
-        raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
-    cursor = int(_scalar(params.get("cursor", 0), "cursor", 0, 2**62, integer=True))
-    if policy in ("random", "p2c"):
-        seed = _seed(rng)
-    else:
-        seed = 0
-    p = make_params(
-        r_max=r_max,
-        s_greedy=s_greedy,
-        alpha=alpha,
-        beta=beta,
-        gamma=gamma,
-        optimistic=bool(optimistic),
-        cursor=cursor,
-    )
+    p, s_greedy, cursor = _options(G, r_max, s_greedy, alpha, beta, gamma, params)
+    seed = _seed(rng) if policy in ("random", "p2c") else 0
     # value checks, the kernel and the summary in one jitted call
-    code, out, before, after, placed = route_batch_kernel(
+    code, out, before, after, placed, s_tot = route_batch_kernel(
         POLICY_IDS[policy], s, L, free, n_run, n_wait, p, seed
     )
-    _raise_bad(code)
+    if code:
+        _raise_bad(code)
     extras = {}
     stage = 0
     if policy in ("br0", "brh"):
-        stage = 1 if free.sum() > s_greedy else 2
+        stage = 1 if s_tot > s_greedy else 2
         extras["s_greedy"] = s_greedy
     elif policy == "round_robin":
         used = out[out >= 0]
@@ -449,6 +428,51 @@ def route_batch(
         runtime_s=time.perf_counter() - t0,
         extras=extras,
     )
+
+
+#: Validated ``(params, s_greedy, cursor)`` of recent option values, keyed by their exact
+#: types and values (``1``, ``1.0`` and ``True`` are different keys); the kernels never write
+#: to ``params``, so one vector serves every call with the same options.
+_OPTIONS_CACHE: dict = {}
+
+
+def _options(G, r_max, s_greedy, alpha, beta, gamma, options):
+    """Validate the scalar options of :func:`route_batch`; return ``(params, s_greedy, cursor)``."""
+    optimistic = options.get("optimistic", True) if options else True
+    cursor = options.get("cursor", 0) if options else 0
+    key = (G, r_max, s_greedy, alpha, beta, gamma, optimistic, cursor)
+    key = (key, tuple(map(type, key)))
+    try:
+        hit = _OPTIONS_CACHE.get(key)
+    except TypeError:  # an unhashable option: validated (and rejected) below
+        key = hit = None
+    if hit is not None:
+        return hit
+    r_max = int(_scalar(r_max, "r_max", 1, 16, integer=True))
+    if s_greedy is None:
+        s_greedy = default_s_greedy(G, r_max)
+    s_greedy = _scalar(s_greedy, "s_greedy", 0.0, math.inf)
+    alpha = _scalar(alpha, "alpha", 0.0, _BIG, lo_open=True)
+    beta = float(G) if beta is None else _scalar(beta, "beta", 0.0, _BIG)
+    gamma = _scalar(gamma, "gamma", 0.0, 1.0, lo_open=True)
+    if not isinstance(optimistic, (bool, np.bool_)):
+        raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
+    cursor = int(_scalar(cursor, "cursor", 0, 2**62, integer=True))
+    p = make_params(
+        r_max=r_max,
+        s_greedy=s_greedy,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        optimistic=bool(optimistic),
+        cursor=cursor,
+    )
+    hit = (p, s_greedy, cursor)
+    if key is not None:
+        if len(_OPTIONS_CACHE) >= 256:
+            _OPTIONS_CACHE.clear()
+        _OPTIONS_CACHE[key] = hit
+    return hit
 
 
 def _seed(rng) -> int:

@@ -317,3 +317,92 @@ def test_route_tick_kernel_by_id_inside_jitted_code():
 def test_bad_scalar_options(kwargs, param):
     with pytest.raises(InvalidInputError, match=f"'{param}'"):
         route_batch([1.0], [0.0, 0.0], [1, 1], **kwargs)
+
+
+@settings(max_examples=60)
+@given(
+    x=st.lists(
+        st.one_of(
+            st.integers(0, 40).map(float),
+            st.sampled_from([0.0, -0.0, 0.25, 1e-300, 5e-324, 1e300, 2.0**52 + 1]),
+            st.floats(0, 1e6, allow_nan=False),
+        ),
+        max_size=300,
+    )
+)
+def test_stable_argsort_is_numpy_stable_argsort(x):
+    """The radix sort of BR-0 orders by (value, index) exactly as a stable sort."""
+    a = np.array(x, dtype=np.float64)
+    assert K._stable_argsort(a).tolist() == np.argsort(a, kind="stable").tolist()
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 200, 4095, 4096, 4097, 9000])
+def test_live_set_queries_equal_a_plain_scan(n):
+    """Two-level bitset of BR-0: next/previous live position against numpy on the live mask,
+    with random deletions and whole blocks (empty words and summary words)."""
+    rng = np.random.default_rng(n)
+    words, summary = K._live_set(n)
+    live = np.ones(n, bool)
+    kills = rng.permutation(n)
+    if n > 1000:  # empty whole words and summary words too
+        lo, hi = sorted(rng.integers(0, n, 2))
+        block = np.arange(lo, hi)
+        kills = np.concatenate([block, np.setdiff1d(kills, block)])
+    steps = np.unique(np.linspace(0, n, 25).astype(int))
+    done = 0
+    for step in steps:
+        for i in kills[done:step]:
+            K._kill(words, summary, int(i))
+            live[i] = False
+        done = step
+        for p in np.unique(np.concatenate([rng.integers(0, n + 1, 40), [0, n - 1, n]])):
+            p = int(p)
+            if p < 0:
+                continue
+            after = np.flatnonzero(live[p:])
+            assert K._next_live(words, summary, p, n) == (p + after[0] if after.size else n)
+            before = np.flatnonzero(live[: p + 1])
+            assert K._prev_live(words, summary, p) == (before[-1] if before.size else -1)
+    assert K._prev_live(words, summary, -1) == -1
+
+
+@settings(max_examples=8)
+@given(
+    G=st.sampled_from([1, 2, 5, 16]),
+    n=st.integers(60, 260),
+    spread=st.sampled_from([8, 60, 3000]),
+    slots=st.integers(1, 40),
+    stage=st.sampled_from(["one", "two", "both"]),
+    seed=st.integers(0, 2**16),
+)
+def test_br0_large_pool_kernel_equals_py_func_equals_reference(G, n, spread, slots, stage, seed):
+    """Pools over several bitset words, many ties (small spread) or few; Stage 1 only, Stage 2
+    only, or Stage 1 then Stage 2 within the tick."""
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, spread, n).astype(np.float64)
+    L = rng.integers(0, 4 * spread, (G, 1)).astype(np.float64)
+    free = rng.integers(slots // 2, slots + 1, G).astype(np.int64)
+    s_greedy = {"one": 0, "two": 10**9, "both": int(free.sum()) // 2}[stage]
+    p = make_params(r_max=3, s_greedy=s_greedy, beta=float(G), optimistic=bool(seed % 4))
+    z = np.zeros(G, np.int64)
+    args = (s, L, free, z, z, p, 0)
+    a = K.br0_kernel(*args)
+    assert a.tolist() == K.br0_kernel.py_func(*args).tolist() == K.br0_reference(*args).tolist()
+
+
+def test_stage1_tie_between_the_two_sides_of_the_margin_goes_to_the_lower_index():
+    # G = 2, margin of replica 1 = 10: F(8) = 8 = F(12) = 12 - 2*(12 - 10).
+    for s, want in (([8.0, 12.0], [1, -1]), ([12.0, 8.0], [1, -1])):
+        for kernel in (K.br0_kernel, K.br0_kernel.py_func, K.br0_reference):
+            z = np.zeros(2, np.int64)
+            p = make_params(r_max=2, s_greedy=0, beta=2.0)
+            out = kernel(np.array(s), np.array([[10.0], [0.0]]), np.array([0, 1]), z, z, p, 0)
+            assert out.tolist() == want
+    # runs of equal lengths, margin 10: F(9) = 9 = F(11) = 11 - 2*1; the lowest index wins,
+    # then the margin shrinks and the shortest request is best (F = s - 2*(s - m)).
+    z = np.zeros(2, np.int64)
+    p = make_params(r_max=2, s_greedy=0, beta=2.0)
+    for s, want in (([11.0, 9.0, 7.0, 9.0], [1, -1, 1, -1]), ([9.0, 11.0, 9.0], [1, -1, 1])):
+        for kernel in (K.br0_kernel, K.br0_kernel.py_func, K.br0_reference):
+            out = kernel(np.array(s), np.array([[10.0], [0.0]]), np.array([0, 2]), z, z, p, 0)
+            assert out.tolist() == want

@@ -100,7 +100,7 @@ def default_s_greedy(n_replicas: int, r_max: int) -> int:
     Below it each replica has on average at most ``R_max`` free slots, so one Stage-2 pop per
     replica (a subset of at most ``R_max`` requests) can use every slot; this is where slots
     are scarce and each one should be chosen by subset search. Above it, margins are filled
-    greedily (Stage 1) at O(n) per placement.
+    greedily (Stage 1) at O(G + log n) per placement.
 
     Examples
     --------
@@ -370,9 +370,10 @@ def route_batch(
 
     Notes
     -----
-    Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n log n + P*(G + R_max log n)
-    + P2*2^R_max)`` (the pool is sorted once; the ranking merges two walks from the margin,
-    Theorem R2, over union-find "next live" pointers); BR-H ``O(P*(G*H + e*H))`` with ``e`` the
+    Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n + P*(G + R_max log n)
+    + P2*2^R_max)`` (the pool is radix-sorted once; the ranking merges two walks from the
+    margin, Theorem R2, over a bitset of live positions; a Stage-1 pop is one binary search
+    and a few bitset look-ups, ``n <= 4096`` needing one summary word); BR-H ``O(P*(G*H + e*H))`` with ``e`` the
     requests evaluated by its two walks from the peak of the concave score (all of them in the
     worst case); baselines ``O(n*G)`` (trtllm adds ``O(n log n)``). The kernels equal their
     plain-Python references (which rank the whole pool on every pop) decision for decision.

@@ -1,7 +1,5 @@
-"""Deployment adapter (Triton/CUDA kernel with a torch reference, table publishing).
-
-Imports cleanly without torch or a GPU; the pieces that need them raise
-``BackendUnavailableError`` when called without the ``runtime`` extra.
-"""
+"""Reserved for the deployment adapter of DESIGN.md (Triton/CUDA dispatch kernel with a
+torch reference, table publishing, solver worker). No issue has built it yet, so the package
+holds nothing; it exists so the layout and the wheel are complete."""
 
 __all__: list[str] = []

@@ -96,17 +96,56 @@ def _expert_order(counts):
 
 
 @njit(**NJIT)
-def _rest_max(times, i, j, k):
-    """Largest time over GPUs other than ``i``, ``j``, ``k`` (-inf if none)."""
-    m = -np.inf
-    for h in range(times.shape[0]):
-        if h != i and h != j and h != k and times[h] > m:
-            m = times[h]
-    return m
+def _rest_max(times, top, i, j, k):
+    """Largest time over GPUs other than ``i``, ``j``, ``k`` (-inf if none).
+
+    ``top`` holds the indices of the (up to) four largest times, -1 past the end.
+    """
+    for r in range(4):
+        h = top[r]
+        if h < 0:
+            break
+        if h != i and h != j and h != k:
+            return times[h]
+    return -np.inf
 
 
 @njit(**NJIT)
-def _move(x, G, N, T, times, cost, tile, e, src, dst, q):
+def _act_build(x, g_ptr, g_exps, act, act_n):
+    """Experts with tokens on each GPU, increasing: ``act[h, :act_n[h]]`` (branch-free)."""
+    for h in range(act_n.shape[0]):
+        k = 0
+        for i in range(g_ptr[h], g_ptr[h + 1]):
+            e = g_exps[i]
+            act[h, k] = e
+            k += np.int64(x[e, h] > 0)
+        act_n[h] = k
+
+
+@njit(**NJIT)
+def _act_add(act, act_n, h, e):
+    """Insert expert e into GPU h's active list, keeping it increasing."""
+    k = act_n[h]
+    while k > 0 and act[h, k - 1] > e:
+        act[h, k] = act[h, k - 1]
+        k -= 1
+    act[h, k] = e
+    act_n[h] += 1
+
+
+@njit(**NJIT)
+def _act_del(act, act_n, h, e):
+    """Remove expert e from GPU h's active list."""
+    k = 0
+    while act[h, k] != e:
+        k += 1
+    for j in range(k, act_n[h] - 1):
+        act[h, j] = act[h, j + 1]
+    act_n[h] -= 1
+
+
+@njit(**NJIT)
+def _move(x, G, N, T, times, act, act_n, cost, tile, e, src, dst, q):
     """Send q tokens of expert e from GPU src to GPU dst, updating the state in place."""
     xs = x[e, src]
     xd = x[e, dst]
@@ -120,12 +159,16 @@ def _move(x, G, N, T, times, cost, tile, e, src, dst, q):
     x[e, dst] = xd + q
     times[src] = _t(cost, G[src], N[src], T[src])
     times[dst] = _t(cost, G[dst], N[dst], T[dst])
+    if xd == 0:
+        _act_add(act, act_n, dst, e)
+    if q == xs:
+        _act_del(act, act_n, src, e)
 
 
 @njit(**NJIT)
-def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost, tile, max_iter,
+def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, tile, max_iter,
                   stop_at):  # fmt: skip
-    """Stage 3 on the state (x, G, N, T, times), in place; returns the number of moves."""
+    """Stage 3 on the state (x, G, N, T, times, act, act_n), in place; returns the move count."""
     g = times.shape[0]
     n_ls = 0
     while n_ls < max_iter:
@@ -137,8 +180,8 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
         for s in range(g):
             if times[s] != M:
                 continue
-            for i in range(g_ptr[s], g_ptr[s + 1]):
-                e = g_exps[i]
+            for i in range(act_n[s]):
+                e = act[s, i]
                 xs = x[e, s]
                 if xs == 0:
                     continue
@@ -197,8 +240,8 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
             for s in range(g):
                 if times[s] != M or _t(cost, G[s] - 1, 0, G[s] - 1) >= best_v:
                     continue
-                for i in range(g_ptr[s], g_ptr[s + 1]):
-                    e = g_exps[i]
+                for i in range(act_n[s]):
+                    e = act[s, i]
                     xs = x[e, s]
                     if xs == 0:
                         continue
@@ -212,8 +255,8 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
                         gd = G[d] - 1 + (1 if xd == 0 else 0)
                         if _t(cost, gd, 0, gd) >= best_v:
                             continue
-                        for i2 in range(g_ptr[d], g_ptr[d + 1]):
-                            f = g_exps[i2]
+                        for i2 in range(act_n[d]):
+                            f = act[d, i2]
                             yd = x[f, d]
                             if f == e or yd == 0 or not replicas[f, s]:
                                 continue
@@ -279,8 +322,8 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
             for s in range(g):
                 if times[s] != M:
                     continue
-                for i in range(g_ptr[s], g_ptr[s + 1]):
-                    e = g_exps[i]
+                for i in range(act_n[s]):
+                    e = act[s, i]
                     xs = x[e, s]
                     if xs == 0:
                         continue
@@ -294,8 +337,8 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
                         xm = x[e, m]
                         Gm = G[m] + (1 if xm == 0 else 0)
                         Tm = T[m] - (xm + tile - 1) // tile + (xm + xs + tile - 1) // tile
-                        for i2 in range(g_ptr[m], g_ptr[m + 1]):
-                            e2 = g_exps[i2]
+                        for i2 in range(act_n[m]):
+                            e2 = act[m, i2]
                             q2 = x[e2, m]
                             if e2 == e or q2 == 0:
                                 continue
@@ -333,8 +376,8 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
                 if times[s] == M:
                     continue
                 best_v = times[s]
-                for i in range(g_ptr[s], g_ptr[s + 1]):
-                    e = g_exps[i]
+                for i in range(act_n[s]):
+                    e = act[s, i]
                     xs = x[e, s]
                     if xs == 0:
                         continue
@@ -394,12 +437,12 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cos
         if bs < 0:
             break
         if bf >= 0:
-            _move(x, G, N, T, times, cost, tile, bf, bd, bs, x[bf, bd])
+            _move(x, G, N, T, times, act, act_n, cost, tile, bf, bd, bs, x[bf, bd])
         if bm >= 0:
-            _move(x, G, N, T, times, cost, tile, be, bs, bm, bq)
-            _move(x, G, N, T, times, cost, tile, be2, bm, bd, x[be2, bm])
+            _move(x, G, N, T, times, act, act_n, cost, tile, be, bs, bm, bq)
+            _move(x, G, N, T, times, act, act_n, cost, tile, be2, bm, bd, x[be2, bm])
         else:
-            _move(x, G, N, T, times, cost, tile, be, bs, bd, bq)
+            _move(x, G, N, T, times, act, act_n, cost, tile, be, bs, bd, bq)
         n_ls += 1
     return n_ls
 
@@ -511,10 +554,36 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     # Stage 2: 1- and 2-step augmenting chains on max G; a chain is applied only if the
     # makespan does not increase; the best chain minimizes (makespan, max time of the GPUs
     # it changes), first found on ties; 2-step chains are searched only without a 1-step.
+    # experts with tokens on each GPU (increasing), kept up to date by every move
+    act = np.empty((g, E), np.int64)
+    act_n = np.zeros(g, np.int64)
+    _act_build(x, g_ptr, g_exps, act, act_n)
     n_chain = 0
+    nnz = np.zeros(E, np.int64)  # GPUs holding each expert
+    for e in range(E):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            nnz[e] += np.int64(x[e, e_gpus[j]] > 0)
+    top = np.full(4, -1, np.int64)
     while chains:
         M = times.max()
         Gmax = G.max()
+        # (pruning only, the result is that of the full enumeration: a chain's value is at
+        # least the new time of each GPU it changes; a destination not holding the expert
+        # needs G <= Gmax - 2, and with no such GPU only a split expert has one)
+        low = 0
+        for h in range(g):
+            low += np.int64(G[h] <= Gmax - 2)
+        # the four largest times give the largest time outside any three GPUs
+        top[:] = -1
+        for h in range(g):
+            th = times[h]
+            r = 4
+            while r > 0 and (top[r - 1] < 0 or times[top[r - 1]] < th):
+                r -= 1
+            if r < 4:
+                for k in range(3, r, -1):
+                    top[k] = top[k - 1]
+                top[r] = h
         bv1 = np.inf
         bv2 = np.inf
         kind = 0
@@ -522,12 +591,14 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
         for s in range(g):
             if G[s] != Gmax:
                 continue
-            for i in range(g_ptr[s], g_ptr[s + 1]):
-                e = g_exps[i]
+            for i in range(act_n[s]):
+                e = act[s, i]
                 q = x[e, s]
-                if q == 0:
+                if q == 0 or (low == 0 and nnz[e] < 2):
                     continue
                 ts = _t(cost, G[s] - 1, N[s] - q, T[s] - (q + tile - 1) // tile)
+                if ts > M or ts >= bv1:
+                    continue
                 for j in range(e_ptr[e], e_ptr[e + 1]):
                     d = e_gpus[j]
                     xd = x[e, d]
@@ -537,7 +608,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
                     Td = T[d] - (xd + tile - 1) // tile + (xd + q + tile - 1) // tile
                     td = _t(cost, Gd, N[d] + q, Td)
                     v2 = max(ts, td)
-                    v1 = max(v2, _rest_max(times, s, d, -1))
+                    v1 = max(v2, _rest_max(times, top, s, d, -1))
                     if v1 <= M and (v1 < bv1 or (v1 == bv1 and v2 < bv2)):
                         bv1 = v1
                         bv2 = v2
@@ -549,24 +620,28 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
             for s in range(g):
                 if G[s] != Gmax:
                     continue
-                for i in range(g_ptr[s], g_ptr[s + 1]):
-                    e = g_exps[i]
+                for i in range(act_n[s]):
+                    e = act[s, i]
                     q = x[e, s]
                     if q == 0:
                         continue
                     kq = (q + tile - 1) // tile
                     ts = _t(cost, G[s] - 1, N[s] - q, T[s] - kq)
+                    if ts > M or ts >= bv1:
+                        continue
                     for j in range(e_ptr[e], e_ptr[e + 1]):
                         m = e_gpus[j]
                         if m == s or x[e, m] != 0 or G[m] != Gmax - 1:
                             continue
-                        for i2 in range(g_ptr[m], g_ptr[m + 1]):
-                            e2 = g_exps[i2]
+                        for i2 in range(act_n[m]):
+                            e2 = act[m, i2]
                             q2 = x[e2, m]
-                            if e2 == e or q2 == 0:
+                            if e2 == e or q2 == 0 or (low == 0 and nnz[e2] < 2):
                                 continue
                             tm = _t(cost, Gmax - 1, N[m] + q - q2,
                                     T[m] + kq - (q2 + tile - 1) // tile)  # fmt: skip
+                            if tm > M or tm >= bv1:
+                                continue
                             for j2 in range(e_ptr[e2], e_ptr[e2 + 1]):
                                 d = e_gpus[j2]
                                 xd = x[e2, d]
@@ -576,7 +651,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
                                 Td = T[d] - (xd + tile - 1) // tile + (xd + q2 + tile - 1) // tile
                                 td = _t(cost, Gd, N[d] + q2, Td)
                                 v2 = max(ts, max(tm, td))
-                                v1 = max(v2, _rest_max(times, s, m, d))
+                                v1 = max(v2, _rest_max(times, top, s, m, d))
                                 if v1 <= M and (v1 < bv1 or (v1 == bv1 and v2 < bv2)):
                                     bv1 = v1
                                     bv2 = v2
@@ -598,6 +673,10 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
         G[cm] += 1 if x[ce, cm] == 0 else 0
         N[cm] += q
         T[cm] += (x[ce, cm] + q + tile - 1) // tile - (x[ce, cm] + tile - 1) // tile
+        nnz[ce] += (1 if x[ce, cm] == 0 else 0) - 1
+        if x[ce, cm] == 0:
+            _act_add(act, act_n, cm, ce)
+        _act_del(act, act_n, cs, ce)
         x[ce, cm] += q
         x[ce, cs] = 0
         if kind == 2:
@@ -609,6 +688,10 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
             G[cd] += 1 if x[ce2, cd] == 0 else 0
             N[cd] += q2
             T[cd] += (x[ce2, cd] + q2 + tile - 1) // tile - (x[ce2, cd] + tile - 1) // tile
+            nnz[ce2] += (1 if x[ce2, cd] == 0 else 0) - 1
+            if x[ce2, cd] == 0:
+                _act_add(act, act_n, cd, ce2)
+            _act_del(act, act_n, cm, ce2)
             x[ce2, cd] += q2
             x[ce2, cm] = 0
         for h in (cs, cm, cd):
@@ -637,7 +720,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
     stop_at = max(_t(cost, 0, lp_nmax, 0), _t(cost, sm_cnt.max(), 0, sm_cnt.max()))
     n_ls = 0
     if local_search:
-        n_ls = _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, g_ptr, g_exps, cost, tile,
+        n_ls = _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, tile,
                              max_iter, stop_at)  # fmt: skip
     m_h = times.max()
     info[3] = m_h
@@ -708,13 +791,16 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
                         y[e, r % g if cand == 2 else sm_assign[e]] = counts[e]
                         r += 1
                 if polish:
+                    act_c = np.empty((g, E), np.int64)
+                    act_nc = np.zeros(g, np.int64)
+                    _act_build(y, g_ptr, g_exps, act_c, act_nc)
                     if cand == 3:
                         # first balance under the activation cap SM, then without it
                         capped = cost.copy()
                         capped[8] = sm_cnt.max()
-                        _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps,
+                        _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, act_c, act_nc,
                                       capped, tile, max_iter, stop_at)  # fmt: skip
-                    _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, g_ptr, g_exps,
+                    _local_search(y, Gc, Nc, Tc, tc, replicas, e_ptr, e_gpus, act_c, act_nc,
                                   cost, tile, max_iter, stop_at)  # fmt: skip
                     m_c = tc.max()
                 if m_c < best_c and m_c < (1.0 - tau) * m_h:

@@ -9,6 +9,11 @@ paper's setting: it kept Azure-2024 requests with output > 1000 so that the deco
 stays saturated; here: arrivals compressed to 1.5x the cluster's capacity, see
 ``straggler.sim.saturate_trace``), G = 8, 16 slots per replica, default step time.
 
+Rows "+fix" (unless ``--no-fix``): BR-H with ``refill=True, new_presence=True`` (not in the
+paper; see ``straggler.sim.simulate``): slots freed within the horizon are projected as refilled
+by a pool-mean prompt, and each horizon column of the F-score is weighed by the chance that a
+newly placed request is still resident then.
+
 Also: G = 4, 8, 16 scaling rows (JSQ, BR-0, BR-H oracle) on Azure conversation; a horizon
 sensitivity table for BR-H (oracle); with ``--stale``, the staleness table (loads 10 and 100
 steps old, with and without the optimistic local update); with ``--plot PATH``, a PNG of the
@@ -42,6 +47,13 @@ ROWS = [
     ("BR-H (survival)", "brh", {"predictor": "survival"}),
     ("BR-H (exact-match)", "brh", {"predictor": "exact_match"}),
     ("BR-H (oracle)", "brh", {"predictor": "oracle"}),
+]
+#: BR-H with the two options beyond the paper (refilled slots in the projection, the new
+#: requests' presence weights in the score); with ``--no-fix`` the table has the paper's rows only.
+FIX = {"refill": True, "new_presence": True}
+FIX_ROWS = [
+    ("BR-H (survival) +fix", "brh", {"predictor": "survival", **FIX}),
+    ("BR-H (oracle) +fix", "brh", {"predictor": "oracle", **FIX}),
 ]
 
 #: The paper's Azure-2024 rows (imbalance, TPOT P95 ms, throughput tok/s, vs JSQ).
@@ -140,7 +152,9 @@ def main(argv=None):
     ap.add_argument("--t0", type=float, default=None, help="step time t0 (s); default library's")
     ap.add_argument("--kappa", type=float, default=None, help="step time slope (s/token)")
     ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results")
+    ap.add_argument("--no-fix", action="store_true", help="omit the BR-H '+fix' rows")
     args = ap.parse_args(argv)
+    rows_all = ROWS + ([] if args.no_fix else FIX_ROWS)
     STEP.clear()
     STEP.update({k: getattr(args, k) for k in ("t0", "kappa") if getattr(args, k) is not None})
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -155,7 +169,7 @@ def main(argv=None):
         for stale in (0, 10, 100):
             for optimistic in (True, False) if stale else (True,):
                 rows = {}
-                for label, pol, extra in ROWS:
+                for label, pol, extra in rows_all:
                     kw = {**extra, **(brh if pol == "brh" else {})}
                     rows[label], _ = run_row(
                         trace,
@@ -173,7 +187,7 @@ def main(argv=None):
         reports = {}
         for name, trace in data.items():
             rows = {}
-            for label, pol, extra in ROWS:
+            for label, pol, extra in rows_all:
                 kw = {**extra, **(brh if pol == "brh" else {})}
                 rows[label], rep = run_row(trace, pol, kw, n_replicas=args.replicas)
                 if name == "azure_conv" or (name == "generated" and "azure_conv" not in data):
@@ -191,7 +205,7 @@ def main(argv=None):
         for name in [scale_name] + (["mooncake_conv"] if "mooncake_conv" in data else []):
             for G in (4, 8, 16):
                 rows = {}
-                for label, pol, extra in [ROWS[3], ROWS[4], ROWS[7]]:
+                for label, pol, extra in [ROWS[3], ROWS[4], ROWS[7]] + rows_all[len(ROWS) + 1 :]:
                     kw = {**extra, **(brh if pol == "brh" else {})}
                     rows[label], _ = run_row(data[name], pol, kw, n_replicas=G)
                 key = f"scaling/{name}/G={G}"
@@ -201,23 +215,27 @@ def main(argv=None):
                         f"   paper (proprietary) {label:14s} imbalance {pi:9,d}  vs JSQ {pg:+.1f}%"
                     )
                 out["tables"][key] = rows
-        # Horizon sensitivity: BR-H's projection has no term for the requests that will
-        # refill slots freed within the horizon, so H must stay short next to output lengths.
+        # Horizon sensitivity: the paper's projection has no term for the requests that will
+        # refill slots freed within the horizon, so H must stay short next to output lengths;
+        # the "+fix" rows add that term and the new requests' presence weights.
         for name, trace in data.items():
             rows = {
                 "JSQ": out["tables"][f"{name}/G={args.replicas}"]["JSQ"],
                 "BR-0": out["tables"][f"{name}/G={args.replicas}"]["BR-0"],
             }
             for pred in ("survival", "oracle"):
-                for H in (5, 20, 80):
-                    for gamma in (1.0, 0.95):
-                        label = f"BR-H {pred} H={H} g={gamma}"
-                        rows[label], _ = run_row(
-                            trace,
-                            "brh",
-                            dict(predictor=pred, horizon=H, gamma=gamma),
-                            n_replicas=args.replicas,
-                        )
+                for fix in (False,) if args.no_fix else (False, True):
+                    for H in (5, 20, 80):
+                        for gamma in (1.0, 0.95):
+                            label = f"BR-H {pred} H={H} g={gamma}" + (" +fix" if fix else "")
+                            rows[label], _ = run_row(
+                                trace,
+                                "brh",
+                                dict(
+                                    predictor=pred, horizon=H, gamma=gamma, **(FIX if fix else {})
+                                ),
+                                n_replicas=args.replicas,
+                            )
             key = f"horizon/{name}/G={args.replicas}"
             table(f"{key} (mean output {trace.output_len.mean():.0f} tokens)", rows)
             out["tables"][key] = rows

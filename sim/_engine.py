@@ -25,9 +25,11 @@ Model (one loop iteration = one decode step of the whole cluster)
    start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``, running requests, pool size.
 
 Projection (``pred_kind > 0``, BR-H), as :func:`straggler.solvers.routing.project_loads`:
-``L_{g,h} = sum_{i on g} clip(c_i - h, 0, 1) * (s_i + a_i + h)`` for prompt ``s_i`` and age
-``a_i``, with presence ``c_i = H+1`` if ``p_fin < 0.5`` else ``(1 - p_fin)(H+1) + p_fin mu``
-(``mu = clip(mu_rem, 1, max(H, 1))``) and ``(p_fin, mu_rem)`` from
+``L_{g,h} = sum_{i on g} w_ih * (s_i + a_i + h) + (1 - w_ih) * rf``, ``w_ih = clip(c_i - h,
+0, 1)``, for prompt ``s_i`` and age ``a_i``; ``rf`` = 0, or with ``refill`` the mean prompt of
+the visible pool (its oldest ``max_pool`` requests) at the snapshot; presence ``c_i = H+1`` if
+``p_fin < 0.5`` else ``(1 - p_fin)(H+1) + p_fin mu`` (``mu = clip(mu_rem, 1, max(H, 1))``)
+and ``(p_fin, mu_rem)`` from
 
 * oracle (1): ``r = output - a``: ``(1{r <= H}, r)`` (``OraclePredictor``);
 * survival (2): tables by age ``surv_p[a], surv_mu[a]`` (the last entry for older ages),
@@ -72,7 +74,9 @@ def NS_CLOCK() -> int:
 
 
 @njit(**_NJIT_ENGINE)
-def project_view(slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H):
+def project_view(
+    slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H, refill=0.0
+):
     """Projected loads ``(G, H+1)`` of the running requests ``slot_req`` (-1 = empty slot).
 
     Equals :func:`straggler.solvers.routing.project_loads` with the running requests listed
@@ -111,6 +115,8 @@ def project_view(slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu
                 w = min(max(c - h, 0.0), 1.0)
                 if w > 0.0:
                     out[g, h] += w * (base + h)
+                if refill > 0.0 and w < 1.0:
+                    out[g, h] += (1.0 - w) * refill
     return out
 
 
@@ -139,6 +145,7 @@ def run_engine(
     seed,
     max_steps,
     time_router,
+    refill=False,
 ):
     """Run the step loop; see the module docstring.
 
@@ -201,8 +208,14 @@ def run_engine(
                 view_ring[slot, g, h] = 0.0
             view_ring[slot, g, 0] = load[g]
         if pred_kind > 0:
+            rf = 0.0
+            if refill:
+                P = pool_n if pool_n < max_pool else max_pool
+                for j in range(P):
+                    rf += prompt[pool[j]]
+                rf = rf / P if P > 0 else 0.0
             view_ring[slot] = project_view(
-                slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H
+                slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H, rf
             )
         # 4. routing tick
         if k % tick == 0 and pool_n > 0:
@@ -343,6 +356,7 @@ def run_engine_reference(
     seed,
     max_steps,
     time_router,
+    refill=False,
 ):
     """Plain-Python step loop written from the model in the module docstring.
 
@@ -386,6 +400,8 @@ def run_engine_reference(
         view = [[float(L[g])] + [0.0] * H for g in range(G)]
         if pred_kind > 0:
             view = [[0.0] * (H + 1) for g in range(G)]
+            visible = [float(prompt[i]) for i in pool[:max_pool]] if refill else []
+            rf = sum(visible) / len(visible) if visible else 0.0
             for g in range(G):
                 for i in slots[g]:
                     if i is None:
@@ -404,6 +420,8 @@ def run_engine_reference(
                         w = min(max(c - h, 0.0), 1.0)
                         if w > 0.0:
                             view[g][h] += w * (prompt[i] + a + h)
+                        if rf > 0.0 and w < 1.0:
+                            view[g][h] += (1.0 - w) * rf
         views[k] = (view, [running(g) for g in range(G)])
         views.pop(k - stale - 1, None)
         placed_at[k] = [0.0] * G

@@ -54,7 +54,12 @@ from typing import Any
 import numpy as np
 
 from ..formulations.errors import InvalidOptionError, param_error
-from ..solvers.routing import ROUTING_KERNELS, default_s_greedy, make_params
+from ..solvers.routing import (
+    ROUTING_KERNELS,
+    default_s_greedy,
+    make_params,
+    new_request_presence,
+)
 from ._engine import run_engine, run_engine_reference
 from .traces import Trace, generate_trace, saturate_trace
 
@@ -227,6 +232,8 @@ def simulate(
     max_steps: int | None = None,
     engine: str = "numba",
     time_router: bool = True,
+    refill: bool = False,
+    new_presence: bool = False,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
 
@@ -284,6 +291,15 @@ def simulate(
         The jitted step loop or its plain-Python reference (slow; for checks).
     time_router : bool
         Time each router call (a monotonic clock read around it).
+    refill : bool
+        BR-H, not in the paper (default False): project that a slot freed within the horizon
+        is refilled by a request of the mean prefill length of the router's visible pool
+        (:func:`~straggler.solvers.routing.project_loads` ``refill``); without it a replica
+        whose requests are about to finish looks empty over the horizon.
+    new_presence : bool
+        BR-H, not in the paper (default False): weigh horizon column ``h`` of the F-score by
+        ``pi_h = P(output > h)`` of the trace's output lengths, the chance that a request
+        placed now is still resident then (``route_batch`` option ``new_presence``).
 
     Returns
     -------
@@ -320,6 +336,8 @@ def simulate(
         overload=_check_num(overload, "overload", 0.0, open_lo=True),
         seed=_check_int(seed, "seed", 0),
         engine=engine,
+        refill=bool(refill) and policy == "brh",
+        new_presence=bool(new_presence) and policy == "brh",
     )
     if not isinstance(optimistic, (bool, np.bool_)):
         raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
@@ -403,6 +421,8 @@ def simulate(
         optimistic=cfg["optimistic"],
         cursor=0,
     )
+    if cfg["new_presence"]:
+        params = np.concatenate([params, new_request_presence(trace.output_len, H)])
     if max_steps is None:
         max_steps = int(output.sum()) + len(trace) + 1
     max_steps = _check_int(max_steps, "max_steps", 1)
@@ -430,6 +450,7 @@ def simulate(
         cfg["seed"],
         max_steps,
         bool(time_router),
+        cfg["refill"],
     )
     w0 = time.perf_counter()
     if engine == "numba":

@@ -14,7 +14,8 @@ loads          float64 (G, H+1), C order   column 0: current loads (resident KV 
 free_slots     int64 (G,)                  free request slots per replica
 n_running      int64 (G,)                  running requests per replica
 n_waiting      int64 (G,)                  requests waiting in each engine's own queue
-params         float64 (N_PARAMS,)         see the ``P_*`` indices below
+params         float64 (N_PARAMS,) or      see the ``P_*`` indices below; BR-H only: an
+               (N_PARAMS + H+1,)           optional tail ``pi_0..pi_H`` of presence weights
 seed           int64 >= 0                  seed of the MINSTD generator (random, p2c)
 assignment     int64 (n,), fresh           replica of each pool request, -1 = stays in pool
 =============  ==========================  =================================================
@@ -26,6 +27,11 @@ the metric after each placement (tokens: ``L_g += s_i`` on every column; request
 ``n_running[g] += 1``; vLLM: ``n_waiting[g] += 1``, its own rule); with 0 the metric stays at
 the tick's values and only slots are consumed. Round-robin and random keep no metric, so the
 option does not change them.
+
+BR-H presence weights: when ``params`` carries ``H+1`` more entries ``pi_h`` (the probability
+that a request placed now is still resident ``h`` steps later), the discount becomes
+``d_h = gamma^h * pi_h`` (the new requests' expected presence weighs each horizon column of the
+F-score); without them ``d_h = gamma^h`` (the paper's).
 
 Randomness (random, p2c) comes from MINSTD (``x <- 48271*x mod (2^31-1)``, state ``seed mod
 (2^31-2) + 1``), written out in both kernel and reference so they draw the same numbers; a
@@ -627,6 +633,10 @@ def brh_kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed):
     for h in range(H1):
         d[h] = acc
         acc *= gamma
+    if params.shape[0] > N_PARAMS:
+        # presence weights of the new requests: d_h = gamma^h * pi_h
+        for h in range(H1):
+            d[h] *= params[N_PARAMS + h]
     sd = 0.0
     for h in range(H1):
         sd += d[h]
@@ -749,8 +759,8 @@ def brh_reference(prefill, loads, free_slots, n_running, n_waiting, params, seed
     optimistic = float(params[P_OPTIMISTIC]) != 0.0
     d = []
     acc = 1.0
-    for _ in range(H1):
-        d.append(acc)
+    for h in range(H1):
+        d.append(acc * float(params[N_PARAMS + h]) if len(params) > N_PARAMS else acc)
         acc *= gamma
     sd = 0.0
     for x in d:
@@ -1188,10 +1198,13 @@ def trtllm_reference(prefill, loads, free_slots, n_running, n_waiting, params, s
 
 
 @njit(**NJIT)
-def project_loads_kernel(replica, tokens, presence, n_replicas, horizon):
-    """``out[g, h] = sum_{i on g} clip(c_i - h, 0, 1) * (tokens_i + h)``, ``h = 0..H``.
+def project_loads_kernel(replica, tokens, presence, n_replicas, horizon, refill=0.0):
+    """``out[g, h] = sum_{i on g} w_ih * (tokens_i + h) + (1 - w_ih) * refill``, ``h = 0..H``,
+    with ``w_ih = clip(c_i - h, 0, 1)``.
 
-    ``tokens_i = prompt_i + decoded_i`` (resident now), ``c_i`` = expected presence (steps).
+    ``tokens_i = prompt_i + decoded_i`` (resident now), ``c_i`` = expected presence (steps),
+    ``refill`` = tokens of the request expected to take a slot once its request left (0: the
+    paper's projection, where a freed slot stays empty).
     """
     out = np.zeros((n_replicas, horizon + 1))
     for i in range(replica.shape[0]):
@@ -1200,10 +1213,12 @@ def project_loads_kernel(replica, tokens, presence, n_replicas, horizon):
             w = min(max(presence[i] - h, 0.0), 1.0)
             if w > 0.0:
                 out[g, h] += w * (tokens[i] + h)
+            if refill > 0.0 and w < 1.0:
+                out[g, h] += (1.0 - w) * refill
     return out
 
 
-def project_loads_reference(replica, tokens, presence, n_replicas, horizon):
+def project_loads_reference(replica, tokens, presence, n_replicas, horizon, refill=0.0):
     """Projected loads in plain Python."""
     out = [[0.0] * (horizon + 1) for _ in range(n_replicas)]
     for g, tk, c in zip(replica, tokens, presence):
@@ -1211,6 +1226,8 @@ def project_loads_reference(replica, tokens, presence, n_replicas, horizon):
             w = min(max(float(c) - h, 0.0), 1.0)
             if w > 0.0:
                 out[int(g)][h] += w * (float(tk) + h)
+            if refill > 0.0 and w < 1.0:
+                out[int(g)][h] += (1.0 - w) * float(refill)
     return np.array(out, dtype=np.float64).reshape(n_replicas, horizon + 1)
 
 

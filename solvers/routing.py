@@ -62,6 +62,7 @@ __all__ = [
     "validate_routing_input",
     "project_loads",
     "presence_from_prediction",
+    "new_request_presence",
     "N_PARAMS",
     "P_R_MAX",
     "P_S_GREEDY",
@@ -89,7 +90,7 @@ ROUTING_KERNELS: dict = {
 POLICY_IDS = {name: k for k, name in enumerate(POLICY_NAMES)}
 POLICIES = POLICY_NAMES
 
-_EXTRA = frozenset({"n_running", "n_waiting", "optimistic", "cursor"})
+_EXTRA = frozenset({"n_running", "n_waiting", "optimistic", "cursor", "new_presence"})
 _BIG = 1e300  # alpha and beta must be finite
 _FUNC = "route_batch"
 
@@ -119,15 +120,23 @@ def make_params(
     gamma: float = 1.0,
     optimistic: bool = True,
     cursor: int = 0,
+    new_presence=None,
 ) -> np.ndarray:
     """The ``params`` vector of the kernels (no validation: use :func:`route_batch` for that).
+
+    ``new_presence`` (BR-H, optional): the ``H+1`` presence weights ``pi_h`` appended after
+    the ``N_PARAMS`` scalars (see :func:`new_request_presence`).
 
     Examples
     --------
     >>> make_params(r_max=4, s_greedy=32, beta=8).tolist()
     [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 0.0]
+    >>> make_params(new_presence=[1.0, 0.5]).size
+    9
     """
-    p = np.empty(N_PARAMS)
+    w = () if new_presence is None else np.asarray(new_presence, dtype=np.float64).ravel()
+    p = np.empty(N_PARAMS + len(w))
+    p[N_PARAMS:] = w
     p[P_R_MAX] = r_max
     p[P_S_GREEDY] = s_greedy
     p[P_ALPHA] = alpha
@@ -321,7 +330,11 @@ def route_batch(
     ``d = (1, gamma, ..., gamma^H)``, score ``F_g(Q) = alpha*(1'd)*D - beta*((D*1 - m_g)_+)'d``
     (``beta`` defaults to ``G``). Same two stages; the replica key is ``(cap_g, d'm_g)`` and the
     update adds ``D(Q)`` to every column of ``g``. With ``H = 0, alpha = 1, beta = G`` it makes
-    exactly BR-0's decisions (Theorem R3).
+    exactly BR-0's decisions (Theorem R3). Two options beyond the paper, both off by default:
+    ``new_presence=pi`` weighs column ``h`` by the probability ``pi_h`` that a request placed
+    now is still resident then (``d_h = gamma^h * pi_h``; :func:`new_request_presence`), and
+    ``project_loads(..., refill=...)`` lets a slot freed within the horizon hold a new request
+    instead of staying empty (the study behind them: ``benchmarks/routing_table.py``).
 
     Baselines (all place in pool order, only on replicas with a free slot): ``round_robin``
     (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang ``total_tokens``:
@@ -354,7 +367,8 @@ def route_batch(
     **params
         ``n_running``, ``n_waiting`` (int (G,), default zeros): request counts per replica
         (JSQ tie-break, ``jsq_requests``, ``vllm``, ``trtllm``); ``optimistic`` (bool, default
-        True); ``cursor`` (int, round-robin start, default 0).
+        True); ``cursor`` (int, round-robin start, default 0); ``new_presence`` (BR-H: array of
+        ``H+1`` weights in [0, 1], default none).
 
     Returns
     -------
@@ -373,10 +387,11 @@ def route_batch(
     Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n + P*(G + R_max log n)
     + P2*2^R_max)`` (the pool is radix-sorted once; the ranking merges two walks from the
     margin, Theorem R2, over a bitset of live positions; a Stage-1 pop is one binary search
-    and a few bitset look-ups, ``n <= 4096`` needing one summary word); BR-H ``O(P*(G*H + e*H))`` with ``e`` the
-    requests evaluated by its two walks from the peak of the concave score (all of them in the
-    worst case); baselines ``O(n*G)`` (trtllm adds ``O(n log n)``). The kernels equal their
-    plain-Python references (which rank the whole pool on every pop) decision for decision.
+    and a few bitset look-ups, ``n <= 4096`` needing one summary word); BR-H
+    ``O(P*(G*H + e*H))`` with ``e`` the requests evaluated by its two walks from the peak of the
+    concave score (all of them in the worst case); baselines ``O(n*G)`` (trtllm adds
+    ``O(n log n)``). The kernels equal their plain-Python references (which rank the whole
+    pool on every pop) decision for decision.
 
     Deviations from the paper: it states neither ``S_greedy`` nor the candidate order nor the
     tie-breaks; the choices above are ours. The replica key ``(cap_g, m_g)`` is read as
@@ -404,6 +419,16 @@ def route_batch(
     )
     G = L.shape[0]
     p, s_greedy, cursor = _options(G, r_max, s_greedy, alpha, beta, gamma, params)
+    if params and params.get("new_presence") is not None:
+        w = _as(params["new_presence"], "new_presence", np.float64, (1,))
+        if w.shape[0] != L.shape[1] or not np.all((w >= 0.0) & (w <= 1.0)):
+            raise param_error(
+                "new_presence",
+                _FUNC,
+                f"H+1 = {L.shape[1]} numbers in [0, 1] (one per column of loads)",
+                repr(params["new_presence"]),
+            )
+        p = np.concatenate([p, w])
     seed = _seed(rng) if policy in ("random", "p2c") else 0
     # value checks, the kernel and the summary in one jitted call
     code, out, before, after, placed, s_tot = route_batch_kernel(
@@ -506,13 +531,20 @@ def presence_from_prediction(p_fin, mu_rem, horizon: int) -> np.ndarray:
     return np.where(p < 0.5, float(horizon + 1), c)
 
 
-def project_loads(state, predictor, horizon: int) -> np.ndarray:
+def project_loads(state, predictor, horizon: int, *, refill=0.0) -> np.ndarray:
     """Projected loads ``(G, H+1)`` of a :class:`~straggler.formulations.ClusterState`.
 
-    ``L_{g,h} = sum_{i on g} clip(c_i - h, 0, 1) * (prompt_i + decoded_i + h)``: each running
-    request keeps growing by one token per step while it is (expected to be) resident, with
-    ``c_i`` from :func:`presence_from_prediction` on the predictor's ``(p_fin, mu_rem)``.
-    Column 0 equals the state's current loads when they are derived from the running requests.
+    ``L_{g,h} = sum_{i on g} w_ih * (prompt_i + decoded_i + h) + (1 - w_ih) * refill`` with
+    ``w_ih = clip(c_i - h, 0, 1)``: each running request keeps growing by one token per step
+    while it is (expected to be) resident, with ``c_i`` from :func:`presence_from_prediction`
+    on the predictor's ``(p_fin, mu_rem)``. Column 0 equals the state's current loads when they
+    are derived from the running requests (``w_i0 = 1``).
+
+    ``refill`` (not in the paper, default 0 = the paper's projection): the tokens of the request
+    that takes a slot once its request has left. With 0 a replica whose requests are about to
+    finish looks empty over the horizon although its freed slots are refilled at the next ticks
+    when the pool is not empty (a saturated cluster); ``refill="pool"`` uses the mean prefill
+    length of ``state.pool_prefill`` (0 for an empty pool).
 
     Parameters
     ----------
@@ -521,19 +553,31 @@ def project_loads(state, predictor, horizon: int) -> np.ndarray:
         -> (p_fin, mu_rem)`` (see :mod:`straggler.solvers.predictors`).
     horizon : int
         ``H >= 0``.
+    refill : float >= 0 or "pool"
 
     Examples
     --------
     >>> from straggler.formulations import ClusterState
     >>> from straggler.solvers.predictors import OraclePredictor
     >>> st = ClusterState(free_slots=[1, 1], running_replica=[0, 1], running_prompt=[4, 2],
-    ...                   running_decoded=[0, 0], running_output=[2, 5], pool_prefill=[])
+    ...                   running_decoded=[0, 0], running_output=[2, 5], pool_prefill=[3, 7])
     >>> project_loads(st, OraclePredictor(), 3).tolist()
     [[4.0, 5.0, 0.0, 0.0], [2.0, 3.0, 4.0, 5.0]]
+    >>> project_loads(st, OraclePredictor(), 3, refill="pool").tolist()
+    [[4.0, 5.0, 5.0, 5.0], [2.0, 3.0, 4.0, 5.0]]
     """
     if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 0:
         raise param_error("horizon", "project_loads", "an integer >= 0", repr(horizon))
     H = int(horizon)
+    if isinstance(refill, str) and refill == "pool":
+        pool = np.asarray(state.pool_prefill, dtype=np.float64)
+        refill = float(pool.mean()) if pool.size else 0.0
+    elif (
+        isinstance(refill, bool)
+        or not isinstance(refill, (int, float, np.integer, np.floating))
+        or not 0.0 <= refill < math.inf
+    ):
+        raise param_error("refill", "project_loads", 'a finite number >= 0 or "pool"', repr(refill))
     if state.running_replica.size == 0:
         return np.zeros((state.n_replicas, H + 1))
     p, mu = predictor.predict(
@@ -545,4 +589,30 @@ def project_loads(state, predictor, horizon: int) -> np.ndarray:
     )
     c = presence_from_prediction(p, mu, H)
     tokens = state.running_prompt + state.running_decoded
-    return project_loads_kernel(state.running_replica, tokens, c, state.n_replicas, H)
+    return project_loads_kernel(
+        state.running_replica, tokens, c, state.n_replicas, H, float(refill)
+    )
+
+
+def new_request_presence(output_lengths, horizon: int) -> np.ndarray:
+    """``pi_h = P(output > h)``, ``h = 0..H``: the chance that a request placed now is still
+    resident ``h`` steps later (it leaves after ``output`` decode steps), from a sample of
+    output lengths (the empirical survival at age 0). For ``route_batch(..., new_presence=)``.
+
+    Examples
+    --------
+    >>> new_request_presence([1, 2, 2, 4], 3).tolist()
+    [1.0, 0.75, 0.25, 0.25]
+    """
+    o = np.sort(np.asarray(output_lengths, dtype=np.float64).ravel())
+    if o.size == 0 or not np.all(np.isfinite(o)) or o[0] < 1:
+        raise param_error(
+            "output_lengths",
+            "new_request_presence",
+            "a non-empty array of numbers >= 1",
+            repr(output_lengths),
+        )
+    if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 0:
+        raise param_error("horizon", "new_request_presence", "an integer >= 0", repr(horizon))
+    h = np.arange(int(horizon) + 1, dtype=np.float64)
+    return (o.size - np.searchsorted(o, h, side="right")) / o.size

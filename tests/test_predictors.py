@@ -16,7 +16,11 @@ from straggler.solvers.predictors import (
     calibration_report,
     termination_samples,
 )
-from straggler.solvers.routing import presence_from_prediction, project_loads
+from straggler.solvers.routing import (
+    new_request_presence,
+    presence_from_prediction,
+    project_loads,
+)
 
 TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
 
@@ -69,6 +73,47 @@ def test_project_loads_kernel_equals_reference(rep, H, data):
     b = K.project_loads_kernel.py_func(r, tokens, c, 3, H)
     ref = K.project_loads_reference(r, tokens, c, 3, H)
     assert np.array_equal(a, b) and np.array_equal(a, ref)
+    refill = data.draw(st.sampled_from([0.0, 0.5, 37.0]))
+    a = K.project_loads_kernel(r, tokens, c, 3, H, refill)
+    b = K.project_loads_kernel.py_func(r, tokens, c, 3, H, refill)
+    ref = K.project_loads_reference(r, tokens, c, 3, H, refill)
+    assert np.array_equal(a, b) and np.array_equal(a, ref)
+    # each running request's slot holds it or its refill: refill weight 1 - w_ih per request
+    one = K.project_loads_reference(r, tokens, c, 3, H, 1.0)
+    diff = (one - K.project_loads_reference(r, tokens, c, 3, H)).sum(axis=0)
+    want = (1.0 - np.clip(c[:, None] - np.arange(H + 1), 0.0, 1.0)).sum(axis=0)
+    assert np.allclose(diff, want)
+
+
+def test_project_loads_refill_options():
+    st_ = ClusterState(
+        free_slots=[1, 1],
+        running_replica=[0, 1],
+        running_prompt=[4, 2],
+        running_decoded=[0, 0],
+        running_output=[2, 5],
+        pool_prefill=[3, 7],
+    )
+    paper = project_loads(st_, OraclePredictor(), 3)
+    assert np.array_equal(project_loads(st_, OraclePredictor(), 3, refill=0), paper)
+    got = project_loads(st_, OraclePredictor(), 3, refill=10.0)
+    assert got.tolist() == [[4.0, 5.0, 10.0, 10.0], [2.0, 3.0, 4.0, 5.0]]
+    assert np.array_equal(project_loads(st_, OraclePredictor(), 3, refill="pool")[:, 0], [4, 2])
+    for bad in (-1.0, np.nan, np.inf, "mean", True, [1.0]):
+        with pytest.raises(InvalidInputError, match="'refill'"):
+            project_loads(st_, OraclePredictor(), 3, refill=bad)
+
+
+def test_new_request_presence_is_the_output_survival():
+    o = np.array([1, 3, 3, 10, 2])
+    pi = new_request_presence(o, 12)
+    assert pi.tolist() == [float(np.mean(o > h)) for h in range(13)]
+    assert pi[0] == 1.0
+    for bad in ([], [0, 2], [np.nan]):
+        with pytest.raises(InvalidInputError, match="'output_lengths'"):
+            new_request_presence(bad, 3)
+    with pytest.raises(InvalidInputError, match="'horizon'"):
+        new_request_presence([1], -1)
 
 
 def test_confidence_gate():

@@ -406,3 +406,45 @@ def test_stage1_tie_between_the_two_sides_of_the_margin_goes_to_the_lower_index(
         for kernel in (K.br0_kernel, K.br0_kernel.py_func, K.br0_reference):
             out = kernel(np.array(s), np.array([[10.0], [0.0]]), np.array([0, 2]), z, z, p, 0)
             assert out.tolist() == want
+
+
+def _with_presence(inst, data):
+    """The instance with a presence tail ``pi_0..pi_H`` on its params (pi_0 = 1)."""
+    H1 = inst["loads"].shape[1]
+    tail = data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=H1, max_size=H1))
+    inst["params"] = np.concatenate([inst["params"], [1.0], tail[1:]])
+    return inst
+
+
+@given(inst=routing_instances(max_horizon=6, fractional=True), data=st.data())
+def test_brh_presence_weights_kernel_equals_py_func_equals_reference(inst, data):
+    args = kernel_args(_with_presence(inst, data))
+    a = K.brh_kernel(*args)
+    assert a.tolist() == K.brh_kernel.py_func(*args).tolist() == K.brh_reference(*args).tolist()
+
+
+@given(inst=routing_instances(max_horizon=0), data=st.data())
+def test_brh_presence_weights_h0_alpha1_betaG_is_br0(inst, data):
+    """pi_0 = 1: at H = 0 the presence weights change nothing (Theorem R3 still holds)."""
+    inst = _with_presence(inst, data)
+    p = inst["params"]
+    p[K.P_ALPHA], p[K.P_BETA], p[K.P_GAMMA] = 1.0, float(inst["loads"].shape[0]), 0.7
+    args = kernel_args(inst)
+    assert K.brh_kernel(*args).tolist() == K.br0_kernel(*args).tolist()
+
+
+def test_route_batch_new_presence_option():
+    s = np.array([9.0, 1.0, 4.0, 6.0, 2.0])
+    P = np.array([[10.0, 9.0, 0.0], [0.0, 0.0, 0.0], [5.0, 5.0, 5.0]])
+    free = np.array([2, 2, 2])
+    plain = route_batch(s, P, free, policy="brh")
+    ones = route_batch(s, P, free, policy="brh", new_presence=[1.0, 1.0, 1.0])
+    assert ones.assignment.tolist() == plain.assignment.tolist()
+    pi = [1.0, 0.5, 0.0]
+    got = route_batch(s, P, free, policy="brh", new_presence=pi, r_max=3)
+    q = make_params(r_max=3, s_greedy=12, beta=3.0, new_presence=pi)
+    z = np.zeros(3, np.int64)
+    assert got.assignment.tolist() == K.brh_reference(s, P, free, z, z, q, 0).tolist()
+    for bad in ([1.0, 1.0], [1.0, 2.0, 0.0], [1.0, np.nan, 0.0], "x"):
+        with pytest.raises(InvalidInputError, match="'new_presence'"):
+            route_batch(s, P, free, policy="brh", new_presence=bad)

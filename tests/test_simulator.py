@@ -12,7 +12,12 @@ from straggler.sim._engine import project_view, run_engine, run_engine_reference
 from straggler.sim.simulator import SimReport, simulate
 from straggler.sim.traces import Trace, generate_trace, load_trace
 from straggler.solvers.predictors import ExactMatchPredictor, OraclePredictor, SurvivalPredictor
-from straggler.solvers.routing import ROUTING_KERNELS, make_params, project_loads
+from straggler.solvers.routing import (
+    ROUTING_KERNELS,
+    make_params,
+    new_request_presence,
+    project_loads,
+)
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 
@@ -57,6 +62,8 @@ def _engine_args(
     kv=10**9,
     max_pool=8,
     seed=5,
+    refill=False,
+    presence=False,
 ):
     order = np.argsort(tr.arrival_s + 0.001, kind="stable")
     ready = tr.arrival_s[order] + 0.001
@@ -71,7 +78,13 @@ def _engine_args(
     sp = SurvivalPredictor(output)
     ages = np.arange(int(output.max()) + 1, dtype=float)
     p, mu = sp.predict(np.zeros_like(ages), ages, H)
-    params = make_params(r_max=3, s_greedy=4, beta=float(G), optimistic=optimistic)
+    params = make_params(
+        r_max=3,
+        s_greedy=4,
+        beta=float(G),
+        optimistic=optimistic,
+        new_presence=new_request_presence(output, H) if presence else None,
+    )
     return (
         params,
         ready,
@@ -95,6 +108,7 @@ def _engine_args(
         seed,
         10**6,
         True,
+        refill,
     )
 
 
@@ -116,6 +130,8 @@ CASES = [
     ("brh", dict(pred_kind=1, H=6)),
     ("brh", dict(pred_kind=2, H=6, stale=2)),
     ("brh", dict(pred_kind=3, H=6)),
+    ("brh", dict(pred_kind=1, H=6, refill=True, presence=True, stale=2)),
+    ("brh", dict(pred_kind=2, H=6, refill=True, max_pool=3)),
 ]
 SLOW_CASES = [
     ("p2c", dict(tight_kv=True)),
@@ -232,6 +248,15 @@ def test_numba_and_python_engines_give_the_same_report():
     for k in a.series:
         assert np.array_equal(a.series[k], b.series[k])
     assert a.mean_imbalance == b.mean_imbalance and a.tpot_p99_ms == b.tpot_p99_ms
+    # the refill projection and the presence weights, in both engines
+    kw.update(predictor="oracle", horizon=12, refill=True, new_presence=True)
+    a = simulate(tr, "brh", **kw)
+    b = simulate(tr, "brh", engine="python", **kw)
+    for k in a.series:
+        assert np.array_equal(a.series[k], b.series[k])
+    assert a.config["refill"] and a.config["new_presence"]
+    c = simulate(tr, "brh", **{**kw, "refill": False, "new_presence": False})
+    assert not np.array_equal(a.requests["replica"], c.requests["replica"])
 
 
 def _random_slots(rng, G, slots, n):
@@ -255,7 +280,8 @@ def test_projection_equals_project_loads(kind):
         sp = SurvivalPredictor(rng.integers(1, 30, 40))
         ages = np.arange(40, dtype=float)
         p, mu = sp.predict(np.zeros_like(ages), ages, H)
-        got = project_view(slot_req, decoded, prompt, output, group, memo, p, mu, kind, H)
+        refill = float(rng.integers(0, 3) * 17.5)
+        got = project_view(slot_req, decoded, prompt, output, group, memo, p, mu, kind, H, refill)
         # the same running requests, replica by replica in slot order
         order = [(g, i) for g in range(G) for i in slot_req[g] if i >= 0]
         rep = np.array([g for g, _ in order])
@@ -278,7 +304,7 @@ def test_projection_equals_project_loads(kind):
             for h, m in enumerate(memo):
                 if m >= 0:
                     pred.memo[h] = float(m)
-        want = project_loads(st, pred, H)
+        want = project_loads(st, pred, H, refill=refill)
         assert np.array_equal(got, want)
 
 

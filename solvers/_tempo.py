@@ -591,13 +591,17 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
         for s in range(g):
             if G[s] != Gmax:
                 continue
+            # the least the other GPUs can leave: excluding the largest one (or two) but s
+            o1 = top[0] if top[0] != s else top[1]
+            rl1 = _rest_max(times, top, s, o1, -1)
             for i in range(act_n[s]):
                 e = act[s, i]
                 q = x[e, s]
                 if q == 0 or (low == 0 and nnz[e] < 2):
                     continue
                 ts = _t(cost, G[s] - 1, N[s] - q, T[s] - (q + tile - 1) // tile)
-                if ts > M or ts >= bv1:
+                lb = max(ts, rl1)
+                if ts > M or lb > bv1 or (lb == bv1 and ts >= bv2):
                     continue
                 for j in range(e_ptr[e], e_ptr[e + 1]):
                     d = e_gpus[j]
@@ -620,6 +624,15 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
             for s in range(g):
                 if G[s] != Gmax:
                     continue
+                o1 = -1
+                o2 = -1
+                for r in range(4):
+                    if top[r] >= 0 and top[r] != s:
+                        if o1 < 0:
+                            o1 = top[r]
+                        elif o2 < 0:
+                            o2 = top[r]
+                rl2 = _rest_max(times, top, s, o1, o2)
                 for i in range(act_n[s]):
                     e = act[s, i]
                     q = x[e, s]
@@ -627,7 +640,8 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
                         continue
                     kq = (q + tile - 1) // tile
                     ts = _t(cost, G[s] - 1, N[s] - q, T[s] - kq)
-                    if ts > M or ts >= bv1:
+                    lb = max(ts, rl2)
+                    if ts > M or lb > bv1 or (lb == bv1 and ts >= bv2):
                         continue
                     for j in range(e_ptr[e], e_ptr[e + 1]):
                         m = e_gpus[j]
@@ -640,7 +654,9 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, seed, chains, loc
                                 continue
                             tm = _t(cost, Gmax - 1, N[m] + q - q2,
                                     T[m] + kq - (q2 + tile - 1) // tile)  # fmt: skip
-                            if tm > M or tm >= bv1:
+                            lb2 = max(ts, tm)
+                            lb = max(lb2, rl2)
+                            if tm > M or lb > bv1 or (lb == bv1 and lb2 >= bv2):
                                 continue
                             for j2 in range(e_ptr[e2], e_ptr[e2 + 1]):
                                 d = e_gpus[j2]

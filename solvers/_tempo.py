@@ -236,7 +236,12 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
             # Fallback: swaps. q tokens of e go from s to d (full or partial, same bisection)
             # while the whole share of another expert f goes from d to s.
             # Pruning (lower bounds that cannot beat best_v, so the result is unchanged):
-            # t >= a + b*G since T >= G, and t >= _t(0, N, 0) for the token pieces.
+            # t >= a + b*G since T >= G, and t >= _t(0, N, 0) for the token pieces; d's
+            # new time is at least t(G_d', N_d + 1 - (largest share on d), G_d').
+            maxq = np.zeros(g, np.int64)
+            for h in range(g):
+                for i in range(act_n[h]):
+                    maxq[h] = max(maxq[h], x[act[h, i], h])
             for s in range(g):
                 if times[s] != M or _t(cost, G[s] - 1, 0, G[s] - 1) >= best_v:
                     continue
@@ -246,6 +251,10 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                     if xs == 0:
                         continue
                     ks = (xs + tile - 1) // tile
+                    # an f not yet on s leaves s with G_s (whole e) or G_s + 1 activations
+                    only_on_s = _t(cost, G[s], N[s] - xs + 1, G[s]) >= best_v and (
+                        xs < 2 or _t(cost, G[s] + 1, N[s] - xs + 2, G[s] + 1) >= best_v
+                    )
                     for j in range(e_ptr[e], e_ptr[e + 1]):
                         d = e_gpus[j]
                         if d == s:
@@ -253,12 +262,14 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                         xd = x[e, d]
                         kd = (xd + tile - 1) // tile
                         gd = G[d] - 1 + (1 if xd == 0 else 0)
-                        if _t(cost, gd, 0, gd) >= best_v:
+                        if _t(cost, gd, N[d] + 1 - maxq[d], gd) >= best_v:
                             continue
                         for i2 in range(act_n[d]):
                             f = act[d, i2]
                             yd = x[f, d]
                             if f == e or yd == 0 or not replicas[f, s]:
+                                continue
+                            if only_on_s and x[f, s] == 0:
                                 continue
                             if (
                                 _t(cost, 0, N[s] - xs + yd, 0) >= best_v
@@ -319,6 +330,18 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
         if bs < 0:
             # Fallback 2: ejection chains. e's whole share goes from s to m, another expert
             # e2's whole share from m to d (d not s); all three new times below best_v.
+            # Pruning (exact, t is nondecreasing in G, N, T and T >= G): m's new time is at
+            # least t(G_m', N_m + x_s - (largest share on m), G_m'); a destination d not
+            # holding e2 gets at least t(G_d + 1, N_d + 1, T_d + 1) (tadd); with no GPU
+            # below best_v under that, e2 needs another GPU holding it (nnz).
+            maxq = np.zeros(g, np.int64)
+            tadd = np.empty(g)
+            nnz = np.zeros(x.shape[0], np.int64)
+            for h in range(g):
+                for i in range(act_n[h]):
+                    maxq[h] = max(maxq[h], x[act[h, i], h])
+                    nnz[act[h, i]] += 1
+                tadd[h] = _t(cost, G[h] + 1, N[h] + 1, T[h] + 1)
             for s in range(g):
                 if times[s] != M:
                     continue
@@ -336,11 +359,18 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                             continue
                         xm = x[e, m]
                         Gm = G[m] + (1 if xm == 0 else 0)
+                        if _t(cost, Gm - 1, N[m] + xs - maxq[m], Gm - 1) >= best_v:
+                            continue
                         Tm = T[m] - (xm + tile - 1) // tile + (xm + xs + tile - 1) // tile
+                        rec = False  # a GPU other than s, m that could take a new expert
+                        for h in range(g):
+                            if h != s and h != m and tadd[h] < best_v:
+                                rec = True
+                                break
                         for i2 in range(act_n[m]):
                             e2 = act[m, i2]
                             q2 = x[e2, m]
-                            if e2 == e or q2 == 0:
+                            if e2 == e or q2 == 0 or (not rec and nnz[e2] < 2):
                                 continue
                             tm = _t(cost, Gm - 1, N[m] + xs - q2, Tm - (q2 + tile - 1) // tile)
                             if tm >= best_v:
@@ -350,6 +380,8 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                                 if d == m or d == s or times[d] >= best_v:
                                     continue
                                 yd = x[e2, d]
+                                if yd == 0 and tadd[d] >= best_v:
+                                    continue
                                 td = _t(
                                     cost,
                                     G[d] + (1 if yd == 0 else 0),

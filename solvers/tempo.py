@@ -64,6 +64,7 @@ cost of about one token per GPU. ``lower_bound`` is :func:`tempo_layer_bound`.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from numbers import Real
@@ -156,6 +157,21 @@ def tempo_layer_bound(cost: CostModel, lp_value: float, sm_value: int) -> float:
     if cost.has_traffic:
         bound = max(bound, cost.c2 + cost.gamma * lp_value)
     return float(bound)
+
+
+_POOL: list = [None, 0]  # the stack solver's thread pool and its size, made on first use
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(n_threads):
+    """A process-wide pool of ``n_threads`` threads (a new pool per call costs ~1 ms)."""
+    with _POOL_LOCK:
+        if _POOL[0] is None or _POOL[1] != n_threads:
+            if _POOL[0] is not None:
+                _POOL[0].shutdown(wait=False)
+            _POOL[0] = ThreadPoolExecutor(n_threads, thread_name_prefix="straggler-tempo")
+            _POOL[1] = n_threads
+        return _POOL[0]
 
 
 def _check_flag(name, v):
@@ -255,7 +271,8 @@ class Tempo:
         """Every layer, in parallel over layers on a thread pool around the ``nogil`` kernels.
 
         Results are identical to :meth:`solve` layer by layer (the kernels are
-        deterministic and share no state). Threads: ``numba.get_num_threads()``.
+        deterministic and share no state). Threads: ``numba.get_num_threads()``, from a
+        pool kept for the process (made on the first stack solve).
         """
         problems = list(problems)
         c = cost.as_array()
@@ -271,8 +288,7 @@ class Tempo:
         if n_threads == 1:
             parts = [chunk(0)]
         else:
-            with ThreadPoolExecutor(n_threads) as pool:
-                parts = list(pool.map(chunk, range(n_threads)))
+            parts = list(_pool(n_threads).map(chunk, range(n_threads)))
         out = [None] * len(problems)
         for k, part in enumerate(parts):
             for i, arrays in enumerate(part):

@@ -41,7 +41,7 @@ INFO_FIELDS = (
     "makespan_lp",  # token-LP candidate as given (nan when the ensemble is off)
     "makespan_a3",  # A3 candidate (nan when infeasible or the ensemble is off)
     "makespan_sm",  # semi-matching candidate (nan when the ensemble is off)
-    "makespan_candidate",  # best candidate after its local search (nan: ensemble off)
+    "makespan_candidate",  # best candidate, after its local search if polished (nan: off)
     "choice",  # 0: heuristic, 1: token LP, 2: A3, 3: semi-matching
     "chain_moves",  # augmenting chains applied in stage 2
     "ls_moves",  # local-search moves applied in stage 3 (to A_H)

@@ -46,7 +46,9 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
 4. **Ensemble** (Proposition 1). Candidates: the token-LP dispatch, A3 round robin (rank
    ``r`` to GPU ``r mod g``) when every live expert is replicated on every GPU, and
    (*extension*) the optimal semi-matching with whole experts. *Extension:* a candidate
-   below ``M(A_H)`` is first improved by the stage-3 search (when stage 3 is on); so is the
+   below ``M(A_H)`` is first improved by the stage-3 search (when stage 3 is on and the
+   integral lower bound leaves room to switch, ``stop_at < (1 - tau) M(A_H)``: otherwise
+   no polished candidate could be taken, so it is scored raw); so is the
    semi-matching one when ``A_H`` activates more than ``SM`` replicas on a GPU whose floor
    ``t(Gmax, 0, Gmax)`` reaches ``M(A_H)``, and then first under the cap ``G_g <= SM``
    (a move over the cap costs infinity), which finds the activation-tight optima that
@@ -55,6 +57,16 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
    Polishing only lowers a candidate, so ``M(A*) <= min(M(A_H), min_C M(C) / (1 - tau))``
    holds for the raw candidates, and under full replication ``M(A*) <= (OPT + max_k
    phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the additive bound exactly.
+
+Speed (results unchanged by any of it): the kernels build the replica lists without
+branches, order experts by a stable radix sort, keep per-GPU sorted lists of the experts
+that hold tokens (so no search scans empty replicas, which matters under full
+replication), score candidates from their live entries, and prune the chain, swap and
+ejection searches only by lower bounds that cannot beat the best found (``t`` is
+nondecreasing in ``G``, ``N``, ``T`` and ``T >= G``); the plain-Python reference
+enumerates everything. The swap and ejection fallbacks still examine every pair of
+experts on two GPUs in the worst case (no cap), so under full replication a layer that
+reaches them costs a few hundred microseconds.
 
 The token-LP candidate is the integral token-optimal dispatch of :func:`token_lp_fast`
 (``max_g N_g = ceil(lambda*)``, under one token per GPU above the fractional optimum); so

@@ -397,6 +397,69 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                                     be2 = e2
                                     bd = d
                                     bq = xs
+        be3 = -1
+        if bs < 0 and cost[8] < np.inf:
+            # Fallback 2b, under an activation cap only (the capped polish): rotations. The
+            # whole shares of three distinct experts go around s -> m -> d -> s (three
+            # distinct GPUs); all three new times below best_v. Each GPU loses one expert
+            # and gains one, so with every GPU at the cap this is the move that is left.
+            for s in range(g):
+                if times[s] != M:
+                    continue
+                for i in range(act_n[s]):
+                    e = act[s, i]
+                    xs = x[e, s]
+                    ks = (xs + tile - 1) // tile
+                    for j in range(e_ptr[e], e_ptr[e + 1]):
+                        m = e_gpus[j]
+                        if m == s:
+                            continue
+                        xm = x[e, m]
+                        Gm = G[m] + (1 if xm == 0 else 0) - 1
+                        Tm = T[m] - (xm + tile - 1) // tile + (xm + xs + tile - 1) // tile
+                        for i2 in range(act_n[m]):
+                            e2 = act[m, i2]
+                            if e2 == e:
+                                continue
+                            q2 = x[e2, m]
+                            tm = _t(cost, Gm, N[m] + xs - q2, Tm - (q2 + tile - 1) // tile)
+                            if tm >= best_v:
+                                continue
+                            for j2 in range(e_ptr[e2], e_ptr[e2 + 1]):
+                                d = e_gpus[j2]
+                                if d == s or d == m:
+                                    continue
+                                yd = x[e2, d]
+                                Gd = G[d] + (1 if yd == 0 else 0) - 1
+                                Td = T[d] - (yd + tile - 1) // tile + (yd + q2 + tile - 1) // tile
+                                for i3 in range(act_n[d]):
+                                    e3 = act[d, i3]
+                                    if e3 == e or e3 == e2 or not replicas[e3, s]:
+                                        continue
+                                    q3 = x[e3, d]
+                                    td = _t(cost, Gd, N[d] + q2 - q3, Td - (q3 + tile - 1) // tile)
+                                    if td >= best_v:
+                                        continue
+                                    zs = x[e3, s]
+                                    ts = _t(
+                                        cost,
+                                        G[s] - 1 + (1 if zs == 0 else 0),
+                                        N[s] - xs + q3,
+                                        T[s]
+                                        - ks
+                                        - (zs + tile - 1) // tile
+                                        + (zs + q3 + tile - 1) // tile,
+                                    )
+                                    v = max(ts, max(tm, td))
+                                    if v < best_v:
+                                        best_v = v
+                                        bs = s
+                                        be = e
+                                        bm = m
+                                        be2 = e2
+                                        bd = d
+                                        be3 = e3
+                                        bq = xs
         if bs < 0:
             # Fallback 3: leximax moves below the makespan, to make room. GPUs not at M by
             # decreasing time (ties: lower index); the first with a move taking both new
@@ -470,7 +533,13 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
             break
         if bf >= 0:
             _move(x, G, N, T, times, act, act_n, cost, tile, bf, bd, bs, x[bf, bd])
-        if bm >= 0:
+        if be3 >= 0:
+            q2 = x[be2, bm]
+            q3 = x[be3, bd]
+            _move(x, G, N, T, times, act, act_n, cost, tile, be, bs, bm, bq)
+            _move(x, G, N, T, times, act, act_n, cost, tile, be2, bm, bd, q2)
+            _move(x, G, N, T, times, act, act_n, cost, tile, be3, bd, bs, q3)
+        elif bm >= 0:
             _move(x, G, N, T, times, act, act_n, cost, tile, be, bs, bm, bq)
             _move(x, G, N, T, times, act, act_n, cost, tile, be2, bm, bd, x[be2, bm])
         else:
@@ -1093,6 +1162,36 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, seed, chains, 
                                         v = max(new[s], new[m], new[d])
                                         if v < best_v:
                                             best_v, best_move = v, moves
+                if best_move is None and cap < float("inf"):
+                    # fallback 2b (capped search only): rotations of three whole shares,
+                    # e: s -> m, e2: m -> d, e3: d -> s
+                    for s in range(g):
+                        if times[s] != M:
+                            continue
+                        for e in range(E):
+                            if x[e][s] == 0:
+                                continue
+                            for m in range(g):
+                                if m == s or not R[e][m]:
+                                    continue
+                                for e2 in range(E):
+                                    if e2 == e or x[e2][m] == 0:
+                                        continue
+                                    for d in range(g):
+                                        if d in (m, s) or not R[e2][d]:
+                                            continue
+                                        for e3 in range(E):
+                                            if e3 in (e, e2) or x[e3][d] == 0 or not R[e3][s]:
+                                                continue
+                                            moves = [
+                                                (e, s, m, x[e][s]),
+                                                (e2, m, d, x[e2][m]),
+                                                (e3, d, s, x[e3][d]),
+                                            ]
+                                            new = times_cap(moved(x, moves))
+                                            v = max(new[s], new[m], new[d])
+                                            if v < best_v:
+                                                best_v, best_move = v, moves
                 if best_move is None:
                     # fallback 3: leximax moves on the first GPU below M that has one
                     for s in sorted(range(g), key=lambda h: (-times[h], h)):

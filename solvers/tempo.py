@@ -52,8 +52,13 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
    semi-matching one when ``A_H`` activates more than ``SM`` replicas on a GPU whose floor
    ``t(Gmax, 0, Gmax)`` reaches ``M(A_H)``, and then first under the cap ``G_g <= SM``
    (a move over the cap costs infinity), which finds the activation-tight optima that
-   the uncapped search trades away for token balance. The
-   best (first on ties) replaces ``A_H`` iff its makespan is below ``(1 - tau) M(A_H)``.
+   the uncapped search trades away for token balance. Under the cap, when no move, swap
+   or ejection chain improves, *rotations* are tried before the leximax moves: the whole
+   shares of three distinct experts go around three distinct GPUs ``s -> m -> d -> s``
+   (``s`` at the makespan, all three new times below it; first found on ties in the
+   order ``s, e, m, e2, d, e3`` increasing): each GPU loses one expert and gains one, the
+   move left when every GPU is at the cap. The best (first on ties) replaces ``A_H`` iff
+   its makespan is below ``(1 - tau) M(A_H)``.
    Polishing only lowers a candidate, so ``M(A*) <= min(M(A_H), min_C M(C) / (1 - tau))``
    holds for the raw candidates, and under full replication ``M(A*) <= (OPT + max_k
    phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the additive bound exactly.

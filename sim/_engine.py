@@ -36,7 +36,18 @@ and ``(p_fin, mu_rem)`` from
   built from ``SurvivalPredictor``;
 * exact-match (3): ``m`` = output length of the last request with the same prompt hash that
   *finished* (the memo is updated as requests leave); if ``m > a``: ``(1{m - a <= H}, m - a)``,
-  else survival (``ExactMatchPredictor``).
+  else survival (``ExactMatchPredictor``);
+* two-stage (4): the fitted ``TwoStagePredictor`` evaluated per running request from its
+  arrays (``TwoStagePredictor.model_arrays``: hinge knots, feature means and scales, classifier
+  and regressor weights, isotonic block ends and values), in the order written there, on the
+  request's prompt ``s_i`` and age ``a_i``. ``two_stage = (fold, knots, lin, iso, n_blocks)``
+  stacks ``K`` fitted models (``knots (K, 2, k)``, ``lin (K, 4, F)``, ``iso (K, 2, B)``,
+  ``n_blocks (K,)``) and ``fold[i]`` names request ``i``'s model (cross-fitting: a request is
+  never predicted by a model fitted on it). Not a table by age: the output depends on
+  ``(s_i, a_i)`` through ``log1p`` features with a product term, and an age table per distinct
+  prompt would hold ``#prompts x max(output)`` entries; the direct evaluation is exact and costs
+  two ``log1p``, one ``exp`` and ``2F`` multiply-adds per running request and step. With
+  ``pred_kind != 4`` the tuple is not read (:func:`no_two_stage` gives a placeholder).
 
 Router signature: ``kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)``
 of :data:`straggler.solvers.routing.ROUTING_KERNELS`. ``n_waiting`` is 0 (a request is only
@@ -46,15 +57,25 @@ cursor ``params[P_CURSOR]`` is carried from tick to tick (last replica used + 1)
 
 from __future__ import annotations
 
+import bisect
 import ctypes
+import math
 
 import numpy as np
 from numba import njit
 
 from ..solvers._jit import NJIT
 from ..solvers._routing_kernels import P_CURSOR
+from ..solvers.predictors import EXP_CAP
 
-__all__ = ["run_engine", "run_engine_reference", "project_view", "NS_CLOCK"]
+__all__ = [
+    "run_engine",
+    "run_engine_reference",
+    "project_view",
+    "two_stage_predict",
+    "no_two_stage",
+    "NS_CLOCK",
+]
 
 # The engine calls a ctypes function (the clock), which numba cannot cache.
 _NJIT_ENGINE = dict(NJIT, cache=False)
@@ -73,20 +94,100 @@ def NS_CLOCK() -> int:
     return int(ts[0]) * 1_000_000_000 + int(ts[1])
 
 
+def no_two_stage():
+    """The ``two_stage`` argument of :func:`run_engine` when no two-stage model is used.
+
+    Examples
+    --------
+    >>> [x.shape for x in no_two_stage()]
+    [(0,), (1, 2, 1), (1, 4, 8), (1, 2, 1), (1,)]
+    """
+    return (
+        np.zeros(0, dtype=np.int64),
+        np.zeros((1, 2, 1)),
+        np.ones((1, 4, 8)),
+        np.zeros((1, 2, 1)),
+        np.zeros(1, dtype=np.int64),
+    )
+
+
+@njit(**_NJIT_ENGINE)
+def two_stage_predict(knots, lin, iso, n_blocks, s, a):
+    """``(p_fin, mu_rem)`` of one fitted two-stage model at prompt ``s``, age ``a`` (floats).
+
+    ``knots (2, k)``, ``lin (4, F)``, ``iso (2, B)``, ``n_blocks`` as returned by
+    :meth:`~straggler.solvers.predictors.TwoStagePredictor.model_arrays`, evaluated in the order
+    written there (``mu_rem`` unclipped; the projection clips it to ``[1, max(H, 1)]`` as
+    ``TwoStagePredictor.predict`` does).
+    """
+    nk = knots.shape[1]
+    ls = math.log1p(s)
+    la = math.log1p(a)
+    z = 0.0
+    y = 0.0
+    for j in range(6 + 2 * nk):
+        if j == 0:
+            f = 1.0
+        elif j == 1:
+            f = ls
+        elif j == 2:
+            f = la
+        elif j == 3:
+            f = ls * ls
+        elif j == 4:
+            f = la * la
+        elif j == 5:
+            f = ls * la
+        elif j < 6 + nk:
+            f = max(ls - knots[0, j - 6], 0.0)
+        else:
+            f = max(la - knots[1, j - 6 - nk], 0.0)
+        phi = (f - lin[0, j]) / lin[1, j]
+        z += phi * lin[2, j]
+        y += phi * lin[3, j]
+    t = -z
+    p = 0.0 if t > EXP_CAP else 1.0 / (1.0 + math.exp(t))
+    nb = n_blocks
+    if nb > 0:  # isotonic map: the first block whose end is >= p
+        lo = 0
+        hi = nb
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if iso[0, mid] < p:
+                lo = mid + 1
+            else:
+                hi = mid
+        p = iso[1, min(lo, nb - 1)]
+    return p, y
+
+
 @njit(**_NJIT_ENGINE)
 def project_view(
-    slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H, refill=0.0
+    slot_req,
+    decoded,
+    prompt,
+    output,
+    group,
+    memo,
+    surv_p,
+    surv_mu,
+    pred_kind,
+    H,
+    refill,
+    two_stage,
 ):
     """Projected loads ``(G, H+1)`` of the running requests ``slot_req`` (-1 = empty slot).
 
     Equals :func:`straggler.solvers.routing.project_loads` with the running requests listed
     replica by replica in slot order, and the predictor of ``pred_kind`` (1 oracle, 2 survival
     tables ``surv_p[a], surv_mu[a]`` by age ``a``, the last entry for older ages, 3 exact-match
-    on ``memo[group[i]]`` with the survival fallback).
+    on ``memo[group[i]]`` with the survival fallback, 4 the two-stage models ``two_stage =
+    (fold, knots, lin, iso, n_blocks)``, model ``fold[i]`` for request ``i``).
     """
     G, n_slots = slot_req.shape
     out = np.zeros((G, H + 1))
     n_surv = surv_p.size
+    ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = two_stage
     for g in range(G):
         for s in range(n_slots):
             i = slot_req[g, s]
@@ -97,6 +198,15 @@ def project_view(
                 r = output[i] - a
                 p = 1.0 if r <= H else 0.0
                 mu = float(r)
+            elif pred_kind == 4:
+                p, mu = two_stage_predict(
+                    ts_knots[ts_fold[i]],
+                    ts_lin[ts_fold[i]],
+                    ts_iso[ts_fold[i]],
+                    ts_nb[ts_fold[i]],
+                    float(prompt[i]),
+                    float(a),
+                )
             else:
                 m = memo[group[i]] if (pred_kind == 3 and group[i] >= 0) else -1
                 if m > a:
@@ -145,7 +255,8 @@ def run_engine(
     seed,
     max_steps,
     time_router,
-    refill=False,
+    refill,
+    two_stage,
 ):
     """Run the step loop; see the module docstring.
 
@@ -215,7 +326,18 @@ def run_engine(
                     rf += prompt[pool[j]]
                 rf = rf / P if P > 0 else 0.0
             view_ring[slot] = project_view(
-                slot_req, decoded, prompt, output, group, memo, surv_p, surv_mu, pred_kind, H, rf
+                slot_req,
+                decoded,
+                prompt,
+                output,
+                group,
+                memo,
+                surv_p,
+                surv_mu,
+                pred_kind,
+                H,
+                rf,
+                two_stage,
             )
         # 4. routing tick
         if k % tick == 0 and pool_n > 0:
@@ -356,7 +478,8 @@ def run_engine_reference(
     seed,
     max_steps,
     time_router,
-    refill=False,
+    refill,
+    two_stage,
 ):
     """Plain-Python step loop written from the model in the module docstring.
 
@@ -379,6 +502,27 @@ def run_engine_reference(
     series, tick_pool = [], []
     clock, k, nxt = 0.0, 0, 0
     par = np.array(params, dtype=np.float64)
+    ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = two_stage
+
+    def two_stage_predict(i, a):
+        """``(p_fin, mu_rem)`` of model ``ts_fold[i]`` at prompt ``prompt[i]``, age ``a``."""
+        m = int(ts_fold[i])
+        ls, la = math.log1p(float(prompt[i])), math.log1p(float(a))
+        feats = [1.0, ls, la, ls * ls, la * la, ls * la]
+        feats += [max(ls - float(k), 0.0) for k in ts_knots[m][0]]
+        feats += [max(la - float(k), 0.0) for k in ts_knots[m][1]]
+        mean, std, w, v = (row.tolist() for row in ts_lin[m])
+        z = y = 0.0
+        for f, mj, sj, wj, vj in zip(feats, mean, std, w, v):
+            phi = (f - mj) / sj
+            z = z + phi * wj
+            y = y + phi * vj
+        p = 0.0 if -z > EXP_CAP else 1.0 / (1.0 + math.exp(-z))
+        nb = int(ts_nb[m])
+        if nb > 0:
+            ends = ts_iso[m][0][:nb].tolist()
+            p = float(ts_iso[m][1][min(bisect.bisect_left(ends, p), nb - 1)])
+        return p, y
 
     def loads():
         return [sum(prompt[i] + decoded[i] for i in slots[g] if i is not None) for g in range(G)]
@@ -408,7 +552,9 @@ def run_engine_reference(
                         continue
                     a = decoded[i]
                     m = memo.get(int(group[i]), -1) if (pred_kind == 3 and group[i] >= 0) else -1
-                    if pred_kind == 1 or m > a:
+                    if pred_kind == 4:
+                        p, mu = two_stage_predict(i, a)
+                    elif pred_kind == 1 or m > a:
                         r = (output[i] if pred_kind == 1 else m) - a
                         p, mu = (1.0 if r <= H else 0.0), float(r)
                     else:

@@ -53,14 +53,15 @@ from typing import Any
 
 import numpy as np
 
-from ..formulations.errors import InvalidOptionError, param_error
+from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
+from ..solvers.predictors import TwoStagePredictor, calibration_report, termination_samples
 from ..solvers.routing import (
     ROUTING_KERNELS,
     default_s_greedy,
     make_params,
     new_request_presence,
 )
-from ._engine import run_engine, run_engine_reference
+from ._engine import no_two_stage, run_engine, run_engine_reference
 from .traces import Trace, generate_trace, saturate_trace
 
 __all__ = ["simulate", "SimReport", "PREDICTORS", "DEFAULT_STEP_TIME"]
@@ -69,7 +70,7 @@ __all__ = ["simulate", "SimReport", "PREDICTORS", "DEFAULT_STEP_TIME"]
 DEFAULT_STEP_TIME = (0.040, 0.22e-6)
 
 #: Predictors BR-H can use inside the simulator (engine codes).
-PREDICTORS = {"oracle": 1, "survival": 2, "exact_match": 3}
+PREDICTORS = {"oracle": 1, "survival": 2, "exact_match": 3, "two_stage": 4}
 
 _FUNC = "simulate"
 
@@ -193,6 +194,98 @@ def _survival_tables(output_len: np.ndarray, horizon: int) -> tuple[np.ndarray, 
     return np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(mu, dtype=np.float64)
 
 
+def _two_stage(trace: Trace, horizon: int, fit) -> tuple[tuple, dict[str, Any]]:
+    """The engine's ``two_stage`` tuple for ``trace`` (in trace order) and a summary.
+
+    ``fit``: None (cross-fitting on the two halves of the trace in arrival order: the model
+    fitted on the first half predicts the second half's requests and vice versa), ``"in_sample"``
+    (one model fitted on every request of ``trace``), a :class:`Trace` (one model fitted on it),
+    or a fitted :class:`~straggler.solvers.predictors.TwoStagePredictor` for ``horizon``. The
+    summary holds the split and a :func:`~straggler.solvers.predictors.calibration_report` of
+    the classifier on ``trace``'s requests, each predicted by its own model (out of fold for the
+    cross-fit).
+    """
+    n = len(trace)
+    s, o = trace.prompt_len, trace.output_len
+    fold = np.zeros(n, dtype=np.int64)
+    try:
+        if fit is None:
+            half = n // 2
+            if half < 1:
+                raise InvalidInputError("Cross-fitting needs at least two requests.")
+            models = [
+                TwoStagePredictor(horizon).fit(s[:half], o[:half]),
+                TwoStagePredictor(horizon).fit(s[half:], o[half:]),
+            ]
+            fold[:half] = 1  # the first half is predicted by the model of the second
+            how = f"cross-fit halves ({half} + {n - half} requests)"
+        elif isinstance(fit, str) and fit == "in_sample":
+            models = [TwoStagePredictor(horizon).fit(s, o)]
+            how = f"in sample ({n} requests)"
+        elif isinstance(fit, Trace):
+            models = [TwoStagePredictor(horizon).fit(fit.prompt_len, fit.output_len)]
+            how = f"trace {fit.name!r} ({len(fit)} requests)"
+        elif isinstance(fit, TwoStagePredictor):
+            if fit.w is None or fit.horizon != horizon:
+                raise InvalidInputError(
+                    f"The TwoStagePredictor must be fitted for horizon {horizon} "
+                    f"(fitted: {fit.w is not None}, horizon {fit.horizon})."
+                )
+            models = [fit]
+            how = "given TwoStagePredictor"
+        else:
+            raise param_error(
+                "predictor_fit",
+                _FUNC,
+                'None, "in_sample", a Trace or a fitted TwoStagePredictor',
+                repr(fit),
+                InvalidOptionError,
+            )
+    except InvalidOptionError:
+        raise
+    except InvalidInputError as e:
+        raise param_error(
+            "predictor_fit",
+            _FUNC,
+            "data the two-stage predictor can be fitted on for this horizon (requests that "
+            "finish within it and requests that do not)",
+            str(e),
+        ) from None
+    arrays = [m.model_arrays() for m in models]
+    B = max(a[2].shape[1] for a in arrays)
+    iso = np.zeros((len(models), 2, B))
+    for k, a in enumerate(arrays):
+        iso[k, :, : a[2].shape[1]] = a[2]
+        iso[k, 0, a[2].shape[1] :] = np.inf
+        iso[k, 1, a[2].shape[1] :] = a[2][1, -1]
+    ts = (
+        fold,
+        np.ascontiguousarray(np.stack([a[0] for a in arrays])),
+        np.ascontiguousarray(np.stack([a[1] for a in arrays])),
+        iso,
+        np.array([a[3] for a in arrays], dtype=np.int64),
+    )
+    # calibration on the simulated requests, each by its own model
+    ps, ys = [], []
+    for k, m in enumerate(models):
+        sel = fold == k
+        if sel.any():
+            cs, ca, cy, _ = termination_samples(s[sel], o[sel], horizon)
+            if cs.size:
+                ps.append(m.predict(cs, ca, horizon)[0])
+                ys.append(cy)
+    rep = calibration_report(np.concatenate(ps), np.concatenate(ys))
+    info = dict(
+        fit=how,
+        brier=rep.brier,
+        log_loss=rep.log_loss,
+        auc=rep.auc,
+        ece=rep.ece,
+        n_samples=rep.n,
+    )
+    return ts, info
+
+
 def _groups(prefix_hash: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
     if prefix_hash is None:
         return np.full(n, -1, dtype=np.int64), 0
@@ -220,6 +313,7 @@ def simulate(
     max_pool: int = 256,
     predictor: str = "survival",
     horizon: int = 80,
+    predictor_fit: Trace | TwoStagePredictor | str | None = None,
     r_max: int = 4,
     s_greedy: float | None = None,
     alpha: float = 1.0,
@@ -269,13 +363,27 @@ def simulate(
         off both.
     max_pool : int
         The router sees the oldest ``max_pool`` requests of the pool.
-    predictor : {"survival", "exact_match", "oracle"}
+    predictor : {"survival", "exact_match", "oracle", "two_stage"}
         BR-H's predictor: empirical survival (ECDF of the trace's output lengths by age, H4's
         ``SurvivalPredictor``), exact-match (output length of the last finished request with
         the same prompt hash, falling back to survival; traces without hashes fall back
-        always), oracle (true remaining length).
+        always), oracle (true remaining length), two-stage (the paper's calibrated termination
+        classifier and conditional-mean regressor on prompt length and age,
+        :class:`~straggler.solvers.predictors.TwoStagePredictor` trained for ``horizon``; see
+        ``predictor_fit``). The survival ECDF is fitted on the simulated trace itself (the
+        marginal output lengths); the two-stage model by default is not.
     horizon : int
         BR-H's ``H`` (default 80, the paper's).
+    predictor_fit : None, "in_sample", Trace or TwoStagePredictor
+        Training data of the two-stage predictor (only with ``predictor="two_stage"``).
+        Default None: cross-fitting on the simulated trace (after the saturated-mode
+        filter), split in two halves by arrival; the model fitted on the first half predicts
+        the requests of the second half and vice versa, so no request is predicted by a model
+        that saw it. ``"in_sample"``: one model fitted on all simulated requests (optimistic).
+        A :class:`~straggler.sim.traces.Trace`: one model fitted on it. A fitted
+        ``TwoStagePredictor`` (for ``horizon``): used as is. ``config["two_stage"]`` of the
+        report records the split and the classifier's calibration (Brier, log loss, AUC,
+        ECE) on the simulated requests.
     r_max, s_greedy, alpha, beta, gamma
         BR-0/BR-H options of :func:`~straggler.solvers.route_batch`.
     saturated : bool
@@ -370,6 +478,14 @@ def simulate(
         label = f"brh:{predictor}"
     else:
         pred_kind, H, label = 0, 0, policy
+    if predictor_fit is not None and pred_kind != 4:
+        raise param_error(
+            "predictor_fit",
+            _FUNC,
+            'None unless policy="brh" with predictor="two_stage"',
+            repr(predictor_fit),
+            InvalidOptionError,
+        )
     cfg.update(predictor=predictor if policy == "brh" else None, label=label)
     if s_greedy is None:
         s_greedy = default_s_greedy(G, cfg["r_max"])
@@ -416,6 +532,11 @@ def simulate(
         surv_p, surv_mu = _survival_tables(trace.output_len, H)
     else:
         surv_p, surv_mu = np.zeros(1), np.ones(1)
+    if pred_kind == 4:
+        two_stage, cfg["two_stage"] = _two_stage(trace, H, predictor_fit)
+        two_stage = (np.ascontiguousarray(two_stage[0][order]),) + two_stage[1:]
+    else:
+        two_stage = no_two_stage()
     params = make_params(
         r_max=cfg["r_max"],
         s_greedy=s_greedy,
@@ -455,6 +576,7 @@ def simulate(
         max_steps,
         bool(time_router),
         cfg["refill"],
+        two_stage,
     )
     w0 = time.perf_counter()
     if engine == "numba":

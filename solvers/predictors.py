@@ -25,6 +25,7 @@ expected presence ``c_i`` with the confidence gate ``p_fin < 0.5 -> c_i = H+1``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -239,14 +240,44 @@ def termination_samples(prompts, outputs, horizon: int, stride: int | None = Non
     return s[idx], age, (r <= H).astype(np.float64), r
 
 
+def _libm(fn, x) -> np.ndarray:
+    """Elementwise C-library ``fn`` (``math.log1p``, ``math.exp``) on a float array.
+
+    numpy's SIMD loops for ``log1p``/``exp`` can differ from the C library by an ulp; the
+    simulator's jitted step loop and its plain-Python reference call the C library, so the
+    two-stage model is evaluated with it everywhere (exactly the same numbers).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    return np.frompyfunc(fn, 1, 1)(x).astype(np.float64).reshape(x.shape)
+
+
 def _features(prompt, age, knots_s, knots_a) -> np.ndarray:
     """``(1, ls, la, ls^2, la^2, ls*la, (ls - k)_+ ..., (la - k)_+ ...)``, ``l* = log1p(*)``."""
-    ls = np.log1p(np.asarray(prompt, dtype=np.float64))
-    la = np.log1p(np.asarray(age, dtype=np.float64))
+    ls = _libm(math.log1p, prompt)
+    la = _libm(math.log1p, age)
     cols = [np.ones_like(ls), ls, la, ls * ls, la * la, ls * la]
     cols += [np.maximum(ls - k, 0.0) for k in knots_s]
     cols += [np.maximum(la - k, 0.0) for k in knots_a]
     return np.column_stack(cols)
+
+
+def _dot(X, w) -> np.ndarray:
+    """``sum_j X[:, j] * w[j]`` accumulated left to right from 0 (no BLAS: a BLAS dot may
+    reorder or fuse), the order of the simulator's step loops."""
+    z = np.zeros(X.shape[0])
+    for j in range(X.shape[1]):
+        z = z + X[:, j] * w[j]
+    return z
+
+
+#: ``-z`` above this gives ``p = 0`` exactly (``exp`` would overflow); same rule in the engine.
+EXP_CAP = 700.0
+
+
+def _sigmoid(z) -> np.ndarray:
+    t = -np.asarray(z, dtype=np.float64)
+    e = _libm(math.exp, np.minimum(t, EXP_CAP))
+    return np.where(t > EXP_CAP, 0.0, 1.0 / (1.0 + e))
 
 
 def _isotonic(x, y):
@@ -411,7 +442,7 @@ class TwoStagePredictor(Predictor):
         return (_features(prompt, age, self._ks, self._ka) - self._mean) / self._std
 
     def _raw(self, X):
-        return 1.0 / (1.0 + np.exp(-(X @ self.w)))
+        return _sigmoid(_dot(X, self.w))
 
     def fit(self, prompts, outputs, *, stride: int | None = None, max_iter: int = 50):
         """Fit both stages (and the calibration map) on finished requests."""
@@ -479,8 +510,42 @@ class TwoStagePredictor(Predictor):
         if self._iso is not None:
             ends, vals = self._iso
             p = vals[np.minimum(np.searchsorted(ends, p, side="left"), vals.size - 1)]
-        mu = np.clip(X @ self.v, 1.0, max(H, 1))
+        mu = np.clip(_dot(X, self.v), 1.0, max(H, 1))
         return p, mu
+
+    def model_arrays(self):
+        """The fitted model as plain arrays (what :func:`~straggler.sim.simulate` hands to its
+        step loop), enough to recompute :meth:`predict` exactly.
+
+        Returns ``(knots, lin, iso, n_blocks)``: ``knots`` ``(2, k)`` (prompt and age hinge
+        knots, on ``log1p`` scale), ``lin`` ``(4, F)`` (feature means, standard deviations,
+        classifier weights ``w``, regressor weights ``v``; ``F = 6 + 2k``), ``iso`` ``(2, B)``
+        (isotonic block ends and values; ``B >= 1``) and ``n_blocks`` (0 = no calibration).
+        Prediction at prompt ``s``, age ``a``, in this order: ``ls = log1p(s)``, ``la =
+        log1p(a)`` (C library); features ``f = (1, ls, la, ls*ls, la*la, ls*la, (ls - knots[0,
+        j])_+ ..., (la - knots[1, j])_+ ...)``; ``phi_j = (f_j - lin[0, j]) / lin[1, j]``;
+        ``z = sum_j lin[2, j] * phi_j`` and ``y = sum_j lin[3, j] * phi_j`` accumulated from
+        0 in ``j`` order; ``p = 0`` if ``-z > EXP_CAP`` else ``1 / (1 + exp(-z))``; with
+        calibration ``p = iso[1, b]``, ``b`` the first block with ``iso[0, b] >= p`` (the last
+        one if none); ``mu = clip(y, 1, max(H, 1))``.
+
+        Examples
+        --------
+        >>> rng = np.random.default_rng(0)
+        >>> s = rng.integers(10, 1000, 400); o = np.where(s > 500, 20, 300)
+        >>> knots, lin, iso, nb = TwoStagePredictor(40).fit(s, o).model_arrays()
+        >>> knots.shape, lin.shape, iso.shape[0], nb == iso.shape[1]
+        ((2, 3), (4, 12), 2, True)
+        """
+        if self.w is None:
+            raise InvalidInputError("TwoStagePredictor.model_arrays called before fit.")
+        knots = np.vstack([self._ks, self._ka]).astype(np.float64)
+        lin = np.vstack([self._mean, self._std, self.w, self.v]).astype(np.float64)
+        if self._iso is None:
+            iso, nb = np.zeros((2, 1)), 0
+        else:
+            iso, nb = np.vstack(self._iso).astype(np.float64), int(self._iso[0].size)
+        return tuple(np.ascontiguousarray(x) for x in (knots, lin, iso)) + (nb,)
 
     def calibration(self, prompts, outputs, *, stride: int | None = None, n_bins: int = 10):
         """:func:`calibration_report` of the classifier on (held-out) requests."""

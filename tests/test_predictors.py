@@ -216,3 +216,34 @@ def test_predictors_on_azure_conversation_trace():
     surv = calibration_report(np.clip(p_surv, 0, 1), y)
     assert rep.auc > 0.6 and surv.auc > 0.6
     assert rep.ece < 0.1
+
+
+def test_two_stage_model_arrays_recompute_predict():
+    """model_arrays + the evaluation order written in its docstring give predict's numbers."""
+    import bisect
+    import math
+
+    rng = np.random.default_rng(1)
+    s = rng.integers(0, 3000, 400)
+    o = np.maximum(1, rng.geometric(np.where(s > 1500, 1 / 10, 1 / 60)))
+    for tp in (TwoStagePredictor(16).fit(s, o), TwoStagePredictor(16, calibration=0.0).fit(s, o)):
+        knots, lin, iso, nb = tp.model_arrays()
+        qs, qa = rng.integers(0, 4000, 300).astype(float), rng.integers(0, 300, 300).astype(float)
+        p, mu = tp.predict(qs, qa, 16)
+        for x, a, pi, mi in zip(qs, qa, p, mu):
+            ls, la = math.log1p(x), math.log1p(a)
+            f = [1.0, ls, la, ls * ls, la * la, ls * la]
+            f += [max(ls - k, 0.0) for k in knots[0]] + [max(la - k, 0.0) for k in knots[1]]
+            z = y = 0.0
+            for j, fj in enumerate(f):
+                phi = (fj - lin[0, j]) / lin[1, j]
+                z, y = z + phi * lin[2, j], y + phi * lin[3, j]
+            q = 1.0 / (1.0 + math.exp(-z))
+            if nb:
+                q = iso[1, min(bisect.bisect_left(list(iso[0]), q), nb - 1)]
+            assert q == pi and min(max(y, 1.0), 16.0) == mi
+        assert np.all((p >= 0) & (p <= 1)) and np.all((mu >= 1) & (mu <= 16))
+    with pytest.raises(InvalidInputError, match="before fit"):
+        TwoStagePredictor(4).model_arrays()
+    with pytest.raises(InvalidInputError, match="'horizon'"):
+        tp.predict([1.0], [1.0], 8)

@@ -8,10 +8,22 @@ import pytest
 from numba import njit
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.routing import ClusterState
-from straggler.sim._engine import project_view, run_engine, run_engine_reference
-from straggler.sim.simulator import SimReport, simulate
+from straggler.sim._engine import (
+    no_two_stage,
+    project_view,
+    run_engine,
+    run_engine_reference,
+    two_stage_predict,
+)
+from straggler.sim.simulator import SimReport, _two_stage, simulate
 from straggler.sim.traces import Trace, generate_trace, load_trace
-from straggler.solvers.predictors import ExactMatchPredictor, OraclePredictor, SurvivalPredictor
+from straggler.solvers.predictors import (
+    ExactMatchPredictor,
+    OraclePredictor,
+    SurvivalPredictor,
+    TwoStagePredictor,
+    termination_samples,
+)
 from straggler.solvers.routing import (
     ROUTING_KERNELS,
     make_params,
@@ -78,6 +90,10 @@ def _engine_args(
     sp = SurvivalPredictor(output)
     ages = np.arange(int(output.max()) + 1, dtype=float)
     p, mu = sp.predict(np.zeros_like(ages), ages, H)
+    two_stage = no_two_stage()
+    if pred_kind == 4:  # cross-fitted models (trace order), then in engine order
+        ts, _ = _two_stage(tr, H, None)
+        two_stage = (np.ascontiguousarray(ts[0][order]),) + ts[1:]
     params = make_params(
         r_max=3,
         s_greedy=4,
@@ -109,6 +125,7 @@ def _engine_args(
         10**6,
         True,
         refill,
+        two_stage,
     )
 
 
@@ -120,7 +137,7 @@ def _same(a, b):
 
 
 # Each policy compiles the step loop once (~5 s), so the default run covers four of them (BR-0,
-# JSQ, random, BR-H with its three predictors); the other baselines run with -m slow.
+# JSQ, random, BR-H with its four predictors); the other baselines run with -m slow.
 CASES = [
     ("br0", dict()),
     ("br0", dict(stale=4, tick=3, tight_kv=True)),
@@ -132,6 +149,8 @@ CASES = [
     ("brh", dict(pred_kind=3, H=6)),
     ("brh", dict(pred_kind=1, H=6, refill=True, presence=True, stale=2)),
     ("brh", dict(pred_kind=2, H=6, refill=True, max_pool=3)),
+    ("brh", dict(pred_kind=4, H=6, stale=2)),
+    ("brh", dict(pred_kind=4, H=6, refill=True, presence=True, max_pool=3)),
 ]
 SLOW_CASES = [
     ("p2c", dict(tight_kv=True)),
@@ -266,7 +285,46 @@ def _random_slots(rng, G, slots, n):
     return slot_req
 
 
-@pytest.mark.parametrize("kind", [1, 2, 3])
+class _ByFold:
+    """Two-stage models by fold: request ``i`` (of the running list) asks ``models[fold[i]]``."""
+
+    def __init__(self, models, fold):
+        self.models, self.fold = models, fold
+
+    def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
+        p, mu = np.zeros(len(prompt)), np.zeros(len(prompt))
+        for k, m in enumerate(self.models):
+            sel = self.fold == k
+            if sel.any():
+                p[sel], mu[sel] = m.predict(
+                    np.asarray(prompt)[sel], np.asarray(decoded)[sel], horizon
+                )
+        return p, mu
+
+
+def _two_models(rng, H):
+    """A calibrated and an uncalibrated two-stage model fitted on random requests."""
+    s = rng.integers(0, 60, 300)
+    o = np.where(s > 30, rng.integers(1, 2 * H, 300), rng.integers(H, 6 * H, 300))
+    return [TwoStagePredictor(H).fit(s, o), TwoStagePredictor(H, calibration=0.0).fit(s, o)]
+
+
+def _engine_tuple(models, fold):
+    arrs = [m.model_arrays() for m in models]
+    B = max(a[2].shape[1] for a in arrs)
+    iso = np.zeros((len(arrs), 2, B))
+    for k, a in enumerate(arrs):
+        iso[k, :, : a[2].shape[1]] = a[2]
+    return (
+        np.asarray(fold, dtype=np.int64),
+        np.stack([a[0] for a in arrs]),
+        np.stack([a[1] for a in arrs]),
+        iso,
+        np.array([a[3] for a in arrs], dtype=np.int64),
+    )
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3, 4])
 def test_projection_equals_project_loads(kind):
     rng = np.random.default_rng(kind)
     G, slots, n, H = 3, 5, 11, 7
@@ -281,7 +339,15 @@ def test_projection_equals_project_loads(kind):
         ages = np.arange(40, dtype=float)
         p, mu = sp.predict(np.zeros_like(ages), ages, H)
         refill = float(rng.integers(0, 3) * 17.5)
-        got = project_view(slot_req, decoded, prompt, output, group, memo, p, mu, kind, H, refill)
+        ts = no_two_stage()
+        if kind == 4:
+            if _ == 0:
+                models = _two_models(rng, H)
+            fold = rng.integers(0, 2, n)
+            ts = _engine_tuple(models, fold)
+        got = project_view(
+            slot_req, decoded, prompt, output, group, memo, p, mu, kind, H, refill, ts
+        )
         # the same running requests, replica by replica in slot order
         order = [(g, i) for g in range(G) for i in slot_req[g] if i >= 0]
         rep = np.array([g for g, _ in order])
@@ -299,6 +365,8 @@ def test_projection_equals_project_loads(kind):
             pred = OraclePredictor()
         elif kind == 2:
             pred = sp
+        elif kind == 4:
+            pred = _ByFold(models, fold[idx])
         else:
             pred = ExactMatchPredictor(sp)
             for h, m in enumerate(memo):
@@ -306,6 +374,67 @@ def test_projection_equals_project_loads(kind):
                     pred.memo[h] = float(m)
         want = project_loads(st, pred, H, refill=refill)
         assert np.array_equal(got, want)
+
+
+def test_two_stage_in_engine_equals_two_stage_predictor():
+    """The engine's evaluation of a fitted model == TwoStagePredictor.predict, bit for bit, on
+    the training and calibration samples (their scores are the isotonic block ends) and a grid."""
+    rng = np.random.default_rng(3)
+    n, H = 500, 20
+    s = rng.integers(0, 4000, n)
+    o = np.maximum(1, rng.geometric(np.where(s > 2000, 1 / 15, 1 / 90))).astype(np.int64)
+    grid_s, grid_a = np.meshgrid(np.arange(0, 5000, 97.0), np.arange(0, 700, 13.0))
+    _, samp_a, _, _ = termination_samples(s, o, H)
+    samp_s = termination_samples(s, o, H)[0]
+    qs = np.concatenate([grid_s.ravel(), samp_s, [0.0, 1e9]])
+    qa = np.concatenate([grid_a.ravel(), samp_a, [1e9, 0.0]])
+    for tp in (TwoStagePredictor(H).fit(s, o), TwoStagePredictor(H, calibration=0.0).fit(s, o)):
+        knots, lin, iso, nb = tp.model_arrays()
+        assert (nb > 0) == (tp._iso is not None)
+        want_p, want_mu = tp.predict(qs, qa, H)
+        got = [two_stage_predict(knots, lin, iso, nb, float(x), float(y)) for x, y in zip(qs, qa)]
+        got_p = np.array([g[0] for g in got])
+        got_mu = np.clip([g[1] for g in got], 1.0, H)
+        assert np.array_equal(got_p, want_p)
+        assert np.array_equal(got_mu, want_mu)
+        assert len(np.unique(got_p)) > 3
+
+
+def test_two_stage_fit_options():
+    tr = _small_trace(n=60, seed=4)
+    H = 6
+    half = len(tr) // 2
+    ts, info = _two_stage(tr, H, None)
+    first = TwoStagePredictor(H).fit(tr.prompt_len[:half], tr.output_len[:half]).model_arrays()
+    second = TwoStagePredictor(H).fit(tr.prompt_len[half:], tr.output_len[half:]).model_arrays()
+    # cross-fitting: the first half's requests use the model of the second half and vice versa
+    assert ts[0].tolist() == [1] * half + [0] * (len(tr) - half)
+    assert np.array_equal(ts[2][0], first[1]) and np.array_equal(ts[2][1], second[1])
+    assert info["fit"].startswith("cross-fit") and 0.5 < info["auc"] <= 1.0
+    kw = dict(n_replicas=3, max_slots=4, horizon=H)
+    a = simulate(tr, "brh", predictor="two_stage", **kw)
+    b = simulate(tr, "brh", predictor="two_stage", engine="python", **kw)
+    for k in a.series:
+        assert np.array_equal(a.series[k], b.series[k])
+    assert a.policy == "brh:two_stage" and a.n_finished == len(tr)
+    assert a.config["two_stage"]["fit"].startswith("cross-fit")
+    ins = simulate(tr, "brh", predictor="two_stage", predictor_fit="in_sample", **kw)
+    assert ins.config["two_stage"]["fit"].startswith("in sample")
+    # a given model and a trace to fit on give the same run
+    other = _small_trace(n=60, seed=9)
+    tp = TwoStagePredictor(H).fit(other.prompt_len, other.output_len)
+    c = simulate(tr, "brh", predictor="two_stage", predictor_fit=tp, **kw)
+    d = simulate(tr, "brh", predictor="two_stage", predictor_fit=other, **kw)
+    assert np.array_equal(c.requests["replica"], d.requests["replica"])
+    assert np.array_equal(c.series["max_load"], d.series["max_load"])
+    with pytest.raises(InvalidInputError, match="'predictor_fit'"):
+        simulate(tr, "brh", predictor="two_stage", predictor_fit=tp, n_replicas=3, horizon=7)
+    with pytest.raises(InvalidOptionError, match="'predictor_fit'"):
+        simulate(tr, "brh", predictor="survival", predictor_fit="in_sample", **kw)
+    with pytest.raises(InvalidOptionError, match="'predictor_fit'"):
+        simulate(tr, "brh", predictor="two_stage", predictor_fit="halves", **kw)
+    with pytest.raises(InvalidInputError, match="'predictor_fit'"):  # H = 0: nothing finishes
+        simulate(tr, "brh", predictor="two_stage", horizon=0, n_replicas=3)
 
 
 def test_staleness_without_optimistic_update_herds():

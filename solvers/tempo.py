@@ -63,6 +63,17 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
    holds for the raw candidates, and under full replication ``M(A*) <= (OPT + max_k
    phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the additive bound exactly.
 
+5. **Support rebalance** (*extension*; ``rebalance=False`` switches it off). The token LP
+   restricted to the support of the stage-4 output (only its active replicas, by
+   :func:`~straggler.solvers._token_lp_fast.support_rebalance_kernel`, with a
+   plain-Python reference beside it) moves tokens only between replicas that are
+   already active, so it adds no activation and no split; its integral optimum replaces
+   the output iff its makespan is strictly lower. It is skipped when the output already
+   meets :func:`tempo_layer_bound` (nothing can be lower). The local search stops at a
+   split one token off, or at ``max_iter``, where this exact step evens it out. It only
+   lowers the output, so every bound above still holds; ``extras["makespan_stage4"]``
+   is the makespan before it and ``extras["rebalanced"]`` says whether it applied.
+
 Speed (results unchanged by any of it): the kernels build the replica lists without
 branches, order experts by a stable radix sort, keep per-GPU sorted lists of the experts
 that hold tokens (so no search scans empty replicas, which matters under full
@@ -95,7 +106,7 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ._semi_matching import semi_matching_kernel
 from ._tempo import INFO_FIELDS, tempo_kernel
-from ._token_lp_fast import token_lp_kernel
+from ._token_lp_fast import support_rebalance_kernel, token_lp_kernel
 from .registry import LayerSolution, register_dispatch_method
 
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
@@ -191,6 +202,12 @@ def _pool(n_threads):
         return _POOL[0]
 
 
+def _layer_bound(c, lam, sm):
+    """:func:`tempo_layer_bound` from ``CostModel.as_array()`` (zero traffic terms are
+    harmless): at or below it nothing can improve, so the support rebalance is skipped."""
+    return max(c[3] + c[4] * lam, c[0] + c[1] * sm, c[5] + c[6] * lam)
+
+
 def _check_flag(name, v):
     if not isinstance(v, (bool, np.bool_)):
         raise param_error(name, "solve_dispatch(method='tempo')", "a bool", repr(v))
@@ -199,12 +216,14 @@ def _check_flag(name, v):
 @register_dispatch_method("tempo")
 @dataclass(frozen=True)
 class Tempo:
-    """tempo_fast (TEMPO §4.2): seed, augmenting chains, local search, ensemble.
+    """tempo_fast (TEMPO §4.2): seed, augmenting chains, local search, ensemble, rebalance.
 
     Parameters
     ----------
     seed, chains, local_search, ensemble : bool, default True
         Switch each stage (the Table 2 / Table 8 ablations).
+    rebalance : bool, default True
+        The support rebalance after stage 4 (an extension, see the module notes).
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble (Proposition 1).
     max_iter : int >= 0, default 300
@@ -233,9 +252,10 @@ class Tempo:
     ensemble: bool = True
     tau: float = 0.01
     max_iter: int = 300
+    rebalance: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("seed", "chains", "local_search", "ensemble"):
+        for name in ("seed", "chains", "local_search", "ensemble", "rebalance"):
             _check_flag(name, getattr(self, name))
         t = self.tau
         if not isinstance(t, Real) or isinstance(t, bool) or not (0 <= t < 1):
@@ -258,8 +278,11 @@ class Tempo:
             int(self.max_iter),
         )
 
-    def _solution(self, cost, shares, info, num, den, sm) -> LayerSolution:
+    def _solution(self, cost, shares, info, num, den, sm, m_final) -> LayerSolution:
         extras = {name: float(v) for name, v in zip(INFO_FIELDS, info)}
+        extras["rebalanced"] = bool(m_final < info[0])
+        extras["makespan_stage4"] = extras["makespan"]
+        extras["makespan"] = float(m_final)
         extras["choice"] = CHOICES[int(info[INFO_FIELDS.index("choice")])]
         extras["chain_moves"] = int(extras["chain_moves"])
         extras["ls_moves"] = int(extras["ls_moves"])
@@ -272,11 +295,14 @@ class Tempo:
         )
 
     def _arrays(self, cost, counts, replicas):
-        """Token LP, semi-matching and tempo kernels on one layer (all release the GIL)."""
+        """Token LP, semi-matching, tempo and support-rebalance kernels on one layer (nogil)."""
         lp, num, den = token_lp_kernel(counts, replicas)
         assign, sm, _ = semi_matching_kernel(replicas, counts > 0)
         shares, info = tempo_kernel(counts, replicas, cost, lp, assign, *self._flags())
-        return shares, info, num, den, sm
+        m = info[0]
+        if self.rebalance and m > _layer_bound(cost, num / den, sm):
+            shares, _, m = support_rebalance_kernel(counts, shares, cost)
+        return shares, info, num, den, sm, m
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
         """One validated layer."""

@@ -12,8 +12,13 @@ from straggler.proofs.strategies import dispatch_instances
 from straggler.solvers import solve_dispatch, solve_token_lp
 from straggler.solvers._semi_matching import semi_matching_kernel
 from straggler.solvers._tempo import INFO_FIELDS, tempo_kernel, tempo_reference
-from straggler.solvers._token_lp_fast import token_lp_kernel, token_lp_reference
-from straggler.solvers.tempo import token_lp_fast
+from straggler.solvers._token_lp_fast import (
+    support_rebalance_kernel,
+    support_rebalance_reference,
+    token_lp_kernel,
+    token_lp_reference,
+)
+from straggler.solvers.tempo import Tempo, tempo_layer_bound, token_lp_fast
 
 PRESETS = ["dsv3_a_offline", "qwen3_235b_b_tile", "dsv2_lite_a_serving", "dsv3_a_mb_full"]
 FIG1B = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
@@ -82,6 +87,46 @@ def test_kernel_equals_py_func_equals_reference():
         np.testing.assert_array_equal(x1, x3)
         np.testing.assert_array_equal(i1, i2)  # nan == nan here
         np.testing.assert_array_equal(i1, i3)
+
+
+def test_support_rebalance_kernel_equals_reference():
+    rng = np.random.default_rng(8)
+    for i in range(80):
+        counts, R = _random_instance(rng, max_e=8, max_g=4, max_n=300)
+        cost = _cost(i).as_array()
+        # a feasible dispatch: each expert split at random over a random subset of replicas
+        x = np.zeros(R.shape, np.int64)
+        for e in np.nonzero(counts)[0]:
+            hs = np.nonzero(R[e])[0]
+            hs = rng.choice(hs, int(rng.integers(1, hs.size + 1)), replace=False)
+            cut = np.sort(rng.integers(0, counts[e] + 1, hs.size - 1))
+            x[e, hs] = np.diff(np.concatenate([[0], cut, [counts[e]]]))
+        y1, ok1, m1 = support_rebalance_kernel(counts, x, cost)
+        y2, ok2, m2 = support_rebalance_kernel.py_func(counts, x, cost)
+        y3, ok3, m3 = support_rebalance_reference(counts, x, cost)
+        np.testing.assert_array_equal(y1, y2)
+        np.testing.assert_array_equal(y1, y3)
+        assert (ok1, m1) == (ok2, m2) == (ok3, m3)
+        assert not (y1[x == 0]).any()  # no new activation
+        assert m1 <= evaluate(DispatchProblem(counts=counts, replicas=R), _cost(i), x).makespan
+
+
+def test_wrapper_is_kernel_then_rebalance():
+    """Tempo's shares: the kernel's, then the support rebalance (reference) above the bound."""
+    rng = np.random.default_rng(9)
+    for i in range(40):
+        counts, R = _random_instance(rng)
+        cost = _cost(i)
+        args = _kernel_args(counts, R, cost, [True] * 4, 0.01)
+        x, info = tempo_reference(*args)
+        _, num, den = token_lp_kernel(counts, R)
+        _, sm, _ = semi_matching_kernel(R, counts > 0)
+        if info[0] > tempo_layer_bound(cost, num / den, sm):
+            x, _, _ = support_rebalance_reference(counts, x, cost.as_array())
+        sol = Tempo().solve(
+            DispatchProblem(counts=counts, replicas=R), cost, time_limit=1, rng=None
+        )
+        np.testing.assert_array_equal(sol.shares, x)
 
 
 def test_fig1b_toy_optimum():
@@ -203,6 +248,8 @@ STAGE_CASES = {
     "local_search": ([306, 0], [[1, 1], [0, 1]], "dsv3_a_mb_full", 374.59),
     # a polished candidate beats the heuristic by more than tau
     "ensemble": ([85, 93, 233], [[1, 1], [1, 1], [1, 1]], "qwen3_235b_b_tile", 45.6),
+    # the heuristic's split is one token off; the token LP on its support evens it out
+    "rebalance": ([130, 221], [[1, 1, 1], [1, 1, 0]], "dsv2_lite_a_serving", 36.7),
 }
 
 
@@ -246,6 +293,7 @@ def test_solve_stack_equals_per_layer():
         ({"max_iter": 2.5}, "max_iter"),
         ({"seed": 1}, "seed"),
         ({"ensemble": "yes"}, "ensemble"),
+        ({"rebalance": 0}, "rebalance"),
     ],
 )
 def test_bad_options(opts, param):

@@ -36,7 +36,7 @@ from straggler.solvers import solve_dispatch
 
 SHAPES = {64: "qwen2_57b", 128: "qwen3_235b", 256: "dsv3"}
 COSTS = ("dsv3_a_offline", "qwen3_235b_b_tile")
-STAGES = ("seed", "chains", "local_search", "ensemble")
+STAGES = ("seed", "chains", "local_search", "ensemble", "rebalance")
 
 
 def grid(quick: bool):

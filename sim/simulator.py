@@ -203,7 +203,7 @@ def _two_stage(trace: Trace, horizon: int, fit) -> tuple[tuple, dict[str, Any]]:
     or a fitted :class:`~straggler.solvers.predictors.TwoStagePredictor` for ``horizon``. The
     summary holds the split and a :func:`~straggler.solvers.predictors.calibration_report` of
     the classifier on ``trace``'s requests, each predicted by its own model (out of fold for the
-    cross-fit).
+    cross-fit), on samples every ``H/2`` tokens from a random first age (all ages covered).
     """
     n = len(trace)
     s, o = trace.prompt_len, trace.output_len
@@ -270,7 +270,7 @@ def _two_stage(trace: Trace, horizon: int, fit) -> tuple[tuple, dict[str, Any]]:
     for k, m in enumerate(models):
         sel = fold == k
         if sel.any():
-            cs, ca, cy, _ = termination_samples(s[sel], o[sel], horizon)
+            cs, ca, cy, _ = termination_samples(s[sel], o[sel], horizon, rng=k)
             if cs.size:
                 ps.append(m.predict(cs, ca, horizon)[0])
                 ys.append(cy)

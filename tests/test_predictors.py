@@ -247,3 +247,48 @@ def test_two_stage_model_arrays_recompute_predict():
         TwoStagePredictor(4).model_arrays()
     with pytest.raises(InvalidInputError, match="'horizon'"):
         tp.predict([1.0], [1.0], 8)
+
+
+def test_termination_samples_random_phase_brute_force():
+    rng = np.random.default_rng(5)
+    s, o = rng.integers(0, 50, 40), rng.integers(1, 30, 40)
+    for stride in (1, 4, 7):
+        ps, pa, py, pr = termination_samples(s, o, 6, stride, rng=11)
+        k = 0
+        firsts = []
+        for si, oi in zip(s, o):
+            ages = pa[k : k + int(np.ceil(oi / stride)) + 1]
+            b = ages[0]
+            firsts.append(b)
+            assert 0 <= b < min(stride, oi) and b == int(b)
+            want = np.arange(b, oi, stride, dtype=float)
+            assert np.array_equal(pa[k : k + want.size], want)
+            assert np.all(ps[k : k + want.size] == si)
+            assert np.array_equal(pr[k : k + want.size], oi - want)
+            assert np.array_equal(py[k : k + want.size], (oi - want <= 6).astype(float))
+            k += want.size
+        assert k == pa.size
+        if stride == 7:
+            assert len(set(firsts)) > 3  # not all on the grid
+    same = termination_samples(s, o, 6, 4, rng=11)
+    assert all(np.array_equal(x, y) for x, y in zip(same, termination_samples(s, o, 6, 4, rng=11)))
+
+
+def test_two_stage_random_phase_covers_the_ages_between_samples():
+    """Outputs that depend on age strongly (near-constant per prompt class): with samples only at
+    ages 0, H/2, H, ... the regressor is biased at the ages in between; random phases fix it."""
+    rng = np.random.default_rng(0)
+    n = 1500
+    s = rng.integers(16, 4096, n).astype(float)
+    o = (np.where(s > 1000, 60, 200) + rng.integers(-20, 21, n)).astype(float)
+    S, a, y, r = termination_samples(s[1000:], o[1000:], 40, stride=1)  # every age
+    bias, ece = {}, {}
+    for ph in ("zero", "random"):
+        tp = TwoStagePredictor(40, phase=ph).fit(s[:1000], o[:1000])
+        _, mu = tp.predict(S, a, 40)
+        bias[ph] = float(np.mean(mu[y == 1] - r[y == 1]))
+        ece[ph] = tp.calibration(s[1000:], o[1000:], stride=1).ece
+    assert abs(bias["random"]) < 1.0 < 3.0 < abs(bias["zero"])
+    assert ece["random"] < ece["zero"]
+    with pytest.raises(InvalidInputError, match="'phase'"):
+        TwoStagePredictor(4, phase="middle")

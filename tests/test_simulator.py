@@ -377,15 +377,15 @@ def test_projection_equals_project_loads(kind):
 
 
 def test_two_stage_in_engine_equals_two_stage_predictor():
-    """The engine's evaluation of a fitted model == TwoStagePredictor.predict, bit for bit, on
-    the training and calibration samples (their scores are the isotonic block ends) and a grid."""
+    """The engine's evaluation of a fitted model == TwoStagePredictor.predict, bit for bit, at
+    every (prompt, age) of the training and calibration requests (their scores are the isotonic
+    block ends) and on a grid."""
     rng = np.random.default_rng(3)
     n, H = 500, 20
     s = rng.integers(0, 4000, n)
     o = np.maximum(1, rng.geometric(np.where(s > 2000, 1 / 15, 1 / 90))).astype(np.int64)
     grid_s, grid_a = np.meshgrid(np.arange(0, 5000, 97.0), np.arange(0, 700, 13.0))
-    _, samp_a, _, _ = termination_samples(s, o, H)
-    samp_s = termination_samples(s, o, H)[0]
+    samp_s, samp_a, _, _ = termination_samples(s, o, H, stride=1)  # every (prompt, age) seen
     qs = np.concatenate([grid_s.ravel(), samp_s, [0.0, 1e9]])
     qa = np.concatenate([grid_a.ravel(), samp_a, [1e9, 0.0]])
     for tp in (TwoStagePredictor(H).fit(s, o), TwoStagePredictor(H, calibration=0.0).fit(s, o)):
@@ -398,6 +398,11 @@ def test_two_stage_in_engine_equals_two_stage_predictor():
         assert np.array_equal(got_p, want_p)
         assert np.array_equal(got_mu, want_mu)
         assert len(np.unique(got_p)) > 3
+        if nb:  # the raw scores of the calibration samples are the block ends: some are hit
+            raw = TwoStagePredictor(H, calibration=0.0)
+            raw.__dict__.update({k: v for k, v in tp.__dict__.items() if k != "_iso"})
+            raw._iso = None
+            assert np.isin(raw.predict(qs, qa, H)[0], iso[0, :nb]).sum() >= nb // 2
 
 
 def test_two_stage_fit_options():

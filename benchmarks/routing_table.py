@@ -1,6 +1,10 @@
 """BalanceRoute's results table, reproduced in the lock-step simulator.
 
-Rows: Random, Round-Robin, P2C, JSQ, BR-0, BR-H (survival), BR-H (exact-match), BR-H (oracle).
+Rows: Random, Round-Robin, P2C, JSQ, BR-0, BR-H (survival), BR-H (exact-match), BR-H
+(two-stage), BR-H (oracle). The two-stage row (not in the paper's table; its predictor is the
+paper's training section) is cross-fitted on the two halves of each simulated trace (no request
+is predicted by a model fitted on it; ``simulate(predictor_fit=None)``); its classifier's
+out-of-fold calibration (Brier, AUC, ECE) is printed under each table and stored in the JSON.
 Columns: mean imbalance (tokens), its ratio to JSQ, TPOT P95 (ms), throughput (tokens/s),
 throughput vs JSQ. Datasets: Azure 2023 conversation and code (real, from
 ``../shared/data/traces``), the shipped generator's default workload (``bursty``, 1 h), and the
@@ -46,13 +50,16 @@ ROWS = [
     ("BR-0", "br0", {}),
     ("BR-H (survival)", "brh", {"predictor": "survival"}),
     ("BR-H (exact-match)", "brh", {"predictor": "exact_match"}),
+    ("BR-H (two-stage)", "brh", {"predictor": "two_stage"}),
     ("BR-H (oracle)", "brh", {"predictor": "oracle"}),
 ]
+ROW = {label: (label, pol, extra) for label, pol, extra in ROWS}
 #: BR-H with the two options beyond the paper (refilled slots in the projection, the new
 #: requests' presence weights in the score); with ``--no-fix`` the table has the paper's rows only.
 FIX = {"refill": True, "new_presence": True}
 FIX_ROWS = [
     ("BR-H (survival) +fix", "brh", {"predictor": "survival", **FIX}),
+    ("BR-H (two-stage) +fix", "brh", {"predictor": "two_stage", **FIX}),
     ("BR-H (oracle) +fix", "brh", {"predictor": "oracle", **FIX}),
 ]
 
@@ -112,6 +119,7 @@ def run_row(trace, policy, extra, **kw):
         "n_requests": r.n_requests,
         "n_steps": r.n_steps,
         "wall_s": r.wall_s,
+        **({"two_stage": r.config["two_stage"]} if "two_stage" in r.config else {}),
     }, r
 
 
@@ -119,7 +127,7 @@ def table(title, rows, *, paper=None):
     jsq = rows.get("JSQ")
     print(f"\n{title}")
     head = (
-        f"{'policy':20s} {'mean imbalance':>15s} {'x JSQ':>6s} {'TPOT P95 ms':>11s} "
+        f"{'policy':22s} {'mean imbalance':>15s} {'x JSQ':>6s} {'TPOT P95 ms':>11s} "
         f"{'throughput tok/s':>16s} {'vs JSQ':>7s}"
     )
     if paper:
@@ -131,7 +139,7 @@ def table(title, rows, *, paper=None):
         m["imbalance_vs_jsq"] = ratio
         m["throughput_vs_jsq_pct"] = gain
         line = (
-            f"{name:20s} {m['mean_imbalance']:15,.0f} {ratio:6.2f} {m['tpot_p95_ms']:11.1f} "
+            f"{name:22s} {m['mean_imbalance']:15,.0f} {ratio:6.2f} {m['tpot_p95_ms']:11.1f} "
             f"{m['throughput_tps']:16,.1f} {gain:+6.1f}%"
         )
         if paper and name in paper:
@@ -139,6 +147,13 @@ def table(title, rows, *, paper=None):
             pj, _, ptj = paper["JSQ"]
             line += f" | {pi:10,d} {pi / pj:6.2f} {(pt / ptj - 1) * 100:+6.1f}%"
         print(line)
+    for name, m in rows.items():
+        if "two_stage" in m:
+            ts = m["two_stage"]
+            print(
+                f"   {name}: fit {ts['fit']}; out-of-fold classifier Brier {ts['brier']:.4f}, "
+                f"AUC {ts['auc']:.3f}, ECE {ts['ece']:.4f} ({ts['n_samples']:,} samples)"
+            )
 
 
 def main(argv=None):
@@ -205,7 +220,9 @@ def main(argv=None):
         for name in [scale_name] + (["mooncake_conv"] if "mooncake_conv" in data else []):
             for G in (4, 8, 16):
                 rows = {}
-                for label, pol, extra in [ROWS[3], ROWS[4], ROWS[7]] + rows_all[len(ROWS) + 1 :]:
+                scaling_rows = [ROW["JSQ"], ROW["BR-0"], ROW["BR-H (oracle)"]]
+                scaling_rows += [r for r in rows_all[len(ROWS) :] if "oracle" in r[0]]
+                for label, pol, extra in scaling_rows:
                     kw = {**extra, **(brh if pol == "brh" else {})}
                     rows[label], _ = run_row(data[name], pol, kw, n_replicas=G)
                 key = f"scaling/{name}/G={G}"
@@ -240,9 +257,18 @@ def main(argv=None):
             table(f"{key} (mean output {trace.output_len.mean():.0f} tokens)", rows)
             out["tables"][key] = rows
         if args.plot:
+            import matplotlib
+            from cycler import cycler
             from straggler.sim.plots import plot_imbalance
 
-            plot_imbalance(reports, args.plot, title=f"{scale_name}, G={args.replicas}, saturated")
+            # more series than the 10 default colors: solid lines first, then dashed ones
+            styles = cycler(linestyle=["-", "--"]) * cycler(
+                color=matplotlib.colormaps["tab10"].colors
+            )
+            with matplotlib.rc_context({"axes.prop_cycle": styles}):
+                plot_imbalance(
+                    reports, args.plot, title=f"{scale_name}, G={args.replicas}, saturated"
+                )
             print(f"\nwrote {args.plot}")
         path = RESULTS / (args.out or "routing_table.json")
     out["wall_s"] = time.perf_counter() - t_start

@@ -226,31 +226,33 @@ def _two_stage(trace: Trace, horizon: int, fit) -> tuple[tuple, dict[str, Any]]:
             models = [TwoStagePredictor(horizon).fit(fit.prompt_len, fit.output_len)]
             how = f"trace {fit.name!r} ({len(fit)} requests)"
         elif isinstance(fit, TwoStagePredictor):
-            if fit.w is None or fit.horizon != horizon:
-                raise InvalidInputError(
-                    f"The TwoStagePredictor must be fitted for horizon {horizon} "
-                    f"(fitted: {fit.w is not None}, horizon {fit.horizon})."
-                )
             models = [fit]
             how = "given TwoStagePredictor"
         else:
-            raise param_error(
-                "predictor_fit",
-                _FUNC,
-                'None, "in_sample", a Trace or a fitted TwoStagePredictor',
-                repr(fit),
-                InvalidOptionError,
-            )
-    except InvalidOptionError:
-        raise
+            models, how = [], ""
     except InvalidInputError as e:
         raise param_error(
             "predictor_fit",
             _FUNC,
-            "data the two-stage predictor can be fitted on for this horizon (requests that "
+            f"training data for the two-stage predictor at horizon {horizon} (requests that "
             "finish within it and requests that do not)",
-            str(e),
+            f"a failed fit ({str(e).rstrip('.')})",
         ) from None
+    if not models:
+        raise param_error(
+            "predictor_fit",
+            _FUNC,
+            'None, "in_sample", a Trace or a fitted TwoStagePredictor',
+            repr(fit),
+            InvalidOptionError,
+        )
+    if isinstance(fit, TwoStagePredictor) and (fit.w is None or fit.horizon != horizon):
+        raise param_error(
+            "predictor_fit",
+            _FUNC,
+            f"a TwoStagePredictor fitted for horizon {horizon}",
+            f"one {'fitted' if fit.w is not None else 'not fitted'} for {fit.horizon}",
+        )
     arrays = [m.model_arrays() for m in models]
     B = max(a[2].shape[1] for a in arrays)
     iso = np.zeros((len(models), 2, B))

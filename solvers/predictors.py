@@ -19,7 +19,10 @@ expected presence ``c_i`` with the confidence gate ``p_fin < 0.5 -> c_i = H+1``.
 * :class:`TwoStagePredictor`: the paper's calibrated termination classifier (logistic
   regression, binary cross-entropy, isotonic calibration on held-out requests) and
   conditional-mean regressor (least squares, MSE, on the samples that do finish within ``H``),
-  trained on samples taken every ``H/2`` tokens;
+  trained on samples taken every ``H/2`` tokens (from a random first age per request);
+  evaluated with the C library's ``log1p``/``exp`` and a fixed summation order, so that the
+  simulator's step loop reproduces its predictions exactly from
+  :meth:`TwoStagePredictor.model_arrays`;
   :func:`calibration_report` gives reliability bins, Brier score, log loss and AUC.
 """
 

@@ -209,6 +209,9 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                     a_lo = _t(cost, G[s], N[s] - (xs - 1), T[s] - ks + 1)
                     if b_lo >= best_v or a_lo >= best_v:
                         continue
+                    # max(A, B) >= t(0, ceil((N_s + N_d) / 2), 0): the best even split
+                    if _t(cost, 0, (N[s] + N[d] + 1) // 2, 0) >= best_v:
+                        continue
                     lo = 1
                     hi = xs
                     while lo < hi:
@@ -297,6 +300,9 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                             a_lo = _t(cost, Gs, N[s] - (xs - 1) + yd, Ts + 1)
                             b_lo = _t(cost, Gd, N[d] + 1 - yd, Td + (xd + 1 + tile - 1) // tile)
                             if b_lo >= best_v or a_lo >= best_v:
+                                continue
+                            # max(A, B) >= t(0, ceil((N_s + N_d) / 2), 0): the best even split
+                            if _t(cost, 0, (N[s] + N[d] + 1) // 2, 0) >= best_v:
                                 continue
                             lo = 1
                             hi = xs
@@ -500,6 +506,9 @@ def _local_search(x, G, N, T, times, replicas, e_ptr, e_gpus, act, act_n, cost, 
                         b_lo = _t(cost, Gd, N[d] + 1, T[d] - kd + (xd + 1 + tile - 1) // tile)
                         a_lo = _t(cost, G[s], N[s] - (xs - 1), T[s] - ks + 1)
                         if b_lo >= best_v or a_lo >= best_v:
+                            continue
+                        # max(A, B) >= t(0, ceil((N_s + N_d) / 2), 0): the best even split
+                        if _t(cost, 0, (N[s] + N[d] + 1) // 2, 0) >= best_v:
                             continue
                         lo = 1
                         hi = xs

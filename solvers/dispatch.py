@@ -15,7 +15,7 @@ from ..formulations.results import DispatchResult, Status, worst_status
 from .bounds import certified_lower_bound
 from .registry import LayerSolution, make_method
 
-__all__ = ["solve_dispatch", "DEFAULT_METHOD", "as_rng"]
+__all__ = ["solve_dispatch", "DEFAULT_METHOD", "as_rng", "check_time_limit"]
 
 #: The method used when none is named: tempo_fast (TEMPO §4.2, ``straggler.solvers.tempo``).
 DEFAULT_METHOD = "tempo"
@@ -43,6 +43,11 @@ def _validate(problem, cost, time_limit) -> None:
         )
     if not isinstance(cost, CostModel):
         raise param_error("cost", func, "a CostModel", type(cost).__name__)
+    check_time_limit(time_limit, func)
+
+
+def check_time_limit(time_limit, func: str) -> None:
+    """Raise unless ``time_limit`` is a positive number of seconds."""
     if (
         not isinstance(time_limit, Real)
         or isinstance(time_limit, bool)

@@ -24,6 +24,7 @@ from ..formulations.errors import (
     param_error,
 )
 from ..formulations.results import Status
+from .dispatch import check_time_limit
 from .highs import solve_milp
 from .registry import LayerSolution, make_method, register_dispatch_method
 
@@ -263,13 +264,7 @@ def solve_token_lp(
     (4.0, [4.0, 4.0])
     """
     func = "solve_token_lp"
-    if (
-        not isinstance(time_limit, Real)
-        or isinstance(time_limit, bool)
-        or not (time_limit > 0)
-        or math.isnan(time_limit)
-    ):
-        raise param_error("time_limit", func, "a positive number of seconds", repr(time_limit))
+    check_time_limit(time_limit, func)
     model = build_token_lp(problem, cost)
     if not live_pairs(problem)[0].size:
         return np.zeros((problem.n_experts, problem.n_gpus)), 0.0

@@ -19,13 +19,13 @@ Examples
 >>> check_int(True, "n_gpus", "f", lo=1)
 Traceback (most recent call last):
 ...
-straggler.formulations.errors.InvalidInputError: The 'n_gpus' parameter of f must be an integer >= 1. Got True instead.
+straggler.formulations.errors.InvalidInputError: ... of f must be an integer >= 1. Got True instead.
 >>> check_array([1, 2.0], "counts", "f", kind="int", lo=0).tolist()
 [1, 2]
 >>> check_array([[1, 2], [3]], "counts", "f", kind="int", lo=0)
 Traceback (most recent call last):
 ...
-straggler.formulations.errors.InvalidInputError: The 'counts' parameter of f must be a 1-D array of non-negative integers. Got a ragged nested sequence instead.
+straggler.formulations.errors.InvalidInputError: ... integers. Got a ragged nested sequence instead.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def check_int(x, name: str, func: str, *, lo=None, hi=None) -> int:
     >>> check_int(2.0, "k", "f")
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidInputError: The 'k' parameter of f must be an integer. Got 2.0 instead.
+    straggler.formulations.errors.InvalidInputError: ... f must be an integer. Got 2.0 instead.
     """
     ok = isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
     if ok:
@@ -156,7 +156,7 @@ def check_real(
     >>> check_real("1", "gamma", "f")
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidInputError: The 'gamma' parameter of f must be a finite number. Got '1' instead.
+    straggler.formulations.errors.InvalidInputError: ... f must be a finite number. Got '1' instead.
     """
     ok = isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
     if ok:
@@ -193,7 +193,7 @@ def check_choice(x, name: str, func: str, choices: Iterable):
     >>> check_choice("mpi", "backend", "f", ["process", "ray"])
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidOptionError: The 'backend' parameter of f must be one of ['process', 'ray']. Got 'mpi' instead.
+    straggler.formulations.errors.InvalidOptionError: ... ['process', 'ray']. Got 'mpi' instead.
     """
     choices = list(choices)
     try:
@@ -286,11 +286,11 @@ def check_array(
     >>> check_array([1.5, -1], "lengths", "f", lo=0)
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidInputError: The 'lengths' parameter of f must be a 1-D array of finite non-negative numbers. Got value -1.0 at index 1 instead.
+    straggler.formulations.errors.InvalidInputError: ... numbers. Got value -1.0 at index 1 instead.
     >>> check_array([True, 2], "lengths", "f", lo=0)
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidInputError: The 'lengths' parameter of f must be a 1-D array of finite non-negative numbers. Got a boolean value instead.
+    straggler.formulations.errors.InvalidInputError: ... numbers. Got a boolean value instead.
     """
     dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     shape_text = None
@@ -474,7 +474,7 @@ def check_options(options: Mapping, allowed: Iterable[str], func: str, what: str
     >>> check_options({"rmax": 4}, ["r_max"], "route_batch")
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidOptionError: route_batch got unknown option(s) ['rmax']; it accepts ['r_max'].
+    straggler.formulations.errors.InvalidOptionError: ... option(s) ['rmax']; it accepts ['r_max'].
     """
     allowed = sorted(allowed)
     unknown = sorted(set(options) - set(allowed))
@@ -482,4 +482,3 @@ def check_options(options: Mapping, allowed: Iterable[str], func: str, what: str
         raise InvalidOptionError(
             f"{func} got unknown {what}(s) {unknown}; it accepts {allowed or 'no ' + what + 's'}."
         )
-

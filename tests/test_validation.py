@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.validation import (
     check_array,

@@ -58,6 +58,23 @@ def make_states(G, n, stage, draw, rng, count=64):
     return states
 
 
+def kernel_state(s, L, f):
+    """The kernels' ``(pool, reps, carry)`` for lengths ``s``, loads ``L`` (G,), free slots."""
+    G, n = L.shape[0], s.shape[0]
+    reps = K.ReplicaState(
+        L.reshape(-1, 1).copy(),
+        f,
+        np.zeros(G, np.int64),
+        np.zeros(G, np.int64),
+        np.zeros(G),
+        np.zeros(G),
+        np.zeros(G),
+        np.full(G, np.inf),
+    )
+    pool = K.PoolState(s, np.zeros(n, np.int64), np.arange(n), np.zeros((0, G)))
+    return pool, reps, np.zeros(K.N_CARRY)
+
+
 def timeit(fn, states, reps):
     fn(*states[0])  # warm (JIT compiled and cached)
     t = np.empty(reps)
@@ -88,20 +105,23 @@ def main(argv=None) -> dict:
     for G, n in grid:
         for stage in (1, 2):
             states = make_states(G, n, stage, draw, rng)
-            z = np.zeros(G, np.int64)
             p = make_params(r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))
-            kstates = [(s, L.reshape(-1, 1).copy(), f) for s, L, f in states]
+            kstates = [kernel_state(s, L, f) for s, L, f in states]
             ref_reps = max(3, min(200, 200_000 // (n * n)))
             res = {
-                "br0": timeit(lambda s, L, f: route_batch(s, L, f), states, args.reps),
+                "br0": timeit(
+                    lambda s, L, f: route_batch(s, L, f, policy="br0"), states, args.reps
+                ),
                 "jsq": timeit(
                     lambda s, L, f: route_batch(s, L, f, policy="jsq"), states, args.reps
                 ),
                 "br0_kernel": timeit(
-                    lambda s, L, f, z=z, p=p: K.br0_kernel(s, L, f, z, z, p, 0), kstates, args.reps
+                    lambda pool, reps, c, p=p: K.br0_kernel(pool, reps, p, c, 0),
+                    kstates,
+                    args.reps,
                 ),
                 "br0_reference": timeit(
-                    lambda s, L, f, z=z, p=p: K.br0_reference(s, L, f, z, z, p, 0),
+                    lambda pool, reps, c, p=p: K.br0_reference(pool, reps, p, c, 0),
                     kstates,
                     ref_reps,
                 ),
@@ -116,7 +136,7 @@ def main(argv=None) -> dict:
                 hstates,
                 max(50, args.reps // 4),
             )
-            d = route_batch(*states[0])
+            d = route_batch(*states[0], policy="br0")
             rows.append(
                 {
                     "G": G,

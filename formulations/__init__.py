@@ -23,7 +23,7 @@ from .errors import (
     StragglerError,
 )
 from .milp import MilpModel, RowBuilder
-from .results import DispatchResult, Status, worst_status
+from .results import DispatchResult, RoutingResult, Status, worst_status
 from .routing import (
     ClusterState,
     apply_assignment,
@@ -64,6 +64,7 @@ __all__ = [
     "MilpModel",
     "RowBuilder",
     "DispatchResult",
+    "RoutingResult",
     "Status",
     "worst_status",
 ]

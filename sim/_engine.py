@@ -65,7 +65,7 @@ import numpy as np
 from numba import njit
 
 from ..solvers._jit import NJIT
-from ..solvers._routing_kernels import P_CURSOR
+from ..solvers._routing_kernels import N_CARRY, PoolState, ReplicaState, route_tick_kernel
 from ..solvers.predictors import EXP_CAP
 
 __all__ = [
@@ -232,7 +232,7 @@ def project_view(
 
 @njit(**_NJIT_ENGINE)
 def run_engine(
-    router,
+    policy_id,
     params,
     ready_t,
     prompt,
@@ -292,7 +292,13 @@ def run_engine(
     n_ticks = 0
     ts = np.zeros(2, dtype=np.int64)
     par = params.copy()
+    carry = np.zeros(N_CARRY)
     nwait = np.zeros(G, dtype=np.int64)
+    zeros_g = np.zeros(G)
+    kvcap_g = np.full(G, float(kv_cap))
+    prompt_tok = np.zeros(G)
+    pool_entry = np.zeros(n, dtype=np.int64)
+    ptok = np.zeros(G)
     clock = 0.0
     k = 0
     nxt = 0
@@ -301,6 +307,7 @@ def run_engine(
         # 1. prefill done -> pool
         while nxt < n and ready_t[nxt] <= clock:
             pool[pool_n] = nxt
+            pool_entry[nxt] = n_ticks
             pool_n += 1
             nxt += 1
         # 2. idle: jump to the next ready time
@@ -343,8 +350,12 @@ def run_engine(
         if k % tick == 0 and pool_n > 0:
             P = pool_n if pool_n < max_pool else max_pool
             prefill = np.empty(P)
+            wait = np.empty(P, dtype=np.int64)
+            key = np.empty(P, dtype=np.int64)
             for j in range(P):
                 prefill[j] = prompt[pool[j]]
+                wait[j] = n_ticks - pool_entry[pool[j]]
+                key[j] = pool[j]
             old = (k - stale) % R if k >= stale else 0
             view = view_ring[old].copy()
             seen_n = nrun_ring[old].copy()
@@ -362,7 +373,14 @@ def run_engine(
             if time_router:
                 _clock_gettime(1, ts.ctypes.data)
                 c0 = ts[0] * 1_000_000_000 + ts[1]
-            assign = router(prefill, view, free, seen_n, nwait, par, tick_seed)
+            for g in range(G):
+                prompt_tok[g] = ptok[g]
+            usage = np.empty(G)
+            for g in range(G):
+                usage[g] = view[g, 0] / kv_cap
+            pstate = PoolState(prefill, wait, key, np.zeros((0, G)))
+            rstate = ReplicaState(view, free, seen_n, nwait, prompt_tok, zeros_g, usage, kvcap_g)
+            assign, carry = route_tick_kernel(policy_id, pstate, rstate, par, carry, tick_seed)
             if time_router:
                 _clock_gettime(1, ts.ctypes.data)
                 c1 = ts[0] * 1_000_000_000 + ts[1]
@@ -380,9 +398,6 @@ def run_engine(
             tick_ns[n_ticks] = c1 - c0
             tick_pool[n_ticks] = P
             n_ticks += 1
-            for j in range(P):
-                if assign[j] >= 0:
-                    par[P_CURSOR] = float((assign[j] + 1) % G)
             keep = 0
             for j in range(pool_n):
                 i = pool[j]
@@ -395,6 +410,7 @@ def run_engine(
                     nrun[g] += 1
                     total_run += 1
                     load[g] += prompt[i]
+                    ptok[g] += prompt[i]
                     replica[i] = g
                     start_t[i] = clock
                     add_ring[slot, g] += prompt[i]
@@ -436,6 +452,7 @@ def run_engine(
                 if decoded[i] == output[i]:
                     finish_t[i] = t_end
                     load[g] -= prompt[i] + output[i]
+                    ptok[g] -= prompt[i]
                     slot_req[g, s] = -1
                     nrun[g] -= 1
                     total_run -= 1
@@ -502,6 +519,9 @@ def run_engine_reference(
     series, tick_pool = [], []
     clock, k, nxt = 0.0, 0, 0
     par = np.array(params, dtype=np.float64)
+    carry = np.zeros(N_CARRY)
+    entered: dict[int, int] = {}
+    n_ticks = 0
     ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = two_stage
 
     def two_stage_predict(i, a):
@@ -533,6 +553,7 @@ def run_engine_reference(
     while k < max_steps:
         while nxt < n and ready_t[nxt] <= clock:
             pool.append(nxt)
+            entered[nxt] = n_ticks
             nxt += 1
         if sum(running(g) for g in range(G)) == 0 and not pool:
             if nxt >= n:
@@ -588,19 +609,27 @@ def run_engine_reference(
                             seen[g][h] += placed_at[kk][g]
             free = np.array([max_slots - running(g) for g in range(G)], dtype=np.int64)
             nrun = np.array(seen_n, dtype=np.int64)
-            assign = router(
+            pstate = PoolState(
                 prefill,
+                np.array([n_ticks - entered[i] for i in pool[:P]], dtype=np.int64),
+                np.array(pool[:P], dtype=np.int64),
+                np.zeros((0, G)),
+            )
+            rstate = ReplicaState(
                 np.array(seen),
                 free,
                 nrun,
                 np.zeros(G, dtype=np.int64),
-                par.copy(),
-                seed * 1_000_003 + k,
+                np.array(
+                    [float(sum(prompt[i] for i in slots[g] if i is not None)) for g in range(G)]
+                ),
+                np.zeros(G),
+                np.array([float(seen[g][0]) / kv_cap for g in range(G)]),
+                np.full(G, float(kv_cap)),
             )
+            assign, carry = router(pstate, rstate, par.copy(), carry, seed * 1_000_003 + k)
+            n_ticks += 1
             tick_pool.append(P)
-            placed = [int(g) for g in assign[:P] if g >= 0]
-            if placed:
-                par[P_CURSOR] = float((placed[-1] + 1) % G)
             still = []
             for j, i in enumerate(pool):
                 g = int(assign[j]) if j < P else -1

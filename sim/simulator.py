@@ -54,13 +54,14 @@ from typing import Any
 import numpy as np
 
 from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
-from ..solvers.predictors import TwoStagePredictor, calibration_report, termination_samples
-from ..solvers.routing import (
-    ROUTING_KERNELS,
-    default_s_greedy,
-    make_params,
-    new_request_presence,
+from ..solvers.predictors import (
+    PredictorKind,
+    TwoStagePredictor,
+    calibration_report,
+    termination_samples,
 )
+from ..solvers.routing import new_request_presence
+from ..solvers.routing_registry import get_routing_policy, resolve_options
 from ._engine import no_two_stage, run_engine, run_engine_reference
 from .traces import Trace, generate_trace, saturate_trace
 
@@ -69,8 +70,8 @@ __all__ = ["simulate", "SimReport", "PREDICTORS", "DEFAULT_STEP_TIME"]
 #: ``(t0 seconds, kappa seconds per token)``; derivation in the module docstring.
 DEFAULT_STEP_TIME = (0.040, 0.22e-6)
 
-#: Predictors BR-H can use inside the simulator (engine codes).
-PREDICTORS = {"oracle": 1, "survival": 2, "exact_match": 3, "two_stage": 4}
+#: Predictors BR-H can use inside the simulator (:class:`PredictorKind` labels).
+PREDICTORS = tuple(PredictorKind.names())
 
 _FUNC = "simulate"
 
@@ -459,28 +460,17 @@ def simulate(
         raise param_error("t0", _FUNC, "positive when kappa is 0 (steps must take time)", "0")
     if cfg["gamma"] > 1:
         raise param_error("gamma", _FUNC, "in (0, 1]", repr(gamma))
-    if policy not in ROUTING_KERNELS:
-        raise param_error(
-            "policy", _FUNC, f"one of {sorted(ROUTING_KERNELS)}", repr(policy), InvalidOptionError
-        )
+    pol = get_routing_policy(policy, _FUNC)
     if engine not in ("numba", "python"):
         raise param_error("engine", _FUNC, "'numba' or 'python'", repr(engine), InvalidOptionError)
     G = cfg["n_replicas"]
-    if policy == "brh":
-        if predictor not in PREDICTORS:
-            raise param_error(
-                "predictor",
-                _FUNC,
-                f"one of {sorted(PREDICTORS)}",
-                repr(predictor),
-                InvalidOptionError,
-            )
-        pred_kind = PREDICTORS[predictor]
+    if pol.horizon:
+        pred_kind = PredictorKind.from_name(predictor)
         H = cfg["horizon"]
-        label = f"brh:{predictor}"
+        label = f"{policy}:{pred_kind.label}"
     else:
-        pred_kind, H, label = 0, 0, policy
-    if predictor_fit is not None and pred_kind != 4:
+        pred_kind, H, label = PredictorKind.NONE, 0, policy
+    if predictor_fit is not None and pred_kind != PredictorKind.TWO_STAGE:
         raise param_error(
             "predictor_fit",
             _FUNC,
@@ -488,12 +478,13 @@ def simulate(
             repr(predictor_fit),
             InvalidOptionError,
         )
-    cfg.update(predictor=predictor if policy == "brh" else None, label=label)
-    if s_greedy is None:
-        s_greedy = default_s_greedy(G, cfg["r_max"])
-    s_greedy = _check_num(s_greedy, "s_greedy", 0.0)
-    beta = float(G) if beta is None else _check_num(beta, "beta", 0.0)
-    cfg.update(s_greedy=s_greedy, beta=beta)
+    cfg.update(predictor=pred_kind.label if pol.horizon else None, label=label)
+    given = dict(r_max=r_max, s_greedy=s_greedy, alpha=alpha, beta=beta, gamma=gamma)
+    opts = {k: v for k, v in given.items() if k in pol.options}
+    if "optimistic" in pol.options:
+        opts["optimistic"] = cfg["optimistic"]
+    params, _, resolved = resolve_options(pol, opts, G, H, _FUNC)
+    cfg.update({k: v for k, v in resolved.items() if k != "new_presence"})
 
     if isinstance(trace, str):
         trace = generate_trace(trace)
@@ -530,30 +521,20 @@ def simulate(
     group, n_groups = _groups(
         None if trace.prefix_hash is None else trace.prefix_hash[order], len(trace)
     )
-    if pred_kind in (2, 3):
+    if pred_kind in (PredictorKind.SURVIVAL, PredictorKind.EXACT_MATCH):
         surv_p, surv_mu = _survival_tables(trace.output_len, H)
     else:
         surv_p, surv_mu = np.zeros(1), np.ones(1)
-    if pred_kind == 4:
+    if pred_kind == PredictorKind.TWO_STAGE:
         two_stage, cfg["two_stage"] = _two_stage(trace, H, predictor_fit)
         two_stage = (np.ascontiguousarray(two_stage[0][order]),) + two_stage[1:]
     else:
         two_stage = no_two_stage()
-    params = make_params(
-        r_max=cfg["r_max"],
-        s_greedy=s_greedy,
-        alpha=cfg["alpha"],
-        beta=beta,
-        gamma=cfg["gamma"],
-        optimistic=cfg["optimistic"],
-        cursor=0,
-    )
     if cfg["new_presence"]:
         params = np.concatenate([params, new_request_presence(trace.output_len, H)])
     if max_steps is None:
         max_steps = int(output.sum()) + len(trace) + 1
     max_steps = _check_int(max_steps, "max_steps", 1)
-    kernel = ROUTING_KERNELS[policy]
     args = (
         params,
         ready,
@@ -571,7 +552,7 @@ def simulate(
         cfg["optimistic"],
         cfg["max_pool"],
         H,
-        pred_kind,
+        int(pred_kind),
         surv_p,
         surv_mu,
         cfg["seed"],
@@ -582,9 +563,9 @@ def simulate(
     )
     w0 = time.perf_counter()
     if engine == "numba":
-        out = run_engine(kernel, *args)
+        out = run_engine(pol.policy_id, *args)
     else:
-        out = run_engine_reference(getattr(kernel, "py_func", kernel), *args)
+        out = run_engine_reference(pol.reference, *args)
     wall = time.perf_counter() - w0
     return _report(trace, ready, prompt, output, order, out, cfg, label, wall)
 

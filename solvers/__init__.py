@@ -9,13 +9,21 @@ from .exact import MilpDispatch, solve_token_lp
 from .highs import MilpSolution, solve_milp
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
-from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
+from .routing import project_loads, route_batch
+from .routing_registry import (
+    DEFAULT_POLICY,
+    get_routing_policy,
+    register_routing_policy,
+    routing_policies,
+)
 from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
 
 __all__ = [
-    "ROUTING_KERNELS",
-    "RoutingDecision",
+    "DEFAULT_POLICY",
+    "routing_policies",
+    "get_routing_policy",
+    "register_routing_policy",
     "project_loads",
     "route_batch",
     "certified_lower_bound",

@@ -5,7 +5,6 @@ import pathlib
 
 import numpy as np
 import pytest
-from numba import njit
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.routing import ClusterState
 from straggler.sim._engine import (
@@ -17,6 +16,7 @@ from straggler.sim._engine import (
 )
 from straggler.sim.simulator import SimReport, _two_stage, simulate
 from straggler.sim.traces import Trace, generate_trace, load_trace
+from straggler.solvers import get_routing_policy, routing_policies
 from straggler.solvers.predictors import (
     ExactMatchPredictor,
     OraclePredictor,
@@ -24,32 +24,9 @@ from straggler.solvers.predictors import (
     TwoStagePredictor,
     termination_samples,
 )
-from straggler.solvers.routing import (
-    ROUTING_KERNELS,
-    make_params,
-    new_request_presence,
-    project_loads,
-)
+from straggler.solvers.routing import make_params, new_request_presence, project_loads
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
-
-
-@njit
-def _rr_router(prefill, loads, free, n_running, n_waiting, params, seed):
-    """A trivial round-robin over replicas with a free slot, starting at seed % G (tests only)."""
-    G = free.size
-    out = np.full(prefill.size, -1, np.int64)
-    f = free.copy()
-    g = seed % G
-    for j in range(prefill.size):
-        for t in range(G):
-            gg = (g + t) % G
-            if f[gg] > 0:
-                out[j] = gg
-                f[gg] -= 1
-                g = gg + 1
-                break
-    return out
 
 
 def _small_trace(n=60, seed=1, hashes=False):
@@ -167,10 +144,10 @@ def _check_engines(policy, kw):
     if kw.pop("tight_kv", False):
         kw["kv"] = int(tr.prompt_len.max()) + 300  # binds often, yet every prompt fits
     args = _engine_args(tr, **kw)
-    kern = ROUTING_KERNELS[policy]
-    a = run_engine(kern, *args)
-    b = run_engine.py_func(kern, *args)
-    c = run_engine_reference(kern.py_func, *args)
+    pol = get_routing_policy(policy)
+    a = run_engine(pol.policy_id, *args)
+    b = run_engine.py_func(pol.policy_id, *args)
+    c = run_engine_reference(pol.reference, *args)
     _same(a, b)
     _same(a, c)
     assert np.all(np.isfinite(a[2])), "every request finishes"
@@ -185,12 +162,6 @@ def test_kernel_equals_py_func_equals_reference(policy, kw):
 @pytest.mark.parametrize("policy,kw", SLOW_CASES)
 def test_kernel_equals_reference_other_baselines(policy, kw):
     _check_engines(policy, kw)
-
-
-def test_trivial_round_robin_router_in_both_loops():
-    tr = _small_trace(n=40, seed=3)
-    args = _engine_args(tr, stale=2)
-    _same(run_engine(_rr_router, *args), run_engine_reference(_rr_router.py_func, *args))
 
 
 def _replay_loads(series, req, G, kv_prompt=None):
@@ -566,7 +537,7 @@ def test_real_trace_slice_br0_beats_jsq_when_saturated():
 )
 def test_full_hour_replay_every_policy():
     tr = load_trace(TRACES / "AzureLLMInferenceTrace_conv.csv")
-    for pol in ROUTING_KERNELS:
+    for pol in routing_policies():
         r = simulate(tr, pol)
         assert r.n_finished == len(tr)
 

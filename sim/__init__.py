@@ -1,6 +1,14 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
-from .simulator import DEFAULT_STEP_TIME, PREDICTORS, SimReport, simulate
+from .simulator import (
+    DEFAULT_PREFILL,
+    DEFAULT_STEP_TIME,
+    PREDICTORS,
+    SimReport,
+    decode_capacity,
+    offered_load,
+    simulate,
+)
 from .traces import (
     WORKLOAD_PRESETS,
     LengthModel,
@@ -30,6 +38,9 @@ __all__: list[str] = [
     "simulate",
     "SimReport",
     "DEFAULT_STEP_TIME",
+    "DEFAULT_PREFILL",
+    "decode_capacity",
+    "offered_load",
     "PREDICTORS",
     "Trace",
     "LengthModel",

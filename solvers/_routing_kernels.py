@@ -86,13 +86,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ._jit import NJIT
 
@@ -202,11 +203,20 @@ _MINSTD_A = 48271
 _MINSTD_M = 2147483647
 
 
+def monotonic_ns() -> int:
+    """``CLOCK_MONOTONIC`` in nanoseconds, in Python and in jitted code.
+
+    Jitted code calls the C library's ``clock_gettime`` directly (:func:`_clock_gettime_ns`,
+    resolved by name when the code is linked, so a function that calls it can be cached on
+    disk, which a ctypes function pointer prevents); Python (a ``py_func``, or
+    ``NUMBA_DISABLE_JIT=1``) reads the same clock through :func:`time.monotonic_ns`.
+    """
+    return time.monotonic_ns()
+
+
 @intrinsic
-def monotonic_ns(typingctx):
-    """``CLOCK_MONOTONIC`` in nanoseconds, from jitted code: a direct call of the C library's
-    ``clock_gettime`` (resolved by name when the code is linked, so a function that calls it
-    can be cached on disk, which a ctypes function pointer prevents)."""
+def _clock_gettime_ns(typingctx):
+    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (jitted code only)."""
     sig = types.int64()
 
     def codegen(context, builder, signature, args):
@@ -222,6 +232,11 @@ def monotonic_ns(typingctx):
         return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
 
     return sig, codegen
+
+
+@overload(monotonic_ns)
+def _monotonic_ns_jit():
+    return lambda: _clock_gettime_ns()
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def routing_instances(
     if fractional:
         loads = loads + ints(0, 3, G * (H + 1)).astype(np.float64).reshape(G, H + 1) / 4
     cap = ints(1, 8 * max_len, G).astype(np.float64)
+    if draw(st.booleans()):
+        cap[:] = np.inf  # unbounded KV (the default of route_batch)
     reps = ReplicaState(
         loads=loads,
         free_slots=ints(0, max_slots, G).astype(np.int64),
@@ -75,6 +77,9 @@ def routing_instances(
         beta=draw(st.sampled_from([float(G), 0.0, 1.0, 2.0 * G])),
         gamma=draw(st.sampled_from([1.0, 0.5, 0.9])),
         optimistic=draw(st.booleans()),
+        age_window=draw(st.sampled_from([0, 1, 3, 32])),
+        window=draw(st.sampled_from([0, 1, 2])),
+        safe=draw(st.booleans()),
     )
     carry = np.zeros(N_CARRY)
     carry[0] = draw(st.integers(0, G))

@@ -106,6 +106,9 @@ __all__ = [
     "P_BETA",
     "P_GAMMA",
     "P_OPTIMISTIC",
+    "P_AGE_WINDOW",
+    "P_SAFE",
+    "P_WINDOW",
     "N_PARAMS",
     "C_CURSOR",
     "N_CARRY",
@@ -118,6 +121,7 @@ __all__ = [
     "ID_VLLM",
     "ID_P2C",
     "ID_TRTLLM",
+    "ID_BRS",
     "best_subset_kernel",
     "br0_kernel",
     "br0_reference",
@@ -137,6 +141,8 @@ __all__ = [
     "p2c_reference",
     "trtllm_kernel",
     "trtllm_reference",
+    "brs_kernel",
+    "brs_reference",
     "project_loads_kernel",
     "project_loads_reference",
     "tick_summary_kernel",
@@ -178,7 +184,10 @@ P_ALPHA = 2  # BR-H: weight of the gain term
 P_BETA = 3  # BR-H: weight of the overflow penalty (BR-0 uses G)
 P_GAMMA = 4  # BR-H: discount in (0, 1]
 P_OPTIMISTIC = 5  # 1.0: optimistic local update after each placement; 0.0: none
-N_PARAMS = 6
+P_AGE_WINDOW = 6  # BR-S: a request may be placed only within this many ticks of the oldest
+P_SAFE = 7  # BR-S: 1.0: keep JSQ's decision when it leaves no larger imbalance
+P_WINDOW = 8  # BR-S: candidates per free slot (the k * S_tot oldest; 0: no count limit)
+N_PARAMS = 9
 
 #: ``carry`` layout (a policy's memory from tick to tick).
 C_CURSOR = 0  # round_robin: the replica to try first
@@ -194,6 +203,7 @@ ID_JSQ_REQUESTS = 5
 ID_VLLM = 6
 ID_P2C = 7
 ID_TRTLLM = 8
+ID_BRS = 9
 
 #: Largest token count (length, load) a kernel accepts: float64 holds every integer up to it
 #: exactly, and ``G * (max load + sum of lengths)`` stays finite for any realistic ``G``.
@@ -1399,6 +1409,201 @@ def trtllm_reference(pool, reps, params, carry, seed):
 
 
 # --------------------------------------------------------------------------------------------
+# BR-S (the library's default): an age window, margin-first F-score, and JSQ as a safety net
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def _post_imbalance(loads0, prefill, out):
+    """``G*max L - sum L`` of ``loads0`` plus each placed request's prefill (pool order)."""
+    G = loads0.shape[0]
+    L = loads0.copy()
+    for i in range(out.shape[0]):
+        if out[i] >= 0:
+            L[out[i]] += prefill[i]
+    mx = L[0]
+    tot = 0.0
+    for g in range(G):
+        tot += L[g]
+        if L[g] > mx:
+            mx = L[g]
+    return G * mx - tot
+
+
+@njit(**NJIT)
+def brs_kernel(pool, reps, params, carry, seed):
+    """BR-S; see ``route_batch`` for the full statement (and THEOREMS.md R7-R8)."""
+    s = pool.prefill
+    wait = pool.wait
+    n = s.shape[0]
+    G = reps.loads.shape[0]
+    A = params[P_AGE_WINDOW]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    Gf = float(G)
+    L0 = reps.loads[:, 0].copy()
+    L = L0.copy()
+    req = reps.n_running + reps.n_waiting
+    cap = reps.free_slots.copy()
+    kv = reps.kv_capacity
+    kv_load = L0.copy()  # what the replica holds, updated by every placement
+    kv_run = reps.n_running.copy()
+    out = np.full(n, -1, np.int64)
+    s_tot = 0
+    for g in range(G):
+        s_tot += cap[g]
+    if n <= s_tot:
+        # Every visible request gets a slot: longest first, each onto JSQ's replica.
+        order = np.argsort(-s, kind="mergesort")
+        for t in range(n):
+            i = order[t]
+            g = -1
+            for j in range(G):
+                if cap[j] <= 0 or kv_load[j] + s[i] + kv_run[j] + 1.0 > kv[j]:
+                    continue
+                if g < 0 or L[j] < L[g] or (L[j] == L[g] and req[j] < req[g]):
+                    g = j
+            if g < 0:
+                continue  # fits nowhere now (KV): stays in the pool
+            out[i] = g
+            cap[g] -= 1
+            kv_load[g] += s[i]
+            kv_run[g] += 1
+            if optimistic:
+                L[g] += s[i]
+                req[g] += 1
+    else:
+        # Slots are scarce: the replica with the largest margin takes, from the age window,
+        # the request with the best F-score against its margin per free slot. The window (fixed
+        # for the tick): waits >= the oldest's - A, and only the K = k * S_tot oldest.
+        w_old = wait[0]
+        for i in range(1, n):
+            if wait[i] > w_old:
+                w_old = wait[i]
+        theta = w_old - A
+        kk = int(params[P_WINDOW]) * s_tot
+        if kk > 0 and kk < n:
+            w_sorted = np.sort(wait)
+            if w_sorted[n - kk] > theta:
+                theta = w_sorted[n - kk]
+        live = np.ones(n, np.bool_)
+        n_live = n
+        while n_live > 0 and s_tot > 0:
+            M = L[0]
+            for j in range(1, G):
+                if L[j] > M:
+                    M = L[j]
+            g = -1
+            for j in range(G):
+                if cap[j] <= 0:
+                    continue
+                if g < 0 or L[j] < L[g] or (L[j] == L[g] and cap[j] > cap[g]):
+                    g = j
+            target = (M - L[g]) / cap[g]
+            best = -1
+            best_f = 0.0
+            for i in range(n):
+                if not live[i] or wait[i] < theta:
+                    continue
+                if kv_load[g] + s[i] + kv_run[g] + 1.0 > kv[g]:
+                    continue
+                f = s[i] - Gf * max(s[i] - target, 0.0)
+                if best < 0 or f > best_f or (f == best_f and wait[i] > wait[best]):
+                    best = i
+                    best_f = f
+            if best < 0:
+                # nothing in the window fits its KV: this replica takes no more this tick
+                s_tot -= cap[g]
+                cap[g] = 0
+                continue
+            out[best] = g
+            live[best] = False
+            n_live -= 1
+            cap[g] -= 1
+            s_tot -= 1
+            kv_load[g] += s[best]
+            kv_run[g] += 1
+            if optimistic:
+                L[g] += s[best]
+    if params[P_SAFE] != 0.0:
+        # The safety net: JSQ's own decision whenever it leaves no larger imbalance.
+        j_out, _ = jsq_kernel(pool, reps, params, carry, seed)
+        if _post_imbalance(L0, s, j_out) <= _post_imbalance(L0, s, out):
+            out = j_out
+    return out, carry.copy()
+
+
+def brs_reference(pool, reps, params, carry, seed):
+    """BR-S in plain Python (sorted, min/max with key tuples, the JSQ reference)."""
+    s = [float(x) for x in pool.prefill]
+    wait = [int(w) for w in pool.wait]
+    n, G = len(s), len(reps.free_slots)
+    A = float(params[P_AGE_WINDOW])
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    L0 = [float(row[0]) for row in reps.loads]
+    L = list(L0)
+    req = [int(a) + int(b) for a, b in zip(reps.n_running, reps.n_waiting)]
+    cap = [int(c) for c in reps.free_slots]
+    kv = [float(c) for c in reps.kv_capacity]
+    kv_load, kv_run = list(L0), [int(r) for r in reps.n_running]
+    out = [-1] * n
+
+    def fits(i, g):
+        return cap[g] > 0 and kv_load[g] + s[i] + kv_run[g] + 1.0 <= kv[g]
+
+    def place(i, g):
+        out[i] = g
+        cap[g] -= 1
+        kv_load[g] += s[i]
+        kv_run[g] += 1
+        if optimistic:
+            L[g] += s[i]
+            req[g] += 1
+
+    if n <= sum(cap):
+        for i in sorted(range(n), key=lambda i: (-s[i], i)):  # longest first
+            elig = [g for g in range(G) if fits(i, g)]
+            if elig:
+                place(i, min(elig, key=lambda g: (L[g], req[g], g)))
+    else:
+        theta = max(wait) - A
+        k_oldest = int(params[P_WINDOW]) * sum(cap)
+        if 0 < k_oldest < n:
+            theta = max(theta, sorted(wait, reverse=True)[k_oldest - 1])
+        live = list(range(n))
+        while live and sum(cap) > 0:
+            M = max(L)
+            g = min((j for j in range(G) if cap[j] > 0), key=lambda j: (L[j], -cap[j], j))
+            target = (M - L[g]) / cap[g]
+            window = [i for i in live if wait[i] >= theta and fits(i, g)]
+            if not window:
+                cap[g] = 0
+                continue
+
+            def key(i, t=target):
+                return (s[i] - float(G) * max(s[i] - t, 0.0), wait[i], -i)
+
+            best = max(window, key=key)
+            place(best, g)
+            live.remove(best)
+    if float(params[P_SAFE]) != 0.0:
+        j_out = [int(x) for x in jsq_reference(pool, reps, params, carry, seed)[0]]
+
+        def post(a):
+            loads = list(L0)
+            for i, g in enumerate(a):
+                if g >= 0:
+                    loads[g] += s[i]
+            tot = 0.0
+            for x in loads:
+                tot += x
+            return float(G) * max(loads) - tot
+
+        if post(j_out) <= post(out):
+            out = j_out
+    return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
 # Projected loads over the horizon (BR-H)
 # --------------------------------------------------------------------------------------------
 
@@ -1564,6 +1769,8 @@ def route_tick_kernel(policy_id, pool, reps, params, carry, seed):
         return p2c_kernel(pool, reps, params, carry, seed)
     elif policy_id == ID_TRTLLM:
         return trtllm_kernel(pool, reps, params, carry, seed)
+    elif policy_id == ID_BRS:
+        return brs_kernel(pool, reps, params, carry, seed)
     # unknown id (the registry never passes one): route nothing
     return np.full(pool.prefill.shape[0], -1, np.int64), carry.copy()
 

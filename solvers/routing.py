@@ -30,12 +30,15 @@ from ._routing_kernels import (
     C_CURSOR,
     MAX_TOKENS,
     N_PARAMS,
+    P_AGE_WINDOW,
     P_ALPHA,
     P_BETA,
     P_GAMMA,
     P_OPTIMISTIC,
     P_R_MAX,
     P_S_GREEDY,
+    P_SAFE,
+    P_WINDOW,
     project_loads_kernel,
     route_batch_kernel,
 )
@@ -66,6 +69,9 @@ def make_params(
     beta: float = 1.0,
     gamma: float = 1.0,
     optimistic: bool = True,
+    age_window: int = 32,
+    window: int = 0,
+    safe: bool = True,
     new_presence=None,
 ) -> np.ndarray:
     """The ``params`` vector of the kernels, unvalidated (tests and benchmarks that call a kernel
@@ -77,9 +83,9 @@ def make_params(
     Examples
     --------
     >>> make_params(r_max=4, s_greedy=32, beta=8).tolist()
-    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0]
+    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 32.0, 1.0, 0.0]
     >>> make_params(new_presence=[1.0, 0.5]).size
-    8
+    11
     """
     w = () if new_presence is None else np.asarray(new_presence, dtype=np.float64).ravel()
     p = np.empty(N_PARAMS + len(w))
@@ -90,6 +96,9 @@ def make_params(
     p[P_BETA] = beta
     p[P_GAMMA] = gamma
     p[P_OPTIMISTIC] = 1.0 if optimistic else 0.0
+    p[P_AGE_WINDOW] = age_window
+    p[P_SAFE] = 1.0 if safe else 0.0
+    p[P_WINDOW] = window
     return p
 
 

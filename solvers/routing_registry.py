@@ -149,6 +149,18 @@ def _cursor(v, func):
     return check_int(v, "cursor", func, lo=0, hi=2**52)
 
 
+def _age_window(v, func):
+    return check_int(v, "age_window", func, lo=0, hi=2**40)
+
+
+def _window(v, func):
+    return check_int(v, "window", func, lo=0, hi=2**20)
+
+
+def _safe(v, func):
+    return check_bool(v, "safe", func)
+
+
 def _new_presence(v, func):
     return check_array(v, "new_presence", func, kind="real", lo=0, hi=1)
 
@@ -185,6 +197,29 @@ OPTIONS: dict[str, PolicyOption] = {
         ),
         PolicyOption(
             "cursor", _cursor, 0, ("carry", K.C_CURSOR), "round-robin: the replica to try first"
+        ),
+        PolicyOption(
+            "age_window",
+            _age_window,
+            32,
+            ("params", K.P_AGE_WINDOW),
+            "BR-S: place a request only if it entered the pool at most this many ticks after "
+            "the oldest request still waiting (the bound on overtaking)",
+        ),
+        PolicyOption(
+            "window",
+            _window,
+            0,
+            ("params", K.P_WINDOW),
+            "BR-S: candidates per free slot (the window holds the k * S_tot oldest requests; "
+            "0: no count limit)",
+        ),
+        PolicyOption(
+            "safe",
+            _safe,
+            True,
+            ("params", K.P_SAFE),
+            "BR-S: keep JSQ's decision whenever it leaves no larger one-tick imbalance",
         ),
         PolicyOption(
             "new_presence",
@@ -400,6 +435,16 @@ register_routing_policy(
     summary="two distinct random replicas, fewer tokens wins, ties to the first draw",
     source="SGLang gateway power of two",
     seeded=True,
+)
+register_routing_policy(
+    "brs",
+    policy_id=K.ID_BRS,
+    kernel=K.brs_kernel,
+    reference=K.brs_reference,
+    options=("age_window", "window", "safe", "optimistic"),
+    summary="BR-S: margin-first F-score within an age window, JSQ's decision kept when it "
+    "leaves no larger imbalance",
+    source="this library (BalanceRoute's F-score, SGLang's total_tokens as the safety net)",
 )
 register_routing_policy(
     "trtllm",

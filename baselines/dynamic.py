@@ -5,15 +5,15 @@ Upstream: sgl-project/sglang, ``python/sglang/srt/eplb/expert_location_dispatch.
 ``(token, top-k)`` entry draws ``torch.randint(0, 65536) % num_valid`` over the expert's
 candidate list of the token's rank, ``partial_logical_to_all_physical_map``. Versions:
 
-* ``version="same_node"`` (default, current): since PR #10874 (Sep-Oct 2025, "EPLB: prefer
-  to use physical experts in the same gpu or node"), ``_compute_logical_to_all_physical_map``
-  narrows each rank's list to the one replica of SGLang's nearest rule when there is one
-  (:func:`~straggler.baselines.static.sglang_nearest_replica`: the only replica; the first
-  on the rank's GPU; the first on its node when that narrows the set), so a rank with a
-  local replica sends all its tokens of that expert there; otherwise the draw is over all
-  replicas.
-* ``version="uniform"`` (PR #5226, April 2025, to #10874): the draw is always over all
-  replicas, whatever the source.
+* ``version="same_node"`` (default, current): since PR #10874 (opened 2025-09-24,
+  approved 2025-10-28, "EPLB: prefer to use physical experts in the same gpu or node"),
+  ``_compute_logical_to_all_physical_map`` narrows each rank's list to the one replica of
+  SGLang's nearest rule when there is one (``_find_nearest_expert``, as for ``static``:
+  the only replica; the first on the rank's GPU; the first on its node when that narrows
+  the set), so a rank with a local replica sends all its tokens of that expert there;
+  otherwise the draw is over all replicas.
+* ``version="uniform"`` (PR #5226, opened 2025-04-10, until #10874): the draw is always
+  over all replicas, whatever the source.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_array, check_choice, check_int, check_rng
 from ..solvers.registry import LayerSolution, register_dispatch_method
-from .static import sglang_nearest_replica
-from .tokens import mask_candidates, shares_from_slots, token_layout
+from .static import _nearest_replica
+from .tokens import _mask_candidates, _shares_from_slots, token_layout
 
 __all__ = [
     "SGLangDynamic",
@@ -76,7 +76,7 @@ def sglang_dynamic_lists(logical_to_physical, slot_gpu, gpu_node, *, version="sa
             if not cand:
                 continue
             for rank in range(n_gpus):
-                p = sglang_nearest_replica(cand, slot_gpu, gpu_node, rank, "same_node")
+                p = _nearest_replica(cand, slot_gpu, gpu_node, rank, "same_node")
                 if p != -1:
                     lists[rank, e] = -1
                     lists[rank, e, 0] = p
@@ -96,7 +96,8 @@ def sglang_dynamic_choice(topk, source, lists, num_valid, rng) -> np.ndarray:
     source : ndarray of int, shape (n_tokens,)
         Source rank of each token.
     lists, num_valid : see :func:`sglang_dynamic_lists`
-    rng : numpy.random.Generator
+    rng : None, int or numpy.random.Generator
+        (Anything with numpy's ``integers(low, high, size)`` method is used as it is.)
 
     Returns
     -------
@@ -111,9 +112,20 @@ def sglang_dynamic_choice(topk, source, lists, num_valid, rng) -> np.ndarray:
     >>> sorted(set(slots.ravel().tolist())) <= [0, 1]
     True
     """
-    topk = np.asarray(topk, dtype=np.int64)
-    src = np.broadcast_to(np.asarray(source, dtype=np.int64)[:, None], topk.shape)
-    draw = rng.integers(0, 65536, size=topk.shape)
+    func = "sglang_dynamic_choice"
+    lists = check_array(lists, "lists", func, kind="int", ndim=3, lo=-1)
+    g, n_experts, _ = lists.shape
+    num_valid = check_array(
+        num_valid, "num_valid", func, kind="int", ndim=2, lo=0, shape=(g, n_experts)
+    )
+    topk = check_array(topk, "topk", func, kind="int", ndim=2, lo=-1, hi=n_experts - 1)
+    source = check_array(
+        source, "source", func, kind="int", ndim=1, lo=0, hi=g - 1, shape=(topk.shape[0],)
+    )
+    if not hasattr(rng, "integers"):
+        rng = check_rng(rng, func)
+    src = np.broadcast_to(source[:, None], topk.shape)
+    draw = np.asarray(rng.integers(0, 65536, size=topk.shape))
     live = topk >= 0
     e = np.where(live, topk, 0)
     idx = draw % np.maximum(num_valid[src, e], 1)
@@ -179,10 +191,10 @@ class SGLangDynamic:
         g = problem.n_gpus
         node = problem.gpu_node if problem.gpu_node is not None else np.zeros(g, np.int64)
         lists, num_valid = sglang_dynamic_lists(
-            mask_candidates(problem.replicas), np.arange(g), node, version=self.version
+            _mask_candidates(problem.replicas), np.arange(g), node, version=self.version
         )
         lay = token_layout(problem.counts, g, top_k=int(self.top_k), seed=int(self.layout_seed))
         gen = check_rng(rng, "solve_dispatch(method='sglang_dynamic')")
         slots = sglang_dynamic_choice(lay.topk, lay.source, lists, num_valid, gen)
-        shares = shares_from_slots(lay.topk, slots, np.arange(g), g, problem.n_experts)
+        shares = _shares_from_slots(lay.topk, slots, np.arange(g), g, problem.n_experts)
         return LayerSolution(shares=shares, extras={"version": self.version})

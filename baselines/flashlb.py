@@ -6,13 +6,13 @@ Upstream: sgl-project/sglang ``python/sglang/srt/eplb/eplb_algorithms/flash_lb.p
 packs a *risk*: over a window of ``T`` recorded batches it estimates every expert's mean
 ``mu``, variance and covariance, and
 
-1. **replicas** (``min_max_replica``): one per expert, then each extra slot to the expert
+1. **replicas** (``_min_max_replica``): one per expert, then each extra slot to the expert
    with the largest ``(mu + z sigma) / count`` (``z = Phi^-1(0.75) = 0.674``, the upper
    quartile);
-2. **packing** (``lpt_deployment``): experts by descending ``mu / count``, each replica to
+2. **packing** (``_lpt_deployment``): experts by descending ``mu / count``, each replica to
    the GPU with room whose **risk** after adding it, ``mu_g + z sqrt(var_g)`` (the GPU's
    summed unit loads and their variance, covariances included), is smallest;
-3. **tree search** (``flash_tree``, depth 3): experts sorted by ``mu + z sigma`` are cut
+3. **tree search** (``_flash_tree``, depth 3): experts sorted by ``mu + z sigma`` are cut
    into 3 intervals; for the first two, the number of extra replicas given to the interval
    is searched around the greedy's choice (``neighbor_search``, +-3), each candidate
    scored by packing it and measuring the window's mean peak-to-mean GPU load
@@ -45,27 +45,18 @@ from scipy.stats import norm
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_array, check_int, check_real
 
-__all__ = [
-    "flashlb_rebalance",
-    "flashlb_statistics",
-    "min_max_replica",
-    "lpt_deployment",
-    "placement_score",
-    "flash_tree",
-    "minimize_moves",
-    "FLASHLB_Z",
-]
+__all__ = ["flashlb_rebalance", "FLASHLB_Z"]
 
 #: ``Phi^-1(0.75)``: the z of upstream's ``z_upper_quartile=0.75``.
 FLASHLB_Z = float(norm.ppf(0.75))
 
 
-def flashlb_statistics(window):
+def _flashlb_statistics(window):
     """Mean, variance and covariance of a ``(T, E)`` window (``ddof = 1``, as upstream).
 
     Examples
     --------
-    >>> mu, var, cov = flashlb_statistics(np.array([[1.0, 4.0], [3.0, 0.0]]))
+    >>> mu, var, cov = _flashlb_statistics(np.array([[1.0, 4.0], [3.0, 0.0]]))
     >>> mu.tolist(), var.tolist(), cov.tolist()
     ([2.0, 2.0], [2.0, 8.0], [[2.0, -4.0], [-4.0, 8.0]])
     """
@@ -76,15 +67,15 @@ def flashlb_statistics(window):
     return mu, (xc**2).sum(axis=0) / (t - 1), (xc.T @ xc) / (t - 1)
 
 
-def min_max_replica(mu, var, n_extra: int, current, z: float = FLASHLB_Z):
-    """``min_max_replica``: ``n_extra`` more replicas, each to the first expert with the
+def _min_max_replica(mu, var, n_extra: int, current, z: float = FLASHLB_Z):
+    """``_min_max_replica``: ``n_extra`` more replicas, each to the first expert with the
     largest ``(mu + z sqrt(var)) / count``.
 
     Returns ``(counts, history)``; ``history[r]`` holds the counts after ``r`` additions.
 
     Examples
     --------
-    >>> counts, hist = min_max_replica(np.array([8.0, 3.0]), np.zeros(2), 2, np.ones(2, int))
+    >>> counts, hist = _min_max_replica(np.array([8.0, 3.0]), np.zeros(2), 2, np.ones(2, int))
     >>> counts.tolist(), hist.tolist()
     ([3, 1], [[1, 1], [2, 1], [3, 1]])
     """
@@ -101,8 +92,8 @@ def min_max_replica(mu, var, n_extra: int, current, z: float = FLASHLB_Z):
     return counts, history
 
 
-def lpt_deployment(mu, var, cov, replicas, n_gpus: int, z: float = FLASHLB_Z) -> np.ndarray:
-    """``lpt_deployment`` from an empty placement: ``(n_gpus, slots_per_gpu)`` experts.
+def _lpt_deployment(mu, var, cov, replicas, n_gpus: int, z: float = FLASHLB_Z) -> np.ndarray:
+    """``_lpt_deployment`` from an empty placement: ``(n_gpus, slots_per_gpu)`` experts.
 
     Experts by descending ``mu / count`` (ties by index); each replica to the GPU with a
     free slot minimising ``mu_g + z sqrt(var_g)`` after it is added (first minimum), where
@@ -113,7 +104,7 @@ def lpt_deployment(mu, var, cov, replicas, n_gpus: int, z: float = FLASHLB_Z) ->
 
     Examples
     --------
-    >>> dep = lpt_deployment(np.array([6.0, 2.0, 2.0]), np.zeros(3), np.zeros((3, 3)),
+    >>> dep = _lpt_deployment(np.array([6.0, 2.0, 2.0]), np.zeros(3), np.zeros((3, 3)),
     ...                      np.array([2, 1, 1]), 2)
     >>> dep.tolist()
     [[0, 1], [0, 2]]
@@ -146,13 +137,13 @@ def lpt_deployment(mu, var, cov, replicas, n_gpus: int, z: float = FLASHLB_Z) ->
     return dep
 
 
-def placement_score(window, replicas, deployment) -> float:
+def _placement_score(window, replicas, deployment) -> float:
     """``compute_score``: the window's mean of ``(peak * G + 0.01) / (total + 0.01)`` GPU
     load, each expert's load split evenly over its replicas (1.0 is perfect balance).
 
     Examples
     --------
-    >>> placement_score(np.array([[4.0, 2.0]]), np.array([1, 1]), np.array([[0], [1]]))
+    >>> _placement_score(np.array([[4.0, 2.0]]), np.array([1, 1]), np.array([[0], [1]]))
     1.33...
     """
     x = np.asarray(window, dtype=float)
@@ -176,25 +167,25 @@ def _neighbor_search(low, high, initial, max_range, score):
     return best_x, best_score, best_dep
 
 
-def flash_tree(window, mu, var, cov, num_replicas: int, n_gpus: int, *, z=FLASHLB_Z, deep=3):
-    """``flash_tree``: the tree search over replica budgets per interval (module docstring).
+def _flash_tree(window, mu, var, cov, num_replicas: int, n_gpus: int, *, z=FLASHLB_Z, deep=3):
+    """``_flash_tree``: the tree search over replica budgets per interval (module docstring).
 
     Returns ``(deployment (n_gpus, slots), replicas (E,), score)``.
 
     Examples
     --------
     >>> w = np.array([[9.0, 1.0, 1.0, 1.0], [7.0, 1.0, 2.0, 1.0]])
-    >>> mu, var, cov = flashlb_statistics(w)
-    >>> dep, reps, score = flash_tree(w, mu, var, cov, 6, 2)
+    >>> mu, var, cov = _flashlb_statistics(w)
+    >>> dep, reps, score = _flash_tree(w, mu, var, cov, 6, 2)
     >>> reps.tolist(), dep.tolist(), round(score, 4)
     ([2, 2, 1, 1], [[0, 2, 1], [0, 3, 1]], 1.0454)
     """
     E = mu.shape[0]
     avail = num_replicas - E
     if deep <= 1:
-        reps = min_max_replica(mu, var, avail, np.ones(E, np.int64), z)[0]
-        dep = lpt_deployment(mu, var, cov, reps, n_gpus, z)
-        return dep, reps, placement_score(window, reps, dep)
+        reps = _min_max_replica(mu, var, avail, np.ones(E, np.int64), z)[0]
+        dep = _lpt_deployment(mu, var, cov, reps, n_gpus, z)
+        return dep, reps, _placement_score(window, reps, dep)
     size = math.ceil(E / deep)
     order = np.argsort(-(mu + z * np.sqrt(var)), kind="stable")
     deployed = np.zeros(E, dtype=np.int64)
@@ -203,13 +194,13 @@ def flash_tree(window, mu, var, cov, num_replicas: int, n_gpus: int, *, z=FLASHL
         sim_idx = order[node * size :]
         cur_idx = order[node * size : (node + 1) * size]
         rest_idx = order[(node + 1) * size :]
-        sim = min_max_replica(mu[sim_idx], var[sim_idx], high, np.ones(sim_idx.size, np.int64), z)
-        cur_hist = min_max_replica(
+        sim = _min_max_replica(mu[sim_idx], var[sim_idx], high, np.ones(sim_idx.size, np.int64), z)
+        cur_hist = _min_max_replica(
             mu[cur_idx], var[cur_idx], high, np.ones(cur_idx.size, np.int64), z
         )[1]
         initial = int((sim[0][:size] - 1).sum())
         if rest_idx.size:
-            rest_hist = min_max_replica(
+            rest_hist = _min_max_replica(
                 mu[rest_idx], var[rest_idx], high, np.ones(rest_idx.size, np.int64), z
             )[1]
         else:  # nothing after this interval: it takes every extra replica
@@ -228,8 +219,8 @@ def flash_tree(window, mu, var, cov, num_replicas: int, n_gpus: int, *, z=FLASHL
             reps[cur_idx] = cur_hist[mid]
             if rest_idx.size:
                 reps[rest_idx] = rest_hist[avail - mid]
-            dep = lpt_deployment(mu, var, cov, reps, n_gpus, z)
-            return placement_score(window, reps, dep), dep
+            dep = _lpt_deployment(mu, var, cov, reps, n_gpus, z)
+            return _placement_score(window, reps, dep), dep
 
         best, _, _ = _neighbor_search(low, high, initial, 3, score)
         deployed[cur_idx] = cur_hist[best]
@@ -238,11 +229,11 @@ def flash_tree(window, mu, var, cov, num_replicas: int, n_gpus: int, *, z=FLASHL
             if rest_idx.size:
                 deployed[rest_idx] = rest_hist[avail]
             break
-    dep = lpt_deployment(mu, var, cov, deployed, n_gpus, z)
-    return dep, deployed, placement_score(window, deployed, dep)
+    dep = _lpt_deployment(mu, var, cov, deployed, n_gpus, z)
+    return dep, deployed, _placement_score(window, deployed, dep)
 
 
-def minimize_moves(previous, new) -> np.ndarray:
+def _minimize_moves(previous, new) -> np.ndarray:
     """``minimize_redeploy_with_inner_permutation``: ``new``'s GPUs renumbered and its slots
     reordered to move as few expert weights as possible from ``previous``.
 
@@ -254,7 +245,7 @@ def minimize_moves(previous, new) -> np.ndarray:
 
     Examples
     --------
-    >>> minimize_moves(np.array([[0, 1], [2, 3]]), np.array([[3, 4], [1, 0]])).tolist()
+    >>> _minimize_moves(np.array([[0, 1], [2, 3]]), np.array([[3, 4], [1, 0]])).tolist()
     [[0, 1], [4, 3]]
     """
     src = np.asarray(previous, dtype=np.int64)
@@ -393,24 +384,24 @@ def flashlb_rebalance(
     gain = np.zeros(L)
     for layer in range(L):
         window = x[:, layer, :]
-        mu, var, cov = flashlb_statistics(window)
+        mu, var, cov = _flashlb_statistics(window)
         old = None
         if previous is not None:
             old = previous[layer].reshape(G, slots)
             old_reps = np.bincount(old.ravel(), minlength=E)
-            current = 1.0 / placement_score(window, old_reps, old)
+            current = 1.0 / _placement_score(window, old_reps, old)
             need = current < prev_ratio[layer] * float(update_threshold_ratio) or current < float(
                 update_threshold_value
             )
             if not need:
                 out[layer] = old
                 continue
-        dep, _, score = flash_tree(window, mu, var, cov, P, G, z=z, deep=deep)
+        dep, _, score = _flash_tree(window, mu, var, cov, P, G, z=z, deep=deep)
         if old is None:
             out[layer] = dep
             gain[layer] = 1.0 / score
         else:
-            out[layer] = minimize_moves(old, dep)
+            out[layer] = _minimize_moves(old, dep)
             gain[layer] = 1.0 / score - current
     if previous is not None:
         order = np.argsort(-gain, kind="stable")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.validation import check_int, check_real
+from ..formulations.validation import check_array, check_int, check_real
 from ..solvers.registry import LayerSolution, register_dispatch_method
 
 __all__ = ["LLEP", "llep_plan", "native_imbalance", "LLEP_THRESHOLD"]
@@ -40,8 +40,11 @@ def native_imbalance(counts, replicas) -> float:
     >>> native_imbalance(np.array([9, 3, 2, 2]), np.ones((4, 2), bool))
     2.0
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    replicas = np.asarray(replicas, dtype=bool)
+    func = "native_imbalance"
+    replicas = check_array(replicas, "replicas", func, kind="bool", ndim=2)
+    counts = check_array(
+        counts, "counts", func, kind="int", ndim=1, lo=0, shape=(replicas.shape[0],)
+    )
     has = replicas.any(axis=1)
     native = replicas.argmax(axis=1)
     loads = np.bincount(native[has], weights=counts[has], minlength=replicas.shape[1])

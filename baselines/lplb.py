@@ -17,7 +17,7 @@ Upstream: deepseek-ai/LPLB (first public release, 2025; read in ``lplb/planner.p
    it with **5 fp32 affine-scaling steps** from ``x = 1`` with a big-M artificial column,
    and, unless ``d_max < 0.1``, the artificial variable is in ``[0, 1e-4)`` and the
    residual is below ``0.05``, falls back to a **50/50 split** (``solver="ipm"``,
-   :func:`lplb_ipm`). ``solver="exact"`` (default) solves the same LP to optimality.
+   :func:`_lplb_ipm`). ``solver="exact"`` (default) solves the same LP to optimality.
 3. **Token map** (``kernel_map_idx``): on every source rank, of its ``n`` tokens of a
    copied expert the ones whose permuted index ``(499 k + 41) % n`` is below
    ``trunc(ratio * n)`` stay on the original, the others go to the copy.
@@ -51,10 +51,6 @@ __all__ = [
     "lplb_r2o",
     "topology_r2o",
     "lplb_placement",
-    "lplb_lp",
-    "lplb_ipm",
-    "lplb_exact",
-    "lplb_realise",
 ]
 
 #: LPLB's topologies (``"auto"`` in :class:`LPLB` picks cube or ring).
@@ -86,6 +82,18 @@ def _nodes_of(gpu_node, n_gpus: int, func: str, topology: str):
     return values.size, per
 
 
+def _eplb_nodes(gpu_node) -> int:
+    """LPLB's ``num_nodes`` for EPLB (``ep_size // devices_per_node``): the number of nodes
+    when they are contiguous blocks of equal size, else 1 (the global policy)."""
+    if gpu_node is None:
+        return 1
+    node = np.asarray(gpu_node)
+    values, sizes = np.unique(node, return_counts=True)
+    if (sizes != sizes[0]).any() or not np.array_equal(node, np.repeat(values, sizes[0])):
+        return 1
+    return int(values.size)
+
+
 def lplb_r2o(topology: str, n_gpus: int, gpu_node=None, *, func: str = "lplb_r2o"):
     """LPLB's redundant-to-original map of one group and the group size.
 
@@ -114,7 +122,9 @@ def lplb_r2o(topology: str, n_gpus: int, gpu_node=None, *, func: str = "lplb_r2o
     >>> size, r2o.tolist()
     (4, [[2, 1], [3, 0], [0, 3], [1, 2]])
     """
-    g = int(n_gpus)
+    g = check_int(n_gpus, "n_gpus", func, lo=1)
+    if gpu_node is not None:
+        gpu_node = check_array(gpu_node, "gpu_node", func, kind="int", ndim=1, lo=0, shape=(g,))
     if topology == "ring":
         if g < 2:
             raise InvalidInputError(f"The 'ring' topology of {func} needs >= 2 GPUs; got {g}.")
@@ -255,7 +265,7 @@ def lplb_placement(workload, n_gpus: int, topology: str, *, redundant_per_gpu: i
     wp = np.zeros(n_local * g, dtype=np.float32)
     wp[:E] = w
     combined = min(red // D, n_local // D)
-    nodes = 1 if gpu_node is None else _nodes_of(gpu_node, g, func, "LPLB")[0]
+    nodes = _eplb_nodes(gpu_node)
     try:
         p2l, _, _ = rebalance_experts(wp[None], wp.size, n_group, nodes, g)
     except InvalidInputError as exc:
@@ -272,7 +282,7 @@ def lplb_placement(workload, n_gpus: int, topology: str, *, redundant_per_gpu: i
     return LPLBPlan(phy, r2o.astype(np.int64), size, n_local, combined)
 
 
-def lplb_lp(workload, plan: LPLBPlan):
+def _lplb_lp(workload, plan: LPLBPlan):
     """The LP data of every group: ``(W, fixed)`` with ``W[grp, r, j]`` the normalised
     workload of the ``combined`` experts behind GPU ``r``'s slot index ``j`` and
     ``fixed[grp, r]`` that of its experts without a copy (``kernel_solve``'s
@@ -281,7 +291,7 @@ def lplb_lp(workload, plan: LPLBPlan):
     Examples
     --------
     >>> plan = lplb_placement([9, 5, 4, 1], 2, "ring", redundant_per_gpu=1)
-    >>> W, fixed = lplb_lp([9, 5, 4, 1], plan)
+    >>> W, fixed = _lplb_lp([9, 5, 4, 1], plan)
     >>> np.round(W.astype(float), 4).tolist(), np.round(fixed.astype(float), 4).tolist()
     ([[[1.0], [0.5556]]], [[0.1111, 0.4444]])
     """
@@ -351,7 +361,7 @@ def _lane_max(d: np.ndarray) -> np.float32:
     return np.float32(max(vals))
 
 
-def lplb_ipm(W, fixed, r2o, *, steps: int = 5):
+def _lplb_ipm(W, fixed, r2o, *, steps: int = 5):
     """Upstream's solver for one group: 5 fp32 affine-scaling steps, checked, with the
     50/50 fallback (``kernel_solve``).
 
@@ -385,15 +395,15 @@ def lplb_ipm(W, fixed, r2o, *, steps: int = 5):
 
     Examples
     --------
-    The group of :func:`lplb_lp`'s example: five steps reach both GPUs at about ``19 / 18``
+    The group of :func:`_lplb_lp`'s example: five steps reach both GPUs at about ``19 / 18``
     of the hottest expert's load (the optimum); one step is not enough, and the fallback
     splits 50/50.
 
     >>> W, fixed = np.array([[1.0], [5 / 9]], np.float32), np.array([1 / 9, 4 / 9], np.float32)
-    >>> y, ok = lplb_ipm(W, fixed, np.array([[1], [0]]))
+    >>> y, ok = _lplb_ipm(W, fixed, np.array([[1], [0]]))
     >>> ok, round(float(1 / 9 + y[0, 0] + 5 / 9 * (1 - y[1, 0])), 2)
     (True, 1.06)
-    >>> lplb_ipm(W, fixed, np.array([[1], [0]]), steps=1)
+    >>> _lplb_ipm(W, fixed, np.array([[1], [0]]), steps=1)
     (array([[0.5],
            [0.5]], dtype=float32), False)
     """
@@ -426,7 +436,7 @@ def lplb_ipm(W, fixed, r2o, *, steps: int = 5):
     return x[: G * D].reshape(G, D).astype(np.float32), True
 
 
-def lplb_exact(W, fixed, r2o):
+def _lplb_exact(W, fixed, r2o):
     """The same LP solved to optimality (HiGHS through scipy): ratios ``y[r, j]`` in
     ``[0, 1]`` minimising ``max_r fixed[r] + sum_j W[r, j] y[r, j] +
     sum_j W[r2o[r, j], j] (1 - y[r2o[r, j], j])``.
@@ -435,10 +445,10 @@ def lplb_exact(W, fixed, r2o):
 
     Examples
     --------
-    The README-sized example of :func:`lplb_lp`: both GPUs end at ``19 / 18``.
+    The README-sized example of :func:`_lplb_lp`: both GPUs end at ``19 / 18``.
 
     >>> W, fixed = np.array([[1.0], [5 / 9]]), np.array([1 / 9, 4 / 9])
-    >>> y, ok = lplb_exact(W, fixed, np.array([[1], [0]]))
+    >>> y, ok = _lplb_exact(W, fixed, np.array([[1], [0]]))
     >>> y0, y1 = float(y[0, 0]), float(y[1, 0])
     >>> round(1 / 9 + y0 + 5 / 9 * (1 - y1), 4), round(4 / 9 + 5 / 9 * y1 + (1 - y0), 4)
     (1.0556, 1.0556)
@@ -461,7 +471,7 @@ def lplb_exact(W, fixed, r2o):
     bounds = [(0.0, 1.0)] * n + [(None, None)]
     res = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if res.status != 0:  # pragma: no cover - the LP is always feasible and bounded
-        raise StragglerError(f"lplb_exact: HiGHS did not solve the LP ({res.message}).")
+        raise StragglerError(f"_lplb_exact: HiGHS did not solve the LP ({res.message}).")
     return np.clip(res.x[:n], 0.0, 1.0).reshape(G, D).astype(np.float32), True
 
 
@@ -474,7 +484,7 @@ def _kept_on_original(ratio: np.float32, n: int) -> int:
     return int(((k * 499 + 41) % n < expected).sum())
 
 
-def lplb_realise(source_counts, plan: LPLBPlan, ratios) -> np.ndarray:
+def _lplb_realise(source_counts, plan: LPLBPlan, ratios) -> np.ndarray:
     """LPLB's token map: whole-token shares ``(n_experts, n_gpus)``.
 
     Parameters
@@ -489,7 +499,7 @@ def lplb_realise(source_counts, plan: LPLBPlan, ratios) -> np.ndarray:
     --------
     >>> plan = lplb_placement([9, 5, 4, 1], 2, "ring", redundant_per_gpu=1)
     >>> src = np.array([[5, 4], [3, 2], [2, 2], [1, 0]])
-    >>> lplb_realise(src, plan, np.array([[0.5], [1.0]], np.float32)).tolist()
+    >>> _lplb_realise(src, plan, np.array([[0.5], [1.0]], np.float32)).tolist()
     [[4.0, 5.0], [0.0, 5.0], [0.0, 4.0], [1.0, 0.0]]
     """
     src = np.asarray(source_counts, dtype=np.int64)
@@ -549,7 +559,7 @@ class LPLB:
         ring.
     solver : {"exact", "ipm"}, default "exact"
         ``"ipm"``: upstream's 5 fp32 affine-scaling steps with the 50/50 fallback
-        (:func:`lplb_ipm`); ``"exact"``: the LP's optimum (:func:`lplb_exact`), LPLB at its
+        (:func:`_lplb_ipm`); ``"exact"``: the LP's optimum (:func:`_lplb_exact`), LPLB at its
         best.
     redundant_per_gpu : int, optional
         Redundant slots per GPU. Default: as many as the instance's placement has, its
@@ -626,8 +636,8 @@ class LPLB:
                 topology = "cube" if g % 8 == 0 else "ring"
             red = self._redundant(problem)
             plan = lplb_placement(n, g, topology, redundant_per_gpu=red, gpu_node=problem.gpu_node)
-            W, fixed = lplb_lp(n, plan)
-            solve = lplb_ipm if self.solver == "ipm" else lplb_exact
+            W, fixed = _lplb_lp(n, plan)
+            solve = _lplb_ipm if self.solver == "ipm" else _lplb_exact
             ratios = np.zeros((g, plan.r2o.shape[1]), np.float32)
             ok = []
             for grp in range(W.shape[0]):
@@ -635,7 +645,7 @@ class LPLB:
                 ratios[grp * plan.group_size : (grp + 1) * plan.group_size] = y
                 ok.append(good)
             lay = token_layout(n, g, top_k=int(self.top_k), seed=int(self.layout_seed))
-            shares = lplb_realise(lay.source_counts(E, g), plan, ratios)
+            shares = _lplb_realise(lay.source_counts(E, g), plan, ratios)
             mask = plan.replicas(E)
         own = DispatchProblem(counts=n, replicas=mask)
         extras = {

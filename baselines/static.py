@@ -6,13 +6,13 @@ Upstream: sgl-project/sglang, ``python/sglang/srt/eplb/expert_location.py``,
 ``expert_location_dispatch.py`` (``_topk_ids_logical_to_physical_static``: a table lookup
 per token). Versions, as read in the code and its history:
 
-* ``version="same_node"`` (default, current): since PR #9849 (Aug-Sep 2025, "EPLB: prefer
-  to use physical experts in the same node"), for every (source rank, expert) the table
+* ``version="same_node"`` (default, current): since PR #9849 (opened 2025-08-31, "EPLB:
+  prefer to use physical experts in the same node"), for every (source rank, expert) the table
   holds, by ``_find_nearest_expert``: the only replica if there is one; else the first
   replica on the rank's own GPU; else the first replica on the rank's node **when that
   narrows the candidate set** (some but not all replicas are on the node); else a fair
   draw (below).
-* ``version="same_gpu"`` (PR #5226, April 2025, to #9849): the first replica on the rank's
+* ``version="same_gpu"`` (PR #5226, opened 2025-04-10, until #9849): the first replica on the rank's
   own GPU, else a fair draw; a single replica is "drawn" too (the draw returns it, but the
   shuffle still consumes the generator).
 
@@ -34,13 +34,12 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_choice, check_int
 from ..solvers.registry import LayerSolution, register_dispatch_method
-from .tokens import mask_candidates, token_layout
+from .tokens import _mask_candidates, token_layout
 
 __all__ = [
     "StaticDispatch",
     "STATIC_RULES",
     "SGLANG_STATIC_VERSIONS",
-    "sglang_nearest_replica",
     "sglang_static_table",
 ]
 
@@ -50,7 +49,7 @@ STATIC_RULES = ("sglang", "first", "random")
 SGLANG_STATIC_VERSIONS = ("same_node", "same_gpu")
 
 
-def sglang_nearest_replica(candidates, slot_gpu, gpu_node, rank: int, version: str) -> int:
+def _nearest_replica(candidates, slot_gpu, gpu_node, rank: int, version: str) -> int:
     """SGLang's ``_find_nearest_expert``: the replica slot rank ``rank`` prefers, or ``-1``.
 
     Parameters
@@ -71,11 +70,11 @@ def sglang_nearest_replica(candidates, slot_gpu, gpu_node, rank: int, version: s
     Replicas on GPUs 0, 1 (node 0) and 2 (node 1); GPU 3 is on node 1:
 
     >>> node = np.array([0, 0, 1, 1])
-    >>> [sglang_nearest_replica([0, 1, 2], np.arange(4), node, r, "same_node") for r in range(4)]
+    >>> [_nearest_replica([0, 1, 2], np.arange(4), node, r, "same_node") for r in range(4)]
     [0, 1, 2, 2]
-    >>> sglang_nearest_replica([0, 1], np.arange(4), node, 3, "same_node")  # no same-node one
+    >>> _nearest_replica([0, 1], np.arange(4), node, 3, "same_node")  # no same-node one
     -1
-    >>> sglang_nearest_replica([0, 1], np.arange(4), node, 2, "same_gpu")
+    >>> _nearest_replica([0, 1], np.arange(4), node, 2, "same_gpu")
     -1
     """
     cand = list(candidates)
@@ -171,7 +170,7 @@ def sglang_static_table(
                 continue
             remaining = []
             for rank in range(n_gpus):
-                p = sglang_nearest_replica(cand, slot_gpu, gpu_node, rank, version)
+                p = _nearest_replica(cand, slot_gpu, gpu_node, rank, version)
                 table[rank, layer, e] = p
                 if p == -1:
                     remaining.append(rank)
@@ -265,10 +264,10 @@ class StaticDispatch:
             return [self._solve_simple(p) for p in layers]
         n_gpus = layers[0].n_gpus
         node = layers[0].gpu_node
-        width = max(mask_candidates(p.replicas).shape[1] for p in layers)
+        width = max(_mask_candidates(p.replicas).shape[1] for p in layers)
         l2p = np.full((len(layers), layers[0].n_experts, width), -1, dtype=np.int64)
         for i, p in enumerate(layers):
-            c = mask_candidates(p.replicas)
+            c = _mask_candidates(p.replicas)
             l2p[i, :, : c.shape[1]] = c
         table = sglang_static_table(
             l2p, np.arange(n_gpus), node, version=self.version, seed=int(self.seed)

@@ -3,8 +3,8 @@
 ``token_lp`` solves ``min max_g N_g`` over the instance's replicas exactly with HiGHS: the
 objective of LPLB and of SGLang's ``lp`` dispatch, at its optimum, shares used as solved.
 
-``sglang_lp`` is SGLang's ``--ep-dispatch-algorithm lp`` (sgl-project/sglang PR #24515,
-2026; ``eplb/eplb_algorithms`` LP solve and ``expert_location_dispatch.py``,
+``sglang_lp`` is SGLang's ``--ep-dispatch-algorithm lp`` (sgl-project/sglang PR #24515; the
+LP built from ``lplb`` in SGLang's kernels and ``expert_location_dispatch.py``,
 ``_topk_ids_logical_to_physical_probability``): the same min-max LP over every replica of
 the EPLB placement, turned into per-replica probabilities ``x[e, g] / n[e]``, and then
 **every token sampled** from them (a fused CUDA kernel). The realised split is a

@@ -38,14 +38,7 @@ import numpy as np
 
 from ..formulations.validation import check_array, check_int
 
-__all__ = [
-    "TokenLayout",
-    "token_layout",
-    "layout_top_k",
-    "local_positions",
-    "mask_candidates",
-    "shares_from_slots",
-]
+__all__ = ["TokenLayout", "token_layout", "layout_top_k"]
 
 
 class TokenLayout(NamedTuple):
@@ -76,12 +69,13 @@ def layout_top_k(counts, top_k: int) -> int:
     >>> layout_top_k([3, 3, 2], 2)
     2
     """
-    n = np.asarray(counts, dtype=np.int64)
+    n = check_array(counts, "counts", "layout_top_k", kind="int", ndim=1, lo=0)
+    top_k = check_int(top_k, "top_k", "layout_top_k", lo=1)
     total = int(n.sum())
     if total == 0:
         return 1
     peak = int(n.max())
-    for k in range(int(top_k), 0, -1):
+    for k in range(top_k, 0, -1):
         if peak <= -(-total // k):
             return k
     return 1  # pragma: no cover - k = 1 always qualifies
@@ -145,12 +139,12 @@ def token_layout(counts, n_gpus: int, *, top_k: int = 8, seed: int = 0) -> Token
     return TokenLayout(table, source)
 
 
-def local_positions(source: np.ndarray) -> np.ndarray:
+def _local_positions(source: np.ndarray) -> np.ndarray:
     """Index of every token within its source GPU's batch (``source`` non-decreasing).
 
     Examples
     --------
-    >>> local_positions(np.array([0, 0, 1, 1, 1, 3])).tolist()
+    >>> _local_positions(np.array([0, 0, 1, 1, 1, 3])).tolist()
     [0, 1, 0, 1, 2, 0]
     """
     source = np.asarray(source, dtype=np.int64)
@@ -161,7 +155,7 @@ def local_positions(source: np.ndarray) -> np.ndarray:
     return np.arange(source.size, dtype=np.int64) - first
 
 
-def mask_candidates(replicas) -> np.ndarray:
+def _mask_candidates(replicas) -> np.ndarray:
     """Replica lists of a GPU mask in the engines' padded layout, one slot per GPU.
 
     ``replicas`` of shape ``(n_experts, n_gpus)`` becomes ``(n_experts, X)``: the GPUs
@@ -172,7 +166,7 @@ def mask_candidates(replicas) -> np.ndarray:
 
     Examples
     --------
-    >>> mask_candidates(np.array([[1, 0, 1], [0, 1, 0]], bool)).tolist()
+    >>> _mask_candidates(np.array([[1, 0, 1], [0, 1, 0]], bool)).tolist()
     [[0, 2], [1, -1]]
     """
     rep = np.asarray(replicas, dtype=bool)
@@ -185,7 +179,7 @@ def mask_candidates(replicas) -> np.ndarray:
     return out
 
 
-def shares_from_slots(topk, slots, slot_gpu, n_gpus: int, n_experts: int) -> np.ndarray:
+def _shares_from_slots(topk, slots, slot_gpu, n_gpus: int, n_experts: int) -> np.ndarray:
     """Whole-token shares ``(n_experts, n_gpus)`` of a per-token physical choice.
 
     ``slots[t, j]`` is the physical slot that token ``t``'s ``j``-th expert ``topk[t, j]``
@@ -194,7 +188,7 @@ def shares_from_slots(topk, slots, slot_gpu, n_gpus: int, n_experts: int) -> np.
     Examples
     --------
     >>> topk = np.array([[0, 1], [0, -1]])
-    >>> shares_from_slots(topk, np.array([[2, 1], [0, -1]]), np.arange(3), 3, 2).tolist()
+    >>> _shares_from_slots(topk, np.array([[2, 1], [0, -1]]), np.arange(3), 3, 2).tolist()
     [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
     """
     topk = np.asarray(topk)

@@ -6,16 +6,16 @@ backend, a Triton kernel): every entry of a rank's ``topk_ids [n_tokens, k]`` (i
 batch) maps logical expert ``e`` to ``logical_to_physical_map[e, i]`` with replica index
 ``i`` chosen by
 
-* ``version="hash"`` (default, current): since PR #40810 (April 2026, "Fix replica
+* ``version="hash"`` (default, current): since PR #40810 (opened 2026-04-24, "Fix replica
   selection bias in fused_moe router"), ``i = ((t * 2654435769) & 0xFFFFFFFF) % count[e]``
   with ``t = flat_index // k`` the token's local index: a Knuth multiplicative hash, the
   same replica index for all ``k`` experts of a token;
-* ``version="modulo"`` (PR #24573, Sep 2025, "Reduce EPLB Inference Overhead"):
+* ``version="modulo"`` (PR #24573, opened 2025-09-10, "Reduce EPLB Inference Overhead"):
   ``i = flat_index % count[e]`` with ``flat_index = t * k + j`` over the local
   ``(token, top-k)`` layout. Biased: when ``count[e]`` divides ``k``, ``i = j % count[e]``
   depends on the top-k position alone, and a hot expert sits mostly at position 0;
-* ``version="random"`` (PR #18343, June 2025, the first EPLB): a uniformly random replica
-  per entry (``torch.rand``; numpy's generator stands for it here).
+* ``version="random"`` (PR #18343, the first EPLB, reviewed June 2025): a uniformly random
+  replica per entry (``torch.rand``; numpy's generator stands for it here).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_choice, check_int, check_rng
 from ..solvers.registry import LayerSolution, register_dispatch_method
-from .tokens import local_positions, mask_candidates, shares_from_slots, token_layout
+from .tokens import _local_positions, _mask_candidates, _shares_from_slots, token_layout
 
 __all__ = ["VllmEP", "VLLM_EP_VERSIONS", "KNUTH_MULTIPLIER", "vllm_replica_choice"]
 
@@ -95,7 +95,7 @@ def vllm_replica_choice(topk, source, logical_to_physical, *, version="hash", rn
     count = np.maximum((l2p != -1).sum(axis=1), 1)
     live = topk >= 0
     e = np.where(live, topk, 0)
-    t = np.broadcast_to(local_positions(source)[:, None], topk.shape)
+    t = np.broadcast_to(_local_positions(source)[:, None], topk.shape)
     if version == "hash":
         idx = ((t * KNUTH_MULTIPLIER) & 0xFFFFFFFF) % count[e]
     elif version == "modulo":
@@ -161,7 +161,7 @@ class VllmEP:
         g = problem.n_gpus
         lay = token_layout(problem.counts, g, top_k=int(self.top_k), seed=int(self.layout_seed))
         slots = vllm_replica_choice(
-            lay.topk, lay.source, mask_candidates(problem.replicas), version=self.version, rng=rng
+            lay.topk, lay.source, _mask_candidates(problem.replicas), version=self.version, rng=rng
         )
-        shares = shares_from_slots(lay.topk, slots, np.arange(g), g, problem.n_experts)
+        shares = _shares_from_slots(lay.topk, slots, np.arange(g), g, problem.n_experts)
         return LayerSolution(shares=shares, extras={"version": self.version})

@@ -10,32 +10,32 @@ from straggler.baselines.dynamic import sglang_dynamic_choice, sglang_dynamic_li
 from straggler.baselines.eplb import rebalance_experts
 from straggler.baselines.flashlb import (
     FLASHLB_Z,
-    flash_tree,
+    _flash_tree,
+    _flashlb_statistics,
+    _lpt_deployment,
+    _min_max_replica,
+    _minimize_moves,
+    _placement_score,
     flashlb_rebalance,
-    flashlb_statistics,
-    lpt_deployment,
-    min_max_replica,
-    minimize_moves,
-    placement_score,
 )
 from straggler.baselines.llep import native_imbalance
 from straggler.baselines.lplb import (
     _HYPERCUBE16,
     _kept_on_original,
     _lane_max,
-    lplb_exact,
-    lplb_ipm,
-    lplb_lp,
+    _lplb_exact,
+    _lplb_ipm,
+    _lplb_lp,
+    _lplb_realise,
     lplb_placement,
     lplb_r2o,
-    lplb_realise,
 )
 from straggler.baselines.metro import metro_greedy
-from straggler.baselines.static import sglang_nearest_replica, sglang_static_table
+from straggler.baselines.static import _nearest_replica, sglang_static_table
 from straggler.baselines.tokens import (
-    local_positions,
-    mask_candidates,
-    shares_from_slots,
+    _local_positions,
+    _mask_candidates,
+    _shares_from_slots,
     token_layout,
 )
 from straggler.baselines.vllm_ep import vllm_replica_choice
@@ -87,8 +87,8 @@ def test_token_layout_lowers_k_and_puts_hot_experts_first():
 
 
 def test_local_positions_restart_per_rank():
-    assert local_positions(np.array([0, 0, 0, 2, 2])).tolist() == [0, 1, 2, 0, 1]
-    assert local_positions(np.array([], np.int64)).tolist() == []
+    assert _local_positions(np.array([0, 0, 0, 2, 2])).tolist() == [0, 1, 2, 0, 1]
+    assert _local_positions(np.array([], np.int64)).tolist() == []
 
 
 # --- SGLang static ------------------------------------------------------------------------
@@ -139,17 +139,17 @@ def test_sglang_nearest_rule_by_hand():
     node = np.array([0, 0, 1, 1])
     gpu = np.arange(4)
     # a single replica returns itself for everyone (no draw)
-    assert [sglang_nearest_replica([3], gpu, node, r, "same_node") for r in range(4)] == [3] * 4
+    assert [_nearest_replica([3], gpu, node, r, "same_node") for r in range(4)] == [3] * 4
     # the same GPU first (the first such slot, slots 0 and 1 both on GPU 0 here)
-    assert sglang_nearest_replica([0, 1, 4], np.array([0, 0, 1, 2, 3]), node, 0, "same_node") == 0
+    assert _nearest_replica([0, 1, 4], np.array([0, 0, 1, 2, 3]), node, 0, "same_node") == 0
     # same node only when it narrows: replicas on GPUs 0, 1 (node 0) and 2 (node 1)
-    assert sglang_nearest_replica([0, 1, 2], gpu, node, 3, "same_node") == 2
+    assert _nearest_replica([0, 1, 2], gpu, node, 3, "same_node") == 2
     # every replica on the rank's node: no narrowing, left to the fair draw
-    assert sglang_nearest_replica([0, 1], gpu, node, 1, "same_node") == 1
-    assert sglang_nearest_replica([2, 3], gpu, np.zeros(4, int), 0, "same_node") == -1
+    assert _nearest_replica([0, 1], gpu, node, 1, "same_node") == 1
+    assert _nearest_replica([2, 3], gpu, np.zeros(4, int), 0, "same_node") == -1
     # before #9849: no node step, and a single replica is drawn like any other
-    assert sglang_nearest_replica([0, 1, 2], gpu, node, 3, "same_gpu") == -1
-    assert sglang_nearest_replica([3], gpu, node, 0, "same_gpu") == -1
+    assert _nearest_replica([0, 1, 2], gpu, node, 3, "same_gpu") == -1
+    assert _nearest_replica([3], gpu, node, 0, "same_gpu") == -1
 
 
 def test_sglang_static_one_generator_across_layers():
@@ -214,7 +214,7 @@ def test_static_realises_the_table_on_the_source_tokens():
     p = make_decode_problem("qwen3_30b", n_gpus=4, tokens_per_gpu=16, n_layers=2, seed=3)
     res = solve_dispatch(p, COST, method="static")
     table = sglang_static_table(
-        np.stack([mask_candidates(p.replicas[layer]) for layer in range(2)]), np.arange(4)
+        np.stack([_mask_candidates(p.replicas[layer]) for layer in range(2)]), np.arange(4)
     )
     for layer in range(2):
         src = token_layout(p.counts[layer], 4).source_counts(p.n_experts, 4)
@@ -228,7 +228,7 @@ def test_static_realises_the_table_on_the_source_tokens():
     alone = solve_dispatch(p.layer(1), COST, method="static")
     assert np.array_equal(
         alone.extras["table"],
-        sglang_static_table(mask_candidates(p.replicas[1]), np.arange(4))[:, 0],
+        sglang_static_table(_mask_candidates(p.replicas[1]), np.arange(4))[:, 0],
     )
 
 
@@ -404,8 +404,8 @@ def test_lplb_placement_copies_each_gpus_top_experts_along_the_graph():
 
 def test_lplb_shared_ratio_lp_by_hand_and_against_the_token_lp():
     plan = lplb_placement([9, 5, 4, 1], 2, "ring", redundant_per_gpu=1)
-    W, fixed = lplb_lp([9, 5, 4, 1], plan)
-    y, _ = lplb_exact(W[0], fixed[0], plan.r2o)
+    W, fixed = _lplb_lp([9, 5, 4, 1], plan)
+    y, _ = _lplb_exact(W[0], fixed[0], plan.r2o)
     loads = [
         fixed[0, 0] + W[0, 0, 0] * y[0, 0] + W[0, 1, 0] * (1 - y[1, 0]),
         fixed[0, 1] + W[0, 1, 0] * y[1, 0] + W[0, 0, 0] * (1 - y[0, 0]),
@@ -415,8 +415,8 @@ def test_lplb_shared_ratio_lp_by_hand_and_against_the_token_lp():
     rng = np.random.default_rng(3)
     w = rng.integers(1, 300, 32)
     plan = lplb_placement(w, 8, "cube", redundant_per_gpu=2)
-    W, fixed = lplb_lp(w, plan)
-    y, _ = lplb_exact(W[0], fixed[0], plan.r2o)
+    W, fixed = _lplb_lp(w, plan)
+    y, _ = _lplb_exact(W[0], fixed[0], plan.r2o)
     mine = max(
         fixed[0, r]
         + sum(W[0, r, j] * y[r, j] for j in range(2))
@@ -448,13 +448,13 @@ def test_lplb_ipm_warp_max_and_fallback():
     for _ in range(20):
         w = rng.integers(1, 500, 32)
         plan = lplb_placement(w, 8, "cube", redundant_per_gpu=2)
-        W, fixed = lplb_lp(w, plan)
-        y, ok = lplb_ipm(W[0], fixed[0], plan.r2o)
-        best, _ = lplb_exact(W[0], fixed[0], plan.r2o)
+        W, fixed = _lplb_lp(w, plan)
+        y, ok = _lplb_ipm(W[0], fixed[0], plan.r2o)
+        best, _ = _lplb_exact(W[0], fixed[0], plan.r2o)
         assert ok
         opt = peak(W[0], fixed[0], plan.r2o, best)
         assert opt - 1e-6 <= peak(W[0], fixed[0], plan.r2o, y) <= 1.01 * opt
-        y, ok = lplb_ipm(W[0], fixed[0], plan.r2o, steps=1)
+        y, ok = _lplb_ipm(W[0], fixed[0], plan.r2o, steps=1)
         assert not ok and (y == 0.5).all()
 
 
@@ -470,7 +470,7 @@ def test_lplb_token_map_counts_by_hand():
     src = np.array([[5, 4], [3, 2], [2, 2], [1, 0]])
     # expert 0 (home 0, copy 1, ratio 0.5): source 0 keeps trunc(2.5) = 2 of 5, source 1
     # keeps 2 of 4; expert 1 (home 1, copy 0, ratio 1.0): all 5 stay on GPU 1
-    x = lplb_realise(src, plan, np.array([[0.5], [1.0]], np.float32))
+    x = _lplb_realise(src, plan, np.array([[0.5], [1.0]], np.float32))
     assert x.tolist() == [[4, 5], [0, 5], [0, 4], [1, 0]]
 
 
@@ -501,7 +501,7 @@ def test_metro_orders_differ_and_index_order_is_literal():
         rep[np.arange(12), rng.integers(4, size=12)] = True
         n = rng.integers(1, 50, 12)
         differ += not np.array_equal(metro_greedy(n, rep), metro_greedy(n, rep, order="index"))
-    assert differ > 50
+    assert differ > 90  # 100 of 100 when written
 
 
 def test_llep_gate():
@@ -547,19 +547,19 @@ def test_eplb_vllm_port_agrees_on_tie_free_weights(seed):
 
 
 def test_flashlb_steps_by_hand():
-    mu, var, cov = flashlb_statistics(np.array([[9.0, 1, 1, 1], [7.0, 1, 2, 1]]))
+    mu, var, cov = _flashlb_statistics(np.array([[9.0, 1, 1, 1], [7.0, 1, 2, 1]]))
     assert mu.tolist() == [8, 1, 1.5, 1] and var.tolist() == [2, 0, 0.5, 0]
     assert cov[0, 2] == -1.0
     # (mu + z sigma) / count: 8 + 0.674 * 1.414 = 8.95 > 1.98 > 1: expert 0 twice
-    counts, hist = min_max_replica(mu, var, 2, np.ones(4, int))
+    counts, hist = _min_max_replica(mu, var, 2, np.ones(4, int))
     assert counts.tolist() == [3, 1, 1, 1] and hist[1].tolist() == [2, 1, 1, 1]
     assert FLASHLB_Z == pytest.approx(0.6744897501960817)
     # co-locating two replicas of a variable expert is risky: the second goes elsewhere
-    dep = lpt_deployment(
+    dep = _lpt_deployment(
         np.array([4.0, 4.0]), np.array([9.0, 0.0]), np.diag([9.0, 0.0]), np.array([2, 2]), 2
     )
     assert sorted(dep[0].tolist()) == [0, 1] and sorted(dep[1].tolist()) == [0, 1]
-    assert placement_score(np.array([[4.0, 2.0], [3.0, 3.0]]), [1, 1], [[0], [1]]) == (
+    assert _placement_score(np.array([[4.0, 2.0], [3.0, 3.0]]), [1, 1], [[0], [1]]) == (
         pytest.approx(((8.01 / 6.01) + 1.0) / 2)
     )
 
@@ -585,7 +585,7 @@ def test_flashlb_minimum_move_matching_is_optimal(seed):
     pool = np.arange(n * m) % max(1, n * m - int(rng.integers(0, 3)))
     src = rng.permutation(pool).reshape(n, m)
     dst = rng.permutation(pool).reshape(n, m)
-    out = minimize_moves(src, dst)
+    out = _minimize_moves(src, dst)
     # a renumbering and reordering of dst's GPUs
     assert sorted(map(sorted, out.tolist())) == sorted(map(sorted, dst.tolist()))
     assert int((out != src).sum()) == _brute_min_moves(src, dst)
@@ -627,9 +627,9 @@ def test_flashlb_tree_is_no_worse_than_its_greedy():
     for _ in range(5):
         pop = rng.zipf(1.4, 12).astype(float)
         window = rng.poisson(pop * 10, size=(16, 12)).astype(float)
-        mu, var, cov = flashlb_statistics(window)
-        _, _, tree = flash_tree(window, mu, var, cov, 16, 4)
-        _, _, greedy = flash_tree(window, mu, var, cov, 16, 4, deep=1)
+        mu, var, cov = _flashlb_statistics(window)
+        _, _, tree = _flash_tree(window, mu, var, cov, 16, 4)
+        _, _, greedy = _flash_tree(window, mu, var, cov, 16, 4, deep=1)
         assert tree <= greedy + 0.05  # the search scores its candidates on the window
 
 
@@ -643,6 +643,6 @@ def test_flashlb_input_errors():
 
 
 def test_shares_from_slots_and_mask_candidates():
-    assert mask_candidates(np.zeros((1, 3), bool)).tolist() == [[-1]]
-    x = shares_from_slots(np.array([[1, -1]]), np.array([[4, 9]]), np.array([0, 0, 1, 1, 2]), 3, 2)
+    assert _mask_candidates(np.zeros((1, 3), bool)).tolist() == [[-1]]
+    x = _shares_from_slots(np.array([[1, -1]]), np.array([[4, 9]]), np.array([0, 0, 1, 1, 2]), 3, 2)
     assert x.tolist() == [[0, 0, 0], [0, 0, 1]]

@@ -622,15 +622,25 @@ def test_flashlb_rebalance_maps_and_update_rule():
     assert sum(not np.array_equal(one[layer], bad[layer]) for layer in range(2)) == 1
 
 
-def test_flashlb_tree_is_no_worse_than_its_greedy():
-    rng = np.random.default_rng(4)
-    for _ in range(5):
-        pop = rng.zipf(1.4, 12).astype(float)
-        window = rng.poisson(pop * 10, size=(16, 12)).astype(float)
-        mu, var, cov = _flashlb_statistics(window)
-        _, _, tree = _flash_tree(window, mu, var, cov, 16, 4)
-        _, _, greedy = _flash_tree(window, mu, var, cov, 16, 4, deep=1)
-        assert tree <= greedy + 0.05  # the search scores its candidates on the window
+def test_flashlb_tree_search_by_hand():
+    # mu = [8, 1, 1.5, 1], 6 slots on 2 GPUs, intervals of 2 by mu + z sigma: {0, 2}, {1, 3}.
+    # The greedy gives both extra replicas to expert 0 (initial = 2); the search also scores
+    # 1 and 0 extra for the interval. Packed by lpt_deployment: [3, 1, 1, 1] gives GPUs
+    # {0, 0, 3} / {0, 2, 1}, peak-to-mean 7/6 and 17/16.5 (mean 1.098); [2, 1] for the
+    # interval leaves one replica to {1, 3}, to expert 1: [2, 2, 1, 1], GPUs {0, 2, 1} /
+    # {0, 3, 1}, 1.0 and 6/5.5 (mean 1.045): the search keeps it over the greedy's.
+    w = np.array([[9.0, 1, 1, 1], [7.0, 1, 2, 1]])
+    mu, var, cov = _flashlb_statistics(w)
+    greedy = _lpt_deployment(mu, var, cov, np.array([3, 1, 1, 1]), 2)
+    assert greedy.tolist() == [[0, 0, 3], [0, 2, 1]]
+    assert _placement_score(w, [3, 1, 1, 1], greedy) == pytest.approx(
+        ((14.01 / 12.01) + (34 / 3 + 0.01) / (11 + 0.01)) / 2
+    )
+    dep, reps, score = _flash_tree(w, mu, var, cov, 6, 2)
+    assert reps.tolist() == [2, 2, 1, 1] and dep.tolist() == [[0, 2, 1], [0, 3, 1]]
+    assert score == pytest.approx((1.0 + 12.01 / 11.01) / 2)
+    dep1, reps1, _ = _flash_tree(w, mu, var, cov, 6, 2, deep=1)  # the greedy alone
+    assert reps1.tolist() == [3, 1, 1, 1] and dep1.tolist() == greedy.tolist()
 
 
 def test_flashlb_input_errors():

@@ -9,6 +9,7 @@ from .simulator import (
     offered_load,
     simulate,
 )
+from .sweep import SweepTable, sweep
 from .traces import (
     WORKLOAD_PRESETS,
     LengthModel,
@@ -50,4 +51,6 @@ __all__: list[str] = [
     "generate_arrivals",
     "fit_length_model",
     "saturate_trace",
+    "sweep",
+    "SweepTable",
 ]

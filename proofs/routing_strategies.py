@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-__all__ = ["routing_instances", "kernel_args"]
+__all__ = ["routing_instances", "kernel_args", "best_tick_imbalance"]
 
 
 @st.composite
@@ -79,6 +79,8 @@ def routing_instances(
         optimistic=draw(st.booleans()),
         age_window=draw(st.sampled_from([0, 1, 3, 32])),
         window=draw(st.sampled_from([0, 1, 2])),
+        patience=draw(st.sampled_from([0, 0, 2])),
+        age_fraction=draw(st.sampled_from([1.0, 0.5, 0.0])),
         safe=draw(st.booleans()),
     )
     carry = np.zeros(N_CARRY)
@@ -89,3 +91,35 @@ def routing_instances(
 def kernel_args(inst: dict) -> tuple:
     """The positional arguments of the common kernel signature, in order."""
     return (inst["pool"], inst["reps"], inst["params"], inst["carry"], inst["seed"])
+
+
+def best_tick_imbalance(prefill, loads, free_slots) -> float:
+    """Brute force: the smallest imbalance ``G*max L - sum L`` after any tick that places
+    ``min(n, S_tot)`` requests (each on a replica with a free slot), over every assignment.
+
+    Exponential (``(G+1)^n``); for small instances only.
+
+    Examples
+    --------
+    >>> best_tick_imbalance([3.0, 2.0], [5.0, 0.0], [1, 1])
+    3.0
+    """
+    import itertools
+
+    s = [float(x) for x in prefill]
+    L0 = [float(x) for x in loads]
+    cap = [int(c) for c in free_slots]
+    G, n = len(L0), len(s)
+    k = min(n, sum(cap))
+    best = float("inf")
+    for a in itertools.product(range(-1, G), repeat=n):
+        if sum(1 for g in a if g >= 0) != k:
+            continue
+        if any(sum(1 for g in a if g == j) > cap[j] for j in range(G)):
+            continue
+        L = list(L0)
+        for i, g in enumerate(a):
+            if g >= 0:
+                L[g] += s[i]
+        best = min(best, G * max(L) - sum(L))
+    return best

@@ -14,10 +14,11 @@ Model (one loop iteration = one decode step of the whole cluster)
    served, one request at a time each: it starts at ``max(arrival, earliest free instance)``
    (ties to the lowest instance) and takes ``prefill_base_s + prefill_per_token_s * tokens``
    seconds. ``prefill_instances = 0`` means unlimited (every prefill starts on arrival).
-2. **Pool**: requests whose prefill is done (``done <= clock``) enter the prompt pool in order
-   of ``(done, queue order)``; fresh requests at the tail, a recomputed (preempted) one at the
-   head, behind the other recomputed ones (vLLM prepends preempted requests to its waiting
-   queue).
+2. **Pool**: requests whose prefill is done (``done <= clock``) enter the prompt pool, which is
+   kept in order of age: ``(first time in the pool, index)``. A fresh request joins at the tail;
+   a recomputed (preempted) one returns to its place by age, ahead of every request that came
+   after it (vLLM puts a preempted request back at the front of its waiting queue); its wait
+   counts from its first entry. So the pool is always in non-increasing order of wait.
 3. If nothing runs and the pool is empty, the clock jumps to the next arrival or prefill
    completion (no step); the loop ends when there is none.
 4. **Preemption** (vLLM-style recompute, before the step, as vLLM schedules its running
@@ -160,7 +161,9 @@ class EngineOutput(NamedTuple):
     """What the step loop returns: per request (arrival order) ``ready_t`` (first time in the
     pool), ``start_t`` (first admission), ``first_t`` (first token), ``finish_t`` (NaN:
     unfinished), ``replica`` (last replica, -1 never admitted), ``n_preempt``, ``pool_wait``
-    (seconds in the pool, every visit, until the end for one still there); ``series`` (n_steps,
+    (seconds in the pool, every visit, until the end for one still there), ``enter_tick`` (ticks
+    before its first entry into the pool: ``wait = ticks so far - enter_tick``; -1 never),
+    ``admit_tick`` (the tick of its first admission, -1 never); ``series`` (n_steps,
     len(SERIES)); per tick ``tick_ns`` (router time, 0 without ``time_router``) and
     ``tick_pool`` (visible pool size)."""
 
@@ -171,6 +174,8 @@ class EngineOutput(NamedTuple):
     replica: np.ndarray
     n_preempt: np.ndarray
     pool_wait: np.ndarray
+    enter_tick: np.ndarray
+    admit_tick: np.ndarray
     series: np.ndarray
     tick_ns: np.ndarray
     tick_pool: np.ndarray
@@ -398,7 +403,7 @@ def run_engine(inp):
     decoded = np.zeros(n, dtype=np.int64)
     adm_seq = np.zeros(n, dtype=np.int64)
     enter_t = np.zeros(n)
-    enter_tick = np.zeros(n, dtype=np.int64)
+    enter_tick = np.full(n, -1, dtype=np.int64)
     in_pool = np.zeros(n, dtype=np.bool_)
     slot_req = np.full((G, S), -1, dtype=np.int64)
     load = np.zeros(G, dtype=np.int64)
@@ -407,7 +412,7 @@ def run_engine(inp):
     memo = np.full(max(inp.n_groups, 1), -1, dtype=np.int64)
     pool = np.empty(n, dtype=np.int64)
     pool_n = 0
-    n_head = 0  # recomputed (preempted) requests at the head of the pool
+    admit_tick = np.full(n, -1, dtype=np.int64)
     n_inst = inp.prefill_instances
     pf_free = np.zeros(max(n_inst, 1))
     ht = np.empty(n)
@@ -453,21 +458,23 @@ def run_engine(inp):
             heap_n = _heap_push(ht, hs, hi, heap_n, done, pf_seq, nxt)
             pf_seq += 1
             nxt += 1
-        # 2. prefill done -> pool (recomputed requests to the head, behind earlier ones)
+        # 2. prefill done -> pool, kept in order of (first ready time, index): a recomputed
+        # request goes back to its place by age, ahead of everyone who came after it
         while heap_n > 0 and ht[0] <= clock:
             t_done, i, heap_n = _heap_pop(ht, hs, hi, heap_n)
             if np.isnan(ready_t[i]):
                 ready_t[i] = t_done
+                enter_tick[i] = n_ticks
             enter_t[i] = t_done
-            enter_tick[i] = n_ticks
             in_pool[i] = True
-            if decoded[i] > 0:
-                for j in range(pool_n, n_head, -1):
-                    pool[j] = pool[j - 1]
-                pool[n_head] = i
-                n_head += 1
-            else:
-                pool[pool_n] = i
+            q = pool_n
+            while q > 0 and (
+                ready_t[pool[q - 1]] > ready_t[i]
+                or (ready_t[pool[q - 1]] == ready_t[i] and pool[q - 1] > i)
+            ):
+                pool[q] = pool[q - 1]
+                q -= 1
+            pool[q] = i
             pool_n += 1
         # 3. idle: jump to the next event
         if total_run == 0 and pool_n == 0:
@@ -584,7 +591,6 @@ def run_engine(inp):
             tick_pool[n_ticks] = P
             n_ticks += 1
             keep = 0
-            head = 0
             for j in range(pool_n):
                 i = pool[j]
                 g = assign[j] if j < P else -1
@@ -601,6 +607,7 @@ def run_engine(inp):
                     replica[i] = g
                     if np.isnan(start_t[i]):
                         start_t[i] = clock
+                        admit_tick[i] = n_ticks - 1
                     adm_seq[i] = seq
                     seq += 1
                     pool_wait[i] += clock - enter_t[i]
@@ -611,10 +618,7 @@ def run_engine(inp):
                 else:
                     pool[keep] = i
                     keep += 1
-                    if j < n_head:
-                        head += 1
             pool_n = keep
-            n_head = head
         # 7. one decode step (an idle one when nothing runs)
         M = 0
         tot = 0
@@ -677,6 +681,8 @@ def run_engine(inp):
         replica,
         n_pre,
         pool_wait,
+        enter_tick,
+        admit_tick,
         series[:k].copy(),
         tick_ns[:n_ticks].copy(),
         tick_pool[:n_ticks].copy(),
@@ -703,11 +709,10 @@ def run_engine_reference(inp, router):
     ready_t, start_t, first_t, finish_t = [nan] * n, [nan] * n, [nan] * n, [nan] * n
     replica, n_pre, pool_wait = [-1] * n, [0] * n, [0.0] * n
     decoded, admitted_as = [0] * n, [0] * n
-    enter_t, enter_tick = [0.0] * n, [0] * n
+    enter_t, enter_tick, admit_tick = [0.0] * n, [0] * n, [-1] * n
     slots = [[None] * S for _ in range(G)]
     memo: dict[int, int] = {}
-    pool: list[int] = []  # recomputed requests first, then fresh ones
-    recomputed: set[int] = set()
+    pool: list[int] = []  # by (first ready time, index)
     queue: list[tuple[float, int, int]] = []  # prefill queue: (done, order, request)
     instances = [0.0] * max(inp.prefill_instances, 1)
     views: dict[int, tuple] = {}
@@ -774,14 +779,10 @@ def run_engine_reference(inp, router):
         for done, o, i in sorted(q for q in queue if q[0] <= clock):
             queue.remove((done, o, i))
             if ready_t[i] != ready_t[i]:
-                ready_t[i] = done
-            enter_t[i], enter_tick[i] = done, n_ticks
-            if decoded[i] > 0:
-                n_rec = sum(1 for j in pool if j in recomputed)
-                pool.insert(n_rec, i)
-                recomputed.add(i)
-            else:
-                pool.append(i)
+                ready_t[i], enter_tick[i] = done, n_ticks
+            enter_t[i] = done
+            keys = [(ready_t[j], j) for j in pool]
+            pool.insert(bisect.bisect_left(keys, (ready_t[i], i)), i)
         if sum(running(g) for g in range(G)) == 0 and not pool:
             t = next_event()
             if t is None:
@@ -879,10 +880,10 @@ def run_engine_reference(inp, router):
                     replica[i] = g
                     if start_t[i] != start_t[i]:
                         start_t[i] = clock
+                        admit_tick[i] = n_ticks - 1
                     admitted_as[i] = seq
                     seq += 1
                     pool_wait[i] += clock - enter_t[i]
-                    recomputed.discard(i)
                     placed[k][0][g] += tok
                     placed[k][1][g] += 1
                     placed[k][2][g] += prompt[i]
@@ -924,6 +925,10 @@ def run_engine_reference(inp, router):
         np.array(replica, dtype=np.int64),
         np.array(n_pre, dtype=np.int64),
         np.array(pool_wait),
+        np.array(
+            [enter_tick[i] if ready_t[i] == ready_t[i] else -1 for i in range(n)], dtype=np.int64
+        ),
+        np.array(admit_tick, dtype=np.int64),
         np.array(series, dtype=float).reshape(-1, len(SERIES)),
         np.zeros(len(tick_pool), dtype=np.int64),
         np.array(tick_pool, dtype=np.int64),

@@ -172,7 +172,9 @@ class SimReport:
     requests : dict of ndarray
         Per request (arrival order): ``arrival_s``, ``ready_s`` (first time in the pool),
         ``start_s`` (first admission), ``first_s``, ``finish_s``, ``replica``, ``prompt_len``,
-        ``output_len``, ``n_preempt``, ``pool_wait_s``.
+        ``output_len``, ``n_preempt``, ``pool_wait_s``, ``enter_tick`` (routing ticks before its
+        first entry into the pool; a request's wait at a tick is that tick's index minus it),
+        ``admit_tick`` (the tick that first admitted it; -1: never).
     window : tuple of int
         ``(first, end)`` step indices of the window.
     config : dict
@@ -865,6 +867,8 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
             "output_len": trace.output_len,
             "n_preempt": out.n_preempt,
             "pool_wait_s": out.pool_wait,
+            "enter_tick": out.enter_tick,
+            "admit_tick": out.admit_tick,
         },
         window=(0, hi),
         config=cfg,

@@ -109,6 +109,8 @@ __all__ = [
     "P_AGE_WINDOW",
     "P_SAFE",
     "P_WINDOW",
+    "P_PATIENCE",
+    "P_AGE_FRACTION",
     "N_PARAMS",
     "C_CURSOR",
     "N_CARRY",
@@ -187,7 +189,9 @@ P_OPTIMISTIC = 5  # 1.0: optimistic local update after each placement; 0.0: none
 P_AGE_WINDOW = 6  # BR-S: a request may be placed only within this many ticks of the oldest
 P_SAFE = 7  # BR-S: 1.0: keep JSQ's decision when it leaves no larger imbalance
 P_WINDOW = 8  # BR-S: candidates per free slot (the k * S_tot oldest; 0: no count limit)
-N_PARAMS = 9
+P_PATIENCE = 9  # BR-S: JSQ's decision unless some request has waited this many ticks
+P_AGE_FRACTION = 10  # BR-S: the window spans this fraction of the oldest's wait (<= A ticks)
+N_PARAMS = 11
 
 #: ``carry`` layout (a policy's memory from tick to tick).
 C_CURSOR = 0  # round_robin: the replica to try first
@@ -1451,9 +1455,20 @@ def brs_kernel(pool, reps, params, carry, seed):
     s_tot = 0
     for g in range(G):
         s_tot += cap[g]
+    w_max = -1
+    for i in range(n):
+        if wait[i] > w_max:
+            w_max = wait[i]
+    if w_max < params[P_PATIENCE]:
+        # Not saturated: nobody has waited long; JSQ's decision itself.
+        return jsq_kernel(pool, reps, params, carry, seed)
+    fitted = False
     if n <= s_tot:
-        # Every visible request gets a slot: longest first, each onto JSQ's replica.
+        # Every visible request gets a slot: longest first, each onto JSQ's replica. If the
+        # KV capacity keeps one out, the tick is routed as a scarce one instead (below), so
+        # that no request is passed over by a younger one outside the age window.
         order = np.argsort(-s, kind="mergesort")
+        fitted = True
         for t in range(n):
             i = order[t]
             g = -1
@@ -1463,7 +1478,8 @@ def brs_kernel(pool, reps, params, carry, seed):
                 if g < 0 or L[j] < L[g] or (L[j] == L[g] and req[j] < req[g]):
                     g = j
             if g < 0:
-                continue  # fits nowhere now (KV): stays in the pool
+                fitted = False
+                break
             out[i] = g
             cap[g] -= 1
             kv_load[g] += s[i]
@@ -1471,23 +1487,49 @@ def brs_kernel(pool, reps, params, carry, seed):
             if optimistic:
                 L[g] += s[i]
                 req[g] += 1
-    else:
+        if not fitted:
+            for i in range(n):
+                out[i] = -1
+            L[:] = L0
+            req = reps.n_running + reps.n_waiting
+            cap = reps.free_slots.copy()
+            kv_load[:] = L0
+            kv_run = reps.n_running.copy()
+    if not fitted:
         # Slots are scarce: the replica with the largest margin takes, from the age window,
-        # the request with the best F-score against its margin per free slot. The window (fixed
-        # for the tick): waits >= the oldest's - A, and only the K = k * S_tot oldest.
-        w_old = wait[0]
-        for i in range(1, n):
-            if wait[i] > w_old:
-                w_old = wait[i]
-        theta = w_old - A
-        kk = int(params[P_WINDOW]) * s_tot
-        if kk > 0 and kk < n:
-            w_sorted = np.sort(wait)
-            if w_sorted[n - kk] > theta:
-                theta = w_sorted[n - kk]
+        # the request with the best F-score against its margin per free slot. The window:
+        # waits >= the oldest live request's - A, and only the k * S_tot oldest; it is set at
+        # the start and again whenever every request in it has been placed.
         live = np.ones(n, np.bool_)
         n_live = n
+        theta = 0
+        in_window = 0
         while n_live > 0 and s_tot > 0:
+            if in_window == 0:
+                w_old = -1
+                for i in range(n):
+                    if live[i] and wait[i] > w_old:
+                        w_old = wait[i]
+                # the window's span: a fraction of the oldest's wait, at most A ticks
+                span = math.floor(params[P_AGE_FRACTION] * w_old)
+                if span > A:
+                    span = A
+                theta = w_old - span
+                kk = int(params[P_WINDOW]) * s_tot
+                if kk > 0 and kk < n_live:
+                    w_live = np.empty(n_live, np.int64)
+                    q = 0
+                    for i in range(n):
+                        if live[i]:
+                            w_live[q] = wait[i]
+                            q += 1
+                    w_live.sort()
+                    if w_live[n_live - kk] > theta:
+                        theta = w_live[n_live - kk]
+                in_window = 0
+                for i in range(n):
+                    if live[i] and wait[i] >= theta:
+                        in_window += 1
             M = L[0]
             for j in range(1, G):
                 if L[j] > M:
@@ -1518,6 +1560,7 @@ def brs_kernel(pool, reps, params, carry, seed):
             out[best] = g
             live[best] = False
             n_live -= 1
+            in_window -= 1
             cap[g] -= 1
             s_tot -= 1
             kv_load[g] += s[best]
@@ -1546,6 +1589,8 @@ def brs_reference(pool, reps, params, carry, seed):
     kv = [float(c) for c in reps.kv_capacity]
     kv_load, kv_run = list(L0), [int(r) for r in reps.n_running]
     out = [-1] * n
+    if n == 0 or max(wait) < float(params[P_PATIENCE]):
+        return jsq_reference(pool, reps, params, carry, seed)
 
     def fits(i, g):
         return cap[g] > 0 and kv_load[g] + s[i] + kv_run[g] + 1.0 <= kv[g]
@@ -1559,30 +1604,45 @@ def brs_reference(pool, reps, params, carry, seed):
             L[g] += s[i]
             req[g] += 1
 
+    fitted = False
     if n <= sum(cap):
+        fitted = True
         for i in sorted(range(n), key=lambda i: (-s[i], i)):  # longest first
             elig = [g for g in range(G) if fits(i, g)]
-            if elig:
-                place(i, min(elig, key=lambda g: (L[g], req[g], g)))
-    else:
-        theta = max(wait) - A
-        k_oldest = int(params[P_WINDOW]) * sum(cap)
-        if 0 < k_oldest < n:
-            theta = max(theta, sorted(wait, reverse=True)[k_oldest - 1])
+            if not elig:
+                fitted = False
+                break
+            place(i, min(elig, key=lambda g: (L[g], req[g], g)))
+        if not fitted:  # a KV limit keeps one out: route the tick as a scarce one
+            out = [-1] * n
+            L = list(L0)
+            req = [int(a) + int(b) for a, b in zip(reps.n_running, reps.n_waiting)]
+            cap = [int(c) for c in reps.free_slots]
+            kv_load, kv_run = list(L0), [int(r) for r in reps.n_running]
+    if not fitted:
         live = list(range(n))
+        window: list[int] = []
         while live and sum(cap) > 0:
+            if not [i for i in live if i in window]:
+                # (re)open the window on the live requests
+                w_old = max(wait[i] for i in live)
+                theta = w_old - min(A, math.floor(float(params[P_AGE_FRACTION]) * w_old))
+                k_oldest = int(params[P_WINDOW]) * sum(cap)
+                if 0 < k_oldest < len(live):
+                    theta = max(theta, sorted((wait[i] for i in live), reverse=True)[k_oldest - 1])
+                window = [i for i in live if wait[i] >= theta]
             M = max(L)
             g = min((j for j in range(G) if cap[j] > 0), key=lambda j: (L[j], -cap[j], j))
             target = (M - L[g]) / cap[g]
-            window = [i for i in live if wait[i] >= theta and fits(i, g)]
-            if not window:
+            here = [i for i in live if i in window and fits(i, g)]
+            if not here:
                 cap[g] = 0
                 continue
 
             def key(i, t=target):
                 return (s[i] - float(G) * max(s[i] - t, 0.0), wait[i], -i)
 
-            best = max(window, key=key)
+            best = max(here, key=key)
             place(best, g)
             live.remove(best)
     if float(params[P_SAFE]) != 0.0:

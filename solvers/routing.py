@@ -30,11 +30,13 @@ from ._routing_kernels import (
     C_CURSOR,
     MAX_TOKENS,
     N_PARAMS,
+    P_AGE_FRACTION,
     P_AGE_WINDOW,
     P_ALPHA,
     P_BETA,
     P_GAMMA,
     P_OPTIMISTIC,
+    P_PATIENCE,
     P_R_MAX,
     P_S_GREEDY,
     P_SAFE,
@@ -71,6 +73,8 @@ def make_params(
     optimistic: bool = True,
     age_window: int = 32,
     window: int = 0,
+    patience: int = 0,
+    age_fraction: float = 1.0,
     safe: bool = True,
     new_presence=None,
 ) -> np.ndarray:
@@ -83,9 +87,9 @@ def make_params(
     Examples
     --------
     >>> make_params(r_max=4, s_greedy=32, beta=8).tolist()
-    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 32.0, 1.0, 0.0]
+    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 32.0, 1.0, 0.0, 0.0, 1.0]
     >>> make_params(new_presence=[1.0, 0.5]).size
-    11
+    13
     """
     w = () if new_presence is None else np.asarray(new_presence, dtype=np.float64).ravel()
     p = np.empty(N_PARAMS + len(w))
@@ -99,6 +103,8 @@ def make_params(
     p[P_AGE_WINDOW] = age_window
     p[P_SAFE] = 1.0 if safe else 0.0
     p[P_WINDOW] = window
+    p[P_PATIENCE] = patience
+    p[P_AGE_FRACTION] = age_fraction
     return p
 
 
@@ -288,6 +294,21 @@ def route_batch(
 ) -> RoutingResult:
     r"""Route one tick of ready requests to ``G`` lock-step decode replicas.
 
+    BR-S (``policy="brs"``, the default, :data:`~straggler.solvers.DEFAULT_POLICY`; not in the
+    paper): JSQ's decision while the cluster is not saturated (no visible request has waited
+    ``patience`` ticks, default 32); otherwise, when every visible request has a slot, longest
+    first onto JSQ's replica; when slots are scarce, the replica with the largest margin takes,
+    from an age window, the request with the best F-score against its margin per free slot;
+    the window holds the requests that entered the pool at most ``min(age_window,
+    age_fraction * w*)`` ticks after the oldest waiting one (``w*``; defaults ``ceil(4096/G)``
+    and 0.1), cut to the ``window * S_tot`` oldest (default 8 per free slot). Safety net
+    (``safe=True``): JSQ's own decision is kept whenever it leaves no larger imbalance. So one
+    tick never leaves a larger imbalance than JSQ's (THEOREMS.md R7), and no request is placed
+    while one that entered the pool more than ``age_window`` ticks before it waits (R8: the
+    pool-wait bound; ``pool_wait`` gives the ticks waited). It reads KV room
+    (``kv_capacity``) and places nothing that would not fit. The measured behaviour across
+    loads: ``benchmarks/routing_load_sweep.py``.
+
     BR-0 (``policy="br0"``), BalanceRoute 关键设计 2, on current loads ``L = loads[:, 0]``,
     ``M = max L``, margins ``m_g = M - L_g``, F-score ``F_g(Q) = D(Q) - G*(D(Q) - m_g)_+``.
     Until the pool is empty or no free slot is left, repeat:
@@ -413,6 +434,11 @@ def route_batch(
     >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], policy="br0")
     >>> d.assignment.tolist(), d.imbalance_before, d.imbalance, d.stage
     ([1, 0, 2], 9.0, 4.0, 2)
+    >>> d = route_batch([6, 2, 3], [10, 4, 7], [0, 1, 1], pool_wait=[40, 40, 39])
+    >>> d.policy, d.assignment.tolist(), d.imbalance  # saturated: margins 6 and 3 filled
+    ('brs', [1, -1, 2], 0.0)
+    >>> route_batch([6, 2, 3], [10, 4, 7], [0, 1, 1], policy="jsq").imbalance
+    1.0
     >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], policy="jsq")
     >>> d.assignment.tolist(), d.imbalance, d.loads.tolist()
     ([1, 2, 0], 7.0, [13.0, 10.0, 9.0])

@@ -78,10 +78,11 @@ __all__ = [
     "get_routing_policy",
     "resolve_options",
     "default_s_greedy",
+    "default_age_window",
 ]
 
 #: What ``route_batch`` and ``simulate`` use when no policy is given.
-DEFAULT_POLICY = "br0"
+DEFAULT_POLICY = "brs"
 
 _POLICIES: dict[str, RoutingPolicy] = {}
 _BIG = 1e300  # alpha and beta must be finite
@@ -101,6 +102,21 @@ def default_s_greedy(n_replicas: int, r_max: int) -> int:
     64
     """
     return int(n_replicas) * int(r_max)
+
+
+def default_age_window(n_replicas: int) -> int:
+    """BR-S's default age window ``A = ceil(4096 / G)`` ticks (512 at G = 8, 128 at G = 32).
+
+    Arrivals per tick grow with ``G`` at a given load, so the window holds about the same
+    number of requests at every cluster size, while the extra pool wait it allows (at most
+    ``A`` ticks past the requests that entered with it) shrinks as the queueing tail does.
+
+    Examples
+    --------
+    >>> default_age_window(8), default_age_window(32), default_age_window(1)
+    (512, 128, 4096)
+    """
+    return -(-4096 // int(n_replicas))
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,14 @@ def _window(v, func):
     return check_int(v, "window", func, lo=0, hi=2**20)
 
 
+def _patience(v, func):
+    return check_int(v, "patience", func, lo=0, hi=2**40)
+
+
+def _age_fraction(v, func):
+    return check_real(v, "age_fraction", func, lo=0, hi=1)
+
+
 def _safe(v, func):
     return check_bool(v, "safe", func)
 
@@ -201,7 +225,7 @@ OPTIONS: dict[str, PolicyOption] = {
         PolicyOption(
             "age_window",
             _age_window,
-            32,
+            lambda G, r: default_age_window(G),
             ("params", K.P_AGE_WINDOW),
             "BR-S: place a request only if it entered the pool at most this many ticks after "
             "the oldest request still waiting (the bound on overtaking)",
@@ -209,10 +233,26 @@ OPTIONS: dict[str, PolicyOption] = {
         PolicyOption(
             "window",
             _window,
-            0,
+            8,
             ("params", K.P_WINDOW),
             "BR-S: candidates per free slot (the window holds the k * S_tot oldest requests; "
             "0: no count limit)",
+        ),
+        PolicyOption(
+            "patience",
+            _patience,
+            32,
+            ("params", K.P_PATIENCE),
+            "BR-S: route as JSQ unless some visible request has waited this many ticks (the "
+            "cluster is saturated)",
+        ),
+        PolicyOption(
+            "age_fraction",
+            _age_fraction,
+            0.1,
+            ("params", K.P_AGE_FRACTION),
+            "BR-S: the window spans this fraction of the oldest request's wait (at most "
+            "age_window ticks)",
         ),
         PolicyOption(
             "safe",
@@ -441,7 +481,7 @@ register_routing_policy(
     policy_id=K.ID_BRS,
     kernel=K.brs_kernel,
     reference=K.brs_reference,
-    options=("age_window", "window", "safe", "optimistic"),
+    options=("age_window", "age_fraction", "window", "patience", "safe", "optimistic"),
     summary="BR-S: margin-first F-score within an age window, JSQ's decision kept when it "
     "leaves no larger imbalance",
     source="this library (BalanceRoute's F-score, SGLang's total_tokens as the safety net)",

@@ -14,7 +14,11 @@ from straggler.formulations.routing import (
     f_score,
     imbalance,
 )
-from straggler.proofs.routing_strategies import kernel_args, routing_instances
+from straggler.proofs.routing_strategies import (
+    best_tick_imbalance,
+    kernel_args,
+    routing_instances,
+)
 from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_policies
 from straggler.solvers import _routing_kernels as K
 from straggler.solvers.routing import make_params, route_batch
@@ -275,6 +279,8 @@ def test_route_batch_through_public_api_matches_kernel(inst):
             cursor=int(inst["carry"][K.C_CURSOR]),
             age_window=int(p[K.P_AGE_WINDOW]),
             window=int(p[K.P_WINDOW]),
+            patience=int(p[K.P_PATIENCE]),
+            age_fraction=float(p[K.P_AGE_FRACTION]),
             safe=bool(p[K.P_SAFE]),
         )
         opts = {k: v for k, v in opts.items() if k in pol.options}
@@ -478,3 +484,94 @@ def test_route_batch_new_presence_option():
     for bad in ([1.0, 1.0], [1.0, 2.0, 0.0], [1.0, np.nan, 0.0], "x"):
         with pytest.raises(InvalidInputError, match="'new_presence'"):
             route_batch(s, P, free, policy="brh", new_presence=bad)
+
+
+def _brs_state(data, G, n, slots, kv_inf=True):
+    """A BR-S tick: small integer lengths and loads, waits in non-increasing pool order."""
+    s = data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))
+    L = data.draw(st.lists(st.integers(0, 60), min_size=G, max_size=G))
+    free = data.draw(st.lists(st.integers(0, slots), min_size=G, max_size=G))
+    waits = sorted(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), reverse=True)
+    pool, reps = _state(s, L, free, wait=waits)
+    if not kv_inf:
+        cap = np.array(data.draw(st.lists(st.integers(1, 150), min_size=G, max_size=G)), float)
+        reps = reps._replace(kv_capacity=cap)
+    return pool, reps
+
+
+@settings(max_examples=60)
+@given(data=st.data(), G=st.integers(1, 3), n=st.integers(0, 5))
+def test_R7_brs_never_leaves_a_larger_one_tick_imbalance_than_jsq(data, G, n):
+    """THEOREMS.md R7, against brute force: OPT <= I(BR-S) <= I(JSQ) on the same state, BR-S
+    places as many requests as JSQ (unbounded KV), and an unsaturated tick is JSQ's."""
+    pool, reps = _brs_state(data, G, n, 3)
+    p = make_params(
+        age_window=data.draw(st.sampled_from([0, 2, 40])),
+        window=data.draw(st.sampled_from([0, 1, 8])),
+        patience=data.draw(st.sampled_from([0, 5, 100])),
+        age_fraction=data.draw(st.sampled_from([0.1, 1.0])),
+    )
+    c = np.zeros(K.N_CARRY)
+    out = K.brs_kernel(pool, reps, p, c, 0)[0]
+    jsq = K.jsq_reference(pool, reps, p, c, 0)[0]
+    L = reps.loads[:, 0]
+    i_brs = imbalance(apply_assignment(L, out, pool.prefill))
+    i_jsq = imbalance(apply_assignment(L, jsq, pool.prefill))
+    opt = best_tick_imbalance(pool.prefill, L, reps.free_slots)
+    assert opt <= i_brs <= i_jsq
+    assert (out >= 0).sum() == (jsq >= 0).sum() == min(n, int(reps.free_slots.sum()))
+    if n == 0 or pool.wait.max() < p[K.P_PATIENCE]:
+        assert out.tolist() == jsq.tolist()
+
+
+@settings(max_examples=80)
+@given(data=st.data(), G=st.integers(1, 4), n=st.integers(1, 9), kv_inf=st.booleans())
+def test_R8_brs_never_places_a_request_far_younger_than_one_it_leaves(data, G, n, kv_inf):
+    """THEOREMS.md R8: with the pool in age order, every request BR-S places has waited at
+    least (wait of any request it leaves) - A, KV limits or not."""
+    pool, reps = _brs_state(data, G, n, 3, kv_inf=kv_inf)
+    A = data.draw(st.sampled_from([0, 1, 3, 10]))
+    p = make_params(
+        age_window=A,
+        window=data.draw(st.sampled_from([0, 1, 8])),
+        patience=0,
+        age_fraction=data.draw(st.sampled_from([0.1, 0.5, 1.0])),
+        safe=data.draw(st.booleans()),
+    )
+    out = K.brs_kernel(pool, reps, p, np.zeros(K.N_CARRY), 0)[0]
+    for o in np.flatnonzero(out < 0):
+        for j in np.flatnonzero(out >= 0):
+            assert pool.wait[j] >= pool.wait[o] - A, (o, j)
+
+
+def test_brs_mechanisms_each_change_the_decision():
+    """Each piece of BR-S matters on a small state: the age window, the count window, the
+    patience gate and the safety net."""
+    s = [9.0, 1.0, 5.0, 4.0]
+    L = [20.0, 11.0, 15.0]
+    free = [0, 1, 1]
+    waits = [12, 11, 3, 0]
+    kw = dict(age_window=100, window=0, patience=0, age_fraction=1.0, safe=False)
+    base = _run(K.brs_kernel, s, L, free, make_params(**kw), wait=waits)
+    # margins 9 (replica 1) and 5 (replica 2): the F-score fills both exactly
+    assert base.tolist() == [1, -1, 2, -1]
+    # an age window of 1 tick: only the two oldest (waits 12 and 11) may be placed
+    aged = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "age_window": 1}), wait=waits)
+    assert aged.tolist() == [1, 2, -1, -1]
+    # one candidate per free slot: the window holds the two oldest
+    counted = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "window": 1}), wait=waits)
+    assert counted.tolist() == [1, 2, -1, -1]
+    # patience above every wait: JSQ's decision (the oldest two, in pool order)
+    calm = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "patience": 13}), wait=waits)
+    jsq = _run(K.jsq_kernel, s, L, free, make_params(), wait=waits)
+    assert calm.tolist() == jsq.tolist() == [1, 2, -1, -1]
+    # the safety net: margin-first fills replica 1's margin of 1 with the 1-token request and
+    # puts 5 on the top replica (I = 5); JSQ's decision leaves I = 3, so it is kept
+    s2, L2, free2, w2 = [5.0, 1.0, 6.0], [15.0, 14.0], [1, 1], [4, 2, 1]
+    kw2 = dict(age_window=100, window=0, patience=0, age_fraction=1.0)
+    unsafe = _run(K.brs_kernel, s2, L2, free2, make_params(**kw2, safe=False), wait=w2)
+    safe = _run(K.brs_kernel, s2, L2, free2, make_params(**kw2, safe=True), wait=w2)
+    jsq2 = _run(K.jsq_kernel, s2, L2, free2, make_params(), wait=w2)
+    assert unsafe.tolist() == [0, 1, -1] and imbalance(apply_assignment(L2, unsafe, s2)) == 5
+    assert safe.tolist() == jsq2.tolist() == [1, 0, -1]
+    assert imbalance(apply_assignment(L2, safe, s2)) == 3

@@ -100,6 +100,10 @@ CASES = [
     ("br0", dict(prefill_instances=1, prefill_tokens_per_s=20_000.0, load=1.5), BR),
     ("jsq", dict(tight_kv=True, load=3.0, prefill_instances=2), {}),
     ("br0", dict(load=0.3, max_slots=2), BR),
+    ("brs", dict(), {}),
+    ("brs", dict(load=3.0, tight_kv=True, stale=2), {"patience": 0, "age_window": 4}),
+    ("brs", dict(load=2.0), {"patience": 2, "window": 2, "age_fraction": 0.5}),
+    ("brs", dict(load=2.0, optimistic=False), {"patience": 1, "safe": False}),
 ]
 
 
@@ -688,3 +692,32 @@ def test_plot_imbalance_writes_png(tmp_path):
         "jsq",
         "br0",
     ]
+
+
+def _max_overtake(r):
+    """The largest ``enter_tick_j - enter_tick_o`` over pairs where ``j`` was admitted at a
+    tick while ``o`` waited in the pool (how much younger an overtaker was, in ticks)."""
+    e = r.requests["enter_tick"]
+    a = r.requests["admit_tick"].astype(float)
+    a[a < 0] = np.inf
+    worst = -np.inf
+    for j in np.flatnonzero(np.isfinite(a)):
+        waiting = (e >= 0) & (e <= a[j]) & (a > a[j])
+        if waiting.any():
+            worst = max(worst, e[j] - e[waiting].min())
+    return worst
+
+
+def test_R8_pool_wait_bound_in_a_saturated_run():
+    """THEOREMS.md R8 over a whole run: BR-S never admits a request that entered the pool
+    more than A ticks after one still waiting (so each request is admitted before any request
+    that entered more than A ticks after it); without the age window it does."""
+    tr = _small_trace(n=120, seed=4)
+    kw = dict(n_replicas=2, max_slots=3, load=3.0, kv_capacity=10**6, max_pool=512)
+    for A in (4, 16):
+        r = simulate(tr, "brs", age_window=A, age_fraction=1.0, patience=0, window=0, **kw)
+        assert r.n_finished == len(tr)
+        assert _max_overtake(r) <= A
+    free = simulate(tr, "brs", age_window=10**6, age_fraction=1.0, patience=0, window=0, **kw)
+    assert _max_overtake(free) > 16  # the F-score alone passes requests over for longer
+    assert _max_overtake(simulate(tr, "jsq", **kw)) <= 0  # FCFS

@@ -101,8 +101,8 @@ def best_tick_imbalance(prefill, loads, free_slots) -> float:
 
     Examples
     --------
-    >>> best_tick_imbalance([3.0, 2.0], [5.0, 0.0], [1, 1])
-    3.0
+    >>> best_tick_imbalance([3.0, 2.0], [5.0, 0.0], [1, 1])  # 3 -> replica 1, 2 -> replica 0
+    4.0
     """
     import itertools
 

@@ -294,15 +294,6 @@ def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best, comb):
 
 
 @njit(**NJIT)
-def _find(parent, p):
-    """Union-find root with path halving (the "next live" pointer of a deleted position)."""
-    while parent[p] != p:
-        parent[p] = parent[parent[p]]
-        p = parent[p]
-    return p
-
-
-@njit(**NJIT)
 def _stable_argsort(x):
     """``np.argsort(x, kind="stable")`` for finite ``x >= 0``: LSD radix sort on the IEEE bits.
 
@@ -699,21 +690,62 @@ def _brh_insert(i, f, k, nc, cand, cand_f):
 
 
 @njit(**NJIT)
-def _brh_candidates(sv, order, nxt, prv, m, d, gain, beta, k, cand, cand_f, idx):
+def _brh_score(s, gain, beta, d, m, idx, hs):
+    """``F(s) = gain*s - beta*sum_h d_h (s - m_h)_+`` computed exactly as the reference does
+    (the positive terms added in increasing ``h``; a zero term adds ``+0.0``, which changes
+    nothing). ``idx`` sorts the horizon offsets by margin: a binary search counts the margins
+    below ``s``; when they are few (the usual case near the score's peak) only they are read,
+    put back in ``h`` order in the scratch ``hs``; otherwise every offset is scanned."""
+    H1 = idx.shape[0]
+    lo = 0
+    hi = H1
+    while lo < hi:  # number of margins < s
+        mid = (lo + hi) >> 1
+        if m[idx[mid]] < s:
+            lo = mid + 1
+        else:
+            hi = mid
+    nb = lo
+    pen = 0.0
+    if nb > 16:
+        for h in range(H1):
+            x = s - m[h]
+            if x > 0.0:
+                pen += x * d[h]
+        return gain * s - beta * pen
+    for j in range(nb):
+        h = idx[j]
+        t = j
+        while t > 0 and hs[t - 1] > h:
+            hs[t] = hs[t - 1]
+            t -= 1
+        hs[t] = h
+    for t in range(nb):
+        h = hs[t]
+        pen += (s - m[h]) * d[h]
+    return gain * s - beta * pen
+
+
+@njit(**NJIT)
+def _brh_candidates(
+    sv, order, words, summary, m, d, sd, spread, gain, beta, k, cand, cand_f, idx, hs
+):
     """The ``k`` live requests with the largest horizon score, ties to the lower index.
 
     ``F(s) = gain*s - beta*sum_h d_h (s - m_h)_+`` is concave in ``s`` (``beta, d_h >= 0``),
     increasing below its peak ``s*`` and non-increasing above it. Two walks over the pool
     sorted by ``s`` start near the peak: downward from ``s_lo <= s*`` and upward, each computing
-    ``F`` exactly as the scan does. A walk stops once the computed ``F`` is below the k-th
-    candidate by more than twice a rigorous bound ``eps`` on the rounding error of ``F``
-    (the upward walk only beyond ``s_hi >= s*``): every later request's computed score is then
-    below the k-th too, so the top-k equals the full scan's. ``s_lo``/``s_hi`` come from the
-    slope signs at the sorted margins, decided with a tolerance so they bracket ``s*``.
+    ``F`` exactly as the scan does (:func:`_brh_score`). A walk stops once the computed ``F``
+    is below the k-th candidate by more than twice a rigorous bound ``eps`` on the rounding
+    error of ``F`` (the upward walk only beyond ``s_hi >= s*``): every later request's computed
+    score is then below the k-th too, so the top-k equals the full scan's. ``s_lo``/``s_hi``
+    come from the slope signs at the sorted margins, decided with a tolerance so they bracket
+    ``s*``. ``sd = 1'd`` and ``spread = sum_h d_h |m_h|`` are the caller's.
     """
     n = sv.shape[0]
     H1 = m.shape[0]
-    # idx: this replica's permutation from its previous pop, nearly sorted: insertion sort.
+    # idx: this replica's permutation from its previous pop, nearly sorted: insertion sort
+    # (the caller sorts it fully at the replica's first pop of the tick).
     for j in range(1, H1):
         v = idx[j]
         i = j - 1
@@ -721,11 +753,6 @@ def _brh_candidates(sv, order, nxt, prv, m, d, gain, beta, k, cand, cand_f, idx)
             idx[i + 1] = idx[i]
             i -= 1
         idx[i + 1] = v
-    sd = 0.0
-    spread = 0.0
-    for h in range(H1):
-        sd += d[h]
-        spread += d[h] * abs(m[h])
     tol = 1e-9 * (gain + beta * sd)
     s_lo = np.inf
     s_hi = np.inf
@@ -740,45 +767,50 @@ def _brh_candidates(sv, order, nxt, prv, m, d, gain, beta, k, cand, cand_f, idx)
         if slope < -tol:
             s_hi = m[idx[j]]
             break
-    top = _find(prv, n) - 1  # largest live position
+    top = _prev_live(words, summary, n - 1)  # largest live position
     if top < 0:
         return 0
     smax = sv[top]
     eps = 1e-10 * (gain * smax + beta * (sd * smax + spread)) + 1e-300
     p = np.searchsorted(sv, s_lo, side="right")  # first position with s > s_lo
     nc = 0
-    q = _find(prv, p) - 1  # downward walk
+    q = _prev_live(words, summary, p - 1)  # downward walk
     while q >= 0:
-        s = sv[q]
-        pen = 0.0
-        for h in range(H1):
-            x = s - m[h]
-            if x > 0.0:
-                pen += x * d[h]
-        f = gain * s - beta * pen
+        f = _brh_score(sv[q], gain, beta, d, m, idx, hs)
         nc = _brh_insert(order[q], f, k, nc, cand, cand_f)
         if nc == k and f + 2.0 * eps < cand_f[k - 1]:
             break
-        q = _find(prv, q) - 1
-    q = _find(nxt, p)  # upward walk
+        q = _prev_live(words, summary, q - 1)
+    q = _next_live(words, summary, p, n)  # upward walk
     while q < n:
         s = sv[q]
-        pen = 0.0
-        for h in range(H1):
-            x = s - m[h]
-            if x > 0.0:
-                pen += x * d[h]
-        f = gain * s - beta * pen
+        f = _brh_score(s, gain, beta, d, m, idx, hs)
         nc = _brh_insert(order[q], f, k, nc, cand, cand_f)
         if nc == k and s >= s_hi and f + 2.0 * eps < cand_f[k - 1]:
             break
-        q = _find(nxt, q + 1)
+        q = _next_live(words, summary, q + 1, n)
     return nc
 
 
 @njit(**NJIT)
 def brh_kernel(pool, reps, params, carry, seed):
-    """BR-H on projected loads ``loads`` (G, H+1); see ``route_batch``."""
+    """BR-H on projected loads ``loads`` (G, H+1); see ``route_batch``.
+
+    The decisions are :func:`brh_reference`'s (which scores every replica and every request
+    over all ``H+1`` columns on every pop); the work per pop is smaller:
+
+    * replica keys ``d'm_j = d'M - d'L_j`` are kept incrementally (``d'L_j`` moves by
+      ``D * (1'd)`` when ``j`` takes ``D``; ``d'M`` is recomputed only when a column's maximum
+      moves), and only the replicas within a rounding bound of the best are re-scored exactly
+      (``sum_h d_h (M_h - L_jh)`` in ``h`` order, as the reference does), none when one
+      stands out;
+    * the pool is sorted once (radix sort) and live positions kept in BR-0's two-level
+      bitset; the candidates come from two walks from the peak of the concave score
+      (:func:`_brh_candidates`);
+    * each replica's horizon offsets are kept sorted by margin (a full sort at its first pop of
+      the tick, an insertion pass later), so a score reads only the margins below ``s``
+      (:func:`_brh_score`): the positive terms, in ``h`` order, exactly as the full sum.
+    """
     prefill = pool.prefill
     loads = reps.loads
     free_slots = reps.free_slots
@@ -813,7 +845,6 @@ def brh_kernel(pool, reps, params, carry, seed):
                 Mh[h] = L[g, h]
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
-    live = np.ones(n, np.bool_)
     n_live = n
     s_tot = 0
     for g in range(G):
@@ -823,17 +854,30 @@ def brh_kernel(pool, reps, params, carry, seed):
     cand_f = np.empty(r_max)
     comb = np.empty(r_max, np.int64)
     best = np.empty(r_max, np.int64)
-    order = np.argsort(prefill, kind="mergesort")
+    order = _stable_argsort(prefill)  # by (s, index), as a stable sort
     sv = prefill[order]
     pos_of = np.empty(n, np.int64)
     for p in range(n):
         pos_of[order[p]] = p
-    nxt = np.arange(n + 1)
-    prv = np.arange(n + 1)
+    words, summary = _live_set(n)  # live sorted positions (BR-0's two-level bitset)
     perm = np.empty((G, H1), np.int64)  # per replica: its horizon offsets by margin
-    for g in range(G):
+    sorted_once = np.zeros(G, np.bool_)
+    hs = np.empty(H1, np.int64)  # scratch of _brh_score
+    # Replica keys d'm_j = d'M - d'L_j, kept incrementally: d'L_j moves by D * (1'd) when j
+    # takes D, d'M is recomputed only when a column's maximum moves. They decide the pop up to
+    # a rounding bound; the contenders within it are re-scored exactly as the reference scores
+    # every replica (sum_h d_h * (M_h - L_jh), in h order), so the decision is the reference's.
+    dL = np.empty(G)
+    for j in range(G):
+        acc = 0.0
         for h in range(H1):
-            perm[g, h] = h
+            acc += d[h] * L[j, h]
+        dL[j] = acc
+    dM = 0.0
+    for h in range(H1):
+        dM += d[h] * Mh[h]
+    n_upd = 0
+    unit = 2.0**-53
     while n_live > 0 and s_tot > 0:
         # Replica key: (free slots, discounted margin d'm_g), ties to the lowest index.
         # (keys are only computed for the replicas with the most free slots).
@@ -841,22 +885,47 @@ def brh_kernel(pool, reps, params, carry, seed):
         for j in range(G):
             if cap[j] > cmax:
                 cmax = cap[j]
-        g = -1
-        key = 0.0
+        best_a = -np.inf
+        big = 0.0
         for j in range(G):
-            if cap[j] != cmax:
-                continue
-            kj = 0.0
-            for h in range(H1):
-                kj += d[h] * (Mh[h] - L[j, h])
-            if g < 0 or kj > key:
-                g = j
-                key = kj
+            if cap[j] == cmax:
+                a = dM - dL[j]
+                if a > best_a:
+                    best_a = a
+                if abs(dL[j]) > big:
+                    big = abs(dL[j])
+        tol = 8.0 * (H1 + n_upd + 4) * unit * (abs(dM) + big + 1.0)
+        g = -1
+        n_cont = 0
+        for j in range(G):
+            if cap[j] == cmax and dM - dL[j] >= best_a - 2.0 * tol:
+                n_cont += 1
+                if g < 0:
+                    g = j
+        if n_cont > 1:  # near-ties: the exact keys decide
+            g = -1
+            key = 0.0
+            for j in range(G):
+                if cap[j] != cmax or dM - dL[j] < best_a - 2.0 * tol:
+                    continue
+                kj = 0.0
+                for h in range(H1):
+                    kj += d[h] * (Mh[h] - L[j, h])
+                if g < 0 or kj > key:
+                    g = j
+                    key = kj
+        spread = 0.0
         for h in range(H1):
             m[h] = Mh[h] - L[g, h]
+            spread += d[h] * abs(m[h])
+        if not sorted_once[g]:
+            perm[g] = np.argsort(m)  # any order of equal margins gives the same bracket
+            sorted_once[g] = True
         stage1 = s_tot > s_greedy
         k = 1 if stage1 else min(r_max, n_live)
-        nc = _brh_candidates(sv, order, nxt, prv, m, d, gain, beta, k, cand, cand_f, perm[g])
+        nc = _brh_candidates(
+            sv, order, words, summary, m, d, sd, spread, gain, beta, k, cand, cand_f, perm[g], hs
+        )
         if stage1:
             best[0] = 0
             n_best = 1
@@ -871,10 +940,7 @@ def brh_kernel(pool, reps, params, carry, seed):
                     D = 0.0
                     for j in range(size):
                         D += prefill[cand[comb[j]]]
-                    pen = 0.0
-                    for h in range(H1):
-                        pen += max(D - m[h], 0.0) * d[h]
-                    f = gain * D - beta * pen
+                    f = _brh_score(D, gain, beta, d, m, perm[g], hs)
                     if f > best_f:
                         best_f = f
                         n_best = size
@@ -896,17 +962,23 @@ def brh_kernel(pool, reps, params, carry, seed):
             i = cand[best[j]]
             D += prefill[i]
             out[i] = g
-            live[i] = False
-            nxt[pos_of[i]] = pos_of[i] + 1
-            prv[pos_of[i] + 1] = pos_of[i]
+            _kill(words, summary, pos_of[i])
         n_live -= n_best
         cap[g] -= n_best
         s_tot -= n_best
         if optimistic:
+            moved = False
             for h in range(H1):
                 L[g, h] += D
                 if L[g, h] > Mh[h]:
                     Mh[h] = L[g, h]
+                    moved = True
+            dL[g] += D * sd
+            n_upd += 1
+            if moved:
+                dM = 0.0
+                for h in range(H1):
+                    dM += d[h] * Mh[h]
     return out, carry.copy()
 
 

@@ -16,6 +16,7 @@ default.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import pathlib
@@ -23,7 +24,7 @@ import pathlib
 import numpy as np
 
 from ..formulations.errors import param_error
-from ..formulations.validation import check_choice, check_int, check_real
+from ..formulations.validation import check_choice, check_int, check_real, check_type
 from .simulator import DEFAULT_PREFILL, decode_capacity, simulate
 from .traces import Trace, generate_trace, load_trace
 
@@ -135,17 +136,24 @@ def load_sweep_cell(
     prefill: str = "sized",
     seed: int = 0,
     directory: str = "",
+    options: str = "",
+    first: int = 0,
 ) -> dict:
-    """One sweep cell: ``simulate`` the first ``n_requests`` of ``trace`` at ``load`` on
-    ``n_replicas`` replicas under ``policy`` (defaults otherwise; BR-H with the survival
-    predictor); returns :data:`SWEEP_METRICS` and the prefill instances used."""
+    """One sweep cell: ``simulate`` ``n_requests`` of ``trace`` (from request ``first``) at
+    ``load`` on ``n_replicas`` replicas under ``policy`` (defaults otherwise; BR-H with the
+    survival predictor; ``options``: the policy's options as a JSON object, for ablations);
+    returns :data:`SWEEP_METRICS` and the prefill instances used."""
     f = "load_sweep_cell"
+    opts = json.loads(options) if options else {}
+    check_type(opts, "options", f, dict, "a JSON object of policy options")
     G = check_int(n_replicas, "n_replicas", f, lo=1)
     load = check_real(load, "load", f, lo=0, lo_open=True)
     check_choice(prefill, "prefill", f, ["sized", "default"])
-    tr = sweep_trace(trace, n_requests, directory or None)
+    tr = sweep_trace(trace, n_requests + first if n_requests else 0, directory or None)
+    if first:
+        tr = tr.subset(np.arange(first, len(tr))).rebase()
     inst = sized_prefill_instances(tr, G) if prefill == "sized" else None
-    r = simulate(tr, policy, n_replicas=G, load=load, prefill_instances=inst, seed=seed)
+    r = simulate(tr, policy, n_replicas=G, load=load, prefill_instances=inst, seed=seed, **opts)
     out = {k: getattr(r, k) for k in SWEEP_METRICS}
     out["prefill_instances"] = int(r.config["prefill_instances"])
     return {k: (float(v) if isinstance(v, float) else v) for k, v in out.items()}

@@ -575,3 +575,77 @@ def test_brs_mechanisms_each_change_the_decision():
     assert unsafe.tolist() == [0, 1, -1] and imbalance(apply_assignment(L2, unsafe, s2)) == 5
     assert safe.tolist() == jsq2.tolist() == [1, 0, -1]
     assert imbalance(apply_assignment(L2, safe, s2)) == 3
+
+
+# Issue 10's defects 4 and 5 and the inputs accepted without complaint, one regression each.
+@pytest.mark.parametrize("policy", ["br0", "brh", "trtllm", "jsq", "brs"])
+def test_free_slots_summing_past_int64_is_refused(policy):
+    """Defect 4: [2**63 - 1, 1, 1, 1] wrapped to a negative total and placed nothing."""
+    with pytest.raises(InvalidInputError, match="'free_slots'.*sum exceeds 2\\*\\*63 - 1"):
+        route_batch([1.0, 2.0], [0, 0, 0, 0], [2**63 - 1, 1, 1, 1], policy=policy)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_lengths_near_the_float_limit_are_refused(policy):
+    """Defect 5: lengths near 1.7e308 gave a NaN imbalance."""
+    with pytest.raises(InvalidInputError, match="'prefill_lengths'.*1.7e\\+308"):
+        route_batch([1.7e308, 1.0], [0.0, 0.0], [1, 1], policy=policy, rng=0)
+    with pytest.raises(InvalidInputError, match="'loads'"):
+        route_batch([1.0], [1.7e308, 0.0], [1, 1], policy=policy, rng=0)
+    # the largest accepted token count still gives a finite, exact imbalance
+    d = route_batch([2.0**53], [0.0, 0.0], [1, 1], policy=policy, rng=0)
+    assert d.imbalance == 2.0**53
+
+
+def test_uint64_max_free_slots_is_named_as_too_large():
+    """Was reported as "NaN, infinite or negative"."""
+    with pytest.raises(InvalidInputError, match="'free_slots'.*too large for int64"):
+        route_batch([1.0], [0.0, 0.0], np.array([2**64 - 1, 1], dtype=np.uint64))
+
+
+@pytest.mark.parametrize(
+    "args, param",
+    [
+        ((["1", "2"], [0, 0], [1, 1]), "prefill_lengths"),  # numeric strings
+        (([1.0], ["5", "0"], [1, 1]), "loads"),
+        (([1.0], [0, 0], ["1", "1"]), "free_slots"),
+        (([1 + 2j], [0, 0], [1, 1]), "prefill_lengths"),  # complex numbers
+        (([1.0], [0j, 0j], [1, 1]), "loads"),
+        (([True, 2], [0, 0], [1, 1]), "prefill_lengths"),  # JSON true
+        (([1.0], [0, 0], [True, 1]), "free_slots"),
+        (([1.0], [0, 0], [1.5, 1]), "free_slots"),
+        ((np.array([1.0, np.nan]), [0, 0], [1, 1]), "prefill_lengths"),
+    ],
+)
+def test_strings_complex_and_booleans_are_refused(args, param):
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        route_batch(*args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"n_running": ["1", "2"]}, "n_running"),
+        ({"prompt_tokens": [-1.0, 0.0]}, "prompt_tokens"),
+        ({"kv_capacity": 0}, "kv_capacity"),
+        ({"kv_usage": [np.nan, 0.0]}, "kv_usage"),
+        ({"pool_wait": [-1]}, "pool_wait"),
+        ({"pool_wait": [1, 2]}, "pool_wait"),
+        ({"pool_cached": [[1.0]]}, "pool_cached"),
+        ({"carry": [1.0]}, "carry"),
+        ({"policy": "jsq", "rng": "x"}, "rng"),
+    ],
+)
+def test_state_keywords_are_checked(kwargs, param):
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        route_batch([1.0], [0.0, 0.0], [1, 1], **kwargs)
+
+
+def test_state_keywords_reach_the_kernel():
+    """prompt_tokens and n_running, KV usage and capacity, pool waits are what the kernel
+    sees: TRT-LLM reads active counts, BR-S's KV check refuses a replica without room."""
+    d = route_batch([1, 9], [0, 5], [2, 2], policy="trtllm", n_running=[3, 0])
+    assert d.assignment.tolist() == [1, 1]
+    sat = dict(pool_wait=[50, 50], kv_capacity=[100.0, 12.0])
+    d = route_batch([30.0, 5.0], [0.0, 0.0], [1, 1], **sat)
+    assert d.assignment.tolist() == [0, 1]  # 30 tokens do not fit replica 1's 12

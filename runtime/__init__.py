@@ -1,5 +1,13 @@
-"""Reserved for the deployment adapter of DESIGN.md (Triton/CUDA dispatch kernel with a
-torch reference, table publishing, solver worker). No issue has built it yet, so the package
-holds nothing; it exists so the layout and the wheel are complete."""
+"""The deployment adapter (TEMPO §4.4): what runs inside or beside an engine.
 
-__all__: list[str] = []
+- :func:`dispatch_and_count`: the fused dispatch-and-count step (stratified replica choice
+  and per-expert token counts in one pass), as a Triton kernel, a torch reference and a
+  plain-Python reference with identical integer outputs.
+
+torch and triton are imported lazily (the ``runtime`` extra), so ``import
+straggler.runtime`` works without them.
+"""
+
+from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
+
+__all__ = ["BACKENDS", "dispatch_and_count", "torch_available", "triton_available"]

@@ -190,8 +190,9 @@ def _seed_mix(seed: int) -> int:
     return (int(seed) & SEED_MASK) * SEED_MIX
 
 
-def dispatch_triton(topk_ids, log2phy, probs, seed: int = 0, counter=None, *, block=None,
-                    n_programs=None):
+def dispatch_triton(
+    topk_ids, log2phy, probs, seed: int = 0, counter=None, *, block=None, n_programs=None
+):
     """One launch of the fused kernel (validated, contiguous inputs on one device).
 
     The kernel runs in three phases inside one launch, with programs claiming tiles of

@@ -60,8 +60,10 @@ def _dispatch_and_count_iv(topk_ids, log2phy, probs, seed, backend, counter, che
     tensors = [_is_tensor(x) for x in (topk_ids, log2phy, probs)]
     if any(tensors) and not all(tensors):
         names = ("topk_ids", "log2phy", "probs")
-        kinds = ", ".join(f"{n}: {'tensor' if t else type(x).__name__}" for n, t, x in
-                          zip(names, tensors, (topk_ids, log2phy, probs)))
+        kinds = ", ".join(
+            f"{n}: {'tensor' if t else type(x).__name__}"
+            for n, t, x in zip(names, tensors, (topk_ids, log2phy, probs))
+        )
         raise InvalidInputError(
             f"The 'topk_ids', 'log2phy' and 'probs' parameters of {_FUNC} must be all torch "
             f"tensors or all numpy arrays. Got {kinds} instead."
@@ -82,20 +84,46 @@ def _numpy_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
     l2p = check_array(log2phy, "log2phy", _FUNC, kind="int", ndim=2, lo=-1, values=check)
     E, X = l2p.shape
     if E < 1 or X < 1:
-        raise param_error("log2phy", _FUNC, "an (n_experts >= 1, X >= 1) array", f"shape {l2p.shape}")
-    pr = check_array(probs, "probs", _FUNC, kind="real", ndim=2, shape=(E, X), lo=0, values=check,
-                     expected=f"an array of shape ({E}, {X}) (as log2phy) of finite numbers >= 0")
-    ids = check_array(topk_ids, "topk_ids", _FUNC, kind="int", ndim=(1, 2), lo=-1, hi=E - 1,
-                      values=check,
-                      expected=f"a 1-D or 2-D array of expert ids in [-1, {E - 1}] (-1: padding)")
+        raise param_error(
+            "log2phy", _FUNC, "an (n_experts >= 1, X >= 1) array", f"shape {l2p.shape}"
+        )
+    pr = check_array(
+        probs,
+        "probs",
+        _FUNC,
+        kind="real",
+        ndim=2,
+        shape=(E, X),
+        lo=0,
+        values=check,
+        expected=f"an array of shape ({E}, {X}) (as log2phy) of finite numbers >= 0",
+    )
+    ids = check_array(
+        topk_ids,
+        "topk_ids",
+        _FUNC,
+        kind="int",
+        ndim=(1, 2),
+        lo=-1,
+        hi=E - 1,
+        values=check,
+        expected=f"a 1-D or 2-D array of expert ids in [-1, {E - 1}] (-1: padding)",
+    )
     if ids.size > _MAX_ENTRIES:
         raise param_error("topk_ids", _FUNC, f"at most {_MAX_ENTRIES} entries", f"{ids.size}")
     if counter is not None:
-        if not (isinstance(counter, np.ndarray) and counter.shape == (E,)
-                and counter.dtype in (np.int32, np.int64) and counter.flags.writeable):
-            raise param_error("counter", _FUNC,
-                              f"a writeable int32 or int64 numpy array of shape ({E},)",
-                              describe(counter))
+        if not (
+            isinstance(counter, np.ndarray)
+            and counter.shape == (E,)
+            and counter.dtype in (np.int32, np.int64)
+            and counter.flags.writeable
+        ):
+            raise param_error(
+                "counter",
+                _FUNC,
+                f"a writeable int32 or int64 numpy array of shape ({E},)",
+                describe(counter),
+            )
     if check:
         _check_orphans(np.bincount(ids[ids >= 0], minlength=E) > 0, (l2p >= 0).any(axis=1))
     return "reference", ids, l2p, pr, seed, counter
@@ -115,44 +143,74 @@ def _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
     torch = _require_torch()
     ints = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
     if topk_ids.dtype not in ints or topk_ids.dim() not in (1, 2):
-        raise param_error("topk_ids", _FUNC, "a 1-D or 2-D integer tensor",
-                          f"a {topk_ids.dim()}-D tensor of dtype {topk_ids.dtype}")
+        raise param_error(
+            "topk_ids",
+            _FUNC,
+            "a 1-D or 2-D integer tensor",
+            f"a {topk_ids.dim()}-D tensor of dtype {topk_ids.dtype}",
+        )
     if log2phy.dtype not in ints or log2phy.dim() != 2 or min(log2phy.shape) < 1:
-        raise param_error("log2phy", _FUNC, "an (n_experts >= 1, X >= 1) integer tensor",
-                          f"shape {tuple(log2phy.shape)} and dtype {log2phy.dtype}")
+        raise param_error(
+            "log2phy",
+            _FUNC,
+            "an (n_experts >= 1, X >= 1) integer tensor",
+            f"shape {tuple(log2phy.shape)} and dtype {log2phy.dtype}",
+        )
     if not probs.is_floating_point() or tuple(probs.shape) != tuple(log2phy.shape):
-        raise param_error("probs", _FUNC, f"a floating tensor of shape {tuple(log2phy.shape)}",
-                          f"shape {tuple(probs.shape)} and dtype {probs.dtype}")
+        raise param_error(
+            "probs",
+            _FUNC,
+            f"a floating tensor of shape {tuple(log2phy.shape)}",
+            f"shape {tuple(probs.shape)} and dtype {probs.dtype}",
+        )
     dev = topk_ids.device
     if log2phy.device != dev or probs.device != dev:
-        raise param_error("log2phy", _FUNC, f"on the device of topk_ids ({dev}), as probs",
-                          f"log2phy on {log2phy.device}, probs on {probs.device}")
+        raise param_error(
+            "log2phy",
+            _FUNC,
+            f"on the device of topk_ids ({dev}), as probs",
+            f"log2phy on {log2phy.device}, probs on {probs.device}",
+        )
     if topk_ids.numel() > _MAX_ENTRIES:
-        raise param_error("topk_ids", _FUNC, f"at most {_MAX_ENTRIES} entries",
-                          f"{topk_ids.numel()}")
+        raise param_error(
+            "topk_ids", _FUNC, f"at most {_MAX_ENTRIES} entries", f"{topk_ids.numel()}"
+        )
     E = log2phy.shape[0]
     if counter is not None:
-        ok = (_is_tensor(counter) and counter.dtype in (torch.int32, torch.int64)
-              and tuple(counter.shape) == (E,) and counter.device == dev
-              and counter.is_contiguous())
+        ok = (
+            _is_tensor(counter)
+            and counter.dtype in (torch.int32, torch.int64)
+            and tuple(counter.shape) == (E,)
+            and counter.device == dev
+            and counter.is_contiguous()
+        )
         if not ok:
-            raise param_error("counter", _FUNC,
-                              f"a contiguous int32 or int64 tensor of shape ({E},) on {dev}",
-                              describe(counter))
+            raise param_error(
+                "counter",
+                _FUNC,
+                f"a contiguous int32 or int64 tensor of shape ({E},) on {dev}",
+                describe(counter),
+            )
     if check:
         flat = topk_ids.reshape(-1).to(torch.int64)
         if bool(((flat < -1) | (flat >= E)).any()):
             bad = flat[(flat < -1) | (flat >= E)][0].item()
-            raise param_error("topk_ids", _FUNC, f"expert ids in [-1, {E - 1}] (-1: padding)",
-                              f"value {bad}")
+            raise param_error(
+                "topk_ids", _FUNC, f"expert ids in [-1, {E - 1}] (-1: padding)", f"value {bad}"
+            )
         if bool((log2phy < -1).any()):
-            raise param_error("log2phy", _FUNC, "slots >= 0, or -1 for padding",
-                              f"value {log2phy.min().item()}")
+            raise param_error(
+                "log2phy", _FUNC, "slots >= 0, or -1 for padding", f"value {log2phy.min().item()}"
+            )
         if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
             raise param_error("probs", _FUNC, "finite and >= 0", "NaN, infinite or negative values")
         valid = flat[flat >= 0]
-        used = torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(
-            0, valid, torch.ones_like(valid)) > 0
+        used = (
+            torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(
+                0, valid, torch.ones_like(valid)
+            )
+            > 0
+        )
         _check_orphans(used.cpu().numpy(), (log2phy >= 0).any(dim=1).cpu().numpy())
     if backend == "auto":
         backend = "triton" if dev.type == "cuda" and triton_available() else "torch"
@@ -165,15 +223,18 @@ def _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
         from ._dispatch_kernels import _interpreting
 
         if dev.type != "cuda" and not _interpreting():
-            raise param_error("backend", _FUNC,
-                              "'triton' only for CUDA tensors (or CPU tensors with "
-                              "TRITON_INTERPRET=1)", f"'triton' with tensors on {dev}")
-    return (backend, topk_ids.contiguous(), log2phy.contiguous(), probs.contiguous(), seed,
-            counter)
+            raise param_error(
+                "backend",
+                _FUNC,
+                "'triton' only for CUDA tensors (or CPU tensors with TRITON_INTERPRET=1)",
+                f"'triton' with tensors on {dev}",
+            )
+    return (backend, topk_ids.contiguous(), log2phy.contiguous(), probs.contiguous(), seed, counter)
 
 
-def dispatch_and_count(topk_ids, log2phy, probs, *, seed=0, backend="auto", counter=None,
-                       check=True):
+def dispatch_and_count(
+    topk_ids, log2phy, probs, *, seed=0, backend="auto", counter=None, check=True
+):
     """Map logical expert ids to physical replicas (stratified) and count tokens per expert.
 
     Parameters
@@ -263,4 +324,3 @@ def dispatch_and_count(topk_ids, log2phy, probs, *, seed=0, backend="auto", coun
     if backend == "torch":
         return k.dispatch_torch(ids, l2p, pr, seed, counter)
     return k.dispatch_triton(ids, l2p, pr, seed, counter)
-

@@ -29,6 +29,13 @@ is one IEEE-754 float64 operation on exactly representable operands (``r + o`` i
 ``r < 2**36``), evaluated in the same order in all three implementations, so their integer
 outputs are identical.
 
+Racing a publisher: each implementation reads a row of ``probs`` once per use (the torch
+reference copies the table; the kernel loads an entry's row in one 2-D load and never reads
+it again), so a row being rewritten is seen as one element-wise mixture of the old and new
+rows: non-negative, zero on ``-1`` columns, hence a valid distribution after renormalising,
+or all zero and so the uniform fallback. Two entries of one expert may see two different
+mixtures during a copy; the split of that one batch is then stale, never invalid.
+
 Why the batch count ``n[e]`` and not the rank alone: a per-prefix rule (replica from the rank
 only) within 1 of every prefix's quota cannot be written as a closed form for three or more
 replicas, so the map needs the batch's counts, a grid-wide dependency the Triton kernel
@@ -81,6 +88,7 @@ def _dispatch_count_kernel(
     n_tiles,
     seed_mix,
     X: tl.constexpr,
+    X_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
     SUB: tl.constexpr,
@@ -142,14 +150,23 @@ def _dispatch_count_kernel(
         rank = (local + pref.to(tl.int64)).to(tl.float64)
         k = ((seed_mix + es * 2654435761) >> 16) & 65535
         o = (k.to(tl.float64) + 0.5) / 65536.0
+        # The row is read once (one 2-D load): a publisher may be copying a new table over
+        # it, and two reads could see two different rows. Columns are then taken out one by
+        # one (a sum of one value and zeros, exact) and summed left to right.
+        cols = tl.arange(0, X_PAD)
+        rmask = valid[:, None] & (cols[None, :] < X)
+        row = es[:, None] * X + cols[None, :]
+        slot2 = tl.load(l2p_ptr + row, mask=rmask, other=-1).to(tl.int64)
+        p2 = tl.load(prob_ptr + row, mask=rmask, other=0.0).to(tl.float64)
+        listed2 = slot2 >= 0
+        w2 = tl.where(listed2 & (p2 > 0) & (p2 - p2 == 0), p2, 0.0)
         s_w = tl.zeros([BLOCK], dtype=tl.float64)
         s_u = tl.zeros([BLOCK], dtype=tl.float64)
         for j in tl.static_range(X):
-            slot = tl.load(l2p_ptr + es * X + j, mask=valid, other=-1)
-            p = tl.load(prob_ptr + es * X + j, mask=valid, other=0.0).to(tl.float64)
-            s_w += tl.where((slot >= 0) & (p > 0) & (p - p == 0), p, 0.0)
-            s_u += tl.where(slot >= 0, 1.0, 0.0)
+            s_w += tl.sum(tl.where(cols[None, :] == j, w2, 0.0), axis=1)
+            s_u += tl.sum(tl.where((cols[None, :] == j) & listed2, 1.0, 0.0), axis=1)
         torn = s_w == 0
+        w2 = tl.where(torn[:, None], tl.where(listed2, 1.0, 0.0), w2)
         h = (rank + o) * tl.where(torn, s_u, s_w)
         nf = n.to(tl.float64)
         c = tl.zeros([BLOCK], dtype=tl.float64)
@@ -157,10 +174,8 @@ def _dispatch_count_kernel(
         chosen = tl.full([BLOCK], -1, tl.int64)
         last = tl.full([BLOCK], -1, tl.int64)
         for j in tl.static_range(X):
-            slot = tl.load(l2p_ptr + es * X + j, mask=valid, other=-1).to(tl.int64)
-            p = tl.load(prob_ptr + es * X + j, mask=valid, other=0.0).to(tl.float64)
-            w = tl.where((slot >= 0) & (p > 0) & (p - p == 0), p, 0.0)
-            w = tl.where(torn, tl.where(slot >= 0, 1.0, 0.0), w)
+            w = tl.sum(tl.where(cols[None, :] == j, w2, 0.0), axis=1)
+            slot = tl.sum(tl.where(cols[None, :] == j, slot2, 0), axis=1)
             c += w
             take = (nf * c > h) & (found == 0)
             chosen = tl.where(take, slot, chosen)
@@ -243,6 +258,7 @@ def dispatch_triton(
         n_tiles,
         _seed_mix(seed),
         X=X,
+        X_PAD=max(2, 1 << (X - 1).bit_length()),
         E_PAD=e_pad,
         BLOCK=block,
         SUB=sub,
@@ -278,7 +294,7 @@ def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None):
     rank[order] = torch.arange(n, device=dev) - start[key[order]]
     # Row weights per expert, with the uniform fallback of torn rows.
     slot = log2phy.to(torch.int64)
-    p = probs.to(torch.float64)
+    p = probs.to(torch.float64, copy=True)  # one read of the live table
     listed = slot >= 0
     w = torch.where(listed & (p > 0) & torch.isfinite(p), p, torch.zeros_like(p))
     s_w = torch.zeros(E, dtype=torch.float64, device=dev)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from straggler.formulations import BackendUnavailableError, InvalidInputError, InvalidOptionError
-from straggler.proofs.runtime_strategies import replica_tables, topk_batches
+from straggler.proofs.runtime import dispatch_violations, replica_tables, topk_batches
 from straggler.runtime import dispatch_and_count
 from straggler.runtime._dispatch_kernels import dispatch_reference
 
@@ -27,34 +27,6 @@ if HAS_TORCH:
     import torch
 
     HAS_CUDA = torch.cuda.is_available()
-
-
-def _spec_violations(ids, l2p, probs, phys, counts):
-    """Everything the issue states, checked from scratch (no code shared with the kernels)."""
-    ids, l2p, probs = np.asarray(ids), np.asarray(l2p), np.asarray(probs, dtype=np.float64)
-    phys, counts = np.asarray(phys), np.asarray(counts)
-    E, X = l2p.shape
-    bad = []
-    valid = (ids >= 0) & (ids < E)
-    if not np.array_equal(counts, np.bincount(ids[valid], minlength=E)):
-        bad.append("counts differ from a bincount of the valid ids")
-    if (phys[~valid] != -1).any():
-        bad.append("a padding entry was mapped")
-    for e in np.unique(ids[valid]):
-        got = phys[ids == e]
-        listed = l2p[e] >= 0
-        w = np.where(listed & np.isfinite(probs[e]) & (probs[e] > 0), probs[e], 0.0)
-        if w.sum() == 0:
-            w = listed.astype(float)  # the uniform fallback of a torn row
-        n = got.size
-        for j in range(X):
-            real = int((got == l2p[e, j]).sum()) if listed[j] else 0
-            want = n * w[j] / w.sum()
-            if abs(real - want) >= 1 + 1e-9:
-                bad.append(f"expert {e} column {j}: {real} tokens for a share of {want:.4f}")
-        if not np.isin(got, l2p[e][w > 0]).all():
-            bad.append(f"expert {e}: a token reached a -1 or zero-probability slot")
-    return bad
 
 
 # --- the spec itself, on the plain-Python reference (numpy only) -------------------------
@@ -76,7 +48,7 @@ def test_reference_meets_the_spec(inst):
     ids, l2p, probs, seed = inst
     phys, counts = dispatch_reference(ids, l2p, probs, seed)
     assert phys.shape == ids.shape and counts.shape == (l2p.shape[0],)
-    assert _spec_violations(ids, l2p, probs, phys, counts) == []
+    assert dispatch_violations(ids, l2p, probs, phys, counts) == []
 
 
 def test_stratification_bound_on_a_large_batch():
@@ -247,7 +219,7 @@ def _triton_vs_torch(
     assert torch.equal(got[1], want[1])
     if counter_dtype is not None:
         assert torch.equal(c_tri, c_ref)
-    assert _spec_violations(ids, l2p, probs, got[0].cpu().numpy(), got[1].cpu().numpy()) == []
+    assert dispatch_violations(ids, l2p, probs, got[0].cpu().numpy(), got[1].cpu().numpy()) == []
 
 
 @needs_triton

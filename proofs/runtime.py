@@ -1,4 +1,7 @@
-"""Hypothesis strategies for the runtime adapter: replica tables and routed batches.
+"""The runtime adapter's spec as a checker, and hypothesis strategies for its inputs.
+
+:func:`dispatch_violations` states everything :func:`straggler.runtime.dispatch_and_count`
+promises, from scratch (it shares no code with the kernels), and lists what an output breaks.
 
 ``replica_tables()`` draws one layer's ``(log2phy [E, X], probs [E, X])`` including the
 adversarial rows the dispatch kernel must survive: all-zero rows (a torn write), ``-1``
@@ -17,10 +20,58 @@ draws the tables a publisher may publish (listed columns only, rows summing to 1
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 from hypothesis import strategies as st
 
-__all__ = ["replica_tables", "topk_batches", "valid_tables", "torn_mixtures"]
+__all__ = [
+    "dispatch_violations",
+    "replica_tables",
+    "topk_batches",
+    "valid_tables",
+    "torn_mixtures",
+]
+
+
+def dispatch_violations(topk_ids, log2phy, probs, physical_ids, counts) -> list[str]:
+    """What ``(physical_ids, counts)`` breaks of the dispatch spec (empty when nothing).
+
+    Checked: counts equal a bincount of the valid ids; padding maps to ``-1``; per expert,
+    each listed replica's realised count is strictly within 1 of its share of the expert's
+    tokens, in exact rational arithmetic (weights: the row's finite positive values on listed
+    columns, or uniform over the listed replicas when there are none); no token reaches a
+    ``-1`` slot or a replica of zero weight.
+
+    >>> dispatch_violations([[0, 0]], [[4, 5]], [[0.5, 0.5]], [[4, 4]], [2])
+    ['expert 0 column 0: 2 tokens for a share of 1.0000', \
+'expert 0 column 1: 0 tokens for a share of 1.0000']
+    """
+    ids, l2p = np.asarray(topk_ids), np.asarray(log2phy)
+    probs = np.asarray(probs, dtype=np.float64)
+    phys, counts = np.asarray(physical_ids), np.asarray(counts)
+    E, X = l2p.shape
+    bad = []
+    valid = (ids >= 0) & (ids < E)
+    if not np.array_equal(counts, np.bincount(ids[valid], minlength=E)):
+        bad.append("counts differ from a bincount of the valid ids")
+    if (phys[~valid] != -1).any():
+        bad.append("a padding entry was mapped")
+    for e in np.unique(ids[valid]):
+        got = phys[ids == e]
+        listed = l2p[e] >= 0
+        w = np.where(listed & np.isfinite(probs[e]) & (probs[e] > 0), probs[e], 0.0)
+        if w.sum() == 0:
+            w = listed.astype(float)  # the uniform fallback of a torn row
+        exact = [Fraction(float(v)) for v in w]  # shares in exact rational arithmetic
+        for j in range(X):
+            real = int((got == l2p[e, j]).sum()) if listed[j] else 0
+            want = got.size * exact[j] / sum(exact)
+            if abs(real - want) >= 1:
+                bad.append(f"expert {e} column {j}: {real} tokens for a share of {float(want):.4f}")
+        if not np.isin(got, l2p[e][w > 0]).all():
+            bad.append(f"expert {e}: a token reached a -1 or zero-probability slot")
+    return bad
 
 
 @st.composite

@@ -3,11 +3,22 @@
 - :func:`dispatch_and_count`: the fused dispatch-and-count step (stratified replica choice
   and per-expert token counts in one pass), as a Triton kernel, a torch reference and a
   plain-Python reference with identical integer outputs.
+- :class:`TablePublisher`: the live ``[L, E, X]`` table on the device, published in place
+  with one copy from pinned staging; races with the kernel cannot route a token wrong.
 
 torch and triton are imported lazily (the ``runtime`` extra), so ``import
 straggler.runtime`` works without them.
 """
 
 from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
+from .publisher import TablePublisher, normalize_table, uniform_table
 
-__all__ = ["BACKENDS", "dispatch_and_count", "torch_available", "triton_available"]
+__all__ = [
+    "BACKENDS",
+    "dispatch_and_count",
+    "torch_available",
+    "triton_available",
+    "TablePublisher",
+    "normalize_table",
+    "uniform_table",
+]

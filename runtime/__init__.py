@@ -5,6 +5,8 @@
   plain-Python reference with identical integer outputs.
 - :class:`TablePublisher`: the live ``[L, E, X]`` table on the device, published in place
   with one copy from pinned staging; races with the kernel cannot route a token wrong.
+- :class:`SolverWorker`: tempo (or any dispatch method) in a spawned process, fed count
+  windows through shared memory, posting tables at a refresh period; the engine never waits.
 
 torch and triton are imported lazily (the ``runtime`` extra), so ``import
 straggler.runtime`` works without them.
@@ -12,6 +14,7 @@ straggler.runtime`` works without them.
 
 from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
 from .publisher import TablePublisher, normalize_table, uniform_table
+from .worker import SolverWorker, WorkerStatus, WorkerTables, window_delta
 
 __all__ = [
     "BACKENDS",
@@ -21,4 +24,8 @@ __all__ = [
     "TablePublisher",
     "normalize_table",
     "uniform_table",
+    "SolverWorker",
+    "WorkerStatus",
+    "WorkerTables",
+    "window_delta",
 ]

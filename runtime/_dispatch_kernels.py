@@ -4,8 +4,10 @@ All three implement one rule, stated once here (see :func:`straggler.runtime.dis
 for the public contract). For the entries of ``topk_ids`` in flat order (token by token, then
 top-k slot by slot), with ``E`` experts and ``X`` columns per table row:
 
-1. **Count.** An entry ``e`` is *valid* when ``0 <= e < E``; any other value (``-1`` is the
-   engines' padding) is never counted and maps to ``-1``. ``n[e]`` = valid entries of ``e``.
+1. **Count.** An entry ``e`` is *valid* when ``0 <= e < E`` and its token row is below
+   ``num_valid_tokens`` (when given); any other entry (``-1`` is the engines' padding; rows
+   past the valid tokens are CUDA-graph padding) is never counted and maps to ``-1``.
+   ``n[e]`` = valid entries of ``e``.
 2. **Rank.** ``r`` = the number of earlier valid entries (in flat order) with the same ``e``:
    ``0, 1, ..., n[e] - 1``. Deterministic, independent of how the work is split.
 3. **Weights.** Column ``j`` of row ``e`` weighs ``w[j] = float64(probs[e, j])`` when
@@ -83,7 +85,9 @@ def _dispatch_count_kernel(
     counter_ptr,
     hist_ptr,
     sync_ptr,
+    nvalid_ptr,
     n_entries,
+    row_len,
     n_experts,
     n_tiles,
     seed_mix,
@@ -93,10 +97,16 @@ def _dispatch_count_kernel(
     BLOCK: tl.constexpr,
     SUB: tl.constexpr,
     HAS_COUNTER: tl.constexpr,
+    HAS_NVALID: tl.constexpr,
 ):
     # sync_ptr: [0] phase-A tile ticket, [1] phase-A tiles done, [2] counts ready, [3] phase-C
     # ticket. Tiles are claimed dynamically, so every claimed tile belongs to a running
     # program that never waits in phase A; the only wait (for [2]) is on the last of them.
+    # Entries of tokens past num_valid_tokens (CUDA-graph padding rows, whose routing is
+    # degenerate) are padding: counted, they would fabricate a phantom hot expert.
+    limit = n_entries
+    if HAS_NVALID:
+        limit = tl.minimum(tl.load(nvalid_ptr).to(tl.int64) * row_len, n_entries)
     ar_e = tl.arange(0, E_PAD)
     ar_s = tl.arange(0, SUB)
     lower = ar_s[None, :] < ar_s[:, None]
@@ -108,7 +118,7 @@ def _dispatch_count_kernel(
             offs = t * BLOCK + s * SUB + ar_s
             m = offs < n_entries
             e64 = tl.load(ids_ptr + offs, mask=m, other=-1).to(tl.int64)
-            valid = m & (e64 >= 0) & (e64 < n_experts)
+            valid = m & (offs < limit) & (e64 >= 0) & (e64 < n_experts)
             e = tl.where(valid, e64, -1).to(tl.int32)
             onehot = e[:, None] == ar_e[None, :]
             before = tl.sum(tl.where(onehot, acc[None, :], 0), axis=1)
@@ -142,7 +152,7 @@ def _dispatch_count_kernel(
         offs = t * BLOCK + ar_b
         m = offs < n_entries
         e64 = tl.load(ids_ptr + offs, mask=m, other=-1).to(tl.int64)
-        valid = m & (e64 >= 0) & (e64 < n_experts)
+        valid = m & (offs < limit) & (e64 >= 0) & (e64 < n_experts)
         es = tl.where(valid, e64, 0)
         local = tl.load(out_ptr + offs, mask=valid, other=0, cache_modifier=".cg").to(tl.int64)
         pref = tl.load(hist_ptr + t * E_PAD + es, mask=valid, other=0, cache_modifier=".cg")
@@ -206,7 +216,15 @@ def _seed_mix(seed: int) -> int:
 
 
 def dispatch_triton(
-    topk_ids, log2phy, probs, seed: int = 0, counter=None, *, block=None, n_programs=None
+    topk_ids,
+    log2phy,
+    probs,
+    seed: int = 0,
+    counter=None,
+    num_valid_tokens=None,
+    *,
+    block=None,
+    n_programs=None,
 ):
     """One launch of the fused kernel (validated, contiguous inputs on one device).
 
@@ -253,7 +271,9 @@ def dispatch_triton(
         counts if counter is None else counter,
         hist,
         sync,
+        sync if num_valid_tokens is None else num_valid_tokens,
         n,
+        topk_ids.shape[-1] if topk_ids.dim() == 2 else 1,
         E,
         n_tiles,
         _seed_mix(seed),
@@ -263,11 +283,12 @@ def dispatch_triton(
         BLOCK=block,
         SUB=sub,
         HAS_COUNTER=counter is not None,
+        HAS_NVALID=num_valid_tokens is not None,
     )
     return out.view(topk_ids.shape), counts
 
 
-def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None):
+def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None, num_valid_tokens=None):
     """Pure torch reference of the rule above (CPU or CUDA; no host synchronisation).
 
     Ranks come from a stable sort of the entries by expert; row weights and thresholds are
@@ -281,6 +302,10 @@ def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None):
     flat = topk_ids.reshape(-1).to(torch.int64)
     n = flat.numel()
     valid = (flat >= 0) & (flat < E)
+    if num_valid_tokens is not None:
+        row_len = topk_ids.shape[-1] if topk_ids.dim() == 2 else 1
+        limit = num_valid_tokens.reshape(()).to(torch.int64) * row_len
+        valid = valid & (torch.arange(n, device=dev) < limit)
     es = torch.where(valid, flat, torch.zeros_like(flat))
     counts = torch.zeros(E, dtype=torch.int64, device=dev)
     counts.scatter_add_(0, es, valid.to(torch.int64))
@@ -328,16 +353,23 @@ def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None):
     return phys.to(topk_ids.dtype).view(topk_ids.shape), counts
 
 
-def dispatch_reference(topk_ids, log2phy, probs, seed: int = 0, counter=None):
+def dispatch_reference(
+    topk_ids, log2phy, probs, seed: int = 0, counter=None, num_valid_tokens=None
+):
     """Plain-Python reference, entry by entry, written from the rule above (numpy in/out).
 
-    ``counter`` (an integer numpy array of shape ``(E,)``) is incremented in place.
+    ``counter`` (an integer numpy array of shape ``(E,)``) is incremented in place;
+    ``num_valid_tokens`` (an int) marks the token rows from it on as padding.
     """
     ids = np.asarray(topk_ids)
     l2p = np.asarray(log2phy)
     pr = np.asarray(probs)
     E, X = l2p.shape
     flat = [int(v) for v in ids.reshape(-1)]
+    if num_valid_tokens is not None:
+        row_len = ids.shape[-1] if ids.ndim == 2 else 1
+        for i in range(int(num_valid_tokens) * row_len, len(flat)):
+            flat[i] = -1  # rows past the valid tokens are padding
     counts = [0] * E
     for e in flat:
         if 0 <= e < E:

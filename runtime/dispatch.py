@@ -53,7 +53,7 @@ def _is_tensor(x) -> bool:
     return mod.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
 
 
-def _dispatch_and_count_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
+def _dispatch_and_count_iv(topk_ids, log2phy, probs, seed, backend, counter, nvalid, check):
     seed = check_int(seed, "seed", _FUNC, lo=0)
     backend = check_choice(backend, "backend", _FUNC, BACKENDS)
     check = check_bool(check, "check", _FUNC)
@@ -69,11 +69,11 @@ def _dispatch_and_count_iv(topk_ids, log2phy, probs, seed, backend, counter, che
             f"tensors or all numpy arrays. Got {kinds} instead."
         )
     if all(tensors):
-        return _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, check)
-    return _numpy_iv(topk_ids, log2phy, probs, seed, backend, counter, check)
+        return _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, nvalid, check)
+    return _numpy_iv(topk_ids, log2phy, probs, seed, backend, counter, nvalid, check)
 
 
-def _numpy_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
+def _numpy_iv(topk_ids, log2phy, probs, seed, backend, counter, nvalid, check):
     if backend not in ("auto", "reference"):
         raise param_error(
             "backend",
@@ -124,9 +124,12 @@ def _numpy_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
                 f"a writeable int32 or int64 numpy array of shape ({E},)",
                 describe(counter),
             )
+    if nvalid is not None:
+        nvalid = check_int(nvalid, "num_valid_tokens", _FUNC, lo=0)
     if check:
-        _check_orphans(np.bincount(ids[ids >= 0], minlength=E) > 0, (l2p >= 0).any(axis=1))
-    return "reference", ids, l2p, pr, seed, counter
+        rows = ids if nvalid is None else ids[:nvalid]
+        _check_orphans(np.bincount(rows[rows >= 0], minlength=E) > 0, (l2p >= 0).any(axis=1))
+    return "reference", ids, l2p, pr, seed, counter, nvalid
 
 
 def _check_orphans(used, listed) -> None:
@@ -139,7 +142,7 @@ def _check_orphans(used, listed) -> None:
         )
 
 
-def _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
+def _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, nvalid, check):
     torch = _require_torch()
     ints = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
     if topk_ids.dtype not in ints or topk_ids.dim() not in (1, 2):
@@ -191,6 +194,23 @@ def _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
                 f"a contiguous int32 or int64 tensor of shape ({E},) on {dev}",
                 describe(counter),
             )
+    if nvalid is not None:
+        if _is_tensor(nvalid):
+            if nvalid.numel() != 1 or nvalid.dtype not in ints or nvalid.device != dev:
+                raise param_error(
+                    "num_valid_tokens",
+                    _FUNC,
+                    f"an int >= 0 or a one-element integer tensor on {dev}",
+                    describe(nvalid),
+                )
+        else:
+            nvalid = torch.tensor(
+                [check_int(nvalid, "num_valid_tokens", _FUNC, lo=0)], dtype=torch.int64, device=dev
+            )
+        if check and int(nvalid.reshape(()).item()) < 0:
+            raise param_error(
+                "num_valid_tokens", _FUNC, "an integer >= 0", f"{int(nvalid.reshape(()).item())}"
+            )
     if check:
         flat = topk_ids.reshape(-1).to(torch.int64)
         if bool(((flat < -1) | (flat >= E)).any()):
@@ -204,6 +224,9 @@ def _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
             )
         if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
             raise param_error("probs", _FUNC, "finite and >= 0", "NaN, infinite or negative values")
+        if nvalid is not None:
+            row_len = topk_ids.shape[-1] if topk_ids.dim() == 2 else 1
+            flat = flat[: int(nvalid.reshape(()).item()) * row_len]
         valid = flat[flat >= 0]
         used = (
             torch.zeros(E, dtype=torch.int64, device=dev).scatter_add_(
@@ -229,11 +252,27 @@ def _tensor_iv(topk_ids, log2phy, probs, seed, backend, counter, check):
                 "'triton' only for CUDA tensors (or CPU tensors with TRITON_INTERPRET=1)",
                 f"'triton' with tensors on {dev}",
             )
-    return (backend, topk_ids.contiguous(), log2phy.contiguous(), probs.contiguous(), seed, counter)
+    return (
+        backend,
+        topk_ids.contiguous(),
+        log2phy.contiguous(),
+        probs.contiguous(),
+        seed,
+        counter,
+        nvalid,
+    )
 
 
 def dispatch_and_count(
-    topk_ids, log2phy, probs, *, seed=0, backend="auto", counter=None, check=True
+    topk_ids,
+    log2phy,
+    probs,
+    *,
+    seed=0,
+    backend="auto",
+    counter=None,
+    num_valid_tokens=None,
+    check=True,
 ):
     """Map logical expert ids to physical replicas (stratified) and count tokens per expert.
 
@@ -263,6 +302,10 @@ def dispatch_and_count(
         A persistent cumulative counter incremented in place by ``counts`` in the same pass
         (TEMPO's cumulative counting: the window is recovered by differencing, see
         :func:`~straggler.runtime.window_delta`); int32 counters wrap modulo ``2**32``.
+    num_valid_tokens : int or torch.Tensor, optional
+        Token rows from this one on are padding (SGLang's ``num_token_non_padded``, a
+        one-element device tensor under CUDA graphs, read in-kernel): never counted, mapped
+        to ``-1``. Counting them would fabricate a phantom hot expert (TEMPO §4.4).
     check : bool, default True
         Check values (ids in range, no orphan expert, finite non-negative probs). On CUDA this
         synchronises the device: pass ``False`` on the hot path, where out-of-range ids are
@@ -314,13 +357,13 @@ def dispatch_and_count(
     >>> sorted(phys[:, 0].tolist())
     [0, 0, 2, 2]
     """
-    backend, ids, l2p, pr, seed, counter = _dispatch_and_count_iv(
-        topk_ids, log2phy, probs, seed, backend, counter, check
+    backend, ids, l2p, pr, seed, counter, nvalid = _dispatch_and_count_iv(
+        topk_ids, log2phy, probs, seed, backend, counter, num_valid_tokens, check
     )
     from . import _dispatch_kernels as k
 
     if backend == "reference":
-        return k.dispatch_reference(ids, l2p, pr, seed, counter)
+        return k.dispatch_reference(ids, l2p, pr, seed, counter, nvalid)
     if backend == "torch":
-        return k.dispatch_torch(ids, l2p, pr, seed, counter)
-    return k.dispatch_triton(ids, l2p, pr, seed, counter)
+        return k.dispatch_torch(ids, l2p, pr, seed, counter, nvalid)
+    return k.dispatch_triton(ids, l2p, pr, seed, counter, nvalid)

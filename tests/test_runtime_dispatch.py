@@ -51,6 +51,18 @@ def test_reference_meets_the_spec(inst):
     assert dispatch_violations(ids, l2p, probs, phys, counts) == []
 
 
+@given(_instances(), st.integers(0, 60))
+def test_num_valid_tokens_is_padding_of_the_rows_after(inst, n_valid):
+    """Rows past num_valid_tokens (CUDA-graph padding, degenerate routing) are never
+    counted nor mapped: the same output as those rows set to -1."""
+    ids, l2p, probs, seed = inst
+    masked = ids.copy()
+    masked[n_valid:] = -1
+    got = dispatch_and_count(ids, l2p, probs, seed=seed, num_valid_tokens=n_valid)
+    want = dispatch_and_count(masked, l2p, probs, seed=seed)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
 def test_stratification_bound_on_a_large_batch():
     """10^4 tokens of one expert over 5 replicas: each within 1 token of its share."""
     rng = np.random.default_rng(7)
@@ -127,6 +139,8 @@ def test_counter_accumulates_and_int32_wraps():
         (dict(check=1), "check"),
         (dict(counter=np.zeros(3, np.int64)), "counter"),
         (dict(counter=np.zeros(2, np.float64)), "counter"),
+        (dict(num_valid_tokens=-1), "num_valid_tokens"),
+        (dict(num_valid_tokens=1.0), "num_valid_tokens"),
     ],
 )
 def test_bad_input_is_named(kwargs, match):
@@ -157,15 +171,19 @@ def test_unchecked_padding_rule():
 @needs_torch
 @given(
     _instances(),
+    st.one_of(st.none(), st.integers(0, 50)),
     st.sampled_from(["int64", "int32"]),
     st.sampled_from(["float32", "float64", "bfloat16"]),
 )
-def test_torch_equals_reference(inst, id_dtype, p_dtype):
+def test_torch_equals_reference(inst, n_valid, id_dtype, p_dtype):
     ids, l2p, probs, seed = inst
     tp = torch.tensor(probs).to(getattr(torch, p_dtype))
     ti = torch.tensor(ids).to(getattr(torch, id_dtype))
-    phys, counts = dispatch_and_count(ti, torch.tensor(l2p), tp, seed=seed, backend="torch")
-    ref_phys, ref_counts = dispatch_reference(ids, l2p, tp.double().numpy(), seed)
+    nv = n_valid if n_valid is None or n_valid % 2 else torch.tensor([n_valid])
+    phys, counts = dispatch_and_count(
+        ti, torch.tensor(l2p), tp, seed=seed, backend="torch", num_valid_tokens=nv
+    )
+    ref_phys, ref_counts = dispatch_reference(ids, l2p, tp.double().numpy(), seed, None, n_valid)
     assert phys.dtype == ti.dtype and tuple(phys.shape) == ids.shape
     assert np.array_equal(phys.numpy(), ref_phys) and np.array_equal(counts.numpy(), ref_counts)
 
@@ -186,6 +204,10 @@ def test_torch_counter_and_errors():
         dispatch_and_count(ids, l2p, torch.ones(2, 1, dtype=torch.int64))
     with pytest.raises(InvalidInputError, match="counter"):
         dispatch_and_count(ids, l2p, probs, counter=torch.zeros(2))
+    with pytest.raises(InvalidInputError, match="num_valid_tokens"):
+        dispatch_and_count(ids, l2p, probs, num_valid_tokens=torch.tensor([1.0]))
+    with pytest.raises(InvalidInputError, match="num_valid_tokens"):
+        dispatch_and_count(ids, l2p, probs, num_valid_tokens=torch.tensor([-1]))
     if not HAS_TRITON:
         with pytest.raises(BackendUnavailableError, match="triton"):
             dispatch_and_count(ids, l2p, probs, backend="triton")
@@ -202,7 +224,16 @@ def interpret(monkeypatch):
 
 
 def _triton_vs_torch(
-    device, ids, l2p, probs, seed, *, block=None, n_programs=None, counter_dtype=None
+    device,
+    ids,
+    l2p,
+    probs,
+    seed,
+    *,
+    block=None,
+    n_programs=None,
+    counter_dtype=None,
+    n_valid=None,
 ):
     from straggler.runtime._dispatch_kernels import dispatch_torch, dispatch_triton
 
@@ -213,12 +244,16 @@ def _triton_vs_torch(
     if counter_dtype is not None:
         c_tri = torch.full((l2p.shape[0],), 5, dtype=counter_dtype, device=device)
         c_ref = c_tri.clone()
-    got = dispatch_triton(ti, tl2p, tp, seed, c_tri, block=block, n_programs=n_programs)
-    want = dispatch_torch(ti, tl2p, tp, seed, c_ref)
+    nv = None if n_valid is None else torch.tensor([n_valid], device=device)
+    got = dispatch_triton(ti, tl2p, tp, seed, c_tri, nv, block=block, n_programs=n_programs)
+    want = dispatch_torch(ti, tl2p, tp, seed, c_ref, nv)
     assert torch.equal(got[0], want[0]), (ids, l2p, probs, seed)
     assert torch.equal(got[1], want[1])
     if counter_dtype is not None:
         assert torch.equal(c_tri, c_ref)
+    if n_valid is not None:
+        ids = ids.copy()
+        ids[n_valid:] = -1  # the checker's view: those rows are padding
     assert dispatch_violations(ids, l2p, probs, got[0].cpu().numpy(), got[1].cpu().numpy()) == []
 
 
@@ -228,15 +263,17 @@ def _triton_vs_torch(
     _instances(max_experts=20, max_tokens=40),
     st.sampled_from([16, 32, 64]),
     st.sampled_from([1, 3]),
+    st.one_of(st.none(), st.integers(0, 40)),
 )
-def test_triton_equals_torch(inst, block, n_programs):
+def test_triton_equals_torch(inst, block, n_programs, n_valid):
     ids, l2p, probs, seed = inst
     old = os.environ.get("TRITON_INTERPRET")
     if not HAS_CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
+        dev = "cuda" if HAS_CUDA else "cpu"
         _triton_vs_torch(
-            "cuda" if HAS_CUDA else "cpu", ids, l2p, probs, seed, block=block, n_programs=n_programs
+            dev, ids, l2p, probs, seed, block=block, n_programs=n_programs, n_valid=n_valid
         )
     finally:
         if old is None:

@@ -119,3 +119,20 @@ def test_vllm_rule_on_the_map_realises_the_shares():
     assert share == [0.5, 0.25, 0.25]
     with pytest.raises(InvalidInputError, match="width"):
         to_vllm_replica_map(l2p, probs, 0)
+
+
+def test_integration_page_is_shipped_and_names_the_patch_points():
+    from importlib.resources import files
+
+    text = files("straggler.runtime").joinpath("INTEGRATION.md").read_text()
+    for needle in (
+        "Dispatch hook",
+        "Count window",
+        "Table tensor",
+        "num_valid_tokens",
+        "topk_ids_logical_to_physical",
+        "eplb_map_to_physical_and_record",
+        "set_placement",
+        "to_sglang_lp",
+    ):
+        assert needle in text, needle

@@ -349,13 +349,13 @@ class DispatchProblem:
         # Python (0.1-0.2 s for 61 layers x 256 experts, too slow for a 200 ms refresh).
         listed = l2p >= 0
         gpus = np.where(listed, l2p // per, -1)
-        X = l2p.shape[-1]
-        # a column is the first listed slot of its GPU (earlier columns hold other GPUs)
-        earlier = np.tril(np.ones((X, X), dtype=bool), k=-1)  # earlier[j, i]: i < j
-        same = (gpus[..., :, None] == gpus[..., None, :]) & listed[..., None, :]
-        first = listed & ~(same & earlier).any(axis=-1)
+        # Slots are listed in increasing order, so a row's GPUs are nondecreasing: a column
+        # is the first of its GPU iff the previous column is on another GPU.
+        first = listed.copy()
+        first[..., 1:] &= gpus[..., 1:] != gpus[..., :-1]
         tot = sh.sum(axis=-1)
-        part = np.take_along_axis(sh, np.maximum(gpus, 0), axis=-1)
+        rows = np.arange(L * self.n_experts).reshape(L, self.n_experts, 1) * self.n_gpus
+        part = sh.reshape(-1)[rows + np.maximum(gpus, 0)]
         with np.errstate(divide="ignore", invalid="ignore"):
             split = np.where(first, part / tot[..., None], 0.0)
         uniform = np.where(listed, 1.0 / np.maximum(count, 1)[..., None], 0.0)

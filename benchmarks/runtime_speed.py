@@ -118,11 +118,11 @@ def bench_kernel(sizes, repeats, rng):
             return statistics.median(out), first
 
         row = {"n_tokens": n_tok, "entries": n_tok * TOP_K}
-        row["bincount_us"], _ = timed(lambda: torch.bincount(valid, minlength=E))
-        row["torch_ref_us"], _ = timed(lambda: dispatch_torch(tids, tl2p, tprobs, 0))
+        row["bincount_us"], _ = timed(lambda v=valid: torch.bincount(v, minlength=E))
+        row["torch_ref_us"], _ = timed(lambda t=tids: dispatch_torch(t, tl2p, tprobs, 0))
         if use_triton:
             row["triton_us"], row["triton_first_call_s"] = timed(
-                lambda: dispatch_triton(tids, tl2p, tprobs, 0)
+                lambda t=tids: dispatch_triton(t, tl2p, tprobs, 0)
             )
             got = dispatch_triton(tids, tl2p, tprobs, 0)
             want = dispatch_torch(tids, tl2p, tprobs, 0)

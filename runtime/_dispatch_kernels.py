@@ -291,9 +291,15 @@ def dispatch_triton(
 def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None, num_valid_tokens=None):
     """Pure torch reference of the rule above (CPU or CUDA; no host synchronisation).
 
-    Ranks come from a stable sort of the entries by expert; row weights and thresholds are
-    computed per expert, column by column (never ``torch.cumsum``, whose association order
-    differs between devices), then gathered per entry.
+    Per expert, the ranks sent to column ``j`` form one run: the rule's test
+    ``n C[j] > (r + o) S`` holds for a prefix ``r < R[j]`` of the ranks (the right side grows
+    with ``r``, the left with ``j``), so rank order is a run of ``R[0]`` entries on column 0,
+    ``R[1] - R[0]`` on column 1, ..., and ``n - R[X - 1]`` on the last positive column.
+    ``R`` is found per expert and column (a float64 estimate corrected against the exact
+    test, which it misses by at most one rank either way), the runs are laid out with
+    ``repeat_interleave`` over the entries in stable-sorted (expert, flat position) order
+    and scattered back. Row sums go column by column (never ``torch.cumsum``, whose
+    association order differs between devices). ``O(n log n + E X)``.
     """
     import torch
 
@@ -311,12 +317,6 @@ def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None, num_va
     counts.scatter_add_(0, es, valid.to(torch.int64))
     if counter is not None:
         counter.add_(counts.to(counter.dtype))
-    # Rank: position among the entries of the same expert, in flat order.
-    key = torch.where(valid, flat, torch.full_like(flat, E))
-    order = torch.sort(key, stable=True).indices
-    start = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(counts, 0)])
-    rank = torch.empty(n, dtype=torch.int64, device=dev)
-    rank[order] = torch.arange(n, device=dev) - start[key[order]]
     # Row weights per expert, with the uniform fallback of torn rows.
     slot = log2phy.to(torch.int64)
     p = probs.to(torch.float64, copy=True)  # one read of the live table
@@ -334,22 +334,43 @@ def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None, num_va
     for j in range(X):
         c = c + w[:, j]
         cum[:, j] = c
-    total = torch.where(torn, s_u, s_w)
+    total = torch.where(torn, s_u, s_w)[:, None]
     e_ar = torch.arange(E, dtype=torch.int64, device=dev)
     k = ((_seed_mix(seed) + e_ar * WEYL) >> 16) & 0xFFFF
-    off = (k.to(torch.float64) + 0.5) / 65536.0
-    # Map each entry.
-    h = (rank.to(torch.float64) + off[es]) * total[es]
-    nf = counts[es].to(torch.float64)
-    above = nf[:, None] * cum[es] > h[:, None]  # [n, X], monotone in j
-    found = above.any(dim=1)
-    first = torch.argmax(above.to(torch.int8), dim=1)
-    chosen = slot[es, first]
+    off = ((k.to(torch.float64) + 0.5) / 65536.0)[:, None]
+    # R[e, j] = #{r < n[e] : n C[j] > (r + o) S}, exactly.
+    ncol = counts[:, None]
+    thr = ncol.to(torch.float64) * cum
+
+    def holds(r):
+        return thr > (r.to(torch.float64) + off) * total
+
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    R = torch.ceil(thr / safe - off).clamp(min=0).to(torch.int64)
+    R = torch.minimum(R, ncol)
+    for _ in range(3):
+        R = R + (holds(R) & (R < ncol)).to(torch.int64)
+    for _ in range(3):
+        R = R - ((R > 0) & ~holds(R - 1)).to(torch.int64)
+    # Runs in rank order: columns 0..X-1, then the rounding tail on the last positive column.
+    lengths = torch.cat([R[:, :1], R[:, 1:] - R[:, :-1], ncol - R[:, -1:]], dim=1)
     pos = torch.where(w > 0, torch.arange(X, device=dev), torch.full_like(slot, -1))
     last_col = pos.max(dim=1).values
-    last = torch.where(last_col >= 0, slot[e_ar, last_col.clamp(min=0)], -1)
-    phys = torch.where(found, chosen, last[es])
-    phys = torch.where(valid, phys, torch.full_like(phys, -1))
+    slot_pad = torch.cat([slot, torch.full((E, 1), -1, dtype=torch.int64, device=dev)], dim=1)
+    codes = torch.cat(
+        [slot, slot_pad[e_ar, torch.where(last_col >= 0, last_col, X)][:, None]], dim=1
+    )
+    n_valid = counts.sum().reshape(1)
+    runs = torch.repeat_interleave(
+        torch.cat([codes.reshape(-1), torch.full((1,), -1, dtype=torch.int64, device=dev)]),
+        torch.cat([lengths.reshape(-1), n - n_valid]),
+        output_size=n,
+    )
+    # int32 keys: torch's stable CPU sort of int64 keys is ~1000x slower (torch 2.13)
+    key = torch.where(valid, flat, torch.full_like(flat, E)).to(torch.int32)
+    order = torch.sort(key, stable=True).indices
+    phys = torch.empty(n, dtype=torch.int64, device=dev)
+    phys[order] = runs
     return phys.to(topk_ids.dtype).view(topk_ids.shape), counts
 
 

@@ -348,7 +348,7 @@ class DispatchProblem:
         # Vectorized over (layer, expert, column); the loop it replaces visited every slot in
         # Python (0.1-0.2 s for 61 layers x 256 experts, too slow for a 200 ms refresh).
         listed = l2p >= 0
-        gpus = np.where(listed, l2p // per, -1)
+        gpus = l2p // per  # padding stays -1
         # Slots are listed in increasing order, so a row's GPUs are nondecreasing: a column
         # is the first of its GPU iff the previous column is on another GPU.
         first = listed.copy()
@@ -358,9 +358,8 @@ class DispatchProblem:
         part = sh.reshape(-1)[rows + np.maximum(gpus, 0)]
         with np.errstate(divide="ignore", invalid="ignore"):
             split = np.where(first, part / tot[..., None], 0.0)
-        uniform = np.where(listed, 1.0 / np.maximum(count, 1)[..., None], 0.0)
+        uniform = listed / np.maximum(count, 1)[..., None]  # zero rows where nothing is listed
         prob = np.where((tot > 0)[..., None], split, uniform)
-        prob[count == 0] = 0.0
         return l2p, count, prob
 
 

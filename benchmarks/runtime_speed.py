@@ -8,11 +8,12 @@ device that exists (CUDA if present, else the CPU):
 * ``bincount``: a bare ``torch.bincount`` over the same valid ids (prepared outside the
   timing: the count an engine already pays);
 * ``torch_ref``: :func:`~straggler.runtime._dispatch_kernels.dispatch_torch` (map + count);
-* ``triton``: the fused kernel, one launch (CUDA only; the CPU interpreter is a correctness
-  tool, not a speed measure, so it is not timed).
+* ``triton``: the fused kernel, one launch, eager and replayed in a CUDA graph (CUDA only;
+  the CPU interpreter is a correctness tool, not a speed measure, so it is not timed).
 
 CUDA times come from CUDA events (median of ``--repeats`` after warm-up), CPU times from
-``perf_counter``; the compile (first call) is timed apart.
+``perf_counter`` with one torch thread (``--torch-threads``; on a shared 2-core machine more
+threads measure the other jobs); the compile (first call) is timed apart.
 
 Part 2, worker refresh. A 61-layer model (same shape and placement), count windows of
 ``--steps-per-window`` decode steps of ``--tokens-per-gpu`` tokens per GPU, period 200 ms.
@@ -66,6 +67,30 @@ def _q(xs, q):
 
 
 # --- part 1: dispatch -----------------------------------------------------------------
+
+
+def _graph_replay_us(fn, repeats):
+    """Median time of one replay of ``fn`` captured in a CUDA graph (how an engine runs it:
+    no Python launch cost). ``torch.bincount`` cannot be captured (it reads the maximum back
+    to the host), so the baseline stays eager."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    out = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(out)
 
 
 def bench_kernel(sizes, repeats, rng):
@@ -124,6 +149,10 @@ def bench_kernel(sizes, repeats, rng):
             row["triton_us"], row["triton_first_call_s"] = timed(
                 lambda t=tids: dispatch_triton(t, tl2p, tprobs, 0)
             )
+            row["triton_graph_us"] = _graph_replay_us(
+                lambda t=tids: dispatch_triton(t, tl2p, tprobs, 0), repeats
+            )
+            row["triton_graph_over_bincount"] = row["triton_graph_us"] / row["bincount_us"]
             got = dispatch_triton(tids, tl2p, tprobs, 0)
             want = dispatch_torch(tids, tl2p, tprobs, 0)
             row["triton_equals_torch"] = bool(
@@ -137,6 +166,8 @@ def bench_kernel(sizes, repeats, rng):
             f"torch_ref {row['torch_ref_us']:10.1f} us ({row['torch_ref_over_bincount']:5.1f}x)"
             + (
                 f"  triton {row['triton_us']:8.1f} us ({row['triton_over_bincount']:4.2f}x)"
+                f", in a graph {row['triton_graph_us']:8.1f} us "
+                f"({row['triton_graph_over_bincount']:4.2f}x)"
                 if use_triton
                 else "  triton n/a (no GPU)"
             ),
@@ -248,6 +279,7 @@ def main(argv=None):
     ap.add_argument("--steps-per-window", type=int, default=5)
     ap.add_argument("--period", type=float, default=0.2)
     ap.add_argument("--cost", default="dsv3_a_offline")
+    ap.add_argument("--torch-threads", type=int, default=1, help="CPU timing only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -261,10 +293,12 @@ def main(argv=None):
     }
     if not args.skip_kernel:
         try:
-            import torch  # noqa: F401
+            import torch
         except ImportError:
             print("dispatch: skipped (torch not installed: pip install 'straggler[runtime]')")
         else:
+            if not torch.cuda.is_available():
+                torch.set_num_threads(args.torch_threads)
             print(f"dispatch (E={E}, top-{TOP_K}, EPLB x{REPLICATION}):", flush=True)
             res["dispatch"] = bench_kernel(sizes, repeats, rng)
     if not args.skip_worker:

@@ -346,3 +346,37 @@ def test_triton_equals_torch_on_cuda_at_scale(n_tok):
     ids = rng.choice(E, size=(n_tok, 8), p=w / w.sum())
     ids[rng.random(n_tok) < 0.05] = -1
     _triton_vs_torch("cuda", ids, l2p, probs.astype(np.float32), 5)
+
+
+@pytest.mark.skipif(not HAS_CUDA or not HAS_TRITON, reason="needs a CUDA GPU and triton")
+def test_triton_kernel_replays_in_a_cuda_graph():
+    """Captured once, replayed with new ids, a new table and a new valid-token count (all
+    read through the captured addresses), the kernel gives the torch reference's output and
+    keeps counting into the persistent counter."""
+    from straggler.runtime._dispatch_kernels import dispatch_torch, dispatch_triton
+
+    rng = np.random.default_rng(11)
+    E, X, n_tok = 64, 3, 512
+    l2p = torch.tensor(
+        np.stack([rng.choice(96, X, replace=False) for _ in range(E)]), device="cuda"
+    )
+    probs = torch.rand(E, X, device="cuda")
+    ids = torch.randint(-1, E, (n_tok, 8), device="cuda", dtype=torch.int32)
+    nvalid = torch.tensor([n_tok], device="cuda")
+    counter = torch.zeros(E, dtype=torch.int64, device="cuda")
+    dispatch_triton(ids, l2p, probs, 1, counter, nvalid)  # compile outside the capture
+    counter.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        phys, counts = dispatch_triton(ids, l2p, probs, 1, counter, nvalid)
+    total = torch.zeros_like(counter)
+    for step in range(4):
+        ids.copy_(torch.randint(-1, E, (n_tok, 8), device="cuda", dtype=torch.int32))
+        probs.copy_(torch.rand(E, X, device="cuda") * (torch.rand(E, X, device="cuda") > 0.3))
+        nvalid.fill_(n_tok - 50 * step)
+        graph.replay()
+        want = dispatch_torch(ids, l2p, probs, 1, None, nvalid)
+        torch.cuda.synchronize()
+        assert torch.equal(phys, want[0]) and torch.equal(counts, want[1])
+        total += want[1]
+        assert torch.equal(counter, total)

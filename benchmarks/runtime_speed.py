@@ -218,7 +218,7 @@ def bench_worker(n_layers, threads, windows, steps, tokens_per_gpu, period, cost
                     if got is not None and got.window >= wid:
                         tables = got
                     else:
-                        time.sleep(0.0002)
+                        time.sleep(0.002)  # a tight loop here would take a core from the worker
                 if tables is None:
                     raise RuntimeError(f"no tables for window {wid}: {w.status()}")
                 latency.append(time.perf_counter() - t_sub)

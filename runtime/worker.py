@@ -692,7 +692,7 @@ class SolverWorker:
             t = self.poll()
             if t is not None and t.window >= window:
                 return t
-            time.sleep(0.0005)
+            time.sleep(0.001)
         return None
 
     def status(self) -> WorkerStatus:

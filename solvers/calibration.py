@@ -191,7 +191,9 @@ class CalibrationResult:
             with open(path) as f:
                 d = json.load(f)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidInputError(f"Cannot read the calibration {os.fspath(path)!r}: {exc}")
+            raise InvalidInputError(
+                f"Cannot read the calibration {os.fspath(path)!r}: {exc}"
+            ) from None
         if not isinstance(d, dict):
             raise InvalidInputError(f"{os.fspath(path)!r} is not a straggler calibration.")
         return cls.from_dict(d, source=repr(os.fspath(path)))
@@ -252,7 +254,8 @@ def _alternate(X, y, z, pieces, max_iter):
     """Alternating assignment from ``z``; returns (thetas, z, loss, iterations, converged)."""
     converged = False
     it = 0
-    for it in range(1, max_iter + 1):
+    while it < max_iter:
+        it += 1
         thetas = _fit_pieces(X, y, z, pieces)
         znew = _argmax_piece(_predict(X, thetas))
         if np.array_equal(znew, z):
@@ -320,8 +323,10 @@ def _fit_cost_model_iv(G, N, t, T, pieces, bootstrap, rng, starts, max_iter, lev
         if np.any(T < G):
             i = int(np.argmax(T < G))
             raise param_error(
-                "T", _FUNC, "tile counts of at least G (each activated replica is one tile or "
-                "more)", f"T = {T[i]!r} < G = {G[i]!r} at sample {i}"
+                "T",
+                _FUNC,
+                "tile counts of at least G (each activated replica is one tile or more)",
+                f"T = {T[i]!r} < G = {G[i]!r} at sample {i}",
             )
     pieces = check_choice(pieces, "pieces", _FUNC, [2, 3])
     n_params = len(_param_names(pieces, T is not None))
@@ -333,7 +338,9 @@ def _fit_cost_model_iv(G, N, t, T, pieces, bootstrap, rng, starts, max_iter, lev
     # token piece needs two values of tokens per expert (with N = k*G throughout, both
     # pieces are lines in G and any split of the slope between b and beta fits as well).
     if np.unique(G).size < 2:
-        raise param_error("G", _FUNC, "a log sweeping at least two values of G", f"G = {G[0]!r} only")
+        raise param_error(
+            "G", _FUNC, "a log sweeping at least two values of G", f"G = {G[0]!r} only"
+        )
     live = G > 0
     per = N[live] / G[live]
     if per.size and np.ptp(per) <= 1e-12 * max(1.0, float(np.abs(per).max())):

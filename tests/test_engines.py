@@ -190,7 +190,8 @@ def test_sglang_init_location_pt(tmp_path, rec):
     import torch
 
     obj = torch.load(pt, weights_only=True)  # what SGLang does with it
-    assert list(obj) == ["physical_to_logical_map"] and obj["physical_to_logical_map"].dtype == torch.int64
+    assert list(obj) == ["physical_to_logical_map"]
+    assert obj["physical_to_logical_map"].dtype == torch.int64
     np.testing.assert_array_equal(read_engine_log(pt).physical_to_logical, p2l)
     cnt = write_sglang_init_location(tmp_path / "cnt.pt", logical_count=rec["logical_counts"])
     np.testing.assert_array_equal(read_engine_log(cnt).counts, rec["logical_counts"])
@@ -260,8 +261,12 @@ def test_vllm_maps_must_agree(tmp_path, rec):
 def test_vllm_maps_layout():
     m = vllm_maps([[0, 1, 2, 3, 0, 1], [0, 2, 0, 1, 0, 3]], 4)
     assert m["logical_to_physical_map"].shape == (2, 4, 3)  # num_redundant_experts + 1
-    assert m["logical_to_physical_map"][0].tolist() == [[0, 4, -1], [1, 5, -1], [2, -1, -1],
-                                                        [3, -1, -1]]
+    assert m["logical_to_physical_map"][0].tolist() == [
+        [0, 4, -1],
+        [1, 5, -1],
+        [2, -1, -1],
+        [3, -1, -1],
+    ]
 
 
 # --- TensorRT-LLM -------------------------------------------------------------------------
@@ -292,8 +297,11 @@ def test_trtllm_reads_what_safetensors_torch_writes(tmp_path, rec):
     import torch
 
     write_trtllm_statistics(tmp_path, rec["rank_logical_counts"][:1], layer_ids=[0, 1, 2], top_k=2)
-    t = {f"{i}_{l}": torch.from_numpy(rec["rank_logical_counts"][1, i, l].astype(np.int32))
-         for i in range(rec["n_passes"]) for l in range(3)}
+    t = {
+        f"{i}_{l}": torch.from_numpy(rec["rank_logical_counts"][1, i, l].astype(np.int32))
+        for i in range(rec["n_passes"])
+        for l in range(3)
+    }
     safetensors.torch.save_file(t, str(tmp_path / "rank1.safetensors"))
     log = read_engine_log(tmp_path)
     np.testing.assert_array_equal(log.counts, rec["rank_logical_counts"][:2].sum(axis=0))
@@ -314,8 +322,10 @@ def test_trtllm_statistics_refusals(tmp_path, rec):
     with pytest.raises(InvalidInputError, match="keyed"):
         read_trtllm_statistics(tmp_path)
     for r in range(4):
-        save_safetensors({"0_3": np.zeros(16, np.int32), "1_4": np.zeros(16, np.int32)},
-                         tmp_path / f"rank{r}.safetensors")
+        save_safetensors(
+            {"0_3": np.zeros(16, np.int32), "1_4": np.zeros(16, np.int32)},
+            tmp_path / f"rank{r}.safetensors",
+        )
     with pytest.raises(InvalidInputError, match="every layer in every iteration"):
         read_trtllm_statistics(tmp_path)
     (tmp_path / "meta_info.json").write_text("null")
@@ -365,8 +375,10 @@ def test_moe_load_balancer_matches_pyyaml(tmp_path, rec):
     "text, match",
     [
         ("num_slots: 4\ninitial_global_assignments:\n  3: [0, 1, 2]\n", "shape"),
-        ("num_slots: 4\ninitial_global_assignments:\n  3: [0, 1, 1, 1]\n  4: [0, 2, 2, 1]\n",
-         "no slot for expert 2 in layer 3"),
+        (
+            "num_slots: 4\ninitial_global_assignments:\n  3: [0, 1, 1, 1]\n  4: [0, 2, 2, 1]\n",
+            "no slot for expert 2 in layer 3",
+        ),
         ("num_slots: 2\nep: 4\ninitial_global_assignments:\n  0: [0, 1]\n", "rejects"),
         ("num_slots: 2\n", "initial_global_assignments"),
         ("a: &x 1\nb: *x\n", "line 1"),

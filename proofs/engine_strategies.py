@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from ..baselines.eplb import rebalance_experts
 from ..sim.workload import zipf_popularity
 
-__all__ = ["synthetic_recording", "malformed_arrays", "file_bytes_mutations"]
+__all__ = [
+    "synthetic_recording",
+    "malformed_arrays",
+    "file_bytes_mutations",
+    "DEMO",
+    "write_demo_dumps",
+]
 
 
 def _route(q, n_tokens, top_k, gen):
@@ -154,3 +160,68 @@ def file_bytes_mutations(draw, data: bytes):
     if how == "random":
         return draw(st.binary(max_size=256))
     return b""
+
+
+#: The recording of the README's "From your engine's logs" demo (and tests/test_plan.py):
+#: 16 decode passes of a 64-expert, top-8 model on 8 GPUs, 4 MoE layers, 80 slots.
+DEMO = dict(
+    n_layers=4,
+    n_experts=64,
+    n_gpus=8,
+    n_slots=80,
+    tokens_per_gpu=32,
+    top_k=8,
+    n_passes=16,
+    skew=0.85,
+    kappa=200.0,
+    seed=7,
+)
+
+
+def write_demo_dumps(directory, *, engines=("sglang", "vllm", "trtllm"), **overrides) -> dict:
+    """Write one :func:`synthetic_recording` as each engine records it, under ``directory``:
+    ``sglang/`` (per-pass recorder dumps, one per rank; needs torch), ``vllm/`` (each
+    rank's ``EplbState`` as JSON, loads in the current layout) and ``trtllm/``
+    (``meta_info.json`` + ``rank*.safetensors``; needs safetensors). Returns ``{engine:
+    path}`` and the recording under ``"recording"``."""
+    import os
+
+    from ..runtime.engines import (
+        vllm_maps,
+        write_sglang_detail_dump,
+        write_trtllm_statistics,
+        write_vllm_state,
+    )
+
+    rec = synthetic_recording(**(DEMO | overrides))
+    G, F = rec["n_gpus"], rec["n_passes"]
+    p2l = rec["maps"][-1][1]
+    out = {"recording": rec}
+    if "sglang" in engines:
+        d = os.path.join(directory, "sglang")
+        for r in range(G):
+            records = [
+                {"forward_pass_id": f, "global_physical_count": rec["physical_counts"][r, f]}
+                for f in range(F)
+            ]
+            write_sglang_detail_dump(d, records, p2l, rank=r, timestamp=1.7e9 + r / 1000)
+        out["sglang"] = d
+    if "vllm" in engines:
+        d = os.path.join(directory, "vllm")
+        for r in range(G):
+            state = dict(vllm_maps(p2l, rec["n_experts"]))
+            state["expert_load_window"] = rec["physical_counts"][r]
+            state["expert_load_window_step"] = 0
+            write_vllm_state(os.path.join(d, f"eplb_state_rank{r}.json"), state)
+        out["vllm"] = d
+    if "trtllm" in engines:
+        d = os.path.join(directory, "trtllm")
+        write_trtllm_statistics(
+            d,
+            rec["rank_logical_counts"],
+            layer_ids=range(3, 3 + rec["n_layers"]),
+            iter_ids=range(100, 100 + F),
+            top_k=rec["top_k"],
+        )
+        out["trtllm"] = d
+    return out

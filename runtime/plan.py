@@ -12,13 +12,20 @@
 2. **Place**: ``--placement eplb`` (default; DeepSeek EPLB, :func:`straggler.baselines.eplb.
    rebalance_experts`, on the summed loads, ``--groups``/``--nodes`` for its hierarchical
    policy) or ``recorded`` (keep the placement the log was recorded under).
-3. **Dispatch**: tempo (:func:`straggler.solvers.solve_dispatch` on each layer's stack of
-   recorded batches) under the cost model (``--cost`` preset, or ``--calibration``: a
-   :class:`~straggler.solvers.CalibrationResult` JSON or a raw ``G,N,t_us`` log, fitted
-   here). Each layer's table is the token-weighted mean of its batches' tempo splits:
-   ``P(replica | expert) = sum_b x_b[e, g] / sum_b n_b[e]``
-   (:meth:`~straggler.formulations.DispatchProblem.to_tables`; the layout the runtime's
-   dispatch kernel reads).
+3. **Dispatch**: tempo (:func:`straggler.solvers.solve_dispatch`) under the cost model
+   (``--cost`` preset, or ``--calibration``: a :class:`~straggler.solvers.CalibrationResult`
+   JSON or a raw ``G,N,t_us`` log, fitted here), on each layer's recorded batches. A
+   table gives each (expert, replica) a probability, so it is one split for every batch;
+   three candidates are scored, in expectation, on the batches the plan is built from, and
+   the best kept per layer (ties: the first): ``mean_batch``, tempo on the mean batch
+   (counts averaged and rounded, a count below one raised to one); ``batch_average``,
+   the token-weighted mean of tempo's per-batch splits, ``sum_b x_b[e, g] / sum_b n_b[e]``;
+   ``even``, EPLB's even split over the expert's slots. On those batches the table is
+   therefore never worse than EPLB's split. The tables are
+   :meth:`~straggler.formulations.DispatchProblem.to_tables`'s layout (``[L, E, X]``,
+   what the runtime's dispatch kernel reads). *In expectation*: each batch's tokens are
+   split exactly by the probabilities and every replica with a positive probability
+   counts as activated (a sampled dispatch may leave a low-probability replica idle).
 4. **Report** per layer, mean modeled makespan (us) over the scored batches: EPLB's even
    split over replicas (what EPLB deploys), per-batch token LP (LPLB), per-batch tempo
    (an oracle that re-solves every batch), and the **table** (the written table applied
@@ -236,6 +243,7 @@ def plan(
     gpu_node = np.arange(n_gpus) // (n_gpus // n_nodes)
     chosen_x = np.zeros((L, E, n_gpus))
     choices = []
+    cand_scores = []
     runtime = {"tempo": 0.0, "token_lp": 0.0}
     stacks = []
     for l in _progress(range(L), L, progress, "tempo"):
@@ -259,6 +267,7 @@ def plan(
             for k, x in cands.items()
         }
         best = min(scores, key=lambda k: (scores[k], list(cands).index(k)))
+        cand_scores.append(scores)
         choices.append(best)
         chosen_x[l] = cands[best]
         score_p = DispatchProblem.from_placement(
@@ -298,6 +307,7 @@ def plan(
                 "tempo_us": float(np.mean(tempo_score.makespan)),
                 "table_us": m_tab,
                 "table_choice": choices[l],
+                "candidates_fit_us": cand_scores[l],
                 "lower_bound_us": float(np.mean(tempo_score.lower_bound)),
                 "gain": 1 - m_tab / m_even if m_even > 0 else 0.0,
                 "tokens_mean_over_max_even": float(mean_over_max(ev_even.N).mean()),
@@ -456,10 +466,22 @@ def format_report(result: Plan, *, worst: int = 5, cost_note: str = "") -> str:
     )
     solve = s["solve_s"]
     out.append(
-        f"solve time: tempo {solve['tempo']:.2f} s, token LP {solve['token_lp']:.2f} s "
-        "(machine-dependent)"
+        f"solve time: tempo {1e3 * solve['tempo']:.1f} ms, token LP (HiGHS) "
+        f"{1e3 * solve['token_lp']:.1f} ms, all layers (machine-dependent)"
     )
     return "\n".join(out)
+
+
+def _sglang_rows(p2l, layer_ids, n_experts: int) -> np.ndarray:
+    """SGLang's map has one row per model layer (index = layer id): rows of layers the log
+    did not record (dense layers, e.g. DeepSeek's 0-2 in a TensorRT-LLM log) get SGLang's
+    trivial placement, slot ``p`` holding expert ``p % E``."""
+    ids = np.asarray(layer_ids)
+    if np.array_equal(ids, np.arange(ids.size)):
+        return p2l
+    full = np.tile(np.arange(p2l.shape[1]) % n_experts, (int(ids.max()) + 1, 1))
+    full[ids] = p2l
+    return full
 
 
 def _write_outputs(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> list[str]:
@@ -468,15 +490,16 @@ def _write_outputs(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> l
     E = result["meta"]["n_experts"]
     files = []
     if fmt == "sglang":
+        full = _sglang_rows(p2l, result["tables"]["layer_ids"], E)
         files.append(
             write_sglang_init_location(
-                os.path.join(out_dir, "init_expert_location.json"), physical_to_logical=p2l
+                os.path.join(out_dir, "init_expert_location.json"), physical_to_logical=full
             )
         )
         if torch_twins:
             files.append(
                 write_sglang_init_location(
-                    os.path.join(out_dir, "init_expert_location.pt"), physical_to_logical=p2l
+                    os.path.join(out_dir, "init_expert_location.pt"), physical_to_logical=full
                 )
             )
     elif fmt == "vllm":

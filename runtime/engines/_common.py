@@ -72,7 +72,8 @@ class EngineLog:
         ``"sglang"``, ``"vllm"``, ``"trtllm"`` or ``"eplb"``.
     kind : str
         The file kind read, e.g. ``"sglang_stat"``, ``"sglang_per_pass"``,
-        ``"sglang_per_token"``, ``"sglang_init_mapping"``, ``"vllm_state"``,
+        ``"sglang_per_token"``, ``"sglang_init_mapping"``, ``"sglang_init_count"``,
+        ``"vllm_state"``, ``"vllm_maps"``,
         ``"trtllm_statistics"``, ``"trtllm_config"``, ``"eplb_maps"``.
     sources : tuple of str
         The files read.

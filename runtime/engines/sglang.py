@@ -586,6 +586,11 @@ def write_sglang_init_location(path, *, physical_to_logical=None, logical_count=
         m = check_physical_to_logical(
             physical_to_logical, "write_sglang_init_location", "physical_to_logical"
         )
+        if (m < 0).any():
+            raise InvalidInputError(
+                "SGLang has no empty slots: every entry of the 'physical_to_logical' parameter "
+                "of write_sglang_init_location must be an expert id >= 0."
+            )
         obj = {"physical_to_logical_map": m}
     else:
         obj = {

@@ -286,6 +286,16 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
                 f"Got {fold_map.shape} instead."
             )
     P_local = P // n_ranks
+    has_load = ["expert_load_window" in o or "expert_load_pass" in o for o in objs]
+    if not any(has_load):  # the maps alone (what straggler-plan writes): a placement
+        return EngineLog(
+            engine="vllm",
+            kind="vllm_maps",
+            sources=sources,
+            n_experts=E,
+            physical_to_logical=p2l,
+            n_ranks=n_ranks,
+        )
     windows = []
     for obj, src in zip(objs, sources):
         if "expert_load_window" in obj:
@@ -388,7 +398,8 @@ def read_vllm_state(path, *, physical_to_logical=None) -> EngineLog:
     ``.safetensors`` or ``.json``), a list of files, or one file (a single rank).
 
     Returns an :class:`EngineLog` of kind ``"vllm_state"``: the window's steps as batches,
-    folded to logical experts, with the saved placement.
+    folded to logical experts, with the saved placement (kind ``"vllm_maps"``, no loads,
+    for files holding the maps alone, as ``straggler-plan --format vllm`` writes them).
 
     Raises
     ------

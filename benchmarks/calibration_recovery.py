@@ -110,7 +110,8 @@ def main(argv=None):
                 )
                 p = params[k]
                 print(f"{name:>13} {noise:5.2f} {k:>5} {p['true']:9.4f} {p['fit_mean']:9.4f} "
-                      f"{p['fit_sd']:8.4f} {p['coverage']:8.2f} {p['width_mean']:9.4f}")  # fmt: skip
+                      f"{p['fit_sd']:8.4f} {p['coverage']:8.2f} "
+                      f"{p['width_mean']:9.4f}")  # fmt: skip
             row = dict(
                 model=name,
                 noise=noise,

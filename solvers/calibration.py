@@ -226,9 +226,12 @@ def _design(G, N, T, pieces):
 
 
 def _fit_pieces(X, y, z, pieces, scale):
-    """Each piece refit by non-negative least squares on its samples, residuals divided by
-    ``scale`` (the current model's prediction: relative residuals, reweighted)."""
+    """Each piece refit by non-negative least squares on its samples: one Gauss-Newton step
+    of ``sum (log t_hat - log t)^2`` linearised at the current predictions ``scale``,
+    ``log t_hat ~ log s + (t_hat - s) / s``, i.e. residuals ``(t_hat - s (1 + log(t / s)))
+    / s``. With ``scale = t`` (the first round) it is the plain relative fit."""
     thetas = []
+    target = scale * (1.0 + np.log(y / scale))
     for k in range(pieces):
         rows = z == k
         Xk = X[k]
@@ -237,7 +240,7 @@ def _fit_pieces(X, y, z, pieces, scale):
             continue
         w = 1.0 / scale[rows]
         A = Xk[rows] * w[:, None]
-        thetas.append(nnls(A, y[rows] * w, maxiter=50 * A.shape[1])[0])
+        thetas.append(nnls(A, target[rows] * w, maxiter=50 * A.shape[1])[0])
     return thetas
 
 
@@ -259,8 +262,9 @@ def _scale(pred, y):
 
 
 def _alternate(X, y, z, pieces, max_iter):
-    """Alternating assignment from ``z``, each round's least squares weighted by the previous
-    round's predictions; returns (thetas, z, loss, iterations, converged)."""
+    """Alternating assignment from ``z``, each round's least squares a Gauss-Newton step of
+    the log-residual loss at the previous round's predictions; returns (thetas, z, loss,
+    iterations, converged)."""
     converged = False
     scale = y
     it = 0
@@ -275,7 +279,8 @@ def _alternate(X, y, z, pieces, max_iter):
             break
         z, scale = znew, new_scale
     pred = _predict(X, thetas).max(axis=1)
-    loss = float(np.sum(((pred - y) / _scale(pred, y)) ** 2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = float(np.sum(np.log(pred / y) ** 2)) if np.all(pred > 0) else math.inf
     return thetas, _argmax_piece(_predict(X, thetas)), loss, it, converged
 
 
@@ -424,18 +429,22 @@ def fit_cost_model(
 
     Notes
     -----
-    *Loss.* Relative residuals, because timing noise is multiplicative: each round's least
-    squares divides a sample's residual by the previous round's **predicted** time (by
-    ``t`` in the first round), an iteratively reweighted fit that converges with the
-    assignment. (Dividing by the noisy ``t`` itself, the plain relative fit, shrinks every
-    parameter by about ``1.5 sigma^2``: 1% at 8% noise, more than the intervals' width on
-    a 117-sample grid.) So a 20 us sample weighs as much as a 2 ms one. The fits are
-    non-negative (scipy's NNLS), because :class:`CostModel` parameters are: a slope the
-    log cannot support is reported as 0, never negative (the paper's degenerate Qwen3
-    refit had ``b < 0``). A start's fit is scored by the squared relative error of the
-    **max** of the pieces; the best of ``3 + starts`` starts is kept (ties: the first). A
-    start stops when its assignment and weights no longer change (``rtol`` 1e-6) or after
-    ``max_iter`` rounds (``converged`` says which).
+    *Loss.* ``sum_i (log t_hat_i - log t_i)^2``, the relative error in log scale, because
+    timing noise is multiplicative: an overestimate and an underestimate by the same factor
+    cost the same, a 20 us sample weighs as much as a 2 ms one, and an interference spike
+    (a time 10x too long) costs ``log(10)^2``, not ``81``. Each round of the alternating
+    assignment refits every piece by one Gauss-Newton step of it, a non-negative least
+    squares on residuals relative to the previous round's predictions (relative to ``t``
+    in the first round, the plain relative fit), until the assignment and the predictions
+    no longer change (``rtol`` 1e-6) or ``max_iter`` rounds (``converged`` says which).
+    Dividing by the measured ``t`` throughout, the plain relative fit, shrinks every
+    parameter by about ``1.5 sigma^2`` (1% at 8% noise, more than the intervals' width on
+    a 117-sample grid); dividing by the prediction instead lets a single spike win by
+    predicting everything huge. The fits are non-negative (scipy's NNLS), because
+    :class:`CostModel` parameters are: a slope the log cannot support is reported as 0,
+    never negative (the paper's degenerate Qwen3 refit had ``b < 0``). A start is scored
+    by the loss of the **max** of the pieces; the best of ``3 + starts`` is kept (ties:
+    the first).
 
     *Starts.* Three splits by tokens per expert ``N / G`` at quantiles (0.5, 0.25, 0.75
     for two pieces; three pairs of cut points for three), then ``starts`` uniformly

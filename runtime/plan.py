@@ -58,7 +58,7 @@ import numpy as np
 from ..baselines.eplb import rebalance_experts
 from ..formulations.cost import PRESETS, CostModel
 from ..formulations.dispatch import DispatchProblem, evaluate, logical_to_physical
-from ..formulations.errors import BackendUnavailableError, StragglerError
+from ..formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ..formulations.metrics import (
     imbalance_ratio,
     mean_over_max,
@@ -66,9 +66,16 @@ from ..formulations.metrics import (
     trtllm_imbalance_ratio,
     vllm_balancedness,
 )
+from ..formulations.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_real,
+    check_type,
+)
 from ..solvers.calibration import CalibrationResult, fit_cost_model, read_calibration_log
 from ..solvers.dispatch import solve_dispatch
-from .engines import ENGINES, read_engine_log
+from .engines import ENGINES, EngineLog, read_engine_log
 from .engines.eplb import write_eplb_maps
 from .engines.sglang import write_sglang_init_location
 from .engines.trtllm import write_moe_load_balancer
@@ -189,6 +196,33 @@ def _table_shares(prob, l2p, count, per: int, n_gpus: int) -> np.ndarray:
     return q
 
 
+def _plan_iv(log, n_gpus, n_slots, n_nodes, n_groups, cost, placement, distinct, holdout,
+             max_batches, progress, seed) -> None:  # fmt: skip
+    func = "plan"
+    check_type(log, "log", func, EngineLog, "an EngineLog (from read_engine_log)")
+    if not log.has_loads:
+        raise InvalidInputError(
+            f"The 'log' parameter of plan must hold recorded loads. Got {log.summary()} (a "
+            "placement only) instead."
+        )
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1)
+    n_nodes = check_int(n_nodes, "n_nodes", func, lo=1)
+    if n_gpus % n_nodes:
+        raise InvalidInputError(
+            f"The 'n_nodes' parameter of plan must divide n_gpus={n_gpus}. Got {n_nodes} instead."
+        )
+    if n_slots is not None:
+        check_int(n_slots, "n_slots", func, lo=1)
+    check_int(n_groups, "n_groups", func, lo=1)
+    check_type(cost, "cost", func, CostModel, "a CostModel")
+    check_choice(placement, "placement", func, PLACEMENTS)
+    check_bool(distinct, "distinct", func)
+    check_real(holdout, "holdout", func, lo=0, hi=1, hi_open=True)
+    check_int(max_batches, "max_batches", func, lo=1)
+    check_bool(progress, "progress", func)
+    check_int(seed, "seed", func, lo=0)
+
+
 def plan(
     log,
     *,
@@ -213,7 +247,16 @@ def plan(
         ``layers`` (one dict per layer), ``summary``, ``tables`` (arrays), ``gpu_time``
         (mean modeled time per layer and GPU, ``even`` and ``table``), ``placement``
         (``physical_to_logical``, and ``log2phy``/``logcnt`` for EPLB), ``meta``.
+
+    Raises
+    ------
+    InvalidInputError
+        A log without loads, bad sizes (``n_gpus`` not dividing the slots, ``n_nodes`` not
+        dividing ``n_gpus``, fewer slots than experts), an unknown placement, a recorded
+        placement the log does not have or of another size.
     """
+    _plan_iv(log, n_gpus, n_slots, n_nodes, n_groups, cost, placement, distinct, holdout,
+             max_batches, progress, seed)  # fmt: skip
     counts = log.counts
     B, L, E = counts.shape
     fit_idx, score_idx, held = _split(B, holdout)
@@ -223,13 +266,15 @@ def plan(
     extra_maps = {}
     if placement == "recorded":
         if log.physical_to_logical is None:
-            raise StragglerError(
-                f"--placement recorded: {log.sources[0]} records no placement (use eplb)."
+            raise InvalidInputError(
+                f"The 'placement' parameter of plan can be 'recorded' only for a log that "
+                f"records its placement. Got {log.summary()} instead (use 'eplb')."
             )
         p2l = np.asarray(log.physical_to_logical)
         if n_slots is not None and n_slots != p2l.shape[1]:
-            raise StragglerError(
-                f"--slots {n_slots} differs from the recorded placement's {p2l.shape[1]} slots."
+            raise InvalidInputError(
+                f"The 'n_slots' parameter of plan must equal the recorded placement's "
+                f"{p2l.shape[1]} slots. Got {n_slots} instead."
             )
     else:
         P = n_slots if n_slots is not None else E
@@ -239,7 +284,9 @@ def plan(
         extra_maps = {"log2phy": log2phy, "logcnt": logcnt}
     P = p2l.shape[1]
     if P % n_gpus:
-        raise StragglerError(f"{P} slots cannot be split over {n_gpus} GPUs.")
+        raise InvalidInputError(
+            f"The 'n_gpus' parameter of plan must divide the {P} slots. Got {n_gpus} instead."
+        )
     gpu_node = np.arange(n_gpus) // (n_gpus // n_nodes)
     chosen_x = np.zeros((L, E, n_gpus))
     choices = []

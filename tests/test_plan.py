@@ -175,3 +175,30 @@ def test_cross_engine_sglang_rows_follow_layer_ids(dumps, tmp_path):
     tables = np.load(out / "dispatch_tables.npz")
     np.testing.assert_array_equal(m[3:], tables["physical_to_logical"])
     assert os.path.exists(out / "report.json")
+
+
+def test_plan_refuses_bad_input_by_name(dumps):
+    from straggler.formulations import InvalidInputError, InvalidOptionError
+
+    log = read_engine_log(dumps["vllm"])
+    cost = CostModel.preset("dsv3_a_offline")
+    cases = [
+        (dict(log="x"), "'log' parameter"),
+        (dict(n_gpus=0), "'n_gpus' parameter"),
+        (dict(n_nodes=3), "'n_nodes' parameter"),
+        (dict(n_gpus=7), "'n_gpus' parameter of plan must divide the 80 slots"),
+        (dict(holdout=1.0), "'holdout' parameter"),
+        (dict(cost="dsv3"), "'cost' parameter"),
+        (dict(placement="recorded", n_slots=96), "'n_slots' parameter"),
+    ]
+    for kw, match in cases:
+        args = dict(log=log, n_gpus=8, n_slots=80, cost=cost) | kw
+        with pytest.raises(InvalidInputError, match=match):
+            plan(args.pop("log"), **args)
+    with pytest.raises(InvalidOptionError, match="'placement' parameter"):
+        plan(log, n_gpus=8, cost=cost, placement="magic")
+    placement_only = read_engine_log(
+        '{"physical_to_logical_map": ' + json.dumps(log.physical_to_logical.tolist()) + "}"
+    )
+    with pytest.raises(InvalidInputError, match="recorded loads"):
+        plan(placement_only, n_gpus=8, cost=cost)

@@ -17,11 +17,12 @@
    JSON or a raw ``G,N,t_us`` log, fitted here), on each layer's recorded batches. A
    table gives each (expert, replica) a probability, so it is one split for every batch;
    three candidates are scored, in expectation, on the batches the plan is built from, and
-   the best kept per layer (ties: the first): ``mean_batch``, tempo on the mean batch
+   the best kept per layer, ties to the first listed here (so EPLB's split stays unless a
+   tempo table is strictly better): ``even``, EPLB's even split over the expert's slots;
+   ``mean_batch``, tempo on the mean batch
    (counts averaged and rounded, a count below one raised to one); ``batch_average``,
-   the token-weighted mean of tempo's per-batch splits, ``sum_b x_b[e, g] / sum_b n_b[e]``;
-   ``even``, EPLB's even split over the expert's slots. On those batches the table is
-   therefore never worse than EPLB's split. The tables are
+   the token-weighted mean of tempo's per-batch splits, ``sum_b x_b[e, g] / sum_b n_b[e]``.
+   On those batches the table is therefore never worse than EPLB's split. The tables are
    :meth:`~straggler.formulations.DispatchProblem.to_tables`'s layout (``[L, E, X]``,
    what the runtime's dispatch kernel reads). *In expectation*: each batch's tokens are
    split exactly by the probabilities and every replica with a positive probability
@@ -305,9 +306,9 @@ def plan(
         runtime["tempo"] += res.runtime_s + res_mean.runtime_s
         # Candidate tables, scored in expectation on the batches they were built from.
         cands = {
+            "even": np.zeros((E, n_gpus)),
             "mean_batch": res_mean.shares,
             "batch_average": res.shares.sum(axis=0),
-            "even": np.zeros((E, n_gpus)),
         }
         scores = {
             k: float(np.mean(evaluate(fit_p, cost, _expected(fit_p, x, p2l[l], n_gpus)).makespan))
@@ -390,7 +391,7 @@ def plan(
         "tokens_even": balance(tok_even),
         "tokens_table": balance(tok_table),
         "solve_s": runtime,
-        "table_choices": {k: choices.count(k) for k in ("mean_batch", "batch_average", "even")},
+        "table_choices": {k: choices.count(k) for k in ("even", "mean_batch", "batch_average")},
     }
     meta = {
         "engine": log.engine,

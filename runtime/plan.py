@@ -614,7 +614,14 @@ def plot_heatmap(result: Plan, path: str) -> None:
         )
         ax.set_title(title)
         ax.set_xlabel("GPU")
-    axes[0].set_ylabel("layer (row)")
+    L, G = even.shape
+    ids = np.asarray(result["tables"]["layer_ids"])
+    ys = np.arange(0, L, max(1, L // 16))
+    xs = np.arange(0, G, max(1, G // 16))
+    for ax in axes:
+        ax.set_xticks(xs)
+    axes[0].set_yticks(ys, [str(int(ids[y])) for y in ys])
+    axes[0].set_ylabel("MoE layer")
     fig.colorbar(im, ax=axes, label="mean modeled time per GPU (us)")
     fig.savefig(path, dpi=110)
     plt.close(fig)

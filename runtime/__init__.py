@@ -7,12 +7,18 @@
   with one copy from pinned staging; races with the kernel cannot route a token wrong.
 - :class:`SolverWorker`: tempo (or any dispatch method) in a spawned process, fed count
   windows through shared memory, posting tables at a refresh period; the engine never waits.
+- :mod:`straggler.runtime.converters`: the tables in SGLang's ``lp`` and vLLM's layouts.
+- :mod:`straggler.runtime.engines`: readers and writers of the engines' files
+  (:func:`read_engine_log`, :func:`detect_format`, :class:`EngineLog`).
+
+``runtime/INTEGRATION.md`` (shipped with the package) names the patch points an engine needs.
 
 torch and triton are imported lazily (the ``runtime`` extra), so ``import
 straggler.runtime`` works without them.
 """
 
 from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
+from .engines import EngineLog, detect_format, read_engine_log
 from .publisher import TablePublisher, normalize_table, uniform_table
 from .worker import SolverWorker, WorkerStatus, WorkerTables, window_delta
 
@@ -28,4 +34,7 @@ __all__ = [
     "WorkerStatus",
     "WorkerTables",
     "window_delta",
+    "EngineLog",
+    "detect_format",
+    "read_engine_log",
 ]

@@ -349,7 +349,7 @@ def dispatch_and_count(
     >>> p = np.array([[0.75, 0.25], [1.0, 0.0]])
     >>> phys, counts = dispatch_and_count(ids, l2p, p)
     >>> phys.tolist(), counts.tolist()
-    ([[0, 1], [0, -1], [2, 1], [0, -1]], [4, 2])
+    ([[0, 1], [0, -1], [0, 1], [2, -1]], [4, 2])
 
     A torn row (all zero) falls back to uniform over the listed replicas:
 

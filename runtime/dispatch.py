@@ -11,6 +11,7 @@ the batch counts are in :mod:`straggler.runtime._dispatch_kernels`.
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import numpy as np
 
@@ -49,8 +50,9 @@ def _require_torch():
 
 
 def _is_tensor(x) -> bool:
-    mod = type(x).__module__
-    return mod.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+    """Whether ``x`` is a torch tensor, without importing torch (a tensor implies it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _dispatch_and_count_iv(topk_ids, log2phy, probs, seed, backend, counter, nvalid, check):

@@ -265,8 +265,9 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
         import numba
 
         numba.set_num_threads(max(1, min(cfg.n_threads, numba.config.NUMBA_NUM_THREADS)))
-    got = None
-    while got is None:
+    got = _read_seqlocked(hdr, H_PLACE_SEQ, H_PLACE_CRC, v["place"])
+    while got is None:  # written before the spawn; a retry only if the engine rewrote it
+        time.sleep(cfg.poll)
         got = _read_seqlocked(hdr, H_PLACE_SEQ, H_PLACE_CRC, v["place"])
     p2l, _ = got
     place_seq = int(hdr[H_PLACE_SEQ])

@@ -18,16 +18,15 @@ from straggler.proofs.runtime import (
     torn_mixtures,
     valid_tables,
 )
-from straggler.runtime import dispatch_and_count
+from straggler.runtime import TablePublisher, dispatch_and_count
 from straggler.runtime.publisher import normalize_table, uniform_table
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed (runtime extra)")
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch not installed (runtime extra)")
 
 if HAS_TORCH:
     import torch
-    from straggler.runtime import TablePublisher
 
 
 def _placement(rng, L, E, X, n_slots=64):
@@ -40,6 +39,7 @@ def _placement(rng, L, E, X, n_slots=64):
     return l2p
 
 
+@needs_torch
 def test_docstring_examples():
     """The class examples (skipped by the package doctest run, which has no torch)."""
     text = TablePublisher.__doc__.replace("# doctest: +SKIP", "")
@@ -51,6 +51,7 @@ def test_docstring_examples():
     assert runner.failures == 0 and runner.tries >= 6
 
 
+@needs_torch
 def test_publish_normalises_keeps_idle_rows_and_zero_columns():
     rng = np.random.default_rng(0)
     l2p = _placement(rng, 3, 8, 3)
@@ -71,6 +72,7 @@ def test_publish_normalises_keeps_idle_rows_and_zero_columns():
     assert np.allclose(pub.snapshot(), uniform_table(l2p))
 
 
+@needs_torch
 def test_reset_and_bad_input():
     rng = np.random.default_rng(1)
     l2p = _placement(rng, 2, 4, 2)
@@ -111,7 +113,7 @@ def test_any_tear_of_two_published_tables_routes_validly(case):
     way, alternating elements, rows) is dispatched within the spec: no -1 slot, no
     zero-weight replica, shares of the mixture (or uniform when it is all zero)."""
     l2p, mix, ids, seed = case
-    for backend in ("reference", "torch"):
+    for backend in ("reference", "torch") if HAS_TORCH else ("reference",):
         if backend == "torch":
             args = (torch.tensor(ids), torch.tensor(l2p), torch.tensor(mix))
         else:
@@ -123,7 +125,7 @@ def test_any_tear_of_two_published_tables_routes_validly(case):
         assert (phys[ids >= 0] >= 0).all() and listed_rows.all()
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.skipif(not (HAS_TORCH and HAS_TRITON), reason="torch and triton not installed")
 @settings(max_examples=8)
 @given(_torn())
 def test_tears_under_the_triton_kernel(case):
@@ -149,6 +151,7 @@ def test_tears_under_the_triton_kernel(case):
     assert dispatch_violations(ids, l2p, mix, phys.cpu().numpy(), counts.cpu().numpy()) == []
 
 
+@needs_torch
 def test_writer_thread_racing_a_reader():
     """A writer publishes random valid tables (one-hot rows that flip columns, so tears can
     zero a row) while the reader dispatches against the live tensor: no token reaches a

@@ -290,6 +290,7 @@ def main(argv=None):
         "benchmark": "runtime_speed",
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared)",
         "cost": args.cost,
+        "load_average_start": os.getloadavg(),
     }
     if not args.skip_kernel:
         try:
@@ -318,6 +319,7 @@ def main(argv=None):
             CostModel.preset(args.cost),
             rng,
         )
+    res["load_average_end"] = os.getloadavg()
     name = "runtime_speed_quick.json" if args.quick else "runtime_speed.json"
     out = pathlib.Path(args.out) if args.out else pathlib.Path(__file__).parent / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,15 +32,18 @@ is one IEEE-754 float64 operation on exactly representable operands (``r + o`` i
 outputs are identical.
 
 Racing a publisher: each implementation reads a row of ``probs`` once per use (the torch
-reference copies the table; the kernel loads an entry's row in one 2-D load and never reads
-it again), so a row being rewritten is seen as one element-wise mixture of the old and new
-rows: non-negative, zero on ``-1`` columns, hence a valid distribution after renormalising,
-or all zero and so the uniform fallback. Two entries of one expert may see two different
-mixtures during a copy; the split of that one batch is then stale, never invalid.
+reference copies the table; the kernel loads an entry's row in one 2-D load, one read per
+element, and never reads it again), so a row being rewritten is seen as one element-wise
+mixture of the old and new rows: non-negative, zero on ``-1`` columns, hence a valid
+distribution after renormalising, or all zero and so the uniform fallback. Two entries of
+one expert may see two different mixtures during a copy; the split of that one batch is then
+stale, never invalid.
 
-Why the batch count ``n[e]`` and not the rank alone: a per-prefix rule (replica from the rank
-only) within 1 of every prefix's quota cannot be written as a closed form for three or more
-replicas, so the map needs the batch's counts, a grid-wide dependency the Triton kernel
+Why the batch count ``n[e]`` and not the rank alone: a rule from the rank only would have to
+stay within 1 of every prefix's quota; for two replicas that is Bresenham's line, but for
+three or more the floor-difference closed forms are not monotone in the prefix, and the
+rules known to achieve it (Tijdeman's sequences, the quota method of apportionment) are
+sequential. So the map uses the batch's counts, a grid-wide dependency the Triton kernel
 resolves without a barrier (see :func:`dispatch_triton`).
 """
 

@@ -12,6 +12,7 @@ from .round_robin import RoundRobin, a3_bound, round_robin_shares
 from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
 from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
+from .topology import TopologySplit, topology_split
 
 __all__ = [
     "ROUTING_KERNELS",
@@ -36,4 +37,6 @@ __all__ = [
     "Tempo",
     "TokenLP",
     "token_lp_fast",
+    "TopologySplit",
+    "topology_split",
 ]

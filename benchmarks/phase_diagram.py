@@ -54,6 +54,8 @@ def _diagram_json(pd) -> dict:
         "makespan_us": {m: v.round(4).tolist() for m, v in pd.makespan.items()},
         "worst_cell_ratio": pd.worst_ratio.round(6).tolist(),
         "b_star": pd.b_star.round(3).tolist(),
+        "b_star_loaded": pd.b_star_loaded.round(3).tolist(),
+        "b_star_loaded_inside": pd.b_star_loaded_inside.tolist(),
         "band": np.where(np.isfinite(pd.band), pd.band, -1).tolist(),
         "b_star_inside": pd.b_star_inside.tolist(),
         "summary": pd.summary(),
@@ -67,7 +69,8 @@ def _print_diagram(name, pd) -> None:
         print("   cells: winner letter and tempo's gain over it")
         print(pd.format_table(k))
     print(
-        f"-- {name}: B* inside band {s['b_star_inside']}/{s['columns']}; tempo gain min "
+        f"-- {name}: B* inside band {s['b_star_inside']}/{s['columns']} (loaded-hot variant "
+        f"{s['b_star_loaded_inside']}/{s['columns']}); tempo gain min "
         f"{100 * s['gain_min']:+.2f}% at {s['gain_min_at']}, max {100 * s['gain_max']:+.2f}% "
         f"at {s['gain_max_at']}; M worst {s['activation_worst']:.3f}x at "
         f"{s['activation_worst_at']}, L worst {s['token_lp_worst']:.3f}x at "

@@ -140,7 +140,7 @@ def effective_activations(shares_of_slots, replica_gpus, n_slots) -> np.ndarray:
     return ((1.0 - (1.0 - p[None, :]) ** T[:, None]) * r[None, :]).sum(axis=1)
 
 
-def b_star(shares_of_slots, replica_gpus, *, top_k: int, n_gpus: int, cost: CostModel):
+def b_star(shares_of_slots, replica_gpus, *, top_k: int, n_gpus: int, cost: CostModel, hot="paper"):
     """The analytic flip boundary ``B* = min(B_avg, B_hot)`` of one layer (module notes).
 
     Parameters
@@ -151,6 +151,11 @@ def b_star(shares_of_slots, replica_gpus, *, top_k: int, n_gpus: int, cost: Cost
         GPUs holding a replica of each expert.
     top_k, n_gpus : int
     cost : CostModel
+    hot : {"paper", "loaded"}, default "paper"
+        ``"paper"``: §3.2's ``B_hot``, the hottest expert's tokens alone against the floor.
+        ``"loaded"`` (not in the paper): the GPU holding the hottest expert also carries its
+        share of the other experts, ``p_1 T + (1 - p_1) T / g`` tokens, so
+        ``B_hot = (a - c + b E_eff / g) / (beta K (p_1 g + 1 - p_1))``.
 
     Returns
     -------
@@ -173,9 +178,11 @@ def b_star(shares_of_slots, replica_gpus, *, top_k: int, n_gpus: int, cost: Cost
         return math.inf, math.inf, math.inf
     p1 = float(p.max())
 
+    hot_share = g * p1 if hot == "paper" else g * p1 + 1.0 - p1
+
     def pieces(e_eff):
         floor = cost.a - cost.c + cost.b * e_eff / g
-        return max(floor, 0.0) / (cost.beta * K), max(floor, 0.0) / (cost.beta * K * g * p1)
+        return max(floor, 0.0) / (cost.beta * K), max(floor, 0.0) / (cost.beta * K * hot_share)
 
     B = min(pieces(float(r[p > 0].sum())))
     for _ in range(200):
@@ -361,7 +368,9 @@ class PhaseDiagram:
     gain : ndarray, shape (n_B, n_s, n_r)
         ``1 - tempo / winner`` (0.05 = tempo 5% below the best fixed policy).
     b_star : ndarray, shape (n_s, n_r)
-        The analytic flip boundary (tokens per GPU).
+        The analytic flip boundary (tokens per GPU), §3.2's formula.
+    b_star_loaded : ndarray, shape (n_s, n_r)
+        The same with the hot GPU's other tokens counted (``b_star(hot="loaded")``).
     band : ndarray, shape (n_s, n_r, 2)
         The observed flip band of each column.
     worst_ratio : ndarray, shape (n_B, n_s, n_r)
@@ -381,6 +390,7 @@ class PhaseDiagram:
     winner: np.ndarray
     gain: np.ndarray
     b_star: np.ndarray
+    b_star_loaded: np.ndarray
     band: np.ndarray
     worst_ratio: np.ndarray
     table: SweepTable = field(repr=False)
@@ -389,6 +399,12 @@ class PhaseDiagram:
     def b_star_inside(self) -> np.ndarray:
         """``[skew, replication]``: whether ``B*`` lies in the observed flip band."""
         return (self.band[..., 0] <= self.b_star) & (self.b_star <= self.band[..., 1])
+
+    @property
+    def b_star_loaded_inside(self) -> np.ndarray:
+        """``[skew, replication]``: whether ``b_star_loaded`` lies in the flip band."""
+        lo, hi = self.band[..., 0], self.band[..., 1]
+        return (lo <= self.b_star_loaded) & (self.b_star_loaded <= hi)
 
     @property
     def letter_of(self) -> dict:
@@ -414,6 +430,7 @@ class PhaseDiagram:
             "gain_min_at": self._at(np.argmin(self.gain)),
             "gain_max_at": self._at(np.argmax(self.gain)),
             "b_star_inside": int(self.b_star_inside.sum()),
+            "b_star_loaded_inside": int(self.b_star_loaded_inside.sum()),
             "columns": int(self.b_star_inside.size),
         }
         for role, m in (("activation", self.policies[0]), ("token_lp", "token_lp")):
@@ -445,6 +462,8 @@ class PhaseDiagram:
         band = [f"{lo:g}-{hi:g}" if math.isfinite(hi) else f">{lo:g}" for lo, hi in self.band[:, k]]
         rows.append(["band"] + band)
         rows.append(["inside"] + ["yes" if v else "NO" for v in self.b_star_inside[:, k]])
+        rows.append(["B*load"] + [f"{b:.0f}" for b in self.b_star_loaded[:, k]])
+        rows.append(["inside"] + ["yes" if v else "NO" for v in self.b_star_loaded_inside[:, k]])
         widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
         lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
         lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
@@ -637,6 +656,7 @@ def phase_diagram(
         gain = np.where(best > 0, 1.0 - makespan["tempo"] / best, 0.0)
     worst = table.column("worst_ratio").astype(float).reshape(shp)
     bstar = np.zeros(shp[1:])
+    bstar_loaded = np.zeros(shp[1:])
     band = np.zeros((*shp[1:], 2))
     sh = SHAPES[shape]
     for j, s in enumerate(ss):
@@ -647,12 +667,13 @@ def phase_diagram(
             )  # fmt: skip
             rep = DispatchProblem.from_placement(np.zeros_like(loads, dtype=np.int64), p2l, n_gpus)
             r_e = rep.replicas.sum(axis=-1)
-            bstar[j, k] = np.mean(
-                [
-                    b_star(pop[l], r_e[l], top_k=sh.top_k, n_gpus=n_gpus, cost=cost)[0]
-                    for l in range(n_layers)
-                ]
-            )
+            for out, hot in ((bstar, "paper"), (bstar_loaded, "loaded")):
+                out[j, k] = np.mean(
+                    [
+                        b_star(pop[l], r_e[l], top_k=sh.top_k, n_gpus=n_gpus, cost=cost, hot=hot)[0]
+                        for l in range(n_layers)
+                    ]
+                )
             band[j, k] = flip_band(Bs, winner[:, j, k], activation)
     return PhaseDiagram(
         shape=shape,
@@ -666,6 +687,7 @@ def phase_diagram(
         winner=winner,
         gain=gain,
         b_star=bstar,
+        b_star_loaded=bstar_loaded,
         band=band,
         worst_ratio=worst,
         table=table,

@@ -9,8 +9,11 @@ places for that.
 
 ``method="local_search"`` (default), per layer:
 
-1. **Start** from EPLB's placement of the window's mean load with ``distinct=True`` (never
-   two replicas of one expert on one GPU).
+1. **Start** from the better, under tempo on the sampled batches (ties: the first), of
+   two EPLB placements of the window's mean load, neither with two replicas of one expert
+   on one GPU: EPLB with ``distinct=True``, and upstream EPLB with its duplicate replicas
+   collapsed and the freed slots refilled (each to the expert not on that GPU with the
+   largest mean load per replica). Which one places better varies by cell.
 2. **Score** a placement by the mean, over ``n_samples`` batches of the window (evenly
    spaced, deterministic), of tempo's certified layer bound ``max(a + b SM, c + beta
    lambda*, c2 + gamma lambda*)`` (:func:`~straggler.solvers.tempo.tempo_layer_bound`:
@@ -28,8 +31,8 @@ places for that.
    nodes, both moves stay inside one node (EPLB's group-to-node packing is kept).
 4. **Guard.** The result is kept only if tempo itself (the dispatcher it is built for)
    gives a lower mean makespan than the start on the sampled batches; else the start is
-   returned. So on the window it is built on, the placement is never worse than EPLB with
-   ``distinct=True`` under tempo.
+   returned. So on the batches it is built on, the placement is never worse under tempo
+   than either EPLB start.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
@@ -144,8 +147,28 @@ def _candidates(mask, samples, node_of):
     return out
 
 
-def _local_search(start, samples, cost, node_of, max_evals):
+def _repair(mask, mean, node_of, per):
+    """Fill the slots freed by collapsing duplicate replicas (upstream EPLB can put two
+    replicas of an expert on one GPU): each vacancy of GPU ``h`` (increasing ``h``) goes to
+    the expert not on ``h`` (and, with several nodes, already on ``h``'s node) with the
+    largest mean load per replica, ties to the lower index."""
+    mask = mask.copy()
+    for h in range(mask.shape[1]):
+        while mask[:, h].sum() < per:
+            ok = ~mask[:, h] & mask[:, node_of == node_of[h]].any(axis=1)
+            if node_of.max() == 0:
+                ok = ~mask[:, h]
+            ratio = np.where(ok, mean / np.maximum(mask.sum(axis=1), 1), -np.inf)
+            mask[int(np.argmax(ratio)), h] = True
+    return mask
+
+
+def _local_search(starts, samples, cost, node_of, max_evals):
     scorer = _Scorer(samples, cost)
+    # Step 1: the start with the lower tempo makespan on the samples (ties: the first).
+    start = starts[0]
+    if len(starts) > 1 and not np.array_equal(starts[0], starts[1]):
+        start = min(starts, key=scorer.tempo)
     mask = start.copy()
     best = scorer(mask)
     improved = True
@@ -269,6 +292,8 @@ def place_experts(
     idx = np.unique(np.linspace(0, n_batches - 1, min(n_samples, n_batches)).round().astype(int))
     masks = np.stack([_mask_from_p2l(start_p2l[l], E, g) for l in range(L)])
     if method == "local_search":
+        up_p2l, _, _ = rebalance_experts(mean, P, G, N, g)
         for l in range(L):
-            masks[l] = _local_search(masks[l], h[idx, l], cost, node_of, max_evals)
+            up = _repair(_mask_from_p2l(up_p2l[l], E, g), mean[l], node_of, per)
+            masks[l] = _local_search([masks[l], up], h[idx, l], cost, node_of, max_evals)
     return _maps(masks, per)

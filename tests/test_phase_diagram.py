@@ -120,6 +120,12 @@ def test_b_star_is_the_fixed_point(s, g):
     assert b_hot == pytest.approx(n_star * e_eff / (p.max() * K * g * g))
     # the hot-expert mechanism takes over exactly when p_1 * g > 1
     assert (b_hot < b_avg) == (p.max() * g > 1)
+    # the loaded variant counts the hot GPU's share of the other experts too
+    B2, _, hot2 = b_star(p, r, top_k=K, n_gpus=g, cost=cost, hot="loaded")
+    e2 = effective_activations(p, r, B2 * K * g)[0]
+    p1 = p.max()
+    assert hot2 == pytest.approx(n_star * e2 / (K * g * (p1 * g + 1 - p1)))
+    assert B2 <= B * (1 + 1e-9)
 
 
 def test_b_star_intercepts_and_no_compute():

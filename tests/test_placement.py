@@ -102,3 +102,33 @@ def test_two_nodes_keep_replicas_on_their_node():
 def test_bad_input(args, kw):
     with pytest.raises(InvalidInputError):
         place_experts(*args, **kw)
+
+
+def test_repair_fills_duplicates_distinctly():
+    from straggler.solvers.placement import _mask_from_p2l, _repair
+
+    # upstream EPLB puts two replicas of the hot expert on GPU 0 (slots 0-2)
+    p2l, _, _ = rebalance_experts([[9, 1, 1, 1]], 6, 1, 1, 2)
+    assert p2l[0].tolist() == [0, 0, 3, 0, 1, 2]
+    mask = _mask_from_p2l(p2l[0], 4, 2)
+    assert mask.sum(axis=0).tolist() == [2, 3]  # the duplicate collapsed
+    fixed = _repair(mask, np.array([9.0, 1, 1, 1]), np.zeros(2, dtype=np.int64), 3)
+    assert fixed.sum(axis=0).tolist() == [3, 3] and (fixed >= mask).all()
+    assert fixed[:, 0].tolist() == [True, True, False, True]  # expert 1: best 1/1, lowest index
+
+
+def test_never_worse_than_repaired_upstream_on_its_window():
+    from straggler.solvers.placement import _maps, _mask_from_p2l, _repair
+
+    cost = CostModel.preset("qwen3_30b_a_offline")
+    hist = _window(seed=4, tokens=512, skew=1.5)
+    ls = place_experts(hist, 40, 1, 1, 4, cost=cost, n_samples=len(hist))[0]
+    up, _, _ = rebalance_experts(hist.mean(axis=0), 40, 1, 1, 4)
+    masks = np.stack(
+        [
+            _repair(_mask_from_p2l(up[l], 32, 4), hist.mean(axis=0)[l], np.zeros(4, int), 10)
+            for l in range(2)
+        ]
+    )
+    rep = _maps(masks, 10)[0]
+    assert _tempo_mean(hist, ls, 4, cost) <= _tempo_mean(hist, rep, 4, cost) + 1e-9

@@ -456,7 +456,8 @@ class PhaseDiagram:
             cells = [str(B)]
             for j in range(len(self.skews)):
                 letter = self.letter_of[self.winner[i, j, k]]
-                cells.append(f"{letter} {100 * self.gain[i, j, k]:+.1f}%")
+                g = 100 * self.gain[i, j, k]
+                cells.append(f"{letter} {0.0 if abs(g) < 0.05 else g:+.1f}%")
             rows.append(cells)
         rows.append(["B*"] + [f"{b:.0f}" for b in self.b_star[:, k]])
         band = [f"{lo:g}-{hi:g}" if math.isfinite(hi) else f">{lo:g}" for lo, hi in self.band[:, k]]
@@ -500,6 +501,7 @@ class PhaseDiagram:
             for i in range(len(self.batch_sizes)):
                 for j in range(len(self.skews)):
                     g = 100 * self.gain[i, j, k]
+                    g = 0.0 if abs(g) < 0.05 else g  # no "-0.0"
                     ax.text(
                         j,
                         i,
@@ -515,7 +517,8 @@ class PhaseDiagram:
             ax.set_xticks(range(len(self.skews)), [f"{s:g}" for s in self.skews])
             ax.set_yticks(range(len(self.batch_sizes)), [str(b) for b in self.batch_sizes])
             ax.set_xlabel("Zipf skew s")
-            ax.set_ylabel("tokens per GPU B")
+            if k == 0:
+                ax.set_ylabel("tokens per GPU B")
             ax.set_title(f"{self.shape} EP{self.n_gpus}, {self.replications[k]:g}x replication")
             ax.legend(loc="upper right", fontsize=7)
         fig.colorbar(im, ax=list(axes), label="tempo gain over best fixed (%)", shrink=0.8)

@@ -24,8 +24,10 @@ places for that.
 3. **Moves**, keeping ``P / n_gpus`` slots per GPU and distinctness: a *replica move* gives
    the slot of a replica of a donor expert (count >= 2, lowest peak load per replica
    ``max_b n_b / r`` first) to a receiver expert not on that GPU (highest peak load per
-   replica first); a *swap* exchanges an expert of the GPU with the most rigid load (mean
-   tokens of its single-replica experts) with one of the GPU with the least. Candidates are
+   replica first); a *swap* exchanges a single-replica expert of the GPU with the most rigid
+   load with a lighter expert of the GPU with the least, rigid load measured two ways: mean
+   tokens of its single-replica experts (the compute piece) and how often they are live in
+   the samples (the floor piece: what the semi-matching must place). Candidates are
    tried in that order; the first that lowers the score is applied; the search stops when
    none of the candidates improves or after ``max_evals`` scored candidates. With several
    nodes, both moves stay inside one node (EPLB's group-to-node packing is kept).
@@ -130,20 +132,23 @@ def _candidates(mask, samples, node_of):
                 if not mask[u, h] and same_node:
                     out.append([(d, h, False), (u, h, True)])
                     break
-    rigid = (samples.mean(axis=0)[:, None] * (mask & (count == 1)[:, None])).sum(axis=0)
-    order = np.argsort(-rigid, kind="stable")
-    for h1 in order[:2]:
-        for h2 in order[::-1][:2]:
-            if h1 == h2 or node_of[h1] != node_of[h2]:
-                continue
-            mean = samples.mean(axis=0)
-            e1s = [e for e in np.argsort(-mean, kind="stable") if mask[e, h1] and not mask[e, h2]]
-            e2s = [e for e in np.argsort(mean, kind="stable") if mask[e, h2] and not mask[e, h1]]
-            for e1 in e1s[:3]:
-                for e2 in e2s[:3]:
-                    if mean[e1] > mean[e2]:
-                        swap = [(e1, h1, False), (e1, h2, True), (e2, h2, False), (e2, h1, True)]
-                        out.append(swap)
+    single = mask & (count == 1)[:, None]
+    # Swaps for the compute piece (mean tokens of single-replica experts) and for the floor
+    # piece (how often single-replica experts are live: what the semi-matching must place).
+    for weight in (samples.mean(axis=0), (samples > 0).mean(axis=0)):
+        rigid = (weight[:, None] * single).sum(axis=0)
+        order = np.argsort(-rigid, kind="stable")
+        for h1 in order[:2]:
+            for h2 in order[::-1][:2]:
+                if h1 == h2 or node_of[h1] != node_of[h2]:
+                    continue
+                down = np.argsort(-weight, kind="stable")
+                e1s = [e for e in down if single[e, h1] and not mask[e, h2]][:3]
+                e2s = [e for e in down[::-1] if mask[e, h2] and not mask[e, h1]][:3]
+                for e1 in e1s:
+                    for e2 in e2s:
+                        if weight[e1] > weight[e2]:
+                            out.append([(e1, h1, 0), (e1, h2, 1), (e2, h2, 0), (e2, h1, 1)])
     return out
 
 

@@ -98,6 +98,7 @@ class _Scorer:
         self.live = [c > 0 for c in self.samples]
         self.cost = cost
         self.evals = 0
+        self.memo: dict = {}
 
     def __call__(self, mask: np.ndarray) -> float:
         self.evals += 1
@@ -110,9 +111,14 @@ class _Scorer:
         return total / len(self.samples)
 
     def tempo(self, mask: np.ndarray) -> float:
-        """Mean makespan of tempo (default method and options) on the samples."""
-        problem = DispatchProblem(counts=np.stack(self.samples), replicas=mask)
-        return float(np.mean(solve_dispatch(problem, self.cost, method="tempo").makespan))
+        """Mean makespan of tempo (default method and options) on the samples (memoized:
+        the guard re-scores the start the start selection already scored)."""
+        key = np.packbits(mask).tobytes()
+        if key not in self.memo:
+            problem = DispatchProblem(counts=np.stack(self.samples), replicas=mask)
+            res = solve_dispatch(problem, self.cost, method="tempo")
+            self.memo[key] = float(np.mean(res.makespan))
+        return self.memo[key]
 
 
 def _candidates(mask, samples, node_of):

@@ -1,5 +1,6 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .phase_diagram import PhaseDiagram, phase_diagram
 from .simulator import DEFAULT_STEP_TIME, PREDICTORS, SimReport, simulate
 from .sweep import SweepTable, sweep
 from .traces import (
@@ -42,4 +43,6 @@ __all__: list[str] = [
     "saturate_trace",
     "sweep",
     "SweepTable",
+    "phase_diagram",
+    "PhaseDiagram",
 ]

@@ -1,5 +1,6 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .phase_diagram import PhaseDiagram, phase_diagram
 from .simulator import (
     DEFAULT_PREFILL,
     DEFAULT_STEP_TIME,
@@ -53,4 +54,6 @@ __all__: list[str] = [
     "saturate_trace",
     "sweep",
     "SweepTable",
+    "phase_diagram",
+    "PhaseDiagram",
 ]

@@ -4,9 +4,11 @@
 """
 
 from .bounds import certified_lower_bound
+from .calibration import CalibrationResult, fit_cost_model
 from .dispatch import DEFAULT_METHOD, solve_dispatch
 from .exact import MilpDispatch, solve_token_lp
 from .highs import MilpSolution, solve_milp
+from .placement import place_experts
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
 from .routing import project_loads, route_batch
@@ -18,8 +20,11 @@ from .routing_registry import (
 )
 from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
+from .topology import TopologySplit, topology_split
 
 __all__ = [
+    "CalibrationResult",
+    "fit_cost_model",
     "DEFAULT_POLICY",
     "routing_policies",
     "get_routing_policy",
@@ -44,4 +49,7 @@ __all__ = [
     "Tempo",
     "TokenLP",
     "token_lp_fast",
+    "place_experts",
+    "TopologySplit",
+    "topology_split",
 ]

@@ -34,10 +34,12 @@ Default prefill capacity
 ``prefill_instances = ceil(G / 2)`` (the paper's 4P1D topology: four prefill instances for
 eight decode replicas) at ``prefill_tokens_per_s = 50,000`` each (an H800-class node of a
 large MoE; DeepSeek reports 73.7k input tokens/s per node with its prefix-cache hits, which
-the simulator does not model), plus ``prefill_base_s = 20 ms``. On the shipped traces this is
-below a third of the prefill demand at ``load=1.0`` except Mooncake's synthetic trace (15k-token
-prompts: about 0.7 of it at 1.0x, the bottleneck from about 1.4x). ``prefill_instances=0``
-restores unlimited prefill.
+the simulator does not model), plus ``prefill_base_s = 20 ms``. In requests per second this is,
+as a multiple of the decode capacity below (at every ``G``): Azure conversation 6.8x, Azure
+code 0.68x (28-token outputs: prefill-bound from load 0.68), Mooncake conversation 3.4x,
+Mooncake synthetic 1.34x, ShareGPT 10x, arXiv 6.3x, the generated workload 6.7x. A cluster
+built for a prefill-heavy mix needs more: ``straggler.sim.load_sweep`` sizes it to twice the
+decode capacity. ``prefill_instances=0`` restores unlimited prefill.
 
 Default step time (derived from the paper's tables)
 ---------------------------------------------------

@@ -30,7 +30,9 @@ def routing_instances(
 
     ``fractional=True`` adds quarter-token fractions to the loads (as projected loads have).
     Every field of the replica and pool states is drawn (counts, prompt tokens, KV usage and
-    capacity, waits, keys, and a prefix-cache matrix half of the time).
+    capacity, waits, keys, and a prefix-cache matrix half of the time), and so are the
+    baselines' options and carried counters; ``params[P_VERSION]`` is 0 (the tests set each
+    version in turn).
     """
     from straggler.solvers._routing_kernels import N_CARRY, PoolState, ReplicaState
     from straggler.solvers.routing import make_params
@@ -82,9 +84,18 @@ def routing_instances(
         patience=draw(st.sampled_from([0, 0, 2])),
         age_fraction=draw(st.sampled_from([1.0, 0.5, 0.0])),
         safe=draw(st.booleans()),
+        kv_weight=draw(st.sampled_from([0.15, 0.0, 1.0])),
+        throughput=draw(st.sampled_from([2000.0, 7.0])),
+        block_size=draw(st.sampled_from([16, 1, 4])),
+        overlap_weight=draw(st.sampled_from([1.0, 0.0, 2.0])),
+        timeout_iters=draw(st.sampled_from([50, 0, 1, 2])),
+        batching_wait_iters=draw(st.sampled_from([10, 0, 1])),
     )
     carry = np.zeros(N_CARRY)
-    carry[0] = draw(st.integers(0, G))
+    carry[0] = draw(st.integers(0, G))  # round-robin's cursor
+    carry[1] = draw(st.integers(0, G))  # vLLM's start index
+    carry[2] = draw(st.integers(0, 3))  # TensorRT-LLM's hold-back counters
+    carry[3] = draw(st.integers(0, 3))
     return dict(pool=pool, reps=reps, params=params, carry=carry, seed=draw(st.integers(0, 2**40)))
 
 

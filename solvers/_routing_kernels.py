@@ -61,20 +61,30 @@ cached            float64        ``(n, G)``: prompt tokens of request ``i`` alre
 
 Shared rules. Inputs are never mutated. A request is only placed on a replica with a free slot;
 each placement takes one slot. A policy stops when the pool is empty or no slot (no eligible
-replica) is left. With ``params[P_OPTIMISTIC] != 0`` every policy updates its local copy of
-the metric after each placement (tokens: ``L_g += s_i`` on every column; requests:
-``n_running[g] += 1``; vLLM: ``n_waiting[g] += 1``, its own rule); with 0 the metric stays at
-the tick's values and only slots are consumed. Round-robin and random keep no metric, so the
-option does not change them.
+replica) is left, except ``follow_bootstrap_room`` (a request whose rank is full stays in the
+pool; the next one may still go) and ``trtllm_balance`` (which may hold the whole tick back).
+With ``params[P_OPTIMISTIC] != 0`` every policy applies its upstream's local update after each
+placement (tokens: ``L_g += s_i`` on every column; requests: ``n_running[g] += 1``; vLLM:
+``n_waiting[g] += 1``; SGLang ``jsq`` version ``plus_one``: requests only; the gateway's
+``p2c``: its version's own credit, none for the versions that had none); with 0 the metric
+stays at the tick's values and only slots are consumed. Exact bookkeeping an upstream keeps
+whatever the option (vLLM's in-flight count, the gateway's in-flight requests) is kept.
+Round-robin, random and ``follow_bootstrap_room`` keep no metric, so the option does not change
+them.
+
+Upstream versions: a baseline registered with ``versions`` reads ``params[P_VERSION]``, the
+index of the version in that tuple (0 = the current upstream behaviour); the registry maps
+``version="..."`` to it. Which upstream file, change and date each version follows is in the
+kernel's docstring and in :mod:`straggler.baselines.routers`.
 
 BR-H presence weights: when ``params`` carries ``H+1`` more entries ``pi_h`` (the probability
 that a request placed now is still resident ``h`` steps later), the discount becomes
 ``d_h = gamma^h * pi_h`` (the new requests' expected presence weighs each horizon column of the
 F-score); without them ``d_h = gamma^h`` (the paper's).
 
-Randomness (random, p2c) comes from MINSTD (``x <- 48271*x mod (2^31-1)``, state ``seed mod
-(2^31-2) + 1``), written out in both kernel and reference so they draw the same numbers; a
-uniform index below ``k`` is ``x mod k``.
+Randomness (random, p2c, dynamo's ties) comes from MINSTD (``x <- 48271*x mod (2^31-1)``,
+state ``seed mod (2^31-2) + 1``), written out in both kernel and reference so they draw the
+same numbers; a uniform index below ``k`` is ``x mod k``.
 
 Adding a policy: write ``<name>_kernel`` (``@njit(**NJIT)``) and ``<name>_reference`` below it
 with the signature above, give it the next ``ID_*`` constant and one branch in
@@ -111,8 +121,18 @@ __all__ = [
     "P_WINDOW",
     "P_PATIENCE",
     "P_AGE_FRACTION",
+    "P_VERSION",
+    "P_KV_WEIGHT",
+    "P_THROUGHPUT",
+    "P_BLOCK_SIZE",
+    "P_OVERLAP_WEIGHT",
+    "P_TIMEOUT_ITERS",
+    "P_BATCHING_WAIT_ITERS",
     "N_PARAMS",
     "C_CURSOR",
+    "C_VLLM_START",
+    "C_ADP_WAIT",
+    "C_ADP_BATCH",
     "N_CARRY",
     "ID_BR0",
     "ID_BRH",
@@ -124,6 +144,9 @@ __all__ = [
     "ID_P2C",
     "ID_TRTLLM",
     "ID_BRS",
+    "ID_TRTLLM_BALANCE",
+    "ID_FOLLOW_BOOTSTRAP_ROOM",
+    "ID_DYNAMO",
     "best_subset_kernel",
     "br0_kernel",
     "br0_reference",
@@ -143,6 +166,12 @@ __all__ = [
     "p2c_reference",
     "trtllm_kernel",
     "trtllm_reference",
+    "trtllm_balance_kernel",
+    "trtllm_balance_reference",
+    "follow_bootstrap_room_kernel",
+    "follow_bootstrap_room_reference",
+    "dynamo_kernel",
+    "dynamo_reference",
     "brs_kernel",
     "brs_reference",
     "project_loads_kernel",
@@ -191,11 +220,22 @@ P_SAFE = 7  # BR-S: 1.0: keep JSQ's decision when it leaves no larger imbalance
 P_WINDOW = 8  # BR-S: candidates per free slot (the k * S_tot oldest; 0: no count limit)
 P_PATIENCE = 9  # BR-S: JSQ's decision unless some request has waited this many ticks
 P_AGE_FRACTION = 10  # BR-S: the window spans this fraction of the oldest's wait (<= A ticks)
-N_PARAMS = 11
+# (11-15 unused)
+P_VERSION = 16  # a baseline's upstream version: index into its registered versions (0: current)
+P_KV_WEIGHT = 17  # p2c expected_wait: seconds the KV barrier k/(1-k) weighs (upstream 0.15)
+P_THROUGHPUT = 18  # p2c expected_wait: tokens/s turning token-work into seconds (upstream 2000)
+P_BLOCK_SIZE = 19  # dynamo: KV block size in tokens
+P_OVERLAP_WEIGHT = 20  # dynamo: weight of the prefill blocks (kv_overlap_score_weight)
+P_TIMEOUT_ITERS = 21  # trtllm_balance: hold-back timeout (TensorRT-LLM timeout_iters)
+P_BATCHING_WAIT_ITERS = 22  # trtllm_balance: extra batching wait (batching_wait_iters)
+N_PARAMS = 24
 
 #: ``carry`` layout (a policy's memory from tick to tick).
 C_CURSOR = 0  # round_robin: the replica to try first
-N_CARRY = 4
+C_VLLM_START = 1  # vllm (rotating versions): where the next scan starts (eng_start_index)
+C_ADP_WAIT = 2  # trtllm_balance: iterations waited for every rank to have a new request
+C_ADP_BATCH = 3  # trtllm_balance: iterations of batching wait spent
+N_CARRY = 8
 
 #: Stable policy ids (``route_tick_kernel``'s ``policy_id``).
 ID_BR0 = 0
@@ -208,6 +248,9 @@ ID_VLLM = 6
 ID_P2C = 7
 ID_TRTLLM = 8
 ID_BRS = 9
+ID_TRTLLM_BALANCE = 10
+ID_FOLLOW_BOOTSTRAP_ROOM = 11
+ID_DYNAMO = 12
 
 #: Largest token count (length, load) a kernel accepts: float64 holds every integer up to it
 #: exactly, and ``G * (max load + sum of lengths)`` stays finite for any realistic ``G``.
@@ -1158,17 +1201,19 @@ def random_reference(pool, reps, params, carry, seed):
 
 @njit(**NJIT)
 def jsq_kernel(pool, reps, params, carry, seed):
-    """JSQ by tokens; requests = running + waiting; optimistic: tokens += s, running += 1."""
+    """SGLang's ``total_tokens``: fewest ``loads + waiting_tokens`` (its ``num_total_tokens``:
+    KV in use plus the waiting queue's lengths), then fewest ``running + waiting``, then lowest
+    index. Optimistic update: version 0 (``prompt``) ``tokens += s, requests += 1``; version 1
+    (``plus_one``) ``requests += 1`` only."""
     prefill = pool.prefill
     loads = reps.loads
     free_slots = reps.free_slots
-    n_running = reps.n_running
-    n_waiting = reps.n_waiting
     n = prefill.shape[0]
     G = loads.shape[0]
     optimistic = params[P_OPTIMISTIC] != 0.0
-    tok = loads[:, 0].copy()
-    req = n_running + n_waiting
+    add_tokens = params[P_VERSION] == 0.0
+    tok = loads[:, 0] + reps.waiting_tokens
+    req = reps.n_running + reps.n_waiting
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     for i in range(n):
@@ -1183,22 +1228,20 @@ def jsq_kernel(pool, reps, params, carry, seed):
         out[i] = g
         cap[g] -= 1
         if optimistic:
-            tok[g] += prefill[i]
             req[g] += 1
+            if add_tokens:
+                tok[g] += prefill[i]
     return out, carry.copy()
 
 
 def jsq_reference(pool, reps, params, carry, seed):
     """JSQ by tokens in plain Python."""
     prefill = pool.prefill
-    loads = reps.loads
-    free_slots = reps.free_slots
-    n_running = reps.n_running
-    n_waiting = reps.n_waiting
-    tok = [float(row[0]) for row in loads]
-    req = [int(a) + int(b) for a, b in zip(n_running, n_waiting)]
-    cap = [int(c) for c in free_slots]
+    tok = [float(row[0]) + float(w) for row, w in zip(reps.loads, reps.waiting_tokens)]
+    req = [int(a) + int(b) for a, b in zip(reps.n_running, reps.n_waiting)]
+    cap = [int(c) for c in reps.free_slots]
     optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    version = int(params[P_VERSION])
     out = [-1] * len(prefill)
     for i, s in enumerate(prefill):
         elig = [j for j in range(len(cap)) if cap[j] > 0]
@@ -1208,8 +1251,9 @@ def jsq_reference(pool, reps, params, carry, seed):
         out[i] = g
         cap[g] -= 1
         if optimistic:
-            tok[g] += float(s)
             req[g] += 1
+            if version == 0:  # since SGLang #22614; before it the tokens stayed put
+                tok[g] += float(s)
     return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
 
 
@@ -1269,76 +1313,144 @@ def jsq_requests_reference(pool, reps, params, carry, seed):
 
 
 # --------------------------------------------------------------------------------------------
-# vLLM DP load balancer: lowest 4*waiting + running, ties to the lowest index
+# vLLM DP load balancer (three versions): lowest score in cyclic order from a start index
 # --------------------------------------------------------------------------------------------
 
 
 @njit(**NJIT)
 def vllm_kernel(pool, reps, params, carry, seed):
-    """vLLM's score ``4*waiting + running``; optimistic update: ``waiting[g] += 1`` (vLLM's)."""
+    """vLLM's ``get_core_engine_for_request``: the first strict minimum of the score scanning
+    from the start index; version 0 (``current``) scores ``max(inflight, waiting + running) +
+    waiting * 6 * max(0, kv_usage - 0.5)`` and rotates the start after every pick; version 1
+    (``rotate_4w``) scores ``4 * waiting + running`` and rotates; version 2 (``legacy``)
+    scores ``4 * waiting + running`` from a fixed start 0. ``inflight`` (the front-end's own
+    count, exact) = ``running + waiting`` of the view plus this tick's picks; the optimistic
+    update is ``waiting += 1``."""
     prefill = pool.prefill
-    loads = reps.loads
     free_slots = reps.free_slots
     n_running = reps.n_running
     n_waiting = reps.n_waiting
+    kv = reps.kv_usage
     n = prefill.shape[0]
-    G = loads.shape[0]
+    G = free_slots.shape[0]
     optimistic = params[P_OPTIMISTIC] != 0.0
-    score = 4 * n_waiting + n_running
+    version = int(params[P_VERSION])
+    rotate = version != 2
+    start = int(carry[C_VLLM_START]) % G if rotate else 0
+    waiting = n_waiting.copy()
+    picks = np.zeros(G, np.int64)
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     for i in range(n):
         g = -1
-        for j in range(G):
-            if cap[j] > 0 and (g < 0 or score[j] < score[g]):
+        best = np.inf
+        for t in range(G):
+            j = (start + t) % G
+            if cap[j] <= 0:
+                continue
+            if version == 0:
+                inflight = n_running[j] + n_waiting[j] + picks[j]
+                score = float(max(inflight, waiting[j] + n_running[j]))
+                if waiting[j] > 0:
+                    score += waiting[j] * 6.0 * max(0.0, kv[j] - 0.5)
+            else:
+                score = float(4 * waiting[j] + n_running[j])
+            if score < best:
+                best = score
                 g = j
         if g < 0:
             break
         out[i] = g
         cap[g] -= 1
+        picks[g] += 1
         if optimistic:
-            score[g] += 4
-    return out, carry.copy()
+            waiting[g] += 1
+        if rotate:
+            start = (start + 1) % G
+    new = carry.copy()
+    if rotate:
+        new[C_VLLM_START] = float(start)
+    return out, new
 
 
 def vllm_reference(pool, reps, params, carry, seed):
-    """vLLM's DP load balancer in plain Python."""
-    prefill = pool.prefill
-    free_slots = reps.free_slots
-    n_running = reps.n_running
-    n_waiting = reps.n_waiting
-    waiting = [int(w) for w in n_waiting]
-    running = [int(r) for r in n_running]
-    cap = [int(c) for c in free_slots]
+    """vLLM's DP load balancer in plain Python (the scan written out as upstream's loop)."""
+    G = len(reps.free_slots)
+    running = [int(r) for r in reps.n_running]
+    waiting0 = [int(w) for w in reps.n_waiting]
+    waiting = list(waiting0)
+    kv = [float(u) for u in reps.kv_usage]
+    cap = [int(c) for c in reps.free_slots]
+    picks = [0] * G
     optimistic = float(params[P_OPTIMISTIC]) != 0.0
-    out = [-1] * len(prefill)
-    for i in range(len(prefill)):
-        elig = [j for j in range(len(cap)) if cap[j] > 0]
-        if not elig:
+    version = int(params[P_VERSION])
+    start = int(carry[C_VLLM_START]) % G if version != 2 else 0
+    out = [-1] * len(pool.prefill)
+    for i in range(len(pool.prefill)):
+        best, g = float("inf"), -1
+        for t in range(G):
+            j = (start + t) % G
+            if cap[j] <= 0:
+                continue
+            if version == 0:  # vLLM #49204
+                score = float(max(running[j] + waiting0[j] + picks[j], waiting[j] + running[j]))
+                if waiting[j]:
+                    score += waiting[j] * 6.0 * max(0.0, kv[j] - 0.5)
+            else:
+                score = float(waiting[j] * 4 + running[j])
+            if score < best:
+                best, g = score, j
+        if g < 0:
             break
-        g = min(elig, key=lambda j: (4 * waiting[j] + running[j], j))
         out[i] = g
         cap[g] -= 1
+        picks[g] += 1
         if optimistic:
             waiting[g] += 1
-    return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
+        if version != 2:  # vLLM #47420
+            start = (start + 1) % G
+    new = [float(c) for c in carry]
+    if version != 2:
+        new[C_VLLM_START] = float(start)
+    return np.array(out, dtype=np.int64), np.array(new, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------------
-# Power of two choices: two distinct replicas with a free slot, fewer tokens wins
+# Power of two choices (the SGLang gateway, four versions of its metric)
 # --------------------------------------------------------------------------------------------
 
 
 @njit(**NJIT)
+def _p2c_metric(reps, j, version, credit, reqs, thr, lam):
+    """Replica ``j``'s load under the gateway version ``version`` (see :func:`p2c_kernel`)."""
+    if version == 0:
+        u = min(max(reps.kv_usage[j], 0.0), 0.999)
+        return (reps.waiting_tokens[j] + credit[j]) / thr + lam * u / (1.0 - u)
+    if version == 1:
+        return reps.kv_usage[j]
+    if version == 2:
+        return reps.loads[j, 0] + reps.waiting_tokens[j]
+    return float(reqs[j])
+
+
+@njit(**NJIT)
 def p2c_kernel(pool, reps, params, carry, seed):
-    """P2C on tokens: draws a, then b != a among the eligible; ties go to the first draw."""
+    """Two distinct replicas ``a`` (uniform) and ``b = (a + 1 + u) % k`` (``u`` uniform below
+    ``k - 1``) among the ``k`` eligible; ``b`` wins only with a strictly lower metric. Metric by
+    version: 0 ``expected_wait`` ``(waiting_tokens + credit) / throughput + kv_weight * u/(1-u)``
+    (``u`` = KV usage clipped to [0, 0.999], ``credit`` = tokens placed on the replica this
+    tick when optimistic); 1 ``token_usage`` (KV usage, no update); 2 ``tokens`` (``loads +
+    waiting_tokens``, no update); 3 ``inflight`` (``running + waiting``, ``+1`` per pick)."""
     prefill = pool.prefill
-    loads = reps.loads
     free_slots = reps.free_slots
     n = prefill.shape[0]
-    G = loads.shape[0]
+    G = free_slots.shape[0]
     optimistic = params[P_OPTIMISTIC] != 0.0
-    tok = loads[:, 0].copy()
+    version = int(params[P_VERSION])
+    thr = params[P_THROUGHPUT]
+    lam = params[P_KV_WEIGHT]
+    credit = np.zeros(G)
+    reqs = reps.n_running + reps.n_waiting
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     x = seed % (_MINSTD_M - 1) + 1
@@ -1357,67 +1469,81 @@ def p2c_kernel(pool, reps, params, carry, seed):
             x = (_MINSTD_A * x) % _MINSTD_M
             a = x % k
             x = (_MINSTD_A * x) % _MINSTD_M
-            b = x % (k - 1)
-            if b >= a:
-                b += 1
-            g = elig[a]
-            if tok[elig[b]] < tok[g]:
-                g = elig[b]
+            b = (a + 1 + x % (k - 1)) % k
+            ma = _p2c_metric(reps, elig[a], version, credit, reqs, thr, lam)
+            mb = _p2c_metric(reps, elig[b], version, credit, reqs, thr, lam)
+            g = elig[a] if ma <= mb else elig[b]
         out[i] = g
         cap[g] -= 1
-        if optimistic:
-            tok[g] += prefill[i]
+        if version == 3:
+            reqs[g] += 1
+        elif version == 0 and optimistic:
+            credit[g] += prefill[i]
     return out, carry.copy()
 
 
 def p2c_reference(pool, reps, params, carry, seed):
     """Power of two choices in plain Python (the same MINSTD stream)."""
-    prefill = pool.prefill
-    loads = reps.loads
-    free_slots = reps.free_slots
-    tok = [float(row[0]) for row in loads]
-    cap = [int(c) for c in free_slots]
+    G = len(reps.free_slots)
+    cap = [int(c) for c in reps.free_slots]
     optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    version = int(params[P_VERSION])
+    thr, lam = float(params[P_THROUGHPUT]), float(params[P_KV_WEIGHT])
+    credit = [0.0] * G
+    reqs = [int(r) + int(w) for r, w in zip(reps.n_running, reps.n_waiting)]
+
+    def metric(j):
+        if version == 0:  # smg #2187: least_load's expected wait on the sampled pair
+            u = min(max(float(reps.kv_usage[j]), 0.0), 0.999)
+            return (float(reps.waiting_tokens[j]) + credit[j]) / thr + lam * u / (1.0 - u)
+        if version == 1:  # mean KV token_usage of the poll
+            return float(reps.kv_usage[j])
+        if version == 2:  # the load monitor's cached token load
+            return float(reps.loads[j][0]) + float(reps.waiting_tokens[j])
+        return float(reqs[j])  # the router's own in-flight requests
+
     x = int(seed) % (_MINSTD_M - 1) + 1
-    out = [-1] * len(prefill)
-    for i in range(len(prefill)):
-        elig = [j for j in range(len(cap)) if cap[j] > 0]
+    out = [-1] * len(pool.prefill)
+    for i in range(len(pool.prefill)):
+        elig = [j for j in range(G) if cap[j] > 0]
         if not elig:
             break
         if len(elig) == 1:
             g = elig[0]
         else:
             x = (_MINSTD_A * x) % _MINSTD_M
-            first = elig[x % len(elig)]
+            a = x % len(elig)
             x = (_MINSTD_A * x) % _MINSTD_M
-            rest = [j for j in elig if j != first]
-            second = rest[x % len(rest)]
-            g = second if tok[second] < tok[first] else first
+            b = (a + 1 + x % (len(elig) - 1)) % len(elig)
+            g = elig[a] if metric(elig[a]) <= metric(elig[b]) else elig[b]
         out[i] = g
         cap[g] -= 1
-        if optimistic:
-            tok[g] += float(prefill[i])
+        if version == 3:
+            reqs[g] += 1
+        elif version == 0 and optimistic:
+            credit[g] += float(pool.prefill[i])
     return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------------
-# TensorRT-LLM attention-DP: longest prompt first, min-heap on (tokens, requests, rank), cap
+# TensorRT-LLM attention-DP: longest prompt first, min-heap on (prompt tokens, requests, rank)
 # --------------------------------------------------------------------------------------------
 
 
 @njit(**NJIT)
 def trtllm_kernel(pool, reps, params, carry, seed):
-    """TensorRT-LLM's balancer; the heap is an O(G) argmin over the same key."""
+    """TensorRT-LLM's ``DefaultADPRouter``; the heap is an O(G) argmin over the same key.
+
+    Tokens per rank: the active requests' ORIGINAL prompt lengths (``prompt_tokens`` plus the
+    queued ``waiting_tokens``), not resident KV; requests: ``running + waiting``."""
     prefill = pool.prefill
-    loads = reps.loads
     free_slots = reps.free_slots
-    n_running = reps.n_running
     n = prefill.shape[0]
-    G = loads.shape[0]
+    G = free_slots.shape[0]
     optimistic = params[P_OPTIMISTIC] != 0.0
-    tok = loads[:, 0].copy()
-    req = n_running.copy()
-    active = n_running.copy()
+    tok = reps.prompt_tokens + reps.waiting_tokens
+    req = reps.n_running + reps.n_waiting
+    active = req.copy()
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     s_tot = 0
@@ -1425,9 +1551,9 @@ def trtllm_kernel(pool, reps, params, carry, seed):
     mx = 0
     for g in range(G):
         s_tot += cap[g]
-        total += n_running[g]
-        if n_running[g] > mx:
-            mx = n_running[g]
+        total += active[g]
+        if active[g] > mx:
+            mx = active[g]
     n_new = min(n, s_tot)
     limit = max((total + n_new + G - 1) // G, mx)
     order = np.argsort(-prefill, kind="mergesort")
@@ -1452,21 +1578,17 @@ def trtllm_kernel(pool, reps, params, carry, seed):
 
 def trtllm_reference(pool, reps, params, carry, seed):
     """TensorRT-LLM's attention-DP balancer in plain Python with ``heapq``."""
-    prefill = pool.prefill
-    loads = reps.loads
-    free_slots = reps.free_slots
-    n_running = reps.n_running
     import heapq
 
-    G = len(free_slots)
+    prefill = pool.prefill
+    G = len(reps.free_slots)
     optimistic = float(params[P_OPTIMISTIC]) != 0.0
-    cap = [int(c) for c in free_slots]
-    active = [int(r) for r in n_running]
+    cap = [int(c) for c in reps.free_slots]
+    active = [int(r) + int(w) for r, w in zip(reps.n_running, reps.n_waiting)]
+    tokens = [float(p) + float(w) for p, w in zip(reps.prompt_tokens, reps.waiting_tokens)]
     n_new = min(len(prefill), sum(cap))
     limit = max(-(-(sum(active) + n_new) // G), max(active))
-    heap = [
-        (float(loads[g][0]), active[g], g) for g in range(G) if cap[g] > 0 and active[g] < limit
-    ]
+    heap = [(tokens[g], active[g], g) for g in range(G) if cap[g] > 0 and active[g] < limit]
     heapq.heapify(heap)
     order = sorted(range(len(prefill)), key=lambda i: (-float(prefill[i]), i))
     out = [-1] * len(prefill)
@@ -1481,6 +1603,208 @@ def trtllm_reference(pool, reps, params, carry, seed):
             tok, req = tok + float(prefill[i]), req + 1
         if cap[g] > 0 and active[g] < limit:
             heapq.heappush(heap, (tok, req, g))
+    return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# TensorRT-LLM attention-DP balance: the same router, new requests held back until every rank
+# can take some (timeout_iters), then a batching wait (batching_wait_iters)
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def trtllm_balance_kernel(pool, reps, params, carry, seed):
+    """``trtllm``'s assignment, released or held back by ``attention_dp_config.enable_balance``
+    (``PyExecutor._balance_adp_requests``); the two counters live in the carry."""
+    out, _ = trtllm_kernel(pool, reps, params, carry, seed)
+    G = reps.free_slots.shape[0]
+    new = np.zeros(G, np.int64)
+    for i in range(out.shape[0]):
+        if out[i] >= 0:
+            new[out[i]] += 1
+    all_free = True
+    all_ctx = True
+    all_gen = True
+    for g in range(G):
+        all_free = all_free and reps.free_slots[g] > 0
+        all_ctx = all_ctx and new[g] + reps.n_waiting[g] > 0
+        all_gen = all_gen and reps.n_running[g] > 0
+    wait = carry[C_ADP_WAIT]
+    batch = carry[C_ADP_BATCH]
+    release = True
+    if all_free and all_ctx:
+        wait = 0.0
+        if all_gen:
+            if batch < params[P_BATCHING_WAIT_ITERS]:
+                batch += 1.0
+                release = False
+            else:
+                batch = 0.0
+    else:
+        wait += 1.0
+        release = False
+        if wait >= params[P_TIMEOUT_ITERS] or not all_gen:
+            wait = 0.0
+            release = True
+    if not release:
+        out[:] = -1
+    c = carry.copy()
+    c[C_ADP_WAIT] = wait
+    c[C_ADP_BATCH] = batch
+    return out, c
+
+
+def trtllm_balance_reference(pool, reps, params, carry, seed):
+    """The hold-back in plain Python, written as upstream's branches."""
+    out, _ = trtllm_reference(pool, reps, params, carry, seed)
+    G = len(reps.free_slots)
+    got = [sum(1 for g in out if g == r) for r in range(G)]
+    have_free = all(int(f) > 0 for f in reps.free_slots)  # num_gen < max_batch_size
+    have_ctx = all(got[r] + int(reps.n_waiting[r]) > 0 for r in range(G))
+    have_gen = all(int(r) > 0 for r in reps.n_running)
+    wait, batch = float(carry[C_ADP_WAIT]), float(carry[C_ADP_BATCH])
+    held = False
+    if have_free and have_ctx:  # wait for all ranks to have context requests
+        wait = 0.0
+        if have_gen:  # balance the number of context requests across ranks
+            if batch < float(params[P_BATCHING_WAIT_ITERS]):
+                batch += 1.0
+                held = True
+            else:
+                batch = 0.0
+    else:
+        wait += 1.0
+        held = True
+        if wait >= float(params[P_TIMEOUT_ITERS]) or not have_gen:
+            wait, held = 0.0, False
+    if held:
+        out = np.full(len(out), -1, dtype=np.int64)
+    c = [float(v) for v in carry]
+    c[C_ADP_WAIT], c[C_ADP_BATCH] = wait, batch
+    return np.asarray(out, dtype=np.int64), np.array(c, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# SGLang follow_bootstrap_room: rank = bootstrap_room % G, whatever the load
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def follow_bootstrap_room_kernel(pool, reps, params, carry, seed):
+    """Request ``i`` goes to replica ``key[i] % G`` when it has a free slot, else stays in the
+    pool (it has no other rank: it waits for a slot on its own)."""
+    key = pool.key
+    n = key.shape[0]
+    G = reps.free_slots.shape[0]
+    cap = reps.free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    for i in range(n):
+        g = key[i] % G
+        if cap[g] > 0:
+            out[i] = g
+            cap[g] -= 1
+    return out, carry.copy()
+
+
+def follow_bootstrap_room_reference(pool, reps, params, carry, seed):
+    """``follow_bootstrap_room`` in plain Python."""
+    G = len(reps.free_slots)
+    cap = [int(c) for c in reps.free_slots]
+    out = []
+    for room in pool.key:
+        g = int(room) % G  # SGLang: target_rank = req.bootstrap_room % len(self.workers)
+        if cap[g] > 0:
+            out.append(g)
+            cap[g] -= 1
+        else:
+            out.append(-1)
+    return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# Dynamo KV router: overlap_weight * prefill blocks (cached prefix credited) + decode blocks
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def dynamo_kernel(pool, reps, params, carry, seed):
+    """Dynamo's ``DefaultWorkerSelector`` at temperature 0: the lowest ``w * (s - B *
+    floor(cached / B)) / B + (loads + waiting_tokens) / B + ceil(s / B)``, ties to a uniform
+    one of the tied (one MINSTD draw, only when two or more tie); optimistic: ``loads += s``."""
+    prefill = pool.prefill
+    cached = pool.cached
+    free_slots = reps.free_slots
+    n = prefill.shape[0]
+    G = free_slots.shape[0]
+    optimistic = params[P_OPTIMISTIC] != 0.0
+    B = params[P_BLOCK_SIZE]
+    w = params[P_OVERLAP_WEIGHT]
+    has_cache = cached.shape[0] == n
+    act = reps.loads[:, 0] + reps.waiting_tokens
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    tied = np.empty(G, np.int64)
+    x = seed % (_MINSTD_M - 1) + 1
+    for i in range(n):
+        s = prefill[i]
+        nt = 0
+        best = np.inf
+        for j in range(G):
+            if cap[j] <= 0:
+                continue
+            hit = 0.0
+            if has_cache:
+                hit = min(np.floor(cached[i, j] / B) * B, s)
+            logit = w * ((s - hit) / B) + (act[j] / B + np.ceil(s / B))
+            if logit < best:
+                best = logit
+                nt = 0
+            if logit == best:
+                tied[nt] = j
+                nt += 1
+        if nt == 0:
+            break
+        g = tied[0]
+        if nt > 1:
+            x = (_MINSTD_A * x) % _MINSTD_M
+            g = tied[x % nt]
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            act[g] += s
+    return out, carry.copy()
+
+
+def dynamo_reference(pool, reps, params, carry, seed):
+    """Dynamo's KV-router cost in plain Python."""
+    n, G = len(pool.prefill), len(reps.free_slots)
+    B, w = float(params[P_BLOCK_SIZE]), float(params[P_OVERLAP_WEIGHT])
+    optimistic = float(params[P_OPTIMISTIC]) != 0.0
+    cached = pool.cached if len(pool.cached) == n else None
+    act = [float(row[0]) + float(t) for row, t in zip(reps.loads, reps.waiting_tokens)]
+    cap = [int(c) for c in reps.free_slots]
+    x = int(seed) % (_MINSTD_M - 1) + 1
+    out = [-1] * n
+    for i, s in enumerate(float(v) for v in pool.prefill):
+        logits = {}
+        for j in range(G):
+            if cap[j] > 0:
+                hit = 0.0 if cached is None else min(math.floor(float(cached[i][j]) / B) * B, s)
+                prefill_blocks = (s - hit) / B  # new prefill tokens / block size
+                decode_blocks = act[j] / B + math.ceil(s / B)  # active + the request's own
+                logits[j] = w * prefill_blocks + decode_blocks
+        if not logits:
+            break
+        low = min(logits.values())
+        tied = [j for j in sorted(logits) if logits[j] == low]
+        g = tied[0]
+        if len(tied) > 1:
+            x = (_MINSTD_A * x) % _MINSTD_M
+            g = tied[x % len(tied)]
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            act[g] += s
     return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
 
 
@@ -1806,6 +2130,7 @@ BAD_INPUT = (
     "kv_capacity",
     "pool_wait",
     "pool_cached",
+    "pool_key",
 )
 
 
@@ -1836,7 +2161,7 @@ def check_inputs_kernel(pool, reps):
     Token arrays (prefill, loads, prompt and waiting tokens, cached) must lie in
     ``[0, MAX_TOKENS]``; counts must be ``>= 0``; the free slots must also sum to at most
     ``2**63 - 1`` (index: where the running sum would overflow); ``kv_usage`` finite
-    ``>= 0``; ``kv_capacity > 0`` (``inf`` allowed).
+    ``>= 0``; ``kv_capacity > 0`` (``inf`` allowed); request keys ``>= 0``.
     """
     i = _bad_tokens(pool.prefill)
     if i >= 0:
@@ -1876,6 +2201,9 @@ def check_inputs_kernel(pool, reps):
     i = _bad_tokens(pool.cached)
     if i >= 0:
         return 11, i
+    i = _bad_count(pool.key)
+    if i >= 0:
+        return 12, i
     return 0, -1
 
 
@@ -1903,6 +2231,12 @@ def route_tick_kernel(policy_id, pool, reps, params, carry, seed):
         return trtllm_kernel(pool, reps, params, carry, seed)
     elif policy_id == ID_BRS:
         return brs_kernel(pool, reps, params, carry, seed)
+    elif policy_id == ID_TRTLLM_BALANCE:
+        return trtllm_balance_kernel(pool, reps, params, carry, seed)
+    elif policy_id == ID_FOLLOW_BOOTSTRAP_ROOM:
+        return follow_bootstrap_room_kernel(pool, reps, params, carry, seed)
+    elif policy_id == ID_DYNAMO:
+        return dynamo_kernel(pool, reps, params, carry, seed)
     # unknown id (the registry never passes one): route nothing
     return np.full(pool.prefill.shape[0], -1, np.int64), carry.copy()
 

@@ -33,13 +33,20 @@ from ._routing_kernels import (
     P_AGE_FRACTION,
     P_AGE_WINDOW,
     P_ALPHA,
+    P_BATCHING_WAIT_ITERS,
     P_BETA,
+    P_BLOCK_SIZE,
     P_GAMMA,
+    P_KV_WEIGHT,
     P_OPTIMISTIC,
+    P_OVERLAP_WEIGHT,
     P_PATIENCE,
     P_R_MAX,
     P_S_GREEDY,
     P_SAFE,
+    P_THROUGHPUT,
+    P_TIMEOUT_ITERS,
+    P_VERSION,
     P_WINDOW,
     project_loads_kernel,
     route_batch_kernel,
@@ -77,22 +84,30 @@ def make_params(
     age_fraction: float = 1.0,
     safe: bool = True,
     new_presence=None,
+    version: int = 0,
+    kv_weight: float = 0.15,
+    throughput: float = 2000.0,
+    block_size: int = 16,
+    overlap_weight: float = 1.0,
+    timeout_iters: int = 50,
+    batching_wait_iters: int = 10,
 ) -> np.ndarray:
     """The ``params`` vector of the kernels, unvalidated (tests and benchmarks that call a kernel
     directly; :func:`route_batch` validates through the registry).
 
     ``new_presence`` (BR-H, optional): the ``H+1`` presence weights ``pi_h`` appended after
-    the ``N_PARAMS`` scalars (see :func:`new_request_presence`).
+    the ``N_PARAMS`` scalars (see :func:`new_request_presence`). ``version`` is the index of a
+    baseline's upstream version (0 = current; the registry maps names to it).
 
     Examples
     --------
-    >>> make_params(r_max=4, s_greedy=32, beta=8).tolist()
+    >>> make_params(r_max=4, s_greedy=32, beta=8)[:11].tolist()
     [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 32.0, 1.0, 0.0, 0.0, 1.0]
-    >>> make_params(new_presence=[1.0, 0.5]).size
-    13
+    >>> make_params(new_presence=[1.0, 0.5]).size - N_PARAMS
+    2
     """
     w = () if new_presence is None else np.asarray(new_presence, dtype=np.float64).ravel()
-    p = np.empty(N_PARAMS + len(w))
+    p = np.zeros(N_PARAMS + len(w))
     p[N_PARAMS:] = w
     p[P_R_MAX] = r_max
     p[P_S_GREEDY] = s_greedy
@@ -105,6 +120,13 @@ def make_params(
     p[P_WINDOW] = window
     p[P_PATIENCE] = patience
     p[P_AGE_FRACTION] = age_fraction
+    p[P_VERSION] = version
+    p[P_KV_WEIGHT] = kv_weight
+    p[P_THROUGHPUT] = throughput
+    p[P_BLOCK_SIZE] = block_size
+    p[P_OVERLAP_WEIGHT] = overlap_weight
+    p[P_TIMEOUT_ITERS] = timeout_iters
+    p[P_BATCHING_WAIT_ITERS] = batching_wait_iters
     return p
 
 
@@ -245,10 +267,12 @@ _EXPECTED = {
     "kv_capacity": "an array of numbers > 0 (inf: unbounded)",
     "pool_wait": "an array of non-negative integers",
     "pool_cached": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "pool_key": "an array of non-negative integers",
 }
 _ARG_OF = {
     "prefill_lengths": 0,
     "pool_wait": 1,
+    "pool_key": 2,
     "pool_cached": 3,
     "loads": 4,
     "free_slots": 5,
@@ -341,14 +365,25 @@ def route_batch(
     ``project_loads(..., refill=...)`` lets a slot freed within the horizon hold a new request
     instead of staying empty (the study behind them: ``benchmarks/routing_table.py``).
 
-    Baselines (all place in pool order, only on replicas with a free slot): ``round_robin``
-    (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang ``total_tokens``:
-    fewest tokens, then fewest requests, ties to the lowest index), ``jsq_requests`` (fewest
-    running + waiting requests, lowest index), ``vllm`` (lowest ``4*waiting + running``, lowest
-    index; update ``waiting += 1``), ``p2c`` (two distinct random replicas, fewer tokens wins,
-    ties to the first draw), ``trtllm`` (longest prompt first, ties to the lower index;
-    min-heap on ``(tokens, requests, rank)`` with per-rank cap
-    ``max(ceil((sum active + n_new)/G), max active)``, ``n_new = min(n_pool, S_tot)``).
+    Baselines (all place in pool order, only on replicas with a free slot; each names its
+    upstream file and change in the registry and in :mod:`straggler.baselines.routers`, and the
+    versioned ones take ``version=``, the current upstream behaviour by default):
+    ``round_robin`` (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang
+    ``total_tokens``: fewest ``loads + waiting_tokens``, then fewest running + waiting
+    requests, lowest index; after a pick ``+prompt, +1`` or, ``version="plus_one"``, ``+1``),
+    ``jsq_requests`` (SGLang ``total_requests``), ``vllm`` (vLLM's DP load balancer: first
+    strict minimum of ``max(inflight, waiting + running) + 6*waiting*max(0, kv_usage - 0.5)``
+    from a start index that rotates after every pick, kept in ``carry``; ``"rotate_4w"`` and
+    ``"legacy"`` score ``4*waiting + running``, the latter from a fixed start), ``p2c`` (the
+    SGLang gateway's power of two on its version's metric, ties to the first draw),
+    ``trtllm`` (TensorRT-LLM attention-DP: longest prompt first, ties to the lower index;
+    min-heap on ``(prompt tokens, requests, rank)`` where the tokens are the active requests'
+    original prompt lengths, per-rank cap ``max(ceil((sum active + n_new)/G), max active)``,
+    ``n_new = min(n_pool, S_tot)``), ``trtllm_balance`` (the same, held back by
+    ``enable_balance``'s ``timeout_iters`` and ``batching_wait_iters``, counters in
+    ``carry``), ``follow_bootstrap_room`` (replica ``pool_key % G``: SGLang's PD rule),
+    ``dynamo`` (Dynamo's KV router: lowest ``overlap_weight * new prefill blocks + decode
+    blocks``, the prefix in ``pool_cached`` credited, ties random).
     The registry (:func:`~straggler.solvers.routing_registry.routing_policies`) lists every
     policy with its rule and source.
 
@@ -379,21 +414,24 @@ def route_batch(
     pool_wait : array of int, shape (n_pool,), optional
         Routing ticks each pool request has already waited (default zeros).
     pool_key : array of int, shape (n_pool,), optional
-        A stable id per pool request (default ``0..n_pool-1``).
+        A stable id ``>= 0`` per pool request (default ``0..n_pool-1``); SGLang's bootstrap
+        room for ``follow_bootstrap_room``.
     pool_cached : array, shape (n_pool, G), optional
         Prompt tokens of request ``i`` already in replica ``g``'s prefix cache.
     carry : array, shape (N_CARRY,), optional
         The policy's memory: ``extras["carry"]`` of the previous tick's result.
     rng : None, int or numpy Generator
-        Seed of ``random`` and ``p2c`` (a Generator is drawn from once).
+        Seed of ``random``, ``p2c`` and ``dynamo``'s ties (a Generator is drawn from once).
     **options
         The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`):
         ``r_max`` (``R_max``, Stage-2 candidates, 1..16, default 4, the paper's example),
         ``s_greedy`` (Stage-1 threshold, default :func:`default_s_greedy` ``= G * r_max``),
         ``alpha``, ``beta``, ``gamma`` (BR-H weights; ``beta`` defaults to ``G``; ``gamma`` in
         (0, 1]), ``optimistic`` (bool, default True), ``cursor`` (round-robin start, default
-        0), ``new_presence`` (BR-H: ``H+1`` weights in [0, 1]). A policy refuses an option it
-        does not read.
+        0), ``new_presence`` (BR-H: ``H+1`` weights in [0, 1]), ``version`` (a baseline's
+        upstream version), ``kv_weight``, ``throughput`` (``p2c``), ``block_size``,
+        ``overlap_weight`` (``dynamo``), ``timeout_iters``, ``batching_wait_iters``
+        (``trtllm_balance``). A policy refuses an option it does not read.
 
     Returns
     -------

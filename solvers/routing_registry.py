@@ -58,6 +58,7 @@ from ..formulations.errors import InvalidOptionError, param_error
 from ..formulations.validation import (
     check_array,
     check_bool,
+    check_choice,
     check_int,
     check_options,
     check_real,
@@ -189,6 +190,30 @@ def _new_presence(v, func):
     return check_array(v, "new_presence", func, kind="real", lo=0, hi=1)
 
 
+def _kv_weight(v, func):
+    return check_real(v, "kv_weight", func, lo=0)
+
+
+def _throughput(v, func):
+    return check_real(v, "throughput", func, lo=0, lo_open=True)
+
+
+def _block_size(v, func):
+    return check_int(v, "block_size", func, lo=1, hi=2**20)
+
+
+def _overlap_weight(v, func):
+    return check_real(v, "overlap_weight", func, lo=0)
+
+
+def _timeout_iters(v, func):
+    return check_int(v, "timeout_iters", func, lo=0, hi=2**40)
+
+
+def _batching_wait_iters(v, func):
+    return check_int(v, "batching_wait_iters", func, lo=0, hi=2**40)
+
+
 #: Every option a registered policy may accept, in resolution order.
 OPTIONS: dict[str, PolicyOption] = {
     o.name: o
@@ -268,6 +293,55 @@ OPTIONS: dict[str, PolicyOption] = {
             ("tail",),
             "BR-H: H+1 weights pi_h in [0, 1] of the new requests' presence (default none)",
         ),
+        PolicyOption(
+            "version",
+            None,  # checked against the policy's own versions (resolve_options)
+            None,
+            ("params", K.P_VERSION),
+            "baselines: the upstream version (RoutingPolicy.versions; default the current one)",
+        ),
+        PolicyOption(
+            "kv_weight",
+            _kv_weight,
+            0.15,
+            ("params", K.P_KV_WEIGHT),
+            "p2c expected_wait: seconds of the KV barrier u/(1-u) (the gateway's 0.15)",
+        ),
+        PolicyOption(
+            "throughput",
+            _throughput,
+            2000.0,
+            ("params", K.P_THROUGHPUT),
+            "p2c expected_wait: tokens/s that turn queued tokens into seconds (gateway: 2000)",
+        ),
+        PolicyOption(
+            "block_size",
+            _block_size,
+            16,
+            ("params", K.P_BLOCK_SIZE),
+            "dynamo: KV block size in tokens (default 16)",
+        ),
+        PolicyOption(
+            "overlap_weight",
+            _overlap_weight,
+            1.0,
+            ("params", K.P_OVERLAP_WEIGHT),
+            "dynamo: weight of the prefill blocks (kv_overlap_score_weight, default 1)",
+        ),
+        PolicyOption(
+            "timeout_iters",
+            _timeout_iters,
+            50,
+            ("params", K.P_TIMEOUT_ITERS),
+            "trtllm_balance: ticks new requests wait for every rank to take some (default 50)",
+        ),
+        PolicyOption(
+            "batching_wait_iters",
+            _batching_wait_iters,
+            10,
+            ("params", K.P_BATCHING_WAIT_ITERS),
+            "trtllm_balance: extra ticks of batching once every rank can take some (default 10)",
+        ),
     )
 }
 
@@ -289,6 +363,12 @@ class RoutingPolicy:
     """Draws random numbers (``rng`` of ``route_batch``, ``seed`` of ``simulate``)."""
     staged: bool = False
     """BalanceRoute's two stages (``RoutingResult.stage`` is 1 or 2, not 0)."""
+    versions: tuple[str, ...] = ()
+    """Upstream versions (``version="..."``), the current one first."""
+    version_sources: tuple[str, ...] = ()
+    """For each version: the upstream change that introduced it and when."""
+    prefix_cache: bool = False
+    """Reads ``PoolState.cached`` (the simulator then tracks each replica's prefix cache)."""
 
 
 def register_routing_policy(
@@ -303,8 +383,16 @@ def register_routing_policy(
     horizon: bool = False,
     seeded: bool = False,
     staged: bool = False,
+    versions: tuple[tuple[str, str], ...] = (),
+    prefix_cache: bool = False,
 ) -> RoutingPolicy:
-    """Register a policy under ``name`` (once; ids and names are unique)."""
+    """Register a policy under ``name`` (once; ids and names are unique).
+
+    ``versions``: ``(name, upstream change)`` pairs, the current upstream behaviour first; the
+    policy then accepts ``version=`` (its kernel reads the index at ``params[P_VERSION]``).
+    """
+    if versions:
+        options = tuple(options) + ("version",)
     if name in _POLICIES:
         raise RuntimeError(f"routing policy {name!r} registered twice")
     if any(p.policy_id == policy_id for p in _POLICIES.values()):
@@ -323,6 +411,9 @@ def register_routing_policy(
         horizon=horizon,
         seeded=seeded,
         staged=staged,
+        versions=tuple(v for v, _ in versions),
+        version_sources=tuple(src for _, src in versions),
+        prefix_cache=prefix_cache,
     )
     _POLICIES[name] = pol
     return pol
@@ -374,6 +465,11 @@ def resolve_options(
     for name in policy.options:
         opt = OPTIONS[name]
         v = options.get(name) if options else None
+        if name == "version":  # one option, each policy's own choices
+            v = policy.versions[0] if v is None else check_choice(v, name, func, policy.versions)
+            resolved[name] = v
+            params[opt.slot[1]] = float(policy.versions.index(v))
+            continue
         if v is None:
             v = opt.default(n_replicas, resolved) if callable(opt.default) else opt.default
         if v is not None:
@@ -424,6 +520,13 @@ register_routing_policy(
     horizon=True,
     staged=True,
 )
+_SGL_DPC = "sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py"
+_VLLM_LB = "vllm-project/vllm vllm/v1/engine/core_client.py (DPLBAsyncMPClient)"
+_SGL_GW = (
+    "SGLang model gateway power_of_two (sgl-project/sglang sgl-router/src/policies/"
+    "power_of_two.rs, now smg-project/smg model_gateway/src/policies/power_of_two.rs)"
+)
+_TRT_ADP = "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor (DefaultADPRouter)"
 register_routing_policy(
     "round_robin",
     policy_id=K.ID_ROUND_ROBIN,
@@ -431,7 +534,7 @@ register_routing_policy(
     reference=K.round_robin_reference,
     options=("cursor",),
     summary="next replica with a free slot in cyclic order from a cursor",
-    source="SGLang DP controller round_robin",
+    source=f"{_SGL_DPC} round_robin_scheduler",
 )
 register_routing_policy(
     "random",
@@ -448,33 +551,57 @@ register_routing_policy(
     policy_id=K.ID_JSQ,
     kernel=K.jsq_kernel,
     reference=K.jsq_reference,
-    summary="fewest tokens, then fewest requests, then lowest index",
-    source="SGLang DP controller total_tokens",
+    summary="fewest loads + waiting tokens, then fewest requests, then lowest index",
+    source=f"{_SGL_DPC} total_tokens (DPBudget.dispatch)",
+    versions=(
+        ("prompt", "sglang #22614 (2026-04): +prompt length and +1 request after each pick"),
+        ("plus_one", "sglang #16258 (2026-01, minimum_tokens renamed total_tokens): +1 only"),
+    ),
 )
 register_routing_policy(
     "jsq_requests",
     policy_id=K.ID_JSQ_REQUESTS,
     kernel=K.jsq_requests_kernel,
     reference=K.jsq_requests_reference,
-    summary="fewest running + waiting requests, then lowest index",
-    source="SGLang DP controller total_requests",
+    summary="fewest running + waiting requests, then lowest index; +1 after each pick",
+    source=f"{_SGL_DPC} total_requests (sglang #16258, 2026-01: shortest_queue renamed)",
 )
 register_routing_policy(
     "vllm",
     policy_id=K.ID_VLLM,
     kernel=K.vllm_kernel,
     reference=K.vllm_reference,
-    summary="lowest 4*waiting + running, lowest index; optimistic waiting += 1",
-    source="vLLM DP load balancer (before July 2026)",
+    summary="first strict minimum of vLLM's score scanning from a start index; waiting += 1",
+    source=_VLLM_LB,
+    versions=(
+        (
+            "current",
+            "vllm #47420 (2026-07-02, start rotates after every pick) + #49204 (2026-07-20, "
+            "max(inflight, waiting + running) + 6*waiting*max(0, kv_usage - 0.5))",
+        ),
+        ("rotate_4w", "vllm #47420 alone: 4*waiting + running, rotating start"),
+        ("legacy", "before vllm #47420: 4*waiting + running from a fixed start (client 0)"),
+    ),
 )
 register_routing_policy(
     "p2c",
     policy_id=K.ID_P2C,
     kernel=K.p2c_kernel,
     reference=K.p2c_reference,
-    summary="two distinct random replicas, fewer tokens wins, ties to the first draw",
-    source="SGLang gateway power of two",
+    options=("optimistic", "kv_weight", "throughput"),
+    summary="two distinct random replicas, the lower gateway metric wins, ties to the first",
+    source=_SGL_GW,
     seeded=True,
+    versions=(
+        (
+            "expected_wait",
+            "smg #2187 (2026-08-18): (queued + in-flight tokens) / throughput + 0.15 s * "
+            "u/(1-u), least_load's score on the sampled pair",
+        ),
+        ("token_usage", "smg #554 (2026-02-27): the poll's KV token_usage ratio"),
+        ("tokens", "sgl-router load monitor (2025, sglang #10880): the worker's token load"),
+        ("inflight", "sgl-router's first power_of_two: the router's in-flight requests"),
+    ),
 )
 register_routing_policy(
     "brs",
@@ -491,6 +618,38 @@ register_routing_policy(
     policy_id=K.ID_TRTLLM,
     kernel=K.trtllm_kernel,
     reference=K.trtllm_reference,
-    summary="longest prompt first; min-heap on (tokens, requests, rank) with a per-rank cap",
-    source="TensorRT-LLM attention-DP balancer",
+    summary="longest prompt first; min-heap on (prompt tokens, requests, rank) with a cap",
+    source=f"{_TRT_ADP}: num_active_tokens = sum of py_orig_prompt_len",
+)
+register_routing_policy(
+    "trtllm_balance",
+    policy_id=K.ID_TRTLLM_BALANCE,
+    kernel=K.trtllm_balance_kernel,
+    reference=K.trtllm_balance_reference,
+    options=("optimistic", "timeout_iters", "batching_wait_iters"),
+    summary="trtllm's assignment, held back until every rank can take a new request "
+    "(timeout_iters), then batching_wait_iters more ticks",
+    source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py "
+    "_balance_adp_requests (attention_dp_config.enable_balance)",
+)
+register_routing_policy(
+    "follow_bootstrap_room",
+    policy_id=K.ID_FOLLOW_BOOTSTRAP_ROOM,
+    kernel=K.follow_bootstrap_room_kernel,
+    reference=K.follow_bootstrap_room_reference,
+    options=(),
+    summary="replica = bootstrap room (the pool key) mod G, waiting for a slot there",
+    source=f"{_SGL_DPC} follow_bootstrap_room_scheduler (PD disaggregation)",
+)
+register_routing_policy(
+    "dynamo",
+    policy_id=K.ID_DYNAMO,
+    kernel=K.dynamo_kernel,
+    reference=K.dynamo_reference,
+    options=("optimistic", "block_size", "overlap_weight"),
+    summary="lowest overlap_weight * new prefill blocks + decode blocks, ties random",
+    source="ai-dynamo/dynamo lib/kv-router/src/scheduling/selector.rs (DefaultWorkerSelector, "
+    "temperature 0)",
+    seeded=True,
+    prefix_cache=True,
 )

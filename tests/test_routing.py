@@ -79,22 +79,25 @@ def test_kernel_equals_py_func_equals_reference(policy, inst):
     """Every registered policy: kernel == py_func == reference (assignment and carry), inputs
     untouched, the independent checker passes, and as many requests placed as possible."""
     pol = get_routing_policy(policy)
-    before = _snapshot(inst)
-    a, ca = pol.kernel(*kernel_args(inst))
-    b, cb = getattr(pol.kernel, "py_func", pol.kernel)(*kernel_args(inst))
-    c, cc = pol.reference(*kernel_args(inst))
-    for k, v in before.items():  # inputs not mutated
-        assert _equal(v, inst[k]), (policy, k)
-    assert a.dtype == np.int64 and ca.dtype == np.float64 and ca.shape == (K.N_CARRY,)
-    assert a.tolist() == b.tolist() == c.tolist(), policy
-    assert ca.tolist() == cb.tolist() == cc.tolist(), policy
-    pool, reps = inst["pool"], inst["reps"]
-    placed = check_assignment(a, pool.prefill, reps.free_slots)
-    n_max = min(pool.prefill.size, int(reps.free_slots.sum()))
-    if policy == "trtllm" or (policy == "brs" and np.isfinite(reps.kv_capacity).any()):
-        assert placed.sum() <= n_max  # a per-rank cap; KV room (BR-S)
-    else:  # every other policy places as many requests as it can
-        assert placed.sum() == n_max, policy
+    for version in range(max(len(pol.versions), 1)):
+        inst["params"][K.P_VERSION] = float(version)
+        before = _snapshot(inst)
+        a, ca = pol.kernel(*kernel_args(inst))
+        b, cb = getattr(pol.kernel, "py_func", pol.kernel)(*kernel_args(inst))
+        c, cc = pol.reference(*kernel_args(inst))
+        for k, v in before.items():  # inputs not mutated
+            assert _equal(v, inst[k]), (policy, k)
+        assert a.dtype == np.int64 and ca.dtype == np.float64 and ca.shape == (K.N_CARRY,)
+        assert a.tolist() == b.tolist() == c.tolist(), (policy, version)
+        assert ca.tolist() == cb.tolist() == cc.tolist(), (policy, version)
+        pool, reps = inst["pool"], inst["reps"]
+        placed = check_assignment(a, pool.prefill, reps.free_slots)
+        n_max = min(pool.prefill.size, int(reps.free_slots.sum()))
+        capped = ("trtllm", "trtllm_balance", "follow_bootstrap_room")
+        if policy in capped or (policy == "brs" and np.isfinite(reps.kv_capacity).any()):
+            assert placed.sum() <= n_max  # a per-rank cap or a fixed rank; KV room (BR-S)
+        else:  # every other policy places as many requests as it can
+            assert placed.sum() == n_max, policy
 
 
 def test_registry_lists_every_policy_once():
@@ -106,6 +109,9 @@ def test_registry_lists_every_policy_once():
         assert pol.name == name and pol.summary and pol.source
         assert pol.kernel.py_func.__name__ == f"{name}_kernel"
         assert pol.reference.__name__ == f"{name}_reference"
+        assert len(pol.versions) == len(pol.version_sources)
+        assert ("version" in pol.options) == bool(pol.versions)
+        assert all(pol.version_sources), name
 
 
 @given(inst=routing_instances(max_horizon=0))
@@ -212,9 +218,10 @@ def test_baseline_rules():
     # JSQ ties: tokens, then requests, then lowest index
     d = route_batch([1], [5, 5, 5], [1, 1, 1], policy="jsq", n_running=[3, 2, 2])
     assert d.assignment.tolist() == [1]
-    # vLLM: 4*waiting + running
-    d = route_batch([1], [0, 0], [1, 1], policy="vllm", n_running=[0, 5], n_waiting=[2, 0])
-    assert d.assignment.tolist() == [1]
+    # vLLM before #47420: 4*waiting + running; now max(inflight, waiting + running) + penalty
+    kw = dict(policy="vllm", n_running=[0, 5], n_waiting=[2, 0])
+    assert route_batch([1], [0, 0], [1, 1], version="legacy", **kw).assignment.tolist() == [1]
+    assert route_batch([1], [0, 0], [1, 1], **kw).assignment.tolist() == [0]
     # TRT-LLM: longest prompt first onto the least-token rank
     d = route_batch([1, 9], [0, 5], [2, 2], policy="trtllm", n_running=[0, 0])
     assert d.assignment.tolist() == [1, 0]
@@ -222,7 +229,7 @@ def test_baseline_rules():
     d = route_batch([1, 1, 1], [0, 0, 0], [1, 0, 2], policy="round_robin", cursor=1)
     assert d.assignment.tolist() == [2, 0, 2] and d.extras["next_cursor"] == 0
     # p2c with two replicas compares both
-    d = route_batch([1], [9, 1], [1, 1], policy="p2c", rng=0)
+    d = route_batch([1], [9, 1], [1, 1], policy="p2c", version="tokens", rng=0)
     assert d.assignment.tolist() == [1]
 
 
@@ -282,8 +289,19 @@ def test_route_batch_through_public_api_matches_kernel(inst):
             patience=int(p[K.P_PATIENCE]),
             age_fraction=float(p[K.P_AGE_FRACTION]),
             safe=bool(p[K.P_SAFE]),
+            kv_weight=float(p[K.P_KV_WEIGHT]),
+            throughput=float(p[K.P_THROUGHPUT]),
+            block_size=int(p[K.P_BLOCK_SIZE]),
+            overlap_weight=float(p[K.P_OVERLAP_WEIGHT]),
+            timeout_iters=int(p[K.P_TIMEOUT_ITERS]),
+            batching_wait_iters=int(p[K.P_BATCHING_WAIT_ITERS]),
         )
         opts = {k: v for k, v in opts.items() if k in pol.options}
+        if pol.versions:
+            opts["version"] = pol.versions[-1]
+            p[K.P_VERSION] = float(len(pol.versions) - 1)
+        else:
+            p[K.P_VERSION] = 0.0
         d = route_batch(
             pool.prefill,
             reps.loads,

@@ -78,11 +78,12 @@ snapshot; presence ``c_i = H+1`` if ``p_fin < 0.5`` else ``(1 - p_fin)(H+1) + p_
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, typed, types
 
 from ..solvers import _jit, _routing_kernels, predictors
 from ..solvers._jit import NJIT, cache_depends_on
@@ -120,7 +121,12 @@ class EngineInputs(NamedTuple):
     ``arrival_t`` float64 sorted, ``prompt``/``output`` int64, ``group`` int64 (prompt-hash
     group, -1 none) of the ``n`` requests; ``params``/``carry``: the policy's (registry);
     ``pred_kind``: a :class:`~straggler.solvers.predictors.PredictorKind` value; ``ts_*``: the
-    two-stage models (see the module docstring)."""
+    two-stage models (see the module docstring); ``queue_mode``: route on arrival to the
+    engines' own queues; ``room`` int64: each request's bootstrap room (the pool key);
+    ``use_cache``: track the replicas' prefix caches (``blk_off`` ``(n+1,)`` and ``blk_ids``
+    (dense ids ``>= 0``): each request's prompt blocks of ``blk_tokens`` tokens;
+    ``cache_blocks``: each replica's capacity in blocks); ``cache_router``: show them to the
+    router (``PoolState.cached``)."""
 
     policy_id: int
     params: np.ndarray
@@ -155,6 +161,14 @@ class EngineInputs(NamedTuple):
     seed: int
     max_steps: int
     time_router: bool
+    queue_mode: bool
+    room: np.ndarray
+    use_cache: bool
+    cache_router: bool
+    blk_off: np.ndarray
+    blk_ids: np.ndarray
+    blk_tokens: int
+    cache_blocks: int
 
 
 class EngineOutput(NamedTuple):
@@ -165,7 +179,8 @@ class EngineOutput(NamedTuple):
     before its first entry into the pool: ``wait = ticks so far - enter_tick``; -1 never),
     ``admit_tick`` (the tick of its first admission, -1 never); ``series`` (n_steps,
     len(SERIES)); per tick ``tick_ns`` (router time, 0 without ``time_router``) and
-    ``tick_pool`` (visible pool size)."""
+    ``tick_pool`` (visible pool size); per request ``cache_hit`` (prompt tokens found in its
+    replica's prefix cache at its first admission; 0 without prefix caches)."""
 
     ready_t: np.ndarray
     start_t: np.ndarray
@@ -179,6 +194,7 @@ class EngineOutput(NamedTuple):
     series: np.ndarray
     tick_ns: np.ndarray
     tick_pool: np.ndarray
+    cache_hit: np.ndarray
 
 
 def no_two_stage():
@@ -382,6 +398,59 @@ def _prefill_done(pf_free, n_inst, t, tokens, base, per_token):
 
 
 @njit(**NJIT)
+def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
+    """Touch block ``h`` in replica ``g``'s LRU prefix cache (``cap`` blocks).
+
+    ``D`` maps ``h * G + g`` to the stamp of its last touch; ``tg/th/ts[:T]`` log every touch
+    (replica, block, stamp) in order; ``hp[g]`` is where the search for ``g``'s least recently
+    touched block resumes (every entry of ``g`` before it is stale or evicted), ``sz[g]`` the
+    blocks ``g`` holds. Returns the (possibly grown) log and its new length.
+    """
+    key = h * G + g
+    if key not in D:
+        sz[g] += 1
+    D[key] = T
+    if T == tg.shape[0]:
+        m = 2 * T
+        tg2 = np.empty(m, np.int64)
+        th2 = np.empty(m, np.int64)
+        ts2 = np.empty(m, np.int64)
+        tg2[:T] = tg[:T]
+        th2[:T] = th[:T]
+        ts2[:T] = ts[:T]
+        tg, th, ts = tg2, th2, ts2
+    tg[T] = g
+    th[T] = h
+    ts[T] = T
+    T += 1
+    while sz[g] > cap:  # evict the least recently touched block of g
+        e = hp[g]
+        while True:
+            if tg[e] == g:
+                kk = th[e] * G + g
+                if kk in D and D[kk] == ts[e]:
+                    break
+            e += 1
+        del D[th[e] * G + g]
+        sz[g] -= 1
+        hp[g] = e + 1
+    return tg, th, ts, T
+
+
+@njit(**NJIT)
+def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
+    """Prompt tokens of request ``i`` in replica ``g``'s cache: its leading blocks present in
+    ``D``, times ``blk_tokens``, at most its prompt."""
+    c = 0
+    for b in range(blk_off[i], blk_off[i + 1]):
+        if blk_ids[b] * G + g in D:
+            c += 1
+        else:
+            break
+    return float(min(c * blk_tokens, prompt_i))
+
+
+@njit(**NJIT)
 def run_engine(inp):
     """Run the step loop on :class:`EngineInputs`; see the module docstring. Returns
     :class:`EngineOutput`."""
@@ -393,6 +462,8 @@ def run_engine(inp):
     prompt = inp.prompt
     output = inp.output
     group = inp.group
+    queue_mode = inp.queue_mode
+    use_cache = inp.use_cache
     ready_t = np.full(n, np.nan)
     start_t = np.full(n, np.nan)
     first_t = np.full(n, np.nan)
@@ -404,7 +475,7 @@ def run_engine(inp):
     adm_seq = np.zeros(n, dtype=np.int64)
     enter_t = np.zeros(n)
     enter_tick = np.full(n, -1, dtype=np.int64)
-    in_pool = np.zeros(n, dtype=np.bool_)
+    in_pool = np.zeros(n, dtype=np.bool_)  # waiting for a slot (in the pool or a queue)
     slot_req = np.full((G, S), -1, dtype=np.int64)
     load = np.zeros(G, dtype=np.int64)
     nrun = np.zeros(G, dtype=np.int64)
@@ -413,6 +484,22 @@ def run_engine(inp):
     pool = np.empty(n, dtype=np.int64)
     pool_n = 0
     admit_tick = np.full(n, -1, dtype=np.int64)
+    # the engines' own FIFO queues (queue mode): linked lists through q_next
+    q_head = np.full(G, -1, dtype=np.int64)
+    q_tail = np.full(G, -1, dtype=np.int64)
+    q_next = np.full(n, -1, dtype=np.int64)
+    q_len = np.zeros(G, dtype=np.int64)
+    q_tok = np.zeros(G, dtype=np.int64)
+    n_queued = 0
+    # the replicas' prefix caches (policies that read PoolState.cached)
+    cache_d = typed.Dict.empty(key_type=types.int64, value_type=types.int64)
+    t_g = np.empty(1024, np.int64)
+    t_h = np.empty(1024, np.int64)
+    t_s = np.empty(1024, np.int64)
+    t_n = 0
+    c_hp = np.zeros(G, dtype=np.int64)
+    c_sz = np.zeros(G, dtype=np.int64)
+    cache_hit = np.full(n, -1.0)
     n_inst = inp.prefill_instances
     pf_free = np.zeros(max(n_inst, 1))
     ht = np.empty(n)
@@ -424,6 +511,8 @@ def run_engine(inp):
     view_ring = np.zeros((R, G, H + 1))
     nrun_ring = np.zeros((R, G), dtype=np.int64)
     ptok_ring = np.zeros((R, G))
+    qlen_ring = np.zeros((R, G), dtype=np.int64)
+    qtok_ring = np.zeros((R, G))
     add_ring = np.zeros((R, G))
     addn_ring = np.zeros((R, G), dtype=np.int64)
     addp_ring = np.zeros((R, G))
@@ -434,10 +523,7 @@ def run_engine(inp):
     n_ticks = 0
     carry = inp.carry.copy()
     par = inp.params
-    zeros_g = np.zeros(G)
-    nwait = np.zeros(G, dtype=np.int64)
     kvcap_g = np.full(G, float(kv_cap))
-    no_cache = np.zeros((0, G))
     two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
     clock = 0.0
     k = 0
@@ -477,7 +563,7 @@ def run_engine(inp):
             pool[q] = i
             pool_n += 1
         # 3. idle: jump to the next event
-        if total_run == 0 and pool_n == 0:
+        if total_run == 0 and pool_n == 0 and n_queued == 0:
             t_next = np.inf
             if nxt < n:
                 t_next = inp.arrival_t[nxt]
@@ -522,6 +608,8 @@ def run_engine(inp):
             addp_ring[slot, g] = 0.0
             nrun_ring[slot, g] = nrun[g]
             ptok_ring[slot, g] = ptok[g]
+            qlen_ring[slot, g] = q_len[g]
+            qtok_ring[slot, g] = q_tok[g]
             for h in range(H + 1):
                 view_ring[slot, g, h] = 0.0
             view_ring[slot, g, 0] = load[g]
@@ -556,26 +644,46 @@ def run_engine(inp):
                 i = pool[j]
                 prefill[j] = prompt[i] + decoded[i]
                 wait[j] = n_ticks - enter_tick[i]
-                key[j] = i
+                key[j] = inp.room[i]
+            cached = np.zeros((P if inp.cache_router else 0, G))
+            if inp.cache_router:
+                for j in range(P):
+                    for g in range(G):
+                        cached[j, g] = _cached_prefix(
+                            cache_d,
+                            inp.blk_off,
+                            inp.blk_ids,
+                            pool[j],
+                            g,
+                            G,
+                            inp.blk_tokens,
+                            prompt[pool[j]],
+                        )
             old = (k - inp.stale) % R if k >= inp.stale else 0
             view = view_ring[old].copy()
             seen_n = nrun_ring[old].copy()
             seen_p = ptok_ring[old].copy()
+            seen_q = qlen_ring[old].copy()
+            seen_qt = qtok_ring[old].copy()
             if inp.optimistic:
                 lo = k - inp.stale if k >= inp.stale else 0
                 for kk in range(lo, k):
                     for g in range(G):
-                        seen_n[g] += addn_ring[kk % R, g]
-                        seen_p[g] += addp_ring[kk % R, g]
-                        for h in range(H + 1):
-                            view[g, h] += add_ring[kk % R, g]
+                        if queue_mode:  # what it sent since then sits in the engines' queues
+                            seen_q[g] += addn_ring[kk % R, g]
+                            seen_qt[g] += add_ring[kk % R, g]
+                        else:
+                            seen_n[g] += addn_ring[kk % R, g]
+                            seen_p[g] += addp_ring[kk % R, g]
+                            for h in range(H + 1):
+                                view[g, h] += add_ring[kk % R, g]
             free = np.empty(G, dtype=np.int64)
             usage = np.empty(G)
             for g in range(G):
-                free[g] = S - nrun[g]
+                free[g] = P if queue_mode else S - nrun[g]  # a queue takes every request
                 usage[g] = view[g, 0] / kv_cap
-            pstate = PoolState(prefill, wait, key, no_cache)
-            rstate = ReplicaState(view, free, seen_n, nwait, seen_p, zeros_g, usage, kvcap_g)
+            pstate = PoolState(prefill, wait, key, cached)
+            rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
             tick_seed = inp.seed * 1_000_003 + k
             c0 = monotonic_ns() if inp.time_router else 0
             assign, carry = route_tick_kernel(inp.policy_id, pstate, rstate, par, carry, tick_seed)
@@ -595,30 +703,136 @@ def run_engine(inp):
                 i = pool[j]
                 g = assign[j] if j < P else -1
                 tok = prompt[i] + decoded[i]
-                if g >= 0 and nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap:
-                    for s in range(S):
-                        if slot_req[g, s] < 0:
-                            slot_req[g, s] = i
-                            break
-                    nrun[g] += 1
-                    total_run += 1
-                    load[g] += tok
-                    ptok[g] += prompt[i]
-                    replica[i] = g
-                    if np.isnan(start_t[i]):
-                        start_t[i] = clock
-                        admit_tick[i] = n_ticks - 1
-                    adm_seq[i] = seq
-                    seq += 1
-                    pool_wait[i] += clock - enter_t[i]
-                    in_pool[i] = False
+                if queue_mode and g >= 0:  # to the tail of the engine's own queue
+                    if q_tail[g] < 0:
+                        q_head[g] = i
+                    else:
+                        q_next[q_tail[g]] = i
+                    q_tail[g] = i
+                    q_next[i] = -1
+                    q_len[g] += 1
+                    q_tok[g] += tok
+                    n_queued += 1
                     add_ring[slot, g] += tok
                     addn_ring[slot, g] += 1
                     addp_ring[slot, g] += prompt[i]
+                elif g >= 0 and nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap:
+                    seq = _admit(
+                        i,
+                        g,
+                        clock,
+                        seq,
+                        n_ticks,
+                        slot_req,
+                        nrun,
+                        load,
+                        ptok,
+                        replica,
+                        start_t,
+                        admit_tick,
+                        adm_seq,
+                        pool_wait,
+                        enter_t,
+                        in_pool,
+                        prompt,
+                        decoded,
+                    )
+                    total_run += 1
+                    add_ring[slot, g] += tok
+                    addn_ring[slot, g] += 1
+                    addp_ring[slot, g] += prompt[i]
+                    if use_cache:
+                        if cache_hit[i] < 0:  # first admission
+                            cache_hit[i] = _cached_prefix(
+                                cache_d,
+                                inp.blk_off,
+                                inp.blk_ids,
+                                i,
+                                g,
+                                G,
+                                inp.blk_tokens,
+                                prompt[i],
+                            )
+                        for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
+                            t_g, t_h, t_s, t_n = _cache_touch(
+                                cache_d,
+                                t_g,
+                                t_h,
+                                t_s,
+                                t_n,
+                                c_hp,
+                                c_sz,
+                                g,
+                                inp.blk_ids[b],
+                                G,
+                                inp.cache_blocks,
+                            )
                 else:
                     pool[keep] = i
                     keep += 1
             pool_n = keep
+        # 6b. queue mode: every engine admits from the head of its queue, FCFS, while the head
+        # has a slot and KV room (the first that does not fit blocks the ones behind it)
+        if queue_mode:
+            for g in range(G):
+                while q_head[g] >= 0:
+                    i = q_head[g]
+                    tok = prompt[i] + decoded[i]
+                    if not (nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap):
+                        break
+                    q_head[g] = q_next[i]
+                    if q_head[g] < 0:
+                        q_tail[g] = -1
+                    q_len[g] -= 1
+                    q_tok[g] -= tok
+                    n_queued -= 1
+                    seq = _admit(
+                        i,
+                        g,
+                        clock,
+                        seq,
+                        n_ticks,
+                        slot_req,
+                        nrun,
+                        load,
+                        ptok,
+                        replica,
+                        start_t,
+                        admit_tick,
+                        adm_seq,
+                        pool_wait,
+                        enter_t,
+                        in_pool,
+                        prompt,
+                        decoded,
+                    )
+                    total_run += 1
+                    if use_cache:
+                        if cache_hit[i] < 0:  # first admission
+                            cache_hit[i] = _cached_prefix(
+                                cache_d,
+                                inp.blk_off,
+                                inp.blk_ids,
+                                i,
+                                g,
+                                G,
+                                inp.blk_tokens,
+                                prompt[i],
+                            )
+                        for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
+                            t_g, t_h, t_s, t_n = _cache_touch(
+                                cache_d,
+                                t_g,
+                                t_h,
+                                t_s,
+                                t_n,
+                                c_hp,
+                                c_sz,
+                                g,
+                                inp.blk_ids[b],
+                                G,
+                                inp.cache_blocks,
+                            )
         # 7. one decode step (an idle one when nothing runs)
         M = 0
         tot = 0
@@ -646,7 +860,7 @@ def run_engine(inp):
         series[k, 2] = M
         series[k, 3] = tot
         series[k, 4] = total_run
-        series[k, 5] = pool_n
+        series[k, 5] = pool_n + n_queued
         series[k, 6] = heap_n
         series[k, 7] = n_preempted
         t_end = clock + dt
@@ -670,7 +884,7 @@ def run_engine(inp):
                         memo[group[i]] = output[i]
         clock = t_end
         k += 1
-    for i in range(n):  # requests still in the pool at the end
+    for i in range(n):  # requests still waiting at the end
         if in_pool[i]:
             pool_wait[i] += clock - enter_t[i]
     return EngineOutput(
@@ -686,7 +900,49 @@ def run_engine(inp):
         series[:k].copy(),
         tick_ns[:n_ticks].copy(),
         tick_pool[:n_ticks].copy(),
+        np.maximum(cache_hit, 0.0),
     )
+
+
+@njit(**NJIT)
+def _admit(
+    i,
+    g,
+    clock,
+    seq,
+    n_ticks,
+    slot_req,
+    nrun,
+    load,
+    ptok,
+    replica,
+    start_t,
+    admit_tick,
+    adm_seq,
+    pool_wait,
+    enter_t,
+    in_pool,
+    prompt,
+    decoded,
+):
+    """Start request ``i`` on replica ``g`` in its lowest free slot; returns the next admission
+    sequence number."""
+    S = slot_req.shape[1]
+    for s in range(S):
+        if slot_req[g, s] < 0:
+            slot_req[g, s] = i
+            break
+    nrun[g] += 1
+    load[g] += prompt[i] + decoded[i]
+    ptok[g] += prompt[i]
+    replica[i] = g
+    if np.isnan(start_t[i]):
+        start_t[i] = clock
+        admit_tick[i] = n_ticks - 1
+    adm_seq[i] = seq
+    pool_wait[i] += clock - enter_t[i]
+    in_pool[i] = False
+    return seq + 1
 
 
 cache_depends_on(run_engine, _routing_kernels, predictors, _jit)
@@ -718,6 +974,13 @@ def run_engine_reference(inp, router):
     views: dict[int, tuple] = {}
     placed: dict[int, list] = {}
     series, tick_pool = [], []
+    engine_queue: list[list[int]] = [[] for _ in range(G)]  # queue mode: each engine's FIFO
+    caches = [collections.OrderedDict() for _ in range(G)]  # prefix blocks, LRU order
+    hits = [None] * n  # cached prompt tokens at the first admission
+    blocks = [
+        [int(b) for b in inp.blk_ids[inp.blk_off[i] : inp.blk_off[i + 1]]] if inp.use_cache else []
+        for i in range(n)
+    ]
     clock, k, nxt, order, seq, n_ticks = 0.0, 0, 0, 0, 0, 0
     carry = np.array(inp.carry, dtype=np.float64)
     ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = (
@@ -763,6 +1026,39 @@ def run_engine_reference(inp, router):
     def loads():
         return [sum(prompt[i] + decoded[i] for i in slots[g] if i is not None) for g in range(G)]
 
+    def fits(i, g):
+        tok = prompt[i] + decoded[i]
+        return running(g) < S and loads()[g] + tok + running(g) + 1 <= kv_cap
+
+    def admit(i, g):
+        nonlocal seq
+        slots[g][slots[g].index(None)] = i
+        replica[i] = g
+        if start_t[i] != start_t[i]:
+            start_t[i] = clock
+            admit_tick[i] = n_ticks - 1
+        admitted_as[i] = seq
+        seq += 1
+        pool_wait[i] += clock - enter_t[i]
+        if inp.use_cache and hits[i] is None:
+            hits[i] = cached_tokens(i, g)
+        for b in blocks[i]:  # the replica's cache now holds the prompt's blocks (LRU)
+            c = caches[g]
+            if b in c:
+                c.move_to_end(b)
+            else:
+                c[b] = None
+                while len(c) > inp.cache_blocks:
+                    c.popitem(last=False)
+
+    def cached_tokens(i, g):
+        hit = 0
+        for b in blocks[i]:
+            if b not in caches[g]:
+                break
+            hit += 1
+        return float(min(hit * inp.blk_tokens, prompt[i]))
+
     def running(g):
         return sum(1 for i in slots[g] if i is not None)
 
@@ -783,7 +1079,7 @@ def run_engine_reference(inp, router):
             enter_t[i] = done
             keys = [(ready_t[j], j) for j in pool]
             pool.insert(bisect.bisect_left(keys, (ready_t[i], i)), i)
-        if sum(running(g) for g in range(G)) == 0 and not pool:
+        if sum(running(g) for g in range(G)) == 0 and not pool and not any(engine_queue):
             t = next_event()
             if t is None:
                 break
@@ -833,36 +1129,46 @@ def run_engine_reference(inp, router):
                         if rf > 0.0 and w < 1.0:
                             view[g][h] += (1.0 - w) * rf
         prompts_now = [float(sum(prompt[i] for i in slots[g] if i is not None)) for g in range(G)]
-        views[k] = (view, [running(g) for g in range(G)], prompts_now)
+        queued = [len(q) for q in engine_queue]
+        queued_tok = [float(sum(prompt[i] + decoded[i] for i in q)) for q in engine_queue]
+        views[k] = (view, [running(g) for g in range(G)], prompts_now, queued, queued_tok)
         views.pop(k - inp.stale - 1, None)
         placed[k] = [[0.0] * G, [0] * G, [0.0] * G]
         placed.pop(k - inp.stale - 1, None)
         if k % inp.tick == 0 and pool:
             P = min(len(pool), inp.max_pool)
-            old_view, old_n, old_p = views[max(k - inp.stale, 0)]
+            old_view, old_n, old_p, old_q, old_qt = views[max(k - inp.stale, 0)]
             seen = [row[:] for row in old_view]
-            seen_n, seen_p = list(old_n), list(old_p)
+            seen_n, seen_p, seen_q, seen_qt = list(old_n), list(old_p), list(old_q), list(old_qt)
             if inp.optimistic:
                 for kk in range(max(k - inp.stale, 0), k):
                     tok, cnt, pr = placed[kk]
                     for g in range(G):
+                        if inp.queue_mode:  # sent since the view: in the engines' queues
+                            seen_q[g] += cnt[g]
+                            seen_qt[g] += tok[g]
+                            continue
                         seen_n[g] += cnt[g]
                         seen_p[g] += pr[g]
                         for h in range(H + 1):
                             seen[g][h] += tok[g]
+            cached = np.zeros((0, G))
+            if inp.cache_router:
+                cached = np.array([[cached_tokens(i, g) for g in range(G)] for i in pool[:P]])
             pstate = PoolState(
                 np.array([float(prompt[i] + decoded[i]) for i in pool[:P]]),
                 np.array([n_ticks - enter_tick[i] for i in pool[:P]], dtype=np.int64),
-                np.array(pool[:P], dtype=np.int64),
-                np.zeros((0, G)),
+                np.array([int(inp.room[i]) for i in pool[:P]], dtype=np.int64),
+                cached.reshape(-1, G),
             )
+            free = [P if inp.queue_mode else S - running(g) for g in range(G)]
             rstate = ReplicaState(
                 np.array(seen, dtype=np.float64).reshape(G, H + 1),
-                np.array([S - running(g) for g in range(G)], dtype=np.int64),
+                np.array(free, dtype=np.int64),
                 np.array(seen_n, dtype=np.int64),
-                np.zeros(G, dtype=np.int64),
+                np.array(seen_q, dtype=np.int64),
                 np.array(seen_p, dtype=np.float64),
-                np.zeros(G),
+                np.array(seen_qt, dtype=np.float64),
                 np.array([seen[g][0] / kv_cap for g in range(G)]),
                 np.full(G, float(kv_cap)),
             )
@@ -874,22 +1180,20 @@ def run_engine_reference(inp, router):
             still = []
             for j, i in enumerate(pool):
                 g = int(assign[j]) if j < P else -1
-                tok = prompt[i] + decoded[i]
-                if g >= 0 and running(g) < S and loads()[g] + tok + running(g) + 1 <= kv_cap:
-                    slots[g][slots[g].index(None)] = i
-                    replica[i] = g
-                    if start_t[i] != start_t[i]:
-                        start_t[i] = clock
-                        admit_tick[i] = n_ticks - 1
-                    admitted_as[i] = seq
-                    seq += 1
-                    pool_wait[i] += clock - enter_t[i]
-                    placed[k][0][g] += tok
+                if g >= 0 and (inp.queue_mode or fits(i, g)):
+                    if inp.queue_mode:
+                        engine_queue[g].append(i)
+                    else:
+                        admit(i, g)
+                    placed[k][0][g] += prompt[i] + decoded[i]
                     placed[k][1][g] += 1
                     placed[k][2][g] += prompt[i]
                 else:
                     still.append(i)
             pool = still
+        for g in range(G):  # queue mode: each engine admits from its queue's head, FCFS
+            while engine_queue[g] and fits(engine_queue[g][0], g):
+                admit(engine_queue[g].pop(0), g)
         L = loads()
         M, tot = max(L), sum(L)
         n_run = sum(running(g) for g in range(G))
@@ -899,7 +1203,8 @@ def run_engine_reference(inp, router):
             if t is None:
                 break
             dt = max(t - clock, 0.0)
-        series.append([clock, dt, M, tot, n_run, len(pool), len(queue), n_preempted])
+        waiting = len(pool) + sum(len(q) for q in engine_queue)
+        series.append([clock, dt, M, tot, n_run, waiting, len(queue), n_preempted])
         t_end = clock + dt
         for g in range(G):
             for s, i in enumerate(slots[g]):
@@ -915,7 +1220,7 @@ def run_engine_reference(inp, router):
                         memo[group[i]] = output[i]
         clock = t_end
         k += 1
-    for i in pool:
+    for i in pool + [i for q in engine_queue for i in q]:
         pool_wait[i] += clock - enter_t[i]
     return EngineOutput(
         np.array(ready_t),
@@ -932,4 +1237,5 @@ def run_engine_reference(inp, router):
         np.array(series, dtype=float).reshape(-1, len(SERIES)),
         np.zeros(len(tick_pool), dtype=np.int64),
         np.array(tick_pool, dtype=np.int64),
+        np.array([0.0 if h is None else h for h in hits]),
     )

@@ -97,6 +97,7 @@ from ..solvers.predictors import (
 from ..solvers.routing import new_request_presence
 from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, resolve_options
 from ._engine import SERIES, EngineInputs, no_two_stage, run_engine, run_engine_reference
+from .prefix import PrefixBlocks
 from .traces import Trace, generate_trace
 
 __all__ = [
@@ -108,7 +109,29 @@ __all__ = [
     "DEFAULT_PREFILL",
     "decode_capacity",
     "offered_load",
+    "bootstrap_rooms",
+    "DISPATCH_MODES",
 ]
+
+#: Values of ``simulate(dispatch=...)``.
+DISPATCH_MODES = ("pool", "queue")
+
+
+def bootstrap_rooms(n: int, seed: int) -> np.ndarray:
+    """The ``n`` requests' bootstrap rooms: uniform integers in ``[0, 2**63 - 1]`` from
+    ``numpy.random.default_rng([seed, 0xB007])`` (SGLang's router draws each room with
+    ``random.randint(0, 2**63 - 1)``; ``follow_bootstrap_room`` sends a request to rank
+    ``room % G``, so the rank is uniform and independent of load).
+
+    Examples
+    --------
+    >>> r = bootstrap_rooms(4, 0)
+    >>> r.dtype, bool((r >= 0).all()), bootstrap_rooms(4, 0).tolist() == r.tolist()
+    (dtype('int64'), True, True)
+    """
+    rng = np.random.default_rng([int(seed), 0xB007])
+    return rng.integers(0, 2**63 - 1, size=int(n), dtype=np.int64, endpoint=True)
+
 
 #: ``(t0 seconds, kappa seconds per token)``; derivation in the module docstring.
 DEFAULT_STEP_TIME = (0.040, 0.22e-6)
@@ -168,6 +191,10 @@ class SimReport:
         The longest time one request spent in the pool.
     sched_us_p50, sched_us_p99, sched_us_mean : float
         Router time per tick (the kernel call inside the jitted loop), microseconds.
+    prefix_hit_rate : float
+        With ``prefix_blocks`` (whatever the policy): prompt tokens found in the replica's
+        prefix cache at each request's first admission over all admitted prompt tokens (the
+        prefill a KV-aware router saves); NaN without.
     series : dict of ndarray
         Per step (:data:`straggler.sim._engine.SERIES`): ``time_s`` (start), ``step_s``,
         ``max_load``, ``sum_load``, ``running``, ``pool``, ``prefill`` (requests queued or in
@@ -177,7 +204,8 @@ class SimReport:
         ``start_s`` (first admission), ``first_s``, ``finish_s``, ``replica``, ``prompt_len``,
         ``output_len``, ``n_preempt``, ``pool_wait_s``, ``enter_tick`` (routing ticks before its
         first entry into the pool; a request's wait at a tick is that tick's index minus it),
-        ``admit_tick`` (the tick that first admitted it; -1: never).
+        ``admit_tick`` (the tick that first admitted it; -1: never), ``cache_hit`` (prompt
+        tokens cached on its replica at its first admission).
     window : tuple of int
         ``(first, end)`` step indices of the window.
     config : dict
@@ -217,6 +245,7 @@ class SimReport:
     sched_us_p50: float
     sched_us_p99: float
     sched_us_mean: float
+    prefix_hit_rate: float
     series: dict[str, np.ndarray] = field(repr=False)
     requests: dict[str, np.ndarray] = field(repr=False)
     window: tuple[int, int]
@@ -430,6 +459,7 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
         time_router=check_bool(kw["time_router"], "time_router", f),
         refill=check_bool(kw["refill"], "refill", f),
         new_presence=check_bool(kw["new_presence"], "new_presence", f),
+        dispatch=check_choice(kw["dispatch"], "dispatch", f, list(DISPATCH_MODES)),
     )
     pi = kw["prefill_instances"]
     cfg["prefill_instances"] = (
@@ -489,8 +519,32 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
     if isinstance(trace, str):
         trace = generate_trace(trace)
     check_type(trace, "trace", f, Trace, "a Trace or a generator preset name")
+    blocks = kw["prefix_blocks"]
+    if blocks is not None:
+        check_type(blocks, "prefix_blocks", f, PrefixBlocks, "a PrefixBlocks (or None)")
+        if len(blocks) != len(trace):
+            raise param_error(
+                "prefix_blocks",
+                f,
+                f"one block list per request of the trace ({len(trace)})",
+                f"{len(blocks)} lists",
+            )
+        most = -(-trace.prompt_len // blocks.block_tokens)
+        bad = np.flatnonzero(blocks.counts() > most)
+        if bad.size:
+            i = int(bad[0])
+            raise param_error(
+                "prefix_blocks",
+                f,
+                f"at most ceil(prompt / {blocks.block_tokens}) blocks per request (aligned with "
+                "the trace)",
+                f"{int(blocks.counts()[i])} blocks for request {i} of {int(trace.prompt_len[i])} "
+                "tokens",
+            )
     if cfg["min_output"] > 0:
-        trace = trace.subset(trace.output_len >= cfg["min_output"]).rebase()
+        keep = trace.output_len >= cfg["min_output"]
+        trace = trace.subset(keep).rebase()
+        blocks = None if blocks is None else blocks.subset(keep)
     if len(trace) == 0:
         raise param_error("trace", f, "a non-empty Trace (after the min_output filter)", "none")
     longest = int((trace.prompt_len + trace.output_len).max())
@@ -528,13 +582,17 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
         )
     cfg["offered_load"] = offered_load(trace, **cap) if load is None else load
     cfg["capacity"] = decode_capacity(trace, **cap)
-    return trace, pol, cfg, params, carry, pred_kind, H, label
+    cfg["prefix_cache"] = blocks is not None
+    cfg["prefix_cache_router"] = bool(pol.prefix_cache and blocks is not None)
+    return trace, pol, cfg, params, carry, pred_kind, H, label, blocks
 
 
 def _engine_inputs(trace, policy, kw: dict, options: dict):
     """:func:`simulate` up to the engine call: ``(EngineInputs, policy, trace, cfg, label)``
     with the trace as simulated (filtered, rescaled)."""
-    trace, pol, cfg, params, carry, pred_kind, H, label = _simulate_iv(trace, policy, kw, options)
+    trace, pol, cfg, params, carry, pred_kind, H, label, blocks = _simulate_iv(
+        trace, policy, kw, options
+    )
     n = len(trace)
     prompt = np.array(trace.prompt_len, dtype=np.int64)  # writable copies: one engine signature
     output = np.array(trace.output_len, dtype=np.int64)
@@ -554,6 +612,11 @@ def _engine_inputs(trace, policy, kw: dict, options: dict):
         max_steps = int(output.sum()) + 11 * n + 1000
     max_steps = check_int(max_steps, "max_steps", _FUNC, lo=1)
     cfg["max_steps"] = max_steps
+    blk_off, blk_ids, blk_tokens = np.zeros(n + 1, dtype=np.int64), np.zeros(0, np.int64), 1
+    if cfg["prefix_cache"]:  # dense ids, so that id * G + replica is a unique int64 key
+        blk_off = np.ascontiguousarray(blocks.offsets, dtype=np.int64)
+        blk_ids = np.unique(blocks.ids, return_inverse=True)[1].astype(np.int64)
+        blk_tokens = int(blocks.block_tokens)
     rate = cfg["prefill_tokens_per_s"]
     inp = EngineInputs(
         policy_id=int(pol.policy_id),
@@ -589,6 +652,14 @@ def _engine_inputs(trace, policy, kw: dict, options: dict):
         seed=int(cfg["seed"]),
         max_steps=int(max_steps),
         time_router=bool(cfg["time_router"]),
+        queue_mode=cfg["dispatch"] == "queue",
+        room=bootstrap_rooms(n, cfg["seed"]),
+        use_cache=cfg["prefix_cache"],
+        cache_router=cfg["prefix_cache_router"],
+        blk_off=blk_off,
+        blk_ids=blk_ids,
+        blk_tokens=blk_tokens,
+        cache_blocks=int(cfg["kv_capacity"]) // blk_tokens,
     )
     return inp, pol, trace, cfg, label
 
@@ -622,6 +693,8 @@ def simulate(
     max_steps: int | None = None,
     engine: str = "numba",
     time_router: bool = True,
+    dispatch: str = "pool",
+    prefix_blocks: PrefixBlocks | None = None,
     **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
@@ -708,7 +781,8 @@ def simulate(
     overload : float
         The load of ``saturated=True`` (default 1.5).
     seed : int
-        Seed of the seeded policies (per tick: ``seed * 1_000_003 + step``).
+        Seed of the seeded policies (per tick: ``seed * 1_000_003 + step``) and of the
+        requests' bootstrap rooms (:func:`bootstrap_rooms`, the pool key every policy sees).
     max_steps : int, optional
         Stop after this many steps (default: enough for every request, ``sum(output) +
         11 * n + 1000``); requests left are counted in ``n_unfinished``.
@@ -716,6 +790,21 @@ def simulate(
         The jitted step loop or its plain-Python reference (slow; for checks).
     time_router : bool
         Time each router call (a monotonic clock read around it).
+    dispatch : {"pool", "queue"}
+        ``"pool"`` (default; BalanceRoute's model and TensorRT-LLM's capacity-limited fetch):
+        one central prompt pool, a request is routed only to a replica with a free slot and
+        starts at once. ``"queue"`` (vLLM's and SGLang's DP front ends): every ready request is
+        routed at the next tick to one engine's own FIFO queue, whatever its slots; each engine
+        admits from the head of its queue at every step while the head fits (a slot and KV
+        room), so ``n_waiting`` and ``waiting_tokens`` are the queues the policies see (module
+        docstring, "Dispatch modes").
+    prefix_blocks : PrefixBlocks, optional
+        Each request's prompt blocks (:func:`~straggler.sim.prefix.load_prefix_blocks` for a
+        Mooncake trace), aligned with ``trace``. Each replica then keeps an LRU cache of the
+        blocks of the prompts it admitted (``kv_capacity // block_tokens`` blocks; blocks in
+        use are not pinned) and the report gives ``prefix_hit_rate``; a policy that reads
+        prefix-cache data (``dynamo``) sees each visible request's cached prompt tokens per
+        replica. Without it such a policy gets no credit.
     **options
         The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`: ``r_max``,
         ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
@@ -769,6 +858,8 @@ def simulate(
         engine=engine,
         time_router=time_router,
         max_steps=max_steps,
+        dispatch=dispatch,
+        prefix_blocks=prefix_blocks,
     )
     inp, pol, trace, cfg, label = _engine_inputs(trace, policy, kw, options)
     w0 = time.perf_counter()
@@ -805,6 +896,14 @@ def warm_engine() -> tuple[float, bool]:
     tr = Trace(arrival_s=[0.0, 0.0], prompt_len=[5, 5], output_len=[2, 2])
     simulate(tr, "jsq", n_replicas=2, max_slots=2)
     return time.perf_counter() - t0, sum(run_engine.stats.cache_misses.values()) > before
+
+
+def _hit_rate(out, trace, cfg) -> float:
+    if not cfg["prefix_cache"]:
+        return float("nan")
+    admitted = ~np.isnan(out.start_t)
+    total = float(trace.prompt_len[admitted].sum())
+    return float(out.cache_hit[admitted].sum()) / total if total > 0 else 0.0
 
 
 def _pct(x: np.ndarray, q: float, scale: float) -> float:
@@ -885,6 +984,7 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
         sched_us_p50=_pct(us, 50, 1.0) if timed else float("nan"),
         sched_us_p99=_pct(us, 99, 1.0) if timed else float("nan"),
         sched_us_mean=float(us.mean()) if us.size and timed else float("nan"),
+        prefix_hit_rate=_hit_rate(out, trace, cfg),
         series=series_out,
         requests={
             "arrival_s": trace.arrival_s,
@@ -899,6 +999,7 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
             "pool_wait_s": out.pool_wait,
             "enter_tick": out.enter_tick,
             "admit_tick": out.admit_tick,
+            "cache_hit": out.cache_hit,
         },
         window=(0, hi),
         config=cfg,

@@ -18,6 +18,7 @@ from straggler.sim._engine import (
     run_engine_reference,
     two_stage_predict,
 )
+from straggler.sim.prefix import PrefixBlocks
 from straggler.sim.simulator import (
     SimReport,
     _engine_inputs,
@@ -104,7 +105,37 @@ CASES = [
     ("brs", dict(load=3.0, tight_kv=True, stale=2), {"patience": 0, "age_window": 4}),
     ("brs", dict(load=2.0), {"patience": 2, "window": 2, "age_fraction": 0.5}),
     ("brs", dict(load=2.0, optimistic=False), {"patience": 1, "safe": False}),
+    # issue 11: the new baselines, the engines' own queues, the replicas' prefix caches
+    ("trtllm_balance", dict(load=1.5), {"timeout_iters": 3, "batching_wait_iters": 1}),
+    ("trtllm_balance", dict(load=1.5, stale=2), {}),
+    ("follow_bootstrap_room", dict(load=1.5, tight_kv=True), {}),
+    ("dynamo", dict(load=1.5, blocks=True), {"block_size": 16}),
+    ("dynamo", dict(load=1.5, blocks=True, tight_kv=True, dispatch="queue"), {}),
+    ("dynamo", dict(load=1.5), {}),
+    ("vllm", dict(load=2.0, dispatch="queue", stale=2), {}),
+    ("vllm", dict(load=2.0, dispatch="queue", tight_kv=True), {"version": "legacy"}),
+    ("jsq", dict(load=2.0, dispatch="queue", stale=3), {"version": "plus_one"}),
+    ("p2c", dict(load=2.0, dispatch="queue"), {"version": "expected_wait"}),
+    ("trtllm", dict(load=2.0, dispatch="queue", stale=1), {}),
+    ("follow_bootstrap_room", dict(load=2.0, dispatch="queue"), {}),
+    ("br0", dict(load=2.0, dispatch="queue", optimistic=False, stale=2), BR),
+    ("jsq", dict(load=1.5, blocks=True, tight_kv=True), {}),
 ]
+
+
+def _small_blocks(tr, block_tokens=64, seed=3):
+    """Block chains for ``tr``: four shared conversation prefixes of random depth, then blocks
+    of the request's own (the Mooncake layout: one id per ``block_tokens`` prompt tokens)."""
+    rng = np.random.default_rng(seed)
+    lists = []
+    for i, p in enumerate(tr.prompt_len):
+        nb = -(-int(p) // block_tokens)
+        conv, depth = int(rng.integers(4)), int(rng.integers(0, nb + 1))
+        lists.append(
+            [conv * 10_000 + j for j in range(depth)]
+            + [10**6 + 1000 * i + j for j in range(nb - depth)]
+        )
+    return PrefixBlocks.from_lists(lists, block_tokens=block_tokens)
 
 
 def _check_engines(policy, kw, options):
@@ -113,7 +144,11 @@ def _check_engines(policy, kw, options):
     if kw.pop("tight_kv", False):
         # binds often (preemptions), yet every request fits alone
         kw["kv_capacity"] = int((tr.prompt_len + tr.output_len).max()) + 300
-    inp, pol, _, _, _ = _inputs(tr, policy, options, **kw)
+    if kw.pop("blocks", False):
+        kw["prefix_blocks"] = _small_blocks(tr)
+    inp, pol, _, cfg, _ = _inputs(tr, policy, options, **kw)
+    assert cfg["prefix_cache"] == ("prefix_blocks" in kw)
+    assert cfg["prefix_cache_router"] == ("prefix_blocks" in kw and policy == "dynamo")
     a = run_engine(inp)
     b = run_engine.py_func(inp)
     c = run_engine_reference(inp, pol.reference)

@@ -19,8 +19,8 @@ Model (one loop iteration = one decode step of the whole cluster)
    a recomputed (preempted) one returns to its place by age, ahead of every request that came
    after it (vLLM puts a preempted request back at the front of its waiting queue); its wait
    counts from its first entry. So the pool is always in non-increasing order of wait.
-3. If nothing runs and the pool is empty, the clock jumps to the next arrival or prefill
-   completion (no step); the loop ends when there is none.
+3. If nothing runs and nothing waits (pool and engine queues empty), the clock jumps to the
+   next arrival or prefill completion (no step); the loop ends when there is none.
 4. **Preemption** (vLLM-style recompute, before the step, as vLLM schedules its running
    requests first): while a replica's next step would overflow its KV capacity (``L_g +
    running_g > kv_cap``: every running request writes one token), its most recently admitted
@@ -33,22 +33,34 @@ Model (one loop iteration = one decode step of the whole cluster)
    snapshots.
 6. **Routing tick** (``k % tick == 0`` and a non-empty pool): the router gets the oldest
    ``max_pool`` pool requests (``PoolState``: tokens ``prompt + decoded``, ticks waited in the
-   pool, the request index as key, no prefix-cache data) and a ``ReplicaState`` built from the
-   view of step ``k - stale`` (step 0's for ``k < stale``): loads, running counts and prompt
-   tokens of that step plus, when ``optimistic``, what it placed at steps ``k - stale .. k - 1``
-   (tokens on every horizon column, counts, prompt tokens); ``kv_usage`` = seen current load /
-   ``kv_cap``; free slots exact; ``n_waiting`` = 0 (central pool: a request is only sent to a
-   replica with a free slot, so engines keep no queue of their own). The policy's ``carry`` is
-   kept from tick to tick. The assignment is applied in pool order: a request is admitted when
-   its replica has a free slot and ``L_g + tokens + running_g + 1 <= kv_cap`` (its KV and the
-   next step's token of every request fit), otherwise it stays in the pool. An admitted request
-   takes the lowest free slot index of its replica.
-7. **Step**: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step; every
-   running request gains one token (``L_g += 1`` each); a request whose decoded count reaches
-   its output length leaves at ``clock + dt``. If nothing runs (the router held every request
-   back), the iteration is an idle step of ``t0`` (or, with ``t0 = 0``, a jump to the next
-   event). Records per step (:data:`SERIES`): start clock, ``dt``, ``max_g L_g``,
-   ``sum_g L_g``, running requests, pool size, requests in prefill, preemptions.
+   pool, the request's bootstrap room as key, and, for a policy that reads it, the prompt
+   tokens of each cached on each replica) and a ``ReplicaState`` built from the view of step
+   ``k - stale`` (step 0's for ``k < stale``): loads, running counts, prompt tokens and the
+   engines' queues (lengths, tokens) of that step plus, when ``optimistic``, what it sent at
+   steps ``k - stale .. k - 1`` (pool mode: tokens on every horizon column, running counts,
+   prompt tokens; queue mode: queue lengths and tokens); ``kv_usage`` = seen current load /
+   ``kv_cap``. Pool mode: free slots exact, ``n_waiting`` = 0 (a request is only sent to a
+   replica with a free slot, so engines keep no queue); the assignment is applied in pool
+   order: a request is admitted when its replica has a free slot and ``L_g + tokens +
+   running_g + 1 <= kv_cap`` (its KV and the next step's token of every request fit),
+   otherwise it stays in the pool. Queue mode: every replica shows ``P`` free slots (a queue
+   takes every request) and each assigned request joins the tail of its replica's queue. The
+   policy's ``carry`` is kept from tick to tick.
+6b. **Queue admission** (queue mode, every step): each replica admits from the head of its
+   queue while the head passes the same slot and KV test (FCFS: a head that does not fit blocks
+   the rest). An admitted request takes the lowest free slot index of its replica; with prefix
+   caches, its cached prefix is read (``cache_hit`` at its first admission) and then its
+   prompt blocks enter the replica's LRU cache, in order.
+7. **Step**: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step (with
+   ``ctx_cost > 0``: ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``, ``C_g`` the tokens of the
+   requests ``g`` admitted at this step less their cached prefix); every running request gains
+   one token (``L_g += 1`` each); a request whose decoded count reaches its output length
+   leaves at ``clock + dt``. If nothing runs (the router held every request back), the
+   iteration is an idle step of ``t0`` (or, with ``t0 = 0``, a jump to the next event).
+   Records per step (:data:`SERIES`): start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``,
+   running requests, requests waiting for a slot (pool and queues), requests in prefill,
+   preemptions, ``max_g C_g``, and ``mean_g P_g / max_g P_g`` with ``P_g = C_g`` plus the
+   requests generating (1 when all are 0).
 
 Projection (``pred_kind > 0``, BR-H), as :func:`straggler.solvers.routing.project_loads`:
 ``L_{g,h} = sum_{i on g} w_ih * (s_i + a_i + h) + (1 - w_ih) * rf``, ``w_ih = clip(c_i - h,
@@ -107,7 +119,18 @@ __all__ = [
 ]
 
 #: Columns of ``EngineOutput.series``, one row per step.
-SERIES = ("time_s", "step_s", "max_load", "sum_load", "running", "pool", "prefill", "preempted")
+SERIES = (
+    "time_s",
+    "step_s",
+    "max_load",
+    "sum_load",
+    "running",
+    "pool",
+    "prefill",
+    "preempted",
+    "ctx_tokens",
+    "token_balance",
+)
 
 #: Predictor kinds, as the engine compares them (``PredictorKind`` values).
 _ORACLE = int(predictors.PredictorKind.ORACLE)
@@ -126,7 +149,8 @@ class EngineInputs(NamedTuple):
     ``use_cache``: track the replicas' prefix caches (``blk_off`` ``(n+1,)`` and ``blk_ids``
     (dense ids ``>= 0``): each request's prompt blocks of ``blk_tokens`` tokens;
     ``cache_blocks``: each replica's capacity in blocks); ``cache_router``: show them to the
-    router (``PoolState.cached``)."""
+    router (``PoolState.cached``); ``ctx_cost``: seconds per token of a context phase run
+    inside the step of the replica that admits the request (0: prefill elsewhere)."""
 
     policy_id: int
     params: np.ndarray
@@ -169,6 +193,7 @@ class EngineInputs(NamedTuple):
     blk_ids: np.ndarray
     blk_tokens: int
     cache_blocks: int
+    ctx_cost: float
 
 
 class EngineOutput(NamedTuple):
@@ -451,6 +476,21 @@ def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
 
 
 @njit(**NJIT)
+def _admit_cache(D, tg, th, ts, T, hp, sz, cache_hit, inp, i, g, G):
+    """Request ``i`` is admitted on ``g``: its cached prompt tokens there (recorded in
+    ``cache_hit[i]`` at its first admission), then its prompt blocks enter ``g``'s cache.
+    Returns ``(cached tokens, log...)`` as :func:`_cache_touch`."""
+    hit = int(_cached_prefix(D, inp.blk_off, inp.blk_ids, i, g, G, inp.blk_tokens, inp.prompt[i]))
+    if cache_hit[i] < 0:
+        cache_hit[i] = float(hit)
+    for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
+        tg, th, ts, T = _cache_touch(
+            D, tg, th, ts, T, hp, sz, g, inp.blk_ids[b], G, inp.cache_blocks
+        )
+    return hit, tg, th, ts, T
+
+
+@njit(**NJIT)
 def run_engine(inp):
     """Run the step loop on :class:`EngineInputs`; see the module docstring. Returns
     :class:`EngineOutput`."""
@@ -500,6 +540,8 @@ def run_engine(inp):
     c_hp = np.zeros(G, dtype=np.int64)
     c_sz = np.zeros(G, dtype=np.int64)
     cache_hit = np.full(n, -1.0)
+    ctx = np.zeros(G, dtype=np.int64)  # tokens of the context phases run in this step
+    ctx_n = np.zeros(G, dtype=np.int64)  # requests admitted in this step
     n_inst = inp.prefill_instances
     pf_free = np.zeros(max(n_inst, 1))
     ht = np.empty(n)
@@ -516,7 +558,7 @@ def run_engine(inp):
     add_ring = np.zeros((R, G))
     addn_ring = np.zeros((R, G), dtype=np.int64)
     addp_ring = np.zeros((R, G))
-    n_cols = 8
+    n_cols = 10
     series = np.empty((1024, n_cols))
     tick_ns = np.empty(1024, dtype=np.int64)
     tick_pool = np.empty(1024, dtype=np.int64)
@@ -603,6 +645,8 @@ def run_engine(inp):
         # 5. snapshot of step k
         slot = k % R
         for g in range(G):
+            ctx[g] = 0
+            ctx_n[g] = 0
             add_ring[slot, g] = 0.0
             addn_ring[slot, g] = 0
             addp_ring[slot, g] = 0.0
@@ -738,35 +782,16 @@ def run_engine(inp):
                         decoded,
                     )
                     total_run += 1
+                    ctx[g] += tok
+                    ctx_n[g] += 1
                     add_ring[slot, g] += tok
                     addn_ring[slot, g] += 1
                     addp_ring[slot, g] += prompt[i]
                     if use_cache:
-                        if cache_hit[i] < 0:  # first admission
-                            cache_hit[i] = _cached_prefix(
-                                cache_d,
-                                inp.blk_off,
-                                inp.blk_ids,
-                                i,
-                                g,
-                                G,
-                                inp.blk_tokens,
-                                prompt[i],
-                            )
-                        for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
-                            t_g, t_h, t_s, t_n = _cache_touch(
-                                cache_d,
-                                t_g,
-                                t_h,
-                                t_s,
-                                t_n,
-                                c_hp,
-                                c_sz,
-                                g,
-                                inp.blk_ids[b],
-                                G,
-                                inp.cache_blocks,
-                            )
+                        hit, t_g, t_h, t_s, t_n = _admit_cache(
+                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
+                        )
+                        ctx[g] -= hit  # a cached prefix needs no context phase
                 else:
                     pool[keep] = i
                     keep += 1
@@ -807,32 +832,13 @@ def run_engine(inp):
                         decoded,
                     )
                     total_run += 1
+                    ctx[g] += tok
+                    ctx_n[g] += 1
                     if use_cache:
-                        if cache_hit[i] < 0:  # first admission
-                            cache_hit[i] = _cached_prefix(
-                                cache_d,
-                                inp.blk_off,
-                                inp.blk_ids,
-                                i,
-                                g,
-                                G,
-                                inp.blk_tokens,
-                                prompt[i],
-                            )
-                        for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
-                            t_g, t_h, t_s, t_n = _cache_touch(
-                                cache_d,
-                                t_g,
-                                t_h,
-                                t_s,
-                                t_n,
-                                c_hp,
-                                c_sz,
-                                g,
-                                inp.blk_ids[b],
-                                G,
-                                inp.cache_blocks,
-                            )
+                        hit, t_g, t_h, t_s, t_n = _admit_cache(
+                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
+                        )
+                        ctx[g] -= hit  # a cached prefix needs no context phase
         # 7. one decode step (an idle one when nothing runs)
         M = 0
         tot = 0
@@ -841,6 +847,23 @@ def run_engine(inp):
             if load[g] > M:
                 M = load[g]
         dt = inp.t0 + inp.kappa * M
+        cmax = 0
+        pmax = 0
+        psum = 0
+        for g in range(G):
+            proc = ctx[g] + nrun[g] - ctx_n[g]  # prompt tokens + one per generating request
+            psum += proc
+            if proc > pmax:
+                pmax = proc
+            if ctx[g] > cmax:
+                cmax = ctx[g]
+        if inp.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
+            worst = 0.0
+            for g in range(G):
+                step_g = inp.kappa * load[g] + inp.ctx_cost * ctx[g]
+                if step_g > worst:
+                    worst = step_g
+            dt = inp.t0 + worst
         if total_run == 0 and dt <= 0.0:
             # nothing runs and steps cost nothing: wait for the next event instead
             t_next = np.inf
@@ -863,6 +886,8 @@ def run_engine(inp):
         series[k, 5] = pool_n + n_queued
         series[k, 6] = heap_n
         series[k, 7] = n_preempted
+        series[k, 8] = cmax
+        series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
         t_end = clock + dt
         for g in range(G):
             for s in range(S):
@@ -1032,6 +1057,9 @@ def run_engine_reference(inp, router):
 
     def admit(i, g):
         nonlocal seq
+        hit = int(cached_tokens(i, g)) if inp.use_cache else 0
+        ctx[g] += prompt[i] + decoded[i] - hit  # a context phase in this step, less the cache
+        ctx_n[g] += 1
         slots[g][slots[g].index(None)] = i
         replica[i] = g
         if start_t[i] != start_t[i]:
@@ -1041,7 +1069,7 @@ def run_engine_reference(inp, router):
         seq += 1
         pool_wait[i] += clock - enter_t[i]
         if inp.use_cache and hits[i] is None:
-            hits[i] = cached_tokens(i, g)
+            hits[i] = float(hit)
         for b in blocks[i]:  # the replica's cache now holds the prompt's blocks (LRU)
             c = caches[g]
             if b in c:
@@ -1098,6 +1126,7 @@ def run_engine_reference(inp, router):
                 n_preempted += 1
                 done, o = prefill(clock, prompt[v] + decoded[v])
                 queue.append((done, o, v))
+        ctx, ctx_n = [0] * G, [0] * G
         # the view of step k: exact loads, then the projected horizon columns
         L = loads()
         view = [[float(L[g])] + [0.0] * H for g in range(G)]
@@ -1198,13 +1227,19 @@ def run_engine_reference(inp, router):
         M, tot = max(L), sum(L)
         n_run = sum(running(g) for g in range(G))
         dt = inp.t0 + inp.kappa * M
+        if inp.ctx_cost > 0.0:
+            dt = inp.t0 + max(inp.kappa * L[g] + inp.ctx_cost * ctx[g] for g in range(G))
+        proc = [ctx[g] + running(g) - ctx_n[g] for g in range(G)]
+        balance = sum(proc) / G / max(proc) if max(proc) > 0 else 1.0
         if n_run == 0 and dt <= 0.0:
             t = next_event()
             if t is None:
                 break
             dt = max(t - clock, 0.0)
         waiting = len(pool) + sum(len(q) for q in engine_queue)
-        series.append([clock, dt, M, tot, n_run, waiting, len(queue), n_preempted])
+        series.append(
+            [clock, dt, M, tot, n_run, waiting, len(queue), n_preempted, max(ctx), balance]
+        )
         t_end = clock + dt
         for g in range(G):
             for s, i in enumerate(slots[g]):

@@ -16,6 +16,38 @@ decode: a replica whose next step would overflow preempts its most recently admi
 (vLLM's recompute preemption: back through prefill with ``prompt + decoded`` tokens, KV
 dropped). See :mod:`straggler.sim._engine` for the exact order of events.
 
+Dispatch modes, bootstrap rooms, prefix caches, aggregated serving
+------------------------------------------------------------------
+``dispatch="pool"`` (default): one central prompt pool; the router places a request only on a
+replica with a free slot, where it starts at once (BalanceRoute's model; TensorRT-LLM's
+capacity-limited fetch). The engines keep no queue, so ``n_waiting = waiting_tokens = 0`` in
+the policies' view. ``dispatch="queue"``: vLLM's and SGLang's DP front ends route every request
+on arrival (here: at the first tick after its prefill) to one engine's own FIFO queue, whatever
+its slots; each engine admits from the head of its queue at every step while the head has a
+slot and KV room (the first that does not fit blocks those behind it, FCFS). The router then
+sees each engine's queue (``n_waiting``, ``waiting_tokens``: prompt + decoded tokens of the
+queued requests), so vLLM's ``4*waiting`` / ``6*waiting*(kv - 0.5)`` weights and SGLang's
+waiting tokens act as upstream; with ``stale > 0`` and the optimistic update, what the router
+sent since its view is added to those queue counts. A preempted request goes back through
+prefill and is routed again (vLLM re-queues it at the front of its own engine: not modelled).
+``pool_wait_s`` counts pool and queue time together.
+
+Every request carries a bootstrap room (:func:`bootstrap_rooms`: uniform in ``[0, 2**63-1]``,
+seeded by ``seed``, as SGLang's router draws ``random.randint(0, 2**63 - 1)``), the
+``PoolState.key`` every policy sees; ``follow_bootstrap_room`` routes by it.
+
+With ``prefix_blocks`` (each request's prompt block hashes, e.g. Mooncake's ``hash_ids``),
+every replica keeps an LRU cache of the blocks of the prompts it admitted, ``kv_capacity //
+block_tokens`` blocks (blocks in use are not pinned); a request's cached prefix on a replica is
+its leading blocks found there. The report gives ``prefix_hit_rate``; a policy that reads
+``PoolState.cached`` (``dynamo``) sees it per visible request and replica.
+
+``ctx_cost > 0`` models aggregated serving (TensorRT-LLM attention DP without disaggregation):
+the context phase of a request runs inside the decode step of the replica that admits it,
+``ctx_cost`` seconds per prompt token not found in its cache, and the step costs ``t0 +
+max_g (kappa * L_g + ctx_cost * C_g)``. ``SimReport.token_balance`` is TensorRT-LLM's balance
+ratio (mean/max tokens processed per step).
+
 Offered load and the cluster's decode capacity
 ----------------------------------------------
 :func:`decode_capacity` defines the capacity the ``load`` knob is a multiple of. With
@@ -191,14 +223,20 @@ class SimReport:
         The longest time one request spent in the pool.
     sched_us_p50, sched_us_p99, sched_us_mean : float
         Router time per tick (the kernel call inside the jitted loop), microseconds.
+    token_balance : float
+        Mean over steps of ``mean_g P_g / max_g P_g`` with ``P_g`` the tokens replica ``g``
+        processes in the step (its context-phase prompt tokens plus one per generating
+        request): TensorRT-LLM's attention-DP balance ratio (1 when nothing runs).
     prefix_hit_rate : float
         With ``prefix_blocks`` (whatever the policy): prompt tokens found in the replica's
         prefix cache at each request's first admission over all admitted prompt tokens (the
         prefill a KV-aware router saves); NaN without.
     series : dict of ndarray
         Per step (:data:`straggler.sim._engine.SERIES`): ``time_s`` (start), ``step_s``,
-        ``max_load``, ``sum_load``, ``running``, ``pool``, ``prefill`` (requests queued or in
-        prefill), ``preempted``; and ``imbalance``.
+        ``max_load``, ``sum_load``, ``running``, ``pool`` (requests waiting for a slot: the
+        pool, and the engines' queues in queue mode), ``prefill`` (requests queued or in
+        prefill), ``preempted``, ``ctx_tokens`` (the most context-phase tokens one replica
+        admitted), ``token_balance`` (see above); and ``imbalance``.
     requests : dict of ndarray
         Per request (arrival order): ``arrival_s``, ``ready_s`` (first time in the pool),
         ``start_s`` (first admission), ``first_s``, ``finish_s``, ``replica``, ``prompt_len``,
@@ -245,6 +283,7 @@ class SimReport:
     sched_us_p50: float
     sched_us_p99: float
     sched_us_mean: float
+    token_balance: float
     prefix_hit_rate: float
     series: dict[str, np.ndarray] = field(repr=False)
     requests: dict[str, np.ndarray] = field(repr=False)
@@ -460,6 +499,7 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
         refill=check_bool(kw["refill"], "refill", f),
         new_presence=check_bool(kw["new_presence"], "new_presence", f),
         dispatch=check_choice(kw["dispatch"], "dispatch", f, list(DISPATCH_MODES)),
+        ctx_cost=check_real(kw["ctx_cost"], "ctx_cost", f, lo=0),
     )
     pi = kw["prefill_instances"]
     cfg["prefill_instances"] = (
@@ -660,6 +700,7 @@ def _engine_inputs(trace, policy, kw: dict, options: dict):
         blk_ids=blk_ids,
         blk_tokens=blk_tokens,
         cache_blocks=int(cfg["kv_capacity"]) // blk_tokens,
+        ctx_cost=float(cfg["ctx_cost"]),
     )
     return inp, pol, trace, cfg, label
 
@@ -695,6 +736,7 @@ def simulate(
     time_router: bool = True,
     dispatch: str = "pool",
     prefix_blocks: PrefixBlocks | None = None,
+    ctx_cost: float = 0.0,
     **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
@@ -805,6 +847,14 @@ def simulate(
         use are not pinned) and the report gives ``prefix_hit_rate``; a policy that reads
         prefix-cache data (``dynamo``) sees each visible request's cached prompt tokens per
         replica. Without it such a policy gets no credit.
+    ctx_cost : float
+        Seconds per token of a context (prefill) phase run inside the decode step of the
+        replica that admits the request: the step costs ``t0 + max_g (kappa * L_g + ctx_cost *
+        C_g)`` with ``C_g`` the prompt tokens ``g`` admitted at that step, less their prefix
+        found in ``g``'s cache when ``prefix_blocks`` is given (aggregated serving,
+        e.g. TensorRT-LLM attention DP without disaggregation; pair it with
+        ``prefill_instances=0, prefill_base_s=0, prefill_tokens_per_s=inf`` so requests are
+        ready on arrival). Default 0: PD disaggregation, prefill elsewhere.
     **options
         The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`: ``r_max``,
         ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
@@ -860,6 +910,7 @@ def simulate(
         max_steps=max_steps,
         dispatch=dispatch,
         prefix_blocks=prefix_blocks,
+        ctx_cost=ctx_cost,
     )
     inp, pol, trace, cfg, label = _engine_inputs(trace, policy, kw, options)
     w0 = time.perf_counter()
@@ -984,6 +1035,7 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
         sched_us_p50=_pct(us, 50, 1.0) if timed else float("nan"),
         sched_us_p99=_pct(us, 99, 1.0) if timed else float("nan"),
         sched_us_mean=float(us.mean()) if us.size and timed else float("nan"),
+        token_balance=float(cols["token_balance"].mean()) if n_steps else 1.0,
         prefix_hit_rate=_hit_rate(out, trace, cfg),
         series=series_out,
         requests={

@@ -120,6 +120,10 @@ CASES = [
     ("follow_bootstrap_room", dict(load=2.0, dispatch="queue"), {}),
     ("br0", dict(load=2.0, dispatch="queue", optimistic=False, stale=2), BR),
     ("jsq", dict(load=1.5, blocks=True, tight_kv=True), {}),
+    ("trtllm_balance", dict(load=1.5, ctx_cost=2e-6, **INSTANT), {"timeout_iters": 4}),
+    ("trtllm", dict(load=1.5, ctx_cost=2e-6, tight_kv=True, **INSTANT), {}),
+    ("vllm", dict(load=1.5, ctx_cost=2e-6, dispatch="queue", **INSTANT), {}),
+    ("dynamo", dict(load=1.5, ctx_cost=2e-6, dispatch="queue", blocks=True, **INSTANT), {}),
 ]
 
 

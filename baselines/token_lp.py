@@ -162,9 +162,10 @@ class TokenLP:
                 replicas=restrict_to_topology(problem, self.topology),
                 gpu_node=problem.gpu_node,
             )
-        shares, value = solve_token_lp(sub, cost, time_limit=time_limit)
-        return LayerSolution(
-            shares=shares,
-            status=Status.HEURISTIC,
-            extras={"max_tokens": value, "topology": self.topology},
-        )
+        lp = solve_token_lp(sub, cost, time_limit=time_limit, full_output=True)
+        # at the time limit: the incumbent (or LPLB's even split), not claimed as the LP optimum
+        status = Status.HEURISTIC if lp.status is Status.OPTIMAL else Status.FEASIBLE
+        extras = {"max_tokens": lp.value, "topology": self.topology}
+        if lp.fallback is not None:
+            extras["fallback"] = lp.fallback
+        return LayerSolution(shares=lp.shares, status=status, extras=extras)

@@ -76,9 +76,13 @@ class DispatchResult:
     method : str
         Registered name of the method that produced the result.
     runtime_s : float
-        Wall-clock seconds spent in the method (all layers).
+        Wall-clock seconds spent in the method (all layers), JIT compilation excluded.
     extras : dict
         Method-specific details (MILP gap, dual bound, stage switches, ...).
+    compile_s : float
+        Seconds numba spent compiling kernels, or loading them from its disk cache, during
+        the call (0 once the kernels are in memory; see ``straggler.sim.warmup``). Never
+        part of ``runtime_s``.
     """
 
     shares: np.ndarray
@@ -89,6 +93,7 @@ class DispatchResult:
     method: str
     runtime_s: float
     extras: dict = field(default_factory=dict)
+    compile_s: float = 0.0
 
     @property
     def success(self) -> bool:

@@ -15,9 +15,10 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem, basic_lower_bound, evaluate
-from ..formulations.dispatch_milp import live_pairs
-from ..formulations.errors import BackendUnavailableError, param_error
+from ..formulations.dispatch_milp import _builder_iv, live_pairs
+from ..formulations.errors import BackendUnavailableError
 from ..formulations.results import Status
+from ..formulations.validation import check_array, check_int, check_real, check_time_limit
 from .highs import MilpSolution
 
 __all__ = ["solve_dispatch_cpsat", "DEFAULT_SCALE", "grid_error", "time_unit"]
@@ -143,8 +144,15 @@ def solve_dispatch_cpsat(
     """
     cp_model = _import_cp_model()
     func = "solve_dispatch_cpsat"
-    if not isinstance(scale, (int, np.integer)) or isinstance(scale, bool) or scale < 1:
-        raise param_error("scale", func, "a positive integer", repr(scale))
+    _builder_iv(problem, cost, func)
+    time_limit = check_time_limit(time_limit, func)
+    mip_rel_gap = check_real(mip_rel_gap, "mip_rel_gap", func, lo=0, hi=1, hi_open=True)
+    threads = check_int(threads, "threads", func, lo=1)
+    seed = check_int(seed, "seed", func, lo=0, hi=2**31 - 1)
+    scale = check_int(scale, "scale", func, lo=1)
+    if warm_start is not None:
+        want = (problem.n_experts, problem.n_gpus)
+        warm_start = check_array(warm_start, "warm_start", func, ndim=2, shape=want, lo=0)
     t0 = time.perf_counter()
     n = problem.counts.astype(np.int64)
     e_idx, g_idx = live_pairs(problem)

@@ -10,6 +10,7 @@ from straggler.formulations import (
     InvalidInputError,
     InvalidOptionError,
     Status,
+    StragglerError,
     check_shares,
     evaluate,
 )
@@ -270,17 +271,38 @@ def test_token_lp_topology_errors():
 
 
 def test_token_lp_seed_timeout_is_not_fatal(monkeypatch):
+    """A token-LP seed that stops at its limit is not used as a seed; the solve goes on."""
     import straggler.solvers.exact as exact
-    from straggler.formulations import StragglerError
 
-    def out_of_time(*args, **kw):
-        raise StragglerError("time limit")
+    real = exact.solve_token_lp
+
+    def out_of_time(problem, *args, **kw):
+        assert kw.get("full_output")
+        return real(problem, time_limit=1e-9, full_output=True)
 
     monkeypatch.setattr(exact, "solve_token_lp", out_of_time)
     p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
     res = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method="milp")
     assert res.status is Status.OPTIMAL and res.makespan == pytest.approx(60.0)
     assert res.extras["seed"] in ("greedy", "uniform")
+
+
+def test_token_lp_at_its_time_limit_is_feasible_not_an_error():
+    """Defect 3 of issue 10: token_lp with a tiny time limit raised StragglerError; it returns
+    its incumbent (here LPLB's even-split fallback) with status FEASIBLE, success False."""
+    p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    res = solve_dispatch(p, cost, method="token_lp", time_limit=1e-6)
+    check_shares(p, res.shares)
+    assert res.status is Status.FEASIBLE and not res.success
+    assert "fallback" in res.extras and res.lower_bound <= res.makespan
+    sol = solve_token_lp(p, time_limit=1e-9, full_output=True)
+    assert sol.status is Status.FEASIBLE and sol.fallback is not None
+    np.testing.assert_array_equal(sol.shares, res.shares)
+    with pytest.raises(StragglerError, match="did not solve"):
+        solve_token_lp(p, time_limit=1e-9)  # the (shares, value) pair promises the optimum
+    ok = solve_token_lp(p, full_output=True)
+    assert ok.status is Status.OPTIMAL and ok.fallback is None and ok.value == 390.0
 
 
 # An EPLB-placed decode batch (sim.workload, skew 0, E=64, 16 GPUs, 64 tokens per GPU) on

@@ -68,14 +68,20 @@ def test_as_array_zero_traffic_is_exact():
 @pytest.mark.parametrize(
     "counts, match",
     [
-        ([1, -3, 2], "negative value -3"),
-        ([1.0, 2.5, 3.0], "non-integer value 2.5"),
+        ([1, -3, 2], "value -3 at index 1"),
+        ([1.0, 2.5, 3.0], "non-integral value 2.5 at index 1"),
         ([1.0, float("nan"), 3.0], "NaN or infinite"),
         ([1.0, float("inf"), 3.0], "NaN or infinite"),
-        ([True, False, True], "dtype bool"),
-        (["a", "b", "c"], "dtype"),
+        ([True, False, True], "boolean"),
+        (["a", "b", "c"], "strings"),
+        (["1", "2", "3"], "strings"),
+        ([1, 2, 2**60], "value 1152921504606846976 at index 2"),
+        ([1, 2, 10**30], "too large"),
+        ([1 + 0j, 2, 3], "complex"),
         (np.zeros((2, 3, 4)), r"shape \(2, 3, 4\)"),
         ([], r"shape \(0,\)"),
+        # defect 1 of issue 10: a zero-layer stack reached np.stack
+        (np.zeros((0, 3)), r"shape \(0, 3\)"),
     ],
 )
 def test_problem_rejects_bad_counts(counts, match):
@@ -87,8 +93,13 @@ def test_problem_rejects_bad_counts(counts, match):
 def test_problem_rejects_bad_replicas_and_orphans():
     with pytest.raises(InvalidInputError, match="'replicas'.*shape"):
         DispatchProblem(counts=[1, 2, 3], replicas=np.ones((2, 2), bool))
-    with pytest.raises(InvalidInputError, match="'replicas'.*dtype"):
+    with pytest.raises(InvalidInputError, match="'replicas'.*values other than 0 and 1"):
         DispatchProblem(counts=[1, 2, 3], replicas=np.full((3, 2), 0.5))
+    # defect 9 of issue 10: ragged masks reached numpy
+    with pytest.raises(InvalidInputError, match="'replicas'.*ragged"):
+        DispatchProblem(counts=[1, 2, 3], replicas=[[1, 0], [1], [0, 1]])
+    with pytest.raises(InvalidInputError, match="'replicas'.*strings"):
+        DispatchProblem(counts=[1, 2], replicas=[["1", "0"], ["0", "1"]])
     with pytest.raises(InvalidInputError, match="expert 1 with 2 tokens and no replica"):
         DispatchProblem(counts=[1, 2, 3], replicas=[[1, 0], [0, 0], [0, 1]])
     with pytest.raises(InvalidInputError, match="expert 0 of layer 1"):
@@ -152,12 +163,19 @@ def test_from_placement_and_to_tables_roundtrip():
 
 
 def test_from_placement_rejects_bad_maps():
-    with pytest.raises(InvalidInputError, match="divisible"):
+    with pytest.raises(InvalidInputError, match="a multiple of n_gpus=2. Got 3 slots"):
         DispatchProblem.from_placement([1, 1], [0, 1, 0], n_gpus=2)
     with pytest.raises(InvalidInputError, match=r"entries in \[-1, 1\]"):
         DispatchProblem.from_placement([1, 1], [0, 2], n_gpus=2)
     with pytest.raises(InvalidInputError, match="'n_gpus'"):
         DispatchProblem.from_placement([1, 1], [0, 1], n_gpus=0)
+    # defect 9 of issue 10: a ragged map reached numpy
+    with pytest.raises(InvalidInputError, match="'physical_to_logical'.*ragged"):
+        DispatchProblem.from_placement([[1, 1], [1, 1]], [[0, 1], [1]], n_gpus=2)
+    with pytest.raises(InvalidInputError, match="'physical_to_logical'.*strings"):
+        DispatchProblem.from_placement([1, 1], ["0", "1"], n_gpus=2)
+    with pytest.raises(InvalidInputError, match="'counts' parameter of DispatchProblem.from"):
+        DispatchProblem.from_placement([[1, 1], [1]], [0, 1], n_gpus=2)
 
 
 def test_logical_to_physical_padding():

@@ -1,0 +1,121 @@
+"""How long numba's JIT took: compile time kept apart from run time.
+
+:class:`JitTimer` listens to numba's own compiler events while it is active and reports the
+seconds spent holding (or waiting for) numba's global compiler lock, which covers both real
+compilation and loading a compiled kernel from the on-disk cache (``cache=True``), and, of
+those, the seconds of real compilation, per kernel. ``solve_dispatch`` subtracts the JIT
+seconds from ``runtime_s``; :func:`straggler.sim.warmup` reports them per kernel.
+
+Intervals are merged over threads (a stack solved on a thread pool compiles once while the
+other threads wait for the lock), so the JIT seconds never exceed the wall time. The
+listeners are process-wide: JIT work done by an unrelated thread while a timer is active is
+counted too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from numba.core import event as _ev
+
+__all__ = ["JitTimer", "merged_length"]
+
+
+def merged_length(intervals) -> float:
+    """Total length of the union of ``(start, end)`` intervals.
+
+    >>> merged_length([(0, 2), (1, 3), (5, 6)])
+    4
+    """
+    total = 0
+    end = None
+    start = None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            if end is not None:
+                total += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    if end is not None:
+        total += end - start
+    return total
+
+
+class _Outermost(_ev.Listener):
+    """Records the outermost ``(start, end)`` of an event kind per thread (events nest)."""
+
+    def __init__(self, keyed: bool) -> None:
+        self.keyed = keyed
+        self.depth: dict[int, int] = {}
+        self.opened: dict[int, tuple[float, str]] = {}
+        self.intervals: list[tuple[float, float]] = []
+        self.by_key: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def on_start(self, event) -> None:
+        t = time.perf_counter()
+        tid = threading.get_ident()
+        with self.lock:
+            d = self.depth.get(tid, 0)
+            if d == 0:
+                key = ""
+                if self.keyed and isinstance(event.data, dict) and "dispatcher" in event.data:
+                    disp = event.data["dispatcher"]
+                    py = getattr(disp, "py_func", None)
+                    key = getattr(py, "__module__", "?") + "." + getattr(py, "__qualname__", "?")
+                self.opened[tid] = (t, key)
+            self.depth[tid] = d + 1
+
+    def on_end(self, event) -> None:
+        t = time.perf_counter()
+        tid = threading.get_ident()
+        with self.lock:
+            d = self.depth.get(tid, 0) - 1
+            self.depth[tid] = max(d, 0)
+            if d == 0 and tid in self.opened:
+                s, key = self.opened.pop(tid)
+                self.intervals.append((s, t))
+                if self.keyed:
+                    self.by_key[key] = self.by_key.get(key, 0.0) + (t - s)
+
+
+class JitTimer:
+    """Context manager: JIT seconds spent while it is active.
+
+    Attributes (valid after exit)
+    -----------------------------
+    jit_s : float
+        Seconds in numba's compiler lock: compiling plus loading from the disk cache.
+    compile_s : float
+        Seconds of real compilation (cache misses), a part of ``jit_s``.
+    compiled : dict[str, float]
+        Compile seconds per top-level kernel (``module.name``), its jitted callees included.
+
+    Examples
+    --------
+    >>> with JitTimer() as t:
+    ...     pass
+    >>> t.jit_s, t.compile_s, t.compiled
+    (0.0, 0.0, {})
+    """
+
+    def __init__(self) -> None:
+        self._lock = _Outermost(keyed=False)
+        self._compile = _Outermost(keyed=True)
+        self.jit_s = 0.0
+        self.compile_s = 0.0
+        self.compiled: dict[str, float] = {}
+
+    def __enter__(self) -> JitTimer:
+        _ev.register("numba:compiler_lock", self._lock)
+        _ev.register("numba:compile", self._compile)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ev.unregister("numba:compile", self._compile)
+        _ev.unregister("numba:compiler_lock", self._lock)
+        self.jit_s = float(merged_length(self._lock.intervals))
+        self.compile_s = float(merged_length(self._compile.intervals))
+        self.compiled = dict(self._compile.by_key)

@@ -140,6 +140,7 @@ class CostModel:
         """A calibrated parameter set by name; see :data:`PRESETS` for the list and sources."""
         return cls(**PRESETS[check_choice(name, "name", "CostModel.preset", sorted(PRESETS))])
 
+
 def _cost_model_iv(m: CostModel) -> dict:
     """Validated, normalized parameters of a :class:`CostModel` (floats, an int tile).
 

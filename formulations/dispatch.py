@@ -71,9 +71,7 @@ def _problem_iv(counts, replicas, gpu_node, func: str = "DispatchProblem"):
             raise param_error("replicas", func, form, f"shape {rep.shape}")
     else:
         L, E = counts.shape
-        form = (
-            f"a boolean (or 0/1) mask of shape ({E}, n_gpus >= 1) or ({L}, {E}, n_gpus >= 1)"
-        )
+        form = f"a boolean (or 0/1) mask of shape ({E}, n_gpus >= 1) or ({L}, {E}, n_gpus >= 1)"
         rep = check_array(replicas, "replicas", func, kind="bool", ndim=(2, 3), expected=form)
         if rep.ndim == 2:
             if rep.shape[0] != E or rep.shape[1] < 1:

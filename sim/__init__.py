@@ -11,6 +11,7 @@ from .traces import (
     load_trace,
     saturate_trace,
 )
+from .warmup import WarmupReport, warmup
 from .workload import (
     SHAPES,
     SKEWS,
@@ -39,4 +40,6 @@ __all__: list[str] = [
     "generate_arrivals",
     "fit_length_model",
     "saturate_trace",
+    "warmup",
+    "WarmupReport",
 ]

@@ -260,10 +260,6 @@ def _selection_iv(sel, n: int, func: str) -> np.ndarray:
     )  # fmt: skip
 
 
-def _positive(x, name: str, func: str) -> float:
-    return check_real(x, name, func, lo=0, lo_open=True)
-
-
 _PROCESSES = ("poisson", "gamma", "mmpp")
 _ARRIVAL_OPTIONS = ("process", "cv", "burst_ratio", "burst_frac", "burst_sojourn_s")
 #: Most expected MMPP state switches :func:`generate_arrivals` draws (each is a Python step).
@@ -300,11 +296,11 @@ def generate_arrivals(
     """
     func = "generate_arrivals"
     n = check_int(n, "n", func, lo=0)
-    rate = _positive(rate, "rate", func)
+    rate = check_real(rate, "rate", func, lo=0, lo_open=True)
     process = check_choice(process, "process", func, _PROCESSES)
-    cv = _positive(cv, "cv", func)
-    burst_ratio = _positive(burst_ratio, "burst_ratio", func)
-    burst_sojourn_s = _positive(burst_sojourn_s, "burst_sojourn_s", func)
+    cv = check_real(cv, "cv", func, lo=0, lo_open=True)
+    burst_ratio = check_real(burst_ratio, "burst_ratio", func, lo=0, lo_open=True)
+    burst_sojourn_s = check_real(burst_sojourn_s, "burst_sojourn_s", func, lo=0, lo_open=True)
     burst_frac = check_real(burst_frac, "burst_frac", func, lo=0, hi=1, lo_open=True, hi_open=True)
     if process == "mmpp":
         # the sampler draws every state switch: bound their expected number
@@ -543,8 +539,8 @@ def generate_trace(
     """
     func = "generate_trace"
     p = WORKLOAD_PRESETS[check_choice(preset, "preset", func, sorted(WORKLOAD_PRESETS))]
-    rate = p["rate"] if rate is None else _positive(rate, "rate", func)
-    duration_s = _positive(duration_s, "duration_s", func)
+    rate = p["rate"] if rate is None else check_real(rate, "rate", func, lo=0, lo_open=True)
+    duration_s = check_real(duration_s, "duration_s", func, lo=0, lo_open=True)
     if n_requests is None:
         n_requests = int(round(rate * duration_s))
     n_requests = check_int(n_requests, "n_requests", func, lo=0)
@@ -591,8 +587,8 @@ def saturate_trace(
     n_replicas = check_int(n_replicas, "n_replicas", func, lo=1)
     max_slots = check_int(max_slots, "max_slots", func, lo=1)
     min_output = check_int(min_output, "min_output", func, lo=0)
-    overload = _positive(overload, "overload", func)
-    step_time_s = _positive(step_time_s, "step_time_s", func)
+    overload = check_real(overload, "overload", func, lo=0, lo_open=True)
+    step_time_s = check_real(step_time_s, "step_time_s", func, lo=0, lo_open=True)
     kept = trace.subset(trace.output_len >= min_output).rebase()
     if len(kept) < 2:
         raise param_error("min_output", func, "a filter keeping >= 2 requests", str(min_output))
@@ -861,9 +857,9 @@ def _load_trace_iv(path, format, rate, arrivals, cv, rng):
     if format is not None:
         check_choice(format, "format", func, _FORMATS)
     if rate is not None:
-        rate = _positive(rate, "rate", func)
+        rate = check_real(rate, "rate", func, lo=0, lo_open=True)
     arrivals = check_choice(arrivals, "arrivals", func, _PROCESSES)
-    cv = _positive(cv, "cv", func)
+    cv = check_real(cv, "cv", func, lo=0, lo_open=True)
     check_rng(rng, func)
     return path, format, rate, arrivals, cv, rng
 

@@ -19,7 +19,7 @@ import time
 
 from numba.core import event as _ev
 
-__all__ = ["JitTimer", "merged_length"]
+__all__ = ["JitTimer", "merged_length", "is_cached", "library_kernels"]
 
 
 def merged_length(intervals) -> float:
@@ -119,3 +119,37 @@ class JitTimer:
         self.jit_s = float(merged_length(self._lock.intervals))
         self.compile_s = float(merged_length(self._compile.intervals))
         self.compiled = dict(self._compile.by_key)
+
+
+def is_cached(kernel) -> bool:
+    """Whether numba's disk cache holds an up-to-date compiled version of ``kernel`` (a
+    ``@njit`` dispatcher): its index file exists and matches the source file's stamp.
+
+    Uses numba's cache internals (``_cache._cache_file``); any surprise there reads as "not
+    cached", which only means a compile notice is printed that was not needed.
+    """
+    try:
+        return bool(kernel._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - NullCache (cache=False) or another numba version
+        return False
+
+
+def library_kernels(modules, *, defined_here: bool = True) -> dict[str, object]:
+    """The ``@njit`` dispatchers in the namespaces of ``modules``, by ``module.name`` of
+    their definition.
+
+    ``defined_here=True``: those defined in the module (helpers included).
+    ``defined_here=False``: every one the module holds, e.g. the kernels a Python wrapper
+    module imports and calls (its entry kernels, which a warm-up must reach: a helper
+    inlined into a cached caller never gets a compiled version of its own).
+    """
+    from numba.core.registry import CPUDispatcher
+
+    out = {}
+    for mod in modules:
+        for obj in vars(mod).values():
+            if isinstance(obj, CPUDispatcher):
+                home = obj.py_func.__module__
+                if not defined_here or home == mod.__name__:
+                    out[f"{home}.{obj.py_func.__name__}"] = obj
+    return out

@@ -14,6 +14,7 @@ import numpy as np
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, InvalidOptionError
 from ..formulations.results import Status
+from ..formulations.validation import check_choice
 from ..solvers.exact import solve_token_lp
 from ..solvers.registry import LayerSolution, register_dispatch_method
 
@@ -148,11 +149,8 @@ class TokenLP:
     topology: str | None = None
 
     def __post_init__(self) -> None:
-        if self.topology is not None and self.topology not in TOPOLOGIES:
-            raise InvalidOptionError(
-                "The 'topology' parameter of solve_dispatch(method='token_lp') must be None or "
-                f"one of {list(TOPOLOGIES)}. Got {self.topology!r} instead."
-            )
+        if self.topology is not None:
+            check_choice(self.topology, "topology", "solve_dispatch(method='token_lp')", TOPOLOGIES)
 
     def solve(self, problem, cost, *, time_limit, rng) -> LayerSolution:
         sub = problem

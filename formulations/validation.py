@@ -435,18 +435,25 @@ def _index(a: np.ndarray, flat: int):
     return tuple(int(i) for i in np.unravel_index(flat, a.shape))
 
 
-def check_rng(rng, func: str) -> np.random.Generator:
+def check_rng(rng, func: str, name: str = "rng") -> np.random.Generator:
     """``rng`` (None, a non-negative int seed or a numpy Generator) as a Generator.
+
+    ``name`` is the parameter's name where it is not ``rng`` (``seed=`` of
+    ``make_decode_problem``).
 
     >>> bool(check_rng(3, "f").integers(10) == np.random.default_rng(3).integers(10))
     True
+    >>> check_rng(True, "f", "seed")
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InvalidInputError: The 'seed' parameter of f must be ...
     """
     if rng is None or isinstance(rng, np.random.Generator):
         return np.random.default_rng(rng)
     if isinstance(rng, numbers.Integral) and not isinstance(rng, (bool, np.bool_)) and rng >= 0:
         return np.random.default_rng(int(rng))
     raise param_error(
-        "rng", func, "None, a non-negative int seed or a numpy Generator", describe(rng)
+        name, func, "None, a non-negative int seed or a numpy Generator", describe(rng)
     )
 
 

@@ -97,7 +97,7 @@ def _compare_iv(problem, cost, methods, time_limit, seed):
     else:
         check_type(methods, "methods", func, (list, tuple), "a list of method names")
         names = [check_choice(m, "methods", func, registered) for m in methods]
-    check_rng(seed, func)
+    check_rng(seed, func, "seed")
     return names, check_time_limit(time_limit, func)
 
 

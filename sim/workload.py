@@ -357,7 +357,7 @@ def make_decode_problem(
     distinct = check_bool(distinct, "distinct", func)
     if n_gpus % num_nodes:
         raise param_error("num_nodes", func, f"a divisor of n_gpus={n_gpus}", repr(num_nodes))
-    gen = check_rng(seed, func)
+    gen = check_rng(seed, func, "seed")
     E, k = shape.n_experts, shape.top_k
     pop = zipf_popularity(E, skew, n_layers=n_layers, rng=gen)
     n_tokens = tokens_per_gpu * n_gpus

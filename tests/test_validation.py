@@ -103,3 +103,10 @@ def test_choices_options_bools_rngs():
     assert rng_seed(5, "f") == 5
     g = np.random.default_rng(0)
     assert rng_seed(g, "f") == int(np.random.default_rng(0).integers(2**62))
+
+
+def test_check_rng_names_the_parameter():
+    with pytest.raises(InvalidInputError, match="'seed' parameter of make_decode_problem"):
+        check_rng(True, "make_decode_problem", "seed")
+    with pytest.raises(InvalidInputError, match="'rng' parameter of f"):
+        check_rng(-1, "f")

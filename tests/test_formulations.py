@@ -27,6 +27,11 @@ FULL2 = np.ones((3, 2), bool)
         (dict(a=0, b=float("nan"), c=0, beta=0.1), "'b'"),
         (dict(a=0, b=1, c=float("inf"), beta=0.1), "'c'"),
         (dict(a=0, b=1, c=0, beta="x"), "'beta'"),
+        # issue 10: numeric strings were accepted
+        (dict(a="0", b=1, c=0, beta=0.1), "'a'.*Got '0'"),
+        (dict(a=0, b=1, c=0, beta=0.1, c2="25", gamma=0.1), "'c2'"),
+        (dict(a=0, b=True, c=0, beta=0.1), "'b'"),
+        (dict(a=0, b=1, c=0, beta=0.1, tile=True), "'tile'"),
         (dict(a=0, b=1, c=0, beta=0.1, b2=-0.5), "'b2'"),
         (dict(a=0, b=1, c=0, beta=0.1, tile=0), "'tile'"),
         (dict(a=0, b=1, c=0, beta=0.1, tile=1.5), "'tile'"),

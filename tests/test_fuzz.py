@@ -160,7 +160,7 @@ def check_dispatch_result(problem, cost, res, options):
     makespan, a bound at most the makespan, a status the numbers back, certify() holding."""
     want = problem.counts.shape + (problem.n_gpus,)
     assert res.shares.shape == want
-    cert = certify(problem, cost, res)
+    cert = certify(problem, cost, res, tau=options.get("tau", 0.01))
     assert cert.holds, cert.details
     mk = np.atleast_1d(res.makespan)
     lb = np.atleast_1d(res.lower_bound)
@@ -179,6 +179,8 @@ def test_solve_dispatch(method):
     def run(call):
         kw = dict(call.kwargs)
         problem, cost = kw.pop("problem"), kw.pop("cost")
+        # pinned by test_static_rule_that_is_an_array (baselines helper's validation)
+        assume(not (method == "static" and "rule" in call.spoiled))
         res = contract(
             lambda: solve_dispatch(problem, cost, method=method, **kw),
             call,
@@ -216,6 +218,17 @@ def test_solve_dispatch_regressions():
     # numeric strings in CostModel were accepted
     with pytest.raises(InvalidInputError, match="'beta' parameter of CostModel"):
         CostModel(a=0, b=1, c=0, beta="0.1")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="found by this suite: StaticDispatch compares its 'rule' with `in` (an array "
+    "raises numpy's ValueError); baselines/static.py is being migrated by the baselines helper",
+)
+def test_static_rule_that_is_an_array():
+    p = DispatchProblem(counts=[3], replicas=[[1]])
+    with pytest.raises(InvalidInputError, match="'rule'"):
+        solve_dispatch(p, CostModel(a=0, b=1, c=0, beta=0), method="static", rule=np.zeros(3))
 
 
 # --- routing --------------------------------------------------------------------------------
@@ -291,10 +304,24 @@ def test_simulate(call):
     rep = contract(lambda: simulate(**call.kwargs), call)
     if rep is not None:
         n = len(call.kwargs["trace"])
-        assert rep.n_requests == n and rep.n_finished == n  # every request leaves
+        assert rep.n_requests == n and rep.n_finished <= n
+        if call.kwargs.get("tick") == 1:  # tick > 1: test_simulate_with_tick_finishes_all
+            assert rep.n_finished == n  # every request leaves
         assert math.isfinite(rep.mean_imbalance) and rep.mean_imbalance >= 0
         assert math.isnan(rep.balance_ratio) or 0 <= rep.balance_ratio <= 1 + 1e-12
         assert rep.throughput_tps >= 0 and rep.n_steps >= 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="found by this suite: simulate stops before every request has finished when "
+    "tick > 1 and outputs are short (4 requests, 1 replica, 1 slot, tick 3, one output "
+    "token each: 3 finish); sim/simulator.py is the routing helper's",
+)
+def test_simulate_with_tick_finishes_all():
+    t = Trace(arrival_s=np.zeros(4), prompt_len=np.zeros(4, int), output_len=np.ones(4, int))
+    rep = simulate(t, policy="br0", n_replicas=1, max_slots=1, tick=3, horizon=0)
+    assert rep.n_finished == 4
 
 
 # --- traces ---------------------------------------------------------------------------------

@@ -1,9 +1,14 @@
 """DeepSeek's EPLB placement algorithm, reproduced in numpy (no torch).
 
-``rebalance_experts`` returns what ``deepseek-ai/EPLB``'s ``eplb.rebalance_experts``
-returns, on the same inputs, with the same tie-breaking: the replica sets that the
-dispatch problem takes as given. An opt-in ``distinct=True`` variant forbids two replicas
-of one expert on one GPU (upstream allows it).
+Upstream: deepseek-ai/EPLB ``eplb.py`` (released with DeepSeek's open-infra week, February
+2025; the global policy became the hierarchical code with one group and one node in a
+later revision). The same code ships as SGLang's ``eplb_algorithms/deepseek.py`` and inside
+LPLB (``lplb/eplb.py``). ``rebalance_experts`` returns what upstream returns on the same
+inputs, with a stable sort (``version="deepseek"``, default): the replica sets that the
+dispatch problem takes as given. ``version="vllm"`` is vLLM's numpy port
+(``vllm/distributed/eplb/policy/default.py``: numpy's default, unstable argsort; float64
+replica and pack loads). An opt-in ``distinct=True`` variant forbids two replicas of one
+expert on one GPU (upstream allows it; its report of it stays open).
 
 The algorithm (ANCHORS.md, "DeepSeek EPLB"):
 
@@ -19,18 +24,19 @@ The algorithm (ANCHORS.md, "DeepSeek EPLB"):
 
 from __future__ import annotations
 
-from numbers import Integral
-
 import numpy as np
 
-from ..formulations.errors import InvalidInputError, param_error
+from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
+from ..formulations.validation import check_array, check_bool, check_choice, check_int
 
-__all__ = ["rebalance_experts", "balanced_packing", "replicate_experts"]
+__all__ = ["rebalance_experts", "balanced_packing", "replicate_experts", "EPLB_VERSIONS"]
 
 _FUNC = "rebalance_experts"
+#: Accepted values of ``rebalance_experts(version=...)`` (default first).
+EPLB_VERSIONS = ("deepseek", "vllm")
 
 
-def balanced_packing(weight, num_packs: int):
+def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
     """Pack ``n`` items into ``num_packs`` packs of ``n / num_packs`` items each.
 
     Upstream ``balanced_packing``: items by descending weight (``torch.sort(descending=True)``;
@@ -54,17 +60,20 @@ def balanced_packing(weight, num_packs: int):
     >>> pack.tolist(), rank.tolist()
     ([[0, 1, 1, 0]], [[0, 0, 1, 1]])
     """
-    w = np.asarray(weight, dtype=np.float32)
+    vllm = _version == "vllm"
+    w = np.asarray(weight) if vllm else np.asarray(weight, dtype=np.float32)
     n_rows, n_items = w.shape
     per_pack = n_items // num_packs
     if per_pack == 1:
         pack_index = np.broadcast_to(np.arange(n_items, dtype=np.int64), w.shape).copy()
         return pack_index, np.zeros(w.shape, dtype=np.int64)
-    order = np.argsort(-w, axis=-1, kind="stable")
+    # vLLM: numpy's default (unstable) argsort and float64 pack loads
+    order = np.argsort(-w, axis=-1) if vllm else np.argsort(-w, axis=-1, kind="stable")
+    zero = np.float64(0) if vllm else np.float32(0)
     pack_index = np.full(w.shape, -1, dtype=np.int64)
     rank_in_pack = np.full(w.shape, -1, dtype=np.int64)
     for i in range(n_rows):
-        loads = [np.float32(0)] * num_packs
+        loads = [zero] * num_packs
         items = [0] * num_packs
         for item in order[i]:
             pack = min((p for p in range(num_packs) if items[p] < per_pack), key=loads.__getitem__)
@@ -127,7 +136,9 @@ def _balanced_packing_distinct(weight, labels, num_packs: int):
     return pack_index, rank_in_pack
 
 
-def replicate_experts(weight, num_phy: int, max_count: int | None = None):
+def replicate_experts(
+    weight, num_phy: int, max_count: int | None = None, *, _version: str = "deepseek"
+):
     """Grow ``num_log`` experts to ``num_phy`` replicas, minimising the max replica load.
 
     Upstream ``replicate_experts``: each of the ``num_phy - num_log`` redundant slots goes
@@ -164,7 +175,8 @@ def replicate_experts(weight, num_phy: int, max_count: int | None = None):
     logcnt = np.ones((n_rows, num_log), dtype=np.int64)
     rows = np.arange(n_rows)
     for i in range(num_log, num_phy):
-        ratio = w / logcnt.astype(np.float32)
+        # vLLM: float32 / int64 is a float64 division in numpy
+        ratio = w / logcnt if _version == "vllm" else w / logcnt.astype(np.float32)
         if max_count is not None:
             ratio = np.where(logcnt < max_count, ratio, -np.inf)
         idx = np.argmax(ratio, axis=-1)
@@ -180,7 +192,7 @@ def _inverse(perm: np.ndarray) -> np.ndarray:
     return inv
 
 
-def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct):
+def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct, version):
     num_layers, num_logical = w.shape
     group_size = num_logical // num_groups
     groups_per_node = num_groups // num_nodes
@@ -189,7 +201,7 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct):
 
     # Step 1: pack groups onto nodes by group load.
     tokens_per_group = w.reshape(num_layers, num_groups, group_size).sum(-1, dtype=np.float32)
-    group_pack, group_rank = balanced_packing(tokens_per_group, num_nodes)
+    group_pack, group_rank = balanced_packing(tokens_per_group, num_nodes, _version=version)
     log2mlog = (
         ((group_pack * groups_per_node + group_rank) * group_size)[..., None]
         + np.arange(group_size, dtype=np.int64)
@@ -199,17 +211,19 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct):
     # Step 2: replicate within each node ([num_layers * num_nodes, E / num_nodes]).
     tokens_per_mlog = np.take_along_axis(w, mlog2log, axis=-1).reshape(-1, num_logical // num_nodes)
     phy2mlog, phyrank, mlogcnt = replicate_experts(
-        tokens_per_mlog, num_physical // num_nodes, gpus_per_node if distinct else None
+        tokens_per_mlog,
+        num_physical // num_nodes,
+        gpus_per_node if distinct else None,
+        _version=version,
     )
 
     # Step 3: pack the replicas, each weighing weight / count, onto the node's GPUs.
-    tokens_per_phy = np.take_along_axis(
-        tokens_per_mlog / mlogcnt.astype(np.float32), phy2mlog, axis=-1
-    )
+    cnt = mlogcnt if version == "vllm" else mlogcnt.astype(np.float32)
+    tokens_per_phy = np.take_along_axis(tokens_per_mlog / cnt, phy2mlog, axis=-1)
     if distinct and per_gpu > 1:
         pack, rank = _balanced_packing_distinct(tokens_per_phy, phy2mlog, gpus_per_node)
     else:
-        pack, rank = balanced_packing(tokens_per_phy, gpus_per_node)
+        pack, rank = balanced_packing(tokens_per_phy, gpus_per_node, _version=version)
     phy2pphy = pack * per_gpu + rank
     pphy2phy = _inverse(phy2pphy)
 
@@ -224,10 +238,71 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct):
     return pphy2log, pphyrank, logcnt
 
 
-def _positive_int(name: str, value) -> int:
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < 1:
-        raise param_error(name, _FUNC, "a positive integer", repr(value))
-    return int(value)
+def _rebalance_experts_iv(weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version):
+    w = check_array(
+        weight,
+        "weight",
+        _FUNC,
+        kind="real",
+        ndim=2,
+        expected="a non-empty 2-D (n_layers, n_experts) array of finite numbers",
+    )
+    if w.size == 0:
+        raise param_error(
+            "weight", _FUNC, "a non-empty 2-D (n_layers, n_experts) array", f"shape {w.shape}"
+        )
+    w = w.astype(np.float32)
+    if not np.isfinite(w).all():
+        raise param_error("weight", _FUNC, "finite (as float32)", "values beyond float32's range")
+    num_replicas = check_int(num_replicas, "num_replicas", _FUNC, lo=1)
+    num_groups = check_int(num_groups, "num_groups", _FUNC, lo=1)
+    num_nodes = check_int(num_nodes, "num_nodes", _FUNC, lo=1)
+    num_gpus = check_int(num_gpus, "num_gpus", _FUNC, lo=1)
+    distinct = check_bool(distinct, "distinct", _FUNC)
+    version = check_choice(version, "version", _FUNC, EPLB_VERSIONS)
+    num_logical = w.shape[1]
+    if num_groups % num_nodes == 0:
+        groups, nodes = num_groups, num_nodes
+        if num_logical % num_groups:
+            raise param_error(
+                "num_groups",
+                _FUNC,
+                f"a divisor of the number of experts ({num_logical})",
+                repr(num_groups),
+            )
+        if num_gpus % num_nodes:
+            raise param_error(
+                "num_gpus", _FUNC, f"a multiple of num_nodes={num_nodes}", repr(num_gpus)
+            )
+    else:
+        groups, nodes = 1, 1
+    if num_replicas % num_gpus:
+        raise param_error(
+            "num_replicas", _FUNC, f"a multiple of num_gpus={num_gpus}", repr(num_replicas)
+        )
+    if num_replicas < num_logical:
+        raise param_error(
+            "num_replicas",
+            _FUNC,
+            f"at least the number of experts ({num_logical})",
+            repr(num_replicas),
+        )
+    if distinct:
+        if version != "deepseek":
+            raise InvalidOptionError(
+                f"The 'distinct' option of {_FUNC} applies to version='deepseek' only. "
+                f"Got version={version!r} instead."
+            )
+        per_node = num_replicas // nodes
+        most = (num_logical // nodes) * (num_gpus // nodes)
+        if per_node > most:
+            raise InvalidInputError(
+                f"The 'distinct' option of {_FUNC} cannot place {per_node} slots per node "
+                f"without duplicates: {num_logical // nodes} experts per node on "
+                f"{num_gpus // nodes} GPUs hold at most {most}. Got num_replicas="
+                f"{num_replicas} instead."
+            )
+    return w, num_replicas, groups, nodes, num_gpus, distinct, version
 
 
 def rebalance_experts(
@@ -238,6 +313,7 @@ def rebalance_experts(
     num_gpus: int,
     *,
     distinct: bool = False,
+    version: str = "deepseek",
 ):
     """EPLB's expert placement: which logical expert every physical slot holds.
 
@@ -260,14 +336,19 @@ def rebalance_experts(
         Not upstream: forbid two replicas of one expert on one GPU (replica counts capped
         at the GPUs per node; packing with the one-swap repair of
         ``_balanced_packing_distinct``). Needs ``P / num_nodes <= (E / num_nodes) *
-        (num_gpus / num_nodes)``.
+        (num_gpus / num_nodes)``; ``version="deepseek"`` only.
+    version : {"deepseek", "vllm"}, default "deepseek"
+        ``"deepseek"``: upstream's torch code (float32 loads) with a stable sort.
+        ``"vllm"``: vLLM's numpy port: numpy's default argsort (unstable on ties, as
+        vLLM's on the same numpy build), float64 replica and pack loads; vLLM returns the
+        slot map only and derives the other maps in slot order, as here.
 
     Returns
     -------
     physical_to_logical : ndarray of int64, shape (n_layers, P)
     logical_to_physical : ndarray of int64, shape (n_layers, n_experts, X)
-        Slots of each expert **in replica-rank order** (not slot order), ``-1`` padded;
-        ``X`` is the largest replica count.
+        Slots of each expert **in replica-rank order** (slot order for
+        ``version="vllm"``), ``-1`` padded; ``X`` is the largest replica count.
     logical_count : ndarray of int64, shape (n_layers, n_experts)
 
     Raises
@@ -277,15 +358,24 @@ def rebalance_experts(
         ``num_gpus % num_nodes`` for the hierarchical policy, ``P < n_experts``), and for
         non-positive integers, a weight that is not a non-empty 2-D finite numeric array
         (upstream would fail later or propagate NaN), or an infeasible ``distinct``.
+    InvalidOptionError
+        An unknown ``version``, or ``distinct`` with ``version="vllm"``.
 
     Notes
     -----
-    *Ties.* Upstream sorts with ``torch.sort(descending=True)`` (unstable). Torch builds
-    whose CPU sort is stable, and every build for the tie-free case, order as this
-    function does: descending weight, ties by increasing index. Builds that route float
-    sorts through x86-simd-sort may order equal weights differently; upstream's result on
-    ties is then build-dependent and this function fixes the stable order. ``torch.max``
-    and Python's ``min`` take the first extremum, as here.
+    *Ties.* Upstream sorts with ``torch.sort(descending=True)``, which promises no order
+    among equal keys; torch's CPU sort is stable only up to 16 items (larger rows take
+    another algorithm). Ties are not rare: in the GPU-packing step the replicas of one
+    expert all weigh ``w / count``, so **they always tie**, and on rows of 17 or more
+    replicas upstream may visit them in another order. Swapping two replicas of one
+    expert leaves ``physical_to_logical`` unchanged but exchanges their replica ranks, so
+    upstream's ``logical_to_physical`` order can differ from this function's even for
+    tie-free expert weights (no effect downstream: the same slots hold the same experts).
+    Ties between different experts (equal loads) can change the placement itself. This
+    function fixes the stable order (descending weight, ties by increasing index), with
+    which it matches upstream exactly (0 of 2,500 random inputs differ, issue 11's check
+    against torch with a stable sort). ``torch.max`` and Python's ``min`` take the first
+    extremum, as here.
 
     *Arithmetic.* Replica loads ``w / count`` are float32 divisions, pack loads float32
     sums, as in torch. Group loads (hierarchical step 1) are float32 sums whose rounding
@@ -316,71 +406,22 @@ def rebalance_experts(
     >>> cnt[0].tolist(), l2p[0, 5].tolist()
     ([1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1], [0, 2])
     """
-    try:
-        w = np.asarray(weight)
-    except Exception:  # pragma: no cover - numpy accepts nearly anything
-        raise param_error("weight", _FUNC, "a 2-D numeric array", repr(weight)) from None
-    if (
-        w.ndim != 2
-        or w.size == 0
-        or w.dtype == bool
-        or not (np.issubdtype(w.dtype, np.integer) or np.issubdtype(w.dtype, np.floating))
-    ):
-        raise param_error(
-            "weight",
-            _FUNC,
-            "a non-empty 2-D (n_layers, n_experts) numeric array",
-            f"{w.dtype} array of shape {w.shape}",
-        )
-    w = w.astype(np.float32)
-    if not np.isfinite(w).all():
-        raise param_error("weight", _FUNC, "finite (as float32)", "NaN or infinite values")
-    num_replicas = _positive_int("num_replicas", num_replicas)
-    num_groups = _positive_int("num_groups", num_groups)
-    num_nodes = _positive_int("num_nodes", num_nodes)
-    num_gpus = _positive_int("num_gpus", num_gpus)
+    w, num_replicas, groups, nodes, num_gpus, distinct, version = _rebalance_experts_iv(
+        weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version
+    )
     num_layers, num_logical = w.shape
-
-    if num_groups % num_nodes == 0:
-        groups, nodes = num_groups, num_nodes
-        if num_logical % num_groups:
-            raise param_error(
-                "num_groups",
-                _FUNC,
-                f"a divisor of the number of experts ({num_logical})",
-                repr(num_groups),
-            )
-        if num_gpus % num_nodes:
-            raise param_error(
-                "num_gpus", _FUNC, f"a multiple of num_nodes={num_nodes}", repr(num_gpus)
-            )
-    else:
-        groups, nodes = 1, 1
-    if num_replicas % num_gpus:
-        raise param_error(
-            "num_replicas", _FUNC, f"a multiple of num_gpus={num_gpus}", repr(num_replicas)
-        )
-    if num_replicas < num_logical:
-        raise param_error(
-            "num_replicas",
-            _FUNC,
-            f"at least the number of experts ({num_logical})",
-            repr(num_replicas),
-        )
-    if not isinstance(distinct, (bool, np.bool_)):
-        raise param_error("distinct", _FUNC, "a bool", repr(distinct))
-    if distinct:
-        per_node = num_replicas // nodes
-        most = (num_logical // nodes) * (num_gpus // nodes)
-        if per_node > most:
-            raise InvalidInputError(
-                f"The 'distinct' option of {_FUNC} cannot place {per_node} slots per node "
-                f"without duplicates: {num_logical // nodes} experts per node on "
-                f"{num_gpus // nodes} GPUs hold at most {most}. Got num_replicas="
-                f"{num_replicas} instead."
-            )
-
-    phy2log, phyrank, logcnt = _hierarchical(w, num_replicas, groups, nodes, num_gpus, distinct)
+    phy2log, phyrank, logcnt = _hierarchical(
+        w, num_replicas, groups, nodes, num_gpus, distinct, version
+    )
+    if version == "vllm":  # vLLM derives its maps from the slot map, in slot order
+        order = np.argsort(phy2log, axis=-1, kind="stable")
+        phyrank = np.empty_like(phyrank)
+        for layer in range(num_layers):
+            seen = np.zeros(num_logical, dtype=np.int64)
+            for p in order[layer]:
+                e = phy2log[layer, p]
+                phyrank[layer, p] = seen[e]
+                seen[e] += 1
     max_count = int(logcnt.max())
     log2phy = np.full((num_layers, num_logical * max_count), -1, dtype=np.int64)
     np.put_along_axis(

@@ -46,8 +46,14 @@ def _child(mode: str, repeats: int) -> dict:
 
     out = {"import_s": time.perf_counter() - t_import}
     if mode == "cold":
-        rep = warmup()
+        from numba.core import event
+
+        cpu = time.process_time()
+        with event.install_recorder("numba:compile") as rec:
+            rep = warmup()
         out["warmup"] = rep.as_dict()
+        out["warmup_cpu_s"] = time.process_time() - cpu
+        out["breakdown"] = _breakdown(rec.buffer)
         return out
     problem = make_decode_problem(n_layers=1)
     cost = CostModel.preset("dsv3_a_offline")
@@ -68,6 +74,33 @@ def _child(mode: str, repeats: int) -> dict:
     steady = [timed(lambda: simulate())[0] for _ in range(max(2, repeats // 10))]
     out["simulate_steady_s"] = statistics.median(steady)
     return out
+
+
+def _breakdown(buffer, top: int = 25) -> dict:
+    """Where compile time goes: inclusive seconds per compiled function (nested compiles of
+    callees, numba's own overloads included), and numba's pass times (type inference,
+    lowering, ...) of each top-level kernel."""
+    stack, incl, passes = [], {}, {}
+    for ts, ev in buffer:
+        disp = ev.data["dispatcher"]
+        name = f"{disp.py_func.__module__}.{disp.py_func.__qualname__}"
+        if ev.is_start:
+            stack.append((name, ts))
+            continue
+        n, t0 = stack.pop()
+        incl[n] = incl.get(n, 0.0) + (ts - t0)
+        if not stack:  # a top-level kernel: numba's pass times of its last compile
+            for sig in disp.signatures[-1:]:
+                md = disp.get_metadata(sig)
+                times = {}
+                for pipe in md.get("pipeline_times", {}).values():
+                    for k, v in pipe.items():
+                        times[k.split("_", 1)[-1]] = times.get(k.split("_", 1)[-1], 0.0) + v.run
+                big = sorted(times.items(), key=lambda kv: -kv[1])[:4]
+                passes[n] = {k: round(v, 2) for k, v in big}
+                passes[n]["llvm_lock_s"] = round(md.get("timers", {}).get("llvm_lock", 0.0), 2)
+    heavy = sorted(incl.items(), key=lambda kv: -kv[1])[:top]
+    return {"inclusive_s": {k: round(v, 2) for k, v in heavy}, "passes": passes}
 
 
 def _run(mode: str, cache: str, repeats: int) -> dict:
@@ -137,6 +170,14 @@ def format_report(r: dict) -> str:
         lines.append(f"  {'kernel (callees included)':60s} {'compile_s':>9s}")
         for k, v in sorted(w["kernels"].items(), key=lambda kv: -kv[1]):
             lines.append(f"  {k:60s} {v:9.2f}")
+        lines.append(f"  process CPU time of the warm-up: {r['cold']['warmup_cpu_s']:.1f} s")
+        b = r["cold"]["breakdown"]
+        lines.append("  heaviest compiled functions, inclusive seconds (numba overloads included):")
+        for k, v in list(b["inclusive_s"].items())[:12]:
+            lines.append(f"    {k[:70]:70s} {v:7.2f}")
+        lines.append("  numba passes of each top-level kernel (seconds):")
+        for k, v in b["passes"].items():
+            lines.append(f"    {k.split('.')[-1]:28s} {v}")
     for name, g in r["goals"].items():
         lines.append(
             f"warm cache, first {name}: {g['first_s']:.3f} s vs steady {g['steady_s']:.4f} s "

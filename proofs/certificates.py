@@ -65,14 +65,16 @@ def _le(lhs, rhs):
 
 def _scored_problem(problem, method, extras, checks):
     """The problem a result is scored on: the problem itself, or, for a method that moves
-    weights (``moonep``), the problem on the augmented mask it reports, which must contain
-    the problem's own mask."""
+    weights (``moonep``) or places its own replicas (``lplb``), the problem on the mask it
+    reports (for ``moonep`` a superset of the problem's)."""
     cls = get_dispatch_method(method, "certify") if method in dispatch_methods() else None
     if cls is None or not getattr(cls, "moves_weights", False):
         return problem
     mask = np.asarray(extras.get("replicas", problem.replicas), dtype=bool)
-    ok = mask.shape == problem.replicas.shape and bool((mask | ~problem.replicas).all())
-    checks["augmented mask contains the problem's"] = (0.0, 0.0, ok)
+    ok = mask.shape == problem.replicas.shape
+    if not getattr(cls, "own_placement", False):  # MoonEP only adds replicas
+        ok = ok and bool((mask | ~problem.replicas).all())
+        checks["augmented mask contains the problem's"] = (0.0, 0.0, ok)
     if not ok:
         return problem
     return DispatchProblem(counts=problem.counts, replicas=mask, gpu_node=problem.gpu_node)

@@ -136,12 +136,14 @@ def junk(draw, *, like=None):
     )
     base = np.asarray(like) if like is not None else np.arange(3)
     try:
-        a = base.astype(dtype)
+        with np.errstate(all="ignore"):
+            a = base.astype(dtype)
     except (ValueError, TypeError, OverflowError):
         a = np.zeros(shape, dtype=dtype)
     if a.dtype.kind == "f" and a.size and draw(st.booleans()):
         a = a.copy()
-        a.flat[0] = draw(st.sampled_from([np.nan, np.inf, -1.0, 1e30]))
+        with np.errstate(over="ignore"):  # 1e30 is inf in float16: junk either way
+            a.flat[0] = draw(st.sampled_from([np.nan, np.inf, -1.0, 1e30]))
     if a.dtype.kind == "u" and a.size and draw(st.booleans()):
         a = a.copy()
         a.flat[0] = np.iinfo(np.uint64).max
@@ -254,10 +256,19 @@ METHOD_OPTIONS = {
     "token_lp": {"topology": [None]},
     "moonep": {"charge_ratio": [0.0, 4.0]},
     "semi_matching": {},
-    "static": {"rule": ["first", "random", "sglang"], "seed": [0, 42]},
+    "static": {
+        "rule": ["first", "random", "sglang"],
+        "version": ["same_node", "same_gpu"],
+        "seed": [0, 42],
+        "top_k": [1, 8],
+    },
     "uniform": {"integer": [True, False]},
-    "metro": {"exact": [True, False]},
-    "llep": {"cap_factor": [1.0, 1.1, 2.0], "min_chunk": [1, 1024]},
+    "metro": {"exact": [True, False], "order": ["tokens", "index"]},
+    "llep": {"cap_factor": [1.0, 1.1, 2.0], "min_chunk": [1, 1024], "threshold": [1.0, 1.3]},
+    "lplb": {"topology": ["auto", "ring"], "solver": ["exact", "ipm"], "top_k": [1, 8]},
+    "sglang_dynamic": {"version": ["same_node", "uniform"], "top_k": [2, 8]},
+    "vllm_ep": {"version": ["hash", "modulo", "random"], "layout_seed": [0, 3]},
+    "sglang_lp": {},
 }
 
 

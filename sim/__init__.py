@@ -1,6 +1,7 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
 from .simulator import DEFAULT_STEP_TIME, PREDICTORS, SimReport, simulate
+from .sweep import SweepTable, sweep
 from .traces import (
     WORKLOAD_PRESETS,
     LengthModel,
@@ -42,4 +43,6 @@ __all__: list[str] = [
     "saturate_trace",
     "warmup",
     "WarmupReport",
+    "sweep",
+    "SweepTable",
 ]

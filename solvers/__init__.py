@@ -4,6 +4,7 @@
 """
 
 from .bounds import certified_lower_bound
+from .calibration import CalibrationResult, fit_cost_model
 from .dispatch import DEFAULT_METHOD, solve_dispatch
 from .exact import MilpDispatch, solve_token_lp
 from .highs import MilpSolution, solve_milp
@@ -14,6 +15,8 @@ from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
 
 __all__ = [
+    "CalibrationResult",
+    "fit_cost_model",
     "ROUTING_KERNELS",
     "RoutingDecision",
     "project_loads",

@@ -41,24 +41,34 @@ def _solve_dispatch_iv(problem, cost, method, time_limit, rng, options):
     return name, make_method(name, options, func), time_limit, gen
 
 
-def _reporting_problem(problem: DispatchProblem, sols) -> DispatchProblem:
+def _own_masks(solver, sols) -> list:
+    """The mask each layer's shares lie on when the method does not keep to the problem's:
+    ``LayerSolution.replicas``, or, for a method marked ``moves_weights`` (MoonEP, LPLB with
+    its own placement), the ``extras["replicas"]`` it reports; None where the problem's."""
+    moves = getattr(type(solver), "moves_weights", False)
+    out = []
+    for s in sols:
+        mask = s.replicas
+        if mask is None and moves:
+            mask = s.extras.get("replicas")
+        out.append(None if mask is None else np.asarray(mask, dtype=bool))
+    return out
+
+
+def _reporting_problem(problem: DispatchProblem, masks) -> DispatchProblem:
     """The problem the results are scored and certified on: ``problem`` itself, or, where a
-    method created replicas (``LayerSolution.replicas``), the problem on those masks."""
-    if all(s.replicas is None for s in sols):
+    method dispatched on a mask of its own (see :func:`_own_masks`), the problem on it."""
+    if all(m is None for m in masks):
         return problem
-    masks = [
-        problem.layer(l).replicas if s.replicas is None else np.asarray(s.replicas, dtype=bool)
-        for l, s in enumerate(sols)
-    ]
+    masks = [problem.layer(l).replicas if m is None else m for l, m in enumerate(masks)]
     rep = np.stack(masks) if problem.is_stack else masks[0]
     return DispatchProblem(counts=problem.counts, replicas=rep, gpu_node=problem.gpu_node)
 
 
-def _layer_bound(problem, cost, sol: LayerSolution) -> float:
+def _layer_bound(problem, cost, sol: LayerSolution, own_mask: bool) -> float:
     """The certified bound combined with the method's own (reusing the exact semi-matching
     and token-LP values a method like ``tempo`` computed with the library's kernels, on the
     problem's own mask)."""
-    own_mask = sol.replicas is None
     lb = certified_lower_bound(
         problem,
         cost,
@@ -164,7 +174,8 @@ def _solve(problem, cost, method, time_limit, rng, options) -> DispatchResult:
     shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
     if not problem.is_stack:
         shares = shares[0]
-    report = _reporting_problem(problem, sols)
+    masks = _own_masks(solver, sols)
+    report = _reporting_problem(problem, masks)
     try:
         check_shares(report, shares)
     except InfeasibleSharesError as exc:
@@ -172,7 +183,9 @@ def _solve(problem, cost, method, time_limit, rng, options) -> DispatchResult:
             f"solve_dispatch: the method {name!r} returned an infeasible dispatch ({exc}); "
             "this is a bug in the method."
         ) from exc
-    bounds = np.array([_layer_bound(p, cost, s) for p, s in zip(report.layers(), sols)])
+    bounds = np.array(
+        [_layer_bound(p, cost, s, m is None) for p, s, m in zip(report.layers(), sols, masks)]
+    )
     ev = evaluate_arrays(report, cost, shares)
     makespans = np.atleast_1d(ev.makespan)
     if (bounds > makespans * (1 + OPTIMALITY_RTOL) + 1e-9).any():

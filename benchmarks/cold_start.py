@@ -164,9 +164,11 @@ def format_report(r: dict) -> str:
             f"cold cache, full warm-up: {w['total_s']:.1f} s wall, {w['compile_s']:.1f} s "
             f"compiling (goal < 30 s), import {r['cold']['import_s']:.1f} s"
         )
-        lines.append(f"  {'step':32s} {'wall_s':>8s} {'compile_s':>9s}")
+        lines.append(f"  {'step':32s} {'wall_s':>8s} {'compile_s':>9s} {'cpu_s':>8s}")
         for s in w["steps"]:
-            lines.append(f"  {s['name']:32s} {s['wall_s']:8.2f} {s['compile_s']:9.2f}")
+            lines.append(
+                f"  {s['name']:32s} {s['wall_s']:8.2f} {s['compile_s']:9.2f} {s['cpu_s']:8.2f}"
+            )
         lines.append(f"  {'kernel (callees included)':60s} {'compile_s':>9s}")
         for k, v in sorted(w["kernels"].items(), key=lambda kv: -kv[1]):
             lines.append(f"  {k:60s} {v:9.2f}")

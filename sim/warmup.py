@@ -70,6 +70,9 @@ class WarmupStep:
     """Of which numba JIT: compiling plus loading compiled kernels from the disk cache."""
     compile_s: float
     """Of which real compilation (0 when everything came from the cache)."""
+    cpu_s: float = 0.0
+    """Process CPU seconds of the call (compilation is single-threaded CPU work, so on a busy
+    machine this is close to what the call takes on a quiet one)."""
     compiled: dict = field(default_factory=dict)
     """Compile seconds per top-level kernel compiled in this step (callees included)."""
 
@@ -115,10 +118,12 @@ class WarmupReport:
 
     def table(self) -> str:
         """Per-step table (seconds)."""
-        head = f"{'step':32s} {'wall_s':>8s} {'jit_s':>8s} {'compile_s':>9s}"
+        head = f"{'step':32s} {'wall_s':>8s} {'jit_s':>8s} {'compile_s':>9s} {'cpu_s':>8s}"
         rows = [head, "-" * len(head)]
         for s in self.steps:
-            rows.append(f"{s.name:32s} {s.wall_s:8.2f} {s.jit_s:8.2f} {s.compile_s:9.2f}")
+            rows.append(
+                f"{s.name:32s} {s.wall_s:8.2f} {s.jit_s:8.2f} {s.compile_s:9.2f} {s.cpu_s:8.2f}"
+            )
         rows.append(self.summary())
         if self.missed_kernels:
             rows.append(f"not compiled by the warm-up: {', '.join(self.missed_kernels)}")
@@ -134,7 +139,13 @@ class WarmupReport:
             "missed_kernels": list(self.missed_kernels),
             "kernels": self.kernels,
             "steps": [
-                {"name": s.name, "wall_s": s.wall_s, "jit_s": s.jit_s, "compile_s": s.compile_s}
+                {
+                    "name": s.name,
+                    "wall_s": s.wall_s,
+                    "jit_s": s.jit_s,
+                    "compile_s": s.compile_s,
+                    "cpu_s": s.cpu_s,
+                }
                 for s in self.steps
             ],
         }
@@ -245,10 +256,10 @@ def warmup(
 
     def step(name, fn):
         with JitTimer() as jt:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             fn()
-            wall = time.perf_counter() - t
-        steps.append(WarmupStep(name, wall, jt.jit_s, jt.compile_s, dict(jt.compiled)))
+            wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+        steps.append(WarmupStep(name, wall, jt.jit_s, jt.compile_s, cpu, dict(jt.compiled)))
         if verbose:
             print(
                 f"  {name}: {wall:.2f} s (compile {jt.compile_s:.2f} s)",

@@ -40,6 +40,7 @@ from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_bool, check_choice, check_type
 from ..solvers import bounds, round_robin, semi_matching, tempo
+from ..solvers import dispatch as _dispatch
 from ..solvers._compile import JitTimer, is_cached, library_kernels
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.registry import dispatch_methods
@@ -50,7 +51,7 @@ __all__ = ["warmup", "WarmupReport", "WarmupStep", "dispatch_kernels", "needs_co
 
 #: The Python modules that call the dispatch side's kernels (``solve_dispatch``'s methods and
 #: its certified bound).
-_DISPATCH_MODULES = (tempo, bounds, semi_matching, round_robin)
+_DISPATCH_MODULES = (tempo, bounds, semi_matching, round_robin, _dispatch)
 
 
 def dispatch_kernels() -> dict[str, object]:

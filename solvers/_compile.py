@@ -43,8 +43,8 @@ def merged_length(intervals) -> float:
     return total
 
 
-class _Outermost(_ev.Listener):
-    """Records the outermost ``(start, end)`` of an event kind per thread (events nest)."""
+class _Outermost:
+    """Collects the outermost ``(start, end)`` of one event kind per thread (events nest)."""
 
     def __init__(self, keyed: bool) -> None:
         self.keyed = keyed
@@ -52,33 +52,59 @@ class _Outermost(_ev.Listener):
         self.opened: dict[int, tuple[float, str]] = {}
         self.intervals: list[tuple[float, float]] = []
         self.by_key: dict[str, float] = {}
-        self.lock = threading.Lock()
+
+    def start(self, event, t: float, tid: int) -> None:
+        d = self.depth.get(tid, 0)
+        if d == 0:
+            key = ""
+            if self.keyed and isinstance(event.data, dict) and "dispatcher" in event.data:
+                py = getattr(event.data["dispatcher"], "py_func", None)
+                key = getattr(py, "__module__", "?") + "." + getattr(py, "__qualname__", "?")
+            self.opened[tid] = (t, key)
+        self.depth[tid] = d + 1
+
+    def end(self, t: float, tid: int) -> None:
+        d = self.depth.get(tid, 0) - 1
+        self.depth[tid] = max(d, 0)
+        if d == 0 and tid in self.opened:
+            s, key = self.opened.pop(tid)
+            self.intervals.append((s, t))
+            if self.keyed:
+                self.by_key[key] = self.by_key.get(key, 0.0) + (t - s)
+
+
+class _Broadcast(_ev.Listener):
+    """The one listener registered with numba (once, on first use) for an event kind: it
+    forwards events to every active :class:`JitTimer`, so entering and leaving a timer costs
+    a list operation, not a numba registration."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
 
     def on_start(self, event) -> None:
-        t = time.perf_counter()
-        tid = threading.get_ident()
-        with self.lock:
-            d = self.depth.get(tid, 0)
-            if d == 0:
-                key = ""
-                if self.keyed and isinstance(event.data, dict) and "dispatcher" in event.data:
-                    disp = event.data["dispatcher"]
-                    py = getattr(disp, "py_func", None)
-                    key = getattr(py, "__module__", "?") + "." + getattr(py, "__qualname__", "?")
-                self.opened[tid] = (t, key)
-            self.depth[tid] = d + 1
+        t, tid = time.perf_counter(), threading.get_ident()
+        with _LOCK:
+            for timer in _ACTIVE:
+                timer._collector(self.kind).start(event, t, tid)
 
     def on_end(self, event) -> None:
-        t = time.perf_counter()
-        tid = threading.get_ident()
-        with self.lock:
-            d = self.depth.get(tid, 0) - 1
-            self.depth[tid] = max(d, 0)
-            if d == 0 and tid in self.opened:
-                s, key = self.opened.pop(tid)
-                self.intervals.append((s, t))
-                if self.keyed:
-                    self.by_key[key] = self.by_key.get(key, 0.0) + (t - s)
+        t, tid = time.perf_counter(), threading.get_ident()
+        with _LOCK:
+            for timer in _ACTIVE:
+                timer._collector(self.kind).end(t, tid)
+
+
+_LOCK = threading.Lock()
+_ACTIVE: list = []
+_INSTALLED: list = []
+
+
+def _install() -> None:
+    with _LOCK:
+        if not _INSTALLED:
+            for kind in ("numba:compiler_lock", "numba:compile"):
+                _ev.register(kind, _Broadcast(kind))
+            _INSTALLED.append(True)
 
 
 class JitTimer:
@@ -92,6 +118,9 @@ class JitTimer:
         Seconds of real compilation (cache misses), a part of ``jit_s``.
     compiled : dict[str, float]
         Compile seconds per top-level kernel (``module.name``), its jitted callees included.
+
+    Timers nest and may run in several threads; each sees every JIT event of the process
+    while it is active.
 
     Examples
     --------
@@ -108,17 +137,34 @@ class JitTimer:
         self.compile_s = 0.0
         self.compiled: dict[str, float] = {}
 
+    def _collector(self, kind: str) -> _Outermost:
+        return self._lock if kind == "numba:compiler_lock" else self._compile
+
     def __enter__(self) -> JitTimer:
-        _ev.register("numba:compiler_lock", self._lock)
-        _ev.register("numba:compile", self._compile)
+        if not _INSTALLED:
+            _install()
+        with _LOCK:
+            _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _ev.unregister("numba:compile", self._compile)
-        _ev.unregister("numba:compiler_lock", self._lock)
+        with _LOCK:
+            _ACTIVE.remove(self)
         self.jit_s = float(merged_length(self._lock.intervals))
         self.compile_s = float(merged_length(self._compile.intervals))
         self.compiled = dict(self._compile.by_key)
+
+    def jit_within(self, start: float, end: float) -> float:
+        """JIT seconds (compiler-lock time) inside the window ``[start, end]`` of
+        ``time.perf_counter()`` readings (valid after exit).
+
+        >>> t = JitTimer()
+        >>> t._lock.intervals = [(0.0, 2.0), (5.0, 9.0)]
+        >>> t.jit_within(1.0, 6.0)
+        2.0
+        """
+        clipped = [(max(s, start), min(e, end)) for s, e in self._lock.intervals]
+        return float(merged_length([(s, e) for s, e in clipped if e > s]))
 
 
 def is_cached(kernel) -> bool:

@@ -267,3 +267,42 @@ def test_stack_result_is_stacked():
         single = solve_dispatch(p.layer(l), CostModel(a=0, b=15, c=0, beta=0.1))
         assert single.makespan == r.makespan[l]
         assert np.array_equal(single.shares, r.shares[l])
+
+
+def test_feasibility_kernel_equals_reference_and_check_shares():
+    """solve_dispatch's one-pass check: kernel == py_func == reference == check_shares."""
+    from straggler.solvers._feasibility import feasible_kernel, feasible_reference
+
+    rng = np.random.default_rng(11)
+    seen = {True: 0, False: 0}
+    for _ in range(300):
+        E, g = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        rep = rng.random((E, g)) < 0.6
+        rep[np.arange(E), rng.integers(0, g, E)] = True
+        counts = rng.integers(0, 20, E)
+        p = DispatchProblem(counts=counts, replicas=rep)
+        x = np.zeros((E, g))
+        for e in range(E):
+            gs = np.flatnonzero(rep[e])
+            x[e, gs] = rng.multinomial(counts[e], np.ones(gs.size) / gs.size)
+        kind = rng.integers(0, 6)
+        if kind == 1:
+            x[rng.integers(E), rng.integers(g)] += 0.5  # breaks conservation (or adds off-mask)
+        elif kind == 2:
+            x.flat[rng.integers(x.size)] = -1.0
+        elif kind == 3:
+            x.flat[rng.integers(x.size)] = rng.choice([np.nan, np.inf])
+        elif kind == 4 and (~rep).any():
+            e, h = np.argwhere(~rep)[0]
+            x[e, h] = 1.0
+        args = (x, p.replicas, p.counts, 1e-9)
+        want = feasible_reference(*args)
+        assert feasible_kernel(*args) == feasible_kernel.py_func(*args) == want
+        try:
+            check_shares(p, x)
+            ok = True
+        except InfeasibleSharesError:
+            ok = False
+        assert ok == want
+        seen[want] += 1
+    assert min(seen.values()) > 50  # both answers exercised

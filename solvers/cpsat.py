@@ -109,7 +109,8 @@ def solve_dispatch_cpsat(
         One layer.
     cost : CostModel
     time_limit, mip_rel_gap, threads, seed
-        CP-SAT's ``max_time_in_seconds``, ``relative_gap_limit``, ``num_workers``,
+        CP-SAT's ``max_time_in_seconds`` (less the model's building time),
+        ``relative_gap_limit``, ``num_workers``,
         ``random_seed``.
     warm_start : ndarray (n_experts, n_gpus), optional
         A dispatch given to CP-SAT as a hint.
@@ -204,7 +205,8 @@ def solve_dispatch_cpsat(
             m.AddHint(z[k], int(v > 0))
     solver = cp_model.CpSolver()
     prm = solver.parameters
-    prm.max_time_in_seconds = float(time_limit)
+    # the time limit covers building the model too
+    prm.max_time_in_seconds = max(time_limit - (time.perf_counter() - t0), 1e-6)
     prm.num_workers = int(threads)
     prm.random_seed = int(seed)
     prm.relative_gap_limit = float(mip_rel_gap)

@@ -45,10 +45,11 @@ class LayerSolution:
     dual bound), combined with the library's own bounds by ``solve_dispatch``.
 
     ``replicas`` is None for every method that keeps to the problem's replica mask. A method
-    that creates replicas (``moonep`` moves weights) gives the mask its shares lie on (the
-    problem's mask plus the new replicas); ``solve_dispatch`` then checks the shares against
-    that mask and certifies the lower bound on it, so a result can never report a bound
-    above its own makespan.
+    that dispatches on a mask of its own gives it here (``moonep`` moves weights: the
+    problem's mask plus the new replicas); a class marked ``moves_weights = True`` may give
+    it as ``extras["replicas"]`` instead (``lplb`` with its own placement).
+    ``solve_dispatch`` checks the shares against that mask and certifies the lower bound on
+    it, so a result can never report a bound above its own makespan.
     """
 
     shares: np.ndarray

@@ -81,6 +81,8 @@ __all__ = [
 
 #: Longest prompt or output accepted, in tokens (loads sum lengths in float64, exact below 2**53).
 MAX_LENGTH = MAX_EXACT_INT
+#: Most requests a generator draws in one call (a month of the busiest public trace is 2**24).
+MAX_REQUESTS = 2**30
 
 
 def _trace_iv(t) -> dict:
@@ -295,7 +297,7 @@ def generate_arrivals(
     ((4,), 0.0, True)
     """
     func = "generate_arrivals"
-    n = check_int(n, "n", func, lo=0)
+    n = check_int(n, "n", func, lo=0, hi=MAX_REQUESTS)
     rate = check_real(rate, "rate", func, lo=0, lo_open=True)
     process = check_choice(process, "process", func, _PROCESSES)
     cv = check_real(cv, "cv", func, lo=0, lo_open=True)
@@ -314,6 +316,8 @@ def generate_arrivals(
                 f"{burst_sojourn_s!r} ({switches:.3g} switches)",
             )
     g = check_rng(rng, func)
+    if not math.isfinite(n / rate):
+        raise param_error("rate", func, f"large enough for {n} finite arrival times", repr(rate))
     if n == 0:
         return np.zeros(0)
     if process == "poisson":
@@ -352,7 +356,10 @@ def generate_arrivals(
                     state = 1 - state
                     t_left = g.exponential(burst_sojourn_s if state else calm_sojourn)
         gaps = out
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    out = np.concatenate([[0.0], np.cumsum(gaps)])
+    if not np.isfinite(out[-1]):  # a tiny rate: gaps near the float maximum overflow
+        raise param_error("rate", func, f"large enough for {n} finite arrival times", repr(rate))
+    return out
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -382,7 +389,7 @@ class LengthModel:
 
     def sample(self, n: int, *, rng=None) -> np.ndarray:
         """Draw ``n`` integer lengths."""
-        n = check_int(n, "n", "LengthModel.sample", lo=0)
+        n = check_int(n, "n", "LengthModel.sample", lo=0, hi=MAX_REQUESTS)
         g = check_rng(rng, "LengthModel.sample")
         w = np.asarray(self.weights, dtype=float)
         comp = g.choice(w.size, size=n, p=w / w.sum())
@@ -542,8 +549,14 @@ def generate_trace(
     rate = p["rate"] if rate is None else check_real(rate, "rate", func, lo=0, lo_open=True)
     duration_s = check_real(duration_s, "duration_s", func, lo=0, lo_open=True)
     if n_requests is None:
-        n_requests = int(round(rate * duration_s))
-    n_requests = check_int(n_requests, "n_requests", func, lo=0)
+        expected = rate * duration_s
+        if not expected <= MAX_REQUESTS:
+            raise param_error(
+                "duration_s", func, f"short enough for at most {MAX_REQUESTS} requests at "
+                f"rate {rate:g}", repr(duration_s),
+            )  # fmt: skip
+        n_requests = int(round(expected))
+    n_requests = check_int(n_requests, "n_requests", func, lo=0, hi=MAX_REQUESTS)
     check_options(arrival_options, _ARRIVAL_OPTIONS, func)
     g = check_rng(rng, func)
     opts = {"process": p["process"], "cv": p["cv"], **arrival_options}

@@ -51,6 +51,10 @@ __all__ = [
     "SHAPES",
     "SKEWS",
     "DEFAULT_KAPPA",
+    "MAX_GPUS",
+    "MAX_EXPERTS",
+    "MAX_LAYERS",
+    "MAX_TOKENS",
     "zipf_popularity",
     "sample_counts",
     "decode_batches",
@@ -61,6 +65,12 @@ __all__ = [
 
 #: TEMPO §3.2's batch-to-batch Dirichlet concentration.
 DEFAULT_KAPPA = 2000.0
+#: Largest sizes the generators accept (far above any deployment: EP degrees reach a few
+#: hundred, MoE models a few hundred layers and experts; they bound the work of one call).
+MAX_GPUS = 65_536
+MAX_EXPERTS = 65_536
+MAX_LAYERS = 4096
+MAX_TOKENS = 2**26
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,8 +142,8 @@ def zipf_popularity(n_experts: int, skew, *, n_layers: int = 1, rng=None) -> np.
     ([0.48, 0.24, 0.16, 0.12], [1.0, 1.0])
     """
     func = "zipf_popularity"
-    n_experts = check_int(n_experts, "n_experts", func, lo=1)
-    n_layers = check_int(n_layers, "n_layers", func, lo=1)
+    n_experts = check_int(n_experts, "n_experts", func, lo=1, hi=MAX_EXPERTS)
+    n_layers = check_int(n_layers, "n_layers", func, lo=1, hi=MAX_LAYERS)
     s = _skews(skew, n_layers, func)
     gen = check_rng(rng, func)
     ranks = np.arange(1, n_experts + 1, dtype=float)
@@ -145,8 +155,8 @@ def zipf_popularity(n_experts: int, skew, *, n_layers: int = 1, rng=None) -> np.
 
 
 def _sample_counts_iv(popularity, n_tokens, top_k, kappa, func: str = "sample_counts"):
-    n_tokens = check_int(n_tokens, "n_tokens", func, lo=0)
-    top_k = check_int(top_k, "top_k", func, lo=1)
+    n_tokens = check_int(n_tokens, "n_tokens", func, lo=0, hi=MAX_TOKENS)
+    top_k = check_int(top_k, "top_k", func, lo=1, hi=MAX_EXPERTS)
     form = (
         f"a finite non-negative (n_experts,) or (n_layers, n_experts) array with at least "
         f"top_k={top_k} positive entries per row"
@@ -247,8 +257,8 @@ def num_physical_slots(n_experts: int, n_gpus: int, replication: float) -> int:
     8
     """
     func = "num_physical_slots"
-    n_experts = check_int(n_experts, "n_experts", func, lo=1)
-    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1)
+    n_experts = check_int(n_experts, "n_experts", func, lo=1, hi=MAX_EXPERTS)
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_GPUS)
     replication = check_real(replication, "replication", func, lo=1)
     need = math.ceil(round(replication * n_experts, 9))
     return n_gpus * -(-need // n_gpus)
@@ -286,9 +296,9 @@ def eplb_placement(
         raise param_error(
             "loads", func, "a 2-D (n_layers >= 1, n_experts >= 1) array", f"shape {w.shape}"
         )
-    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1)
-    num_groups = check_int(num_groups, "num_groups", func, lo=1)
-    num_nodes = check_int(num_nodes, "num_nodes", func, lo=1)
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_GPUS)
+    num_groups = check_int(num_groups, "num_groups", func, lo=1, hi=MAX_EXPERTS)
+    num_nodes = check_int(num_nodes, "num_nodes", func, lo=1, hi=MAX_GPUS)
     distinct = check_bool(distinct, "distinct", func)
     P = num_physical_slots(w.shape[1], n_gpus, replication)
     p2l, _, _ = rebalance_experts(w, P, num_groups, num_nodes, n_gpus, distinct=distinct)
@@ -349,11 +359,16 @@ def make_decode_problem(
     func = "make_decode_problem"
     if not isinstance(shape, ModelShape):
         shape = SHAPES[check_choice(shape, "shape", func, sorted(SHAPES))]
-    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1)
-    tokens_per_gpu = check_int(tokens_per_gpu, "tokens_per_gpu", func, lo=1)
-    n_layers = check_int(n_layers, "n_layers", func, lo=1)
-    n_history = check_int(n_history, "n_history", func, lo=1)
-    num_nodes = check_int(num_nodes, "num_nodes", func, lo=1)
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_GPUS)
+    tokens_per_gpu = check_int(tokens_per_gpu, "tokens_per_gpu", func, lo=1, hi=MAX_TOKENS)
+    n_layers = check_int(n_layers, "n_layers", func, lo=1, hi=MAX_LAYERS)
+    n_history = check_int(n_history, "n_history", func, lo=1, hi=MAX_LAYERS)
+    num_nodes = check_int(num_nodes, "num_nodes", func, lo=1, hi=MAX_GPUS)
+    if n_gpus * tokens_per_gpu > MAX_TOKENS:
+        raise param_error(
+            "tokens_per_gpu", func, f"at most {MAX_TOKENS} tokens in the batch (n_gpus * "
+            f"tokens_per_gpu)", f"{tokens_per_gpu} per GPU on {n_gpus} GPUs",
+        )  # fmt: skip
     distinct = check_bool(distinct, "distinct", func)
     if n_gpus % num_nodes:
         raise param_error("num_nodes", func, f"a divisor of n_gpus={n_gpus}", repr(num_nodes))

@@ -415,7 +415,7 @@ def _to_int64(a: np.ndarray, fail) -> np.ndarray:
             if frac.any():
                 i = _first(frac)
                 raise fail(f"non-integral value {a.flat[i].item()!r} at index {_index(a, i)}")
-            if np.abs(a).max() >= 2.0**63:
+            if float(np.abs(a).max()) >= 2.0**63:  # in float64: 2**63 overflows float16
                 raise fail("an integer too large for int64")
         return a.astype(np.int64)
     if dk == "u" and a.dtype.itemsize >= 8 and a.size and a.max() > INT64_MAX:

@@ -110,3 +110,14 @@ def test_check_rng_names_the_parameter():
         check_rng(True, "make_decode_problem", "seed")
     with pytest.raises(InvalidInputError, match="'rng' parameter of f"):
         check_rng(-1, "f")
+
+
+def test_check_array_small_float_dtypes_do_not_overflow_the_bound():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_array(np.array([0.0, 3.0], np.float16), "v", "f", kind="int").tolist() == [
+            0,
+            3,
+        ]

@@ -2,10 +2,11 @@
 
 Each router is a small frozen object of options; calling it routes one tick through
 :func:`straggler.solvers.route_batch` and returns its
-:class:`~straggler.solvers.routing.RoutingDecision`. The Numba kernels (and their plain-Python
+:class:`~straggler.formulations.RoutingResult`. The Numba kernels (and their plain-Python
 references) live in :mod:`straggler.solvers._routing_kernels` so that the jitted simulator can
-call them directly (:data:`straggler.solvers.routing.ROUTING_KERNELS`). These are routing
-policies, not dispatch methods: they are deliberately not in the dispatch registry.
+call them by id; the routing registry (:mod:`straggler.solvers.routing_registry`) names them.
+These are routing policies, not dispatch methods: they are deliberately not in the dispatch
+registry.
 
 =================  ===============================================================  =========
 name               rule (all: only replicas with a free slot; pool order)           source
@@ -31,7 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..solvers.routing import RoutingDecision, route_batch
+from ..formulations.results import RoutingResult
+from ..solvers.routing import route_batch
+from ..solvers.routing_registry import get_routing_policy
 
 __all__ = ["Router", "ROUTERS", "BASELINE_POLICIES"]
 
@@ -45,11 +48,11 @@ class Router:
     Parameters
     ----------
     policy : str
-        A name of :data:`straggler.solvers.routing.POLICIES` (baselines, ``br0`` or ``brh``).
+        A registered routing policy (:func:`straggler.solvers.routing_policies`).
     optimistic : bool
         Optimistic local update after each placement (default True).
     r_max, s_greedy, alpha, beta, gamma
-        BR-0/BR-H options (ignored by the baselines).
+        BR-0/BR-H options (passed only to the policies that accept them).
 
     Examples
     --------
@@ -67,22 +70,19 @@ class Router:
     beta: float | None = None
     gamma: float = 1.0
 
-    def __call__(
-        self, prefill_lengths, loads, free_slots, *, rng=None, **params
-    ) -> RoutingDecision:
-        return route_batch(
-            prefill_lengths,
-            loads,
-            free_slots,
-            policy=self.policy,
+    def __call__(self, prefill_lengths, loads, free_slots, *, rng=None, **params) -> RoutingResult:
+        accepted = get_routing_policy(self.policy).options
+        mine = dict(
             r_max=self.r_max,
             s_greedy=self.s_greedy,
             alpha=self.alpha,
             beta=self.beta,
             gamma=self.gamma,
-            rng=rng,
             optimistic=self.optimistic,
-            **params,
+        )
+        mine = {k: v for k, v in mine.items() if k in accepted}
+        return route_batch(
+            prefill_lengths, loads, free_slots, policy=self.policy, rng=rng, **mine, **params
         )
 
 

@@ -11,7 +11,9 @@
    "place on one window, score on the next"); by default the plan is scored in-sample.
 2. **Place**: ``--placement eplb`` (default; DeepSeek EPLB, :func:`straggler.baselines.eplb.
    rebalance_experts`, on the summed loads, ``--groups``/``--nodes`` for its hierarchical
-   policy) or ``recorded`` (keep the placement the log was recorded under).
+   policy), ``place_experts`` (:func:`straggler.solvers.place_experts`: a placement chosen
+   for tempo's dispatch on the planning batches, never two replicas on one GPU) or
+   ``recorded`` (keep the placement the log was recorded under).
 3. **Dispatch**: tempo (:func:`straggler.solvers.solve_dispatch`) under the cost model
    (``--cost`` preset, or ``--calibration``: a :class:`~straggler.solvers.CalibrationResult`
    JSON or a raw ``G,N,t_us`` log, fitted here), on each layer's recorded batches. A
@@ -76,6 +78,7 @@ from ..formulations.validation import (
 )
 from ..solvers.calibration import CalibrationResult, fit_cost_model, read_calibration_log
 from ..solvers.dispatch import solve_dispatch
+from ..solvers.placement import place_experts
 from .engines import ENGINES, EngineLog, read_engine_log
 from .engines.eplb import write_eplb_maps
 from .engines.sglang import write_sglang_init_location
@@ -88,7 +91,7 @@ __all__ = ["main", "plan", "Plan", "DEFAULT_COST", "PLACEMENTS", "format_report"
 #: the EP32 / 288-slot example's model; TEMPO Table 6).
 DEFAULT_COST = "dsv3_a_offline"
 #: Placements ``--placement`` offers.
-PLACEMENTS = ("eplb", "recorded")
+PLACEMENTS = ("eplb", "place_experts", "recorded")
 
 
 class Plan(dict):
@@ -277,6 +280,14 @@ def plan(
                 f"The 'n_slots' parameter of plan must equal the recorded placement's "
                 f"{p2l.shape[1]} slots. Got {n_slots} instead."
             )
+    elif placement == "place_experts":
+        # placement that knows tempo dispatches (straggler.solvers.place_experts), built on
+        # the same planning batches as EPLB's loads; it never puts two replicas on one GPU
+        P = n_slots if n_slots is not None else E
+        p2l, log2phy, logcnt = place_experts(
+            counts[fit_idx], P, n_groups, n_nodes, n_gpus, cost=cost
+        )
+        extra_maps = {"log2phy": log2phy, "logcnt": logcnt}
     else:
         P = n_slots if n_slots is not None else E
         p2l, log2phy, logcnt = rebalance_experts(
@@ -655,7 +666,7 @@ def _parser() -> argparse.ArgumentParser:
         "--placement",
         choices=PLACEMENTS,
         default="eplb",
-        help="eplb (rebuild) or recorded (keep the log's placement)",
+        help="eplb (rebuild), place_experts (placement for tempo) or recorded (keep the log's)",
     )
     cost = p.add_mutually_exclusive_group()
     cost.add_argument(

@@ -1,6 +1,15 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
-from .simulator import DEFAULT_STEP_TIME, PREDICTORS, SimReport, simulate
+from .phase_diagram import PhaseDiagram, phase_diagram
+from .simulator import (
+    DEFAULT_PREFILL,
+    DEFAULT_STEP_TIME,
+    PREDICTORS,
+    SimReport,
+    decode_capacity,
+    offered_load,
+    simulate,
+)
 from .sweep import SweepTable, sweep
 from .traces import (
     WORKLOAD_PRESETS,
@@ -32,6 +41,9 @@ __all__: list[str] = [
     "simulate",
     "SimReport",
     "DEFAULT_STEP_TIME",
+    "DEFAULT_PREFILL",
+    "decode_capacity",
+    "offered_load",
     "PREDICTORS",
     "Trace",
     "LengthModel",
@@ -45,4 +57,6 @@ __all__: list[str] = [
     "WarmupReport",
     "sweep",
     "SweepTable",
+    "phase_diagram",
+    "PhaseDiagram",
 ]

@@ -10,7 +10,8 @@ every setting beside its results. The phase diagram and the routing load sweeps 
   order, whatever order the cells finish in.
 * **Backends.** ``"serial"`` runs in this process; ``"process"`` (default) on a local pool
   of ``workers`` processes started with ``spawn`` (a forked child would inherit dead
-  thread pools, e.g. tempo's stack solver, and hang on them); ``"ray"`` as Ray tasks
+  thread pools, e.g. tempo's stack solver, and hang on them; a script using it needs the
+  ``if __name__ == "__main__":`` guard, as every spawn-based pool does); ``"ray"`` as Ray tasks
   (optional extra ``straggler[ray]``): a Ray already initialized by the caller is used as
   it is, otherwise ``ray.init(address=address)`` reaches an existing cluster, or, with
   ``address=None``, starts a local one of ``workers`` CPUs that is shut down at the end.

@@ -203,3 +203,21 @@ def test_plan_refuses_bad_input_by_name(dumps):
     )
     with pytest.raises(InvalidInputError, match="recorded loads"):
         plan(placement_only, n_gpus=8, cost=cost)
+
+
+def test_place_experts_placement(dumps, tmp_path):
+    """``--placement place_experts``: the written placement is the one place_experts builds on
+    the planning batches, with no expert twice on one GPU."""
+    from straggler.solvers import place_experts
+
+    out = tmp_path / "pe"
+    args = [dumps["vllm"], *ARGS, "--placement", "place_experts", "--format", "eplb"]
+    assert main([*args, "--out", str(out)]) == 0
+    maps = json.loads((out / "eplb_maps.json").read_text())
+    p2l = np.asarray(maps["phy2log"])
+    log = read_engine_log(dumps["vllm"])
+    want, _, _ = place_experts(log.counts, 80, 1, 1, 8, cost="dsv3_a_offline")
+    np.testing.assert_array_equal(p2l, want)
+    per_gpu = p2l.reshape(p2l.shape[0], 8, -1)
+    for row in per_gpu.reshape(-1, per_gpu.shape[-1]):
+        assert len(set(row.tolist())) == row.size

@@ -318,13 +318,14 @@ def routing_calls(draw) -> Call:
     """A ``route_batch`` call: pool lengths, loads (1-D, or 2-D for BR-H), free slots, policy
     and options, some spoiled; edge values (free slots summing past int64, lengths near the
     float maximum, empty pools) included."""
-    from ..solvers.routing import POLICIES
+    from ..solvers.routing_registry import get_routing_policy, routing_policies
 
     G = draw(st.integers(1, 5))
     n = draw(st.integers(0, 8))
-    policy = draw(st.sampled_from(list(POLICIES)))
+    policy = draw(st.sampled_from(routing_policies()))
+    accepted = get_routing_policy(policy).options
     lengths = draw(st.lists(st.integers(0, 2000), min_size=n, max_size=n))
-    H = draw(st.integers(0, 3)) if policy == "brh" else 0
+    H = draw(st.integers(0, 3)) if get_routing_policy(policy).horizon else 0
     loads = np.array(draw(st.lists(st.integers(0, 9000), min_size=G, max_size=G)), float)
     if H:
         loads = np.repeat(loads[:, None], H + 1, axis=1)
@@ -338,11 +339,19 @@ def routing_calls(draw) -> Call:
         lengths = []
     kw = {"prefill_lengths": lengths, "loads": loads, "free_slots": free}
     call = draw(spoil(kw, at_most=1))
+    # an edge value may be refused (naming its parameter) or handled exactly, never garbled
+    call.spoiled |= {"int64_slots": {"free_slots"}, "huge_lengths": {"prefill_lengths"}}.get(
+        edge, set()
+    )
     opts = {}
-    if draw(st.booleans()):
+    if "r_max" in accepted and draw(st.booleans()):
         opts["r_max"] = draw(st.sampled_from([1, 2, 4]))
+    if "optimistic" in accepted and draw(st.booleans()):
+        opts["optimistic"] = draw(st.booleans())
     if draw(st.booleans()):
         opts["rng"] = draw(st.sampled_from([0, 5]))
+    if draw(st.booleans()):
+        opts["n_running"] = draw(st.lists(st.integers(0, 6), min_size=G, max_size=G))
     ocall = draw(spoil(opts, at_most=1))
     call.kwargs.update(ocall.kwargs)
     call.kwargs["policy"] = policy
@@ -359,7 +368,7 @@ def simulate_calls(draw) -> Call:
     """A ``simulate`` call on a tiny trace (six to twelve requests) with a policy and some
     settings spoiled."""
     from ..sim.traces import Trace
-    from ..solvers.routing import POLICIES
+    from ..solvers.routing_registry import routing_policies
 
     n = draw(st.integers(1, 12))
     arrival = np.cumsum(draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))) / 100
@@ -374,12 +383,11 @@ def simulate_calls(draw) -> Call:
         "max_slots": draw(st.integers(1, 4)),
         "tick": draw(st.integers(1, 3)),
         "stale": draw(st.integers(0, 2)),
-        "horizon": draw(st.integers(0, 6)),
         "seed": draw(st.integers(0, 3)),
     }
     call = draw(spoil(kw, at_most=1))
     call.kwargs["trace"] = trace
-    call.kwargs["policy"] = draw(st.sampled_from(list(POLICIES)))
+    call.kwargs["policy"] = draw(st.sampled_from(routing_policies()))
     return call
 
 

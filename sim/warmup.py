@@ -44,7 +44,8 @@ from ..solvers import dispatch as _dispatch
 from ..solvers._compile import JitTimer, is_cached, library_kernels
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.registry import dispatch_methods
-from ..solvers.routing import POLICIES, route_batch
+from ..solvers.routing import route_batch
+from ..solvers.routing_registry import routing_policies
 from .traces import Trace
 
 __all__ = ["warmup", "WarmupReport", "WarmupStep", "dispatch_kernels", "needs_compile", "main"]
@@ -202,11 +203,12 @@ def _warmup_iv(dispatch, routing, simulator, methods, policies, verbose):
     else:
         check_type(methods, "methods", func, (list, tuple), "a list of method names")
         methods = [check_choice(m, "methods", func, registered) for m in methods]
+    registered = routing_policies()
     if policies is None:
-        policies = list(POLICIES)
+        policies = registered
     else:
         check_type(policies, "policies", func, (list, tuple), "a list of policy names")
-        policies = [check_choice(p, "policies", func, list(POLICIES)) for p in policies]
+        policies = [check_choice(p, "policies", func, registered) for p in policies]
     return dispatch, routing, simulator, list(methods), list(policies), verbose
 
 
@@ -233,7 +235,8 @@ def warmup(
     methods : list of str, optional
         Dispatch methods (default: every registered one).
     policies : list of str, optional
-        Routing policies (default: every one of ``straggler.solvers.routing.POLICIES``).
+        Routing policies (default: every registered one,
+        ``straggler.solvers.routing_registry.routing_policies()``).
     verbose : bool, default False
         Print each step as it finishes (to stderr).
 
@@ -287,7 +290,7 @@ def warmup(
         for pol in policies:
             step(
                 f"simulate[{pol}]",
-                lambda pol=pol: simulate(trace, policy=pol, n_replicas=2, max_slots=2, horizon=4),
+                lambda pol=pol: simulate(trace, policy=pol, n_replicas=2, max_slots=2),
             )
     total = time.perf_counter() - t_start
     missed = ()

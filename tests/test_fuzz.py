@@ -125,7 +125,8 @@ def test_from_placement(call):
     p = contract(build, call, ("counts", "physical_to_logical", "n_gpus"))
     if p is not None:
         _check_problem(p)
-        p2l = np.asarray(call.kwargs["physical_to_logical"]).reshape(-1)
+        # accepted: integral values (any numeric dtype), as int64
+        p2l = np.asarray(call.kwargs["physical_to_logical"], dtype=float).astype(int).reshape(-1)
         per = p2l.size // p.n_gpus
         for slot, e in enumerate(p2l):
             if e >= 0:

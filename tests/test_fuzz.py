@@ -47,7 +47,7 @@ from straggler.solvers import dispatch_methods, route_batch, solve_dispatch
 
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 #: Examples per fuzz test: small by default (the suite stays fast), more in CI.
-N = 150 if CI else 20
+N = 400 if CI else 20
 FUZZ = settings(max_examples=N, suppress_health_check=list(HealthCheck))
 #: Seconds any one call may take before it counts as a hang.
 HANG_S = 60

@@ -387,7 +387,7 @@ def tile_count(shares, tile: int) -> np.ndarray:
     [0, 1, 1, 2]
     """
     tile = check_int(tile, "tile", "tile_count", lo=1)
-    x = check_array(shares, "shares", "tile_count", ndim=(0, 1, 2, 3), finite=False)
+    x = check_array(shares, "shares", "tile_count", ndim=(0, 1, 2, 3), lo=-MAX_COUNT, hi=MAX_COUNT)
     return _tile_count(x, tile)
 
 
@@ -400,7 +400,8 @@ def evaluate(problem: DispatchProblem, cost: CostModel, shares) -> Evaluation:
     """Score a dispatch under the cost model, independently of how it was produced.
 
     Activation is strict: ``x[e, g] > 0`` counts, however small. Feasibility is not
-    checked here; see :func:`check_shares`.
+    checked here (shares must be numbers of the right shape, at most ``2**52`` in size, the
+    largest token count); see :func:`check_shares`.
 
     Examples
     --------
@@ -420,8 +421,8 @@ def _evaluate_iv(problem, cost, shares) -> np.ndarray:
     check_type(cost, "cost", func, CostModel, "a CostModel")
     want = problem.counts.shape + (problem.n_gpus,)
     return check_array(
-        shares, "shares", func, ndim=len(want), shape=want, finite=False,
-        expected=f"an array of shape {want} of numbers",
+        shares, "shares", func, ndim=len(want), shape=want, lo=-MAX_COUNT, hi=MAX_COUNT,
+        expected=f"an array of shape {want} of numbers in [-2**52, 2**52]",
     )  # fmt: skip
 
 

@@ -83,6 +83,10 @@ class DispatchResult:
         same ``runtime_s`` as a warm one); :class:`RoutingResult` uses the same definition.
     extras : dict
         Method-specific details (MILP gap, dual bound, stage switches, ...).
+    compile_s : float
+        Seconds numba spent compiling kernels, or loading them from its disk cache, during
+        the call (0 once the kernels are in memory; see ``straggler.sim.warmup``). Never
+        part of ``runtime_s``.
     """
 
     shares: np.ndarray
@@ -93,6 +97,7 @@ class DispatchResult:
     method: str
     runtime_s: float
     extras: dict = field(default_factory=dict)
+    compile_s: float = 0.0
 
     @property
     def success(self) -> bool:

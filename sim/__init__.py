@@ -21,6 +21,7 @@ from .traces import (
     load_trace,
     saturate_trace,
 )
+from .warmup import WarmupReport, warmup
 from .workload import (
     SHAPES,
     SKEWS,
@@ -52,6 +53,8 @@ __all__: list[str] = [
     "generate_arrivals",
     "fit_length_model",
     "saturate_trace",
+    "warmup",
+    "WarmupReport",
     "sweep",
     "SweepTable",
     "phase_diagram",

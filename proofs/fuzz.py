@@ -348,6 +348,8 @@ def routing_calls(draw) -> Call:
         opts["r_max"] = draw(st.sampled_from([1, 2, 4]))
     if "optimistic" in accepted and draw(st.booleans()):
         opts["optimistic"] = draw(st.booleans())
+    if "version" in accepted and draw(st.booleans()):
+        opts["version"] = draw(st.sampled_from(get_routing_policy(policy).versions))
     if draw(st.booleans()):
         opts["rng"] = draw(st.sampled_from([0, 5]))
     if draw(st.booleans()):
@@ -384,6 +386,7 @@ def simulate_calls(draw) -> Call:
         "tick": draw(st.integers(1, 3)),
         "stale": draw(st.integers(0, 2)),
         "seed": draw(st.integers(0, 3)),
+        "dispatch": draw(st.sampled_from(["pool", "queue"])),
     }
     call = draw(spoil(kw, at_most=1))
     call.kwargs["trace"] = trace

@@ -240,7 +240,9 @@ def test_huge_top_k_does_not_hang():
 def check_routing(kw, d):
     """Independent check of a routing tick: indices in range, slots respected, the reported
     imbalance recomputed, and everything placed that could be (all policies place
-    ``min(n_pool, S_tot)`` requests; TRT-LLM's per-rank cap may place fewer, never none)."""
+    ``min(n_pool, S_tot)`` requests; TRT-LLM's per-rank cap may place fewer, never none; its
+    balance may hold the tick back; ``follow_bootstrap_room`` fills each rank's slots from the
+    requests whose room maps to it)."""
     s = np.asarray(kw["prefill_lengths"], dtype=float).reshape(-1)
     loads = np.asarray(kw["loads"], dtype=float)
     L = loads[:, 0] if loads.ndim == 2 else loads
@@ -261,6 +263,11 @@ def check_routing(kw, d):
     can = min(s.size, sum(free))
     if kw["policy"] == "trtllm":
         assert d.n_placed >= min(1, can)
+    elif kw["policy"] == "trtllm_balance":  # TensorRT-LLM's assignment, or all held back
+        assert d.n_placed in (0, route_batch(**{**kw, "policy": "trtllm"}).n_placed)
+    elif kw["policy"] == "follow_bootstrap_room":  # each request waits for its own rank
+        rank = np.asarray(kw.get("pool_key", np.arange(s.size)), dtype=np.int64) % G
+        assert d.n_placed == sum(min(int((rank == g).sum()), free[g]) for g in range(G))
     else:
         assert d.n_placed == can
 

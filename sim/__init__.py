@@ -1,11 +1,14 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
 from .phase_diagram import PhaseDiagram, phase_diagram
+from .prefix import PrefixBlocks, load_prefix_blocks
 from .simulator import (
     DEFAULT_PREFILL,
     DEFAULT_STEP_TIME,
+    DISPATCH_MODES,
     PREDICTORS,
     SimReport,
+    bootstrap_rooms,
     decode_capacity,
     offered_load,
     simulate,
@@ -45,6 +48,10 @@ __all__: list[str] = [
     "decode_capacity",
     "offered_load",
     "PREDICTORS",
+    "DISPATCH_MODES",
+    "bootstrap_rooms",
+    "PrefixBlocks",
+    "load_prefix_blocks",
     "Trace",
     "LengthModel",
     "WORKLOAD_PRESETS",

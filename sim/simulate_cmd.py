@@ -1,6 +1,7 @@
 """``straggler-simulate``: every routing policy on one trace in the lock-step simulator.
 
-``straggler-simulate TRACE [--load X] [--replicas G] [--policies a,b,...] [--plot PNG]``
+``straggler-simulate TRACE [--load X] [--replicas G] [--policies a,b:version,...]
+[--dispatch pool|queue] [--prefix-cache] [--ctx-cost S] [--plot PNG]``
 
 ``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
 :func:`~straggler.sim.traces.load_trace`), a name of
@@ -26,6 +27,7 @@ import time
 from ..formulations.errors import StragglerError
 from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, routing_policies
 from .load_sweep import SWEEP_TRACES, sweep_trace
+from .prefix import load_prefix_blocks
 from .simulator import engine_cache_is_warm, simulate, warm_engine
 from .traces import WORKLOAD_PRESETS, Trace, generate_trace, load_trace
 
@@ -78,7 +80,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         default=None,
-        help=f"comma-separated policies (default: all, {DEFAULT_POLICY} and jsq first)",
+        help=f"comma-separated policies, NAME or NAME:VERSION for a baseline's upstream "
+        f"version (e.g. vllm:legacy; default: all, {DEFAULT_POLICY} and jsq first)",
+    )
+    p.add_argument(
+        "--dispatch",
+        choices=("pool", "queue"),
+        default="pool",
+        help="pool: one central pool, a request goes only to a free slot (default); queue: "
+        "routed on arrival to each engine's own queue (vLLM, SGLang)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="a Mooncake trace file: track each replica's prefix cache from its hash_ids "
+        "(dynamo reads it; the table adds the hit rate)",
     )
     p.add_argument("--requests", type=int, default=0, help="use the first N requests (0: all)")
     p.add_argument("--max-slots", type=int, default=16, help="slots per replica (default 16)")
@@ -88,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rate", type=float, default=None, help="requests/s for a length-only trace file"
+    )
+    p.add_argument(
+        "--ctx-cost",
+        type=float,
+        default=0.0,
+        help="seconds per prompt token of a context phase inside the decode step (aggregated "
+        "serving; default 0: prefill elsewhere)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random policies")
     p.add_argument("--plot", default=None, help="write a PNG of the imbalance over time")
@@ -108,7 +131,11 @@ def _progress(total: int, enabled: bool):
         return None
 
 
-def format_table(reports: dict, baseline: str = "jsq") -> str:
+#: Added with ``--prefix-cache``.
+COLUMNS_CACHE = (("prefix hits", "prefix_hit_rate", 1.0, "{:.3f}", False),)
+
+
+def format_table(reports: dict, baseline: str = "jsq", extra=()) -> str:
     """The comparison table: one row per policy, each metric with its ratio to ``baseline``'s.
 
     Examples
@@ -120,13 +147,15 @@ def format_table(reports: dict, baseline: str = "jsq") -> str:
     policy
     """
     base = reports.get(baseline)
-    head = f"{'policy':14s}"
-    for name, _, _, _, ratio in COLUMNS:
+    columns = COLUMNS + tuple(extra)
+    width = max([14] + [len(p) + 2 for p in reports])
+    head = f"{'policy':{width}s}"
+    for name, _, _, _, ratio in columns:
         head += f" | {name}" + (f" {'x ' + baseline:>6s}" if ratio and base else "")
     lines = [head, "-" * len(head)]
     for pol, r in reports.items():
-        line = f"{pol + (' *' if pol == DEFAULT_POLICY else ''):14s}"
-        for name, field, scale, fmt, ratio in COLUMNS:
+        line = f"{pol + (' *' if pol == DEFAULT_POLICY else ''):{width}s}"
+        for name, field, scale, fmt, ratio in columns:
             v = getattr(r, field)
             shown = v * scale if isinstance(v, float) else v
             text = "nan" if isinstance(v, float) and math.isnan(v) else fmt.format(shown)
@@ -144,11 +173,18 @@ def main(argv=None) -> int:
         if args.policies:
             policies = [p.strip() for p in args.policies.split(",") if p.strip()]
             for p in policies:
-                get_routing_policy(p, "straggler-simulate")
+                get_routing_policy(p.partition(":")[0], "straggler-simulate")
         else:
             rest = [p for p in routing_policies() if p not in (DEFAULT_POLICY, "jsq")]
             policies = [DEFAULT_POLICY, "jsq", *rest]
         trace = resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+        blocks = None
+        if args.prefix_cache:
+            if not pathlib.Path(args.trace).is_file():
+                raise SystemExit("straggler-simulate: --prefix-cache needs a Mooncake trace file")
+            blocks = load_prefix_blocks(args.trace)
+            if len(blocks) > len(trace):  # --requests kept the first N
+                blocks = blocks.subset([i < len(trace) for i in range(len(blocks))])
         warm = engine_cache_is_warm()
         if not warm:
             print("compiling kernels (first run only) ...", end="", file=sys.stderr, flush=True)
@@ -160,10 +196,15 @@ def main(argv=None) -> int:
         bar = _progress(len(policies), not args.no_progress)
         reports = {}
         t0 = time.perf_counter()
-        for k, pol in enumerate(policies):
-            reports[pol] = simulate(
+        for k, spec in enumerate(policies):
+            pol, _, version = spec.partition(":")
+            reports[spec] = simulate(
                 trace,
                 pol,
+                **({"version": version} if version else {}),
+                dispatch=args.dispatch,
+                prefix_blocks=blocks,
+                ctx_cost=args.ctx_cost,
                 n_replicas=args.replicas,
                 max_slots=args.max_slots,
                 kv_capacity=args.kv_capacity,
@@ -188,9 +229,10 @@ def main(argv=None) -> int:
     load = f"{first.offered_load:.2f}x" + (" (as recorded)" if args.load is None else "")
     print(
         f"{trace.name}: {len(trace):,} requests, G = {args.replicas}, {args.max_slots} slots, "
-        f"offered load {load} of the decode capacity; whole-run metrics (* = default policy)"
+        f"offered load {load} of the decode capacity, {args.dispatch} dispatch; whole-run "
+        "metrics (* = default policy)"
     )
-    print(format_table(reports))
+    print(format_table(reports, extra=COLUMNS_CACHE if blocks is not None else ()))
     if args.json:
         out = {pol: r.summary() for pol, r in reports.items()}
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1))

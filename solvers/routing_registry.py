@@ -28,8 +28,9 @@ keyword arguments and by the simulator from its state):
   tokens already in replica ``g``'s prefix cache) or ``(0, G)`` when unknown.
 * ``params`` float64: the options at the ``P_*`` indices of the kernels module (BR-H may append
   ``H+1`` presence weights); ``carry`` float64 ``(N_CARRY,)``: the policy's memory from its
-  previous tick (round-robin's cursor at ``C_CURSOR``), returned updated as ``carry_out``;
-  ``seed`` int64: the tick's random seed (random, p2c).
+  previous tick (round-robin's cursor at ``C_CURSOR``, vLLM's scan start at ``C_VLLM_START``,
+  TensorRT-LLM's hold-back counters at ``C_ADP_WAIT``/``C_ADP_BATCH``), returned updated as
+  ``carry_out``; ``seed`` int64: the tick's random seed (random, p2c, dynamo's ties).
 
 Kernels never mutate their inputs and only place a request on a replica with a free slot.
 
@@ -40,7 +41,10 @@ Adding a policy
    ``ID_<NAME>`` constant and one ``elif`` branch in ``route_tick_kernel``; new options take new
    ``P_*`` indices (raise ``N_PARAMS``), new memory new ``C_*`` indices (within ``N_CARRY``).
 2. Here: its options in :data:`OPTIONS` (if new) and one :func:`register_routing_policy` call at
-   the bottom of this module.
+   the bottom of this module. A baseline with upstream versions passes ``versions=((name,
+   upstream change), ...)``, the current behaviour first: it then accepts ``version=`` and its
+   kernel reads the version's index at ``params[P_VERSION]``. ``prefix_cache=True`` marks a
+   policy that reads ``PoolState.cached`` (the simulator then shows it the replicas' caches).
 3. Nothing else: ``route_batch``, ``simulate``, the command and the benchmarks find it by name;
    ``tests/test_routing.py`` runs every registered policy through kernel == py_func ==
    reference and the independent checker.

@@ -74,3 +74,23 @@ def test_bad_input(capsys):
     with pytest.raises(SystemExit):
         simulate_cmd.main(["no_such_trace_or_preset"])
     assert simulate_cmd.main(["bursty", "--requests", "20", "--load", "-1"]) == 2
+
+
+def test_versions_dispatch_and_prefix_cache(tmp_path, capsys):
+    trace = tmp_path / "mooncake.jsonl"
+    rec = {"input_length": 1024, "output_length": 8}
+    rows = [
+        json.dumps({**rec, "timestamp": 40 * i, "hash_ids": [i % 3, 100 + i]}) for i in range(40)
+    ]
+    trace.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "runs.json"
+    args = [str(trace), "--policies", "jsq,vllm:legacy,dynamo", "--dispatch", "queue"]
+    args += ["--prefix-cache", "--replicas", "2", "--no-progress", "--json", str(out)]
+    assert simulate_cmd.main(args) == 0
+    text = capsys.readouterr().out
+    assert "queue dispatch" in text and "prefix hits" in text and "vllm:legacy" in text
+    runs = json.loads(out.read_text())
+    assert set(runs) == {"jsq", "vllm:legacy", "dynamo"}
+    assert all(0 <= r["prefix_hit_rate"] <= 1 for r in runs.values())
+    assert simulate_cmd.main(["bursty", "--requests", "20", "--policies", "vllm:nope"]) == 2
+    assert "'version'" in capsys.readouterr().err

@@ -58,12 +58,16 @@ the default (``version=...`` selects another):
     leaves the heap at ``expected_num_active_requests = max(ceil((sum active + n_new) / G),
     max active)``.
 ``trtllm_balance``
-    ``trtllm`` plus ``attention_dp_config.enable_balance`` (``PyExecutor._balance_adp_requests``):
-    new context requests are held back until every rank has a free slot and a new request
-    (at most ``timeout_iters`` = 50 ticks, and not when some rank runs nothing), then for
-    ``batching_wait_iters`` = 10 more ticks while every rank is decoding. Deviation: held
+    ``trtllm`` plus ``attention_dp_config.enable_balance`` (``PyExecutor._balance_adp_requests``,
+    TensorRT-LLM #6061, 2025-07-15; defaults from ``AttentionDpConfig``): new context
+    requests are held back until every rank has a free slot and a new request (at most
+    ``timeout_iters`` = 50 ticks, and not when some rank runs nothing), then for
+    ``batching_wait_iters`` = 10 more ticks while every rank is decoding. Deviations: held
     requests return to the pool and are re-routed at the next tick (upstream keeps them on
-    their rank), and the counters advance only at ticks with a non-empty pool.
+    their rank), the counters advance only at ticks with a non-empty pool, and the shorter
+    wait for an under-occupied rank (an environment-gated change of TensorRT-LLM #17700,
+    2026-08) is not modelled. The hold-back pays off where context phases share the decode
+    step (aggregated serving: ``simulate(ctx_cost=...)``).
 ``follow_bootstrap_room``
     SGLang ``follow_bootstrap_room_scheduler`` (PD disaggregation): rank = ``bootstrap_room %
     dp_size`` (``pool_key``), whatever the load; a request whose rank is full waits for it.

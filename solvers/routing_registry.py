@@ -634,7 +634,7 @@ register_routing_policy(
     summary="trtllm's assignment, held back until every rank can take a new request "
     "(timeout_iters), then batching_wait_iters more ticks",
     source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py "
-    "_balance_adp_requests (attention_dp_config.enable_balance)",
+    "_balance_adp_requests (attention_dp_config.enable_balance, TensorRT-LLM #6061, 2025-07-15)",
 )
 register_routing_policy(
     "follow_bootstrap_room",

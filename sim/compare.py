@@ -154,7 +154,10 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
         if on_mask and problem.gpu_node is not None and np.unique(problem.gpu_node).size > 1:
             split = topology_split(res.shares, problem.gpu_node)
             row.update(cross_node_flat=split.cross_node_flat, cross_node=split.cross_node)
-        if not on_mask:
+        if not on_mask and getattr(cls, "own_placement", False):
+            # LPLB builds its own placement (fitted to the batch it serves), off this mask
+            row["note"] = "own placement (LPLB's, from this batch): not on the problem's mask"
+        elif not on_mask:
             layers = res.extras["layers"] if problem.is_stack else [res.extras]
             moved = sum(int(x.get("n_moved", 0)) for x in layers)
             charged = sum(float(x.get("makespan_charged", math.nan)) for x in layers)
@@ -173,7 +176,7 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
 
 def format_table(rows) -> str:
     """The rows of :func:`compare` as an aligned text table."""
-    head = ["method", "makespan_us", "vs_best", "lower_bound_us", "gap", "status", "runtime_s"]
+    head = ["method", "makespan_us", "vs_best", "lower_bound_us", "gap", "status", "runtime_ms"]
     topo = any("cross_node" in r for r in rows)
     if topo:
         head.append("xnode_tok flat->split")
@@ -187,12 +190,12 @@ def format_table(rows) -> str:
                 f"{r['lower_bound_us']:.1f}",
                 f"{100 * r['gap']:.1f}%",
                 r["status"],
-                f"{r['runtime_s']:.3f}",
+                f"{r['runtime_s'] * 1e3:.3f}",
             ]
             if topo:
                 cells.append(_xnode(r))
         else:
-            rt = f"{r['runtime_s']:.3f}" if "runtime_s" in r else "-"
+            rt = f"{r['runtime_s'] * 1e3:.3f}" if "runtime_s" in r else "-"
             cells = [r["method"], "-", "-", "-", "-", r["status"], rt] + ["-"] * topo
         lines.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]

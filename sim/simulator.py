@@ -176,6 +176,9 @@ DEFAULT_PREFILL = (50_000.0, 0.02)
 PREDICTORS = tuple(PredictorKind.names())
 
 _FUNC = "simulate"
+#: Largest ``n_replicas`` and ``max_slots`` simulate accepts (the engine keeps per-slot state).
+MAX_REPLICAS = 65_536
+MAX_SLOTS = 65_536
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -474,11 +477,13 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
     pred_kind, H, label)`` with the trace filtered and rescaled."""
     f = _FUNC
     pol = get_routing_policy(DEFAULT_POLICY if policy is None else policy, f)
-    G = check_int(kw["n_replicas"], "n_replicas", f, lo=1)
+    # upper bounds keep the engine's (G, max_slots) state arrays allocatable and every integer
+    # in int64 (a larger value once reached numba as uint64 and failed to type)
+    G = check_int(kw["n_replicas"], "n_replicas", f, lo=1, hi=MAX_REPLICAS)
     cfg = dict(
         policy=pol.name,
         n_replicas=G,
-        max_slots=check_int(kw["max_slots"], "max_slots", f, lo=1),
+        max_slots=check_int(kw["max_slots"], "max_slots", f, lo=1, hi=MAX_SLOTS),
         kv_capacity=check_int(kw["kv_capacity"], "kv_capacity", f, lo=1, hi=2**53),
         t0=check_real(kw["t0"], "t0", f, lo=0),
         kappa=check_real(kw["kappa"], "kappa", f, lo=0),
@@ -486,12 +491,12 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
             kw["prefill_tokens_per_s"], "prefill_tokens_per_s", f, lo=0, lo_open=True, finite=False
         ),
         prefill_base_s=check_real(kw["prefill_base_s"], "prefill_base_s", f, lo=0),
-        tick=check_int(kw["tick"], "tick", f, lo=1),
-        stale=check_int(kw["stale"], "stale", f, lo=0),
+        tick=check_int(kw["tick"], "tick", f, lo=1, hi=2**31),
+        stale=check_int(kw["stale"], "stale", f, lo=0, hi=2**31),
         optimistic=check_bool(kw["optimistic"], "optimistic", f),
-        max_pool=check_int(kw["max_pool"], "max_pool", f, lo=1),
+        max_pool=check_int(kw["max_pool"], "max_pool", f, lo=1, hi=2**31),
         saturated=check_bool(kw["saturated"], "saturated", f),
-        min_output=check_int(kw["min_output"], "min_output", f, lo=0),
+        min_output=check_int(kw["min_output"], "min_output", f, lo=0, hi=2**53),
         overload=check_real(kw["overload"], "overload", f, lo=0, lo_open=True),
         seed=check_int(kw["seed"], "seed", f, lo=0, hi=2**40),
         engine=check_choice(kw["engine"], "engine", f, ["numba", "python"]),

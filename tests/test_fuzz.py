@@ -15,11 +15,10 @@ import math
 import os
 import signal
 import tempfile
-from numbers import Integral
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from straggler.formulations import (
     CostModel,

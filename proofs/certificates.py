@@ -6,7 +6,8 @@ result's own numbers) and checks, with a relative tolerance of ``1e-9``:
 * always: the shares are feasible, the reported makespan is the evaluator's, and
   ``lower_bound <= makespan`` (and ``lower_bound <= OPT`` when ``opt`` is given);
 * ``round_robin`` under full replication (A3): Theorem 2, ``M(A3) <= REF + delta``;
-* ``tempo`` under full replication: Proposition 1, ``M(A*) <= (REF + delta)/(1 - tau)``;
+* ``tempo`` under full replication, with its ensemble on (the A3 candidate computed):
+  Proposition 1, ``M(A*) <= (REF + delta)/(1 - tau)``;
   and, when the result's extras carry the candidate makespans, the exact ensemble rule
   ``M(A*) <= min(M(A_H), min_C M(C)/(1 - tau))``;
 * ``semi_matching`` with ``c = beta = b2 = 0`` and no traffic: Lemma 2,
@@ -108,11 +109,12 @@ def _certify_layer(problem, cost, shares, makespan, lower_bound, result, extras,
     if method == "round_robin" and full and extras.get("rule", "a3") == "a3":
         guarantee, main = "Theorem 2: M(A3) <= OPT + delta", (m, ref + delta)
     elif method == "tempo":
-        cands = [
-            float(extras[k])
+        cands_from = [
+            k
             for k in ("makespan_lp", "makespan_a3")
             if k in extras and math.isfinite(float(extras[k]))
         ]
+        cands = [float(extras[k]) for k in cands_from]
         if "makespan_heuristic" in extras:
             rule = min([float(extras["makespan_heuristic"])] + [c / (1 - tau) for c in cands])
             checks["Proposition 1: M(A*) <= min(M(A_H), min_C M(C)/(1-tau))"] = (
@@ -120,7 +122,9 @@ def _certify_layer(problem, cost, shares, makespan, lower_bound, result, extras,
                 rule,
                 _le(m, rule),
             )
-        if full:
+        # Proposition 1 bounds tempo through its A3 candidate: with the ensemble off
+        # (makespan_a3 is nan) only the universal checks apply.
+        if full and "makespan_a3" in cands_from:
             guarantee = "Proposition 1: M(A*) <= (OPT + delta)/(1 - tau)"
             main = (m, (ref + delta) / (1 - tau))
     elif method == "semi_matching" and cost.c == cost.beta == cost.b2 == 0 and not cost.has_traffic:

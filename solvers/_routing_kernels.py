@@ -133,6 +133,7 @@ __all__ = [
     "C_VLLM_START",
     "C_ADP_WAIT",
     "C_ADP_BATCH",
+    "C_BRS_BACKLOG",
     "N_CARRY",
     "ID_BR0",
     "ID_BRH",
@@ -235,6 +236,7 @@ C_CURSOR = 0  # round_robin: the replica to try first
 C_VLLM_START = 1  # vllm (rotating versions): where the next scan starts (eng_start_index)
 C_ADP_WAIT = 2  # trtllm_balance: iterations waited for every rank to have a new request
 C_ADP_BATCH = 3  # trtllm_balance: iterations of batching wait spent
+C_BRS_BACKLOG = 4  # brs: 1.0 while a backlog lasts (entered at patience, left when the pool fits)
 N_CARRY = 8
 
 #: Stable policy ids (``route_tick_kernel``'s ``policy_id``).
@@ -1855,9 +1857,18 @@ def brs_kernel(pool, reps, params, carry, seed):
     for i in range(n):
         if wait[i] > w_max:
             w_max = wait[i]
-    if w_max < params[P_PATIENCE]:
-        # Not saturated: nobody has waited long; JSQ's decision itself.
-        return jsq_kernel(pool, reps, params, carry, seed)
+    carry_out = carry.copy()
+    # The backlog: entered when some visible request has waited `patience` ticks, left when
+    # the visible pool fits in the free slots (the tick that fits still routes as BR-S).
+    backlog = w_max >= params[P_PATIENCE] or carry[C_BRS_BACKLOG] != 0.0
+    if n <= s_tot:
+        carry_out[C_BRS_BACKLOG] = 0.0
+    elif backlog:
+        carry_out[C_BRS_BACKLOG] = 1.0
+    if not backlog:
+        # No backlog: JSQ's decision itself.
+        j_out, _ = jsq_kernel(pool, reps, params, carry, seed)
+        return j_out, carry_out
     fitted = False
     if n <= s_tot:
         # Every visible request gets a slot: longest first, each onto JSQ's replica. If the
@@ -1968,7 +1979,7 @@ def brs_kernel(pool, reps, params, carry, seed):
         j_out, _ = jsq_kernel(pool, reps, params, carry, seed)
         if _post_imbalance(L0, s, j_out) <= _post_imbalance(L0, s, out):
             out = j_out
-    return out, carry.copy()
+    return out, carry_out
 
 
 def brs_reference(pool, reps, params, carry, seed):
@@ -1985,8 +1996,14 @@ def brs_reference(pool, reps, params, carry, seed):
     kv = [float(c) for c in reps.kv_capacity]
     kv_load, kv_run = list(L0), [int(r) for r in reps.n_running]
     out = [-1] * n
-    if n == 0 or max(wait) < float(params[P_PATIENCE]):
-        return jsq_reference(pool, reps, params, carry, seed)
+    carry_out = np.array(carry, dtype=np.float64)
+    backlog = n > 0 and max(wait) >= float(params[P_PATIENCE]) or float(carry[C_BRS_BACKLOG]) != 0
+    if n <= sum(cap):
+        carry_out[C_BRS_BACKLOG] = 0.0
+    elif backlog:
+        carry_out[C_BRS_BACKLOG] = 1.0
+    if not backlog:
+        return jsq_reference(pool, reps, params, carry, seed)[0], carry_out
 
     def fits(i, g):
         return cap[g] > 0 and kv_load[g] + s[i] + kv_run[g] + 1.0 <= kv[g]
@@ -2056,7 +2073,7 @@ def brs_reference(pool, reps, params, carry, seed):
 
         if post(j_out) <= post(out):
             out = j_out
-    return np.array(out, dtype=np.int64), np.array(carry, dtype=np.float64)
+    return np.array(out, dtype=np.int64), carry_out
 
 
 # --------------------------------------------------------------------------------------------

@@ -319,10 +319,14 @@ def route_batch(
     r"""Route one tick of ready requests to ``G`` lock-step decode replicas.
 
     BR-S (``policy="brs"``, the default, :data:`~straggler.solvers.DEFAULT_POLICY`; not in the
-    paper): JSQ's decision while the cluster is not saturated (no visible request has waited
-    ``patience`` ticks, default 32); otherwise, when every visible request has a slot, longest
-    first onto JSQ's replica; when slots are scarce, the replica with the largest margin takes,
-    from an age window, the request with the best F-score against its margin per free slot;
+    paper): JSQ's decision while there is no backlog. A backlog starts at the tick where some
+    visible request has waited ``patience`` ticks (default 128: longer than the bursts below
+    saturation, see ``benchmarks/routing_load_sweep.py``) and lasts, through
+    ``carry[C_BRS_BACKLOG]`` (pass ``extras["carry"]`` back), until a tick whose visible pool
+    fits in the free slots (that tick is still routed as a backlog one). In a backlog: when
+    every visible request has a slot, longest first onto JSQ's replica; when slots are
+    scarce, the replica with the largest margin takes, from an age window, the request with
+    the best F-score against its margin per free slot;
     the window holds the requests that entered the pool at most ``min(age_window,
     age_fraction * w*)`` ticks after the oldest waiting one (``w*``; defaults ``ceil(4096/G)``
     and 0.1), cut to the ``window * S_tot`` oldest (default 8 per free slot). Safety net

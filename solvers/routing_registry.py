@@ -270,10 +270,11 @@ OPTIONS: dict[str, PolicyOption] = {
         PolicyOption(
             "patience",
             _patience,
-            32,
+            128,
             ("params", K.P_PATIENCE),
-            "BR-S: route as JSQ unless some visible request has waited this many ticks (the "
-            "cluster is saturated)",
+            "BR-S: route as JSQ until some visible request has waited this many ticks (a "
+            "backlog, not a burst); the backlog lasts until the visible pool fits the free "
+            "slots",
         ),
         PolicyOption(
             "age_fraction",

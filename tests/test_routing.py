@@ -530,7 +530,8 @@ def test_R7_brs_never_leaves_a_larger_one_tick_imbalance_than_jsq(data, G, n):
         age_fraction=data.draw(st.sampled_from([0.1, 1.0])),
     )
     c = np.zeros(K.N_CARRY)
-    out = K.brs_kernel(pool, reps, p, c, 0)[0]
+    c[K.C_BRS_BACKLOG] = float(data.draw(st.booleans()))
+    out, c_out = K.brs_kernel(pool, reps, p, c, 0)
     jsq = K.jsq_reference(pool, reps, p, c, 0)[0]
     L = reps.loads[:, 0]
     i_brs = imbalance(apply_assignment(L, out, pool.prefill))
@@ -538,8 +539,14 @@ def test_R7_brs_never_leaves_a_larger_one_tick_imbalance_than_jsq(data, G, n):
     opt = best_tick_imbalance(pool.prefill, L, reps.free_slots)
     assert opt <= i_brs <= i_jsq
     assert (out >= 0).sum() == (jsq >= 0).sum() == min(n, int(reps.free_slots.sum()))
-    if n == 0 or pool.wait.max() < p[K.P_PATIENCE]:
+    calm = n == 0 or pool.wait.max() < p[K.P_PATIENCE]
+    if calm and c[K.C_BRS_BACKLOG] == 0.0:
         assert out.tolist() == jsq.tolist()
+    # the backlog flag: cleared when the visible pool fits, set while it is in a backlog
+    if n <= reps.free_slots.sum():
+        assert c_out[K.C_BRS_BACKLOG] == 0.0
+    else:
+        assert c_out[K.C_BRS_BACKLOG] == float(not calm or c[K.C_BRS_BACKLOG] != 0.0)
 
 
 @settings(max_examples=80)
@@ -564,7 +571,7 @@ def test_R8_brs_never_places_a_request_far_younger_than_one_it_leaves(data, G, n
 
 def test_brs_mechanisms_each_change_the_decision():
     """Each piece of BR-S matters on a small state: the age window, the count window, the
-    patience gate and the safety net."""
+    patience gate, the backlog carried across ticks and the safety net."""
     s = [9.0, 1.0, 5.0, 4.0]
     L = [20.0, 11.0, 15.0]
     free = [0, 1, 1]
@@ -583,6 +590,16 @@ def test_brs_mechanisms_each_change_the_decision():
     calm = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "patience": 13}), wait=waits)
     jsq = _run(K.jsq_kernel, s, L, free, make_params(), wait=waits)
     assert calm.tolist() == jsq.tolist() == [1, 2, -1, -1]
+    # a backlog carried from the previous tick: the same waits, routed as a backlog tick
+    c = np.zeros(K.N_CARRY)
+    c[K.C_BRS_BACKLOG] = 1.0
+    pool, reps = _state(s, L, free, wait=waits)
+    kept, c_out = K.brs_kernel(pool, reps, make_params(**{**kw, "patience": 13}), c, 0)
+    assert kept.tolist() == base.tolist() and c_out[K.C_BRS_BACKLOG] == 1.0
+    # ... and it ends at a tick whose pool fits in the free slots
+    pool, reps = _state(s[:2], L, free, wait=waits[:2])
+    _, c_out = K.brs_kernel(pool, reps, make_params(**{**kw, "patience": 13}), c, 0)
+    assert c_out[K.C_BRS_BACKLOG] == 0.0
     # the safety net: margin-first fills replica 1's margin of 1 with the 1-token request and
     # puts 5 on the top replica (I = 5); JSQ's decision leaves I = 3, so it is kept
     s2, L2, free2, w2 = [5.0, 1.0, 6.0], [15.0, 14.0], [1, 1], [4, 2, 1]

@@ -4,8 +4,8 @@ Every configuration is timed in one run, side by side, through the public
 ``straggler.solvers.route_batch`` (validation and result object included; BR-0, BR-H, JSQ and
 BR-S interleaved call by call, so their ratios see the same machine load), plus the bare BR-0
 kernel and the plain-Python reference ``br0_reference`` on the same states. BR-S (the default)
-is timed twice: with no pool waits (JSQ's path) and with every request waiting >= 40 ticks (its
-saturated path).
+is timed twice: with no pool waits (JSQ's path) and with every request waiting at least its
+default ``patience`` ticks (its backlog path).
 
 States: ``G`` replicas with 32 running requests each (prompt lengths from the Azure 2023
 conversation trace when ``../shared/data/traces`` is present, else a lognormal fitted to it:
@@ -34,6 +34,9 @@ import time
 import numpy as np
 from straggler.solvers import _routing_kernels as K
 from straggler.solvers.routing import make_params, route_batch
+from straggler.solvers.routing_registry import OPTIONS
+
+PATIENCE = int(OPTIONS["patience"].default)  # BR-S's backlog threshold (ticks)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "route_tick.json"
 TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
@@ -135,7 +138,7 @@ def main(argv=None) -> dict:
                 (s, L[:, None] + np.linspace(0, -0.5, 81)[None, :] * L[:, None], f)
                 for s, L, f in states
             ]
-            waits = [(s, L, f, np.arange(s.size)[::-1] + 40) for s, L, f in states]
+            waits = [(s, L, f, np.arange(s.size)[::-1] + PATIENCE) for s, L, f in states]
             res = timeit_together(
                 {
                     "br0": (lambda s, L, f: route_batch(s, L, f, policy="br0"), states),

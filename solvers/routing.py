@@ -476,8 +476,8 @@ def route_batch(
     >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], policy="br0")
     >>> d.assignment.tolist(), d.imbalance_before, d.imbalance, d.stage
     ([1, 0, 2], 9.0, 4.0, 2)
-    >>> d = route_batch([6, 2, 3], [10, 4, 7], [0, 1, 1], pool_wait=[40, 40, 39])
-    >>> d.policy, d.assignment.tolist(), d.imbalance  # saturated: margins 6 and 3 filled
+    >>> d = route_batch([6, 2, 3], [10, 4, 7], [0, 1, 1], pool_wait=[140, 140, 139])
+    >>> d.policy, d.assignment.tolist(), d.imbalance  # a backlog: margins 6 and 3 filled
     ('brs', [1, -1, 2], 0.0)
     >>> route_batch([6, 2, 3], [10, 4, 7], [0, 1, 1], policy="jsq").imbalance
     1.0

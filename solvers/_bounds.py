@@ -81,6 +81,17 @@ def coupling_bound_kernel(counts, replicas, params, best):
             m += 1
     if m == 0:
         return best
+    K = (m + g - 1) // g
+    # every expert whole (j = 1) at the least K: when that already gives at most best, the
+    # minimum over K does too, and no heap is needed
+    top = 0
+    for i in range(1, m):
+        if n[i] > n[top]:
+            top = i
+    fl = a + b * K
+    u = n[top] / 1
+    if max(fl, max(c + beta * u, c2 + gamma * u)) <= best:
+        return best
     j = np.ones(m, np.int64)
     heap = np.arange(m)  # max-heap of experts by their piece n / j
     for start in range(m // 2 - 1, -1, -1):
@@ -96,7 +107,6 @@ def coupling_bound_kernel(counts, replicas, params, best):
             heap[p], heap[ch] = heap[ch], heap[p]
             p = ch
     pieces = m
-    K = (m + g - 1) // g
     result = np.inf
     while True:
         fl = a + b * K

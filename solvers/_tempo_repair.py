@@ -2,22 +2,16 @@
 
 Private module used by :mod:`straggler.solvers.tempo`. When tempo's makespan is more than a
 threshold above its certified lower bound, :func:`repair_layer` spends at most a budget of
-seconds on two exact steps, built from the library's own MILP pieces
-(:func:`~straggler.formulations.dispatch_milp.build_dispatch_milp` and the HiGHS backend
-:func:`~straggler.solvers.highs.solve_milp`, unchanged):
+seconds on the layer's exact MILP, built from the library's own pieces
+(:func:`~straggler.formulations.dispatch_milp.build_dispatch_milp`, tightened, with the
+current makespan as upper bound, and the HiGHS backend
+:func:`~straggler.solvers.highs.solve_milp`, unchanged), warm-started with tempo's shares.
+Its dual bound is a certified lower bound on the optimum (the model keeps every dispatch at
+or below its upper bound, hence every optimum).
 
-1. **Bottleneck neighbourhood.** ``S`` is the set of GPUs at the makespan together with
-   every GPU holding a replica of an expert that has tokens on them. The sub-problem keeps
-   the shares outside ``S`` fixed and re-dispatches, over ``S`` only, each expert's tokens
-   that lie in ``S``: a :class:`~straggler.formulations.DispatchProblem` on the GPUs of
-   ``S`` (a GPU's time depends only on its own shares, so the sub-problem is exact for
-   them). Its MILP is warm-started with the current shares and bounded above by the
-   current makespan; an improvement is taken and the step repeats on the new bottleneck,
-   while half the budget lasts and the neighbourhood is new and smaller than the layer.
-2. **The whole layer**, with what is left of the budget: the same MILP on all GPUs,
-   warm-started with the best shares so far. Its dual bound is a certified lower bound on
-   the optimum (the model keeps every dispatch at or below its upper bound, hence every
-   optimum).
+(A first step on the GPUs that set the makespan alone, the other shares fixed, was measured
+on the families of ``benchmarks/tempo_quality.py``: it never improved a layer that the whole
+MILP did not, and cost time, so the whole layer gets the budget.)
 
 MILP shares are fractional; each is turned into whole tokens by largest remainders (every
 share rounds to its floor or ceiling, so no tile count grows and a share below one token
@@ -60,10 +54,8 @@ class Repair(NamedTuple):
     lower_bound: float
     """The input bound, raised to the whole-layer MILP's dual bound when it has one."""
     status: str
-    """``"optimal"`` (the whole-layer MILP proved its optimum), ``"improved"`` or
+    """``"optimal"`` (the MILP proved its optimum within the budget), ``"improved"`` or
     ``"unchanged"``."""
-    sub_solves: int
-    """Bottleneck-neighbourhood MILPs solved."""
     runtime_s: float
 
 
@@ -103,14 +95,6 @@ def _times(problem, cost, x):
     return np.asarray(evaluate(problem, cost, x).times, dtype=float)
 
 
-def _neighbourhood(problem, x, times):
-    """The GPUs at the makespan and every GPU holding a replica of an expert on them."""
-    m = times.max()
-    at_m = times >= m * (1 - 1e-12)
-    experts = (x[:, at_m] > 0).any(axis=1)
-    return np.flatnonzero(at_m | problem.replicas[experts].any(axis=0))
-
-
 def _milp(problem, cost, x, ub, time_limit):
     """The tightened MILP of ``problem`` warm-started with whole-token ``x`` (makespan ub)."""
     model = build_dispatch_milp(problem, cost, tightened=True, upper_bound=ub)
@@ -123,24 +107,6 @@ def _milp(problem, cost, x, ub, time_limit):
     )
 
 
-def _sub_step(problem, cost, x, S, time_limit):
-    """Re-dispatch the tokens inside GPU set S over S; whole-token result or None."""
-    inside = np.zeros(problem.n_gpus, bool)
-    inside[S] = True
-    live = (problem.counts > 0) & problem.replicas[:, S].any(axis=1)
-    F = np.flatnonzero(live)
-    counts = x[F][:, S].sum(axis=1)
-    sub = DispatchProblem(counts=counts, replicas=problem.replicas[F][:, S])
-    xs = x[F][:, S]
-    ub = float(evaluate(sub, cost, xs).makespan)
-    model, sol = _milp(sub, cost, xs, ub, time_limit)
-    if sol.x is None:
-        return None
-    y = x.copy()
-    y[np.ix_(F, S)] = whole_tokens(sub, cost, model.decode(sol.x))
-    return y
-
-
 def repair_layer(
     problem: DispatchProblem,
     cost: CostModel,
@@ -149,7 +115,9 @@ def repair_layer(
     budget_s: float,
     lower_bound: float,
 ) -> Repair:
-    """Repair one layer's whole-token dispatch within ``budget_s`` seconds (module notes).
+    """Repair one layer's whole-token dispatch within ``budget_s`` seconds (module notes):
+    the returned shares are the input's unless the MILP found a strictly better whole-token
+    dispatch; the bound is the input's, raised to the MILP's dual bound.
 
     Examples
     --------
@@ -164,39 +132,20 @@ def repair_layer(
     (20.0, 'optimal', 20.0)
     """
     t0 = time.perf_counter()
-    deadline = t0 + float(budget_s)
     x = np.asarray(shares, dtype=np.int64).copy()
-    times = _times(problem, cost, x)
-    m0 = best = float(times.max())
+    best = float(_times(problem, cost, x).max())
     lb = float(lower_bound)
-    n_sub = 0
-    seen = set()
-    while time.perf_counter() < t0 + 0.5 * budget_s:
-        S = _neighbourhood(problem, x, times)
-        key = S.tobytes()
-        if S.size >= problem.n_gpus or key in seen:
-            break
-        seen.add(key)
-        y = _sub_step(problem, cost, x, S, t0 + 0.5 * budget_s - time.perf_counter())
-        n_sub += 1
-        if y is None:
-            break
-        ty = _times(problem, cost, y)
-        if ty.max() >= best:
-            break
-        x, times, best = y, ty, float(ty.max())
-    status = "improved" if best < m0 else "unchanged"
-    left = deadline - time.perf_counter()
-    if left > 0 and best > lb:
-        model, sol = _milp(problem, cost, x, best, left)
+    status = "unchanged"
+    if best > lb:
+        model, sol = _milp(problem, cost, x, best, float(budget_s))
         if math.isfinite(sol.dual_bound):
             # (less a relative 1e-9: HiGHS's bound carries its feasibility tolerances)
             lb = max(lb, min(float(sol.dual_bound) * (1 - DUAL_RTOL), best))
         if sol.x is not None:
             y = whole_tokens(problem, cost, model.decode(sol.x))
-            ty = _times(problem, cost, y)
-            if ty.max() < best:
-                x, best, status = y, float(ty.max()), "improved"
+            m = float(_times(problem, cost, y).max())
+            if m < best:
+                x, best, status = y, m, "improved"
         if sol.status is Status.OPTIMAL:
             status = "optimal"
     return Repair(
@@ -204,6 +153,5 @@ def repair_layer(
         makespan=best,
         lower_bound=min(lb, best),
         status=status,
-        sub_solves=n_sub,
         runtime_s=time.perf_counter() - t0,
     )

@@ -93,11 +93,11 @@ cost model.
    meets the certified bound (nothing can be lower). ``extras["makespan_stage4"]`` is the
    makespan before it and ``extras["rebalanced"]`` says whether it applied.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
-   makespan is more than ``repair_gap`` (relative) above the certified lower bound, at most
-   ``repair_budget_s`` seconds go to warm-started MILPs: first on the GPUs that set the
-   makespan and their replica neighbours (the other shares fixed), then on the whole layer
-   (:mod:`straggler.solvers._tempo_repair`); whole tokens again, taken only when strictly
-   better, and the whole-layer MILP's dual bound raises the reported lower bound. Extras:
+   makespan is more than ``repair_gap`` (relative) above the certified lower bound (the
+   cheap one first, then the full :func:`~straggler.solvers.certified_lower_bound`), at
+   most ``repair_budget_s`` seconds go to the layer's MILP warm-started with tempo's shares
+   (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
+   only when strictly better, and its dual bound raises the reported lower bound. Extras:
    ``repaired`` (the repair ran), ``repair_status`` (``"optimal"``, ``"improved"``,
    ``"unchanged"``, or ``"off"``/``"not needed"``), ``makespan_before_repair``,
    ``repair_gain`` (makespan drop), ``repair_bound_gain`` (bound rise),
@@ -279,7 +279,7 @@ class Tempo:
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
         Iteration cap of each local search.
-    repair_budget_s : float >= 0, default 0.05
+    repair_budget_s : float >= 0, default 0.2
         Seconds of bounded exact repair per layer whose gap exceeds ``repair_gap``
         (0: off).
     repair_gap : float >= 0, default 0.001
@@ -314,7 +314,7 @@ class Tempo:
     rebalance: bool = True
     tau: float = 0.01
     max_iter: int = 300
-    repair_budget_s: float = 0.05
+    repair_budget_s: float = 0.2
     repair_gap: float = 0.001
 
     def __post_init__(self) -> None:

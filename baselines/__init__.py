@@ -1,13 +1,18 @@
 """The policies production deploys, one interface each (registered by name on import)."""
 
 from . import (
+    dynamic,  # noqa: F401
     llep,  # noqa: F401
+    lplb,  # noqa: F401
     metro,  # noqa: F401
     moonep,  # noqa: F401
     static,  # noqa: F401
     token_lp,  # noqa: F401
     uniform,  # noqa: F401
+    vllm_ep,  # noqa: F401
 )
 from .eplb import rebalance_experts
+from .flashlb import flashlb_rebalance
+from .tokens import TokenLayout, token_layout
 
-__all__: list[str] = ["rebalance_experts"]
+__all__: list[str] = ["rebalance_experts", "flashlb_rebalance", "TokenLayout", "token_layout"]

@@ -1,26 +1,55 @@
 """``llep``: least-loaded expert parallelism restricted to existing replicas (LLEP-R).
 
-LLEP (Nguyen et al., Salesforce AI Research; ``compute_llep_lpt_plan`` in its public code)
-caps every GPU at ``max_tokens_factor * (N // g)`` tokens, visits experts by descending
-count (LPT order), keeps what fits on the expert's native GPU and spills the rest to the
-GPUs with the least *effective* load (tokens already assigned plus the native load of
-experts not yet visited), never in a chunk under ``min_tokens_per_gemm`` except the
-remainder. The original moves weights to any helper GPU; LLEP-R spills only to GPUs that
-already hold a replica, so no weight moves and the result lies on the replica mask.
+Upstream: SalesforceAIResearch/LeastLoadedEP (Nguyen et al., "Least-Loaded Expert
+Parallelism", 2026), ``llep/gpt_oss_llep.py``: ``compute_llep_lpt_plan`` caps every GPU at
+``max_tokens_factor * (N // g)`` tokens, visits experts by descending count (LPT order),
+keeps what fits on the expert's native GPU and spills the rest to the GPUs with the least
+*effective* load (tokens already assigned plus the native load of experts not yet
+visited), never in a chunk under ``min_tokens_per_gemm`` except the remainder. The
+**adaptive gate** (``MOE_ADAPTIVE_LPT_ROUTING_RATIO``, 1.3 in the README's run;
+``compute_gpu_imbalance_ratio``): the plan runs only when the native GPU loads' max/mean
+is at least the threshold; below it, standard EP (every expert on its native GPU). The
+code's default, the variable unset, always plans (``threshold=None`` here).
+
+The original moves weights to any helper GPU; LLEP-R spills only to GPUs that already hold
+a replica, so no weight moves and the result lies on the replica mask.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.errors import InvalidOptionError
+from ..formulations.validation import check_array, check_int, check_real
 from ..solvers.registry import LayerSolution, register_dispatch_method
 
-__all__ = ["LLEP", "llep_plan"]
+__all__ = ["LLEP", "llep_plan", "native_imbalance", "LLEP_THRESHOLD"]
+
+#: The gate of LLEP's README run (``MOE_ADAPTIVE_LPT_ROUTING_RATIO=1.3``).
+LLEP_THRESHOLD = 1.3
+
+
+def native_imbalance(counts, replicas) -> float:
+    """``compute_gpu_imbalance_ratio``: max/mean of the GPU loads when every expert stays on
+    its native GPU (here its lowest-index replica GPU); 1.0 when the batch is empty.
+
+    Examples
+    --------
+    >>> native_imbalance(np.array([9, 3, 2, 2]), np.ones((4, 2), bool))
+    2.0
+    """
+    func = "native_imbalance"
+    replicas = check_array(replicas, "replicas", func, kind="bool", ndim=2)
+    counts = check_array(
+        counts, "counts", func, kind="int", ndim=1, lo=0, shape=(replicas.shape[0],)
+    )
+    has = replicas.any(axis=1)
+    native = replicas.argmax(axis=1)
+    loads = np.bincount(native[has], weights=counts[has], minlength=replicas.shape[1])
+    mean = loads.mean()
+    return 1.0 if mean == 0 else float(loads.max() / mean)
 
 
 def llep_plan(counts, replicas, *, cap_factor: float = 1.1, min_chunk: int = 1024):
@@ -135,10 +164,18 @@ def llep_plan(counts, replicas, *, cap_factor: float = 1.1, min_chunk: int = 102
     return shares, cap
 
 
+def _llep_iv(method) -> None:
+    func = "solve_dispatch(method='llep')"
+    check_real(method.cap_factor, "cap_factor", func, lo=0, lo_open=True)
+    check_int(method.min_chunk, "min_chunk", func, lo=1)
+    if method.threshold is not None:
+        check_real(method.threshold, "threshold", func, lo=0)
+
+
 @register_dispatch_method("llep")
 @dataclass(frozen=True, kw_only=True)
 class LLEP:
-    """Least-loaded spill over existing replicas with a token cap (LLEP-R).
+    """Least-loaded spill over existing replicas with a token cap (LLEP-R), behind its gate.
 
     Parameters
     ----------
@@ -148,12 +185,17 @@ class LLEP:
     min_chunk : int, default 1024
         LLEP's ``min_tokens_per_gemm``: no spilled chunk smaller than this, except the
         expert's last remainder.
+    threshold : float or None, default 1.3
+        The adaptive gate: plan only when :func:`native_imbalance` ``>= threshold``,
+        otherwise keep every expert on its native GPU (LLEP's standard-EP path). None
+        always plans (the code's default when the variable is unset).
 
     Notes
     -----
     See :func:`llep_plan` for every step and tie-break. When nothing fits, the remainder
     goes to the helper replica with the least effective load (over the cap), and an expert
     with a single replica stays whole on it. Whole tokens. ``O(E * g log g)``.
+    ``extras["planned"]`` says whether the gate let the plan run.
 
     References
     ----------
@@ -169,31 +211,32 @@ class LLEP:
     >>> r = solve_dispatch(p, cost, method="llep", min_chunk=1)
     >>> r.extras["cap"], r.shares.sum(axis=0).tolist(), r.makespan
     (429, [429.0, 351.0], 105.0)
+    >>> q = DispatchProblem(counts=[5, 4], replicas=np.ones((2, 2), bool))  # 9/4.5 = 2 >= 1.3
+    >>> solve_dispatch(q, cost, method="llep", min_chunk=1, threshold=2.5).extras["planned"]
+    False
     """
 
     cap_factor: float = 1.1
     min_chunk: int = 1024
+    threshold: float | None = LLEP_THRESHOLD
 
     def __post_init__(self) -> None:
-        ok = isinstance(self.cap_factor, Real) and not isinstance(self.cap_factor, bool)
-        if not ok or not (0 < float(self.cap_factor) < float("inf")):
-            raise InvalidOptionError(
-                "The 'cap_factor' option of the llep method must be a positive finite number. "
-                f"Got {self.cap_factor!r} instead."
-            )
-        ok = isinstance(self.min_chunk, Integral) and not isinstance(self.min_chunk, bool)
-        if not ok or self.min_chunk < 1:
-            raise InvalidOptionError(
-                "The 'min_chunk' option of the llep method must be a positive integer. "
-                f"Got {self.min_chunk!r} instead."
-            )
+        _llep_iv(self)
 
     def solve(self, problem: DispatchProblem, cost, *, time_limit=None, rng=None) -> LayerSolution:
         """Dispatch one layer (see the class docstring)."""
-        shares, cap = llep_plan(
-            problem.counts,
-            problem.replicas,
-            cap_factor=float(self.cap_factor),
-            min_chunk=int(self.min_chunk),
-        )
-        return LayerSolution(shares=shares.astype(float), extras={"cap": cap})
+        n, rep = problem.counts, problem.replicas
+        ratio = native_imbalance(n, rep)
+        planned = self.threshold is None or ratio >= float(self.threshold)
+        if planned:
+            shares, cap = llep_plan(
+                n, rep, cap_factor=float(self.cap_factor), min_chunk=int(self.min_chunk)
+            )
+        else:
+            shares = np.zeros(rep.shape, dtype=np.int64)
+            has = rep.any(axis=1)
+            native = rep.argmax(axis=1)
+            shares[np.flatnonzero(has), native[has]] = n[has]
+            cap = None
+        extras = {"cap": cap, "planned": planned, "imbalance": ratio}
+        return LayerSolution(shares=shares.astype(float), extras=extras)

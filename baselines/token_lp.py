@@ -1,8 +1,21 @@
-"""``token_lp``: LPLB's per-batch objective (Lemma 1), solved exactly with HiGHS.
+"""``token_lp`` and ``sglang_lp``: the token LP (Lemma 1), exact and as SGLang realises it.
 
-LPLB (deepseek-ai/LPLB) balances token counts only: ``min max_g N_g`` over the replicas,
-ignoring the activation cost. Optionally each expert is restricted to at most two copies
-along one of LPLB's fixed replica graphs, as its redundant experts are.
+``token_lp`` solves ``min max_g N_g`` over the instance's replicas exactly with HiGHS: the
+objective of LPLB and of SGLang's ``lp`` dispatch, at its optimum, shares used as solved.
+
+``sglang_lp`` is SGLang's ``--ep-dispatch-algorithm lp`` (sgl-project/sglang PR #24515; the
+LP built from ``lplb`` in SGLang's kernels and ``expert_location_dispatch.py``,
+``_topk_ids_logical_to_physical_probability``): the same min-max LP over every replica of
+the EPLB placement, turned into per-replica probabilities ``x[e, g] / n[e]``, and then
+**every token sampled** from them (a fused CUDA kernel). The realised split is a
+multinomial draw around the LP's, not the LP's: an expert's tokens scatter over all its
+replicas with positive mass, and per-GPU token counts deviate from the optimum by the
+sampling noise.
+
+LPLB itself (its own placement, shared ratios, IPM, token map) is ``method="lplb"``
+(:mod:`straggler.baselines.lplb`). ``token_lp(topology=...)`` only restricts the
+instance's EPLB replicas to LPLB's graph; it is kept for that ablation and is **not**
+LPLB's placement.
 """
 
 from __future__ import annotations
@@ -12,98 +25,31 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.errors import InvalidInputError, InvalidOptionError
 from ..formulations.results import Status
+from ..formulations.validation import check_choice, check_rng
 from ..solvers.exact import solve_token_lp
 from ..solvers.registry import LayerSolution, register_dispatch_method
+from .lplb import TOPOLOGIES, topology_r2o
 
-__all__ = ["TokenLP", "TOPOLOGIES", "topology_r2o", "restrict_to_topology"]
-
-TOPOLOGIES = ("ring", "cube", "hypercube", "torus")
-
-#: LPLB README's example ``r2o`` for one 8-GPU group (``r2o[r, j]``: the GPU whose
-#: original expert the ``j``-th redundant slot of GPU ``r`` replicates).
-_CUBE8 = np.array([[3, 0, 1, 2, 7, 4, 5, 6], [6, 7, 4, 5, 0, 1, 2, 3]]).T
-
-
-def topology_r2o(topology: str, n_gpus: int, gpu_node=None) -> np.ndarray:
-    """LPLB's redundant-to-original map ``r2o`` of shape ``(n_gpus, k)`` for a topology.
-
-    * ``"ring"`` (any ``n_gpus >= 2``): GPU ``r`` replicates GPU ``r - 1``'s expert (k = 1);
-    * ``"cube"`` (``n_gpus`` a multiple of 8): per 8-GPU group, the ``r2o`` example of LPLB's
-      README (k = 2, a cube with diagonal edges);
-    * ``"hypercube"`` (``n_gpus == 16``): ``r2o[r, j] = r XOR 2**j``, ``j < 4`` (no diagonals);
-    * ``"torus"`` (``gpu_node`` with at least 2 nodes of equal size at least 2, GPUs of a
-      node contiguous): one neighbour in the same node (local rank ``- 1``) and one on the
-      previous node (same local rank), k = 2.
-
-    Raises
-    ------
-    InvalidInputError
-        A topology the GPU count (or nodes) does not fit.
-
-    Examples
-    --------
-    >>> topology_r2o("ring", 3).ravel().tolist()
-    [2, 0, 1]
-    >>> topology_r2o("cube", 8)[0].tolist()
-    [3, 6]
-    """
-    func = "token_lp"
-    g = int(n_gpus)
-    if topology == "ring":
-        if g < 2:
-            raise InvalidInputError(f"The 'ring' topology of {func} needs >= 2 GPUs; got {g}.")
-        return ((np.arange(g) - 1) % g)[:, None]
-    if topology == "cube":
-        if g % 8:
-            raise InvalidInputError(
-                f"The 'cube' topology of {func} needs a multiple of 8 GPUs; got {g}."
-            )
-        base = (np.arange(g) // 8 * 8)[:, None]
-        return base + _CUBE8[np.arange(g) % 8]
-    if topology == "hypercube":
-        if g != 16:
-            raise InvalidInputError(f"The 'hypercube' topology of {func} needs 16 GPUs; got {g}.")
-        return np.arange(16)[:, None] ^ (1 << np.arange(4))[None, :]
-    if topology == "torus":
-        node = None if gpu_node is None else np.asarray(gpu_node)
-        if node is None:
-            raise InvalidInputError(f"The 'torus' topology of {func} needs the problem's gpu_node.")
-        nodes, sizes = np.unique(node, return_counts=True)
-        m = int(sizes[0])
-        contiguous = np.array_equal(node, np.repeat(nodes, m))
-        if nodes.size < 2 or m < 2 or (sizes != m).any() or not contiguous:
-            raise InvalidInputError(
-                f"The 'torus' topology of {func} needs >= 2 nodes of equal size >= 2 with "
-                f"contiguous GPUs. Got gpu_node={node.tolist()} instead."
-            )
-        r = np.arange(g)
-        local, nd = r % m, r // m
-        same = nd * m + (local - 1) % m
-        other = ((nd - 1) % nodes.size) * m + local
-        return np.stack([same, other], axis=1)
-    raise InvalidOptionError(
-        f"The 'topology' parameter of {func} must be None or one of {list(TOPOLOGIES)}. "
-        f"Got {topology!r} instead."
-    )
+__all__ = ["TokenLP", "SGLangLP", "TOPOLOGIES", "topology_r2o", "restrict_to_topology"]
 
 
 def restrict_to_topology(problem: DispatchProblem, topology: str) -> np.ndarray:
-    """The replica mask LPLB's graph allows: each expert on at most two GPUs.
+    """The instance's replica mask cut down to LPLB's graph: each expert on at most two GPUs.
 
     An expert's original GPU is its lowest-index replica GPU ``o``; its one redundant copy
-    may sit on a GPU ``r`` with ``o`` in ``r2o[r]`` (an edge of the graph) that holds a
-    replica in the instance's mask; the first such ``r`` in column order ``j``, then GPU
-    order, is kept. Other replicas are dropped.
+    may sit on a GPU ``r`` with ``o`` in ``r2o[r]`` (:func:`~straggler.baselines.lplb.
+    topology_r2o`, upstream's graphs) that holds a replica in the mask; the first such
+    ``r`` in column order, then GPU order, is kept. Other replicas are dropped. This is not
+    LPLB's placement (which copies each GPU's hottest experts, see ``method="lplb"``).
 
     Examples
     --------
     >>> p = DispatchProblem(counts=[4, 1, 1], replicas=np.ones((3, 3), bool))
     >>> restrict_to_topology(p, "ring").astype(int).tolist()
-    [[1, 1, 0], [1, 1, 0], [1, 1, 0]]
+    [[1, 0, 1], [1, 0, 1], [1, 0, 1]]
     """
-    r2o = topology_r2o(topology, problem.n_gpus, problem.gpu_node)
+    r2o = topology_r2o(topology, problem.n_gpus, problem.gpu_node, func="token_lp")
     rep = problem.replicas
     out = np.zeros_like(rep)
     for e in range(problem.n_experts):
@@ -121,40 +67,41 @@ def restrict_to_topology(problem: DispatchProblem, topology: str) -> np.ndarray:
     return out
 
 
+def _token_lp_iv(method) -> None:
+    if method.topology is not None:
+        check_choice(method.topology, "topology", "solve_dispatch(method='token_lp')", TOPOLOGIES)
+
+
 @register_dispatch_method("token_lp")
 @dataclass(frozen=True)
 class TokenLP:
-    """LPLB: minimize the largest per-GPU token count (Lemma 1), exactly.
+    """The token LP ``min max_g N_g`` (Lemma 1), exactly, shares as solved.
 
     Parameters
     ----------
     topology : {None, "ring", "cube", "hypercube", "torus"}
         None uses every replica of the instance; otherwise each expert keeps at most two
-        copies along LPLB's graph (:func:`restrict_to_topology`).
+        copies along LPLB's graph (:func:`restrict_to_topology`, an ablation; LPLB itself is
+        ``method="lplb"``).
 
     Notes
     -----
     Status is HEURISTIC: the LP is exact for its own objective, not for the makespan (it
     ignores the activation cost ``b``). Shares are cleaned by the LP decoder (no share
-    below ``1e-9 n_e``, exact conservation). LPLB's own solver runs a few interior-point
-    steps on the GPU and falls back to a 50/50 split on failure; this baseline solves the
-    LP to optimality, i.e. it is LPLB at its best.
+    below ``1e-9 n_e``, exact conservation) and fractional.
 
     References
     ----------
-    TEMPO Lemma 1; deepseek-ai/LPLB README ("How LPLB works", "Typical topologies").
+    TEMPO Lemma 1; deepseek-ai/LPLB README; sgl-project/sglang PR #24515.
     """
 
     topology: str | None = None
 
     def __post_init__(self) -> None:
-        if self.topology is not None and self.topology not in TOPOLOGIES:
-            raise InvalidOptionError(
-                "The 'topology' parameter of solve_dispatch(method='token_lp') must be None or "
-                f"one of {list(TOPOLOGIES)}. Got {self.topology!r} instead."
-            )
+        _token_lp_iv(self)
 
     def solve(self, problem, cost, *, time_limit, rng) -> LayerSolution:
+        """Dispatch one layer (see the class docstring)."""
         sub = problem
         if self.topology is not None:
             sub = DispatchProblem(
@@ -168,3 +115,61 @@ class TokenLP:
             status=Status.HEURISTIC,
             extras={"max_tokens": value, "topology": self.topology},
         )
+
+
+def sglang_lp_sample(counts, lp_shares, rng) -> np.ndarray:
+    """Every token of expert ``e`` drawn from the replica probabilities ``x[e] / n[e]``:
+    ``shares[e] ~ Multinomial(n[e], x[e] / n[e])`` (i.i.d. per token, so per-token draws
+    and one multinomial per expert have the same law).
+
+    Examples
+    --------
+    >>> x = sglang_lp_sample([4, 0], np.array([[4.0, 0.0], [0.0, 0.0]]), np.random.default_rng(0))
+    >>> x.tolist()
+    [[4.0, 0.0], [0.0, 0.0]]
+    """
+    n = np.asarray(counts, dtype=np.int64)
+    x = np.asarray(lp_shares, dtype=float)
+    out = np.zeros(x.shape, dtype=float)
+    for e in np.flatnonzero(n > 0):
+        p = np.clip(x[e], 0.0, None)
+        p = p / p.sum()
+        out[e] = rng.multinomial(int(n[e]), p)
+    return out
+
+
+@register_dispatch_method("sglang_lp")
+@dataclass(frozen=True)
+class SGLangLP:
+    """SGLang's ``lp`` dispatch: the token LP's optimum, realised by per-token sampling.
+
+    Notes
+    -----
+    The LP is solved exactly (HiGHS; SGLang's GPU solver is approximate), over the
+    instance's replica GPUs (several replicas of one expert on one GPU are one LP column
+    here: they carry the same GPU load). The draws come from the ``rng`` of
+    :func:`~straggler.solvers.solve_dispatch`. ``extras["lp_max_tokens"]`` is the LP's
+    value, ``extras["max_tokens"]`` the realised one.
+
+    References
+    ----------
+    ANCHORS.md ("SGLang ... lp (#24515)"); TEMPO §5.9, §5.12.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from straggler.formulations import CostModel, DispatchProblem
+    >>> from straggler.solvers import solve_dispatch
+    >>> p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    >>> r = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method="sglang_lp", rng=0)
+    >>> r.extras["lp_max_tokens"], r.shares.sum() == 780, (r.shares == r.shares.round()).all()
+    (390.0, np.True_, np.True_)
+    """
+
+    def solve(self, problem, cost, *, time_limit, rng) -> LayerSolution:
+        """Dispatch one layer (see the class docstring)."""
+        lp, value = solve_token_lp(problem, cost, time_limit=time_limit)
+        gen = check_rng(rng, "solve_dispatch(method='sglang_lp')")
+        shares = sglang_lp_sample(problem.counts, lp, gen)
+        realised = float(shares.sum(axis=0).max(initial=0.0))
+        return LayerSolution(shares=shares, extras={"lp_max_tokens": value, "max_tokens": realised})

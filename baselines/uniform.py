@@ -1,10 +1,11 @@
-"""``uniform``: EPLB's even split of every expert's tokens over its replicas.
+"""``uniform``: EPLB's load model, every expert's tokens split evenly over its replicas.
 
-DeepSeek's EPLB places replicas assuming each replica of expert ``e`` receives
-``n_e / r_e`` tokens, and the dispatchers that ship with it split that way per token:
-vLLM sends token ``position`` to replica ``position % replica_count``; SGLang's ``dynamic``
-draws a uniformly random replica per token (even in expectation). TEMPO calls the policy
-"EPLB-even" (§3.2, Fig. 6) and "uni" (Table 10).
+DeepSeek's EPLB (deepseek-ai/EPLB ``eplb.py``, 2025) places replicas assuming each replica
+of expert ``e`` receives ``n_e / r_e`` tokens. TEMPO calls that split "EPLB-even" (§3.2,
+Fig. 6) and "uni" (Table 10). It is the **model** the placement assumes, not an engine's
+dispatcher: the engines realise it token by token and only approximately, see
+``sglang_dynamic`` (a random replica per token, same GPU first since SGLang #10874) and
+``vllm_ep`` (``flat_index % count``, then a hash of the token index since vLLM #40810).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.errors import InvalidOptionError
+from ..formulations.validation import check_bool
 from ..solvers.registry import LayerSolution, register_dispatch_method
 
 __all__ = ["UniformSplit", "even_integer_split"]
@@ -23,9 +24,8 @@ __all__ = ["UniformSplit", "even_integer_split"]
 def even_integer_split(n: int, k: int) -> np.ndarray:
     """Split ``n`` whole tokens into ``k`` parts as evenly as possible.
 
-    The first ``n % k`` parts get ``n // k + 1`` tokens, the others ``n // k``: the split a
-    token-position rule such as vLLM's ``position % replica_count`` produces when the
-    expert's tokens occupy consecutive positions.
+    The first ``n % k`` parts get ``n // k + 1`` tokens, the others ``n // k``: the
+    whole-token version of the even split.
 
     Examples
     --------
@@ -48,12 +48,11 @@ class UniformSplit:
     Parameters
     ----------
     integer : bool, default True
-        Whole tokens, as the real per-token dispatchers produce them: an expert with ``n``
-        tokens and ``r`` replicas gives ``n // r + 1`` tokens to its first ``n % r``
-        replica GPUs (in increasing GPU index) and ``n // r`` to the others; a replica that
-        gets no token is not activated. With ``False``, the fluid split ``n / r`` of the
-        EPLB load model: every replica of an expert with tokens is activated, however few
-        tokens it has (TEMPO's "EPLB-even").
+        Whole tokens: an expert with ``n`` tokens and ``r`` replicas gives ``n // r + 1``
+        tokens to its first ``n % r`` replica GPUs (in increasing GPU index) and ``n // r``
+        to the others; a replica that gets no token is not activated. With ``False``, the
+        fluid split ``n / r`` of the EPLB load model: every replica of an expert with
+        tokens is activated, however few tokens it has (TEMPO's "EPLB-even").
 
     Notes
     -----
@@ -88,11 +87,7 @@ class UniformSplit:
     integer: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.integer, (bool, np.bool_)):
-            raise InvalidOptionError(
-                "The 'integer' option of the uniform method must be a bool. "
-                f"Got {self.integer!r} instead."
-            )
+        check_bool(self.integer, "integer", "solve_dispatch(method='uniform')")
 
     def solve(self, problem: DispatchProblem, cost, *, time_limit=None, rng=None) -> LayerSolution:
         """Dispatch one layer (see the class docstring)."""

@@ -22,6 +22,15 @@ from .errors import (
     InvalidOptionError,
     StragglerError,
 )
+from .metrics import (
+    ideal_throughput_gain,
+    imbalance_ratio,
+    layer_balance,
+    mean_over_max,
+    sglang_balancedness,
+    trtllm_imbalance_ratio,
+    vllm_balancedness,
+)
 from .milp import MilpModel, RowBuilder
 from .results import DispatchResult, Status, worst_status
 from .routing import (
@@ -61,6 +70,13 @@ __all__ = [
     "InvalidInputError",
     "InvalidOptionError",
     "StragglerError",
+    "ideal_throughput_gain",
+    "imbalance_ratio",
+    "layer_balance",
+    "mean_over_max",
+    "sglang_balancedness",
+    "trtllm_imbalance_ratio",
+    "vllm_balancedness",
     "MilpModel",
     "RowBuilder",
     "DispatchResult",

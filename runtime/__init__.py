@@ -1,5 +1,40 @@
-"""Reserved for the deployment adapter of DESIGN.md (Triton/CUDA dispatch kernel with a
-torch reference, table publishing, solver worker). No issue has built it yet, so the package
-holds nothing; it exists so the layout and the wheel are complete."""
+"""The deployment adapter (TEMPO §4.4): what runs inside or beside an engine.
 
-__all__: list[str] = []
+- :func:`dispatch_and_count`: the fused dispatch-and-count step (stratified replica choice
+  and per-expert token counts in one pass), as a Triton kernel, a torch reference and a
+  plain-Python reference with identical integer outputs.
+- :class:`TablePublisher`: the live ``[L, E, X]`` table on the device, published in place
+  with one copy from pinned staging; races with the kernel cannot route a token wrong.
+- :class:`SolverWorker`: tempo (or any dispatch method) in a spawned process, fed count
+  windows through shared memory, posting tables at a refresh period; the engine never waits.
+- :mod:`straggler.runtime.converters`: the tables in SGLang's ``lp`` and vLLM's layouts.
+- :mod:`straggler.runtime.engines`: readers and writers of the engines' files
+  (:func:`read_engine_log`, :func:`detect_format`, :class:`EngineLog`).
+
+``runtime/INTEGRATION.md`` (shipped with the package) names the patch points an engine needs.
+
+torch and triton are imported lazily (the ``runtime`` extra), so ``import
+straggler.runtime`` works without them.
+"""
+
+from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
+from .engines import EngineLog, detect_format, read_engine_log
+from .publisher import TablePublisher, normalize_table, uniform_table
+from .worker import SolverWorker, WorkerStatus, WorkerTables, window_delta
+
+__all__ = [
+    "BACKENDS",
+    "dispatch_and_count",
+    "torch_available",
+    "triton_available",
+    "TablePublisher",
+    "normalize_table",
+    "uniform_table",
+    "SolverWorker",
+    "WorkerStatus",
+    "WorkerTables",
+    "window_delta",
+    "EngineLog",
+    "detect_format",
+    "read_engine_log",
+]

@@ -1,6 +1,8 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .phase_diagram import PhaseDiagram, phase_diagram
 from .simulator import DEFAULT_STEP_TIME, PREDICTORS, SimReport, simulate
+from .sweep import SweepTable, sweep
 from .traces import (
     WORKLOAD_PRESETS,
     LengthModel,
@@ -39,4 +41,8 @@ __all__: list[str] = [
     "generate_arrivals",
     "fit_length_model",
     "saturate_trace",
+    "sweep",
+    "SweepTable",
+    "phase_diagram",
+    "PhaseDiagram",
 ]

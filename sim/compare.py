@@ -32,6 +32,7 @@ from ..formulations.cost import PRESETS, CostModel
 from ..formulations.errors import BackendUnavailableError, StragglerError
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.registry import dispatch_methods, get_dispatch_method
+from ..solvers.topology import topology_split
 from .workload import DEFAULT_KAPPA, SHAPES, SKEWS, make_decode_problem, num_physical_slots
 
 __all__ = ["main", "compare", "DEFAULT_PRESETS", "format_table"]
@@ -88,7 +89,10 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
     """Solve ``problem`` with each method; one dict per method (see :func:`main`).
 
     Keys: ``method``, ``makespan_us``, ``lower_bound_us``, ``gap``, ``ratio_vs_best``,
-    ``status``, ``runtime_s``, ``on_mask``, ``note``. Totals over layers for stacks.
+    ``status``, ``runtime_s``, ``on_mask``, ``note``. Totals over layers for stacks. On more
+    than one node (``problem.gpu_node``) also ``cross_node_flat`` and ``cross_node``: tokens
+    crossing nodes with the flat table and with the same-node-first split of TEMPO §4.3
+    (:func:`~straggler.solvers.topology.topology_split`, node-uniform sources).
     ``ratio_vs_best`` divides by the smallest makespan among methods on the replica mask.
 
     Examples
@@ -130,6 +134,9 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
             status=res.status.name,
             runtime_s=res.runtime_s,
         )
+        if on_mask and problem.gpu_node is not None and np.unique(problem.gpu_node).size > 1:
+            split = topology_split(res.shares, problem.gpu_node)
+            row.update(cross_node_flat=split.cross_node_flat, cross_node=split.cross_node)
         if not on_mask:
             layers = res.extras["layers"] if problem.is_stack else [res.extras]
             moved = sum(int(x.get("n_moved", 0)) for x in layers)
@@ -150,6 +157,9 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
 def format_table(rows) -> str:
     """The rows of :func:`compare` as an aligned text table."""
     head = ["method", "makespan_us", "vs_best", "lower_bound_us", "gap", "status", "runtime_s"]
+    topo = any("cross_node" in r for r in rows)
+    if topo:
+        head.append("xnode_tok flat->split")
     lines = []
     for r in rows:
         if "makespan_us" in r:
@@ -162,9 +172,11 @@ def format_table(rows) -> str:
                 r["status"],
                 f"{r['runtime_s']:.3f}",
             ]
+            if topo:
+                cells.append(_xnode(r))
         else:
             rt = f"{r['runtime_s']:.3f}" if "runtime_s" in r else "-"
-            cells = [r["method"], "-", "-", "-", "-", r["status"], rt]
+            cells = [r["method"], "-", "-", "-", "-", r["status"], rt] + ["-"] * topo
         lines.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
@@ -176,6 +188,14 @@ def format_table(rows) -> str:
         out.append("notes (* = not on the replica mask, left out of vs_best):")
         out.extend(notes)
     return "\n".join(out)
+
+
+def _xnode(r) -> str:
+    if "cross_node" not in r:
+        return "-"
+    flat, split = r["cross_node_flat"], r["cross_node"]
+    saved = f" ({100 * (split - flat) / flat:+.0f}%)" if flat > 0 else ""
+    return f"{flat:.0f}->{split:.0f}{saved}"
 
 
 def main(argv=None) -> int:

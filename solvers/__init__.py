@@ -4,16 +4,21 @@
 """
 
 from .bounds import certified_lower_bound
+from .calibration import CalibrationResult, fit_cost_model
 from .dispatch import DEFAULT_METHOD, solve_dispatch
 from .exact import MilpDispatch, solve_token_lp
 from .highs import MilpSolution, solve_milp
+from .placement import place_experts
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
 from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
 from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
+from .topology import TopologySplit, topology_split
 
 __all__ = [
+    "CalibrationResult",
+    "fit_cost_model",
     "ROUTING_KERNELS",
     "RoutingDecision",
     "project_loads",
@@ -36,4 +41,7 @@ __all__ = [
     "Tempo",
     "TokenLP",
     "token_lp_fast",
+    "place_experts",
+    "TopologySplit",
+    "topology_split",
 ]

@@ -82,13 +82,17 @@ def _distinct(pack, labels):
 # --- a loop-by-loop reference of upstream's code (lists and float32 scalars) -------------
 
 
-def _ref_packing(w, m):
+def _ref_packing(w, m, vllm=False):
     n = len(w)
     per = n // m
     if per == 1:
         return list(range(n)), [0] * n
-    order = sorted(range(n), key=lambda j: -w[j])  # Python's sort is stable
-    loads, items = [np.float32(0)] * m, [0] * m
+    if vllm:  # vLLM's port: numpy's default argsort, float64 pack loads
+        order = np.argsort(-np.array(w)).tolist()
+        loads, items = [np.float64(0)] * m, [0] * m
+    else:
+        order = sorted(range(n), key=lambda j: -w[j])  # Python's sort is stable
+        loads, items = [np.float32(0)] * m, [0] * m
     pack, rank = [-1] * n, [-1] * n
     for j in order:
         best = None
@@ -101,11 +105,14 @@ def _ref_packing(w, m):
     return pack, rank
 
 
-def _ref_replicate(w, num_phy):
+def _ref_replicate(w, num_phy, vllm=False):
     num_log = len(w)
     p2l, rank, cnt = list(range(num_phy)), [0] * num_phy, [1] * num_log
     for i in range(num_log, num_phy):
-        ratios = [w[e] / np.float32(cnt[e]) for e in range(num_log)]
+        if vllm:  # float32 / int64 arrays divide in float64
+            ratios = [np.float64(w[e]) / np.float64(cnt[e]) for e in range(num_log)]
+        else:
+            ratios = [w[e] / np.float32(cnt[e]) for e in range(num_log)]
         best = 0
         for e in range(1, num_log):
             if ratios[e] > ratios[best]:
@@ -115,7 +122,7 @@ def _ref_replicate(w, num_phy):
     return p2l, rank, cnt
 
 
-def _ref_layer(w, P, groups, nodes, gpus):
+def _ref_layer(w, P, groups, nodes, gpus, vllm=False):
     """One layer of the hierarchical policy, written out with explicit loops."""
     E = len(w)
     gsize, per_node_log, per_node_phy = E // groups, E // nodes, P // nodes
@@ -124,7 +131,7 @@ def _ref_layer(w, P, groups, nodes, gpus):
     for g in range(groups):
         for k in range(gsize):
             gload[g] = gload[g] + w[g * gsize + k]
-    gpack, grank = _ref_packing(gload, nodes)
+    gpack, grank = _ref_packing(gload, nodes, vllm)
     # node-major "middle" numbering: node n holds middle ids n*per_node_log ...
     log2mlog = [0] * E
     for g in range(groups):
@@ -136,9 +143,10 @@ def _ref_layer(w, P, groups, nodes, gpus):
     p2l, rank, cnt = [None] * P, [None] * P, [0] * E
     for node in range(nodes):
         wn = [w[mlog2log[node * per_node_log + j]] for j in range(per_node_log)]
-        phy2m, phyrank, mcnt = _ref_replicate(wn, per_node_phy)
-        loads = [wn[phy2m[i]] / np.float32(mcnt[phy2m[i]]) for i in range(per_node_phy)]
-        pack, prank = _ref_packing(loads, gpus // nodes)
+        phy2m, phyrank, mcnt = _ref_replicate(wn, per_node_phy, vllm)
+        div = np.float64 if vllm else np.float32
+        loads = [div(wn[phy2m[i]]) / div(mcnt[phy2m[i]]) for i in range(per_node_phy)]
+        pack, prank = _ref_packing(loads, gpus // nodes, vllm)
         for i in range(per_node_phy):
             slot = node * per_node_phy + pack[i] * per_gpu + prank[i]
             e = mlog2log[node * per_node_log + phy2m[i]]
@@ -148,11 +156,11 @@ def _ref_layer(w, P, groups, nodes, gpus):
     return p2l, rank, cnt
 
 
-def _reference(weight, P, groups, nodes, gpus):
+def _reference(weight, P, groups, nodes, gpus, vllm=False):
     w = np.asarray(weight, dtype=np.float32)
     if groups % nodes:
         groups, nodes = 1, 1
-    out = [_ref_layer(list(row), P, groups, nodes, gpus) for row in w]
+    out = [_ref_layer(list(row), P, groups, nodes, gpus, vllm) for row in w]
     return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
 
 
@@ -184,6 +192,12 @@ def test_matches_loop_reference(args):
     for layer in range(weight.shape[0]):
         for slot in range(P):
             assert l2p[layer, p2l[layer, slot], ref_rank[layer][slot]] == slot
+    _check_tables(weight, p2l, l2p, cnt, P, gpus)
+    # vLLM's numpy port against the same loops with vLLM's sort and float64 loads
+    p2l, l2p, cnt = rebalance_experts(weight, P, groups, nodes, gpus, version="vllm")
+    ref_p2l, _, ref_cnt = _reference(weight, P, groups, nodes, gpus, vllm=True)
+    assert p2l.tolist() == ref_p2l
+    assert cnt.tolist() == ref_cnt
     _check_tables(weight, p2l, l2p, cnt, P, gpus)
 
 

@@ -1,0 +1,151 @@
+"""place_experts vs EPLB under tempo dispatch, judged on the NEXT window.
+
+For each cell of the phase grid (shape, EP8, B tokens per GPU, Zipf s, replication), a
+window of ``--window`` routed batches (Dirichlet kappa 2000 around a Zipf popularity, one
+layer per placement, ``--layers`` placements) builds three placements: upstream EPLB
+(``rebalance_experts``, duplicates allowed), EPLB ``distinct=True`` and
+``place_experts(method="local_search")``. Each is scored on the next ``--window`` batches
+(held out) by tempo's mean makespan. Placement time is measured side by side in one run
+(shared 2-core machine: ratios, not absolute times).
+
+Goal (issue 14): >= 3% lower mean makespan than EPLB + tempo in the mixed cells, never worse
+than -0.3% anywhere, placement time no more than EPLB's.
+
+Usage::
+
+    python benchmarks/placement.py --quick
+    python benchmarks/placement.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import time
+
+import numpy as np
+from straggler.formulations import CostModel, DispatchProblem
+from straggler.sim.compare import DEFAULT_PRESETS
+from straggler.sim.workload import SHAPES, num_physical_slots, sample_counts, zipf_popularity
+from straggler.solvers import place_experts, solve_dispatch
+from straggler.solvers.eplb import rebalance_experts
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def _score(batches, p2l, g, cost):
+    tot = 0.0
+    for c in batches:
+        p = DispatchProblem.from_placement(c, p2l, g)
+        tot += float(np.sum(solve_dispatch(p, cost, method="tempo").makespan))
+    return tot / len(batches)
+
+
+def cell(shape, g, B, s, r, window, layers, seed):
+    sh = SHAPES[shape]
+    cost = CostModel.preset(DEFAULT_PRESETS[shape])
+    rng = np.random.default_rng([seed, B, round(s * 100), round(r * 100)])
+    pop = zipf_popularity(sh.n_experts, s, n_layers=layers, rng=rng)
+    draw = [sample_counts(pop, n_tokens=B * g, top_k=sh.top_k, rng=rng) for _ in range(2 * window)]
+    build, held = np.stack(draw[:window]), draw[window:]
+    P = num_physical_slots(sh.n_experts, g, r)
+    G = sh.n_groups if sh.n_experts % sh.n_groups == 0 else 1
+    out = {}
+    t0 = time.perf_counter()
+    up = rebalance_experts(build.mean(axis=0), P, G, 1, g)[0]
+    t_up = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dist = rebalance_experts(build.mean(axis=0), P, G, 1, g, distinct=True)[0]
+    t_dist = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ours = place_experts(build, P, G, 1, g, cost=cost)[0]
+    t_ours = time.perf_counter() - t0
+    for name, p2l in (("eplb", up), ("eplb_distinct", dist), ("place_experts", ours)):
+        out[name] = _score(held, p2l, g, cost)
+    # the placement-independent bound max(b ceil(E_live / g), beta N / g) on the held window
+    lb = np.mean(
+        [
+            np.sum(
+                np.maximum(
+                    cost.a + cost.b * np.ceil((c > 0).sum(-1) / g),
+                    cost.c + cost.beta * c.sum(-1) / g,
+                )
+            )
+            for c in held
+        ]
+    )
+    return {
+        "shape": shape,
+        "n_gpus": g,
+        "tokens_per_gpu": B,
+        "skew": s,
+        "replication": r,
+        "tempo_makespan_us": out,
+        "gain_vs_eplb": 1 - out["place_experts"] / out["eplb"],
+        "gain_vs_eplb_distinct": 1 - out["place_experts"] / out["eplb_distinct"],
+        "eplb_over_abs_bound": out["eplb"] / lb,
+        "time_s": {"eplb": t_up, "eplb_distinct": t_dist, "place_experts": t_ours},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--window", type=int, default=8, help="batches per window")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--out", default=str(RESULTS / "placement.json"))
+    args = ap.parse_args(argv)
+    shapes = ("dsv3",) if args.quick else ("dsv3", "qwen3_30b")
+    Bs = (64, 256, 512, 2048) if args.quick else (64, 128, 256, 512, 1024)
+    skews = (0.6, 1.5) if args.quick else (0.6, 0.9, 1.2, 1.5)
+    reps = (1.25,) if args.quick else (1.25, 1.5)
+    rows = []
+    cell("qwen3_30b", 8, 16, 1.5, 1.25, 2, 1, 1)  # warm-up: JIT and first-call costs, untimed
+    print(f"{'shape':>9} {'B':>5} {'s':>4} {'r':>5} {'vs EPLB':>8} {'vs dist':>8} "
+          f"{'EPLB/LB':>8} {'t ours/EPLB':>11}")  # fmt: skip
+    for shape in shapes:
+        for r in reps:
+            for s in skews:
+                for B in Bs:
+                    row = cell(shape, 8, B, s, r, args.window, args.layers, 0)
+                    rows.append(row)
+                    t = row["time_s"]
+                    print(
+                        f"{shape:>9} {B:>5} {s:>4g} {r:>5g} {100 * row['gain_vs_eplb']:>7.2f}% "
+                        f"{100 * row['gain_vs_eplb_distinct']:>7.2f}% "
+                        f"{row['eplb_over_abs_bound']:>8.3f} "
+                        f"{t['place_experts'] / t['eplb']:>11.1f}"
+                    )
+    g = np.array([r["gain_vs_eplb"] for r in rows])
+    mixed = np.array([r["eplb_over_abs_bound"] > 1.005 for r in rows])
+    tr = np.array([r["time_s"]["place_experts"] / r["time_s"]["eplb"] for r in rows])
+    summary = {
+        "gain_min": float(g.min()),
+        "gain_max": float(g.max()),
+        "gain_mean_mixed": float(g[mixed].mean()) if mixed.any() else None,
+        "n_mixed": int(mixed.sum()),
+        "time_ratio_median": float(np.median(tr)),
+    }
+    print(json.dumps(summary))
+    pathlib.Path(args.out).write_text(
+        json.dumps(
+            {
+                "benchmark": "placement",
+                "machine": platform.platform(),
+                "note": "shared 2-core machine; times side by side in one run",
+                "window": args.window,
+                "layers": args.layers,
+                "summary": summary,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""Readers and writers of the files SGLang, vLLM, TensorRT-LLM and DeepSeek EPLB use.
+
+``read_engine_log(path)`` detects the format and returns an :class:`EngineLog` (logical
+expert loads per recorded batch and the placement in force); the writers produce the files
+each engine loads. torch (``.pt``) and safetensors are imported only when such a file is
+read or written (the ``runtime`` extra); JSON and YAML need nothing.
+
+Each is read and written (round-tripped by the tests through files written as the engine
+writes them):
+
+* SGLang: recorder dumps (stat, per-pass, per-token) and ``--init-expert-location``
+  (``.pt``, ``.json``, inline JSON);
+* vLLM: ``EplbState`` maps and load windows, one file per rank;
+* TensorRT-LLM: ``meta_info.json`` + ``rank*.safetensors`` statistics, and
+  ``moe_load_balancer.yaml``;
+* DeepSeek EPLB: ``phy2log``, ``log2phy``, ``logcnt`` (and the ``weight`` placed).
+"""
+
+from ._common import EngineLog, fold_physical_counts
+from .detect import ENGINES, detect_format, read_engine_log
+from .eplb import read_eplb_maps, write_eplb_maps
+from .sglang import (
+    read_sglang_init_location,
+    read_sglang_recorder,
+    sglang_per_token_record,
+    write_sglang_detail_dump,
+    write_sglang_init_location,
+    write_sglang_stat_dump,
+)
+from .trtllm import (
+    read_moe_load_balancer,
+    read_trtllm_statistics,
+    write_moe_load_balancer,
+    write_trtllm_statistics,
+)
+from .vllm import VLLM_FIELDS, read_vllm_state, vllm_maps, write_vllm_state
+
+__all__ = [
+    "EngineLog",
+    "fold_physical_counts",
+    "ENGINES",
+    "detect_format",
+    "read_engine_log",
+    "read_eplb_maps",
+    "write_eplb_maps",
+    "read_sglang_init_location",
+    "read_sglang_recorder",
+    "sglang_per_token_record",
+    "write_sglang_detail_dump",
+    "write_sglang_init_location",
+    "write_sglang_stat_dump",
+    "read_moe_load_balancer",
+    "read_trtllm_statistics",
+    "write_moe_load_balancer",
+    "write_trtllm_statistics",
+    "VLLM_FIELDS",
+    "read_vllm_state",
+    "vllm_maps",
+    "write_vllm_state",
+]

@@ -1,0 +1,179 @@
+"""Which engine wrote a path, and one reader for all of them.
+
+:func:`read_engine_log` takes a file, a directory or (SGLang's ``--init-expert-location``
+form) inline JSON, works out what it is (:func:`detect_format`) unless told, and returns
+the :class:`~straggler.runtime.engines.EngineLog` of the matching reader.
+
+Detection, first match wins:
+
+* inline JSON (text starting with ``{``): SGLang ``--init-expert-location``;
+* a directory with ``meta_info.json``: TensorRT-LLM statistics; with
+  ``expert_distribution_recorder_*.pt``: SGLang recorder dumps; with ``*rank<r>.pt``,
+  ``.safetensors`` or ``.json`` holding ``EplbState`` fields: vLLM; with one
+  ``moe_load_balancer*.yaml``: TensorRT-LLM's plan;
+* a file: ``.yaml``/``.yml``: TensorRT-LLM's plan; ``meta_info.json`` or
+  ``rank<r>.safetensors`` with ``"{iter}_{layer}"`` keys: TensorRT-LLM statistics (their
+  directory); otherwise its content: ``records`` or a stat dump's ``rank`` and
+  ``logical_count``: SGLang recorder; ``phy2log``: EPLB maps; ``EplbState`` fields: vLLM;
+  ``physical_to_logical_map`` alone or ``logical_count``: SGLang ``--init-expert-location``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ...formulations.errors import InvalidInputError, InvalidOptionError
+from ._common import EngineLog, load_json, load_pt, load_safetensors
+from .eplb import is_eplb_maps, parse_eplb_maps
+from .sglang import (
+    RECORDER_PREFIX,
+    parse_sglang_dump,
+    parse_sglang_init_location,
+    read_sglang_init_location,
+    read_sglang_recorder,
+)
+from .trtllm import read_moe_load_balancer, read_trtllm_statistics
+from .vllm import is_vllm_state, parse_vllm_states, read_vllm_state
+
+__all__ = ["ENGINES", "detect_format", "read_engine_log"]
+
+#: The engines (``--format`` values) this package reads and writes.
+ENGINES = ("sglang", "vllm", "trtllm", "eplb")
+_STAT_KEY = re.compile(r"^\d+_\d+$")
+
+
+def _load_any(path: str):
+    if path.endswith(".pt"):
+        return load_pt(path)
+    if path.endswith(".json"):
+        return load_json(path)
+    if path.endswith(".safetensors"):
+        return load_safetensors(path)
+    raise InvalidInputError(
+        f"Cannot tell which engine wrote {path}: expected a directory, .pt, .json, .safetensors, "
+        ".yaml or inline JSON."
+    )
+
+
+def _classify_obj(obj) -> tuple[str, str]:
+    if isinstance(obj, dict):
+        if "records" in obj or ("logical_count" in obj and "rank" in obj):
+            return "sglang", "recorder"
+        if is_eplb_maps(obj):
+            return "eplb", "maps"
+        if is_vllm_state(obj):
+            return "vllm", "state"
+        if "physical_to_logical_map" in obj or "logical_count" in obj:
+            return "sglang", "init"
+        if obj and all(isinstance(k, str) and _STAT_KEY.match(k) for k in obj):
+            return "trtllm", "statistics"
+    raise InvalidInputError(
+        "Cannot tell which engine wrote this file: it holds "
+        + (f"keys {sorted(map(str, obj))[:12]}" if isinstance(obj, dict) else type(obj).__name__)
+        + " (expected an SGLang dump or --init-expert-location, vLLM EplbState fields, "
+        "TensorRT-LLM statistics or EPLB maps)."
+    )
+
+
+def _classify(path) -> tuple[str, str, object]:
+    """(engine, kind, loaded object or None) of ``path``."""
+    if isinstance(path, str) and path.lstrip().startswith("{"):
+        return "sglang", "init_inline", None
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        names = os.listdir(p)
+        if "meta_info.json" in names:
+            return "trtllm", "statistics_dir", None
+        if any(n.startswith(RECORDER_PREFIX) and n.endswith(".pt") for n in names):
+            return "sglang", "recorder_dir", None
+        ranked = [n for n in names if "rank" in n and n.endswith((".pt", ".safetensors", ".json"))]
+        if ranked:
+            return "vllm", "state_dir", None
+        yamls = [
+            n for n in names if n.startswith("moe_load_balancer") and n.endswith((".yaml", ".yml"))
+        ]
+        if len(yamls) == 1:
+            return "trtllm", "config", os.path.join(p, yamls[0])
+        raise InvalidInputError(
+            f"Cannot tell which engine wrote the directory {p}: no meta_info.json (TensorRT-LLM), "
+            f"{RECORDER_PREFIX}*.pt (SGLang), *rank<r>.pt/.safetensors/.json (vLLM) or "
+            f"moe_load_balancer.yaml in {sorted(names)[:10]}."
+        )
+    if not os.path.exists(p):
+        raise InvalidInputError(f"No such file or directory: {p}.")
+    base = os.path.basename(p)
+    if p.endswith((".yaml", ".yml")):
+        return "trtllm", "config", p
+    if base == "meta_info.json" or re.match(r"^rank\d+\.safetensors$", base):
+        return "trtllm", "statistics_dir", None
+    obj = _load_any(p)
+    engine, kind = _classify_obj(obj)
+    return engine, kind, obj
+
+
+def detect_format(path) -> str:
+    """The engine that wrote ``path``: one of :data:`ENGINES` (see the module docstring).
+
+    Raises
+    ------
+    InvalidInputError
+        Nothing recognisable (the message lists what was found), or an unreadable file.
+    """
+    return _classify(path)[0]
+
+
+def read_engine_log(
+    path, *, format: str | None = None, physical_to_logical=None, n_experts=None
+) -> EngineLog:
+    """Read whatever an engine recorded at ``path`` (detected unless ``format`` is given).
+
+    Parameters
+    ----------
+    path : path or str
+        A file, a directory, or inline JSON (SGLang ``--init-expert-location``).
+    format : {"sglang", "vllm", "trtllm", "eplb"}, optional
+        Insist on one engine (an error if the path is another's).
+    physical_to_logical : optional
+        The map(s) in force while recording, for formats that record physical-slot counts
+        (SGLang per-pass/per-token: one map or ``{first_forward_pass_id: map}``; vLLM: one
+        map). Default: the map saved with the counts.
+    n_experts : int, optional
+        Logical experts, where the files do not say (SGLang per-pass/per-token).
+
+    Returns
+    -------
+    EngineLog
+    """
+    if format is not None and format not in ENGINES:
+        raise InvalidOptionError(
+            f"The 'format' parameter of read_engine_log must be one of {list(ENGINES)}. Got "
+            f"{format!r} instead."
+        )
+    engine, kind, obj = _classify(path)
+    if format is not None and engine != format:
+        raise InvalidInputError(
+            f"{os.fspath(path) if not isinstance(path, str) else path[:80]} was written by "
+            f"{engine}, not {format} (kind {kind})."
+        )
+    p = path if isinstance(path, str) else os.fspath(path)
+    if engine == "sglang":
+        if kind == "init_inline":
+            return read_sglang_init_location(p)
+        if kind == "init":
+            return parse_sglang_init_location(obj, p)
+        if kind == "recorder":
+            return parse_sglang_dump(
+                [obj], [p], physical_to_logical=physical_to_logical, n_experts=n_experts
+            )
+        return read_sglang_recorder(p, physical_to_logical=physical_to_logical, n_experts=n_experts)
+    if engine == "vllm":
+        if kind == "state":
+            return parse_vllm_states([obj], [p], physical_to_logical=physical_to_logical)
+        return read_vllm_state(p, physical_to_logical=physical_to_logical)
+    if engine == "trtllm":
+        if kind == "config":
+            return read_moe_load_balancer(obj if isinstance(obj, str) else p, n_experts=n_experts)
+        d = p if os.path.isdir(p) else os.path.dirname(p) or "."
+        return read_trtllm_statistics(d)
+    return parse_eplb_maps(obj, p)

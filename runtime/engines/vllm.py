@@ -1,0 +1,413 @@
+"""vLLM's ``EplbState``: the expert maps and the per-rank load windows.
+
+The fields (``vllm/distributed/eplb/eplb_state.py``, one state per EP rank):
+
+* ``physical_to_logical_map`` ``[n_layers, P]``: logical expert of each physical slot
+  (slot ``p`` on rank ``p // (P / n_ranks)``), the same on every rank;
+* ``logical_to_physical_map`` ``[n_layers, n_experts, num_redundant_experts + 1]``: each
+  expert's slots, ``-1`` padded;
+* ``logical_replica_count`` ``[n_layers, n_experts]``: its non-``-1`` entries;
+* ``expert_load_pass`` ``[n_layers, P_local]`` (the first versions: the rank's local slots)
+  or ``[n_layers, P]`` (later ones: the rank's own tokens counted on every slot): the
+  forward pass in progress;
+* ``expert_load_window`` ``[window_size, n_layers, P_local or P]``: a circular buffer of
+  the last ``window_size`` passes (1000 by default), written at
+  ``expert_load_window_step``, which wraps.
+
+vLLM keeps these in memory only (its rearrangement folds the window through the current
+``physical_to_logical_map`` and sums the ranks). To plan from them, dump each rank's
+state with the field names as keys, e.g. from a hook on ``EplbState.step``::
+
+    torch.save({k: getattr(state, k).cpu() for k in VLLM_FIELDS}
+               | {"expert_load_window_step": state.expert_load_window_step},
+               f"eplb_state_rank{ep_rank}.pt")
+
+:func:`write_vllm_state` writes exactly that (``.pt``, or ``.safetensors`` / ``.json``
+with the same keys); :func:`read_vllm_state` reads the files of every rank, checks that
+they agree, puts the window in time order (from ``expert_load_window_step`` when saved),
+drops all-zero steps (unfilled, or dummy), places ``P_local`` windows at their rank's
+slots or sums ``P``-wide ones over ranks, and folds them to logical experts through the
+map in force (the saved ``physical_to_logical_map``, or ``physical_to_logical=``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+
+from ...formulations.dispatch import logical_to_physical
+from ...formulations.errors import InvalidInputError
+from ._common import (
+    EngineLog,
+    check_physical_to_logical,
+    field_array,
+    field_error,
+    field_int,
+    fold_physical_counts,
+    get_field,
+    load_json,
+    load_pt,
+    load_safetensors,
+    rank_of,
+    save_json,
+    save_pt,
+    save_safetensors,
+    source_name,
+)
+
+__all__ = [
+    "VLLM_FIELDS",
+    "VLLM_MAP_FIELDS",
+    "vllm_maps",
+    "write_vllm_state",
+    "read_vllm_state",
+    "parse_vllm_states",
+    "is_vllm_state",
+]
+
+VLLM_MAP_FIELDS = ("physical_to_logical_map", "logical_to_physical_map", "logical_replica_count")
+VLLM_FIELDS = VLLM_MAP_FIELDS + ("expert_load_pass", "expert_load_window")
+_EXTS = (".pt", ".safetensors", ".json")
+
+
+def vllm_maps(physical_to_logical, n_experts: int) -> dict:
+    """The three ``EplbState`` maps of a placement, in vLLM's layout.
+
+    ``logical_to_physical_map`` lists each expert's slots in slot order (as
+    ``EplbState.build`` fills it), padded with ``-1`` to ``num_redundant_experts + 1 =
+    P - n_experts + 1`` columns.
+
+    Examples
+    --------
+    vLLM's docstring example (6 slots, 4 experts, 3 ranks):
+
+    >>> m = vllm_maps([[0, 1, 2, 3, 0, 1], [0, 2, 0, 1, 0, 3]], 4)
+    >>> m["logical_to_physical_map"][1].tolist()
+    [[0, 2, 4], [3, -1, -1], [1, -1, -1], [5, -1, -1]]
+    >>> m["logical_replica_count"].tolist()
+    [[2, 2, 1, 1], [3, 1, 1, 1]]
+    """
+    p2l = check_physical_to_logical(
+        physical_to_logical, "vllm_maps", "physical_to_logical", n_experts=n_experts
+    )
+    L, P = p2l.shape
+    l2p, count = logical_to_physical(p2l, n_experts)
+    width = max(P - n_experts + 1, l2p.shape[2])
+    pad = np.full((L, n_experts, width), -1, dtype=np.int64)
+    pad[:, :, : l2p.shape[2]] = l2p
+    return {
+        "physical_to_logical_map": p2l,
+        "logical_to_physical_map": pad,
+        "logical_replica_count": count,
+    }
+
+
+def write_vllm_state(path, state: dict) -> str:
+    """Write one rank's ``EplbState`` fields (a dict keyed by :data:`VLLM_FIELDS`, plus
+    optionally ``expert_load_window_step`` and ``rank``) as ``.pt``, ``.safetensors`` or
+    ``.json``. Maps are int64, loads int32 (vLLM's dtypes)."""
+    out = {}
+    for k, v in state.items():
+        if k in VLLM_MAP_FIELDS:
+            out[k] = np.asarray(v, dtype=np.int64)
+        elif k in ("expert_load_pass", "expert_load_window"):
+            out[k] = np.asarray(v, dtype=np.int32)
+        elif k in ("expert_load_window_step", "rank"):
+            out[k] = int(v)
+        else:
+            raise InvalidInputError(
+                f"write_vllm_state got an unknown field {k!r}; it writes {list(VLLM_FIELDS)}, "
+                "'expert_load_window_step' and 'rank'."
+            )
+    p = os.fspath(path)
+    if p.endswith(".pt"):
+        save_pt(out, p)
+    elif p.endswith(".json"):
+        save_json(out, p)
+    elif p.endswith(".safetensors"):
+        save_safetensors(
+            {
+                k: np.asarray(v, dtype=np.int64 if isinstance(v, int) else None)
+                for k, v in out.items()
+            },
+            p,
+        )
+    else:
+        raise InvalidInputError(
+            f"The 'path' parameter of write_vllm_state must end in {', '.join(_EXTS)}. "
+            f"Got {p!r} instead."
+        )
+    return p
+
+
+def is_vllm_state(obj) -> bool:
+    """Whether a loaded dict looks like an ``EplbState`` dump (any map or load field)."""
+    return isinstance(obj, dict) and any(
+        k in obj
+        for k in (
+            "logical_to_physical_map",
+            "logical_replica_count",
+            "expert_load_window",
+            "expert_load_pass",
+        )
+    )
+
+
+def _load(path):
+    p = os.fspath(path)
+    if p.endswith(".pt"):
+        return load_pt(p)
+    if p.endswith(".json"):
+        return load_json(p)
+    if p.endswith(".safetensors"):
+        return load_safetensors(p)
+    raise InvalidInputError(f"{p} is not a vLLM state dump (expected {', '.join(_EXTS)}).")
+
+
+def _check_maps(obj, source):
+    p2l = check_physical_to_logical(
+        get_field(obj, "physical_to_logical_map", source), source, "physical_to_logical_map"
+    )
+    L, P = p2l.shape
+    E = None
+    if "logical_replica_count" in obj:
+        cnt = field_array(
+            obj["logical_replica_count"],
+            source,
+            "logical_replica_count",
+            ndim=2,
+            lo=0,
+            shape=(L, None),
+            expected=f"a non-negative integer array of shape ({L}, n_experts)",
+        )
+        E = cnt.shape[1]
+    if "logical_to_physical_map" in obj:
+        l2p = field_array(
+            obj["logical_to_physical_map"],
+            source,
+            "logical_to_physical_map",
+            ndim=3,
+            lo=-1,
+            hi=P - 1,
+            shape=(L, E, None),
+            expected=f"an integer array of shape ({L}, n_experts, max_replicas) of slot ids in "
+            f"[-1, {P - 1}]",
+        )
+        E = l2p.shape[1]
+    if E is None:
+        E = int(p2l.max()) + 1
+    if p2l.max() >= E:
+        raise field_error(
+            source, "physical_to_logical_map", f"expert ids below {E}", f"id {p2l.max()}"
+        )
+    want_l2p, want_cnt = logical_to_physical(p2l, E)
+    if "logical_replica_count" in obj and not np.array_equal(cnt, want_cnt):
+        raise field_error(
+            source,
+            "logical_replica_count",
+            "the replica counts of physical_to_logical_map",
+            "different counts",
+        )
+    if "logical_to_physical_map" in obj:
+        for layer in range(L):
+            for e in range(E):
+                got = l2p[layer, e]
+                k = int(want_cnt[layer, e])
+                if (
+                    sorted(got[got >= 0].tolist()) != want_l2p[layer, e, :k].tolist()
+                    or (got[:k] < 0).any()
+                ):
+                    raise field_error(
+                        source,
+                        "logical_to_physical_map",
+                        "the slots of each expert in physical_to_logical_map (first entries, "
+                        "-1 padded)",
+                        f"{got.tolist()[:8]} for expert {e} of layer {layer}",
+                    )
+    return p2l, E
+
+
+def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
+    """Interpret the loaded state dumps of the ranks (see the module docstring)."""
+    sources = [source_name(s) for s in sources]
+    if not objs:
+        raise InvalidInputError("No vLLM EplbState dump was given.")
+    ranks = []
+    for i, (obj, src) in enumerate(zip(objs, sources)):
+        if not isinstance(obj, dict):
+            raise InvalidInputError(
+                f"{src} must hold a dict of EplbState fields. Got {type(obj).__name__} instead."
+            )
+        r = obj.get("rank")
+        r = field_int(r, src, "rank", lo=0) if r is not None else rank_of(src)
+        ranks.append(i if r is None and len(objs) == 1 else r)
+    if any(r is None for r in ranks):
+        raise InvalidInputError(
+            f"Cannot tell the rank of {[s for s, r in zip(sources, ranks) if r is None]}: name "
+            "the files ...rank<r>.pt or save a 'rank' field."
+        )
+    if len(set(ranks)) != len(ranks) or sorted(ranks) != list(range(len(ranks))):
+        raise InvalidInputError(
+            f"The vLLM state dumps must be one per rank 0..n-1. Got ranks {sorted(ranks)} "
+            f"from {sources} instead."
+        )
+    order = np.argsort(ranks)
+    objs = [objs[i] for i in order]
+    sources = [sources[i] for i in order]
+    n_ranks = len(objs)
+    p2l, E = _check_maps(objs[0], sources[0])
+    for obj, src in zip(objs[1:], sources[1:]):
+        other, _ = _check_maps(obj, src)
+        if other.shape != p2l.shape or not np.array_equal(other, p2l):
+            raise field_error(
+                src, "physical_to_logical_map", f"rank 0's map ({sources[0]})", "a different map"
+            )
+    L, P = p2l.shape
+    if P % n_ranks:
+        raise field_error(
+            sources[0],
+            "physical_to_logical_map",
+            f"a number of slots divisible by the {n_ranks} ranks",
+            f"{P} slots",
+        )
+    fold_map = p2l
+    if physical_to_logical is not None:
+        fold_map = check_physical_to_logical(
+            physical_to_logical,
+            "the physical_to_logical argument",
+            "physical_to_logical",
+            n_experts=E,
+        )
+        if fold_map.shape != p2l.shape:
+            raise InvalidInputError(
+                f"The 'physical_to_logical' argument must have the dumps' shape {p2l.shape}. "
+                f"Got {fold_map.shape} instead."
+            )
+    P_local = P // n_ranks
+    has_load = ["expert_load_window" in o or "expert_load_pass" in o for o in objs]
+    if not any(has_load):  # the maps alone (what straggler-plan writes): a placement
+        return EngineLog(
+            engine="vllm",
+            kind="vllm_maps",
+            sources=sources,
+            n_experts=E,
+            physical_to_logical=p2l,
+            n_ranks=n_ranks,
+        )
+    windows = []
+    for obj, src in zip(objs, sources):
+        if "expert_load_window" in obj:
+            w = field_array(
+                obj["expert_load_window"],
+                src,
+                "expert_load_window",
+                ndim=3,
+                lo=0,
+                shape=(None, L, None),
+                expected=f"a non-negative integer array of shape (window_size, {L}, {P_local} or "
+                f"{P})",
+            )
+            step = obj.get("expert_load_window_step")
+            if step is not None:
+                step = field_int(step, src, "expert_load_window_step", lo=0)
+                if w.shape[0] and step >= w.shape[0]:
+                    raise field_error(
+                        src,
+                        "expert_load_window_step",
+                        f"an index below window_size={w.shape[0]}",
+                        str(step),
+                    )
+                w = np.concatenate([w[step:], w[:step]]) if w.shape[0] else w
+        elif "expert_load_pass" in obj:
+            w = field_array(
+                obj["expert_load_pass"],
+                src,
+                "expert_load_pass",
+                ndim=2,
+                lo=0,
+                shape=(L, None),
+                expected=f"a non-negative integer array of shape ({L}, {P_local} or {P})",
+            )[None]
+        else:
+            raise field_error(src, "expert_load_window", "present (or expert_load_pass)", "neither")
+        if w.shape[2] not in (P_local, P) and w.shape[2] and P % w.shape[2] == 0:
+            raise InvalidInputError(
+                f"{src} holds the load of {w.shape[2]} of {P} slots, the window of one of "
+                f"{P // w.shape[2]} ranks, but {n_ranks} rank file(s) were given: read the files "
+                "of every rank (their directory)."
+            )
+        if w.shape[2] not in (P_local, P):
+            raise field_error(
+                src,
+                "expert_load_window",
+                f"{P_local} (local slots) or {P} (all slots) columns",
+                f"shape {w.shape}",
+            )
+        windows.append(w)
+    if len({w.shape for w in windows}) > 1:
+        raise field_error(
+            sources[-1],
+            "expert_load_window",
+            f"rank 0's shape {windows[0].shape}",
+            f"shapes {[w.shape for w in windows]}",
+        )
+    W = windows[0].shape[0]
+    if windows[0].shape[2] == P:
+        physical = np.sum(windows, axis=0)
+        layout = "global"
+    else:
+        physical = np.concatenate(windows, axis=2)
+        layout = "local"
+    live = physical.reshape(W, -1).any(axis=1)
+    counts = fold_physical_counts(
+        physical[live], fold_map, E, source=sources[0], name="expert_load_window"
+    )
+    return EngineLog(
+        engine="vllm",
+        kind="vllm_state",
+        sources=sources,
+        n_experts=E,
+        counts=counts,
+        physical_to_logical=p2l,
+        batch_ids=np.flatnonzero(live),
+        n_ranks=n_ranks,
+        extras={"window_size": int(W), "load_layout": layout},
+    )
+
+
+def _state_files(path) -> list[str]:
+    if isinstance(path, (list, tuple)):
+        return [os.fspath(p) for p in path]
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        files = sorted(
+            f for ext in _EXTS for f in glob.glob(os.path.join(glob.escape(p), f"*rank*{ext}"))
+        )
+        if not files:
+            raise InvalidInputError(
+                f"{p} holds no vLLM state dump (*rank<r>.pt/.safetensors/.json)."
+            )
+        return files
+    return [p]
+
+
+def read_vllm_state(path, *, physical_to_logical=None) -> EngineLog:
+    """Read the ``EplbState`` dumps of every rank: a directory (``*rank<r>.pt``,
+    ``.safetensors`` or ``.json``), a list of files, or one file (a single rank).
+
+    Returns an :class:`EngineLog` of kind ``"vllm_state"``: the window's steps as batches,
+    folded to logical experts, with the saved placement (kind ``"vllm_maps"``, no loads,
+    for files holding the maps alone, as ``straggler-plan --format vllm`` writes them).
+
+    Raises
+    ------
+    InvalidInputError
+        Unreadable or malformed files, maps inconsistent with each other or across ranks,
+        missing or repeated ranks, window shapes that disagree, counts on empty slots.
+    """
+    files = _state_files(path)
+    return parse_vllm_states(
+        [_load(f) for f in files], files, physical_to_logical=physical_to_logical
+    )

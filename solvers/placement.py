@@ -1,0 +1,310 @@
+"""``place_experts``: replica placement that knows the dispatch will be time-aware.
+
+EPLB (:func:`~straggler.solvers.eplb.rebalance_experts`) chooses replica counts and packs
+replicas onto GPUs assuming every expert's tokens are split evenly over its replicas
+(``w / count`` per replica, mean loads of the window). Under tempo dispatch neither
+assumption holds: tempo keeps cold experts whole, splits hot ones where it pays, and the
+step costs the *per-batch* maximum over GPUs of ``max(a + b G, c + beta N)``. This module
+places for that.
+
+``method="local_search"`` (default), per layer:
+
+1. **Start** from the better, under tempo on the sampled batches (ties: the first), of
+   two EPLB placements of the window's mean load, neither with two replicas of one expert
+   on one GPU: EPLB with ``distinct=True``, and upstream EPLB with its duplicate replicas
+   collapsed and the freed slots refilled (each to the expert not on that GPU with the
+   largest mean load per replica). Which one places better varies by cell.
+2. **Score** a placement by the mean, over ``n_samples`` batches of the window (evenly
+   spaced, deterministic), of tempo's certified layer bound ``max(a + b SM, c + beta
+   lambda*, c2 + gamma lambda*)`` (:func:`~straggler.solvers.tempo.tempo_layer_bound`:
+   ``lambda*`` the exact token-LP value, ``SM`` the optimal semi-matching value, both by
+   the library's kernels, microseconds each). tempo stays within about 1% of it on decode
+   batches, so it prices the expected tempo makespan at a fraction of tempo's cost, and it
+   is exact in both pure regimes.
+3. **Moves**, keeping ``P / n_gpus`` slots per GPU and distinctness: a *replica move* gives
+   the slot of a replica of a donor expert (count >= 2, lowest peak load per replica
+   ``max_b n_b / r`` first) to a receiver expert not on that GPU (highest peak load per
+   replica first); a *swap* exchanges a single-replica expert of the GPU with the most rigid
+   load with a lighter expert of the GPU with the least, rigid load measured two ways: mean
+   tokens of its single-replica experts (the compute piece) and how often they are live in
+   the samples (the floor piece: what the semi-matching must place). Candidates are
+   tried in that order; the first that lowers the score is applied; the search stops when
+   none of the candidates improves or after ``max_evals`` scored candidates. With several
+   nodes, both moves stay inside one node (EPLB's group-to-node packing is kept).
+4. **Guard.** The result is kept only if tempo itself (the dispatcher it is built for)
+   gives a lower mean makespan than the start on the sampled batches; else the start is
+   returned. So on the batches it is built on, the placement is never worse under tempo
+   than either EPLB start.
+
+``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
+
+Everything is deterministic (no clock-based stopping). Slots of a GPU hold its experts
+in increasing index order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..formulations.cost import CostModel
+from ..formulations.dispatch import DispatchProblem
+from ..formulations.errors import InvalidInputError, param_error
+from ..formulations.validation import check_array, check_choice, check_int, check_type
+from ._semi_matching import semi_matching_kernel
+from ._token_lp_fast import token_lp_kernel
+from .dispatch import solve_dispatch
+from .eplb import rebalance_experts
+from .tempo import tempo_layer_bound
+
+__all__ = ["place_experts", "PLACEMENT_METHODS", "DEFAULT_PLACEMENT_COST"]
+
+_FUNC = "place_experts"
+#: ``method`` values of :func:`place_experts`.
+PLACEMENT_METHODS = ("local_search", "eplb")
+#: The cost model used when none is given: DSv3 Testbed A offline fit (TEMPO Table 6).
+DEFAULT_PLACEMENT_COST = "dsv3_a_offline"
+
+
+def _mask_from_p2l(p2l: np.ndarray, n_experts: int, n_gpus: int) -> np.ndarray:
+    per = p2l.size // n_gpus
+    mask = np.zeros((n_experts, n_gpus), dtype=bool)
+    mask[p2l, np.arange(p2l.size) // per] = True
+    return mask
+
+
+def _maps(masks: np.ndarray, per: int):
+    """``physical_to_logical``, ``logical_to_physical`` and ``logical_count`` of masks."""
+    L, E, g = masks.shape
+    p2l = np.empty((L, g * per), dtype=np.int64)
+    for l in range(L):
+        for h in range(g):
+            p2l[l, h * per : (h + 1) * per] = np.flatnonzero(masks[l, :, h])
+    count = masks.sum(axis=2).astype(np.int64)
+    X = int(count.max())
+    l2p = np.full((L, E, X), -1, dtype=np.int64)
+    fill = np.zeros((L, E), dtype=np.int64)
+    for l in range(L):
+        for p, e in enumerate(p2l[l]):
+            l2p[l, e, fill[l, e]] = p
+            fill[l, e] += 1
+    return p2l, l2p, count
+
+
+class _Scorer:
+    """Mean tempo layer bound over the sampled batches of one layer."""
+
+    def __init__(self, samples: np.ndarray, cost: CostModel):
+        self.samples = [np.ascontiguousarray(c, dtype=np.int64) for c in samples]
+        self.live = [c > 0 for c in self.samples]
+        self.cost = cost
+        self.evals = 0
+        self.memo: dict = {}
+
+    def __call__(self, mask: np.ndarray) -> float:
+        self.evals += 1
+        rep = np.ascontiguousarray(mask)
+        total = 0.0
+        for c, live in zip(self.samples, self.live):
+            _, num, den = token_lp_kernel(c, rep)
+            _, sm, _ = semi_matching_kernel(rep, live)
+            total += tempo_layer_bound(self.cost, num / den, int(sm))
+        return total / len(self.samples)
+
+    def tempo(self, mask: np.ndarray) -> float:
+        """Mean makespan of tempo (default method and options) on the samples (memoized:
+        the guard re-scores the start the start selection already scored)."""
+        key = np.packbits(mask).tobytes()
+        if key not in self.memo:
+            problem = DispatchProblem(counts=np.stack(self.samples), replicas=mask)
+            res = solve_dispatch(problem, self.cost, method="tempo")
+            self.memo[key] = float(np.mean(res.makespan))
+        return self.memo[key]
+
+
+def _candidates(mask, samples, node_of):
+    """Moves in trial order (module notes, step 3); each a list of (expert, gpu, value)."""
+    count = mask.sum(axis=1)
+    peak = samples.max(axis=0) / np.maximum(count, 1)
+    donors = [e for e in np.argsort(peak, kind="stable") if count[e] >= 2][:6]
+    receivers = [e for e in np.argsort(-peak, kind="stable")][:6]
+    out = []
+    for u in receivers:
+        for d in donors:
+            if d == u:
+                continue
+            for h in np.flatnonzero(mask[d]):
+                # the receiver must be new on h and (several nodes) already on h's node
+                same_node = mask[u, node_of == node_of[h]].any() or node_of.max() == 0
+                if not mask[u, h] and same_node:
+                    out.append([(d, h, False), (u, h, True)])
+                    break
+    single = mask & (count == 1)[:, None]
+    # Swaps for the compute piece (mean tokens of single-replica experts) and for the floor
+    # piece (how often single-replica experts are live: what the semi-matching must place).
+    for weight in (samples.mean(axis=0), (samples > 0).mean(axis=0)):
+        rigid = (weight[:, None] * single).sum(axis=0)
+        order = np.argsort(-rigid, kind="stable")
+        for h1 in order[:2]:
+            for h2 in order[::-1][:2]:
+                if h1 == h2 or node_of[h1] != node_of[h2]:
+                    continue
+                down = np.argsort(-weight, kind="stable")
+                e1s = [e for e in down if single[e, h1] and not mask[e, h2]][:3]
+                e2s = [e for e in down[::-1] if mask[e, h2] and not mask[e, h1]][:3]
+                for e1 in e1s:
+                    for e2 in e2s:
+                        if weight[e1] > weight[e2]:
+                            out.append([(e1, h1, 0), (e1, h2, 1), (e2, h2, 0), (e2, h1, 1)])
+    return out
+
+
+def _repair(mask, mean, node_of, per):
+    """Fill the slots freed by collapsing duplicate replicas (upstream EPLB can put two
+    replicas of an expert on one GPU): each vacancy of GPU ``h`` (increasing ``h``) goes to
+    the expert not on ``h`` (and, with several nodes, already on ``h``'s node) with the
+    largest mean load per replica, ties to the lower index."""
+    mask = mask.copy()
+    for h in range(mask.shape[1]):
+        while mask[:, h].sum() < per:
+            ok = ~mask[:, h] & mask[:, node_of == node_of[h]].any(axis=1)
+            if node_of.max() == 0:
+                ok = ~mask[:, h]
+            ratio = np.where(ok, mean / np.maximum(mask.sum(axis=1), 1), -np.inf)
+            mask[int(np.argmax(ratio)), h] = True
+    return mask
+
+
+def _local_search(starts, samples, cost, node_of, max_evals):
+    scorer = _Scorer(samples, cost)
+    # Step 1: the start with the lower tempo makespan on the samples (ties: the first).
+    start = starts[0]
+    if len(starts) > 1 and not np.array_equal(starts[0], starts[1]):
+        start = min(starts, key=scorer.tempo)
+    mask = start.copy()
+    best = scorer(mask)
+    improved = True
+    while improved and scorer.evals < max_evals:
+        improved = False
+        for move in _candidates(mask, samples, node_of):
+            if scorer.evals >= max_evals:
+                break
+            trial = mask.copy()
+            for e, h, v in move:
+                trial[e, h] = v
+            s = scorer(trial)
+            if s < best * (1 - 1e-12):
+                mask, best, improved = trial, s, True
+                break
+    if not np.array_equal(mask, start) and scorer.tempo(mask) >= scorer.tempo(start):
+        return start
+    return mask
+
+
+def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples,
+              max_evals):  # fmt: skip
+    h = check_array(history, "history", _FUNC, ndim=(2, 3), lo=0, kind="int")
+    if h.ndim == 2:
+        h = h[:, None, :]
+    if h.shape[0] < 1 or h.shape[2] < 1:
+        raise param_error(
+            "history", _FUNC, "recorded batches of shape (n_batches, n_layers, n_experts)",
+            f"shape {h.shape}",
+        )  # fmt: skip
+    num_replicas = check_int(num_replicas, "num_replicas", _FUNC, lo=1)
+    num_groups = check_int(num_groups, "num_groups", _FUNC, lo=1)
+    num_nodes = check_int(num_nodes, "num_nodes", _FUNC, lo=1)
+    num_gpus = check_int(num_gpus, "num_gpus", _FUNC, lo=1)
+    if cost is None:
+        cost = CostModel.preset(DEFAULT_PLACEMENT_COST)
+    elif isinstance(cost, str):
+        cost = CostModel.preset(cost)
+    check_type(cost, "cost", _FUNC, CostModel, "a CostModel, a preset name or None")
+    method = check_choice(method, "method", _FUNC, PLACEMENT_METHODS)
+    n_samples = check_int(n_samples, "n_samples", _FUNC, lo=1)
+    max_evals = check_int(max_evals, "max_evals", _FUNC, lo=0)
+    E = h.shape[2]
+    if num_gpus % num_nodes or num_replicas % num_gpus:
+        raise InvalidInputError(
+            f"{_FUNC} needs num_gpus % num_nodes == 0 and num_replicas % num_gpus == 0. Got "
+            f"num_replicas={num_replicas}, num_nodes={num_nodes}, num_gpus={num_gpus} instead."
+        )
+    if num_replicas // num_gpus > E:
+        raise InvalidInputError(
+            f"{_FUNC} never puts two replicas of one expert on one GPU, so a GPU holds at most "
+            f"{E} experts. Got {num_replicas // num_gpus} slots per GPU instead."
+        )
+    return h, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples, max_evals
+
+
+def place_experts(
+    history,
+    num_replicas: int,
+    num_groups: int,
+    num_nodes: int,
+    num_gpus: int,
+    *,
+    cost: CostModel | str | None = None,
+    method: str = "local_search",
+    n_samples: int = 8,
+    max_evals: int = 40,
+):
+    """Choose replica counts and GPUs to minimise the expected tempo makespan of a window.
+
+    Parameters
+    ----------
+    history : array_like of int, shape (n_batches, n_layers, n_experts) or (n_batches, n_experts)
+        Recorded routed batches (tokens per expert), the window to place for.
+    num_replicas, num_groups, num_nodes, num_gpus : int
+        As for :func:`~straggler.solvers.eplb.rebalance_experts`.
+    cost : CostModel or preset name, optional
+        The dispatch cost model; default :data:`DEFAULT_PLACEMENT_COST` (DSv3 Table 6).
+    method : {"local_search", "eplb"}, default "local_search"
+        See the module notes.
+    n_samples : int, default 8
+        Batches of the window the local search scores on (evenly spaced).
+    max_evals : int, default 40
+        Scored candidate placements per layer (the search's budget).
+
+    Returns
+    -------
+    physical_to_logical : ndarray of int64, shape (n_layers, P)
+        Slot ``p`` on GPU ``p // (P / num_gpus)``; a GPU's experts in increasing order.
+    logical_to_physical : ndarray of int64, shape (n_layers, n_experts, X)
+        Slots of each expert in increasing order, ``-1`` padded.
+    logical_count : ndarray of int64, shape (n_layers, n_experts)
+
+    Raises
+    ------
+    InvalidInputError
+        Bad shapes or values, or a layout EPLB (distinct) cannot place.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> hist = rng.poisson([40, 20, 5, 5, 3, 1, 1, 1], size=(6, 1, 8))
+    >>> p2l, l2p, cnt = place_experts(hist, 12, 1, 1, 4)
+    >>> p2l.shape, int(cnt.sum()), bool((cnt >= 1).all())
+    ((1, 12), 12, True)
+    >>> all(len(set(p2l[0, 3 * h : 3 * h + 3])) == 3 for h in range(4))  # distinct per GPU
+    True
+    """
+    h, P, G, N, g, cost, method, n_samples, max_evals = _place_iv(
+        history, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples,
+        max_evals,
+    )  # fmt: skip
+    n_batches, L, E = h.shape
+    mean = h.mean(axis=0)
+    try:
+        start_p2l, _, _ = rebalance_experts(mean, P, G, N, g, distinct=True)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
+    per = P // g
+    node_of = np.arange(g) // (g // N) if G % N == 0 else np.zeros(g, dtype=np.int64)
+    idx = np.unique(np.linspace(0, n_batches - 1, min(n_samples, n_batches)).round().astype(int))
+    masks = np.stack([_mask_from_p2l(start_p2l[l], E, g) for l in range(L)])
+    if method == "local_search":
+        up_p2l, _, _ = rebalance_experts(mean, P, G, N, g)
+        for l in range(L):
+            up = _repair(_mask_from_p2l(up_p2l[l], E, g), mean[l], node_of, per)
+            masks[l] = _local_search([masks[l], up], h[idx, l], cost, node_of, max_evals)
+    return _maps(masks, per)

@@ -1,0 +1,161 @@
+"""straggler.sim.sweep: one table from independent cells, on every backend, resumable."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from straggler.formulations.errors import BackendUnavailableError, InvalidInputError
+from straggler.sim.sweep import SweepError, SweepTable, grid_cells, sweep
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+import sweep_cells  # noqa: E402
+
+GRID = {"tokens_per_gpu": [8, 32], "skew": [0.0, 1.2], "method": ["tempo", "uniform"]}
+FIXED = {"seed": 3}
+
+
+@pytest.fixture
+def importable(monkeypatch):
+    """Worker processes (spawn, Ray) import the cell module by name: put it on their path."""
+    old = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", HERE + (os.pathsep + old if old else ""))
+
+
+@pytest.fixture(scope="module")
+def serial_table():
+    return sweep(sweep_cells.decode_cell, GRID, fixed=FIXED, backend="serial", progress=False)
+
+
+def test_grid_order_and_settings_recorded(serial_table):
+    t = serial_table
+    assert len(t) == 8
+    assert t.settings == ("tokens_per_gpu", "skew", "method", "seed")
+    assert t.results == ("makespan", "tokens")
+    assert [r["method"] for r in t.rows[:2]] == ["tempo", "uniform"]  # last name fastest
+    assert all(r["seed"] == 3 for r in t.rows)
+    assert t.column("tokens").tolist() == [8 * 4 * 8] * 4 + [32 * 4 * 8] * 4
+    # tempo never worse than the even split on the same batch
+    mk = t.column("makespan").reshape(2, 2, 2)
+    assert (mk[..., 0] <= mk[..., 1] + 1e-9).all()
+
+
+def test_process_pool_identical(serial_table, importable):
+    t = sweep(
+        sweep_cells.decode_cell, GRID, fixed=FIXED, backend="process", workers=2, progress=False
+    )
+    assert t.rows == serial_table.rows
+
+
+def test_ray_identical(serial_table, importable):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        t = sweep(sweep_cells.decode_cell, GRID, fixed=FIXED, backend="ray", progress=False)
+        assert ray.is_initialized()  # a caller's Ray is left running
+    finally:
+        ray.shutdown()
+    assert t.rows == serial_table.rows
+
+
+def test_ray_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(BackendUnavailableError, match=r"straggler\[ray\]"):
+        sweep(sweep_cells.failing_cell, {"x": [1]}, backend="ray", progress=False)
+
+
+def test_resume_skips_finished_cells(tmp_path, serial_table):
+    path = tmp_path / "t.csv"
+    calls = []
+
+    # First run: only half the grid.
+    half = {**GRID, "tokens_per_gpu": [8]}
+    sweep(sweep_cells.decode_cell, half, fixed=FIXED, backend="serial", path=path, progress=False)
+    journal = Path(str(path) + ".cells.jsonl")
+    assert len(journal.read_text().splitlines()) == 4
+    # A torn last line (interrupted write) is ignored and that cell recomputed.
+    with journal.open("a") as fh:
+        fh.write('{"settings": {"tokens_per_gpu": 32')
+
+    def counting(**kw):
+        calls.append(kw)
+        return sweep_cells.decode_cell(**kw)
+
+    t = sweep(counting, GRID, fixed=FIXED, backend="serial", path=path, progress=False)
+    assert len(calls) == 4 and all(c["tokens_per_gpu"] == 32 for c in calls)
+    assert t.rows == serial_table.rows
+    back = SweepTable.read_csv(path, settings=t.settings)
+    assert back.rows == t.rows
+    # Everything finished: nothing recomputed; resume=False recomputes all.
+    calls.clear()
+    sweep(counting, GRID, fixed=FIXED, backend="serial", path=path, progress=False)
+    assert calls == []
+    sweep(counting, GRID, fixed=FIXED, backend="serial", path=path, resume=False, progress=False)
+    assert len(calls) == 8
+    assert len(journal.read_text().splitlines()) == 8
+
+
+def test_failing_cell_keeps_finished(tmp_path):
+    path = tmp_path / "f.csv"
+    with pytest.raises(SweepError, match=r"\{'x': 2\}.*cell two fails"):
+        sweep(sweep_cells.failing_cell, {"x": [1, 2, 3]}, backend="serial", path=path)
+    lines = Path(str(path) + ".cells.jsonl").read_text().splitlines()
+    assert [json.loads(s)["settings"] for s in lines] == [{"x": 1}]
+
+
+def test_progress_plain_stderr(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    sweep(sweep_cells.failing_cell, {"x": [1, 3]}, backend="serial", desc="demo")
+    err = capsys.readouterr().err
+    assert "demo: 2/2 cells (100%)" in err
+
+
+def test_parquet_needs_pyarrow_or_writes(tmp_path):
+    path = tmp_path / "t.parquet"
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        with pytest.raises(BackendUnavailableError, match="pyarrow"):
+            sweep(sweep_cells.failing_cell, {"x": [1]}, backend="serial", path=path)
+    else:
+        sweep(sweep_cells.failing_cell, {"x": [1]}, backend="serial", path=path)
+        assert path.exists()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"grid": {"x": []}}, "non-empty sequence"),
+        ({"grid": {"x": "ab"}}, "non-empty sequence"),
+        ({"grid": {"x": [[1, 2]]}}, "must be a scalar"),
+        ({"grid": {"x": [1, 1]}}, "repeats a cell"),
+        ({"grid": {"x": [1]}, "fixed": {"x": 2}}, "both in 'grid' and in 'fixed'"),
+        ({"grid": {"not a name": [1]}}, "identifiers"),
+        ({"grid": 5}, "'grid' parameter"),
+        ({"grid": {"x": [1]}, "backend": "mpi"}, "'backend' parameter"),
+        ({"grid": {"x": [1]}, "workers": 0}, "'workers' parameter"),
+        ({"grid": {"x": [1]}, "address": "auto"}, "for backend='ray'"),
+        ({"grid": {"x": [1]}, "progress": 1}, "'progress' parameter"),
+    ],
+)
+def test_bad_input(kw, match):
+    with pytest.raises(InvalidInputError, match=match):
+        sweep(sweep_cells.failing_cell, backend=kw.pop("backend", "serial"), **kw)
+
+
+def test_bad_results():
+    with pytest.raises(SweepError, match="must be a scalar"):
+        sweep(sweep_cells.bad_result_cell, {"x": [1]}, backend="serial", progress=False)
+    with pytest.raises(InvalidInputError, match="must not reuse setting names"):
+        sweep(lambda x: {"x": 1}, {"x": [1]}, backend="serial", progress=False)
+
+
+def test_grid_as_cell_list():
+    cells = grid_cells([{"a": 1, "b": "u"}, {"a": 2, "b": "v"}], fixed={"s": 0.5})
+    assert cells == [{"a": 1, "b": "u", "s": 0.5}, {"a": 2, "b": "v", "s": 0.5}]
+    with pytest.raises(InvalidInputError, match="same setting"):
+        grid_cells([{"a": 1}, {"b": 2}])

@@ -122,6 +122,7 @@ it), raised by the repair's MILP dual bound when one ran.
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -249,6 +250,16 @@ def _pool(n_threads):
         return _POOL[0]
 
 
+@functools.lru_cache(maxsize=64)
+def _kernel_params(cost: CostModel):
+    """``cost.as_array()`` and its :class:`KernelCost`, once per cost model (a frozen,
+    hashable value; building them costs a few microseconds per layer otherwise). The array
+    stays writeable (a read-only one is another numba type, compiled again); no kernel
+    writes to its inputs."""
+    c = cost.as_array()
+    return c, kernel_cost(c)
+
+
 class _Layer(NamedTuple):
     """What the kernels return for one layer (before the repair)."""
 
@@ -350,11 +361,10 @@ class Tempo:
         return self.repair_budget_s > 0 and m > bound + self.repair_gap * m + 1e-12
 
     def _solution(self, problem, cost, lay: _Layer) -> LayerSolution:
-        info = lay.info
-        extras = {name: float(v) for name, v in zip(INFO_FIELDS, info)}
-        extras["rebalanced"] = bool(lay.makespan < info[0])
+        extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
+        extras["rebalanced"] = lay.makespan < extras["makespan"]
         extras["makespan_stage4"] = extras["makespan"]
-        extras["choice"] = CHOICES[int(info[INFO_FIELDS.index("choice")])]
+        extras["choice"] = CHOICES[int(extras["choice"])]
         for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
             extras[k] = int(extras[k])
         extras["token_lp_value"] = lay.num / lay.den
@@ -387,9 +397,8 @@ class Tempo:
         """One validated layer."""
         counts = np.ascontiguousarray(problem.counts, dtype=np.int64)
         replicas = np.ascontiguousarray(problem.replicas)
-        c = cost.as_array()
-        lay = self._arrays(cost, kernel_cost(c), c, counts, replicas)
-        return self._solution(problem, cost, lay)
+        c, kcost = _kernel_params(cost)
+        return self._solution(problem, cost, self._arrays(cost, kcost, c, counts, replicas))
 
     def solve_stack(self, problems, cost: CostModel, *, time_limit, rng) -> list[LayerSolution]:
         """Every layer, in parallel over layers on a thread pool around the ``nogil`` kernels.
@@ -401,8 +410,7 @@ class Tempo:
         stack solve).
         """
         problems = list(problems)
-        c = cost.as_array()
-        kcost = kernel_cost(c)
+        c, kcost = _kernel_params(cost)
         counts = [np.ascontiguousarray(p.counts, dtype=np.int64) for p in problems]
         replicas = [np.ascontiguousarray(p.replicas) for p in problems]
         n_threads = max(1, min(numba.get_num_threads(), len(problems)))

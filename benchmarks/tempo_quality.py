@@ -25,6 +25,9 @@ proven optimum. The MILP optimum is over fractional shares; tempo dispatches who
 so for each layer whose repaired ratio exceeds 1.001 the whole-token optimum (the same
 MILP with integral shares) is solved too and reported beside it.
 
+``--baseline REV`` also runs the tempo kernel of git revision ``REV`` (e.g. ``9c0a042``,
+the tree before issue 9, with its support rebalance) on every layer, side by side.
+
 Oracle results are cached (``--cache``, keyed by the layer's counts, replicas and preset),
 so a rerun after a change to tempo only re-solves tempo.
 
@@ -153,6 +156,25 @@ def _integral_optimum(problem, cost, shares, makespan, time_limit):
     return float(sol.objective), sol.status.name
 
 
+def _baseline_makespan(base, problem, cost):
+    """Makespan of the baseline tempo kernel path (token LP, semi-matching, its kernel and
+    the support rebalance, as ``tempo_speed.py`` times it)."""
+    from straggler.formulations.dispatch import evaluate
+    from straggler.solvers._semi_matching import semi_matching_kernel
+    from straggler.solvers._token_lp_fast import support_rebalance_kernel, token_lp_kernel
+
+    counts = np.ascontiguousarray(problem.counts, np.int64)
+    R = np.ascontiguousarray(problem.replicas)
+    c = cost.as_array()
+    lp, num, den = token_lp_kernel(counts, R)
+    assign, sm, _ = semi_matching_kernel(R, counts > 0)
+    x, info = base.tempo_kernel(counts, R, c, lp, assign, True, True, True, True, 0.01, 300)
+    lam = num / den
+    if info[0] > max(c[3] + c[4] * lam, c[0] + c[1] * sm, c[5] + c[6] * lam):
+        x, _, _ = support_rebalance_kernel(counts, x, c)
+    return float(evaluate(problem, cost, x).makespan)
+
+
 def _stats(r):
     r = np.asarray(r, dtype=float)
     if r.size == 0:
@@ -169,6 +191,7 @@ def main(argv=None):
     ap.add_argument("--time-limit", type=float, default=60.0, help="MILP seconds per layer")
     ap.add_argument("--ablation", action="store_true", help="also each stage switched off")
     ap.add_argument("--limit", type=int, default=None, help="at most this many layers a family")
+    ap.add_argument("--baseline", default=None, help="git revision of a tempo to compare")
     ap.add_argument("--cache", default=str(RESULTS / "tempo_quality_oracle.json"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -178,6 +201,11 @@ def main(argv=None):
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     rows = []
     t_start = time.time()
+    base = None
+    if args.baseline:
+        from tempo_speed import load_baseline  # (this folder)
+
+        base, _ = load_baseline(args.baseline)
     head = ("family", "i", "cost", "E", "g", "rep", "B", "tempo", "+repair", "OPT", "ratio",
             "rep.ratio", "status")  # fmt: skip
     widths = (8, 4, 20, 4, 3, 5, 6, 9, 9, 9, 8, 9, 8)
@@ -221,6 +249,10 @@ def main(argv=None):
                     if ist == "OPTIMAL":
                         row["ratio_integral"] = t.makespan / io
                         row["ratio_repaired_integral"] = tr.makespan / io
+            if base is not None:
+                row["baseline"] = _baseline_makespan(base, prob, cost)
+                if proved:
+                    row["ratio_baseline"] = row["baseline"] / o["opt"]
             if args.ablation:
                 row["ablation"] = {
                     s: float(solve_dispatch(prob, cost, method="tempo", repair_budget_s=0.0,
@@ -243,6 +275,7 @@ def main(argv=None):
             proved=len(ok),
             no_repair=_stats([r["ratio"] for r in ok]),
             repair=_stats([r["ratio_repaired"] for r in ok]),
+            baseline=_stats([r["ratio_baseline"] for r in ok if "ratio_baseline" in r]),
             repair_fired=sum(r["repair_status"] not in ("not needed", "off") for r in fr),
             repair_improved=sum(
                 r["repair_status"] in ("improved", "optimal") and r["repaired"] < r["tempo"]
@@ -265,15 +298,16 @@ def main(argv=None):
             }
         summary[fam] = s
     print()
-    print(f"{'family':>8} {'proved':>9} {'':>3} {'mean':>8} {'p95':>8} {'max':>8} {'>1.001':>6} "
+    print(f"{'family':>8} {'proved':>9} {'':>7} {'mean':>8} {'p95':>8} {'max':>8} {'>1.001':>6} "
           f"{'>1.005':>6} {'>1.01':>6}  lb<=OPT")  # fmt: skip
     for fam, s in summary.items():
-        for label in ("no_repair", "repair"):
+        for label in ("baseline", "no_repair", "repair"):
             st = s[label]
             if not st.get("n"):
                 continue
             lb_ok = f"{s['proved'] - s['lb_violations']}/{s['proved']}"
-            print(f"{fam:>8} {s['proved']:4d}/{s['layers']:<4d} {label[:3]:>3} {st['mean']:8.5f} "
+            tag = {"baseline": "before", "no_repair": "tempo", "repair": "+repair"}[label]
+            print(f"{fam:>8} {s['proved']:4d}/{s['layers']:<4d} {tag:>7} {st['mean']:8.5f} "
                   f"{st['p95']:8.5f} {st['max']:8.5f} {st['over_1001']:6d} {st['over_1005']:6d} "
                   f"{st['over_101']:6d}  {lb_ok}")  # fmt: skip
     print("goals: no repair mean <= 1.0003 and max <= 1.005 per family; with repair max <= 1.001")

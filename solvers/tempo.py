@@ -21,11 +21,13 @@ cost model.
    (GPUs, experts, GPUs by increasing index); 2-step chains are searched only when no
    1-step chain applies. Each chain lowers ``(Gmax, #GPUs at Gmax)`` lexicographically, so
    the stage ends.
-3. **Bottleneck local search.** Each iteration applies the best move (lowest largest new
-   time; first found on ties, sources ``s`` by increasing index) of the first of these
-   neighbourhoods that has one improving move, from the GPUs ``s`` at the makespan ``M``;
-   a move improves iff every GPU it changes ends below ``M`` (then the makespan drops or,
-   with several GPUs at ``M``, the number of GPUs at it does, so the search cannot cycle):
+3. **Bottleneck local search.** Each iteration applies one improving move from the GPUs
+   ``s`` at the makespan ``M``: the best move or partial migration (a) when there is one,
+   else the best of the token paths, swaps, ejection chains and exchanges (b-e; the lowest
+   largest new time, first found on ties in this order, sources ``s`` by increasing
+   index). A move improves iff every GPU it changes ends below ``M`` (then the makespan
+   drops or, with several GPUs at ``M``, the number of GPUs at it does, so the search
+   cannot cycle; proofs/THEOREMS.md, Proposition 2):
 
    a. *moves*: ``q`` tokens of an expert from ``s`` to another of its replicas ``d``, the
       whole share or a partial migration ``1 <= q < x[e, s]`` (``e``, ``d`` increasing,
@@ -61,9 +63,10 @@ cost model.
       Dijkstra on (largest new time, share index), one label per share, the GPUs of each
       path distinct; the best exchange found is applied;
    f. *leximax*: without any of these at ``M``, the first GPU below ``M`` by decreasing
-      time (ties: lower index) with a move, token path or exchange taking all its new
-      times below its own time (a strict decrease of the sorted vector of times, so the
-      search still cannot cycle), which makes room for the moves above.
+      time (ties: lower index) that has a move (a), else a token path or exchange (the
+      better of the two), taking all its new times below its own time (a strict decrease
+      of the sorted vector of times, so the search still cannot cycle), which makes room
+      for the moves above.
 
    The search stops at ``max_iter`` moves, without a move, or at the lower bound
    ``max(t(0, ceil(lambda*), 0), t(SM, 0, SM), certified bound)`` that no whole-token

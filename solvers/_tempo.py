@@ -415,8 +415,9 @@ def _stage_seed(counts, order, lists, cost, seed):
     puts each on its lowest-index replica instead."""
     E, g = lists.replicas.shape
     x = np.zeros((E, g), np.int64)
-    st = _state_of(x, lists, cost)
-    gnt = st.gnt
+    gnt = np.zeros((3, g), np.int64)
+    times = np.full(g, _t(cost, _ZERO, _ZERO, _ZERO))
+    st = _State(x, gnt, times, np.empty((g, E), np.int64), np.zeros(g, np.int64))
     for i in range(E):
         e = order[i]
         n = counts[e]
@@ -431,7 +432,7 @@ def _stage_seed(counts, order, lists, cost, seed):
                 best = h
                 break
             tn = _t(cost, gnt[_G, h] + 1, gnt[_N, h] + n, gnt[_T, h] + _tiles(n, cost.tile))
-            k1 = tn - st.times[h]
+            k1 = tn - times[h]
             if best < 0 or k1 < bk1 or (k1 == bk1 and tn < bk2):
                 best = h
                 bk1 = k1
@@ -440,7 +441,7 @@ def _stage_seed(counts, order, lists, cost, seed):
         gnt[_G, best] += 1
         gnt[_N, best] += n
         gnt[_T, best] += _tiles(n, cost.tile)
-        st.times[best] = _t(cost, gnt[_G, best], gnt[_N, best], gnt[_T, best])
+        times[best] = _t(cost, gnt[_G, best], gnt[_N, best], gnt[_T, best])
     _act_build(x, lists, st.act, st.act_n)
     return st
 

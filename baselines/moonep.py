@@ -25,13 +25,13 @@ TEMPO §5.7 and Appendix H replay this policy with the weight prefetch either fr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
 from typing import ClassVar
 
 import numpy as np
 
 from ..formulations.dispatch import DispatchProblem, evaluate
-from ..formulations.errors import InvalidOptionError
+from ..formulations.errors import param_error
+from ..formulations.validation import check_array, check_real
 from ..solvers.registry import LayerSolution, register_dispatch_method
 
 __all__ = ["MoonEP", "moonep_plan"]
@@ -74,8 +74,7 @@ def moonep_plan(counts, replicas):
     >>> alloc.sum(axis=0).tolist(), alloc.tolist()
     ([4, 4, 4, 4], [[4, 2, 1, 3], [0, 2, 0, 0], [0, 0, 3, 0], [0, 0, 0, 1]])
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    replicas = np.asarray(replicas, dtype=bool)
+    counts, replicas = _moonep_plan_iv(counts, replicas)
     n_experts, n_gpus = replicas.shape
     home = np.where(replicas.any(axis=1), replicas.argmax(axis=1), -1).astype(np.int64)
     total = int(counts.sum())
@@ -122,6 +121,17 @@ def moonep_plan(counts, replicas):
     return alloc, home, quota
 
 
+def _moonep_plan_iv(counts, replicas):
+    func = "moonep_plan"
+    counts = check_array(counts, "counts", func, kind="int", ndim=1, lo=0)
+    E = counts.shape[0]
+    form = f"a boolean mask of shape ({E}, n_gpus >= 1)"
+    replicas = check_array(replicas, "replicas", func, kind="bool", ndim=2, expected=form)
+    if replicas.shape[0] != E or replicas.shape[1] < 1:
+        raise param_error("replicas", func, form, f"shape {replicas.shape}")
+    return counts, replicas
+
+
 @register_dispatch_method("moonep")
 @dataclass(frozen=True, kw_only=True)
 class MoonEP:
@@ -134,14 +144,17 @@ class MoonEP:
     ``check_shares(problem, shares)`` fails whenever a weight moved. The class attribute
     ``moves_weights = True`` marks this for generic code.
 
-    The makespan that ``solve_dispatch`` reports is the evaluator's on these shares, i.e.
-    with the weight prefetch **free** (TEMPO's optimistic accounting), also in
-    ``extras["makespan_weight_free"]``. ``extras["makespan_charged"]`` adds the prefetch to
-    every receiving GPU: ``t_g + charge_ratio * b * m_g`` with ``m_g`` moved replicas on
-    ``g`` (reading a weight over the interconnect at ``1/charge_ratio`` of HBM bandwidth
-    costs ``charge_ratio`` times the HBM floor ``b``; the prefetch precedes the GEMMs).
-    Certified lower bounds computed from the problem's mask do not bound this method, which
-    uses more replicas than the problem allows.
+    ``solve_dispatch`` scores, checks and certifies the result on that augmented mask (the
+    method hands it over as ``LayerSolution.replicas``): the ``lower_bound`` is a bound on
+    the optimum *with the replicas MoonEP created*, never above its makespan, and a status
+    OPTIMAL means optimal on that mask (bounds on the problem's own mask do not bound
+    MoonEP, which uses more replicas than the problem allows). The makespan it reports is
+    the evaluator's on these shares, i.e. with the weight prefetch **free** (TEMPO's
+    optimistic accounting), also in ``extras["makespan_weight_free"]``.
+    ``extras["makespan_charged"]`` adds the prefetch to every receiving GPU:
+    ``t_g + charge_ratio * b * m_g`` with ``m_g`` moved replicas on ``g`` (reading a weight
+    over the interconnect at ``1/charge_ratio`` of HBM bandwidth costs ``charge_ratio`` times
+    the HBM floor ``b``; the prefetch precedes the GEMMs).
 
     Parameters
     ----------
@@ -174,12 +187,10 @@ class MoonEP:
     moves_weights: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        ok = isinstance(self.charge_ratio, Real) and not isinstance(self.charge_ratio, bool)
-        if not ok or not (0 <= float(self.charge_ratio) < float("inf")):
-            raise InvalidOptionError(
-                "The 'charge_ratio' option of the moonep method must be a finite non-negative "
-                f"number. Got {self.charge_ratio!r} instead."
-            )
+        func = "solve_dispatch(method='moonep')"
+        object.__setattr__(
+            self, "charge_ratio", check_real(self.charge_ratio, "charge_ratio", func, lo=0)
+        )
 
     def solve(self, problem: DispatchProblem, cost, *, time_limit=None, rng=None) -> LayerSolution:
         """Dispatch one layer (see the class docstring)."""
@@ -201,4 +212,4 @@ class MoonEP:
             "makespan_charged": float(charged.max()),
             "charge_us_per_replica": per,
         }
-        return LayerSolution(shares=shares, extras=extras)
+        return LayerSolution(shares=shares, extras=extras, replicas=augmented)

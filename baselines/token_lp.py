@@ -109,12 +109,13 @@ class TokenLP:
                 replicas=restrict_to_topology(problem, self.topology),
                 gpu_node=problem.gpu_node,
             )
-        shares, value = solve_token_lp(sub, cost, time_limit=time_limit)
-        return LayerSolution(
-            shares=shares,
-            status=Status.HEURISTIC,
-            extras={"max_tokens": value, "topology": self.topology},
-        )
+        lp = solve_token_lp(sub, cost, time_limit=time_limit, full_output=True)
+        # at the time limit: the incumbent (or LPLB's even split), not claimed as the LP optimum
+        status = Status.HEURISTIC if lp.status is Status.OPTIMAL else Status.FEASIBLE
+        extras = {"max_tokens": lp.value, "topology": self.topology}
+        if lp.fallback is not None:
+            extras["fallback"] = lp.fallback
+        return LayerSolution(shares=lp.shares, status=status, extras=extras)
 
 
 def sglang_lp_sample(counts, lp_shares, rng) -> np.ndarray:
@@ -168,8 +169,11 @@ class SGLangLP:
 
     def solve(self, problem, cost, *, time_limit, rng) -> LayerSolution:
         """Dispatch one layer (see the class docstring)."""
-        lp, value = solve_token_lp(problem, cost, time_limit=time_limit)
+        lp = solve_token_lp(problem, cost, time_limit=time_limit, full_output=True)
         gen = check_rng(rng, "solve_dispatch(method='sglang_lp')")
-        shares = sglang_lp_sample(problem.counts, lp, gen)
+        shares = sglang_lp_sample(problem.counts, lp.shares, gen)
         realised = float(shares.sum(axis=0).max(initial=0.0))
-        return LayerSolution(shares=shares, extras={"lp_max_tokens": value, "max_tokens": realised})
+        extras = {"lp_max_tokens": lp.value, "max_tokens": realised}
+        # at the time limit the LP's incumbent is sampled, and the status says so
+        status = Status.HEURISTIC if lp.status is Status.OPTIMAL else Status.FEASIBLE
+        return LayerSolution(shares=shares, status=status, extras=extras)

@@ -60,13 +60,16 @@ class TokenLayout(NamedTuple):
 
 def layout_top_k(counts, top_k: int) -> int:
     """The experts per token of :func:`token_layout`: the largest ``k <= top_k`` with
-    ``max(counts) <= ceil(sum(counts) / k)`` (1 for an empty batch).
+    ``max(counts) <= ceil(sum(counts) / k)`` and at most as many as the experts with tokens
+    (a token's ``k`` experts are distinct); 1 for an empty batch.
 
     Examples
     --------
     >>> layout_top_k([600, 30, 30, 30, 30, 30, 30], 8)
     1
     >>> layout_top_k([3, 3, 2], 2)
+    2
+    >>> layout_top_k([1, 1, 0], 10**9)
     2
     """
     n = check_array(counts, "counts", "layout_top_k", kind="int", ndim=1, lo=0)
@@ -75,7 +78,8 @@ def layout_top_k(counts, top_k: int) -> int:
     if total == 0:
         return 1
     peak = int(n.max())
-    for k in range(top_k, 0, -1):
+    # O(live experts) whatever top_k is: no token can hold more distinct experts than that
+    for k in range(min(top_k, int(np.count_nonzero(n))), 0, -1):
         if peak <= -(-total // k):
             return k
     return 1  # pragma: no cover - k = 1 always qualifies

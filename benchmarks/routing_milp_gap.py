@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
                 for name, kw in POLICIES.items():
                     d = route_batch(s, L, free, rng=int(rng.integers(2**31)), **kw)
                     check_assignment(d.assignment, s, free)
-                    exc[name].append(d.imbalance_after - opt)
+                    exc[name].append(d.imbalance - opt)
             jsq_sum = max(sum(exc["JSQ"]), 1e-9)
             row = {
                 "G": G,

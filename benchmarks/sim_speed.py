@@ -22,6 +22,7 @@ from straggler.sim import generate_trace, load_trace, simulate
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACE = ROOT / ".." / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 POLICIES = [
+    ("brs", {}),
     ("random", {}),
     ("round_robin", {}),
     ("p2c", {}),

@@ -32,7 +32,7 @@ from .metrics import (
     vllm_balancedness,
 )
 from .milp import MilpModel, RowBuilder
-from .results import DispatchResult, Status, worst_status
+from .results import DispatchResult, RoutingResult, Status, worst_status
 from .routing import (
     ClusterState,
     apply_assignment,
@@ -80,6 +80,7 @@ __all__ = [
     "MilpModel",
     "RowBuilder",
     "DispatchResult",
+    "RoutingResult",
     "Status",
     "worst_status",
 ]

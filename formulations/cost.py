@@ -16,24 +16,10 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .errors import InvalidInputError, InvalidOptionError, param_error
+from .errors import InvalidInputError
+from .validation import check_choice, check_int, check_options, check_real
 
 __all__ = ["CostModel", "PRESETS"]
-
-
-def _check_param(name: str, value, *, positive_int: bool = False) -> float:
-    if positive_int:
-        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
-        if not ok:
-            raise param_error(name, "CostModel", "a positive integer", repr(value))
-        return int(value)
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise param_error(name, "CostModel", "a finite non-negative number", repr(value)) from None
-    if isinstance(value, bool) or not math.isfinite(v) or v < 0:
-        raise param_error(name, "CostModel", "a finite non-negative number", repr(value))
-    return v
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,17 +68,8 @@ class CostModel:
     gamma: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("a", "b", "c", "beta", "b2"):
-            object.__setattr__(self, name, _check_param(name, getattr(self, name)))
-        object.__setattr__(self, "tile", _check_param("tile", self.tile, positive_int=True))
-        if (self.c2 is None) != (self.gamma is None):
-            raise InvalidInputError(
-                "The 'c2' and 'gamma' parameters of CostModel must be given together "
-                f"(the traffic piece of Eq. 4). Got c2={self.c2!r}, gamma={self.gamma!r} instead."
-            )
-        if self.c2 is not None:
-            object.__setattr__(self, "c2", _check_param("c2", self.c2))
-            object.__setattr__(self, "gamma", _check_param("gamma", self.gamma))
+        for name, value in _cost_model_iv(self).items():
+            object.__setattr__(self, name, value)
 
     # --- derived views ---------------------------------------------------------------
     @property
@@ -154,25 +131,37 @@ class CostModel:
     def replace(self, **changes) -> CostModel:
         """A copy with some parameters changed (validated again)."""
         kw = {f.name: getattr(self, f.name) for f in fields(self)}
-        unknown = set(changes) - set(kw)
-        if unknown:
-            raise InvalidOptionError(
-                f"CostModel.replace got unknown parameter(s) {sorted(unknown)}; "
-                f"expected some of {sorted(kw)}."
-            )
+        check_options(changes, kw, "CostModel.replace", "parameter")
         kw.update(changes)
         return CostModel(**kw)
 
     @classmethod
     def preset(cls, name: str) -> CostModel:
         """A calibrated parameter set by name; see :data:`PRESETS` for the list and sources."""
-        try:
-            return cls(**PRESETS[name])
-        except KeyError:
-            raise InvalidOptionError(
-                f"The 'name' parameter of CostModel.preset must be one of {sorted(PRESETS)}. "
-                f"Got {name!r} instead."
-            ) from None
+        return cls(**PRESETS[check_choice(name, "name", "CostModel.preset", sorted(PRESETS))])
+
+
+def _cost_model_iv(m: CostModel) -> dict:
+    """Validated, normalized parameters of a :class:`CostModel` (floats, an int tile).
+
+    Every parameter is a finite non-negative real number (never a bool or a string such as
+    ``"0.1"``); ``tile`` an integer >= 1; ``c2`` and ``gamma`` given together or not at all.
+    """
+    func = "CostModel"
+    out = {
+        name: check_real(getattr(m, name), name, func, lo=0)
+        for name in ("a", "b", "c", "beta", "b2")
+    }
+    out["tile"] = check_int(m.tile, "tile", func, lo=1)
+    if (m.c2 is None) != (m.gamma is None):
+        raise InvalidInputError(
+            "The 'c2' and 'gamma' parameters of CostModel must be given together "
+            f"(the traffic piece of Eq. 4). Got c2={m.c2!r}, gamma={m.gamma!r} instead."
+        )
+    if m.c2 is not None:
+        out["c2"] = check_real(m.c2, "c2", func, lo=0)
+        out["gamma"] = check_real(m.gamma, "gamma", func, lo=0)
+    return out
 
 
 #: Every calibrated parameter set the TEMPO paper reports (Tables 6 and 7) and the H20

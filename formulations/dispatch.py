@@ -16,11 +16,13 @@ import numpy as np
 
 from .cost import CostModel
 from .errors import InfeasibleSharesError, InvalidInputError, param_error
+from .validation import check_array, check_int, check_real, check_type
 
 __all__ = [
     "DispatchProblem",
     "Evaluation",
     "evaluate",
+    "evaluate_arrays",
     "check_shares",
     "tile_count",
     "basic_lower_bound",
@@ -34,48 +36,70 @@ CONSERVATION_RTOL = 1e-9
 TILE_SLACK = 1e-7
 
 
-def _as_counts(counts, func: str) -> np.ndarray:
-    try:
-        arr = np.asarray(counts)
-    except Exception:  # pragma: no cover - numpy accepts nearly anything
-        raise param_error(
-            "counts", func, "an array of non-negative integers", repr(counts)
-        ) from None
-    if arr.ndim not in (1, 2) or arr.size == 0 and arr.ndim == 1 and arr.shape[0] == 0:
-        raise param_error(
-            "counts",
-            func,
-            "a non-empty 1-D (n_experts,) or 2-D (n_layers, n_experts) array "
-            "of non-negative integers",
-            f"shape {arr.shape}",
+#: Largest token count accepted per expert (float64 sums of counts stay exact below 2**53).
+MAX_COUNT = 2**52
+
+_COUNTS_FORM = (
+    "a non-empty 1-D (n_experts,) or 2-D (n_layers >= 1, n_experts) array of non-negative "
+    "integers below 2**52"
+)
+
+
+def _counts_iv(counts, func: str) -> np.ndarray:
+    """``counts`` as int64, 1-D ``(E,)`` or 2-D ``(L, E)`` with ``E, L >= 1``."""
+    arr = check_array(
+        counts, "counts", func, kind="int", ndim=(1, 2), lo=0, hi=MAX_COUNT, expected=_COUNTS_FORM
+    )
+    if 0 in arr.shape:
+        raise param_error("counts", func, _COUNTS_FORM, f"shape {arr.shape}")
+    return arr
+
+
+def _problem_iv(counts, replicas, gpu_node, func: str = "DispatchProblem"):
+    """Validated, normalized ``(counts, replicas, gpu_node)`` of a :class:`DispatchProblem`.
+
+    Returns fresh read-only arrays: counts int64 ``(E,)`` or ``(L, E)``; replicas bool
+    ``(E, g)`` or ``(L, E, g)`` (a 2-D mask with 2-D counts is repeated for every layer);
+    gpu_node int64 ``(g,)`` or None.
+    """
+    counts = _counts_iv(counts, func)
+    if counts.ndim == 1:
+        E = counts.shape[0]
+        form = f"a boolean (or 0/1) mask of shape (n_experts={E}, n_gpus >= 1)"
+        rep = check_array(replicas, "replicas", func, kind="bool", ndim=2, expected=form)
+        if rep.shape[0] != E or rep.shape[1] < 1:
+            raise param_error("replicas", func, form, f"shape {rep.shape}")
+    else:
+        L, E = counts.shape
+        form = f"a boolean (or 0/1) mask of shape ({E}, n_gpus >= 1) or ({L}, {E}, n_gpus >= 1)"
+        rep = check_array(replicas, "replicas", func, kind="bool", ndim=(2, 3), expected=form)
+        if rep.ndim == 2:
+            if rep.shape[0] != E or rep.shape[1] < 1:
+                raise param_error("replicas", func, form, f"shape {rep.shape}")
+            rep = np.broadcast_to(rep, (L, *rep.shape))
+        elif rep.shape[:2] != (L, E) or rep.shape[2] < 1:
+            raise param_error("replicas", func, form, f"shape {rep.shape}")
+    orphan = (counts > 0) & ~rep.any(axis=-1)
+    if orphan.any():
+        idx = tuple(int(i) for i in np.argwhere(orphan)[0])
+        raise InvalidInputError(
+            f"The 'replicas' parameter of {func} must give every expert with tokens at "
+            f"least one replica. Got expert {idx[-1]}"
+            + (f" of layer {idx[0]}" if len(idx) == 2 else "")
+            + f" with {int(counts[idx])} tokens and no replica instead."
         )
-    if arr.dtype == bool or not (
-        np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
-    ):
-        raise param_error("counts", func, "an array of non-negative integers", f"dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.floating):
-        if not np.all(np.isfinite(arr)):
-            raise param_error(
-                "counts", func, "an array of finite non-negative integers", "NaN or infinite values"
-            )
-        if np.any(arr != np.round(arr)):
-            bad = arr[arr != np.round(arr)].ravel()[0]
-            raise param_error(
-                "counts",
-                func,
-                "an array of non-negative integers",
-                f"non-integer value {bad.item()!r}",
-            )
-    if np.any(arr < 0):
-        raise param_error(
-            "counts",
-            func,
-            "an array of non-negative integers",
-            f"negative value {arr.min().item()!r}",
+    node = None
+    if gpu_node is not None:
+        n_gpus = rep.shape[-1]
+        node = check_array(
+            gpu_node, "gpu_node", func, kind="int", ndim=1, shape=(n_gpus,), lo=0, copy=True
         )
-    if arr.size and arr.max() > 2**52:
-        raise param_error("counts", func, "integers below 2**52", f"{arr.max()!r}")
-    return arr.astype(np.int64)
+    counts = np.array(counts, dtype=np.int64, copy=True)
+    rep = np.array(rep, dtype=np.bool_, order="C", copy=True)
+    for a in (counts, rep, node):
+        if a is not None:
+            a.setflags(write=False)
+    return counts, rep, node
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -110,69 +134,7 @@ class DispatchProblem:
     gpu_node: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        func = "DispatchProblem"
-        counts = _as_counts(self.counts, func)
-        rep = np.asarray(self.replicas)
-        if rep.dtype != bool:
-            if not (np.issubdtype(rep.dtype, np.integer) and np.isin(rep, (0, 1)).all()):
-                raise param_error("replicas", func, "a boolean (or 0/1) mask", f"dtype {rep.dtype}")
-            rep = rep.astype(bool)
-        if counts.ndim == 1:
-            if rep.ndim != 2 or rep.shape[0] != counts.shape[0] or rep.shape[1] < 1:
-                raise param_error(
-                    "replicas",
-                    func,
-                    f"a boolean mask of shape (n_experts={counts.shape[0]}, n_gpus>=1)",
-                    f"shape {rep.shape}",
-                )
-        else:
-            L, E = counts.shape
-            if rep.ndim == 2:
-                if rep.shape[0] != E or rep.shape[1] < 1:
-                    raise param_error(
-                        "replicas",
-                        func,
-                        f"a boolean mask of shape ({E}, n_gpus) or ({L}, {E}, n_gpus)",
-                        f"shape {rep.shape}",
-                    )
-                rep = np.broadcast_to(rep, (L, *rep.shape))
-            elif rep.ndim != 3 or rep.shape[:2] != (L, E) or rep.shape[2] < 1:
-                raise param_error(
-                    "replicas",
-                    func,
-                    f"a boolean mask of shape ({E}, n_gpus) or ({L}, {E}, n_gpus)",
-                    f"shape {rep.shape}",
-                )
-        orphan = (counts > 0) & ~rep.any(axis=-1)
-        if orphan.any():
-            idx = tuple(int(i) for i in np.argwhere(orphan)[0])
-            raise InvalidInputError(
-                f"The 'replicas' parameter of {func} must give every expert with tokens at "
-                f"least one replica. Got expert {idx[-1]}"
-                + (f" of layer {idx[0]}" if len(idx) == 2 else "")
-                + f" with {int(counts[idx])} tokens and no replica instead."
-            )
-        node = self.gpu_node
-        if node is not None:
-            node = np.asarray(node)
-            n_gpus = rep.shape[-1]
-            if (
-                node.shape != (n_gpus,)
-                or not np.issubdtype(node.dtype, np.integer)
-                or (node < 0).any()
-            ):
-                raise param_error(
-                    "gpu_node",
-                    func,
-                    f"a 1-D array of {n_gpus} non-negative integers",
-                    f"{node.dtype} array of shape {node.shape}",
-                )
-            node = node.astype(np.int64).copy()
-            node.setflags(write=False)
-        counts = counts.copy()
-        rep = np.ascontiguousarray(rep).copy()
-        counts.setflags(write=False)
-        rep.setflags(write=False)
+        counts, rep, node = _problem_iv(self.counts, self.replicas, self.gpu_node)
         object.__setattr__(self, "counts", counts)
         object.__setattr__(self, "replicas", rep)
         object.__setattr__(self, "gpu_node", node)
@@ -206,6 +168,7 @@ class DispatchProblem:
 
     def layer(self, l: int) -> DispatchProblem:
         """The single-layer problem of layer ``l`` (the problem itself if not a stack)."""
+        l = check_int(l, "l", "DispatchProblem.layer", lo=0, hi=self.n_layers - 1)
         if not self.is_stack:
             return self
         # The stack was validated once; its slices are valid read-only views, so the
@@ -246,54 +209,19 @@ class DispatchProblem:
         >>> p.replicas.astype(int).tolist()
         [[1, 1], [1, 1]]
         """
-        func = "DispatchProblem.from_placement"
-        p2l = np.asarray(physical_to_logical)
-        if not isinstance(n_gpus, (int, np.integer)) or isinstance(n_gpus, bool) or n_gpus < 1:
-            raise param_error("n_gpus", func, "a positive integer", repr(n_gpus))
-        if p2l.ndim not in (1, 2) or not np.issubdtype(p2l.dtype, np.integer) or p2l.shape[-1] == 0:
-            raise param_error(
-                "physical_to_logical",
-                func,
-                "a 1-D or 2-D integer array",
-                f"{p2l.dtype} shape {p2l.shape}",
-            )
+        counts_arr, p2l, n_gpus, node = _from_placement_iv(
+            counts, physical_to_logical, n_gpus, gpu_node
+        )
         P = p2l.shape[-1]
-        if P % n_gpus:
-            raise param_error(
-                "physical_to_logical",
-                func,
-                f"a number of slots divisible by n_gpus={n_gpus}",
-                f"{P} slots",
-            )
-        counts_arr = _as_counts(counts, func)
-        E = counts_arr.shape[-1]
-        if (p2l < -1).any() or (p2l >= E).any():
-            raise param_error(
-                "physical_to_logical",
-                func,
-                f"entries in [-1, {E - 1}]",
-                f"range [{p2l.min()}, {p2l.max()}]",
-            )
-        per = P // n_gpus
-        gpu_of_slot = np.arange(P) // per
+        gpu_of_slot = np.arange(P) // (P // n_gpus)
         p2l2 = p2l.reshape(-1, P)
-        if counts_arr.ndim == 1 and p2l2.shape[0] != 1:
-            raise param_error(
-                "physical_to_logical", func, "1-D for 1-D counts", f"shape {p2l.shape}"
-            )
-        if counts_arr.ndim == 2 and p2l.ndim == 2 and p2l.shape[0] != counts_arr.shape[0]:
-            raise param_error(
-                "physical_to_logical",
-                func,
-                f"shape ({counts_arr.shape[0]}, P) matching the layers of counts",
-                f"shape {p2l.shape}",
-            )
+        E = counts_arr.shape[-1]
         rep = np.zeros((p2l2.shape[0], E, n_gpus), dtype=bool)
         for l in range(p2l2.shape[0]):
             ok = p2l2[l] >= 0
             rep[l, p2l2[l][ok], gpu_of_slot[ok]] = True
         rep = rep[0] if p2l.ndim == 1 else rep
-        return cls(counts=counts_arr, replicas=rep, gpu_node=gpu_node)
+        return cls(counts=counts_arr, replicas=rep, gpu_node=node)
 
     def to_tables(self, shares, physical_to_logical):
         """Express a dispatch in SGLang's layout.
@@ -321,28 +249,8 @@ class DispatchProblem:
         >>> l2p[0].tolist(), cnt[0].tolist(), prob[0].tolist()
         ([[0, 2], [1, 3]], [2, 2], [[0.5, 0.5], [1.0, 0.0]])
         """
-        func = "DispatchProblem.to_tables"
-        p2l = np.asarray(physical_to_logical)
-        shares = np.asarray(shares, dtype=float)
-        L = self.n_layers
-        p2l2 = np.broadcast_to(p2l.reshape(-1, p2l.shape[-1]), (L, p2l.shape[-1]))
-        sh = (
-            shares.reshape(L, self.n_experts, self.n_gpus)
-            if shares.size == L * self.n_experts * self.n_gpus
-            else None
-        )
-        if sh is None:
-            raise param_error(
-                "shares",
-                func,
-                f"shape {self.counts.shape + (self.n_gpus,)}",
-                f"shape {shares.shape}",
-            )
+        sh, p2l2 = _to_tables_iv(self, shares, physical_to_logical)
         P = p2l2.shape[1]
-        if P % self.n_gpus:
-            raise param_error(
-                "physical_to_logical", func, f"a slot count divisible by {self.n_gpus}", f"{P}"
-            )
         l2p, count = logical_to_physical(p2l2, self.n_experts)
         per = P // self.n_gpus
         # Vectorized over the listed slots only (L * P of them, in (layer, expert, column)
@@ -362,6 +270,62 @@ class DispatchProblem:
         return l2p, count, prob
 
 
+def _p2l_iv(p2l, n_experts: int, n_gpus: int, func: str) -> np.ndarray:
+    """A ``physical_to_logical`` map ``(P,)`` or ``(L, P)`` of ints in ``[-1, n_experts - 1]``
+    with ``P >= 1`` slots, a multiple of ``n_gpus``."""
+    form = (
+        f"a non-empty 1-D (P,) or 2-D (n_layers, P) integer array with entries in "
+        f"[-1, {n_experts - 1}] and P a multiple of n_gpus={n_gpus}"
+    )
+    p2l = check_array(
+        p2l, "physical_to_logical", func, kind="int", ndim=(1, 2), lo=-1, hi=n_experts - 1,
+        expected=form,
+    )  # fmt: skip
+    if p2l.shape[-1] == 0 or (p2l.ndim == 2 and p2l.shape[0] == 0):
+        raise param_error("physical_to_logical", func, form, f"shape {p2l.shape}")
+    if p2l.shape[-1] % n_gpus:
+        raise param_error("physical_to_logical", func, form, f"{p2l.shape[-1]} slots")
+    return p2l
+
+
+def _from_placement_iv(counts, physical_to_logical, n_gpus, gpu_node):
+    func = "DispatchProblem.from_placement"
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1)
+    counts = _counts_iv(counts, func)
+    p2l = _p2l_iv(physical_to_logical, counts.shape[-1], n_gpus, func)
+    if counts.ndim == 1 and p2l.ndim != 1:
+        raise param_error(
+            "physical_to_logical", func, "a 1-D (P,) map for 1-D counts", f"shape {p2l.shape}"
+        )
+    if counts.ndim == 2 and p2l.ndim == 2 and p2l.shape[0] != counts.shape[0]:
+        raise param_error(
+            "physical_to_logical",
+            func,
+            f"a (P,) map or a ({counts.shape[0]}, P) map matching the layers of counts",
+            f"shape {p2l.shape}",
+        )
+    if gpu_node is not None:
+        gpu_node = check_array(gpu_node, "gpu_node", func, kind="int", shape=(n_gpus,), lo=0)
+    return counts, p2l, n_gpus, gpu_node
+
+
+def _to_tables_iv(problem: DispatchProblem, shares, physical_to_logical):
+    func = "DispatchProblem.to_tables"
+    L, E, g = problem.n_layers, problem.n_experts, problem.n_gpus
+    want = problem.counts.shape + (g,)
+    sh = check_array(
+        shares, "shares", func, ndim=len(want), shape=want, lo=0,
+        expected=f"an array of shape {want} of finite non-negative numbers",
+    )  # fmt: skip
+    p2l = _p2l_iv(physical_to_logical, E, g, func)
+    if p2l.ndim == 2 and p2l.shape[0] not in (1, L):
+        raise param_error(
+            "physical_to_logical", func, f"a (P,) map or a ({L}, P) map", f"shape {p2l.shape}"
+        )
+    p2l2 = np.broadcast_to(p2l.reshape(-1, p2l.shape[-1]), (L, p2l.shape[-1]))
+    return sh.reshape(L, E, g), p2l2
+
+
 def logical_to_physical(physical_to_logical, n_experts: int):
     """Invert a ``physical_to_logical [L, P]`` map into EPLB's padded layout.
 
@@ -374,7 +338,14 @@ def logical_to_physical(physical_to_logical, n_experts: int):
     >>> l2p.tolist(), cnt.tolist()
     ([[[1, -1], [0, 2]]], [[1, 2]])
     """
-    p2l = np.atleast_2d(np.asarray(physical_to_logical, dtype=np.int64))
+    func = "logical_to_physical"
+    n_experts = check_int(n_experts, "n_experts", func, lo=1)
+    p2l = np.atleast_2d(
+        check_array(
+            physical_to_logical, "physical_to_logical", func, kind="int", ndim=(1, 2), lo=-1,
+            hi=n_experts - 1,
+        )
+    )  # fmt: skip
     L, P = p2l.shape
     ok = p2l >= 0
     # experts of each layer counted by one bincount over (layer, expert) keys
@@ -410,8 +381,17 @@ class Evaluation(NamedTuple):
 
 
 def tile_count(shares, tile: int) -> np.ndarray:
-    """``ceil(x / tile)`` per entry, with :data:`TILE_SLACK` tokens of slack at boundaries."""
-    x = np.asarray(shares, dtype=float)
+    """``ceil(x / tile)`` per entry, with :data:`TILE_SLACK` tokens of slack at boundaries.
+
+    >>> tile_count([0.0, 1.0, 128.0000000001, 129.0], 128).tolist()
+    [0, 1, 1, 2]
+    """
+    tile = check_int(tile, "tile", "tile_count", lo=1)
+    x = check_array(shares, "shares", "tile_count", ndim=(0, 1, 2, 3), lo=-MAX_COUNT, hi=MAX_COUNT)
+    return _tile_count(x, tile)
+
+
+def _tile_count(x: np.ndarray, tile: int) -> np.ndarray:
     k = np.maximum(1.0, np.ceil((x - TILE_SLACK) / tile))
     return np.where(x > 0, k, 0.0).astype(np.int64)
 
@@ -420,7 +400,8 @@ def evaluate(problem: DispatchProblem, cost: CostModel, shares) -> Evaluation:
     """Score a dispatch under the cost model, independently of how it was produced.
 
     Activation is strict: ``x[e, g] > 0`` counts, however small. Feasibility is not
-    checked here; see :func:`check_shares`.
+    checked here (shares must be numbers of the right shape, at most ``2**52`` in size, the
+    largest token count); see :func:`check_shares`.
 
     Examples
     --------
@@ -430,13 +411,30 @@ def evaluate(problem: DispatchProblem, cost: CostModel, shares) -> Evaluation:
     >>> evaluate(p, cost, x).makespan
     60.0
     """
-    x = np.asarray(shares, dtype=float)
+    x = _evaluate_iv(problem, cost, shares)
+    return evaluate_arrays(problem, cost, x)
+
+
+def _evaluate_iv(problem, cost, shares) -> np.ndarray:
+    func = "evaluate"
+    check_type(problem, "problem", func, DispatchProblem, "a DispatchProblem")
+    check_type(cost, "cost", func, CostModel, "a CostModel")
     want = problem.counts.shape + (problem.n_gpus,)
-    if x.shape != want:
-        raise param_error("shares", "evaluate", f"an array of shape {want}", f"shape {x.shape}")
+    return check_array(
+        shares, "shares", func, ndim=len(want), shape=want, lo=-MAX_COUNT, hi=MAX_COUNT,
+        expected=f"an array of shape {want} of numbers in [-2**52, 2**52]",
+    )  # fmt: skip
+
+
+def evaluate_arrays(problem: DispatchProblem, cost: CostModel, x: np.ndarray) -> Evaluation:
+    """:func:`evaluate` on a float64 ``shares`` array of the problem's shape, unchecked.
+
+    For callers that produced ``x`` themselves (``solve_dispatch`` scores every method's
+    output with it); user input goes through :func:`evaluate`.
+    """
     G = (x > 0).sum(axis=-2)
     N = x.sum(axis=-2)
-    T = tile_count(x, cost.tile).sum(axis=-2)
+    T = _tile_count(x, cost.tile).sum(axis=-2)
     times = cost.time(G, N, T)
     makespan = times.max(axis=-1)
     if makespan.ndim == 0:
@@ -461,8 +459,13 @@ def check_shares(problem: DispatchProblem, shares, *, rtol: float = CONSERVATION
     replica exists. Got 2.0 tokens of expert 0 on GPU 1 instead.
     """
     func = "check_shares"
-    x = np.asarray(shares, dtype=float)
+    check_type(problem, "problem", func, DispatchProblem, "a DispatchProblem")
+    rtol = check_real(rtol, "rtol", func, lo=0)
     want = problem.counts.shape + (problem.n_gpus,)
+    x = check_array(
+        shares, "shares", func, ndim=(1, 2, 3, 4), values=False,
+        expected=f"an array of shape {want} of numbers",
+    )  # fmt: skip
     if x.shape != want:
         raise param_error(
             "shares", func, f"an array of shape {want}", f"shape {x.shape}", InfeasibleSharesError
@@ -518,6 +521,8 @@ def basic_lower_bound(problem: DispatchProblem, cost: CostModel):
     The maximum of these is returned (a float, or an array for stacks). Stronger bounds
     for restricted replication (semi-matching, token LP) live in ``straggler.solvers``.
     """
+    check_type(problem, "problem", "basic_lower_bound", DispatchProblem, "a DispatchProblem")
+    check_type(cost, "cost", "basic_lower_bound", CostModel, "a CostModel")
     n = problem.counts.reshape(problem.n_layers, problem.n_experts)
     g = problem.n_gpus
     out = np.empty(problem.n_layers)

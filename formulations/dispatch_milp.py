@@ -14,8 +14,9 @@ import numpy as np
 
 from .cost import CostModel
 from .dispatch import DispatchProblem, basic_lower_bound
-from .errors import InvalidInputError, param_error
+from .errors import param_error
 from .milp import MilpModel, RowBuilder
+from .validation import check_array, check_bool, check_real, check_type
 
 __all__ = ["build_dispatch_milp", "build_token_lp", "live_pairs", "token_cap"]
 
@@ -24,13 +25,25 @@ __all__ = ["build_dispatch_milp", "build_token_lp", "live_pairs", "token_cap"]
 UB_RTOL = 1e-9
 
 
-def _check_single(problem, func: str) -> None:
-    if not isinstance(problem, DispatchProblem):
-        raise param_error("problem", func, "a DispatchProblem", type(problem).__name__)
+def _builder_iv(problem, cost, func: str, *, cost_optional: bool = False) -> None:
+    """A model builder takes one layer (a single-layer :class:`DispatchProblem`) and a
+    :class:`CostModel` (or None where the objective ignores it)."""
+    check_type(problem, "problem", func, DispatchProblem, "a single-layer DispatchProblem")
     if problem.is_stack:
         raise param_error(
             "problem", func, "a single-layer DispatchProblem", f"a stack of {problem.n_layers}"
         )
+    if cost is not None or not cost_optional:
+        expected = "a CostModel or None" if cost_optional else "a CostModel"
+        check_type(cost, "cost", func, CostModel, expected)
+
+
+def _shares_iv(shares, problem, func: str) -> np.ndarray:
+    want = (problem.n_experts, problem.n_gpus)
+    return check_array(
+        shares, "shares", func, ndim=2, shape=want, expected=f"an array of shape {want} of "
+        "finite numbers",
+    )  # fmt: skip
 
 
 def live_pairs(problem: DispatchProblem):
@@ -205,14 +218,10 @@ def build_dispatch_milp(
     True
     """
     func = "build_dispatch_milp"
-    _check_single(problem, func)
-    if not isinstance(cost, CostModel):
-        raise param_error("cost", func, "a CostModel", type(cost).__name__)
-    if upper_bound is not None and not (
-        isinstance(upper_bound, (int, float, np.floating, np.integer))
-        and math.isfinite(upper_bound)
-    ):
-        raise param_error("upper_bound", func, "a finite number or None", repr(upper_bound))
+    _builder_iv(problem, cost, func)
+    tightened = check_bool(tightened, "tightened", func)
+    if upper_bound is not None:
+        upper_bound = check_real(upper_bound, "upper_bound", func)
     use_ub = bool(tightened and upper_bound is not None)
     n = problem.counts.astype(float)
     n_gpus = problem.n_gpus
@@ -412,11 +421,7 @@ def build_dispatch_milp(
     classes = _symmetry_classes(problem.replicas & (n > 0)[:, None]) if sym_prev.size else None
 
     def encode(shares) -> np.ndarray:
-        s = np.asarray(shares, dtype=float)
-        if s.shape != (problem.n_experts, n_gpus):
-            raise param_error(
-                "shares", "encode", f"shape {(problem.n_experts, n_gpus)}", f"shape {s.shape}"
-            )
+        s = _shares_iv(shares, problem, "encode")
         if classes is not None:
             s = _canonical_order(s, classes)
         v = np.zeros(n_cols)
@@ -522,9 +527,7 @@ def build_token_lp(problem: DispatchProblem, cost: CostModel | None = None) -> M
     4.0
     """
     func = "build_token_lp"
-    _check_single(problem, func)
-    if cost is not None and not isinstance(cost, CostModel):
-        raise param_error("cost", func, "a CostModel or None", type(cost).__name__)
+    _builder_iv(problem, cost, func, cost_optional=True)
     n = problem.counts.astype(float)
     n_gpus = problem.n_gpus
     e_idx, g_idx = live_pairs(problem)
@@ -551,12 +554,7 @@ def build_token_lp(problem: DispatchProblem, cost: CostModel | None = None) -> M
     col_hi = np.r_[n[e_idx], np.inf]
 
     def encode(shares) -> np.ndarray:
-        s = np.asarray(shares, dtype=float)
-        if s.shape != (problem.n_experts, n_gpus):
-            raise InvalidInputError(
-                f"The 'shares' parameter of encode must have shape {(problem.n_experts, n_gpus)}."
-                f" Got shape {s.shape} instead."
-            )
+        s = _shares_iv(shares, problem, "encode")
         xs = s[e_idx, g_idx]
         return np.r_[xs, np.bincount(g_idx, weights=xs, minlength=n_gpus).max(initial=0.0)]
 

@@ -1,4 +1,6 @@
-"""Result types shared by every solver and baseline of the dispatch problem."""
+"""Result types shared by every solver and baseline: dispatch (:class:`DispatchResult`) and
+routing (:class:`RoutingResult`), in one vocabulary (``status``, ``success``, ``runtime_s``,
+``extras``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Status", "DispatchResult", "worst_status"]
+__all__ = ["Status", "DispatchResult", "RoutingResult", "worst_status"]
 
 
 class Status(enum.Enum):
@@ -76,9 +78,15 @@ class DispatchResult:
     method : str
         Registered name of the method that produced the result.
     runtime_s : float
-        Wall-clock seconds spent in the method (all layers).
+        Wall-clock seconds spent in the method (all layers). Input validation, scoring by the
+        evaluator and JIT compilation are excluded (a first call that compiles reports the
+        same ``runtime_s`` as a warm one); :class:`RoutingResult` uses the same definition.
     extras : dict
         Method-specific details (MILP gap, dual bound, stage switches, ...).
+    compile_s : float
+        Seconds numba spent compiling kernels, or loading them from its disk cache, during
+        the call (0 once the kernels are in memory; see ``straggler.sim.warmup``). Never
+        part of ``runtime_s``.
     """
 
     shares: np.ndarray
@@ -89,6 +97,7 @@ class DispatchResult:
     method: str
     runtime_s: float
     extras: dict = field(default_factory=dict)
+    compile_s: float = 0.0
 
     @property
     def success(self) -> bool:
@@ -103,3 +112,60 @@ class DispatchResult:
         with np.errstate(divide="ignore", invalid="ignore"):
             g = np.where(m > 0, (m - lb) / np.where(m > 0, m, 1.0), 0.0)
         return float(g) if g.ndim == 0 else g
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class RoutingResult:
+    """What every routing policy returns for one tick (:func:`~straggler.solvers.route_batch`).
+
+    The routing counterpart of :class:`DispatchResult`: the decision, its objective, the
+    per-resource values, ``status``, the registered name, ``runtime_s`` and ``extras``.
+
+    Attributes
+    ----------
+    assignment : ndarray of int64, shape (n_pool,)
+        Replica of each pool request, ``-1`` when it stays in the pool.
+    imbalance : float
+        ``I = G*max L - sum L`` on current loads (column 0) after adding the placed prefill
+        lengths (the objective, as ``makespan`` is for dispatch).
+    imbalance_before : float
+        The same before the tick.
+    loads : ndarray of float64, shape (G,)
+        Current loads after the tick (as ``gpu_time`` is for dispatch).
+    n_placed : int
+    status : Status
+        HEURISTIC: a policy makes a feasible decision without proving it optimal.
+    policy : str
+        Registered name of the policy.
+    stage : int
+        BR-0/BR-H: 1 when the tick started in Stage 1 (``S_tot > S_greedy``), else 2; 0 for
+        policies without stages.
+    runtime_s : float
+        Wall-clock seconds spent in the policy: the kernel and the tick summary. Input
+        validation (in Python and the kernel's value pass) and JIT compilation are excluded,
+        as in :class:`DispatchResult`.
+    extras : dict
+        ``carry`` (the policy's memory for the next tick, pass it back as ``carry=``),
+        ``next_cursor`` for round-robin, ``s_greedy`` for the staged policies.
+    """
+
+    assignment: np.ndarray
+    imbalance: float
+    imbalance_before: float
+    loads: np.ndarray
+    n_placed: int
+    status: Status
+    policy: str
+    stage: int
+    runtime_s: float
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def success(self) -> bool:
+        """True when ``status`` is OPTIMAL or HEURISTIC."""
+        return self.status.success
+
+    @property
+    def imbalance_after(self) -> float:
+        """The same as :attr:`imbalance` (the name ``RoutingDecision`` used)."""
+        return self.imbalance

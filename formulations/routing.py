@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidInputError, param_error
+from .validation import MAX_EXACT_INT, check_array
 
 __all__ = [
     "ClusterState",
@@ -40,51 +41,6 @@ __all__ = [
     "check_assignment",
     "apply_assignment",
 ]
-
-
-def _float_vector(x, name: str, func: str, *, ndim=(1,), nonneg: bool = True) -> np.ndarray:
-    try:
-        arr = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise param_error(name, func, "an array of finite numbers", repr(x)) from None
-    if arr.ndim not in ndim:
-        raise param_error(
-            name,
-            func,
-            f"an array with {' or '.join(map(str, ndim))} dimension(s)",
-            f"shape {arr.shape}",
-        )
-    if not np.all(np.isfinite(arr)):
-        raise param_error(name, func, "an array of finite numbers", "NaN or infinite values")
-    if nonneg and arr.size and arr.min() < 0:
-        raise param_error(
-            name, func, "an array of non-negative numbers", f"negative value {arr.min().item()!r}"
-        )
-    return arr
-
-
-def _int_vector(x, name: str, func: str) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.ndim != 1:
-        raise param_error(name, func, "a 1-D array of non-negative integers", f"shape {arr.shape}")
-    if arr.size and not (
-        np.issubdtype(arr.dtype, np.integer)
-        or (
-            np.issubdtype(arr.dtype, np.floating)
-            and np.all(np.isfinite(arr))
-            and np.all(arr == np.round(arr))
-        )
-    ):
-        raise param_error(name, func, "a 1-D array of non-negative integers", f"{arr!r}")
-    arr = arr.astype(np.int64)
-    if arr.size and arr.min() < 0:
-        raise param_error(
-            name,
-            func,
-            "a 1-D array of non-negative integers",
-            f"negative value {arr.min().item()!r}",
-        )
-    return arr
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -133,70 +89,7 @@ class ClusterState:
     loads: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        f = "ClusterState"
-        free = _int_vector(self.free_slots, "free_slots", f)
-        if free.size == 0:
-            raise param_error(
-                "free_slots", f, "a non-empty 1-D array (one entry per replica)", "an empty array"
-            )
-        G = free.size
-        rep = _int_vector(self.running_replica, "running_replica", f)
-        if rep.size and rep.max() >= G:
-            raise param_error(
-                "running_replica", f, f"replica indices in [0, {G})", f"index {rep.max().item()}"
-            )
-        n = rep.size
-        prompt = _float_vector(self.running_prompt, "running_prompt", f)
-        dec = _float_vector(self.running_decoded, "running_decoded", f)
-        for name, arr in (("running_prompt", prompt), ("running_decoded", dec)):
-            if arr.shape != (n,):
-                raise param_error(
-                    name, f, f"shape ({n},) like running_replica", f"shape {arr.shape}"
-                )
-        pool = _float_vector(self.pool_prefill, "pool_prefill", f)
-        opt = {}
-        for name, size in (("running_prefix", n), ("pool_prefix", pool.size)):
-            v = getattr(self, name)
-            if v is not None:
-                v = np.asarray(v)
-                if v.shape != (size,) or not np.issubdtype(v.dtype, np.integer):
-                    raise param_error(
-                        name,
-                        f,
-                        f"an integer array of shape ({size},)",
-                        f"shape {v.shape}, dtype {v.dtype}",
-                    )
-                v = v.astype(np.int64)
-            opt[name] = v
-        out = self.running_output
-        if out is not None:
-            out = _float_vector(out, "running_output", f)
-            if out.shape != (n,) or np.any(out <= dec):
-                raise param_error(
-                    "running_output",
-                    f,
-                    f"shape ({n},) with output > decoded for every request",
-                    f"shape {out.shape}",
-                )
-        loads = self.loads
-        if loads is None:
-            loads = np.bincount(rep, weights=prompt + dec, minlength=G).astype(np.float64)
-        else:
-            loads = _float_vector(loads, "loads", f)
-            if loads.shape != (G,):
-                raise param_error(
-                    "loads", f, f"shape ({G},) like free_slots", f"shape {loads.shape}"
-                )
-        vals = dict(
-            free_slots=free,
-            running_replica=rep,
-            running_prompt=prompt,
-            running_decoded=dec,
-            pool_prefill=pool,
-            running_output=out,
-            loads=loads,
-            **opt,
-        )
+        vals = _cluster_state_iv(self)
         for k, v in vals.items():
             if v is not None:
                 v = v.copy()
@@ -212,6 +105,60 @@ class ClusterState:
     def n_running(self) -> np.ndarray:
         """Running requests per replica, shape (G,)."""
         return np.bincount(self.running_replica, minlength=self.n_replicas).astype(np.int64)
+
+
+def _cluster_state_iv(st: ClusterState) -> dict:
+    """Every check of :class:`ClusterState`, once; returns the normalized arrays by field."""
+    f = "ClusterState"
+
+    def tokens(x, name):
+        return check_array(x, name, f, kind="real", lo=0, hi=MAX_EXACT_INT)
+
+    free = check_array(st.free_slots, "free_slots", f, kind="int", lo=0)
+    if free.size == 0:
+        raise param_error(
+            "free_slots", f, "a non-empty 1-D array (one entry per replica)", "an empty array"
+        )
+    G = free.size
+    rep = check_array(st.running_replica, "running_replica", f, kind="int", lo=0, hi=G - 1)
+    n = rep.size
+    prompt = tokens(st.running_prompt, "running_prompt")
+    dec = tokens(st.running_decoded, "running_decoded")
+    for name, arr in (("running_prompt", prompt), ("running_decoded", dec)):
+        if arr.shape != (n,):
+            raise param_error(name, f, f"shape ({n},) like running_replica", f"shape {arr.shape}")
+    pool = tokens(st.pool_prefill, "pool_prefill")
+    opt = {}
+    for name, size in (("running_prefix", n), ("pool_prefix", pool.size)):
+        v = getattr(st, name)
+        if v is not None:
+            v = check_array(v, name, f, kind="int", shape=(size,))
+        opt[name] = v
+    out = st.running_output
+    if out is not None:
+        out = tokens(out, "running_output")
+        if out.shape != (n,) or np.any(out <= dec):
+            raise param_error(
+                "running_output",
+                f,
+                f"shape ({n},) with output > decoded for every request",
+                f"shape {out.shape}",
+            )
+    loads = st.loads
+    if loads is None:
+        loads = np.bincount(rep, weights=prompt + dec, minlength=G).astype(np.float64)
+    else:
+        loads = check_array(loads, "loads", f, kind="real", lo=0, hi=MAX_EXACT_INT, shape=(G,))
+    return dict(
+        free_slots=free,
+        running_replica=rep,
+        running_prompt=prompt,
+        running_decoded=dec,
+        pool_prefill=pool,
+        running_output=out,
+        loads=loads,
+        **opt,
+    )
 
 
 def imbalance(loads) -> float | np.ndarray:

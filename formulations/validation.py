@@ -415,7 +415,7 @@ def _to_int64(a: np.ndarray, fail) -> np.ndarray:
             if frac.any():
                 i = _first(frac)
                 raise fail(f"non-integral value {a.flat[i].item()!r} at index {_index(a, i)}")
-            if np.abs(a).max() >= 2.0**63:
+            if float(np.abs(a).max()) >= 2.0**63:  # in float64: 2**63 overflows float16
                 raise fail("an integer too large for int64")
         return a.astype(np.int64)
     if dk == "u" and a.dtype.itemsize >= 8 and a.size and a.max() > INT64_MAX:
@@ -435,18 +435,25 @@ def _index(a: np.ndarray, flat: int):
     return tuple(int(i) for i in np.unravel_index(flat, a.shape))
 
 
-def check_rng(rng, func: str) -> np.random.Generator:
+def check_rng(rng, func: str, name: str = "rng") -> np.random.Generator:
     """``rng`` (None, a non-negative int seed or a numpy Generator) as a Generator.
+
+    ``name`` is the parameter's name where it is not ``rng`` (``seed=`` of
+    ``make_decode_problem``).
 
     >>> bool(check_rng(3, "f").integers(10) == np.random.default_rng(3).integers(10))
     True
+    >>> check_rng(True, "f", "seed")
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InvalidInputError: The 'seed' parameter of f must be ...
     """
     if rng is None or isinstance(rng, np.random.Generator):
         return np.random.default_rng(rng)
     if isinstance(rng, numbers.Integral) and not isinstance(rng, (bool, np.bool_)) and rng >= 0:
         return np.random.default_rng(int(rng))
     raise param_error(
-        "rng", func, "None, a non-negative int seed or a numpy Generator", describe(rng)
+        name, func, "None, a non-negative int seed or a numpy Generator", describe(rng)
     )
 
 

@@ -17,6 +17,7 @@ from scipy.optimize import linprog
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
+from ..formulations.validation import check_type
 
 __all__ = ["brute_force_dispatch", "MAX_EXPERTS", "MAX_GPUS", "MAX_COMBINATIONS"]
 
@@ -91,8 +92,12 @@ def brute_force_dispatch(problem: DispatchProblem, cost: CostModel):
     3.3
     """
     func = "brute_force_dispatch"
-    if not isinstance(problem, DispatchProblem) or problem.is_stack:
-        raise param_error("problem", func, "a single-layer DispatchProblem", repr(problem))
+    check_type(problem, "problem", func, DispatchProblem, "a single-layer DispatchProblem")
+    check_type(cost, "cost", func, CostModel, "a CostModel")
+    if problem.is_stack:
+        raise param_error(
+            "problem", func, "a single-layer DispatchProblem", f"a stack of {problem.n_layers}"
+        )
     n = problem.counts
     live = np.flatnonzero(n > 0)
     g = problem.n_gpus

@@ -6,7 +6,8 @@ result's own numbers) and checks, with a relative tolerance of ``1e-9``:
 * always: the shares are feasible, the reported makespan is the evaluator's, and
   ``lower_bound <= makespan`` (and ``lower_bound <= OPT`` when ``opt`` is given);
 * ``round_robin`` under full replication (A3): Theorem 2, ``M(A3) <= REF + delta``;
-* ``tempo`` under full replication: Proposition 1, ``M(A*) <= (REF + delta)/(1 - tau)``;
+* ``tempo`` under full replication, with its ensemble on (the A3 candidate computed):
+  Proposition 1, ``M(A*) <= (REF + delta)/(1 - tau)``;
   and, when the result's extras carry the candidate makespans, the exact ensemble rule
   ``M(A*) <= min(M(A_H), min_C M(C)/(1 - tau))``;
 * ``semi_matching`` with ``c = beta = b2 = 0`` and no traffic: Lemma 2,
@@ -29,10 +30,12 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem, check_shares, evaluate
-from ..formulations.errors import InfeasibleSharesError
+from ..formulations.errors import InfeasibleSharesError, param_error
 from ..formulations.results import DispatchResult
+from ..formulations.validation import check_array, check_real, check_type
 from ..solvers.bounds import certified_lower_bound
 from ..solvers.exact import solve_token_lp
+from ..solvers.registry import dispatch_methods, get_dispatch_method
 from ..solvers.round_robin import a3_bound, is_full_replication
 from ..solvers.semi_matching import semi_matching
 
@@ -61,8 +64,27 @@ def _le(lhs, rhs):
     return bool(lhs <= rhs + RTOL * max(1.0, abs(rhs)))
 
 
-def _certify_layer(problem, cost, shares, makespan, lower_bound, method, extras, tau, opt):
+def _scored_problem(problem, method, extras, checks):
+    """The problem a result is scored on: the problem itself, or, for a method that moves
+    weights (``moonep``) or places its own replicas (``lplb``), the problem on the mask it
+    reports (for ``moonep`` a superset of the problem's)."""
+    cls = get_dispatch_method(method, "certify") if method in dispatch_methods() else None
+    if cls is None or not getattr(cls, "moves_weights", False):
+        return problem
+    mask = np.asarray(extras.get("replicas", problem.replicas), dtype=bool)
+    ok = mask.shape == problem.replicas.shape
+    if not getattr(cls, "own_placement", False):  # MoonEP only adds replicas
+        ok = ok and bool((mask | ~problem.replicas).all())
+        checks["augmented mask contains the problem's"] = (0.0, 0.0, ok)
+    if not ok:
+        return problem
+    return DispatchProblem(counts=problem.counts, replicas=mask, gpu_node=problem.gpu_node)
+
+
+def _certify_layer(problem, cost, shares, makespan, lower_bound, result, extras, tau, opt):
+    method = result.method
     checks: dict[str, tuple[float, float, bool]] = {}
+    problem = _scored_problem(problem, method, extras, checks)
     try:
         check_shares(problem, shares)
         feasible = True
@@ -87,11 +109,12 @@ def _certify_layer(problem, cost, shares, makespan, lower_bound, method, extras,
     if method == "round_robin" and full and extras.get("rule", "a3") == "a3":
         guarantee, main = "Theorem 2: M(A3) <= OPT + delta", (m, ref + delta)
     elif method == "tempo":
-        cands = [
-            float(extras[k])
+        cands_from = [
+            k
             for k in ("makespan_lp", "makespan_a3")
             if k in extras and math.isfinite(float(extras[k]))
         ]
+        cands = [float(extras[k]) for k in cands_from]
         if "makespan_heuristic" in extras:
             rule = min([float(extras["makespan_heuristic"])] + [c / (1 - tau) for c in cands])
             checks["Proposition 1: M(A*) <= min(M(A_H), min_C M(C)/(1-tau))"] = (
@@ -99,13 +122,16 @@ def _certify_layer(problem, cost, shares, makespan, lower_bound, method, extras,
                 rule,
                 _le(m, rule),
             )
-        if full:
+        # Proposition 1 bounds tempo through its A3 candidate: with the ensemble off
+        # (makespan_a3 is nan) only the universal checks apply.
+        if full and "makespan_a3" in cands_from:
             guarantee = "Proposition 1: M(A*) <= (OPT + delta)/(1 - tau)"
             main = (m, (ref + delta) / (1 - tau))
     elif method == "semi_matching" and cost.c == cost.beta == cost.b2 == 0 and not cost.has_traffic:
         sm = semi_matching(problem.replicas, np.asarray(problem.counts) > 0)[1]
         guarantee, main = "Lemma 2: M = a + b*SM", (m, cost.a + cost.b * sm)
-    elif method == "token_lp" and cost.a == cost.b == cost.b2 == 0:
+    elif method == "token_lp" and cost.a == cost.b == cost.b2 == 0 and result.success:
+        # (at its time limit the token LP returns an incumbent, FEASIBLE: no Lemma 1)
         _, v = solve_token_lp(problem, cost)
         rhs = max(t0 + s * v for t0, s in cost.token_pieces)
         guarantee, main = "Lemma 1: M = max_k(c_k + beta_k * V_LP)", (m, rhs)
@@ -114,6 +140,26 @@ def _certify_layer(problem, cost, shares, makespan, lower_bound, method, extras,
     holds = all(v[2] for v in checks.values())
     details = {"checks": checks, "reference": ref, "delta": delta, "full_replication": full}
     return Certificate(guarantee=guarantee, holds=holds, lhs=main[0], rhs=main[1], details=details)
+
+
+def _certify_iv(problem, cost, result, tau, opt):
+    func = "certify"
+    check_type(problem, "problem", func, DispatchProblem, "a DispatchProblem")
+    check_type(cost, "cost", func, CostModel, "a CostModel")
+    check_type(result, "result", func, DispatchResult, "a DispatchResult (from solve_dispatch)")
+    want = problem.counts.shape + (problem.n_gpus,)
+    if np.shape(result.shares) != want:
+        raise param_error(
+            "result", func, f"a result for this problem (shares of shape {want})",
+            f"shares of shape {np.shape(result.shares)}",
+        )  # fmt: skip
+    tau = check_real(tau, "tau", func, lo=0, hi=1, hi_open=True)
+    if opt is not None:
+        if problem.is_stack:
+            opt = check_array(opt, "opt", func, shape=(problem.n_layers,), lo=0)
+        else:
+            opt = check_real(opt, "opt", func, lo=0)
+    return tau, opt
 
 
 def certify(
@@ -152,6 +198,7 @@ def certify(
     >>> cert.guarantee, cert.holds, cert.lhs, cert.rhs
     ('Theorem 2: M(A3) <= OPT + delta', True, 69.0, 120.0)
     """
+    tau, opt = _certify_iv(problem, cost, result, tau, opt)
     if not problem.is_stack:
         return _certify_layer(
             problem,
@@ -159,12 +206,12 @@ def certify(
             result.shares,
             result.makespan,
             result.lower_bound,
-            result.method,
+            result,
             result.extras,
             tau,
             opt,
         )
-    opts = [None] * problem.n_layers if opt is None else list(np.asarray(opt, dtype=float))
+    opts = [None] * problem.n_layers if opt is None else list(opt)
     layer_extras = result.extras.get("layers", [{}] * problem.n_layers)
     certs = [
         _certify_layer(
@@ -173,7 +220,7 @@ def certify(
             result.shares[l],
             result.makespan[l],
             result.lower_bound[l],
-            result.method,
+            result,
             layer_extras[l],
             tau,
             opts[l],

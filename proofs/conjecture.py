@@ -20,8 +20,9 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem, evaluate
-from ..formulations.errors import InvalidInputError
+from ..formulations.errors import param_error
 from ..formulations.results import Status
+from ..formulations.validation import check_int, check_type
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.round_robin import a3_bound, round_robin_shares
 
@@ -42,6 +43,7 @@ def exact_optimum(problem: DispatchProblem, cost: CostModel, *, time_limit: floa
 
     Raises ``RuntimeError`` when the MILP does not prove optimality within ``time_limit``.
     """
+    # solve_dispatch validates problem, cost and time_limit
     res = solve_dispatch(problem, cost, method="milp", mip_rel_gap=0.0, time_limit=time_limit)
     if res.status is not Status.OPTIMAL:
         raise RuntimeError(f"MILP did not prove optimality: {res.status}")
@@ -64,10 +66,20 @@ def support_optimum(problem: DispatchProblem, cost: CostModel, *, max_supports: 
     >>> support_optimum(p, CostModel(a=0, b=15, c=0, beta=0.1))
     60.0
     """
+    func = "support_optimum"
+    check_type(problem, "problem", func, DispatchProblem, "a single-layer DispatchProblem")
+    check_type(cost, "cost", func, CostModel, "a CostModel")
+    max_supports = check_int(max_supports, "max_supports", func, lo=1)
+    if problem.is_stack:
+        raise param_error(
+            "problem", func, "a single-layer DispatchProblem", f"a stack of {problem.n_layers}"
+        )
     if cost.b2 > 0:
-        raise InvalidInputError("support_optimum handles b2 = 0 only (no tile staircase).")
-    n = np.asarray(problem.counts)
-    rep = np.asarray(problem.replicas)
+        raise param_error(
+            "cost", func, "a cost model with b2 = 0 (no tile staircase)", f"b2={cost.b2}"
+        )
+    n = problem.counts
+    rep = problem.replicas
     g = problem.n_gpus
     live = [int(e) for e in np.flatnonzero(n > 0)]
     if not live:
@@ -82,7 +94,9 @@ def support_optimum(problem: DispatchProblem, cost: CostModel, *, max_supports: 
         options.append(subs)
         total *= len(subs)
     if total > max_supports:
-        raise InvalidInputError(f"support_optimum: {total} supports exceed {max_supports}.")
+        raise param_error(
+            "problem", func, f"small enough for max_supports={max_supports}", f"{total} supports"
+        )
     gpu_sets = [frozenset(s) for r in range(1, g + 1) for s in itertools.combinations(range(g), r)]
     best = np.inf
     for choice in itertools.product(*options):

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.errors import InvalidInputError
+from ..formulations.errors import param_error
+from ..formulations.validation import check_array, check_real
 
 __all__ = [
     "partition_to_dispatch",
@@ -29,20 +30,16 @@ __all__ = [
 ]
 
 
-def _weights(weights) -> np.ndarray:
-    w = np.asarray(weights)
-    if (
-        w.ndim != 1
-        or w.size == 0
-        or w.size % 2
-        or not np.issubdtype(w.dtype, np.integer)
-        or (w <= 0).any()
-    ):
-        raise InvalidInputError(
-            "The 'weights' parameter of partition_to_dispatch must be a non-empty 1-D array of "
-            f"an even number of positive integers. Got {weights!r} instead."
-        )
-    return w.astype(np.int64)
+_WEIGHTS_FORM = "a non-empty 1-D array of an even number of positive integers below 2**52"
+
+
+def _weights_iv(weights, func: str) -> np.ndarray:
+    w = check_array(
+        weights, "weights", func, kind="int", ndim=1, lo=1, hi=2**52, expected=_WEIGHTS_FORM
+    )
+    if w.size == 0 or w.size % 2:
+        raise param_error("weights", func, _WEIGHTS_FORM, f"{w.size} values")
+    return w
 
 
 def partition_to_dispatch(weights, *, T: float | None = None):
@@ -63,10 +60,12 @@ def partition_to_dispatch(weights, *, T: float | None = None):
     >>> cost.b, cost.beta, T
     (3.0, 2.0, 6.0)
     """
-    w = _weights(weights)
+    w = _weights_iv(weights, "partition_to_dispatch")
     m = w.size
     W = w.sum() / 2
-    T = float(m // 2 * W) if T is None else float(T)
+    if T is not None:
+        T = check_real(T, "T", "partition_to_dispatch", lo=0)
+    T = float(m // 2 * W) if T is None else T
     problem = DispatchProblem(counts=w, replicas=np.ones((m, 2), bool))
     cost = CostModel(a=0.0, b=T / (m // 2), c=0.0, beta=T / W)
     return problem, cost, T
@@ -78,7 +77,7 @@ def has_balanced_partition(weights) -> bool:
     >>> has_balanced_partition([3, 1, 1, 1]), has_balanced_partition([2, 1, 1, 2])
     (False, True)
     """
-    w = _weights(weights).tolist()
+    w = _weights_iv(weights, "has_balanced_partition").tolist()
     m = len(w)
     total = sum(w)
     return any(2 * sum(w[i] for i in s) == total for s in itertools.combinations(range(m), m // 2))
@@ -86,10 +85,13 @@ def has_balanced_partition(weights) -> bool:
 
 def dispatch_from_partition(weights, subset) -> np.ndarray:
     """(<=) A balanced partition ``S`` as a whole-expert dispatch: ``S`` on GPU 0."""
-    w = _weights(weights)
+    w = _weights_iv(weights, "dispatch_from_partition")
+    idx = check_array(
+        subset, "subset", "dispatch_from_partition", kind="int", ndim=1, lo=0, hi=w.size - 1
+    )
     x = np.zeros((w.size, 2))
     on0 = np.zeros(w.size, bool)
-    on0[list(subset)] = True
+    on0[idx] = True
     x[on0, 0] = w[on0]
     x[~on0, 1] = w[~on0]
     return x
@@ -101,7 +103,7 @@ def partition_from_dispatch(shares) -> list[int] | None:
     In a dispatch of makespan ``<= T`` no expert is split (the proof's counting argument);
     the experts on GPU 0 then form a balanced partition.
     """
-    x = np.asarray(shares, dtype=float)
+    x = check_array(shares, "shares", "partition_from_dispatch", ndim=2, shape=(None, 2), lo=0)
     active = x > 0
     if (active.sum(axis=1) > 1).any():
         return None

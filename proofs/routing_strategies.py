@@ -1,9 +1,9 @@
 """Hypothesis strategies for the routing problem (small sizes first; zeros, ties, G = 1).
 
 ``routing_instances()`` draws the arguments of the common kernel signature of
-:mod:`straggler.solvers.routing` as a dict: ``prefill``, ``loads`` (G, H+1), ``free_slots``,
-``n_running``, ``n_waiting``, ``params`` (via ``make_params``), ``seed``. Values are small
-integers so that every float sum is exact and ties are frequent.
+:mod:`straggler.solvers.routing_registry` as a dict: ``pool`` (a ``PoolState``), ``reps`` (a
+``ReplicaState`` with loads ``(G, H+1)``), ``params`` (via ``make_params``), ``carry`` and
+``seed``. Values are small integers so that every float sum is exact and ties are frequent.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-__all__ = ["routing_instances", "kernel_args"]
+__all__ = ["routing_instances", "kernel_args", "best_tick_imbalance"]
 
 
 @st.composite
@@ -29,24 +29,48 @@ def routing_instances(
     """A random routing tick (dict of the kernel arguments).
 
     ``fractional=True`` adds quarter-token fractions to the loads (as projected loads have).
+    Every field of the replica and pool states is drawn (counts, prompt tokens, KV usage and
+    capacity, waits, keys, and a prefix-cache matrix half of the time), and so are the
+    baselines' options and carried counters; ``params[P_VERSION]`` is 0 (the tests set each
+    version in turn).
     """
+    from straggler.solvers._routing_kernels import N_CARRY, PoolState, ReplicaState
     from straggler.solvers.routing import make_params
 
     G = draw(st.integers(1, max_replicas))
     n = draw(st.integers(0, max_pool))
     H = draw(st.integers(0, max_horizon))
     lens = st.integers(0, max_len)
+
+    def ints(lo, hi, size):
+        return np.array(draw(st.lists(st.integers(lo, hi), min_size=size, max_size=size)))
+
     prefill = np.array(draw(st.lists(lens, min_size=n, max_size=n)), dtype=np.float64)
-    loads = np.array(
-        draw(st.lists(st.integers(0, 3 * max_len), min_size=G * (H + 1), max_size=G * (H + 1))),
-        dtype=np.float64,
-    ).reshape(G, H + 1)
+    loads = ints(0, 3 * max_len, G * (H + 1)).astype(np.float64).reshape(G, H + 1)
     if fractional:
-        q = draw(st.lists(st.integers(0, 3), min_size=G * (H + 1), max_size=G * (H + 1)))
-        loads = loads + np.array(q, dtype=np.float64).reshape(G, H + 1) / 4
-    free = np.array(draw(st.lists(st.integers(0, max_slots), min_size=G, max_size=G)), np.int64)
-    n_running = np.array(draw(st.lists(st.integers(0, 6), min_size=G, max_size=G)), np.int64)
-    n_waiting = np.array(draw(st.lists(st.integers(0, 3), min_size=G, max_size=G)), np.int64)
+        loads = loads + ints(0, 3, G * (H + 1)).astype(np.float64).reshape(G, H + 1) / 4
+    cap = ints(1, 8 * max_len, G).astype(np.float64)
+    if draw(st.booleans()):
+        cap[:] = np.inf  # unbounded KV (the default of route_batch)
+    reps = ReplicaState(
+        loads=loads,
+        free_slots=ints(0, max_slots, G).astype(np.int64),
+        n_running=ints(0, 6, G).astype(np.int64),
+        n_waiting=ints(0, 3, G).astype(np.int64),
+        prompt_tokens=ints(0, 3 * max_len, G).astype(np.float64),
+        waiting_tokens=ints(0, max_len, G).astype(np.float64),
+        kv_usage=loads[:, 0] / cap,
+        kv_capacity=cap,
+    )
+    cached = np.zeros((0, G))
+    if draw(st.booleans()):
+        cached = ints(0, max_len, n * G).astype(np.float64).reshape(n, G)
+    pool = PoolState(
+        prefill=prefill,
+        wait=ints(0, 5, n).astype(np.int64),
+        key=np.arange(n, dtype=np.int64) * 7 + draw(st.integers(0, 100)),
+        cached=cached,
+    )
     r_max = draw(st.integers(1, max_r))
     params = make_params(
         r_max=r_max,
@@ -55,27 +79,58 @@ def routing_instances(
         beta=draw(st.sampled_from([float(G), 0.0, 1.0, 2.0 * G])),
         gamma=draw(st.sampled_from([1.0, 0.5, 0.9])),
         optimistic=draw(st.booleans()),
-        cursor=draw(st.integers(0, G)),
+        age_window=draw(st.sampled_from([0, 1, 3, 32])),
+        window=draw(st.sampled_from([0, 1, 2])),
+        patience=draw(st.sampled_from([0, 0, 2])),
+        age_fraction=draw(st.sampled_from([1.0, 0.5, 0.0])),
+        safe=draw(st.booleans()),
+        kv_weight=draw(st.sampled_from([0.15, 0.0, 1.0])),
+        throughput=draw(st.sampled_from([2000.0, 7.0])),
+        block_size=draw(st.sampled_from([16, 1, 4])),
+        overlap_weight=draw(st.sampled_from([1.0, 0.0, 2.0])),
+        timeout_iters=draw(st.sampled_from([50, 0, 1, 2])),
+        batching_wait_iters=draw(st.sampled_from([10, 0, 1])),
     )
-    return dict(
-        prefill=prefill,
-        loads=loads,
-        free_slots=free,
-        n_running=n_running,
-        n_waiting=n_waiting,
-        params=params,
-        seed=draw(st.integers(0, 2**40)),
-    )
+    carry = np.zeros(N_CARRY)
+    carry[0] = draw(st.integers(0, G))  # round-robin's cursor
+    carry[1] = draw(st.integers(0, G))  # vLLM's start index
+    carry[2] = draw(st.integers(0, 3))  # TensorRT-LLM's hold-back counters
+    carry[3] = draw(st.integers(0, 3))
+    return dict(pool=pool, reps=reps, params=params, carry=carry, seed=draw(st.integers(0, 2**40)))
 
 
 def kernel_args(inst: dict) -> tuple:
     """The positional arguments of the common kernel signature, in order."""
-    return (
-        inst["prefill"],
-        inst["loads"],
-        inst["free_slots"],
-        inst["n_running"],
-        inst["n_waiting"],
-        inst["params"],
-        inst["seed"],
-    )
+    return (inst["pool"], inst["reps"], inst["params"], inst["carry"], inst["seed"])
+
+
+def best_tick_imbalance(prefill, loads, free_slots) -> float:
+    """Brute force: the smallest imbalance ``G*max L - sum L`` after any tick that places
+    ``min(n, S_tot)`` requests (each on a replica with a free slot), over every assignment.
+
+    Exponential (``(G+1)^n``); for small instances only.
+
+    Examples
+    --------
+    >>> best_tick_imbalance([3.0, 2.0], [5.0, 0.0], [1, 1])  # 3 -> replica 1, 2 -> replica 0
+    4.0
+    """
+    import itertools
+
+    s = [float(x) for x in prefill]
+    L0 = [float(x) for x in loads]
+    cap = [int(c) for c in free_slots]
+    G, n = len(L0), len(s)
+    k = min(n, sum(cap))
+    best = float("inf")
+    for a in itertools.product(range(-1, G), repeat=n):
+        if sum(1 for g in a if g >= 0) != k:
+            continue
+        if any(sum(1 for g in a if g == j) > cap[j] for j in range(G)):
+            continue
+        L = list(L0)
+        for i, g in enumerate(a):
+            if g >= 0:
+                L[g] += s[i]
+        best = min(best, G * max(L) - sum(L))
+    return best

@@ -1,7 +1,18 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
 from .phase_diagram import PhaseDiagram, phase_diagram
-from .simulator import DEFAULT_STEP_TIME, PREDICTORS, SimReport, simulate
+from .prefix import PrefixBlocks, load_prefix_blocks
+from .simulator import (
+    DEFAULT_PREFILL,
+    DEFAULT_STEP_TIME,
+    DISPATCH_MODES,
+    PREDICTORS,
+    SimReport,
+    bootstrap_rooms,
+    decode_capacity,
+    offered_load,
+    simulate,
+)
 from .sweep import SweepTable, sweep
 from .traces import (
     WORKLOAD_PRESETS,
@@ -13,6 +24,7 @@ from .traces import (
     load_trace,
     saturate_trace,
 )
+from .warmup import WarmupReport, warmup
 from .workload import (
     SHAPES,
     SKEWS,
@@ -32,7 +44,14 @@ __all__: list[str] = [
     "simulate",
     "SimReport",
     "DEFAULT_STEP_TIME",
+    "DEFAULT_PREFILL",
+    "decode_capacity",
+    "offered_load",
     "PREDICTORS",
+    "DISPATCH_MODES",
+    "bootstrap_rooms",
+    "PrefixBlocks",
+    "load_prefix_blocks",
     "Trace",
     "LengthModel",
     "WORKLOAD_PRESETS",
@@ -41,6 +60,8 @@ __all__: list[str] = [
     "generate_arrivals",
     "fit_length_model",
     "saturate_trace",
+    "warmup",
+    "WarmupReport",
     "sweep",
     "SweepTable",
     "phase_diagram",

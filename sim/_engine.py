@@ -1,101 +1,230 @@
 """The lock-step decode step loop: a Numba kernel and, below it, a plain-Python reference.
 
-Both take the same arguments and return the same tuple; tests check they agree exactly.
+Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) and return one
+:class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is cached on disk:
+it dispatches on the policy id (``route_tick_kernel``), times the router with an intrinsic
+``clock_gettime`` (no ctypes pointer), and its cache is tied to the files of every jitted
+callee (:func:`~straggler.solvers._jit.cache_depends_on`), so a new process with a warm cache
+does not recompile and an edit in a routing kernel does.
 
 Model (one loop iteration = one decode step of the whole cluster)
 -----------------------------------------------------------------
-1. Requests whose prefill is done (``ready_t <= clock``) enter the prompt pool, in ready order
-   (ties: trace order).
-2. If nothing runs and the pool is empty, the clock jumps to the next ready time (no step).
-   If nothing runs after a routing tick (nobody could be placed: a prompt above the KV
-   capacity), the loop stops (those requests never start).
-3. Snapshot: the router's view of step ``k`` is computed (loads ``(G, 1)`` or projected loads
-   ``(G, H+1)``) and kept in a ring of ``stale + 1`` snapshots.
-4. Routing tick (``k % tick == 0`` and a non-empty pool): the router gets the prefill lengths of
-   the oldest ``max_pool`` pool requests, the view of step ``k - stale`` (step 0's for
-   ``k < stale``) and the running counts of that step, plus, when ``optimistic``, the prompt
-   lengths (and counts) it placed at steps ``k - stale .. k - 1`` added to their replicas (all
-   horizon columns); free slots are exact (the engine refuses a full replica anyway). The
-   assignment is applied in pool order; a request is admitted when its replica has a free slot
-   and ``load + prompt <= kv_cap``, otherwise it stays in the pool. An admitted request takes
-   the lowest free slot index of its replica.
-5. Step: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step; every running
-   request gains one token (``L_g += 1`` each); a request whose decoded count reaches its
-   output length leaves at ``clock + dt`` (``L_g -= prompt + output``). Records per step:
-   start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``, running requests, pool size.
+1. **Prefill** (finite capacity): a request that arrives (``arrival_t <= clock``), in arrival
+   order, joins the prefill queue. ``prefill_instances`` instances serve it first come, first
+   served, one request at a time each: it starts at ``max(arrival, earliest free instance)``
+   (ties to the lowest instance) and takes ``prefill_base_s + prefill_per_token_s * tokens``
+   seconds. ``prefill_instances = 0`` means unlimited (every prefill starts on arrival).
+2. **Pool**: requests whose prefill is done (``done <= clock``) enter the prompt pool, which is
+   kept in order of age: ``(first time in the pool, index)``. A fresh request joins at the tail;
+   a recomputed (preempted) one returns to its place by age, ahead of every request that came
+   after it (vLLM puts a preempted request back at the front of its waiting queue); its wait
+   counts from its first entry. So the pool is always in non-increasing order of wait.
+3. If nothing runs and nothing waits (pool and engine queues empty), the clock jumps to the
+   next arrival or prefill completion (no step); the loop ends when there is none.
+4. **Preemption** (vLLM-style recompute, before the step, as vLLM schedules its running
+   requests first): while a replica's next step would overflow its KV capacity (``L_g +
+   running_g > kv_cap``: every running request writes one token), its most recently admitted
+   request is preempted: it leaves the replica (``L_g -= prompt + decoded``), keeps its decoded
+   tokens, and goes back through prefill with ``prompt + decoded`` tokens (recompute).
+   ``n_preempt`` counts it. A lone request always fits (``prompt + output <= kv_cap`` is
+   checked by the wrapper).
+5. **Snapshot**: the router's view of step ``k`` (loads ``(G, 1)`` or projected loads
+   ``(G, H+1)``, running counts, prompt tokens) is kept in a ring of ``stale + 1``
+   snapshots.
+6. **Routing tick** (``k % tick == 0`` and a non-empty pool): the router gets the oldest
+   ``max_pool`` pool requests (``PoolState``: tokens ``prompt + decoded``, ticks waited in the
+   pool, the request's bootstrap room as key, and, for a policy that reads it, the prompt
+   tokens of each cached on each replica) and a ``ReplicaState`` built from the view of step
+   ``k - stale`` (step 0's for ``k < stale``): loads, running counts, prompt tokens and the
+   engines' queues (lengths, tokens) of that step plus, when ``optimistic``, what it sent at
+   steps ``k - stale .. k - 1`` (pool mode: tokens on every horizon column, running counts,
+   prompt tokens; queue mode: queue lengths and tokens); ``kv_usage`` = seen current load /
+   ``kv_cap``. Pool mode: free slots exact, ``n_waiting`` = 0 (a request is only sent to a
+   replica with a free slot, so engines keep no queue); the assignment is applied in pool
+   order: a request is admitted when its replica has a free slot and ``L_g + tokens +
+   running_g + 1 <= kv_cap`` (its KV and the next step's token of every request fit),
+   otherwise it stays in the pool. Queue mode: every replica shows ``P`` free slots (a queue
+   takes every request) and each assigned request joins the tail of its replica's queue. The
+   policy's ``carry`` is kept from tick to tick.
+6b. **Queue admission** (queue mode, every step): each replica admits from the head of its
+   queue while the head passes the same slot and KV test (FCFS: a head that does not fit blocks
+   the rest). An admitted request takes the lowest free slot index of its replica; with prefix
+   caches, its cached prefix is read (``cache_hit`` at its first admission) and then its
+   prompt blocks enter the replica's LRU cache, in order.
+7. **Step**: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step (with
+   ``ctx_cost > 0``: ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``, ``C_g`` the tokens of the
+   requests ``g`` admitted at this step less their cached prefix); every running request gains
+   one token (``L_g += 1`` each); a request whose decoded count reaches its output length
+   leaves at ``clock + dt``. If nothing runs (the router held every request back), the
+   iteration is an idle step of ``t0`` (or, with ``t0 = 0``, a jump to the next event).
+   Records per step (:data:`SERIES`): start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``,
+   running requests, requests waiting for a slot (pool and queues), requests in prefill,
+   preemptions, ``max_g C_g``, and ``mean_g P_g / max_g P_g`` with ``P_g = C_g`` plus the
+   requests generating (1 when all are 0).
 
 Projection (``pred_kind > 0``, BR-H), as :func:`straggler.solvers.routing.project_loads`:
 ``L_{g,h} = sum_{i on g} w_ih * (s_i + a_i + h) + (1 - w_ih) * rf``, ``w_ih = clip(c_i - h,
-0, 1)``, for prompt ``s_i`` and age ``a_i``; ``rf`` = 0, or with ``refill`` the mean prompt of
-the visible pool (its oldest ``max_pool`` requests) at the snapshot; presence ``c_i = H+1`` if
-``p_fin < 0.5`` else ``(1 - p_fin)(H+1) + p_fin mu`` (``mu = clip(mu_rem, 1, max(H, 1))``)
-and ``(p_fin, mu_rem)`` from
+0, 1)``, for prompt ``s_i`` and age ``a_i`` (tokens decoded so far); ``rf`` = 0, or with
+``refill`` the mean prompt of the visible pool (its oldest ``max_pool`` requests) at the
+snapshot; presence ``c_i = H+1`` if ``p_fin < 0.5`` else ``(1 - p_fin)(H+1) + p_fin mu``
+(``mu = clip(mu_rem, 1, max(H, 1))``) and ``(p_fin, mu_rem)`` from the
+:class:`~straggler.solvers.predictors.PredictorKind`:
 
-* oracle (1): ``r = output - a``: ``(1{r <= H}, r)`` (``OraclePredictor``);
-* survival (2): tables by age ``surv_p[a], surv_mu[a]`` (the last entry for older ages),
-  built from ``SurvivalPredictor``;
-* exact-match (3): ``m`` = output length of the last request with the same prompt hash that
+* ORACLE: ``r = output - a``: ``(1{r <= H}, r)`` (``OraclePredictor``);
+* SURVIVAL: tables by age ``surv_p[a], surv_mu[a]`` (the last entry for older ages), built
+  from ``SurvivalPredictor``;
+* EXACT_MATCH: ``m`` = output length of the last request with the same prompt hash that
   *finished* (the memo is updated as requests leave); if ``m > a``: ``(1{m - a <= H}, m - a)``,
   else survival (``ExactMatchPredictor``);
-* two-stage (4): the fitted ``TwoStagePredictor`` evaluated per running request from its
-  arrays (``TwoStagePredictor.model_arrays``: hinge knots, feature means and scales, classifier
-  and regressor weights, isotonic block ends and values), in the order written there, on the
-  request's prompt ``s_i`` and age ``a_i``. ``two_stage = (fold, knots, lin, iso, n_blocks)``
-  stacks ``K`` fitted models (``knots (K, 2, k)``, ``lin (K, 4, F)``, ``iso (K, 2, B)``,
-  ``n_blocks (K,)``) and ``fold[i]`` names request ``i``'s model (cross-fitting: a request is
-  never predicted by a model fitted on it). Not a table by age: the output depends on
-  ``(s_i, a_i)`` through ``log1p`` features with a product term, and an age table per distinct
-  prompt would hold ``#prompts x max(output)`` entries; the direct evaluation is exact and costs
-  two ``log1p``, one ``exp`` and ``2F`` multiply-adds per running request and step. With
-  ``pred_kind != 4`` the tuple is not read (:func:`no_two_stage` gives a placeholder).
-
-Router signature: ``kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed)``
-of :data:`straggler.solvers.routing.ROUTING_KERNELS`. ``n_waiting`` is 0 (a request is only
-sent to a replica with a free slot, so engines have no queue of their own); the round-robin
-cursor ``params[P_CURSOR]`` is carried from tick to tick (last replica used + 1).
+* TWO_STAGE: the fitted ``TwoStagePredictor`` evaluated per running request from its arrays
+  (``TwoStagePredictor.model_arrays``), in the order written there, on the request's prompt
+  ``s_i`` and age ``a_i``; ``ts_fold[i]`` names request ``i``'s model among the stacked
+  ``ts_knots (K, 2, k)``, ``ts_lin (K, 4, F)``, ``ts_iso (K, 2, B)``, ``ts_nb (K,)``
+  (cross-fitting: a request is never predicted by a model fitted on it). Not a table by age:
+  the output depends on ``(s_i, a_i)`` through ``log1p`` features with a product term; the
+  direct evaluation is exact and costs two ``log1p``, one ``exp`` and ``2F`` multiply-adds per
+  running request and step. With another predictor the arrays are not read
+  (:func:`no_two_stage` gives placeholders).
 """
 
 from __future__ import annotations
 
 import bisect
-import ctypes
+import collections
 import math
+from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, typed, types
 
-from ..solvers._jit import NJIT
-from ..solvers._routing_kernels import P_CURSOR
+from ..solvers import _jit, _routing_kernels, predictors
+from ..solvers._jit import NJIT, cache_depends_on
+from ..solvers._routing_kernels import (
+    PoolState,
+    ReplicaState,
+    monotonic_ns,
+    route_tick_kernel,
+)
 from ..solvers.predictors import EXP_CAP
 
 __all__ = [
+    "EngineInputs",
+    "EngineOutput",
+    "SERIES",
     "run_engine",
     "run_engine_reference",
     "project_view",
     "two_stage_predict",
     "no_two_stage",
-    "NS_CLOCK",
 ]
 
-# The engine calls a ctypes function (the clock), which numba cannot cache.
-_NJIT_ENGINE = dict(NJIT, cache=False)
+#: Columns of ``EngineOutput.series``, one row per step.
+SERIES = (
+    "time_s",
+    "step_s",
+    "max_load",
+    "sum_load",
+    "running",
+    "pool",
+    "prefill",
+    "preempted",
+    "ctx_tokens",
+    "token_balance",
+)
 
-_libc = ctypes.CDLL(None)
-_clock_gettime = _libc.clock_gettime
-_clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
-_clock_gettime.restype = ctypes.c_int
-_CLOCK_MONOTONIC = 1
+#: Predictor kinds, as the engine compares them (``PredictorKind`` values).
+_ORACLE = int(predictors.PredictorKind.ORACLE)
+_EXACT_MATCH = int(predictors.PredictorKind.EXACT_MATCH)
+_TWO_STAGE = int(predictors.PredictorKind.TWO_STAGE)
 
 
-def NS_CLOCK() -> int:
-    """Monotonic clock in nanoseconds (the one the kernel uses to time the router)."""
-    ts = np.zeros(2, dtype=np.int64)
-    _clock_gettime(_CLOCK_MONOTONIC, ts.ctypes.data)
-    return int(ts[0]) * 1_000_000_000 + int(ts[1])
+class EngineInputs(NamedTuple):
+    """Everything the step loop reads (arrays are C-contiguous; requests in arrival order).
+
+    ``arrival_t`` float64 sorted, ``prompt``/``output`` int64, ``group`` int64 (prompt-hash
+    group, -1 none) of the ``n`` requests; ``params``/``carry``: the policy's (registry);
+    ``pred_kind``: a :class:`~straggler.solvers.predictors.PredictorKind` value; ``ts_*``: the
+    two-stage models (see the module docstring); ``queue_mode``: route on arrival to the
+    engines' own queues; ``room`` int64: each request's bootstrap room (the pool key);
+    ``use_cache``: track the replicas' prefix caches (``blk_off`` ``(n+1,)`` and ``blk_ids``
+    (dense ids ``>= 0``): each request's prompt blocks of ``blk_tokens`` tokens;
+    ``cache_blocks``: each replica's capacity in blocks); ``cache_router``: show them to the
+    router (``PoolState.cached``); ``ctx_cost``: seconds per token of a context phase run
+    inside the step of the replica that admits the request (0: prefill elsewhere)."""
+
+    policy_id: int
+    params: np.ndarray
+    carry: np.ndarray
+    arrival_t: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    group: np.ndarray
+    n_groups: int
+    n_replicas: int
+    max_slots: int
+    kv_cap: int
+    t0: float
+    kappa: float
+    prefill_instances: int
+    prefill_base_s: float
+    prefill_per_token_s: float
+    tick: int
+    stale: int
+    optimistic: bool
+    max_pool: int
+    horizon: int
+    pred_kind: int
+    surv_p: np.ndarray
+    surv_mu: np.ndarray
+    refill: bool
+    ts_fold: np.ndarray
+    ts_knots: np.ndarray
+    ts_lin: np.ndarray
+    ts_iso: np.ndarray
+    ts_nb: np.ndarray
+    seed: int
+    max_steps: int
+    time_router: bool
+    queue_mode: bool
+    room: np.ndarray
+    use_cache: bool
+    cache_router: bool
+    blk_off: np.ndarray
+    blk_ids: np.ndarray
+    blk_tokens: int
+    cache_blocks: int
+    ctx_cost: float
+
+
+class EngineOutput(NamedTuple):
+    """What the step loop returns: per request (arrival order) ``ready_t`` (first time in the
+    pool), ``start_t`` (first admission), ``first_t`` (first token), ``finish_t`` (NaN:
+    unfinished), ``replica`` (last replica, -1 never admitted), ``n_preempt``, ``pool_wait``
+    (seconds in the pool, every visit, until the end for one still there), ``enter_tick`` (ticks
+    before its first entry into the pool: ``wait = ticks so far - enter_tick``; -1 never),
+    ``admit_tick`` (the tick of its first admission, -1 never); ``series`` (n_steps,
+    len(SERIES)); per tick ``tick_ns`` (router time, 0 without ``time_router``) and
+    ``tick_pool`` (visible pool size); per request ``cache_hit`` (prompt tokens found in its
+    replica's prefix cache at its first admission; 0 without prefix caches)."""
+
+    ready_t: np.ndarray
+    start_t: np.ndarray
+    first_t: np.ndarray
+    finish_t: np.ndarray
+    replica: np.ndarray
+    n_preempt: np.ndarray
+    pool_wait: np.ndarray
+    enter_tick: np.ndarray
+    admit_tick: np.ndarray
+    series: np.ndarray
+    tick_ns: np.ndarray
+    tick_pool: np.ndarray
+    cache_hit: np.ndarray
 
 
 def no_two_stage():
-    """The ``two_stage`` argument of :func:`run_engine` when no two-stage model is used.
+    """The two-stage model arrays ``(fold, knots, lin, iso, n_blocks)`` of
+    :class:`EngineInputs` when no two-stage model is used.
 
     Examples
     --------
@@ -111,7 +240,7 @@ def no_two_stage():
     )
 
 
-@njit(**_NJIT_ENGINE)
+@njit(**NJIT)
 def two_stage_predict(knots, lin, iso, n_blocks, s, a):
     """``(p_fin, mu_rem)`` of one fitted two-stage model at prompt ``s``, age ``a`` (floats).
 
@@ -161,7 +290,7 @@ def two_stage_predict(knots, lin, iso, n_blocks, s, a):
     return p, y
 
 
-@njit(**_NJIT_ENGINE)
+@njit(**NJIT)
 def project_view(
     slot_req,
     decoded,
@@ -230,98 +359,308 @@ def project_view(
     return out
 
 
-@njit(**_NJIT_ENGINE)
-def run_engine(
-    router,
-    params,
-    ready_t,
-    prompt,
-    output,
-    group,
-    n_groups,
-    n_replicas,
-    max_slots,
-    kv_cap,
-    t0,
-    kappa,
-    tick,
-    stale,
-    optimistic,
-    max_pool,
-    horizon,
-    pred_kind,
-    surv_p,
-    surv_mu,
-    seed,
-    max_steps,
-    time_router,
-    refill,
-    two_stage,
-):
-    """Run the step loop; see the module docstring.
+@njit(**NJIT)
+def _heap_push(ht, hs, hi, size, t, s, i):
+    """Push ``(t, s) -> i`` on the binary min-heap ``ht/hs/hi[:size]`` keyed by ``(t, s)``."""
+    p = size
+    while p > 0:
+        q = (p - 1) >> 1
+        if ht[q] < t or (ht[q] == t and hs[q] < s):
+            break
+        ht[p] = ht[q]
+        hs[p] = hs[q]
+        hi[p] = hi[q]
+        p = q
+    ht[p] = t
+    hs[p] = s
+    hi[p] = i
+    return size + 1
 
-    ``ready_t`` must be sorted (the wrapper sorts requests by ready time). ``router(prefill,
-    view, free, n_running, seed) -> assignment`` is a jitted function. Returns ``(start_t,
-    first_t, finish_t, replica, series (n_steps, 6), tick_ns (n_ticks,), tick_pool
-    (n_ticks,))``; series columns: clock, dt, max load, sum load, running, pool.
+
+@njit(**NJIT)
+def _heap_pop(ht, hs, hi, size):
+    """Remove the smallest ``(t, s)``; returns ``(t, i, size - 1)``."""
+    t0 = ht[0]
+    i0 = hi[0]
+    size -= 1
+    t = ht[size]
+    s = hs[size]
+    i = hi[size]
+    p = 0
+    while True:
+        c = 2 * p + 1
+        if c >= size:
+            break
+        if c + 1 < size and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hs[c + 1] < hs[c])):
+            c += 1
+        if t < ht[c] or (t == ht[c] and s < hs[c]):
+            break
+        ht[p] = ht[c]
+        hs[p] = hs[c]
+        hi[p] = hi[c]
+        p = c
+    if size > 0:
+        ht[p] = t
+        hs[p] = s
+        hi[p] = i
+    return t0, i0, size
+
+
+@njit(**NJIT)
+def _prefill_done(pf_free, n_inst, t, tokens, base, per_token):
+    """Completion time of a prefill queued at ``t`` (FCFS on the earliest free instance,
+    lowest index on ties; ``n_inst = 0``: unlimited, starts at ``t``)."""
+    cost = base + per_token * tokens
+    if n_inst == 0:
+        return t + cost
+    j = 0
+    for q in range(1, n_inst):
+        if pf_free[q] < pf_free[j]:
+            j = q
+    done = max(t, pf_free[j]) + cost
+    pf_free[j] = done
+    return done
+
+
+@njit(**NJIT)
+def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
+    """Touch block ``h`` in replica ``g``'s LRU prefix cache (``cap`` blocks).
+
+    ``D`` maps ``h * G + g`` to the stamp of its last touch; ``tg/th/ts[:T]`` log every touch
+    (replica, block, stamp) in order; ``hp[g]`` is where the search for ``g``'s least recently
+    touched block resumes (every entry of ``g`` before it is stale or evicted), ``sz[g]`` the
+    blocks ``g`` holds. Returns the (possibly grown) log and its new length.
     """
-    n = ready_t.size
-    G = n_replicas
-    H = horizon
+    key = h * G + g
+    if key not in D:
+        sz[g] += 1
+    D[key] = T
+    if T == tg.shape[0]:
+        m = 2 * T
+        tg2 = np.empty(m, np.int64)
+        th2 = np.empty(m, np.int64)
+        ts2 = np.empty(m, np.int64)
+        tg2[:T] = tg[:T]
+        th2[:T] = th[:T]
+        ts2[:T] = ts[:T]
+        tg, th, ts = tg2, th2, ts2
+    tg[T] = g
+    th[T] = h
+    ts[T] = T
+    T += 1
+    while sz[g] > cap:  # evict the least recently touched block of g
+        e = hp[g]
+        while True:
+            if tg[e] == g:
+                kk = th[e] * G + g
+                if kk in D and D[kk] == ts[e]:
+                    break
+            e += 1
+        del D[th[e] * G + g]
+        sz[g] -= 1
+        hp[g] = e + 1
+    return tg, th, ts, T
+
+
+@njit(**NJIT)
+def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
+    """Prompt tokens of request ``i`` in replica ``g``'s cache: its leading blocks present in
+    ``D``, times ``blk_tokens``, at most its prompt."""
+    c = 0
+    for b in range(blk_off[i], blk_off[i + 1]):
+        if blk_ids[b] * G + g in D:
+            c += 1
+        else:
+            break
+    return float(min(c * blk_tokens, prompt_i))
+
+
+@njit(**NJIT)
+def _admit_cache(D, tg, th, ts, T, hp, sz, cache_hit, inp, i, g, G):
+    """Request ``i`` is admitted on ``g``: its cached prompt tokens there (recorded in
+    ``cache_hit[i]`` at its first admission), then its prompt blocks enter ``g``'s cache.
+    Returns ``(cached tokens, log...)`` as :func:`_cache_touch`."""
+    hit = int(_cached_prefix(D, inp.blk_off, inp.blk_ids, i, g, G, inp.blk_tokens, inp.prompt[i]))
+    if cache_hit[i] < 0:
+        cache_hit[i] = float(hit)
+    for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
+        tg, th, ts, T = _cache_touch(
+            D, tg, th, ts, T, hp, sz, g, inp.blk_ids[b], G, inp.cache_blocks
+        )
+    return hit, tg, th, ts, T
+
+
+@njit(**NJIT)
+def run_engine(inp):
+    """Run the step loop on :class:`EngineInputs`; see the module docstring. Returns
+    :class:`EngineOutput`."""
+    n = inp.arrival_t.shape[0]
+    G = inp.n_replicas
+    S = inp.max_slots
+    H = inp.horizon
+    kv_cap = inp.kv_cap
+    prompt = inp.prompt
+    output = inp.output
+    group = inp.group
+    queue_mode = inp.queue_mode
+    use_cache = inp.use_cache
+    ready_t = np.full(n, np.nan)
     start_t = np.full(n, np.nan)
     first_t = np.full(n, np.nan)
     finish_t = np.full(n, np.nan)
     replica = np.full(n, -1, dtype=np.int64)
+    n_pre = np.zeros(n, dtype=np.int64)
+    pool_wait = np.zeros(n)
     decoded = np.zeros(n, dtype=np.int64)
-    slot_req = np.full((G, max_slots), -1, dtype=np.int64)
+    adm_seq = np.zeros(n, dtype=np.int64)
+    enter_t = np.zeros(n)
+    enter_tick = np.full(n, -1, dtype=np.int64)
+    in_pool = np.zeros(n, dtype=np.bool_)  # waiting for a slot (in the pool or a queue)
+    slot_req = np.full((G, S), -1, dtype=np.int64)
     load = np.zeros(G, dtype=np.int64)
     nrun = np.zeros(G, dtype=np.int64)
-    memo = np.full(max(n_groups, 1), -1, dtype=np.int64)
+    ptok = np.zeros(G, dtype=np.int64)
+    memo = np.full(max(inp.n_groups, 1), -1, dtype=np.int64)
     pool = np.empty(n, dtype=np.int64)
     pool_n = 0
-    R = stale + 1
+    admit_tick = np.full(n, -1, dtype=np.int64)
+    # the engines' own FIFO queues (queue mode): linked lists through q_next
+    q_head = np.full(G, -1, dtype=np.int64)
+    q_tail = np.full(G, -1, dtype=np.int64)
+    q_next = np.full(n, -1, dtype=np.int64)
+    q_len = np.zeros(G, dtype=np.int64)
+    q_tok = np.zeros(G, dtype=np.int64)
+    n_queued = 0
+    # the replicas' prefix caches (policies that read PoolState.cached)
+    cache_d = typed.Dict.empty(key_type=types.int64, value_type=types.int64)
+    t_g = np.empty(1024, np.int64)
+    t_h = np.empty(1024, np.int64)
+    t_s = np.empty(1024, np.int64)
+    t_n = 0
+    c_hp = np.zeros(G, dtype=np.int64)
+    c_sz = np.zeros(G, dtype=np.int64)
+    cache_hit = np.full(n, -1.0)
+    ctx = np.zeros(G, dtype=np.int64)  # tokens of the context phases run in this step
+    ctx_n = np.zeros(G, dtype=np.int64)  # requests admitted in this step
+    n_inst = inp.prefill_instances
+    pf_free = np.zeros(max(n_inst, 1))
+    ht = np.empty(n)
+    hs = np.empty(n, dtype=np.int64)
+    hi = np.empty(n, dtype=np.int64)
+    heap_n = 0
+    pf_seq = 0
+    R = inp.stale + 1
     view_ring = np.zeros((R, G, H + 1))
-    add_ring = np.zeros((R, G))
     nrun_ring = np.zeros((R, G), dtype=np.int64)
+    ptok_ring = np.zeros((R, G))
+    qlen_ring = np.zeros((R, G), dtype=np.int64)
+    qtok_ring = np.zeros((R, G))
+    add_ring = np.zeros((R, G))
     addn_ring = np.zeros((R, G), dtype=np.int64)
-    cap_series = 1024
-    series = np.empty((cap_series, 6))
-    cap_ticks = 1024
-    tick_ns = np.empty(cap_ticks, dtype=np.int64)
-    tick_pool = np.empty(cap_ticks, dtype=np.int64)
+    addp_ring = np.zeros((R, G))
+    n_cols = 10
+    series = np.empty((1024, n_cols))
+    tick_ns = np.empty(1024, dtype=np.int64)
+    tick_pool = np.empty(1024, dtype=np.int64)
     n_ticks = 0
-    ts = np.zeros(2, dtype=np.int64)
-    par = params.copy()
-    nwait = np.zeros(G, dtype=np.int64)
+    carry = inp.carry.copy()
+    par = inp.params
+    kvcap_g = np.full(G, float(kv_cap))
+    two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
     clock = 0.0
     k = 0
     nxt = 0
+    seq = 0
     total_run = 0
-    while k < max_steps:
-        # 1. prefill done -> pool
-        while nxt < n and ready_t[nxt] <= clock:
-            pool[pool_n] = nxt
-            pool_n += 1
+    while k < inp.max_steps:
+        # 1. arrivals -> prefill queue (FCFS)
+        while nxt < n and inp.arrival_t[nxt] <= clock:
+            done = _prefill_done(
+                pf_free,
+                n_inst,
+                inp.arrival_t[nxt],
+                float(prompt[nxt]),
+                inp.prefill_base_s,
+                inp.prefill_per_token_s,
+            )
+            heap_n = _heap_push(ht, hs, hi, heap_n, done, pf_seq, nxt)
+            pf_seq += 1
             nxt += 1
-        # 2. idle: jump to the next ready time
-        if total_run == 0 and pool_n == 0:
-            if nxt >= n:
+        # 2. prefill done -> pool, kept in order of (first ready time, index): a recomputed
+        # request goes back to its place by age, ahead of everyone who came after it
+        while heap_n > 0 and ht[0] <= clock:
+            t_done, i, heap_n = _heap_pop(ht, hs, hi, heap_n)
+            if np.isnan(ready_t[i]):
+                ready_t[i] = t_done
+                enter_tick[i] = n_ticks
+            enter_t[i] = t_done
+            in_pool[i] = True
+            q = pool_n
+            while q > 0 and (
+                ready_t[pool[q - 1]] > ready_t[i]
+                or (ready_t[pool[q - 1]] == ready_t[i] and pool[q - 1] > i)
+            ):
+                pool[q] = pool[q - 1]
+                q -= 1
+            pool[q] = i
+            pool_n += 1
+        # 3. idle: jump to the next event
+        if total_run == 0 and pool_n == 0 and n_queued == 0:
+            t_next = np.inf
+            if nxt < n:
+                t_next = inp.arrival_t[nxt]
+            if heap_n > 0 and ht[0] < t_next:
+                t_next = ht[0]
+            if t_next == np.inf:
                 break
-            clock = ready_t[nxt]
+            clock = max(clock, t_next)
             continue
-        # 3. snapshot of step k
+        # 4. preemption: running requests first (vLLM's schedule order)
+        n_preempted = 0
+        for g in range(G):
+            while load[g] + nrun[g] > kv_cap:
+                v_s = -1
+                for s in range(S):
+                    i = slot_req[g, s]
+                    if i >= 0 and (v_s < 0 or adm_seq[i] > adm_seq[slot_req[g, v_s]]):
+                        v_s = s
+                v = slot_req[g, v_s]
+                slot_req[g, v_s] = -1
+                load[g] -= prompt[v] + decoded[v]
+                ptok[g] -= prompt[v]
+                nrun[g] -= 1
+                total_run -= 1
+                n_pre[v] += 1
+                n_preempted += 1
+                done = _prefill_done(
+                    pf_free,
+                    n_inst,
+                    clock,
+                    float(prompt[v] + decoded[v]),
+                    inp.prefill_base_s,
+                    inp.prefill_per_token_s,
+                )
+                heap_n = _heap_push(ht, hs, hi, heap_n, done, pf_seq, v)
+                pf_seq += 1
+        # 5. snapshot of step k
         slot = k % R
         for g in range(G):
+            ctx[g] = 0
+            ctx_n[g] = 0
             add_ring[slot, g] = 0.0
             addn_ring[slot, g] = 0
+            addp_ring[slot, g] = 0.0
             nrun_ring[slot, g] = nrun[g]
+            ptok_ring[slot, g] = ptok[g]
+            qlen_ring[slot, g] = q_len[g]
+            qtok_ring[slot, g] = q_tok[g]
             for h in range(H + 1):
                 view_ring[slot, g, h] = 0.0
             view_ring[slot, g, 0] = load[g]
-        if pred_kind > 0:
+        if inp.pred_kind > 0:
             rf = 0.0
-            if refill:
-                P = pool_n if pool_n < max_pool else max_pool
+            if inp.refill:
+                P = pool_n if pool_n < inp.max_pool else inp.max_pool
                 for j in range(P):
                     rf += prompt[pool[j]]
                 rf = rf / P if P > 0 else 0.0
@@ -332,100 +671,226 @@ def run_engine(
                 output,
                 group,
                 memo,
-                surv_p,
-                surv_mu,
-                pred_kind,
+                inp.surv_p,
+                inp.surv_mu,
+                inp.pred_kind,
                 H,
                 rf,
                 two_stage,
             )
-        # 4. routing tick
-        if k % tick == 0 and pool_n > 0:
-            P = pool_n if pool_n < max_pool else max_pool
+        # 6. routing tick
+        if k % inp.tick == 0 and pool_n > 0:
+            P = pool_n if pool_n < inp.max_pool else inp.max_pool
             prefill = np.empty(P)
+            wait = np.empty(P, dtype=np.int64)
+            key = np.empty(P, dtype=np.int64)
             for j in range(P):
-                prefill[j] = prompt[pool[j]]
-            old = (k - stale) % R if k >= stale else 0
+                i = pool[j]
+                prefill[j] = prompt[i] + decoded[i]
+                wait[j] = n_ticks - enter_tick[i]
+                key[j] = inp.room[i]
+            cached = np.zeros((P if inp.cache_router else 0, G))
+            if inp.cache_router:
+                for j in range(P):
+                    for g in range(G):
+                        cached[j, g] = _cached_prefix(
+                            cache_d,
+                            inp.blk_off,
+                            inp.blk_ids,
+                            pool[j],
+                            g,
+                            G,
+                            inp.blk_tokens,
+                            prompt[pool[j]],
+                        )
+            old = (k - inp.stale) % R if k >= inp.stale else 0
             view = view_ring[old].copy()
             seen_n = nrun_ring[old].copy()
-            if optimistic:
-                lo = k - stale if k >= stale else 0
+            seen_p = ptok_ring[old].copy()
+            seen_q = qlen_ring[old].copy()
+            seen_qt = qtok_ring[old].copy()
+            if inp.optimistic:
+                lo = k - inp.stale if k >= inp.stale else 0
                 for kk in range(lo, k):
                     for g in range(G):
-                        seen_n[g] += addn_ring[kk % R, g]
-                        for h in range(H + 1):
-                            view[g, h] += add_ring[kk % R, g]
+                        if queue_mode:  # what it sent since then sits in the engines' queues
+                            seen_q[g] += addn_ring[kk % R, g]
+                            seen_qt[g] += add_ring[kk % R, g]
+                        else:
+                            seen_n[g] += addn_ring[kk % R, g]
+                            seen_p[g] += addp_ring[kk % R, g]
+                            for h in range(H + 1):
+                                view[g, h] += add_ring[kk % R, g]
             free = np.empty(G, dtype=np.int64)
+            usage = np.empty(G)
             for g in range(G):
-                free[g] = max_slots - nrun[g]
-            tick_seed = seed * 1_000_003 + k
-            if time_router:
-                _clock_gettime(1, ts.ctypes.data)
-                c0 = ts[0] * 1_000_000_000 + ts[1]
-            assign = router(prefill, view, free, seen_n, nwait, par, tick_seed)
-            if time_router:
-                _clock_gettime(1, ts.ctypes.data)
-                c1 = ts[0] * 1_000_000_000 + ts[1]
-            else:
-                c0 = 0
-                c1 = 0
-            if n_ticks == cap_ticks:
-                cap_ticks *= 2
-                tn = np.empty(cap_ticks, dtype=np.int64)
-                tn[:n_ticks] = tick_ns[:n_ticks]
+                free[g] = P if queue_mode else S - nrun[g]  # a queue takes every request
+                usage[g] = view[g, 0] / kv_cap
+            pstate = PoolState(prefill, wait, key, cached)
+            rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
+            tick_seed = inp.seed * 1_000_003 + k
+            c0 = monotonic_ns() if inp.time_router else 0
+            assign, carry = route_tick_kernel(inp.policy_id, pstate, rstate, par, carry, tick_seed)
+            c1 = monotonic_ns() if inp.time_router else 0
+            if n_ticks == tick_ns.shape[0]:
+                tn = np.empty(2 * n_ticks, dtype=np.int64)
+                tn[:n_ticks] = tick_ns
                 tick_ns = tn
-                tp = np.empty(cap_ticks, dtype=np.int64)
-                tp[:n_ticks] = tick_pool[:n_ticks]
+                tp = np.empty(2 * n_ticks, dtype=np.int64)
+                tp[:n_ticks] = tick_pool
                 tick_pool = tp
             tick_ns[n_ticks] = c1 - c0
             tick_pool[n_ticks] = P
             n_ticks += 1
-            for j in range(P):
-                if assign[j] >= 0:
-                    par[P_CURSOR] = float((assign[j] + 1) % G)
             keep = 0
             for j in range(pool_n):
                 i = pool[j]
                 g = assign[j] if j < P else -1
-                if g >= 0 and nrun[g] < max_slots and load[g] + prompt[i] <= kv_cap:
-                    for s in range(max_slots):
-                        if slot_req[g, s] < 0:
-                            slot_req[g, s] = i
-                            break
-                    nrun[g] += 1
-                    total_run += 1
-                    load[g] += prompt[i]
-                    replica[i] = g
-                    start_t[i] = clock
-                    add_ring[slot, g] += prompt[i]
+                tok = prompt[i] + decoded[i]
+                if queue_mode and g >= 0:  # to the tail of the engine's own queue
+                    if q_tail[g] < 0:
+                        q_head[g] = i
+                    else:
+                        q_next[q_tail[g]] = i
+                    q_tail[g] = i
+                    q_next[i] = -1
+                    q_len[g] += 1
+                    q_tok[g] += tok
+                    n_queued += 1
+                    add_ring[slot, g] += tok
                     addn_ring[slot, g] += 1
+                    addp_ring[slot, g] += prompt[i]
+                elif g >= 0 and nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap:
+                    seq = _admit(
+                        i,
+                        g,
+                        clock,
+                        seq,
+                        n_ticks,
+                        slot_req,
+                        nrun,
+                        load,
+                        ptok,
+                        replica,
+                        start_t,
+                        admit_tick,
+                        adm_seq,
+                        pool_wait,
+                        enter_t,
+                        in_pool,
+                        prompt,
+                        decoded,
+                    )
+                    total_run += 1
+                    ctx[g] += tok
+                    ctx_n[g] += 1
+                    add_ring[slot, g] += tok
+                    addn_ring[slot, g] += 1
+                    addp_ring[slot, g] += prompt[i]
+                    if use_cache:
+                        hit, t_g, t_h, t_s, t_n = _admit_cache(
+                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
+                        )
+                        ctx[g] -= hit  # a cached prefix needs no context phase
                 else:
                     pool[keep] = i
                     keep += 1
             pool_n = keep
-            if total_run == 0:
-                break  # nothing runs and the router placed nobody: no progress is possible
-        # 5. one decode step
+        # 6b. queue mode: every engine admits from the head of its queue, FCFS, while the head
+        # has a slot and KV room (the first that does not fit blocks the ones behind it)
+        if queue_mode:
+            for g in range(G):
+                while q_head[g] >= 0:
+                    i = q_head[g]
+                    tok = prompt[i] + decoded[i]
+                    if not (nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap):
+                        break
+                    q_head[g] = q_next[i]
+                    if q_head[g] < 0:
+                        q_tail[g] = -1
+                    q_len[g] -= 1
+                    q_tok[g] -= tok
+                    n_queued -= 1
+                    seq = _admit(
+                        i,
+                        g,
+                        clock,
+                        seq,
+                        n_ticks,
+                        slot_req,
+                        nrun,
+                        load,
+                        ptok,
+                        replica,
+                        start_t,
+                        admit_tick,
+                        adm_seq,
+                        pool_wait,
+                        enter_t,
+                        in_pool,
+                        prompt,
+                        decoded,
+                    )
+                    total_run += 1
+                    ctx[g] += tok
+                    ctx_n[g] += 1
+                    if use_cache:
+                        hit, t_g, t_h, t_s, t_n = _admit_cache(
+                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
+                        )
+                        ctx[g] -= hit  # a cached prefix needs no context phase
+        # 7. one decode step (an idle one when nothing runs)
         M = 0
-        S = 0
+        tot = 0
         for g in range(G):
-            S += load[g]
+            tot += load[g]
             if load[g] > M:
                 M = load[g]
-        dt = t0 + kappa * M
+        dt = inp.t0 + inp.kappa * M
+        cmax = 0
+        pmax = 0
+        psum = 0
+        for g in range(G):
+            proc = ctx[g] + nrun[g] - ctx_n[g]  # prompt tokens + one per generating request
+            psum += proc
+            if proc > pmax:
+                pmax = proc
+            if ctx[g] > cmax:
+                cmax = ctx[g]
+        if inp.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
+            worst = 0.0
+            for g in range(G):
+                step_g = inp.kappa * load[g] + inp.ctx_cost * ctx[g]
+                if step_g > worst:
+                    worst = step_g
+            dt = inp.t0 + worst
+        if total_run == 0 and dt <= 0.0:
+            # nothing runs and steps cost nothing: wait for the next event instead
+            t_next = np.inf
+            if nxt < n:
+                t_next = inp.arrival_t[nxt]
+            if heap_n > 0 and ht[0] < t_next:
+                t_next = ht[0]
+            if t_next == np.inf:
+                break
+            dt = max(t_next - clock, 0.0)
         if k == series.shape[0]:
-            grown = np.empty((2 * series.shape[0], 6))
+            grown = np.empty((2 * k, n_cols))
             grown[:k] = series[:k]
             series = grown
         series[k, 0] = clock
         series[k, 1] = dt
         series[k, 2] = M
-        series[k, 3] = S
+        series[k, 3] = tot
         series[k, 4] = total_run
-        series[k, 5] = pool_n
+        series[k, 5] = pool_n + n_queued
+        series[k, 6] = heap_n
+        series[k, 7] = n_preempted
+        series[k, 8] = cmax
+        series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
         t_end = clock + dt
         for g in range(G):
-            for s in range(max_slots):
+            for s in range(S):
                 i = slot_req[g, s]
                 if i < 0:
                     continue
@@ -436,6 +901,7 @@ def run_engine(
                 if decoded[i] == output[i]:
                     finish_t[i] = t_end
                     load[g] -= prompt[i] + output[i]
+                    ptok[g] -= prompt[i]
                     slot_req[g, s] = -1
                     nrun[g] -= 1
                     total_run -= 1
@@ -443,74 +909,132 @@ def run_engine(
                         memo[group[i]] = output[i]
         clock = t_end
         k += 1
-    return (
+    for i in range(n):  # requests still waiting at the end
+        if in_pool[i]:
+            pool_wait[i] += clock - enter_t[i]
+    return EngineOutput(
+        ready_t,
         start_t,
         first_t,
         finish_t,
         replica,
+        n_pre,
+        pool_wait,
+        enter_tick,
+        admit_tick,
         series[:k].copy(),
         tick_ns[:n_ticks].copy(),
         tick_pool[:n_ticks].copy(),
+        np.maximum(cache_hit, 0.0),
     )
 
 
-def run_engine_reference(
-    router,
-    params,
-    ready_t,
+@njit(**NJIT)
+def _admit(
+    i,
+    g,
+    clock,
+    seq,
+    n_ticks,
+    slot_req,
+    nrun,
+    load,
+    ptok,
+    replica,
+    start_t,
+    admit_tick,
+    adm_seq,
+    pool_wait,
+    enter_t,
+    in_pool,
     prompt,
-    output,
-    group,
-    n_groups,
-    n_replicas,
-    max_slots,
-    kv_cap,
-    t0,
-    kappa,
-    tick,
-    stale,
-    optimistic,
-    max_pool,
-    horizon,
-    pred_kind,
-    surv_p,
-    surv_mu,
-    seed,
-    max_steps,
-    time_router,
-    refill,
-    two_stage,
+    decoded,
 ):
+    """Start request ``i`` on replica ``g`` in its lowest free slot; returns the next admission
+    sequence number."""
+    S = slot_req.shape[1]
+    for s in range(S):
+        if slot_req[g, s] < 0:
+            slot_req[g, s] = i
+            break
+    nrun[g] += 1
+    load[g] += prompt[i] + decoded[i]
+    ptok[g] += prompt[i]
+    replica[i] = g
+    if np.isnan(start_t[i]):
+        start_t[i] = clock
+        admit_tick[i] = n_ticks - 1
+    adm_seq[i] = seq
+    pool_wait[i] += clock - enter_t[i]
+    in_pool[i] = False
+    return seq + 1
+
+
+cache_depends_on(run_engine, _routing_kernels, predictors, _jit)
+
+
+def run_engine_reference(inp, router):
     """Plain-Python step loop written from the model in the module docstring.
 
-    Running requests are kept per replica in a slot list; the router's view is rebuilt from
-    them each step. ``time_router`` is accepted for signature parity (tick times are 0).
+    ``router`` is the policy's plain-Python reference (the registry's ``reference``). Running
+    requests are kept per replica in a slot list and the loads recomputed from them; the
+    prefill instances are a list of free times, the prefill queue a list scanned for its
+    earliest ``(done, order)``. Tick times are 0.
     """
-    n = len(ready_t)
-    G, H = n_replicas, horizon
-    start_t = [float("nan")] * n
-    first_t = [float("nan")] * n
-    finish_t = [float("nan")] * n
-    replica = [-1] * n
-    decoded = [0] * n
-    slots = [[None] * max_slots for _ in range(G)]
+    n = len(inp.arrival_t)
+    G, S, H, kv_cap = inp.n_replicas, inp.max_slots, inp.horizon, inp.kv_cap
+    prompt = [int(x) for x in inp.prompt]
+    output = [int(x) for x in inp.output]
+    group = [int(x) for x in inp.group]
+    nan = float("nan")
+    ready_t, start_t, first_t, finish_t = [nan] * n, [nan] * n, [nan] * n, [nan] * n
+    replica, n_pre, pool_wait = [-1] * n, [0] * n, [0.0] * n
+    decoded, admitted_as = [0] * n, [0] * n
+    enter_t, enter_tick, admit_tick = [0.0] * n, [0] * n, [-1] * n
+    slots = [[None] * S for _ in range(G)]
     memo: dict[int, int] = {}
-    pool: list[int] = []
-    views: dict[int, list[list[float]]] = {}
-    placed_at: dict[int, list[float]] = {}
-    placed_n: dict[int, list[int]] = {}
+    pool: list[int] = []  # by (first ready time, index)
+    queue: list[tuple[float, int, int]] = []  # prefill queue: (done, order, request)
+    instances = [0.0] * max(inp.prefill_instances, 1)
+    views: dict[int, tuple] = {}
+    placed: dict[int, list] = {}
     series, tick_pool = [], []
-    clock, k, nxt = 0.0, 0, 0
-    par = np.array(params, dtype=np.float64)
-    ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = two_stage
+    engine_queue: list[list[int]] = [[] for _ in range(G)]  # queue mode: each engine's FIFO
+    caches = [collections.OrderedDict() for _ in range(G)]  # prefix blocks, LRU order
+    hits = [None] * n  # cached prompt tokens at the first admission
+    blocks = [
+        [int(b) for b in inp.blk_ids[inp.blk_off[i] : inp.blk_off[i + 1]]] if inp.use_cache else []
+        for i in range(n)
+    ]
+    clock, k, nxt, order, seq, n_ticks = 0.0, 0, 0, 0, 0, 0
+    carry = np.array(inp.carry, dtype=np.float64)
+    ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = (
+        inp.ts_fold,
+        inp.ts_knots,
+        inp.ts_lin,
+        inp.ts_iso,
+        inp.ts_nb,
+    )
+
+    def prefill(t, tokens):
+        nonlocal order
+        cost = inp.prefill_base_s + inp.prefill_per_token_s * float(tokens)
+        if inp.prefill_instances == 0:
+            done = t + cost
+        else:
+            j = min(range(len(instances)), key=lambda q: (instances[q], q))
+            done = max(t, instances[j]) + cost
+            instances[j] = done
+        order += 1
+        return done, order - 1
 
     def two_stage_predict(i, a):
         """``(p_fin, mu_rem)`` of model ``ts_fold[i]`` at prompt ``prompt[i]``, age ``a``."""
         m = int(ts_fold[i])
         ls, la = math.log1p(float(prompt[i])), math.log1p(float(a))
         feats = [1.0, ls, la, ls * ls, la * la, ls * la]
-        feats += [max(ls - float(k), 0.0) for k in ts_knots[m][0]]
-        feats += [max(la - float(k), 0.0) for k in ts_knots[m][1]]
+        feats += [max(ls - float(q), 0.0) for q in ts_knots[m][0]]
+        feats += [max(la - float(q), 0.0) for q in ts_knots[m][1]]
         mean, std, w, v = (row.tolist() for row in ts_lin[m])
         z = y = 0.0
         for f, mj, sj, wj, vj in zip(feats, mean, std, w, v):
@@ -527,39 +1051,104 @@ def run_engine_reference(
     def loads():
         return [sum(prompt[i] + decoded[i] for i in slots[g] if i is not None) for g in range(G)]
 
+    def fits(i, g):
+        tok = prompt[i] + decoded[i]
+        return running(g) < S and loads()[g] + tok + running(g) + 1 <= kv_cap
+
+    def admit(i, g):
+        nonlocal seq
+        hit = int(cached_tokens(i, g)) if inp.use_cache else 0
+        ctx[g] += prompt[i] + decoded[i] - hit  # a context phase in this step, less the cache
+        ctx_n[g] += 1
+        slots[g][slots[g].index(None)] = i
+        replica[i] = g
+        if start_t[i] != start_t[i]:
+            start_t[i] = clock
+            admit_tick[i] = n_ticks - 1
+        admitted_as[i] = seq
+        seq += 1
+        pool_wait[i] += clock - enter_t[i]
+        if inp.use_cache and hits[i] is None:
+            hits[i] = float(hit)
+        for b in blocks[i]:  # the replica's cache now holds the prompt's blocks (LRU)
+            c = caches[g]
+            if b in c:
+                c.move_to_end(b)
+            else:
+                c[b] = None
+                while len(c) > inp.cache_blocks:
+                    c.popitem(last=False)
+
+    def cached_tokens(i, g):
+        hit = 0
+        for b in blocks[i]:
+            if b not in caches[g]:
+                break
+            hit += 1
+        return float(min(hit * inp.blk_tokens, prompt[i]))
+
     def running(g):
         return sum(1 for i in slots[g] if i is not None)
 
-    while k < max_steps:
-        while nxt < n and ready_t[nxt] <= clock:
-            pool.append(nxt)
+    def next_event():
+        times = [float(inp.arrival_t[nxt])] if nxt < n else []
+        times += [q[0] for q in queue]
+        return min(times) if times else None
+
+    while k < inp.max_steps:
+        while nxt < n and inp.arrival_t[nxt] <= clock:
+            done, o = prefill(float(inp.arrival_t[nxt]), prompt[nxt])
+            queue.append((done, o, nxt))
             nxt += 1
-        if sum(running(g) for g in range(G)) == 0 and not pool:
-            if nxt >= n:
+        for done, o, i in sorted(q for q in queue if q[0] <= clock):
+            queue.remove((done, o, i))
+            if ready_t[i] != ready_t[i]:
+                ready_t[i], enter_tick[i] = done, n_ticks
+            enter_t[i] = done
+            keys = [(ready_t[j], j) for j in pool]
+            pool.insert(bisect.bisect_left(keys, (ready_t[i], i)), i)
+        if sum(running(g) for g in range(G)) == 0 and not pool and not any(engine_queue):
+            t = next_event()
+            if t is None:
                 break
-            clock = float(ready_t[nxt])
+            clock = max(clock, t)
             continue
+        n_preempted = 0
+        for g in range(G):
+            while loads()[g] + running(g) > kv_cap:
+                s = max(
+                    (s for s in range(S) if slots[g][s] is not None),
+                    key=lambda s: admitted_as[slots[g][s]],
+                )
+                v = slots[g][s]
+                slots[g][s] = None
+                n_pre[v] += 1
+                n_preempted += 1
+                done, o = prefill(clock, prompt[v] + decoded[v])
+                queue.append((done, o, v))
+        ctx, ctx_n = [0] * G, [0] * G
         # the view of step k: exact loads, then the projected horizon columns
         L = loads()
         view = [[float(L[g])] + [0.0] * H for g in range(G)]
-        if pred_kind > 0:
+        if inp.pred_kind > 0:
             view = [[0.0] * (H + 1) for g in range(G)]
-            visible = [float(prompt[i]) for i in pool[:max_pool]] if refill else []
+            visible = [float(prompt[i]) for i in pool[: inp.max_pool]] if inp.refill else []
             rf = sum(visible) / len(visible) if visible else 0.0
             for g in range(G):
                 for i in slots[g]:
                     if i is None:
                         continue
                     a = decoded[i]
-                    m = memo.get(int(group[i]), -1) if (pred_kind == 3 and group[i] >= 0) else -1
-                    if pred_kind == 4:
+                    hit = inp.pred_kind == _EXACT_MATCH and group[i] >= 0
+                    m = memo.get(group[i], -1) if hit else -1
+                    if inp.pred_kind == _TWO_STAGE:
                         p, mu = two_stage_predict(i, a)
-                    elif pred_kind == 1 or m > a:
-                        r = (output[i] if pred_kind == 1 else m) - a
+                    elif inp.pred_kind == _ORACLE or m > a:
+                        r = (output[i] if inp.pred_kind == _ORACLE else m) - a
                         p, mu = (1.0 if r <= H else 0.0), float(r)
                     else:
-                        j = min(a, len(surv_p) - 1)
-                        p, mu = float(surv_p[j]), float(surv_mu[j])
+                        j = min(a, len(inp.surv_p) - 1)
+                        p, mu = float(inp.surv_p[j]), float(inp.surv_mu[j])
                     mu = min(max(mu, 1.0), float(max(H, 1)))
                     c = float(H + 1) if p < 0.5 else (1.0 - p) * (H + 1) + p * mu
                     for h in range(H + 1):
@@ -568,58 +1157,89 @@ def run_engine_reference(
                             view[g][h] += w * (prompt[i] + a + h)
                         if rf > 0.0 and w < 1.0:
                             view[g][h] += (1.0 - w) * rf
-        views[k] = (view, [running(g) for g in range(G)])
-        views.pop(k - stale - 1, None)
-        placed_at[k] = [0.0] * G
-        placed_n[k] = [0] * G
-        placed_at.pop(k - stale - 1, None)
-        placed_n.pop(k - stale - 1, None)
-        if k % tick == 0 and pool:
-            P = min(len(pool), max_pool)
-            prefill = np.array([float(prompt[i]) for i in pool[:P]])
-            old_view, old_n = views[max(k - stale, 0)]
+        prompts_now = [float(sum(prompt[i] for i in slots[g] if i is not None)) for g in range(G)]
+        queued = [len(q) for q in engine_queue]
+        queued_tok = [float(sum(prompt[i] + decoded[i] for i in q)) for q in engine_queue]
+        views[k] = (view, [running(g) for g in range(G)], prompts_now, queued, queued_tok)
+        views.pop(k - inp.stale - 1, None)
+        placed[k] = [[0.0] * G, [0] * G, [0.0] * G]
+        placed.pop(k - inp.stale - 1, None)
+        if k % inp.tick == 0 and pool:
+            P = min(len(pool), inp.max_pool)
+            old_view, old_n, old_p, old_q, old_qt = views[max(k - inp.stale, 0)]
             seen = [row[:] for row in old_view]
-            seen_n = list(old_n)
-            if optimistic:
-                for kk in range(max(k - stale, 0), k):
+            seen_n, seen_p, seen_q, seen_qt = list(old_n), list(old_p), list(old_q), list(old_qt)
+            if inp.optimistic:
+                for kk in range(max(k - inp.stale, 0), k):
+                    tok, cnt, pr = placed[kk]
                     for g in range(G):
-                        seen_n[g] += placed_n[kk][g]
+                        if inp.queue_mode:  # sent since the view: in the engines' queues
+                            seen_q[g] += cnt[g]
+                            seen_qt[g] += tok[g]
+                            continue
+                        seen_n[g] += cnt[g]
+                        seen_p[g] += pr[g]
                         for h in range(H + 1):
-                            seen[g][h] += placed_at[kk][g]
-            free = np.array([max_slots - running(g) for g in range(G)], dtype=np.int64)
-            nrun = np.array(seen_n, dtype=np.int64)
-            assign = router(
-                prefill,
-                np.array(seen),
-                free,
-                nrun,
-                np.zeros(G, dtype=np.int64),
-                par.copy(),
-                seed * 1_000_003 + k,
+                            seen[g][h] += tok[g]
+            cached = np.zeros((0, G))
+            if inp.cache_router:
+                cached = np.array([[cached_tokens(i, g) for g in range(G)] for i in pool[:P]])
+            pstate = PoolState(
+                np.array([float(prompt[i] + decoded[i]) for i in pool[:P]]),
+                np.array([n_ticks - enter_tick[i] for i in pool[:P]], dtype=np.int64),
+                np.array([int(inp.room[i]) for i in pool[:P]], dtype=np.int64),
+                cached.reshape(-1, G),
             )
+            free = [P if inp.queue_mode else S - running(g) for g in range(G)]
+            rstate = ReplicaState(
+                np.array(seen, dtype=np.float64).reshape(G, H + 1),
+                np.array(free, dtype=np.int64),
+                np.array(seen_n, dtype=np.int64),
+                np.array(seen_q, dtype=np.int64),
+                np.array(seen_p, dtype=np.float64),
+                np.array(seen_qt, dtype=np.float64),
+                np.array([seen[g][0] / kv_cap for g in range(G)]),
+                np.full(G, float(kv_cap)),
+            )
+            assign, carry = router(
+                pstate, rstate, inp.params.copy(), carry, inp.seed * 1_000_003 + k
+            )
+            n_ticks += 1
             tick_pool.append(P)
-            placed = [int(g) for g in assign[:P] if g >= 0]
-            if placed:
-                par[P_CURSOR] = float((placed[-1] + 1) % G)
             still = []
             for j, i in enumerate(pool):
                 g = int(assign[j]) if j < P else -1
-                Lg = sum(prompt[q] + decoded[q] for q in slots[g] if q is not None) if g >= 0 else 0
-                if g >= 0 and running(g) < max_slots and Lg + prompt[i] <= kv_cap:
-                    slots[g][slots[g].index(None)] = i
-                    replica[i] = g
-                    start_t[i] = clock
-                    placed_at[k][g] += prompt[i]
-                    placed_n[k][g] += 1
+                if g >= 0 and (inp.queue_mode or fits(i, g)):
+                    if inp.queue_mode:
+                        engine_queue[g].append(i)
+                    else:
+                        admit(i, g)
+                    placed[k][0][g] += prompt[i] + decoded[i]
+                    placed[k][1][g] += 1
+                    placed[k][2][g] += prompt[i]
                 else:
                     still.append(i)
             pool = still
-            if sum(running(g) for g in range(G)) == 0:
-                break  # deadlock: nothing runs and nobody was placed
+        for g in range(G):  # queue mode: each engine admits from its queue's head, FCFS
+            while engine_queue[g] and fits(engine_queue[g][0], g):
+                admit(engine_queue[g].pop(0), g)
         L = loads()
-        M, S = max(L), sum(L)
-        dt = t0 + kappa * M
-        series.append([clock, dt, M, S, sum(running(g) for g in range(G)), len(pool)])
+        M, tot = max(L), sum(L)
+        n_run = sum(running(g) for g in range(G))
+        dt = inp.t0 + inp.kappa * M
+        if inp.ctx_cost > 0.0:
+            dt = inp.t0 + max(inp.kappa * L[g] + inp.ctx_cost * ctx[g] for g in range(G))
+        proc = [ctx[g] + running(g) - ctx_n[g] for g in range(G)]
+        balance = sum(proc) / G / max(proc) if max(proc) > 0 else 1.0
+        if n_run == 0 and dt <= 0.0:
+            t = next_event()
+            if t is None:
+                break
+            dt = max(t - clock, 0.0)
+        waiting = len(pool) + sum(len(q) for q in engine_queue)
+        series.append(
+            [clock, dt, M, tot, n_run, waiting, len(queue), n_preempted, max(ctx), balance]
+        )
         t_end = clock + dt
         for g in range(G):
             for s, i in enumerate(slots[g]):
@@ -632,15 +1252,25 @@ def run_engine_reference(
                     finish_t[i] = t_end
                     slots[g][s] = None
                     if group[i] >= 0:
-                        memo[int(group[i])] = int(output[i])
+                        memo[group[i]] = output[i]
         clock = t_end
         k += 1
-    return (
+    for i in pool + [i for q in engine_queue for i in q]:
+        pool_wait[i] += clock - enter_t[i]
+    return EngineOutput(
+        np.array(ready_t),
         np.array(start_t),
         np.array(first_t),
         np.array(finish_t),
         np.array(replica, dtype=np.int64),
-        np.array(series, dtype=float).reshape(-1, 6),
+        np.array(n_pre, dtype=np.int64),
+        np.array(pool_wait),
+        np.array(
+            [enter_tick[i] if ready_t[i] == ready_t[i] else -1 for i in range(n)], dtype=np.int64
+        ),
+        np.array(admit_tick, dtype=np.int64),
+        np.array(series, dtype=float).reshape(-1, len(SERIES)),
         np.zeros(len(tick_pool), dtype=np.int64),
         np.array(tick_pool, dtype=np.int64),
+        np.array([0.0 if h is None else h for h in hits]),
     )

@@ -29,10 +29,13 @@ import time
 import numpy as np
 
 from ..formulations.cost import PRESETS, CostModel
+from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import BackendUnavailableError, StragglerError
+from ..formulations.validation import check_choice, check_rng, check_time_limit, check_type
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.registry import dispatch_methods, get_dispatch_method
 from ..solvers.topology import topology_split
+from .warmup import needs_compile, warmup
 from .workload import DEFAULT_KAPPA, SHAPES, SKEWS, make_decode_problem, num_physical_slots
 
 __all__ = ["main", "compare", "DEFAULT_PRESETS", "format_table"]
@@ -85,6 +88,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _compare_iv(problem, cost, methods, time_limit, seed):
+    func = "compare"
+    check_type(problem, "problem", func, DispatchProblem, "a DispatchProblem")
+    check_type(cost, "cost", func, CostModel, "a CostModel")
+    registered = dispatch_methods()
+    if methods is None:
+        names = registered
+    else:
+        check_type(methods, "methods", func, (list, tuple), "a list of method names")
+        names = [check_choice(m, "methods", func, registered) for m in methods]
+    check_rng(seed, func, "seed")
+    return names, check_time_limit(time_limit, func)
+
+
 def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, seed=0):
     """Solve ``problem`` with each method; one dict per method (see :func:`main`).
 
@@ -104,7 +121,7 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
     >>> [(r["method"], r["makespan_us"], round(r["ratio_vs_best"], 3)) for r in rows]
     [('uniform', 105.0, 1.522), ('metro', 69.0, 1.0)]
     """
-    names = dispatch_methods() if methods is None else list(methods)
+    names, time_limit = _compare_iv(problem, cost, methods, time_limit, seed)
     rows = []
     for name in names:
         cls = get_dispatch_method(name, "compare")
@@ -137,7 +154,10 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
         if on_mask and problem.gpu_node is not None and np.unique(problem.gpu_node).size > 1:
             split = topology_split(res.shares, problem.gpu_node)
             row.update(cross_node_flat=split.cross_node_flat, cross_node=split.cross_node)
-        if not on_mask:
+        if not on_mask and getattr(cls, "own_placement", False):
+            # LPLB builds its own placement (fitted to the batch it serves), off this mask
+            row["note"] = "own placement (LPLB's, from this batch): not on the problem's mask"
+        elif not on_mask:
             layers = res.extras["layers"] if problem.is_stack else [res.extras]
             moved = sum(int(x.get("n_moved", 0)) for x in layers)
             charged = sum(float(x.get("makespan_charged", math.nan)) for x in layers)
@@ -156,7 +176,7 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
 
 def format_table(rows) -> str:
     """The rows of :func:`compare` as an aligned text table."""
-    head = ["method", "makespan_us", "vs_best", "lower_bound_us", "gap", "status", "runtime_s"]
+    head = ["method", "makespan_us", "vs_best", "lower_bound_us", "gap", "status", "runtime_ms"]
     topo = any("cross_node" in r for r in rows)
     if topo:
         head.append("xnode_tok flat->split")
@@ -170,12 +190,12 @@ def format_table(rows) -> str:
                 f"{r['lower_bound_us']:.1f}",
                 f"{100 * r['gap']:.1f}%",
                 r["status"],
-                f"{r['runtime_s']:.3f}",
+                f"{r['runtime_s'] * 1e3:.3f}",
             ]
             if topo:
                 cells.append(_xnode(r))
         else:
-            rt = f"{r['runtime_s']:.3f}" if "runtime_s" in r else "-"
+            rt = f"{r['runtime_s'] * 1e3:.3f}" if "runtime_s" in r else "-"
             cells = [r["method"], "-", "-", "-", "-", r["status"], rt] + ["-"] * topo
         lines.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
@@ -188,6 +208,19 @@ def format_table(rows) -> str:
         out.append("notes (* = not on the replica mask, left out of vs_best):")
         out.extend(notes)
     return "\n".join(out)
+
+
+def _compile_kernels(methods, out) -> None:
+    """Warm the dispatch kernels before anything is timed; on a first run (a kernel not in
+    numba's disk cache) say so on one line, with how long compiling took."""
+    cold = needs_compile()
+    if cold:
+        print("compiling kernels (first run only) ...", end=" ", file=out, flush=True)
+    rep = warmup(routing=False, simulator=False, methods=methods)
+    if cold or rep.compile_s >= 0.5:
+        if not cold:
+            print("compiling kernels (first run only) ...", end=" ", file=out)
+        print(f"{rep.compile_s:.1f} s", file=out, flush=True)
 
 
 def _xnode(r) -> str:
@@ -231,6 +264,7 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if not (args.time_limit > 0):
         parser.error(f"--time-limit must be positive, got {args.time_limit}")
+    _compile_kernels(methods, sys.stderr if args.json else sys.stdout)
     rows = compare(problem, cost, methods=methods, time_limit=args.time_limit, seed=args.seed)
     shape = SHAPES[args.shape]
     counts = problem.counts

@@ -1,18 +1,77 @@
 """Lock-step decode-cluster simulator: replay a trace under a routing policy, report metrics.
 
-``simulate(trace, policy)`` runs the step loop of :mod:`straggler.sim._engine` (Numba) with a
-routing kernel of :data:`straggler.solvers.routing.ROUTING_KERNELS` called at every routing
-tick, and summarises the run in a :class:`SimReport`.
+``simulate(trace, policy)`` runs the step loop of :mod:`straggler.sim._engine` (Numba, cached
+on disk) with a registered routing policy (:mod:`straggler.solvers.routing_registry`) called by
+id at every routing tick, and summarises the run in a :class:`SimReport`.
 
-The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives, its prefill takes
-``prefill_base_s + prefill_per_token_s * prompt`` seconds (prefill capacity is not modelled:
-prefills run in parallel), then it waits in the prompt pool until the router places it on one
-of ``G`` decode replicas. Replicas step in lock-step; a step costs ``t0 + kappa * max_g L_g``
-where ``L_g`` is replica ``g``'s resident KV tokens (the paper's ``a*x + b`` with the barrier:
-the most loaded replica sets the pace). Every running request gains one token per step and
-leaves after ``output_len`` steps. Each replica has ``max_slots`` request slots and
-``kv_capacity`` KV tokens (checked at admission). See :mod:`straggler.sim._engine` for the
-exact order of events.
+The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives and queues for one
+of ``prefill_instances`` prefill instances (first come, first served; a prefill takes
+``prefill_base_s + prompt / prefill_tokens_per_s`` seconds), then waits in the prompt pool
+until the router places it on one of ``G`` decode replicas. Replicas step in lock-step; a step
+costs ``t0 + kappa * max_g L_g`` where ``L_g`` is replica ``g``'s resident KV tokens (the
+paper's ``a*x + b`` with the barrier: the most loaded replica sets the pace). Every running
+request gains one token per step and leaves after ``output_len`` steps. Each replica has
+``max_slots`` request slots and ``kv_capacity`` KV tokens, enforced at admission and during
+decode: a replica whose next step would overflow preempts its most recently admitted request
+(vLLM's recompute preemption: back through prefill with ``prompt + decoded`` tokens, KV
+dropped). See :mod:`straggler.sim._engine` for the exact order of events.
+
+Dispatch modes, bootstrap rooms, prefix caches, aggregated serving
+------------------------------------------------------------------
+``dispatch="pool"`` (default): one central prompt pool; the router places a request only on a
+replica with a free slot, where it starts at once (BalanceRoute's model; TensorRT-LLM's
+capacity-limited fetch). The engines keep no queue, so ``n_waiting = waiting_tokens = 0`` in
+the policies' view. ``dispatch="queue"``: vLLM's and SGLang's DP front ends route every request
+on arrival (here: at the first tick after its prefill) to one engine's own FIFO queue, whatever
+its slots; each engine admits from the head of its queue at every step while the head has a
+slot and KV room (the first that does not fit blocks those behind it, FCFS). The router then
+sees each engine's queue (``n_waiting``, ``waiting_tokens``: prompt + decoded tokens of the
+queued requests), so vLLM's ``4*waiting`` / ``6*waiting*(kv - 0.5)`` weights and SGLang's
+waiting tokens act as upstream; with ``stale > 0`` and the optimistic update, what the router
+sent since its view is added to those queue counts. A preempted request goes back through
+prefill and is routed again (vLLM re-queues it at the front of its own engine: not modelled).
+``pool_wait_s`` counts pool and queue time together.
+
+Every request carries a bootstrap room (:func:`bootstrap_rooms`: uniform in ``[0, 2**63-1]``,
+seeded by ``seed``, as SGLang's router draws ``random.randint(0, 2**63 - 1)``), the
+``PoolState.key`` every policy sees; ``follow_bootstrap_room`` routes by it.
+
+With ``prefix_blocks`` (each request's prompt block hashes, e.g. Mooncake's ``hash_ids``),
+every replica keeps an LRU cache of the blocks of the prompts it admitted, ``kv_capacity //
+block_tokens`` blocks (blocks in use are not pinned); a request's cached prefix on a replica is
+its leading blocks found there. The report gives ``prefix_hit_rate``; a policy that reads
+``PoolState.cached`` (``dynamo``) sees it per visible request and replica.
+
+``ctx_cost > 0`` models aggregated serving (TensorRT-LLM attention DP without disaggregation):
+the context phase of a request runs inside the decode step of the replica that admits it,
+``ctx_cost`` seconds per prompt token not found in its cache, and the step costs ``t0 +
+max_g (kappa * L_g + ctx_cost * C_g)``. ``SimReport.token_balance`` is TensorRT-LLM's balance
+ratio (mean/max tokens processed per step).
+
+Offered load and the cluster's decode capacity
+----------------------------------------------
+:func:`decode_capacity` defines the capacity the ``load`` knob is a multiple of. With
+``r = mean(prompt + output / 2)`` the mean resident tokens of a request over its decode, each
+replica runs at most ``c = min(max_slots, kv_capacity / r)`` requests at a time, a full
+cluster steps in ``dt = t0 + kappa * c * r`` seconds, and a request holds its slot for
+``mean(output)`` steps, so the cluster completes at most ``G * c / (mean(output) * dt)``
+requests per second (Little's law). The offered load of a trace is its arrival rate
+(``(n - 1) / (last arrival - first arrival)``) over that rate; ``simulate(..., load=X)``
+rescales the arrival times (their order and gaps' shape kept) so that it is ``X``. Below 1.0 the
+slots are not all busy (the real utilisation is in ``SimReport.slot_utilisation``, lower than
+the load because emptier replicas also step faster); above it the pool grows.
+
+Default prefill capacity
+------------------------
+``prefill_instances = ceil(G / 2)`` (the paper's 4P1D topology: four prefill instances for
+eight decode replicas) at ``prefill_tokens_per_s = 50,000`` each (an H800-class node of a
+large MoE; DeepSeek reports 73.7k input tokens/s per node with its prefix-cache hits, which
+the simulator does not model), plus ``prefill_base_s = 20 ms``. In requests per second this is,
+as a multiple of the decode capacity below (at every ``G``): Azure conversation 6.8x, Azure
+code 0.68x (28-token outputs: prefill-bound from load 0.68), Mooncake conversation 3.4x,
+Mooncake synthetic 1.34x, ShareGPT 10x, arXiv 6.3x, the generated workload 6.7x. A cluster
+built for a prefill-heavy mix needs more: ``straggler.sim.load_sweep`` sizes it to twice the
+decode capacity. ``prefill_instances=0`` restores unlimited prefill.
 
 Default step time (derived from the paper's tables)
 ---------------------------------------------------
@@ -48,72 +107,148 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any
 
 import numpy as np
 
 from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
-from ..solvers.predictors import TwoStagePredictor, calibration_report, termination_samples
-from ..solvers.routing import (
-    ROUTING_KERNELS,
-    default_s_greedy,
-    make_params,
-    new_request_presence,
+from ..formulations.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_real,
+    check_type,
+    describe,
 )
-from ._engine import no_two_stage, run_engine, run_engine_reference
-from .traces import Trace, generate_trace, saturate_trace
+from ..solvers.predictors import (
+    PredictorKind,
+    TwoStagePredictor,
+    calibration_report,
+    termination_samples,
+)
+from ..solvers.routing import new_request_presence
+from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, resolve_options
+from ._engine import SERIES, EngineInputs, no_two_stage, run_engine, run_engine_reference
+from .prefix import PrefixBlocks
+from .traces import Trace, generate_trace
 
-__all__ = ["simulate", "SimReport", "PREDICTORS", "DEFAULT_STEP_TIME"]
+__all__ = [
+    "simulate",
+    "warm_engine",
+    "SimReport",
+    "PREDICTORS",
+    "DEFAULT_STEP_TIME",
+    "DEFAULT_PREFILL",
+    "decode_capacity",
+    "offered_load",
+    "bootstrap_rooms",
+    "DISPATCH_MODES",
+]
+
+#: Values of ``simulate(dispatch=...)``.
+DISPATCH_MODES = ("pool", "queue")
+
+
+def bootstrap_rooms(n: int, seed: int) -> np.ndarray:
+    """The ``n`` requests' bootstrap rooms: uniform integers in ``[0, 2**63 - 1]`` from
+    ``numpy.random.default_rng([seed, 0xB007])`` (SGLang's router draws each room with
+    ``random.randint(0, 2**63 - 1)``; ``follow_bootstrap_room`` sends a request to rank
+    ``room % G``, so the rank is uniform and independent of load).
+
+    Examples
+    --------
+    >>> r = bootstrap_rooms(4, 0)
+    >>> r.dtype, bool((r >= 0).all()), bootstrap_rooms(4, 0).tolist() == r.tolist()
+    (dtype('int64'), True, True)
+    """
+    rng = np.random.default_rng([int(seed), 0xB007])
+    return rng.integers(0, 2**63 - 1, size=int(n), dtype=np.int64, endpoint=True)
+
 
 #: ``(t0 seconds, kappa seconds per token)``; derivation in the module docstring.
 DEFAULT_STEP_TIME = (0.040, 0.22e-6)
 
-#: Predictors BR-H can use inside the simulator (engine codes).
-PREDICTORS = {"oracle": 1, "survival": 2, "exact_match": 3, "two_stage": 4}
+#: ``(tokens per second per instance, fixed seconds per prefill)``; the number of instances
+#: defaults to ``ceil(G / 2)`` (module docstring).
+DEFAULT_PREFILL = (50_000.0, 0.02)
+
+#: Predictors BR-H can use inside the simulator (:class:`PredictorKind` labels).
+PREDICTORS = tuple(PredictorKind.names())
 
 _FUNC = "simulate"
+#: Largest ``n_replicas`` and ``max_slots`` simulate accepts (the engine keeps per-slot state).
+MAX_REPLICAS = 65_536
+MAX_SLOTS = 65_536
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class SimReport:
     """Metrics of one simulated run.
 
-    Step metrics (imbalance, balance ratio, throughput) are averaged over the measurement
-    window: every step, or in saturated mode the steps until the last request was admitted
-    (while the pool was never drained for lack of arrivals). Request metrics cover every
-    request that finished.
+    Step metrics are given twice: over the **whole run** (every step, from the first to the
+    last request's completion or ``max_steps``) and over the **window** (``window_*``: the
+    steps that start before the trace's last arrival, the same stretch of simulated time for
+    every policy). Request metrics cover every request that finished (pool waits: every
+    request that reached the pool, the unfinished ones until the end of the run).
 
     Attributes
     ----------
     policy, trace : str
         Policy label (``"brh:oracle"`` for BR-H with a predictor) and trace name.
-    n_replicas, n_requests, n_finished, n_steps, n_ticks : int
+    n_replicas, n_requests, n_finished, n_unfinished, n_steps, n_ticks : int
+    n_preempted : int
+        Preemptions (a request preempted twice counts twice).
+    offered_load : float
+        Arrival rate over :func:`decode_capacity` (the ``load`` the run was given, or the
+        trace's own).
     mean_imbalance : float
-        Mean over window steps of ``I = G*max L - sum L`` (tokens).
+        Mean over steps of ``I = G*max L - sum L`` (tokens).
     balance_ratio : float
-        Mean over window steps (with ``max L > 0``) of ``mean L / max L``.
+        Mean over steps (with ``max L > 0``) of ``mean L / max L``.
     throughput_tps : float
-        Tokens decoded per second over the window (one token per running request per step).
+        Tokens decoded per second (one token per running request per step) over the run's span.
     mean_step_ms : float
-        Mean step time in the window.
+        Mean step time.
+    slot_utilisation : float
+        Time-weighted mean of ``running / (G * max_slots)``.
+    window_mean_imbalance, window_balance_ratio, window_throughput_tps, window_mean_step_ms,
+    window_slot_utilisation : float
+        The same over the window.
     tpot_p50_ms, tpot_p95_ms, tpot_p99_ms : float
-        Time per output token of each finished request: ``(finish - start) / output_len``
-        (the mean step time over its decode).
+        Time per output token of each finished request: ``(finish - first admission) /
+        output_len`` (the mean step time over its decode, preemption stalls included).
     ttft_p50_ms, ttft_p99_ms : float
-        Arrival to the end of the first decode step (prefill + pool wait + one step).
+        Arrival to the end of the first decode step (prefill queue and prefill, pool wait,
+        one step).
     queue_p50_ms, queue_p99_ms : float
-        Time in the prompt pool (admission - prefill done).
+        Time in the prompt pool per request (all its visits).
+    max_pool_wait_s : float
+        The longest time one request spent in the pool.
     sched_us_p50, sched_us_p99, sched_us_mean : float
         Router time per tick (the kernel call inside the jitted loop), microseconds.
+    token_balance : float
+        Mean over steps of ``mean_g P_g / max_g P_g`` with ``P_g`` the tokens replica ``g``
+        processes in the step (its context-phase prompt tokens plus one per generating
+        request): TensorRT-LLM's attention-DP balance ratio (1 when nothing runs).
+    prefix_hit_rate : float
+        With ``prefix_blocks`` (whatever the policy): prompt tokens found in the replica's
+        prefix cache at each request's first admission over all admitted prompt tokens (the
+        prefill a KV-aware router saves); NaN without.
     series : dict of ndarray
-        Per step: ``time_s`` (start), ``step_s``, ``max_load``, ``sum_load``, ``imbalance``,
-        ``running``, ``pool``.
+        Per step (:data:`straggler.sim._engine.SERIES`): ``time_s`` (start), ``step_s``,
+        ``max_load``, ``sum_load``, ``running``, ``pool`` (requests waiting for a slot: the
+        pool, and the engines' queues in queue mode), ``prefill`` (requests queued or in
+        prefill), ``preempted``, ``ctx_tokens`` (the most context-phase tokens one replica
+        admitted), ``token_balance`` (see above); and ``imbalance``.
     requests : dict of ndarray
-        Per request (ready order): ``arrival_s``, ``ready_s``, ``start_s``, ``first_s``,
-        ``finish_s``, ``replica``, ``prompt_len``, ``output_len``.
+        Per request (arrival order): ``arrival_s``, ``ready_s`` (first time in the pool),
+        ``start_s`` (first admission), ``first_s``, ``finish_s``, ``replica``, ``prompt_len``,
+        ``output_len``, ``n_preempt``, ``pool_wait_s``, ``enter_tick`` (routing ticks before its
+        first entry into the pool; a request's wait at a tick is that tick's index minus it),
+        ``admit_tick`` (the tick that first admitted it; -1: never), ``cache_hit`` (prompt
+        tokens cached on its replica at its first admission).
     window : tuple of int
-        ``(first, end)`` step indices of the measurement window.
+        ``(first, end)`` step indices of the window.
     config : dict
         Every setting of the run.
     wall_s : float
@@ -125,12 +260,21 @@ class SimReport:
     n_replicas: int
     n_requests: int
     n_finished: int
+    n_unfinished: int
     n_steps: int
     n_ticks: int
+    n_preempted: int
+    offered_load: float
     mean_imbalance: float
     balance_ratio: float
     throughput_tps: float
     mean_step_ms: float
+    slot_utilisation: float
+    window_mean_imbalance: float
+    window_balance_ratio: float
+    window_throughput_tps: float
+    window_mean_step_ms: float
+    window_slot_utilisation: float
     tpot_p50_ms: float
     tpot_p95_ms: float
     tpot_p99_ms: float
@@ -138,9 +282,12 @@ class SimReport:
     ttft_p99_ms: float
     queue_p50_ms: float
     queue_p99_ms: float
+    max_pool_wait_s: float
     sched_us_p50: float
     sched_us_p99: float
     sched_us_mean: float
+    token_balance: float
+    prefix_hit_rate: float
     series: dict[str, np.ndarray] = field(repr=False)
     requests: dict[str, np.ndarray] = field(repr=False)
     window: tuple[int, int]
@@ -159,28 +306,55 @@ class SimReport:
         return out
 
 
-def _check_int(x, name, lo, hi=None):
-    if (
-        not isinstance(x, (int, np.integer))
-        or isinstance(x, bool)
-        or x < lo
-        or (hi is not None and x > hi)
-    ):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise param_error(name, _FUNC, f"an integer {rng}", repr(x))
-    return int(x)
+def decode_capacity(
+    trace: Trace,
+    *,
+    n_replicas: int,
+    max_slots: int,
+    kv_capacity: float,
+    t0: float = DEFAULT_STEP_TIME[0],
+    kappa: float = DEFAULT_STEP_TIME[1],
+) -> dict[str, float]:
+    """The decode cluster's capacity for ``trace``'s request mix (module docstring).
+
+    Returns ``concurrency`` (requests per replica, ``min(max_slots, kv_capacity / r)`` with
+    ``r = mean(prompt + output/2)``), ``step_s`` (the step time of a full cluster),
+    ``rate_per_s`` (requests per second it completes: ``G * concurrency / (mean(output) *
+    step_s)``) and ``tokens_per_s`` (decoded tokens per second, ``G * concurrency / step_s``).
+
+    Examples
+    --------
+    >>> tr = Trace(arrival_s=[0, 1], prompt_len=[100, 100], output_len=[10, 10])
+    >>> cap = decode_capacity(tr, n_replicas=2, max_slots=4, kv_capacity=10**6, t0=0.01, kappa=0)
+    >>> cap["concurrency"], cap["rate_per_s"]
+    (4.0, 80.0)
+    """
+    r = float(np.mean(trace.prompt_len + trace.output_len / 2.0))
+    c = float(max_slots) if r <= 0 else min(float(max_slots), kv_capacity / r)
+    step = t0 + kappa * c * r
+    rate = n_replicas * c / (float(trace.output_len.mean()) * step)
+    return {
+        "concurrency": c,
+        "step_s": step,
+        "rate_per_s": rate,
+        "tokens_per_s": n_replicas * c / step,
+    }
 
 
-def _check_num(x, name, lo, *, open_lo=False):
-    if (
-        not isinstance(x, Real)
-        or isinstance(x, bool)
-        or not math.isfinite(x)
-        or (x <= lo if open_lo else x < lo)
-    ):
-        cmp = ">" if open_lo else ">="
-        raise param_error(name, _FUNC, f"a finite number {cmp} {lo}", repr(x))
-    return float(x)
+def offered_load(trace: Trace, **capacity) -> float:
+    """``trace``'s arrival rate over :func:`decode_capacity` (``inf`` when every request
+    arrives at once; ``capacity``: its keyword arguments).
+
+    Examples
+    --------
+    >>> tr = Trace(arrival_s=[0, 1], prompt_len=[100, 100], output_len=[10, 10])
+    >>> offered_load(tr, n_replicas=2, max_slots=4, kv_capacity=10**6, t0=0.01, kappa=0)
+    0.0125
+    """
+    if len(trace) < 2 or trace.duration_s <= 0:
+        return math.inf
+    rate = (len(trace) - 1) / trace.duration_s
+    return rate / decode_capacity(trace, **capacity)["rate_per_s"]
 
 
 def _survival_tables(output_len: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:
@@ -298,29 +472,266 @@ def _groups(prefix_hash: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
     return g, int(uniq.size)
 
 
+def _simulate_iv(trace, policy, kw: dict, options: dict):
+    """Every check of :func:`simulate`, once: returns ``(trace, pol, cfg, params, carry,
+    pred_kind, H, label)`` with the trace filtered and rescaled."""
+    f = _FUNC
+    pol = get_routing_policy(DEFAULT_POLICY if policy is None else policy, f)
+    # upper bounds keep the engine's (G, max_slots) state arrays allocatable and every integer
+    # in int64 (a larger value once reached numba as uint64 and failed to type)
+    G = check_int(kw["n_replicas"], "n_replicas", f, lo=1, hi=MAX_REPLICAS)
+    cfg = dict(
+        policy=pol.name,
+        n_replicas=G,
+        max_slots=check_int(kw["max_slots"], "max_slots", f, lo=1, hi=MAX_SLOTS),
+        kv_capacity=check_int(kw["kv_capacity"], "kv_capacity", f, lo=1, hi=2**53),
+        t0=check_real(kw["t0"], "t0", f, lo=0),
+        kappa=check_real(kw["kappa"], "kappa", f, lo=0),
+        prefill_tokens_per_s=check_real(
+            kw["prefill_tokens_per_s"], "prefill_tokens_per_s", f, lo=0, lo_open=True, finite=False
+        ),
+        prefill_base_s=check_real(kw["prefill_base_s"], "prefill_base_s", f, lo=0),
+        tick=check_int(kw["tick"], "tick", f, lo=1, hi=2**31),
+        stale=check_int(kw["stale"], "stale", f, lo=0, hi=2**31),
+        optimistic=check_bool(kw["optimistic"], "optimistic", f),
+        max_pool=check_int(kw["max_pool"], "max_pool", f, lo=1, hi=2**31),
+        saturated=check_bool(kw["saturated"], "saturated", f),
+        min_output=check_int(kw["min_output"], "min_output", f, lo=0, hi=2**53),
+        overload=check_real(kw["overload"], "overload", f, lo=0, lo_open=True),
+        seed=check_int(kw["seed"], "seed", f, lo=0, hi=2**40),
+        engine=check_choice(kw["engine"], "engine", f, ["numba", "python"]),
+        time_router=check_bool(kw["time_router"], "time_router", f),
+        refill=check_bool(kw["refill"], "refill", f),
+        new_presence=check_bool(kw["new_presence"], "new_presence", f),
+        dispatch=check_choice(kw["dispatch"], "dispatch", f, list(DISPATCH_MODES)),
+        ctx_cost=check_real(kw["ctx_cost"], "ctx_cost", f, lo=0),
+    )
+    pi = kw["prefill_instances"]
+    cfg["prefill_instances"] = (
+        math.ceil(G / 2) if pi is None else check_int(pi, "prefill_instances", f, lo=0)
+    )
+    if cfg["t0"] == 0 and cfg["kappa"] == 0:
+        raise param_error("t0", f, "positive when kappa is 0 (steps must take time)", "0")
+    load = kw["load"]
+    if load is not None:
+        load = check_real(load, "load", f, lo=0, lo_open=True)
+    # projection settings: only for a policy that reads projected loads
+    if pol.horizon:
+        pred_kind = PredictorKind.from_name(
+            "survival" if kw["predictor"] is None else kw["predictor"]
+        )
+        H = 80 if kw["horizon"] is None else check_int(kw["horizon"], "horizon", f, lo=0)
+        label = f"{pol.name}:{pred_kind.label}"
+    else:
+        for name in ("predictor", "horizon", "predictor_fit"):
+            if kw[name] is not None:
+                raise param_error(
+                    name,
+                    f,
+                    f"None for policy {pol.name!r} (it reads no projected loads)",
+                    describe(kw[name]),
+                    InvalidOptionError,
+                )
+        for name in ("refill", "new_presence"):
+            if cfg[name]:
+                raise param_error(
+                    name,
+                    f,
+                    f"False for policy {pol.name!r} (it reads no projected loads)",
+                    "True",
+                    InvalidOptionError,
+                )
+        pred_kind, H, label = PredictorKind.NONE, 0, pol.name
+    if kw["predictor_fit"] is not None and pred_kind != PredictorKind.TWO_STAGE:
+        raise param_error(
+            "predictor_fit",
+            f,
+            'None unless the predictor is "two_stage"',
+            describe(kw["predictor_fit"]),
+            InvalidOptionError,
+        )
+    cfg.update(predictor=pred_kind.label if pol.horizon else None, horizon=H, label=label)
+    opts = dict(options)
+    if "new_presence" in opts:
+        raise param_error(
+            "new_presence", f, "a bool (simulate computes the weights from the trace)", "an array"
+        )
+    if "optimistic" in pol.options:
+        opts["optimistic"] = cfg["optimistic"]
+    params, carry, resolved = resolve_options(pol, opts, G, H, f)
+    cfg["options"] = {k: v for k, v in resolved.items() if k != "new_presence"}
+
+    if isinstance(trace, str):
+        trace = generate_trace(trace)
+    check_type(trace, "trace", f, Trace, "a Trace or a generator preset name")
+    blocks = kw["prefix_blocks"]
+    if blocks is not None:
+        check_type(blocks, "prefix_blocks", f, PrefixBlocks, "a PrefixBlocks (or None)")
+        if len(blocks) != len(trace):
+            raise param_error(
+                "prefix_blocks",
+                f,
+                f"one block list per request of the trace ({len(trace)})",
+                f"{len(blocks)} lists",
+            )
+        most = -(-trace.prompt_len // blocks.block_tokens)
+        bad = np.flatnonzero(blocks.counts() > most)
+        if bad.size:
+            i = int(bad[0])
+            raise param_error(
+                "prefix_blocks",
+                f,
+                f"at most ceil(prompt / {blocks.block_tokens}) blocks per request (aligned with "
+                "the trace)",
+                f"{int(blocks.counts()[i])} blocks for request {i} of {int(trace.prompt_len[i])} "
+                "tokens",
+            )
+    if cfg["min_output"] > 0:
+        keep = trace.output_len >= cfg["min_output"]
+        trace = trace.subset(keep).rebase()
+        blocks = None if blocks is None else blocks.subset(keep)
+    if len(trace) == 0:
+        raise param_error("trace", f, "a non-empty Trace (after the min_output filter)", "none")
+    longest = int((trace.prompt_len + trace.output_len).max())
+    if longest > cfg["kv_capacity"]:
+        raise param_error(
+            "kv_capacity",
+            f,
+            "at least the longest request of the trace (prompt + output, as vLLM's "
+            "max_model_len must fit the KV cache)",
+            f"{cfg['kv_capacity']} < {longest}",
+        )
+    cap = dict(
+        n_replicas=G,
+        max_slots=cfg["max_slots"],
+        kv_capacity=float(cfg["kv_capacity"]),
+        t0=cfg["t0"],
+        kappa=cfg["kappa"],
+    )
+    if load is None and cfg["saturated"]:
+        load = cfg["overload"]
+    own = offered_load(trace, **cap)
+    if load is not None:
+        if not math.isfinite(own):
+            raise param_error(
+                "load", f, "None for a trace whose requests all arrive at once", repr(load)
+            )
+        trace = trace.rebase().compress(load / own)
+        trace = Trace(
+            arrival_s=trace.arrival_s,
+            prompt_len=trace.prompt_len,
+            output_len=trace.output_len,
+            prefix_hash=trace.prefix_hash,
+            name=trace.name,
+            meta={**trace.meta, "load": load},
+        )
+    cfg["offered_load"] = offered_load(trace, **cap) if load is None else load
+    cfg["capacity"] = decode_capacity(trace, **cap)
+    cfg["prefix_cache"] = blocks is not None
+    cfg["prefix_cache_router"] = bool(pol.prefix_cache and blocks is not None)
+    return trace, pol, cfg, params, carry, pred_kind, H, label, blocks
+
+
+def _engine_inputs(trace, policy, kw: dict, options: dict):
+    """:func:`simulate` up to the engine call: ``(EngineInputs, policy, trace, cfg, label)``
+    with the trace as simulated (filtered, rescaled)."""
+    trace, pol, cfg, params, carry, pred_kind, H, label, blocks = _simulate_iv(
+        trace, policy, kw, options
+    )
+    n = len(trace)
+    prompt = np.array(trace.prompt_len, dtype=np.int64)  # writable copies: one engine signature
+    output = np.array(trace.output_len, dtype=np.int64)
+    group, n_groups = _groups(trace.prefix_hash, n)
+    if pred_kind in (PredictorKind.SURVIVAL, PredictorKind.EXACT_MATCH):
+        surv_p, surv_mu = _survival_tables(trace.output_len, H)
+    else:
+        surv_p, surv_mu = np.zeros(1), np.ones(1)
+    if pred_kind == PredictorKind.TWO_STAGE:
+        two_stage, cfg["two_stage"] = _two_stage(trace, H, kw["predictor_fit"])
+    else:
+        two_stage = no_two_stage()
+    if cfg["new_presence"]:
+        params = np.concatenate([params, new_request_presence(trace.output_len, H)])
+    max_steps = kw["max_steps"]
+    if max_steps is None:
+        max_steps = int(output.sum()) + 11 * n + 1000
+    max_steps = check_int(max_steps, "max_steps", _FUNC, lo=1)
+    cfg["max_steps"] = max_steps
+    blk_off, blk_ids, blk_tokens = np.zeros(n + 1, dtype=np.int64), np.zeros(0, np.int64), 1
+    if cfg["prefix_cache"]:  # dense ids, so that id * G + replica is a unique int64 key
+        blk_off = np.ascontiguousarray(blocks.offsets, dtype=np.int64)
+        blk_ids = np.unique(blocks.ids, return_inverse=True)[1].astype(np.int64)
+        blk_tokens = int(blocks.block_tokens)
+    rate = cfg["prefill_tokens_per_s"]
+    inp = EngineInputs(
+        policy_id=int(pol.policy_id),
+        params=np.ascontiguousarray(params, dtype=np.float64),
+        carry=np.ascontiguousarray(carry, dtype=np.float64),
+        arrival_t=np.array(trace.arrival_s, dtype=np.float64),
+        prompt=prompt,
+        output=output,
+        group=group,
+        n_groups=int(n_groups),
+        n_replicas=int(cfg["n_replicas"]),
+        max_slots=int(cfg["max_slots"]),
+        kv_cap=int(cfg["kv_capacity"]),
+        t0=float(cfg["t0"]),
+        kappa=float(cfg["kappa"]),
+        prefill_instances=int(cfg["prefill_instances"]),
+        prefill_base_s=float(cfg["prefill_base_s"]),
+        prefill_per_token_s=0.0 if math.isinf(rate) else 1.0 / rate,
+        tick=int(cfg["tick"]),
+        stale=int(cfg["stale"]),
+        optimistic=bool(cfg["optimistic"]),
+        max_pool=int(cfg["max_pool"]),
+        horizon=int(H),
+        pred_kind=int(pred_kind),
+        surv_p=surv_p,
+        surv_mu=surv_mu,
+        refill=bool(cfg["refill"]),
+        ts_fold=np.ascontiguousarray(two_stage[0], dtype=np.int64),
+        ts_knots=np.ascontiguousarray(two_stage[1], dtype=np.float64),
+        ts_lin=np.ascontiguousarray(two_stage[2], dtype=np.float64),
+        ts_iso=np.ascontiguousarray(two_stage[3], dtype=np.float64),
+        ts_nb=np.ascontiguousarray(two_stage[4], dtype=np.int64),
+        seed=int(cfg["seed"]),
+        max_steps=int(max_steps),
+        time_router=bool(cfg["time_router"]),
+        queue_mode=cfg["dispatch"] == "queue",
+        room=bootstrap_rooms(n, cfg["seed"]),
+        use_cache=cfg["prefix_cache"],
+        cache_router=cfg["prefix_cache_router"],
+        blk_off=blk_off,
+        blk_ids=blk_ids,
+        blk_tokens=blk_tokens,
+        cache_blocks=int(cfg["kv_capacity"]) // blk_tokens,
+        ctx_cost=float(cfg["ctx_cost"]),
+    )
+    return inp, pol, trace, cfg, label
+
+
 def simulate(
     trace: Trace | str = "bursty",
-    policy: str = "br0",
+    policy: str | None = None,
     *,
     n_replicas: int = 8,
     max_slots: int = 16,
     kv_capacity: int = 500_000,
     t0: float = DEFAULT_STEP_TIME[0],
     kappa: float = DEFAULT_STEP_TIME[1],
-    prefill_base_s: float = 0.02,
-    prefill_per_token_s: float = 5e-5,
+    load: float | None = None,
+    prefill_instances: int | None = None,
+    prefill_tokens_per_s: float = DEFAULT_PREFILL[0],
+    prefill_base_s: float = DEFAULT_PREFILL[1],
     tick: int = 1,
     stale: int = 0,
     optimistic: bool = True,
     max_pool: int = 256,
-    predictor: str = "survival",
-    horizon: int = 80,
+    predictor: str | None = None,
+    horizon: int | None = None,
     predictor_fit: Trace | TwoStagePredictor | str | None = None,
-    r_max: int = 4,
-    s_greedy: float | None = None,
-    alpha: float = 1.0,
-    beta: float | None = None,
-    gamma: float = 1.0,
+    refill: bool = False,
+    new_presence: bool = False,
     saturated: bool = False,
     min_output: int = 0,
     overload: float = 1.5,
@@ -328,8 +739,10 @@ def simulate(
     max_steps: int | None = None,
     engine: str = "numba",
     time_router: bool = True,
-    refill: bool = False,
-    new_presence: bool = False,
+    dispatch: str = "pool",
+    prefix_blocks: PrefixBlocks | None = None,
+    ctx_cost: float = 0.0,
+    **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
 
@@ -338,302 +751,284 @@ def simulate(
     trace : Trace or str
         A :class:`~straggler.sim.traces.Trace`, or the name of a generator preset (default
         ``"bursty"``: one hour of the shipped generator, seed 0).
-    policy : str
-        A routing policy of :func:`straggler.solvers.route_batch`: ``br0``, ``brh``,
-        ``round_robin``, ``random``, ``jsq``, ``jsq_requests``, ``vllm``, ``p2c``,
-        ``trtllm``. ``brh`` uses ``predictor`` and ``horizon``.
+    policy : str, optional
+        A registered routing policy (:func:`~straggler.solvers.routing_policies`; default
+        :data:`~straggler.solvers.DEFAULT_POLICY`). ``brh`` uses ``predictor`` and
+        ``horizon``.
     n_replicas : int
         ``G`` decode replicas.
     max_slots : int
         Request slots per replica (its decode batch size).
     kv_capacity : int
-        KV tokens per replica; a request is admitted only if ``L_g + prompt <= kv_capacity``.
+        KV tokens per replica, enforced at admission (a request is admitted when its tokens
+        and the next step's token of every running request fit) and during decode (vLLM's
+        recompute preemption, module docstring). Must hold the longest request (prompt +
+        output).
     t0, kappa : float
         Step time ``t0 + kappa * max_g L_g`` (seconds, seconds per token); defaults in
         :data:`DEFAULT_STEP_TIME`, derived in the module docstring.
-    prefill_base_s, prefill_per_token_s : float
-        Prefill delay ``prefill_base_s + prefill_per_token_s * prompt`` before a request
-        enters the prompt pool (defaults: 20 ms + 20k tokens/s).
+    load : float, optional
+        Offered load as a multiple of the cluster's decode capacity (:func:`decode_capacity`,
+        defined in the module docstring): arrivals are rescaled so the trace's arrival rate
+        is ``load`` times the rate the full cluster completes requests at. Default: the
+        trace's timestamps as recorded (``SimReport.offered_load`` says what that is).
+    prefill_instances : int, optional
+        Prefill instances serving arrivals first come, first served (default ``ceil(G/2)``;
+        0: unlimited, every prefill starts on arrival).
+    prefill_tokens_per_s, prefill_base_s : float
+        A prefill takes ``prefill_base_s + tokens / prefill_tokens_per_s`` on one instance
+        (defaults :data:`DEFAULT_PREFILL`: 50,000 tokens/s, 20 ms; ``inf``: only the fixed
+        part). A preempted request's recompute prefills ``prompt + decoded`` tokens.
     tick : int
         A routing tick every ``tick`` steps.
     stale : int
-        The router sees loads (projections) ``stale`` steps old.
+        The router sees loads (projections, counts, prompt tokens) ``stale`` steps old.
     optimistic : bool
-        Optimistic local update: within a tick each policy adds a placed request's prompt to
+        Optimistic local update: within a tick each policy adds a placed request's tokens to
         its copy of the replica's load (policy option ``optimistic``); across ticks, with
-        ``stale > 0``, the prompts placed since the stale snapshot are added too. False turns
+        ``stale > 0``, what was placed since the stale snapshot is added too. False turns
         off both.
     max_pool : int
         The router sees the oldest ``max_pool`` requests of the pool.
-    predictor : {"survival", "exact_match", "oracle", "two_stage"}
-        BR-H's predictor: empirical survival (ECDF of the trace's output lengths by age, H4's
-        ``SurvivalPredictor``), exact-match (output length of the last finished request with
-        the same prompt hash, falling back to survival; traces without hashes fall back
-        always), oracle (true remaining length), two-stage (the paper's calibrated termination
-        classifier and conditional-mean regressor on prompt length and age,
+    predictor : {"survival", "exact_match", "oracle", "two_stage"}, optional
+        For a policy that reads projected loads (``brh``; default ``"survival"``): empirical
+        survival (ECDF of the trace's output lengths by age, H4's ``SurvivalPredictor``),
+        exact-match (output length of the last finished request with the same prompt hash,
+        falling back to survival; traces without hashes fall back always), oracle (true
+        remaining length), two-stage (the paper's calibrated termination classifier and
+        conditional-mean regressor on prompt length and age,
         :class:`~straggler.solvers.predictors.TwoStagePredictor` trained for ``horizon``; see
         ``predictor_fit``). The survival ECDF is fitted on the simulated trace itself (the
-        marginal output lengths); the two-stage model by default is not.
-    horizon : int
+        marginal output lengths); the two-stage model by default is not. A
+        :class:`~straggler.solvers.predictors.PredictorKind` is accepted too.
+    horizon : int, optional
         BR-H's ``H`` (default 80, the paper's).
     predictor_fit : None, "in_sample", Trace or TwoStagePredictor
         Training data of the two-stage predictor (only with ``predictor="two_stage"``).
-        Default None: cross-fitting on the simulated trace (after the saturated-mode
-        filter), split in two halves by arrival; the model fitted on the first half predicts
-        the requests of the second half and vice versa, so no request is predicted by a model
-        that saw it. ``"in_sample"``: one model fitted on all simulated requests (optimistic).
-        A :class:`~straggler.sim.traces.Trace`: one model fitted on it. A fitted
-        ``TwoStagePredictor`` (for ``horizon``): used as is. ``config["two_stage"]`` of the
-        report records the split and the classifier's calibration (Brier, log loss, AUC,
-        ECE) on the simulated requests.
-    r_max, s_greedy, alpha, beta, gamma
-        BR-0/BR-H options of :func:`~straggler.solvers.route_batch`.
+        Default None: cross-fitting on the simulated trace, split in two halves by arrival;
+        the model fitted on the first half predicts the requests of the second half and vice
+        versa, so no request is predicted by a model that saw it. ``"in_sample"``: one model
+        fitted on all simulated requests (optimistic). A :class:`~straggler.sim.traces.Trace`:
+        one model fitted on it. A fitted ``TwoStagePredictor`` (for ``horizon``): used as
+        is. ``config["two_stage"]`` of the report records the split and the classifier's
+        calibration (Brier, log loss, AUC, ECE) on the simulated requests.
+    refill : bool
+        BR-H, not in the paper (default False): project that a slot freed within the horizon
+        is refilled by a request of the mean prompt length of the router's visible pool
+        (:func:`~straggler.solvers.routing.project_loads` ``refill``).
+    new_presence : bool
+        BR-H, not in the paper (default False): weigh horizon column ``h`` of the F-score by
+        ``pi_h = P(output > h)`` of the trace's output lengths (``route_batch`` option
+        ``new_presence``). ``benchmarks/routing_table.py`` ("+fix" rows) measures both.
     saturated : bool
-        Saturated mode (the paper's): keep requests with ``output_len >= min_output`` and
-        compress arrivals to ``overload`` times the cluster's capacity
-        (:func:`~straggler.sim.traces.saturate_trace`); step metrics over the steps until the
-        last admission.
+        The paper's setting: ``load=overload`` unless ``load`` is given (with ``min_output``
+        the paper's filter of long outputs).
+    min_output : int
+        Keep only the requests with ``output_len >= min_output`` (default all).
+    overload : float
+        The load of ``saturated=True`` (default 1.5).
     seed : int
-        Seed of ``random``/``p2c`` (per tick: ``seed * 1_000_003 + step``).
+        Seed of the seeded policies (per tick: ``seed * 1_000_003 + step``) and of the
+        requests' bootstrap rooms (:func:`bootstrap_rooms`, the pool key every policy sees).
     max_steps : int, optional
-        Stop after this many steps.
+        Stop after this many steps (default: enough for every request, ``sum(output) +
+        11 * n + 1000``); requests left are counted in ``n_unfinished``.
     engine : {"numba", "python"}
         The jitted step loop or its plain-Python reference (slow; for checks).
     time_router : bool
         Time each router call (a monotonic clock read around it).
-    refill : bool
-        BR-H, not in the paper (default False): project that a slot freed within the horizon
-        is refilled by a request of the mean prefill length of the router's visible pool
-        (:func:`~straggler.solvers.routing.project_loads` ``refill``); without it a replica
-        whose requests are about to finish looks empty over the horizon.
-    new_presence : bool
-        BR-H, not in the paper (default False): weigh horizon column ``h`` of the F-score by
-        ``pi_h = P(output > h)`` of the trace's output lengths, the chance that a request
-        placed now is still resident then (``route_batch`` option ``new_presence``).
-        Both together (``benchmarks/routing_table.py``, "+fix" rows, saturated, G = 8, H = 80):
-        BR-H oracle 1.10x -> 0.35x JSQ's imbalance on Azure code (outputs ~28 tokens, far
-        shorter than H), 0.45x -> 0.36x on Azure conversation, but 0.11x -> 0.14x on the
-        Mooncake conversation trace (long prompts), so they stay off by default.
+    dispatch : {"pool", "queue"}
+        ``"pool"`` (default; BalanceRoute's model and TensorRT-LLM's capacity-limited fetch):
+        one central prompt pool, a request is routed only to a replica with a free slot and
+        starts at once. ``"queue"`` (vLLM's and SGLang's DP front ends): every ready request is
+        routed at the next tick to one engine's own FIFO queue, whatever its slots; each engine
+        admits from the head of its queue at every step while the head fits (a slot and KV
+        room), so ``n_waiting`` and ``waiting_tokens`` are the queues the policies see (module
+        docstring, "Dispatch modes").
+    prefix_blocks : PrefixBlocks, optional
+        Each request's prompt blocks (:func:`~straggler.sim.prefix.load_prefix_blocks` for a
+        Mooncake trace), aligned with ``trace``. Each replica then keeps an LRU cache of the
+        blocks of the prompts it admitted (``kv_capacity // block_tokens`` blocks; blocks in
+        use are not pinned) and the report gives ``prefix_hit_rate``; a policy that reads
+        prefix-cache data (``dynamo``) sees each visible request's cached prompt tokens per
+        replica. Without it such a policy gets no credit.
+    ctx_cost : float
+        Seconds per token of a context (prefill) phase run inside the decode step of the
+        replica that admits the request: the step costs ``t0 + max_g (kappa * L_g + ctx_cost *
+        C_g)`` with ``C_g`` the prompt tokens ``g`` admitted at that step, less their prefix
+        found in ``g``'s cache when ``prefix_blocks`` is given (aggregated serving,
+        e.g. TensorRT-LLM attention DP without disaggregation; pair it with
+        ``prefill_instances=0, prefill_base_s=0, prefill_tokens_per_s=inf`` so requests are
+        ready on arrival). Default 0: PD disaggregation, prefill elsewhere.
+    **options
+        The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`: ``r_max``,
+        ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
+        option it does not read.
 
     Returns
     -------
     SimReport
+
+    Raises
+    ------
+    InvalidInputError
+        A bad setting (the message names it), a trace that does not fit the KV capacity.
+    InvalidOptionError
+        An unknown policy or predictor, an option or projection setting the policy does not
+        read.
 
     Examples
     --------
     >>> from straggler.sim.traces import Trace
     >>> tr = Trace(arrival_s=[0, 0, 0], prompt_len=[100, 50, 50], output_len=[2, 2, 2])
     >>> r = simulate(tr, "jsq", n_replicas=2, max_slots=2, t0=0.01, kappa=0.0,
-    ...              prefill_base_s=0.0, prefill_per_token_s=0.0, engine="python")
+    ...              prefill_instances=0, prefill_base_s=0.0,
+    ...              prefill_tokens_per_s=float("inf"), engine="python")
     >>> r.n_finished, r.n_steps, r.series["max_load"].tolist(), r.mean_imbalance
     (3, 2, [100.0, 102.0], 0.5)
     """
-    cfg = dict(
-        policy=policy,
-        n_replicas=_check_int(n_replicas, "n_replicas", 1),
-        max_slots=_check_int(max_slots, "max_slots", 1),
-        kv_capacity=_check_int(kv_capacity, "kv_capacity", 1),
-        t0=_check_num(t0, "t0", 0.0),
-        kappa=_check_num(kappa, "kappa", 0.0),
-        prefill_base_s=_check_num(prefill_base_s, "prefill_base_s", 0.0),
-        prefill_per_token_s=_check_num(prefill_per_token_s, "prefill_per_token_s", 0.0),
-        tick=_check_int(tick, "tick", 1),
-        stale=_check_int(stale, "stale", 0),
-        optimistic=bool(optimistic),
-        max_pool=_check_int(max_pool, "max_pool", 1),
-        horizon=_check_int(horizon, "horizon", 0),
-        r_max=_check_int(r_max, "r_max", 1, 16),
-        alpha=_check_num(alpha, "alpha", 0.0, open_lo=True),
-        gamma=_check_num(gamma, "gamma", 0.0, open_lo=True),
-        saturated=bool(saturated),
-        min_output=_check_int(min_output, "min_output", 0),
-        overload=_check_num(overload, "overload", 0.0, open_lo=True),
-        seed=_check_int(seed, "seed", 0),
+    kw = dict(
+        n_replicas=n_replicas,
+        max_slots=max_slots,
+        kv_capacity=kv_capacity,
+        t0=t0,
+        kappa=kappa,
+        load=load,
+        prefill_instances=prefill_instances,
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        prefill_base_s=prefill_base_s,
+        tick=tick,
+        stale=stale,
+        optimistic=optimistic,
+        max_pool=max_pool,
+        predictor=predictor,
+        horizon=horizon,
+        predictor_fit=predictor_fit,
+        refill=refill,
+        new_presence=new_presence,
+        saturated=saturated,
+        min_output=min_output,
+        overload=overload,
+        seed=seed,
         engine=engine,
-        refill=bool(refill) and policy == "brh",
-        new_presence=bool(new_presence) and policy == "brh",
+        time_router=time_router,
+        max_steps=max_steps,
+        dispatch=dispatch,
+        prefix_blocks=prefix_blocks,
+        ctx_cost=ctx_cost,
     )
-    if not isinstance(optimistic, (bool, np.bool_)):
-        raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
-    if cfg["t0"] == 0 and cfg["kappa"] == 0:
-        raise param_error("t0", _FUNC, "positive when kappa is 0 (steps must take time)", "0")
-    if cfg["gamma"] > 1:
-        raise param_error("gamma", _FUNC, "in (0, 1]", repr(gamma))
-    if policy not in ROUTING_KERNELS:
-        raise param_error(
-            "policy", _FUNC, f"one of {sorted(ROUTING_KERNELS)}", repr(policy), InvalidOptionError
-        )
-    if engine not in ("numba", "python"):
-        raise param_error("engine", _FUNC, "'numba' or 'python'", repr(engine), InvalidOptionError)
-    G = cfg["n_replicas"]
-    if policy == "brh":
-        if predictor not in PREDICTORS:
-            raise param_error(
-                "predictor",
-                _FUNC,
-                f"one of {sorted(PREDICTORS)}",
-                repr(predictor),
-                InvalidOptionError,
-            )
-        pred_kind = PREDICTORS[predictor]
-        H = cfg["horizon"]
-        label = f"brh:{predictor}"
-    else:
-        pred_kind, H, label = 0, 0, policy
-    if predictor_fit is not None and pred_kind != 4:
-        raise param_error(
-            "predictor_fit",
-            _FUNC,
-            'None unless policy="brh" with predictor="two_stage"',
-            repr(predictor_fit),
-            InvalidOptionError,
-        )
-    cfg.update(predictor=predictor if policy == "brh" else None, label=label)
-    if s_greedy is None:
-        s_greedy = default_s_greedy(G, cfg["r_max"])
-    s_greedy = _check_num(s_greedy, "s_greedy", 0.0)
-    beta = float(G) if beta is None else _check_num(beta, "beta", 0.0)
-    cfg.update(s_greedy=s_greedy, beta=beta)
-
-    if isinstance(trace, str):
-        trace = generate_trace(trace)
-    if not isinstance(trace, Trace):
-        raise param_error(
-            "trace", _FUNC, "a Trace or a generator preset name", type(trace).__name__
-        )
-    if len(trace) == 0:
-        raise param_error("trace", _FUNC, "a non-empty Trace", "an empty one")
-    if cfg["saturated"]:
-        mean_res = float(np.mean(trace.prompt_len + trace.output_len / 2.0))
-        step_est = cfg["t0"] + cfg["kappa"] * cfg["max_slots"] * mean_res
-        trace = saturate_trace(
-            trace,
-            n_replicas=G,
-            max_slots=cfg["max_slots"],
-            step_time_s=step_est,
-            min_output=cfg["min_output"],
-            overload=cfg["overload"],
-        )
-    if int(trace.prompt_len.max()) > cfg["kv_capacity"]:
-        raise param_error(
-            "kv_capacity",
-            _FUNC,
-            "at least the longest prompt of the trace",
-            f"{cfg['kv_capacity']} < {int(trace.prompt_len.max())}",
-        )
-
-    ready = trace.arrival_s + cfg["prefill_base_s"] + cfg["prefill_per_token_s"] * trace.prompt_len
-    order = np.argsort(ready, kind="stable")
-    ready = np.ascontiguousarray(ready[order])
-    prompt = np.ascontiguousarray(trace.prompt_len[order])
-    output = np.ascontiguousarray(trace.output_len[order])
-    group, n_groups = _groups(
-        None if trace.prefix_hash is None else trace.prefix_hash[order], len(trace)
-    )
-    if pred_kind in (2, 3):
-        surv_p, surv_mu = _survival_tables(trace.output_len, H)
-    else:
-        surv_p, surv_mu = np.zeros(1), np.ones(1)
-    if pred_kind == 4:
-        two_stage, cfg["two_stage"] = _two_stage(trace, H, predictor_fit)
-        two_stage = (np.ascontiguousarray(two_stage[0][order]),) + two_stage[1:]
-    else:
-        two_stage = no_two_stage()
-    params = make_params(
-        r_max=cfg["r_max"],
-        s_greedy=s_greedy,
-        alpha=cfg["alpha"],
-        beta=beta,
-        gamma=cfg["gamma"],
-        optimistic=cfg["optimistic"],
-        cursor=0,
-    )
-    if cfg["new_presence"]:
-        params = np.concatenate([params, new_request_presence(trace.output_len, H)])
-    if max_steps is None:
-        max_steps = int(output.sum()) + len(trace) + 1
-    max_steps = _check_int(max_steps, "max_steps", 1)
-    kernel = ROUTING_KERNELS[policy]
-    args = (
-        params,
-        ready,
-        prompt,
-        output,
-        group,
-        n_groups,
-        G,
-        cfg["max_slots"],
-        cfg["kv_capacity"],
-        cfg["t0"],
-        cfg["kappa"],
-        cfg["tick"],
-        cfg["stale"],
-        cfg["optimistic"],
-        cfg["max_pool"],
-        H,
-        pred_kind,
-        surv_p,
-        surv_mu,
-        cfg["seed"],
-        max_steps,
-        bool(time_router),
-        cfg["refill"],
-        two_stage,
-    )
+    inp, pol, trace, cfg, label = _engine_inputs(trace, policy, kw, options)
     w0 = time.perf_counter()
-    if engine == "numba":
-        out = run_engine(kernel, *args)
+    if cfg["engine"] == "numba":
+        out = run_engine(inp)
     else:
-        out = run_engine_reference(getattr(kernel, "py_func", kernel), *args)
+        out = run_engine_reference(inp, pol.reference)
     wall = time.perf_counter() - w0
-    return _report(trace, ready, prompt, output, order, out, cfg, label, wall)
+    return _report(trace, out, cfg, label, wall)
+
+
+def engine_cache_is_warm() -> bool:
+    """Whether the step loop's disk cache holds a compiled engine for the current sources (a
+    quick look at numba's index; False when it cannot tell)."""
+    try:
+        return bool(run_engine._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - numba internals: any failure means "do not know"
+        return False
+
+
+def warm_engine() -> tuple[float, bool]:
+    """Load (or compile, the first time) the jitted step loop with every routing kernel;
+    returns ``(seconds, compiled)``, ``compiled`` True when it had to compile (no usable disk
+    cache). A command calls it first so the compile is announced and not charged to a run.
+
+    Examples
+    --------
+    >>> seconds, compiled = warm_engine()
+    >>> seconds >= 0.0 and isinstance(compiled, bool)
+    True
+    """
+    before = sum(run_engine.stats.cache_misses.values())
+    t0 = time.perf_counter()
+    tr = Trace(arrival_s=[0.0, 0.0], prompt_len=[5, 5], output_len=[2, 2])
+    simulate(tr, "jsq", n_replicas=2, max_slots=2)
+    return time.perf_counter() - t0, sum(run_engine.stats.cache_misses.values()) > before
+
+
+def _hit_rate(out, trace, cfg) -> float:
+    if not cfg["prefix_cache"]:
+        return float("nan")
+    admitted = ~np.isnan(out.start_t)
+    total = float(trace.prompt_len[admitted].sum())
+    return float(out.cache_hit[admitted].sum()) / total if total > 0 else 0.0
 
 
 def _pct(x: np.ndarray, q: float, scale: float) -> float:
     return float(np.percentile(x, q) * scale) if x.size else float("nan")
 
 
-def _report(trace, ready, prompt, output, order, out, cfg, label, wall) -> SimReport:
-    start, first, finish, replica, series, tick_ns, _tick_pool = out
-    G = cfg["n_replicas"]
-    n_steps = series.shape[0]
-    clock, dt, mx, sm, running, pool = (series[:, j] for j in range(6))
-    imb = G * mx - sm
-    lo, hi = 0, n_steps
-    if cfg["saturated"] and n_steps:
-        # window: until the step at which the last request was admitted
-        last_admit = np.nanmax(start)
-        hi = int(np.searchsorted(clock, last_admit, side="right"))
-        hi = max(hi, 1)
+def _step_metrics(G, slots, clock, dt, mx, sm, running, lo, hi) -> dict[str, float]:
+    """Imbalance, balance ratio, throughput, step time and slot use over steps ``lo:hi``."""
+    if hi <= lo:
+        nan = float("nan")
+        return dict(imb=0.0, ratio=1.0, thr=0.0, step=nan, util=nan)
     w = slice(lo, hi)
-    if hi > lo:
-        span = clock[hi - 1] + dt[hi - 1] - clock[lo]
-        mean_imb = float(imb[w].mean())
-        pos = mx[w] > 0
-        ratio = float(np.mean(sm[w][pos] / G / mx[w][pos])) if pos.any() else 1.0
-        thr = float(running[w].sum() / span) if span > 0 else 0.0
-        mean_step = float(dt[w].mean() * 1e3)
-    else:
-        mean_imb, ratio, thr, mean_step = 0.0, 1.0, 0.0, float("nan")
-    done = ~np.isnan(finish)
-    tpot = (finish[done] - start[done]) / output[done]
-    arrival = trace.arrival_s[order]
-    ttft = first[~np.isnan(first)] - arrival[~np.isnan(first)]
-    admitted = ~np.isnan(start)
-    queue = start[admitted] - ready[admitted]
-    us = tick_ns / 1e3
+    span = clock[hi - 1] + dt[hi - 1] - clock[lo]
+    pos = mx[w] > 0
+    busy = float(dt[w].sum())
+    return dict(
+        imb=float((G * mx[w] - sm[w]).mean()),
+        ratio=float(np.mean(sm[w][pos] / G / mx[w][pos])) if pos.any() else 1.0,
+        thr=float(running[w].sum() / span) if span > 0 else 0.0,
+        step=float(dt[w].mean() * 1e3),
+        util=float((running[w] * dt[w]).sum() / (G * slots * busy)) if busy > 0 else 0.0,
+    )
+
+
+def _report(trace, out, cfg, label, wall) -> SimReport:
+    G, slots = cfg["n_replicas"], cfg["max_slots"]
+    series = out.series
+    n_steps = series.shape[0]
+    cols = {name: series[:, j] for j, name in enumerate(SERIES)}
+    clock, dt, mx, sm, running = (
+        cols[k] for k in ("time_s", "step_s", "max_load", "sum_load", "running")
+    )
+    imb = G * mx - sm
+    whole = _step_metrics(G, slots, clock, dt, mx, sm, running, 0, n_steps)
+    # the window: steps that start before the last arrival (the same time for every policy)
+    hi = int(np.searchsorted(clock, trace.arrival_s[-1], side="left")) if n_steps else 0
+    hi = max(min(hi, n_steps), min(1, n_steps))
+    win = _step_metrics(G, slots, clock, dt, mx, sm, running, 0, hi)
+    done = ~np.isnan(out.finish_t)
+    tpot = (out.finish_t[done] - out.start_t[done]) / trace.output_len[done]
+    has_first = ~np.isnan(out.first_t)
+    ttft = out.first_t[has_first] - trace.arrival_s[has_first]
+    reached = ~np.isnan(out.ready_t)
+    queue = out.pool_wait[reached]
+    us = out.tick_ns / 1e3
+    timed = cfg["engine"] == "numba" and cfg["time_router"]
+    series_out = dict(cols)
+    series_out["imbalance"] = imb
     return SimReport(
         policy=label,
         trace=trace.name,
         n_replicas=G,
         n_requests=len(trace),
         n_finished=int(done.sum()),
+        n_unfinished=int((~done).sum()),
         n_steps=int(n_steps),
-        n_ticks=int(tick_ns.size),
-        mean_imbalance=mean_imb,
-        balance_ratio=ratio,
-        throughput_tps=thr,
-        mean_step_ms=mean_step,
+        n_ticks=int(out.tick_ns.size),
+        n_preempted=int(out.n_preempt.sum()),
+        offered_load=float(cfg["offered_load"]),
+        mean_imbalance=whole["imb"],
+        balance_ratio=whole["ratio"],
+        throughput_tps=whole["thr"],
+        mean_step_ms=whole["step"],
+        slot_utilisation=whole["util"],
+        window_mean_imbalance=win["imb"],
+        window_balance_ratio=win["ratio"],
+        window_throughput_tps=win["thr"],
+        window_mean_step_ms=win["step"],
+        window_slot_utilisation=win["util"],
         tpot_p50_ms=_pct(tpot, 50, 1e3),
         tpot_p95_ms=_pct(tpot, 95, 1e3),
         tpot_p99_ms=_pct(tpot, 99, 1e3),
@@ -641,29 +1036,29 @@ def _report(trace, ready, prompt, output, order, out, cfg, label, wall) -> SimRe
         ttft_p99_ms=_pct(ttft, 99, 1e3),
         queue_p50_ms=_pct(queue, 50, 1e3),
         queue_p99_ms=_pct(queue, 99, 1e3),
-        sched_us_p50=_pct(us, 50, 1.0) if cfg["engine"] == "numba" else float("nan"),
-        sched_us_p99=_pct(us, 99, 1.0) if cfg["engine"] == "numba" else float("nan"),
-        sched_us_mean=float(us.mean()) if us.size and cfg["engine"] == "numba" else float("nan"),
-        series={
-            "time_s": clock,
-            "step_s": dt,
-            "max_load": mx,
-            "sum_load": sm,
-            "imbalance": imb,
-            "running": running,
-            "pool": pool,
-        },
+        max_pool_wait_s=float(queue.max()) if queue.size else 0.0,
+        sched_us_p50=_pct(us, 50, 1.0) if timed else float("nan"),
+        sched_us_p99=_pct(us, 99, 1.0) if timed else float("nan"),
+        sched_us_mean=float(us.mean()) if us.size and timed else float("nan"),
+        token_balance=float(cols["token_balance"].mean()) if n_steps else 1.0,
+        prefix_hit_rate=_hit_rate(out, trace, cfg),
+        series=series_out,
         requests={
-            "arrival_s": arrival,
-            "ready_s": ready,
-            "start_s": start,
-            "first_s": first,
-            "finish_s": finish,
-            "replica": replica,
-            "prompt_len": prompt,
-            "output_len": output,
+            "arrival_s": trace.arrival_s,
+            "ready_s": out.ready_t,
+            "start_s": out.start_t,
+            "first_s": out.first_t,
+            "finish_s": out.finish_t,
+            "replica": out.replica,
+            "prompt_len": trace.prompt_len,
+            "output_len": trace.output_len,
+            "n_preempt": out.n_preempt,
+            "pool_wait_s": out.pool_wait,
+            "enter_tick": out.enter_tick,
+            "admit_tick": out.admit_tick,
+            "cache_hit": out.cache_hit,
         },
-        window=(lo, hi),
+        window=(0, hi),
         config=cfg,
         wall_s=wall,
     )

@@ -36,18 +36,32 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import gzip
 import hashlib
+import io
 import json
 import math
 import os
+import re
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any
 
 import numpy as np
 
-from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
-from ..solvers.dispatch import as_rng
+from ..formulations.errors import InvalidInputError, param_error
+from ..formulations.validation import (
+    MAX_EXACT_INT,
+    check_array,
+    check_choice,
+    check_int,
+    check_options,
+    check_real,
+    check_rng,
+    check_type,
+    describe,
+)
 
 __all__ = [
     "Trace",
@@ -65,17 +79,34 @@ __all__ = [
 # The Trace type
 
 
-def _int_array(x, name: str, func: str) -> np.ndarray:
-    a = np.asarray(x)
-    if a.ndim != 1:
-        raise param_error(name, func, "a 1-D array", f"shape {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.number):
-        raise param_error(name, func, "a 1-D array of integers", f"dtype {a.dtype}")
-    if a.size and np.issubdtype(a.dtype, np.floating):
-        if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
-            raise param_error(name, func, "a 1-D array of integers", "non-integral values")
-    a = a.astype(np.int64)
-    return a
+#: Longest prompt or output accepted, in tokens (loads sum lengths in float64, exact below 2**53).
+MAX_LENGTH = MAX_EXACT_INT
+#: Most requests a generator draws in one call (a month of the busiest public trace is 2**24).
+MAX_REQUESTS = 2**30
+
+
+def _trace_iv(t) -> dict:
+    """Validated, sorted, read-only arrays of a :class:`Trace` (and its name and meta)."""
+    func = "Trace"
+    arr = check_array(t.arrival_s, "arrival_s", func, ndim=1, lo=0)
+    n = arr.size
+    p = check_array(t.prompt_len, "prompt_len", func, kind="int", shape=(n,), lo=0, hi=MAX_LENGTH)
+    o = check_array(t.output_len, "output_len", func, kind="int", shape=(n,), lo=1, hi=MAX_LENGTH)
+    h = None
+    if t.prefix_hash is not None:
+        h = check_array(t.prefix_hash, "prefix_hash", func, kind="int", shape=(n,), lo=-1)
+    check_type(t.name, "name", func, str, "a string")
+    check_type(t.meta, "meta", func, Mapping, "a dict")
+    order = np.argsort(arr, kind="stable")
+    out = {"arrival_s": arr[order], "prompt_len": p[order], "output_len": o[order]}
+    out["prefix_hash"] = None if h is None else h[order]
+    for k, v in out.items():
+        if v is not None:
+            v = np.ascontiguousarray(v)
+            v.setflags(write=False)
+            out[k] = v
+    out["meta"] = dict(t.meta)
+    return out
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -113,36 +144,8 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        func = "Trace"
-        arr = np.asarray(self.arrival_s, dtype=np.float64)
-        if arr.ndim != 1:
-            raise param_error("arrival_s", func, "a 1-D array", f"shape {arr.shape}")
-        if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-            raise param_error("arrival_s", func, "finite and non-negative", "other values")
-        p = _int_array(self.prompt_len, "prompt_len", func)
-        o = _int_array(self.output_len, "output_len", func)
-        n = arr.size
-        for nm, a in (("prompt_len", p), ("output_len", o)):
-            if a.size != n:
-                raise param_error(nm, func, f"of length {n} (as arrival_s)", f"length {a.size}")
-        if np.any(p < 0):
-            raise param_error("prompt_len", func, "non-negative", f"min {p.min()}")
-        if np.any(o < 1):
-            raise param_error("output_len", func, "at least 1", f"min {o.min()}")
-        h = None
-        if self.prefix_hash is not None:
-            h = _int_array(self.prefix_hash, "prefix_hash", func)
-            if h.size != n:
-                raise param_error("prefix_hash", func, f"of length {n}", f"length {h.size}")
-        order = np.argsort(arr, kind="stable")
-        arrays = {"arrival_s": arr[order], "prompt_len": p[order], "output_len": o[order]}
-        if h is not None:
-            arrays["prefix_hash"] = h[order]
-        for k, v in arrays.items():
-            v = np.ascontiguousarray(v)
-            v.setflags(write=False)
+        for k, v in _trace_iv(self).items():
             object.__setattr__(self, k, v)
-        object.__setattr__(self, "meta", dict(self.meta))
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
@@ -161,7 +164,7 @@ class Trace:
         >>> t.subset(t.output_len >= 2).prompt_len.tolist()
         [6, 7]
         """
-        sel = np.asarray(mask_or_index)
+        sel = _selection_iv(mask_or_index, len(self), "Trace.subset")
         return Trace(
             arrival_s=self.arrival_s[sel],
             prompt_len=self.prompt_len[sel],
@@ -182,6 +185,8 @@ class Trace:
         >>> w.arrival_s.tolist(), w.prompt_len.tolist()
         ([0.0, 1.0], [6, 7])
         """
+        start_s = check_real(start_s, "start_s", "Trace.window", finite=False)
+        end_s = check_real(end_s, "end_s", "Trace.window", finite=False)
         rel = self.arrival_s - (self.arrival_s[0] if len(self) else 0.0)
         s = self.subset((rel >= start_s) & (rel < end_s))
         return s.rebase()
@@ -207,10 +212,9 @@ class Trace:
         >>> Trace(arrival_s=[0, 4], prompt_len=[1, 1], output_len=[1, 1]).compress(2).arrival_s
         array([0., 2.])
         """
-        if not isinstance(factor, Real) or not (factor > 0) or not math.isfinite(factor):
-            raise param_error("factor", "Trace.compress", "a positive number", repr(factor))
+        factor = check_real(factor, "factor", "Trace.compress", lo=0, lo_open=True)
         return Trace(
-            arrival_s=self.arrival_s / float(factor),
+            arrival_s=self.arrival_s / factor,
             prompt_len=self.prompt_len,
             output_len=self.output_len,
             prefix_hash=self.prefix_hash,
@@ -243,10 +247,25 @@ class Trace:
 # Arrival processes and length models
 
 
-def _positive(x, name: str, func: str) -> float:
-    if not isinstance(x, Real) or isinstance(x, bool) or not (x > 0) or not math.isfinite(x):
-        raise param_error(name, func, "a positive finite number", repr(x))
-    return float(x)
+def _selection_iv(sel, n: int, func: str) -> np.ndarray:
+    """A boolean mask of shape ``(n,)`` or an index array of ints in ``[-n, n - 1]``."""
+    is_mask = (isinstance(sel, np.ndarray) and sel.dtype == np.bool_) or (
+        isinstance(sel, (list, tuple))
+        and len(sel) > 0
+        and all(isinstance(v, (bool, np.bool_)) for v in sel)
+    )
+    if is_mask:
+        return check_array(sel, "mask_or_index", func, kind="bool", shape=(n,))
+    return check_array(
+        sel, "mask_or_index", func, kind="int", ndim=1, lo=-n, hi=n - 1,
+        expected=f"a boolean mask of shape ({n},) or an array of indices in [{-n}, {n - 1}]",
+    )  # fmt: skip
+
+
+_PROCESSES = ("poisson", "gamma", "mmpp")
+_ARRIVAL_OPTIONS = ("process", "cv", "burst_ratio", "burst_frac", "burst_sojourn_s")
+#: Most expected MMPP state switches :func:`generate_arrivals` draws (each is a Python step).
+_MAX_SWITCHES = 1e7
 
 
 def generate_arrivals(
@@ -278,24 +297,35 @@ def generate_arrivals(
     ((4,), 0.0, True)
     """
     func = "generate_arrivals"
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
-        raise param_error("n", func, "a non-negative int", repr(n))
-    rate = _positive(rate, "rate", func)
-    g = as_rng(rng, func)
-    n = int(n)
+    n = check_int(n, "n", func, lo=0, hi=MAX_REQUESTS)
+    rate = check_real(rate, "rate", func, lo=0, lo_open=True)
+    process = check_choice(process, "process", func, _PROCESSES)
+    cv = check_real(cv, "cv", func, lo=0, lo_open=True)
+    burst_ratio = check_real(burst_ratio, "burst_ratio", func, lo=0, lo_open=True)
+    burst_sojourn_s = check_real(burst_sojourn_s, "burst_sojourn_s", func, lo=0, lo_open=True)
+    burst_frac = check_real(burst_frac, "burst_frac", func, lo=0, hi=1, lo_open=True, hi_open=True)
+    if process == "mmpp":
+        # the sampler draws every state switch: bound their expected number
+        switches = n / rate / min(burst_sojourn_s, burst_sojourn_s * (1 - burst_frac) / burst_frac)
+        if not switches <= _MAX_SWITCHES:
+            raise param_error(
+                "burst_sojourn_s",
+                func,
+                f"long enough for at most {_MAX_SWITCHES:.0e} expected state switches over "
+                f"{n} arrivals at rate {rate:g}",
+                f"{burst_sojourn_s!r} ({switches:.3g} switches)",
+            )
+    g = check_rng(rng, func)
+    if not math.isfinite(n / rate):
+        raise param_error("rate", func, f"large enough for {n} finite arrival times", repr(rate))
     if n == 0:
         return np.zeros(0)
     if process == "poisson":
         gaps = g.exponential(1.0 / rate, size=n - 1)
     elif process == "gamma":
-        cv = _positive(cv, "cv", func)
         shape = 1.0 / (cv * cv)
         gaps = g.gamma(shape, 1.0 / (rate * shape), size=n - 1)
-    elif process == "mmpp":
-        burst_ratio = _positive(burst_ratio, "burst_ratio", func)
-        burst_sojourn_s = _positive(burst_sojourn_s, "burst_sojourn_s", func)
-        if not isinstance(burst_frac, Real) or not (0 < burst_frac < 1):
-            raise param_error("burst_frac", func, "in (0, 1)", repr(burst_frac))
+    else:  # "mmpp"
         lo = rate / (burst_frac * burst_ratio + (1 - burst_frac))
         hi = lo * burst_ratio
         calm_sojourn = burst_sojourn_s * (1 - burst_frac) / burst_frac
@@ -326,11 +356,10 @@ def generate_arrivals(
                     state = 1 - state
                     t_left = g.exponential(burst_sojourn_s if state else calm_sojourn)
         gaps = out
-    else:
-        raise param_error(
-            "process", func, "one of 'poisson', 'gamma', 'mmpp'", repr(process), InvalidOptionError
-        )
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    out = np.concatenate([[0.0], np.cumsum(gaps)])
+    if not np.isfinite(out[-1]):  # a tiny rate: gaps near the float maximum overflow
+        raise param_error("rate", func, f"large enough for {n} finite arrival times", repr(rate))
+    return out
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -355,28 +384,40 @@ class LengthModel:
     hi: int = 1_000_000
 
     def __post_init__(self) -> None:
-        w = np.asarray(self.weights, dtype=float)
-        if (
-            w.ndim != 1
-            or w.size == 0
-            or np.any(w < 0)
-            or not math.isclose(w.sum(), 1.0, rel_tol=1e-6)
-        ):
-            raise param_error("weights", "LengthModel", "non-negative and summing to 1", repr(w))
-        if len(self.log_means) != w.size or len(self.log_stds) != w.size:
-            raise param_error("log_means", "LengthModel", f"{w.size} values", "other lengths")
-        if np.any(np.asarray(self.log_stds) < 0):
-            raise param_error("log_stds", "LengthModel", "non-negative", repr(self.log_stds))
-        if not (1 <= self.lo <= self.hi):
-            raise param_error("lo", "LengthModel", "1 <= lo <= hi", f"lo={self.lo}, hi={self.hi}")
+        for k, v in _length_model_iv(self).items():
+            object.__setattr__(self, k, v)
 
     def sample(self, n: int, *, rng=None) -> np.ndarray:
         """Draw ``n`` integer lengths."""
-        g = as_rng(rng, "LengthModel.sample")
+        n = check_int(n, "n", "LengthModel.sample", lo=0, hi=MAX_REQUESTS)
+        g = check_rng(rng, "LengthModel.sample")
         w = np.asarray(self.weights, dtype=float)
         comp = g.choice(w.size, size=n, p=w / w.sum())
         x = g.normal(np.asarray(self.log_means)[comp], np.asarray(self.log_stds)[comp])
-        return np.clip(np.rint(np.exp(x)), self.lo, self.hi).astype(np.int64)
+        with np.errstate(over="ignore"):  # exp overflows to inf, clipped to hi below
+            return np.clip(np.rint(np.exp(x)), self.lo, self.hi).astype(np.int64)
+
+
+def _length_model_iv(m: LengthModel) -> dict:
+    func = "LengthModel"
+    w = check_array(m.weights, "weights", func, ndim=1, lo=0)
+    if w.size == 0 or not math.isclose(w.sum(), 1.0, rel_tol=1e-6):
+        raise param_error(
+            "weights", func, "a non-empty sequence of non-negative numbers summing to 1",
+            describe(m.weights),
+        )  # fmt: skip
+    k = w.size
+    mu = check_array(m.log_means, "log_means", func, shape=(k,))
+    sd = check_array(m.log_stds, "log_stds", func, shape=(k,), lo=0)
+    lo = check_int(m.lo, "lo", func, lo=1, hi=MAX_LENGTH)
+    hi = check_int(m.hi, "hi", func, lo=lo, hi=MAX_LENGTH)
+    return {
+        "weights": tuple(float(v) for v in w),
+        "log_means": tuple(float(v) for v in mu),
+        "log_stds": tuple(float(v) for v in sd),
+        "lo": lo,
+        "hi": hi,
+    }
 
 
 def fit_length_model(lengths, *, n_components: int = 3, n_iter: int = 200) -> LengthModel:
@@ -391,13 +432,15 @@ def fit_length_model(lengths, *, n_components: int = 3, n_iter: int = 200) -> Le
     >>> [round(float(np.exp(mu))) for mu in m.log_means], m.lo, m.hi
     ([10, 1000], 10, 1000)
     """
-    a = np.asarray(lengths, dtype=float)
-    if a.ndim != 1 or a.size < n_components or np.any(a < 1):
+    func = "fit_length_model"
+    k = check_int(n_components, "n_components", func, lo=1)
+    n_iter = check_int(n_iter, "n_iter", func, lo=0)
+    a = check_array(lengths, "lengths", func, ndim=1, lo=1, hi=MAX_LENGTH)
+    if a.size < k:
         raise param_error(
-            "lengths", "fit_length_model", f"at least {n_components} values >= 1", repr(a.shape)
+            "lengths", func, f"at least n_components={k} values >= 1", f"{a.size} values"
         )
     x = np.log(a)
-    k = int(n_components)
     mu = np.quantile(x, np.linspace(0.1, 0.9, k)) if k > 1 else np.array([x.mean()])
     sd = np.full(k, max(x.std() / k, 1e-3))
     w = np.full(k, 1.0 / k)
@@ -502,15 +545,20 @@ def generate_trace(
     (5, 'gen:azure_conv', 0.0)
     """
     func = "generate_trace"
-    if preset not in WORKLOAD_PRESETS:
-        raise param_error(
-            "preset", func, f"one of {sorted(WORKLOAD_PRESETS)}", repr(preset), InvalidOptionError
-        )
-    p = WORKLOAD_PRESETS[preset]
-    rate = p["rate"] if rate is None else _positive(rate, "rate", func)
+    p = WORKLOAD_PRESETS[check_choice(preset, "preset", func, sorted(WORKLOAD_PRESETS))]
+    rate = p["rate"] if rate is None else check_real(rate, "rate", func, lo=0, lo_open=True)
+    duration_s = check_real(duration_s, "duration_s", func, lo=0, lo_open=True)
     if n_requests is None:
-        n_requests = int(round(rate * _positive(duration_s, "duration_s", func)))
-    g = as_rng(rng, func)
+        expected = rate * duration_s
+        if not expected <= MAX_REQUESTS:
+            raise param_error(
+                "duration_s", func, f"short enough for at most {MAX_REQUESTS} requests at "
+                f"rate {rate:g}", repr(duration_s),
+            )  # fmt: skip
+        n_requests = int(round(expected))
+    n_requests = check_int(n_requests, "n_requests", func, lo=0, hi=MAX_REQUESTS)
+    check_options(arrival_options, _ARRIVAL_OPTIONS, func)
+    g = check_rng(rng, func)
     opts = {"process": p["process"], "cv": p["cv"], **arrival_options}
     arr = generate_arrivals(n_requests, rate, rng=g, **opts)
     return Trace(
@@ -548,8 +596,12 @@ def saturate_trace(
     [0.0, 3.333333333333333]
     """
     func = "saturate_trace"
-    overload = _positive(overload, "overload", func)
-    step_time_s = _positive(step_time_s, "step_time_s", func)
+    check_type(trace, "trace", func, Trace, "a Trace")
+    n_replicas = check_int(n_replicas, "n_replicas", func, lo=1)
+    max_slots = check_int(max_slots, "max_slots", func, lo=1)
+    min_output = check_int(min_output, "min_output", func, lo=0)
+    overload = check_real(overload, "overload", func, lo=0, lo_open=True)
+    step_time_s = check_real(step_time_s, "step_time_s", func, lo=0, lo_open=True)
     kept = trace.subset(trace.output_len >= min_output).rebase()
     if len(kept) < 2:
         raise param_error("min_output", func, "a filter keeping >= 2 requests", str(min_output))
@@ -575,23 +627,34 @@ def _bad_row(path: str, line: int, what: str) -> InvalidInputError:
     return InvalidInputError(f"Malformed row in trace file {path!r}, line {line}: {what}.")
 
 
+_INT_RE = re.compile(r"\+?[0-9]+", re.ASCII)
+
+
 def _parse_int(s: str, path: str, line: int, col: str) -> int:
-    try:
-        v = float(s) if ("." in s or "e" in s.lower()) else int(s)
-    except ValueError:
-        raise _bad_row(path, line, f"column {col!r} is not a number ({s!r})") from None
-    if v != v or v < 0 or v != int(v):
-        raise _bad_row(path, line, f"column {col!r} must be a non-negative integer ({s!r})")
-    return int(v)
+    """A token length: a non-negative integer up to :data:`MAX_LENGTH` (``12``, ``12.0`` or
+    ``1.2e1``; never ``nan``, ``inf``, ``1_2`` or ``True``)."""
+    if _INT_RE.fullmatch(s):
+        v = int(s)
+    else:
+        try:
+            f = float(s) if "_" not in s else math.nan
+        except ValueError:
+            raise _bad_row(path, line, f"column {col!r} is not a number ({s[:40]!r})") from None
+        if not math.isfinite(f) or f != math.floor(f):
+            raise _bad_row(path, line, f"column {col!r} must be a non-negative integer ({s!r})")
+        v = int(f)
+    if not 0 <= v <= MAX_LENGTH:
+        raise _bad_row(path, line, f"column {col!r} must be an integer in [0, 2**53] ({s[:40]!r})")
+    return v
 
 
 def _parse_float(s: str, path: str, line: int, col: str) -> float:
     try:
-        v = float(s)
+        v = float(s) if "_" not in s else math.nan
     except ValueError:
-        raise _bad_row(path, line, f"column {col!r} is not a number ({s!r})") from None
+        raise _bad_row(path, line, f"column {col!r} is not a number ({s[:40]!r})") from None
     if not math.isfinite(v):
-        raise _bad_row(path, line, f"column {col!r} is not finite ({s!r})")
+        raise _bad_row(path, line, f"column {col!r} is not a finite number ({s[:40]!r})")
     return v
 
 
@@ -600,14 +663,50 @@ def _hash_ids(ids) -> int:
     return int.from_bytes(h, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def _read_rows(path: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _read_text(path: str) -> str:
+    """The file's text: gzip-compressed files are decompressed; the bytes must be UTF-8
+    (a BOM is dropped) without NUL bytes. Errors name the file and the line."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise InvalidInputError(
+                f"Trace file {path!r} starts like a gzip file but does not decompress ({e})."
+            ) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InvalidInputError(
+            f"Trace file {path!r} is not UTF-8 text: line {line} has the byte "
+            f"{data[e.start : e.start + 1]!r} (offset {e.start}); expected a CSV or JSONL "
+            "trace, optionally gzip-compressed."
+        ) from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        raise InvalidInputError(
+            f"Trace file {path!r} holds binary data: a NUL byte on line {line}; expected a "
+            "CSV or JSONL trace, optionally gzip-compressed."
+        )
+    return text
+
+
+def _read_rows(path: str, text: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise InvalidInputError(f"Trace file {path!r} is empty.") from None
         rows = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
+    except csv.Error as e:
+        raise _bad_row(path, reader.line_num, f"not CSV ({e})") from None
     return header, rows
 
 
@@ -693,7 +792,7 @@ def _load_lengths(path, header, rows, rate, arrivals, cv, rng) -> Trace:
         o[k] = _parse_int(r[io].strip(), path, line, header[io])
         if o[k] < 1:
             raise _bad_row(path, line, f"{header[io]} must be >= 1 (got {o[k]})")
-    g = as_rng(rng, "load_trace")
+    g = check_rng(rng, "load_trace")
     t = generate_arrivals(len(rows), rate, process=arrivals, cv=cv, rng=g)
     return Trace(
         arrival_s=t,
@@ -703,29 +802,48 @@ def _load_lengths(path, header, rows, rate, arrivals, cv, rng) -> Trace:
     )
 
 
-def _load_mooncake(path) -> Trace:
+def _mooncake_int(d: dict, key: str, lo: int, path: str, line: int) -> int:
+    v = d[key]
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= MAX_LENGTH:
+        raise _bad_row(
+            path, line, f"{key!r} must be an integer in [{lo}, 2**53] (got {describe(v)})"
+        )
+    return v
+
+
+def _load_mooncake(path, text) -> Trace:
     t, p, o, h = [], [], [], []
-    with open(path, encoding="utf-8") as f:
-        for line, s in enumerate(f, start=1):
-            if not s.strip():
-                continue
-            try:
-                d = json.loads(s)
-                ts = float(d["timestamp"]) / 1000.0
-                pi, oi = d["input_length"], d["output_length"]
-                ids = d.get("hash_ids")
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise _bad_row(
-                    path, line, f"not a Mooncake record ({type(e).__name__}: {e})"
-                ) from None
-            if not (isinstance(pi, int) and isinstance(oi, int)) or pi < 0 or oi < 1:
-                raise _bad_row(path, line, "input_length >= 0 and output_length >= 1 integers")
-            if not math.isfinite(ts):
-                raise _bad_row(path, line, "timestamp is not finite")
-            t.append(ts)
-            p.append(pi)
-            o.append(oi)
-            h.append(_hash_ids(ids) if ids else -1)
+    for line, s in enumerate(text.splitlines(), start=1):
+        if not s.strip():
+            continue
+        try:
+            d = json.loads(s)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise _bad_row(path, line, f"not a JSON record ({type(e).__name__}: {e})") from None
+        if not isinstance(d, dict):
+            raise _bad_row(path, line, f"a Mooncake record is a JSON object (got {describe(d)})")
+        missing = [k for k in ("timestamp", "input_length", "output_length") if k not in d]
+        if missing:
+            raise _bad_row(path, line, f"a Mooncake record needs the key(s) {missing}")
+        ts = d["timestamp"]
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+            raise _bad_row(
+                path, line, f"'timestamp' must be a finite number of ms (got {describe(ts)})"
+            )
+        pi = _mooncake_int(d, "input_length", 0, path, line)
+        oi = _mooncake_int(d, "output_length", 1, path, line)
+        ids = d.get("hash_ids")
+        if ids is not None and not (
+            isinstance(ids, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        ):
+            raise _bad_row(
+                path, line, f"'hash_ids' must be a list of integers (got {describe(ids)})"
+            )
+        t.append(float(ts) / 1000.0)
+        p.append(pi)
+        o.append(oi)
+        h.append(_hash_ids(ids) if ids else -1)
     t = np.asarray(t, dtype=float)
     if t.size:
         t -= t.min()
@@ -736,6 +854,27 @@ def _load_mooncake(path) -> Trace:
         prefix_hash=np.asarray(h, dtype=np.int64),
         meta={"format": "mooncake"},
     )
+
+
+_FORMATS = ("azure", "mooncake", "burstgpt", "lengths")
+
+
+def _load_trace_iv(path, format, rate, arrivals, cv, rng):
+    func = "load_trace"
+    check_type(path, "path", func, (str, os.PathLike), "a path (str or os.PathLike)")
+    path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not os.path.isfile(path):
+        raise param_error("path", func, "an existing file", repr(path))
+    if format is not None:
+        check_choice(format, "format", func, _FORMATS)
+    if rate is not None:
+        rate = check_real(rate, "rate", func, lo=0, lo_open=True)
+    arrivals = check_choice(arrivals, "arrivals", func, _PROCESSES)
+    cv = check_real(cv, "cv", func, lo=0, lo_open=True)
+    check_rng(rng, func)
+    return path, format, rate, arrivals, cv, rng
 
 
 def load_trace(
@@ -780,17 +919,10 @@ def load_trace(
     >>> t.arrival_s.tolist(), t.prompt_len.tolist(), t.output_len.tolist()
     ([0.0, 0.5], [374, 396], [44, 109])
     """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise param_error("path", "load_trace", "an existing file", repr(path))
-    formats = ("azure", "mooncake", "burstgpt", "lengths")
-    if format is not None and format not in formats:
-        raise param_error(
-            "format", "load_trace", f"one of {formats}", repr(format), InvalidOptionError
-        )
+    path, format, rate, arrivals, cv, rng = _load_trace_iv(path, format, rate, arrivals, cv, rng)
+    text = _read_text(path)
     if format is None:
-        with open(path, encoding="utf-8-sig") as f:
-            first = f.readline().strip()
+        first = text.split("\n", 1)[0].strip()
         low = first.lower()
         if first.startswith("{"):
             format = "mooncake"
@@ -807,9 +939,9 @@ def load_trace(
                 "Mooncake JSON record."
             )
     if format == "mooncake":
-        tr = _load_mooncake(path)
+        tr = _load_mooncake(path, text)
     else:
-        header, rows = _read_rows(path)
+        header, rows = _read_rows(path, text)
         if format == "azure":
             tr = _load_azure(path, header, rows)
         elif format == "burstgpt":

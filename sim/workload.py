@@ -30,20 +30,31 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 
 from ..baselines.eplb import rebalance_experts
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
-from ..solvers.dispatch import as_rng
+from ..formulations.validation import (
+    check_array,
+    check_bool,
+    check_choice,
+    check_int,
+    check_real,
+    check_rng,
+    describe,
+)
 
 __all__ = [
     "ModelShape",
     "SHAPES",
     "SKEWS",
     "DEFAULT_KAPPA",
+    "MAX_GPUS",
+    "MAX_EXPERTS",
+    "MAX_LAYERS",
+    "MAX_TOKENS",
     "zipf_popularity",
     "sample_counts",
     "decode_batches",
@@ -54,6 +65,12 @@ __all__ = [
 
 #: TEMPO §3.2's batch-to-batch Dirichlet concentration.
 DEFAULT_KAPPA = 2000.0
+#: Largest sizes the generators accept (far above any deployment: EP degrees reach a few
+#: hundred, MoE models a few hundred layers and experts; they bound the work of one call).
+MAX_GPUS = 65_536
+MAX_EXPERTS = 65_536
+MAX_LAYERS = 4096
+MAX_TOKENS = 2**26
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,31 +108,12 @@ SKEWS: dict[str, float] = {
 
 
 def _skews(skew, n_layers: int, func: str) -> np.ndarray:
-    try:
-        arr = np.asarray(skew, dtype=float)
-    except (TypeError, ValueError):
-        arr = None
-    if (
-        arr is None
-        or isinstance(skew, bool)
-        or arr.ndim > 1
-        or arr.size not in (1, n_layers)
-        or not np.all(np.isfinite(arr))
-        or (arr < 0).any()
-    ):
-        raise param_error(
-            "skew",
-            func,
-            f"a finite non-negative number or a sequence of {n_layers} (one per layer)",
-            repr(skew),
-        )
+    """One non-negative finite Zipf exponent per layer (a scalar is shared)."""
+    form = f"a finite number >= 0 or a sequence of {n_layers} (one per layer)"
+    arr = check_array(skew, "skew", func, ndim=(0, 1), lo=0, expected=form)
+    if arr.size not in (1, n_layers):
+        raise param_error("skew", func, form, f"{arr.size} values")
     return np.broadcast_to(arr.reshape(-1), (n_layers,))
-
-
-def _pos_int(name: str, value, func: str, minimum: int = 1) -> int:
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < minimum:
-        raise param_error(name, func, f"an integer >= {minimum}", repr(value))
-    return int(value)
 
 
 def zipf_popularity(n_experts: int, skew, *, n_layers: int = 1, rng=None) -> np.ndarray:
@@ -144,16 +142,33 @@ def zipf_popularity(n_experts: int, skew, *, n_layers: int = 1, rng=None) -> np.
     ([0.48, 0.24, 0.16, 0.12], [1.0, 1.0])
     """
     func = "zipf_popularity"
-    n_experts = _pos_int("n_experts", n_experts, func)
-    n_layers = _pos_int("n_layers", n_layers, func)
+    n_experts = check_int(n_experts, "n_experts", func, lo=1, hi=MAX_EXPERTS)
+    n_layers = check_int(n_layers, "n_layers", func, lo=1, hi=MAX_LAYERS)
     s = _skews(skew, n_layers, func)
-    gen = as_rng(rng, func)
+    gen = check_rng(rng, func)
     ranks = np.arange(1, n_experts + 1, dtype=float)
     out = np.empty((n_layers, n_experts))
     for l in range(n_layers):
         w = ranks ** -s[l]
         out[l, gen.permutation(n_experts)] = w / w.sum()
     return out
+
+
+def _sample_counts_iv(popularity, n_tokens, top_k, kappa, func: str = "sample_counts"):
+    n_tokens = check_int(n_tokens, "n_tokens", func, lo=0, hi=MAX_TOKENS)
+    top_k = check_int(top_k, "top_k", func, lo=1, hi=MAX_EXPERTS)
+    form = (
+        f"a finite non-negative (n_experts,) or (n_layers, n_experts) array with at least "
+        f"top_k={top_k} positive entries per row"
+    )
+    p = check_array(popularity, "popularity", func, ndim=(1, 2), lo=0, expected=form)
+    squeeze = p.ndim == 1
+    p = np.atleast_2d(p)
+    if p.shape[0] == 0 or ((p > 0).sum(axis=1) < top_k).any():
+        raise param_error("popularity", func, form, describe(popularity))
+    if kappa is not None:
+        kappa = check_real(kappa, "kappa", func, lo=0, lo_open=True)
+    return p, n_tokens, top_k, kappa, squeeze
 
 
 def sample_counts(popularity, *, n_tokens: int, top_k: int, kappa=DEFAULT_KAPPA, rng=None):
@@ -185,28 +200,9 @@ def sample_counts(popularity, *, n_tokens: int, top_k: int, kappa=DEFAULT_KAPPA,
     >>> c.shape, c.sum(axis=1).tolist(), bool(c.max() <= 16)
     ((2, 8), [32, 32], True)
     """
-    func = "sample_counts"
-    p = np.asarray(popularity, dtype=float)
-    squeeze = p.ndim == 1
-    p = np.atleast_2d(p)
-    n_tokens = _pos_int("n_tokens", n_tokens, func, minimum=0)
-    top_k = _pos_int("top_k", top_k, func)
-    if p.ndim != 2 or p.shape[1] < top_k or not np.all(np.isfinite(p)) or (p < 0).any():
-        raise param_error(
-            "popularity",
-            func,
-            f"a non-negative finite (n_layers, n_experts >= top_k={top_k}) array",
-            f"shape {p.shape}",
-        )
-    if ((p > 0).sum(axis=1) < top_k).any():
-        raise param_error(
-            "popularity", func, f"rows with at least top_k={top_k} positive entries", "fewer"
-        )
-    if kappa is not None and (
-        not isinstance(kappa, Real) or isinstance(kappa, bool) or not (0 < kappa < math.inf)
-    ):
-        raise param_error("kappa", func, "a positive finite number or None", repr(kappa))
-    gen = as_rng(rng, func)
+    p, n_tokens, top_k, kappa, squeeze = _sample_counts_iv(popularity, n_tokens, top_k, kappa)
+    gen = check_rng(rng, "sample_counts")
+    p = p / p.max(axis=1, keepdims=True)  # first by the max: a sum of huge values overflows
     p = p / p.sum(axis=1, keepdims=True)
     n_layers, n_experts = p.shape
     counts = np.zeros((n_layers, n_experts), dtype=np.int64)
@@ -240,7 +236,11 @@ def decode_batches(
     >>> [int(c.sum()) for c in islice(stream, 3)]
     [6, 6, 6]
     """
-    gen = as_rng(rng, "decode_batches")
+    gen = check_rng(rng, "decode_batches")
+    # validate once here (the first batch would, but only when the caller draws it)
+    sample_counts(
+        popularity, n_tokens=n_tokens, top_k=top_k, kappa=kappa, rng=np.random.default_rng(0)
+    )
     while True:
         yield sample_counts(popularity, n_tokens=n_tokens, top_k=top_k, kappa=kappa, rng=gen)
 
@@ -257,12 +257,9 @@ def num_physical_slots(n_experts: int, n_gpus: int, replication: float) -> int:
     8
     """
     func = "num_physical_slots"
-    if (
-        not isinstance(replication, Real)
-        or isinstance(replication, bool)
-        or not (1.0 <= replication < math.inf)
-    ):
-        raise param_error("replication", func, "a finite number >= 1", repr(replication))
+    n_experts = check_int(n_experts, "n_experts", func, lo=1, hi=MAX_EXPERTS)
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_GPUS)
+    replication = check_real(replication, "replication", func, lo=1)
     need = math.ceil(round(replication * n_experts, 9))
     return n_gpus * -(-need // n_gpus)
 
@@ -290,11 +287,19 @@ def eplb_placement(
     >>> eplb_placement([[9, 1, 1, 1]], n_gpus=2, replication=1.5, distinct=True).tolist()
     [[0, 2, 1, 0, 3, 1]]
     """
-    w = np.asarray(loads)
-    if w.ndim != 2:
+    func = "eplb_placement"
+    w = check_array(
+        loads, "loads", func, ndim=2, lo=0,
+        expected="a 2-D (n_layers >= 1, n_experts >= 1) array of finite non-negative loads",
+    )  # fmt: skip
+    if 0 in w.shape:
         raise param_error(
-            "loads", "eplb_placement", "a 2-D (n_layers, n_experts) array", f"shape {w.shape}"
+            "loads", func, "a 2-D (n_layers >= 1, n_experts >= 1) array", f"shape {w.shape}"
         )
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_GPUS)
+    num_groups = check_int(num_groups, "num_groups", func, lo=1, hi=MAX_EXPERTS)
+    num_nodes = check_int(num_nodes, "num_nodes", func, lo=1, hi=MAX_GPUS)
+    distinct = check_bool(distinct, "distinct", func)
     P = num_physical_slots(w.shape[1], n_gpus, replication)
     p2l, _, _ = rebalance_experts(w, P, num_groups, num_nodes, n_gpus, distinct=distinct)
     return p2l
@@ -352,22 +357,22 @@ def make_decode_problem(
     ((2, 128), (2, 128, 4), [256, 256])
     """
     func = "make_decode_problem"
-    if isinstance(shape, str):
-        if shape not in SHAPES:
-            raise param_error(
-                "shape", func, f"one of {sorted(SHAPES)} or a ModelShape", repr(shape)
-            )
-        shape = SHAPES[shape]
-    elif not isinstance(shape, ModelShape):
-        raise param_error("shape", func, f"one of {sorted(SHAPES)} or a ModelShape", repr(shape))
-    n_gpus = _pos_int("n_gpus", n_gpus, func)
-    tokens_per_gpu = _pos_int("tokens_per_gpu", tokens_per_gpu, func)
-    n_layers = _pos_int("n_layers", n_layers, func)
-    n_history = _pos_int("n_history", n_history, func)
-    num_nodes = _pos_int("num_nodes", num_nodes, func)
+    if not isinstance(shape, ModelShape):
+        shape = SHAPES[check_choice(shape, "shape", func, sorted(SHAPES))]
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_GPUS)
+    tokens_per_gpu = check_int(tokens_per_gpu, "tokens_per_gpu", func, lo=1, hi=MAX_TOKENS)
+    n_layers = check_int(n_layers, "n_layers", func, lo=1, hi=MAX_LAYERS)
+    n_history = check_int(n_history, "n_history", func, lo=1, hi=MAX_LAYERS)
+    num_nodes = check_int(num_nodes, "num_nodes", func, lo=1, hi=MAX_GPUS)
+    if n_gpus * tokens_per_gpu > MAX_TOKENS:
+        raise param_error(
+            "tokens_per_gpu", func, f"at most {MAX_TOKENS} tokens in the batch (n_gpus * "
+            f"tokens_per_gpu)", f"{tokens_per_gpu} per GPU on {n_gpus} GPUs",
+        )  # fmt: skip
+    distinct = check_bool(distinct, "distinct", func)
     if n_gpus % num_nodes:
         raise param_error("num_nodes", func, f"a divisor of n_gpus={n_gpus}", repr(num_nodes))
-    gen = as_rng(seed, func)
+    gen = check_rng(seed, func, "seed")
     E, k = shape.n_experts, shape.top_k
     pop = zipf_popularity(E, skew, n_layers=n_layers, rng=gen)
     n_tokens = tokens_per_gpu * n_gpus

@@ -11,7 +11,13 @@ from .highs import MilpSolution, solve_milp
 from .placement import place_experts
 from .registry import LayerSolution, dispatch_methods, register_dispatch_method
 from .round_robin import RoundRobin, a3_bound, round_robin_shares
-from .routing import ROUTING_KERNELS, RoutingDecision, project_loads, route_batch
+from .routing import project_loads, route_batch
+from .routing_registry import (
+    DEFAULT_POLICY,
+    get_routing_policy,
+    register_routing_policy,
+    routing_policies,
+)
 from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
 from .topology import TopologySplit, topology_split
@@ -19,8 +25,10 @@ from .topology import TopologySplit, topology_split
 __all__ = [
     "CalibrationResult",
     "fit_cost_model",
-    "ROUTING_KERNELS",
-    "RoutingDecision",
+    "DEFAULT_POLICY",
+    "routing_policies",
+    "get_routing_policy",
+    "register_routing_policy",
     "project_loads",
     "route_batch",
     "certified_lower_bound",

@@ -15,9 +15,10 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem, basic_lower_bound, evaluate
-from ..formulations.dispatch_milp import live_pairs
-from ..formulations.errors import BackendUnavailableError, param_error
+from ..formulations.dispatch_milp import _builder_iv, live_pairs
+from ..formulations.errors import BackendUnavailableError
 from ..formulations.results import Status
+from ..formulations.validation import check_array, check_int, check_real, check_time_limit
 from .highs import MilpSolution
 
 __all__ = ["solve_dispatch_cpsat", "DEFAULT_SCALE", "grid_error", "time_unit"]
@@ -108,7 +109,8 @@ def solve_dispatch_cpsat(
         One layer.
     cost : CostModel
     time_limit, mip_rel_gap, threads, seed
-        CP-SAT's ``max_time_in_seconds``, ``relative_gap_limit``, ``num_workers``,
+        CP-SAT's ``max_time_in_seconds`` (less the model's building time),
+        ``relative_gap_limit``, ``num_workers``,
         ``random_seed``.
     warm_start : ndarray (n_experts, n_gpus), optional
         A dispatch given to CP-SAT as a hint.
@@ -143,8 +145,15 @@ def solve_dispatch_cpsat(
     """
     cp_model = _import_cp_model()
     func = "solve_dispatch_cpsat"
-    if not isinstance(scale, (int, np.integer)) or isinstance(scale, bool) or scale < 1:
-        raise param_error("scale", func, "a positive integer", repr(scale))
+    _builder_iv(problem, cost, func)
+    time_limit = check_time_limit(time_limit, func)
+    mip_rel_gap = check_real(mip_rel_gap, "mip_rel_gap", func, lo=0, hi=1, hi_open=True)
+    threads = check_int(threads, "threads", func, lo=1)
+    seed = check_int(seed, "seed", func, lo=0, hi=2**31 - 1)
+    scale = check_int(scale, "scale", func, lo=1)
+    if warm_start is not None:
+        want = (problem.n_experts, problem.n_gpus)
+        warm_start = check_array(warm_start, "warm_start", func, ndim=2, shape=want, lo=0)
     t0 = time.perf_counter()
     n = problem.counts.astype(np.int64)
     e_idx, g_idx = live_pairs(problem)
@@ -196,7 +205,8 @@ def solve_dispatch_cpsat(
             m.AddHint(z[k], int(v > 0))
     solver = cp_model.CpSolver()
     prm = solver.parameters
-    prm.max_time_in_seconds = float(time_limit)
+    # the time limit covers building the model too
+    prm.max_time_in_seconds = max(time_limit - (time.perf_counter() - t0), 1e-6)
     prm.num_workers = int(threads)
     prm.random_seed = int(seed)
     prm.relative_gap_limit = float(mip_rel_gap)

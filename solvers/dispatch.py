@@ -2,69 +2,83 @@
 
 from __future__ import annotations
 
-import math
 import time
-from numbers import Real
 
 import numpy as np
 
 from ..formulations.cost import CostModel
-from ..formulations.dispatch import DispatchProblem, evaluate
-from ..formulations.errors import param_error
+from ..formulations.dispatch import (
+    CONSERVATION_RTOL,
+    DispatchProblem,
+    check_shares,
+    evaluate_arrays,
+)
+from ..formulations.errors import InfeasibleSharesError, StragglerError
 from ..formulations.results import DispatchResult, Status, worst_status
+from ..formulations.validation import check_rng, check_time_limit, check_type
+from ._compile import JitTimer
+from ._feasibility import feasible_kernel
 from .bounds import certified_lower_bound
 from .registry import LayerSolution, make_method
 
-__all__ = ["solve_dispatch", "DEFAULT_METHOD", "as_rng", "check_time_limit"]
+__all__ = ["solve_dispatch", "DEFAULT_METHOD"]
 
 #: The method used when none is named: tempo_fast (TEMPO §4.2, ``straggler.solvers.tempo``).
 DEFAULT_METHOD = "tempo"
 #: Relative slack under which a makespan equal to a certified bound counts as proved optimal.
 OPTIMALITY_RTOL = 1e-9
 
-
-def as_rng(rng, func: str = "solve_dispatch") -> np.random.Generator:
-    """Normalize ``rng`` (None, an int seed or a Generator) to a Generator."""
-    if rng is None or isinstance(rng, np.random.Generator):
-        return np.random.default_rng(rng)
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng >= 0:
-        return np.random.default_rng(int(rng))
-    raise param_error("rng", func, "None, a non-negative int seed or a numpy Generator", repr(rng))
+#: Kept importable for code written before ``formulations.validation``: the same checks.
+as_rng = check_rng
 
 
-def _validate(problem, cost, time_limit) -> None:
+def _solve_dispatch_iv(problem, cost, method, time_limit, rng, options):
+    """Validated ``(name, method instance, time_limit, Generator)`` of a solve_dispatch call."""
     func = "solve_dispatch"
-    if not isinstance(problem, DispatchProblem):
-        raise param_error(
-            "problem",
-            func,
-            "a DispatchProblem (see DispatchProblem(counts=, replicas=))",
-            type(problem).__name__,
-        )
-    if not isinstance(cost, CostModel):
-        raise param_error("cost", func, "a CostModel", type(cost).__name__)
-    check_time_limit(time_limit, func)
+    check_type(
+        problem, "problem", func, DispatchProblem,
+        "a DispatchProblem (see DispatchProblem(counts=, replicas=))",
+    )  # fmt: skip
+    check_type(cost, "cost", func, CostModel, "a CostModel (e.g. CostModel.preset(name))")
+    time_limit = check_time_limit(time_limit, func)
+    gen = check_rng(rng, func)
+    name = DEFAULT_METHOD if method is None else method
+    return name, make_method(name, options, func), time_limit, gen
 
 
-def check_time_limit(time_limit, func: str) -> None:
-    """Raise unless ``time_limit`` is a positive number of seconds."""
-    if (
-        not isinstance(time_limit, Real)
-        or isinstance(time_limit, bool)
-        or not (time_limit > 0)
-        or math.isnan(time_limit)
-    ):
-        raise param_error("time_limit", func, "a positive number of seconds", repr(time_limit))
+def _own_masks(solver, sols) -> list:
+    """The mask each layer's shares lie on when the method does not keep to the problem's:
+    ``LayerSolution.replicas``, or, for a method marked ``moves_weights`` (MoonEP, LPLB with
+    its own placement), the ``extras["replicas"]`` it reports; None where the problem's."""
+    moves = getattr(type(solver), "moves_weights", False)
+    out = []
+    for s in sols:
+        mask = s.replicas
+        if mask is None and moves:
+            mask = s.extras.get("replicas")
+        out.append(None if mask is None else np.asarray(mask, dtype=bool))
+    return out
 
 
-def _layer_bound(problem, cost, sol: LayerSolution) -> float:
+def _reporting_problem(problem: DispatchProblem, masks) -> DispatchProblem:
+    """The problem the results are scored and certified on: ``problem`` itself, or, where a
+    method dispatched on a mask of its own (see :func:`_own_masks`), the problem on it."""
+    if all(m is None for m in masks):
+        return problem
+    masks = [problem.layer(l).replicas if m is None else m for l, m in enumerate(masks)]
+    rep = np.stack(masks) if problem.is_stack else masks[0]
+    return DispatchProblem(counts=problem.counts, replicas=rep, gpu_node=problem.gpu_node)
+
+
+def _layer_bound(problem, cost, sol: LayerSolution, own_mask: bool) -> float:
     """The certified bound combined with the method's own (reusing the exact semi-matching
-    and token-LP values a method like ``tempo`` computed with the library's kernels)."""
+    and token-LP values a method like ``tempo`` computed with the library's kernels, on the
+    problem's own mask)."""
     lb = certified_lower_bound(
         problem,
         cost,
-        semi_matching_value=sol.extras.get("semi_matching_value"),
-        token_lp_value=sol.extras.get("token_lp_value"),
+        semi_matching_value=sol.extras.get("semi_matching_value") if own_mask else None,
+        token_lp_value=sol.extras.get("token_lp_value") if own_mask else None,
     )
     return max(lb, float(sol.lower_bound))
 
@@ -114,15 +128,22 @@ def solve_dispatch(
     DispatchResult
         ``shares`` of shape ``(n_experts, n_gpus)`` (or ``(n_layers, n_experts, n_gpus)``),
         the evaluator's ``makespan`` and ``gpu_time``, a certified ``lower_bound``,
-        ``status``, ``method``, ``runtime_s`` and method ``extras`` (for stacks,
-        ``extras["layers"]`` holds each layer's extras and ``extras["layer_status"]``).
+        ``status``, ``method``, ``runtime_s`` (the method's wall time, JIT compilation
+        excluded), ``compile_s`` (numba JIT seconds during the call, kept apart) and method
+        ``extras`` (for stacks, ``extras["layers"]`` holds each layer's extras and
+        ``extras["layer_status"]``). A method that creates replicas (``moonep``) is scored,
+        checked and certified on the mask its shares lie on (``extras["replicas"]``), so
+        ``lower_bound <= makespan`` holds for every result.
 
     Raises
     ------
     InvalidInputError
-        Bad problem, cost, time limit or rng.
+        Bad problem, cost, time limit or rng, or a bad option value.
     InvalidOptionError
         Unknown method or option.
+    StragglerError
+        A method returned an infeasible dispatch or a bound above its makespan (a bug in
+        the library, never the caller's input).
 
     Examples
     --------
@@ -137,40 +158,79 @@ def solve_dispatch(
     >>> round(res.makespan, 6), res.status.name
     (60.0, 'OPTIMAL')
     """
-    _validate(problem, cost, time_limit)
-    name = DEFAULT_METHOD if method is None else method
-    solver = make_method(name, options)
-    gen = as_rng(rng)
-    t0 = time.perf_counter()
-    layers = list(problem.layers())
-    if hasattr(solver, "solve_stack") and problem.is_stack:
-        sols = solver.solve_stack(layers, cost, time_limit=float(time_limit), rng=gen)
-    else:
-        sols = [solver.solve(p, cost, time_limit=float(time_limit), rng=gen) for p in layers]
-    runtime = time.perf_counter() - t0
+    with JitTimer() as jit:  # every JIT second of the call: compile_s, never runtime_s
+        name, solver, time_limit, gen = _solve_dispatch_iv(
+            problem, cost, method, time_limit, rng, options
+        )
+        layers = list(problem.layers())
+        t0 = time.perf_counter()
+        if hasattr(solver, "solve_stack") and problem.is_stack:
+            sols = solver.solve_stack(layers, cost, time_limit=time_limit, rng=gen)
+        else:
+            sols = [solver.solve(p, cost, time_limit=time_limit, rng=gen) for p in layers]
+        t1 = time.perf_counter()
+        fields = _score(problem, cost, name, solver, sols)
+    runtime = max(t1 - t0 - jit.jit_within(t0, t1), 0.0)
+    return DispatchResult(method=name, runtime_s=runtime, compile_s=jit.jit_s, **fields)
+
+
+def _feasible(problem: DispatchProblem, x: np.ndarray) -> bool:
+    """``check_shares``'s rules in one jitted pass (the common case); the caller runs
+    ``check_shares`` itself for the message when this says no."""
+    g = problem.n_gpus
+    return bool(
+        feasible_kernel(
+            x.reshape(-1, g),
+            problem.replicas.reshape(-1, g),
+            problem.counts.reshape(-1),
+            CONSERVATION_RTOL,
+        )
+    )
+
+
+def _score(problem, cost, name, solver, sols) -> dict:
+    """The method's layers scored by the independent evaluator on the mask they lie on,
+    checked, certified: the fields of the :class:`DispatchResult`."""
     shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
-    bounds = np.array([_layer_bound(p, cost, s) for p, s in zip(layers, sols)])
-    ev = evaluate(problem, cost, shares if problem.is_stack else shares[0])
+    if not problem.is_stack:
+        shares = shares[0]
+    masks = _own_masks(solver, sols)
+    report = _reporting_problem(problem, masks)
+    if not _feasible(report, shares):
+        try:
+            check_shares(report, shares)
+        except InfeasibleSharesError as exc:
+            raise StragglerError(
+                f"solve_dispatch: the method {name!r} returned an infeasible dispatch ({exc}); "
+                "this is a bug in the method."
+            ) from exc
+    bounds = np.array(
+        [_layer_bound(p, cost, s, m is None) for p, s, m in zip(report.layers(), sols, masks)]
+    )
+    ev = evaluate_arrays(report, cost, shares)
     makespans = np.atleast_1d(ev.makespan)
+    if (bounds > makespans * (1 + OPTIMALITY_RTOL) + 1e-9).any():
+        l = int(np.argmax(bounds - makespans))
+        raise StragglerError(
+            f"solve_dispatch: the certified lower bound {bounds[l]!r} of layer {l} exceeds the "
+            f"makespan {makespans[l]!r} of the method {name!r} on the mask it was scored on; "
+            "a bound is invalid (this is a bug)."
+        )
     statuses = [_status(s, m, lb) for s, m, lb in zip(sols, makespans, bounds)]
     if not problem.is_stack:
-        return DispatchResult(
-            shares=shares[0],
+        return dict(
+            shares=shares,
             makespan=float(ev.makespan),
             gpu_time=ev.times,
             lower_bound=float(bounds[0]),
             status=statuses[0],
-            method=name,
-            runtime_s=runtime,
             extras=dict(sols[0].extras),
         )
-    return DispatchResult(
+    return dict(
         shares=shares,
         makespan=makespans,
         gpu_time=ev.times,
         lower_bound=bounds,
         status=worst_status(statuses),
-        method=name,
-        runtime_s=runtime,
         extras={"layers": [s.extras for s in sols], "layer_status": statuses},
     )

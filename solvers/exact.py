@@ -10,25 +10,31 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from numbers import Real
 
 import numpy as np
 
 from ..formulations.cost import CostModel
-from ..formulations.dispatch import DispatchProblem, check_shares, evaluate
+from ..formulations.dispatch import DispatchProblem, check_shares, evaluate_arrays
 from ..formulations.dispatch_milp import build_dispatch_milp, build_token_lp, live_pairs
-from ..formulations.errors import (
-    InfeasibleSharesError,
-    InvalidOptionError,
-    StragglerError,
-    param_error,
-)
+from ..formulations.errors import InfeasibleSharesError, StragglerError, param_error
 from ..formulations.results import Status
-from .dispatch import check_time_limit
+from ..formulations.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_real,
+    check_time_limit,
+    check_type,
+)
 from .highs import solve_milp
-from .registry import LayerSolution, make_method, register_dispatch_method
+from .registry import (
+    LayerSolution,
+    dispatch_methods,
+    make_method,
+    register_dispatch_method,
+)
 
-__all__ = ["MilpDispatch", "solve_token_lp", "whole_expert_greedy"]
+__all__ = ["MilpDispatch", "solve_token_lp", "TokenLPSolution", "whole_expert_greedy"]
 
 _BACKENDS = ("highs", "cpsat")
 
@@ -49,6 +55,13 @@ def whole_expert_greedy(problem: DispatchProblem, cost: CostModel) -> np.ndarray
     >>> x.sum(axis=0).tolist()
     [660.0, 120.0]
     """
+    func = "whole_expert_greedy"
+    check_type(problem, "problem", func, DispatchProblem, "a single-layer DispatchProblem")
+    check_type(cost, "cost", func, CostModel, "a CostModel")
+    if problem.is_stack:
+        raise param_error(
+            "problem", func, "a single-layer DispatchProblem", f"a stack of {problem.n_layers}"
+        )
     n = problem.counts
     G = np.zeros(problem.n_gpus)
     N = np.zeros(problem.n_gpus)
@@ -110,47 +123,26 @@ class MilpDispatch:
     backend: str = "highs"
 
     def __post_init__(self) -> None:
-        func = "solve_dispatch(method='milp')"
-        if not isinstance(self.tightened, (bool, np.bool_)):
-            raise param_error("tightened", func, "a bool", repr(self.tightened))
-        g = self.mip_rel_gap
-        if not isinstance(g, Real) or isinstance(g, bool) or not (0 <= g < 1):
-            raise param_error("mip_rel_gap", func, "a number in [0, 1)", repr(g))
-        for name in ("threads", "seed"):
-            v = getattr(self, name)
-            if (
-                not isinstance(v, (int, np.integer))
-                or isinstance(v, bool)
-                or v < (name == "threads")
-            ):
-                raise param_error(name, func, "a non-negative integer (threads >= 1)", repr(v))
-        if self.backend not in _BACKENDS:
-            raise InvalidOptionError(
-                f"The 'backend' parameter of {func} must be one of {list(_BACKENDS)}. "
-                f"Got {self.backend!r} instead."
-            )
-        if self.warm_start is not None:
-            if self.warm_start == "milp":
-                raise InvalidOptionError(
-                    f"The 'warm_start' parameter of {func} must name a heuristic, not 'milp'."
-                )
-            make_method(self.warm_start, {}, func)  # raises on an unknown name
+        for name, value in _milp_dispatch_iv(self).items():
+            object.__setattr__(self, name, value)
 
-    def _seeds(self, problem, cost, time_limit, rng):
+    def _seeds(self, problem, cost, deadline, rng):
+        """The built-in seeds (and the ``warm_start`` heuristic's), best first on ties to
+        ``warm_start``. Whole-expert greedy and the even split always run (microseconds to
+        milliseconds); the token LP and the heuristic only while time is left."""
         seeds = {
             "greedy": whole_expert_greedy(problem, cost),
             "uniform": _uniform_split(problem),
         }
-        if problem.counts.any():
-            try:
-                seeds["token_lp"] = solve_token_lp(problem, time_limit=time_limit)[0]
-            except StragglerError:  # the LP ran out of time: seed from the others
-                pass
-        if self.warm_start is not None:
+        left = deadline - time.perf_counter()
+        if problem.counts.any() and left > 0:
+            lp = solve_token_lp(problem, time_limit=left, full_output=True)
+            if lp.status is Status.OPTIMAL:  # at its limit the LP offers nothing new
+                seeds["token_lp"] = lp.shares
+        left = deadline - time.perf_counter()
+        if self.warm_start is not None and left > 0:
             h = make_method(self.warm_start, {})
-            x = np.asarray(
-                h.solve(problem, cost, time_limit=time_limit, rng=rng).shares, dtype=float
-            )
+            x = np.asarray(h.solve(problem, cost, time_limit=left, rng=rng).shares, dtype=float)
             try:
                 check_shares(problem, x)
             except InfeasibleSharesError as exc:
@@ -159,17 +151,45 @@ class MilpDispatch:
                     f"dispatch: {exc}"
                 ) from exc
             seeds[self.warm_start] = x
-        scored = {k: evaluate(problem, cost, v).makespan for k, v in seeds.items()}
+        scored = {k: evaluate_arrays(problem, cost, v).makespan for k, v in seeds.items()}
         best = min(scored, key=lambda k: (scored[k], k != self.warm_start))
         return best, seeds[best], float(scored[best])
 
+    def _out_of_time(self, problem, cost, seed_name, seed_x, ub, model, t0) -> LayerSolution:
+        """The time limit ran out before the backend could run: the best seed is the
+        incumbent (status FEASIBLE, no proof; ``solve_dispatch`` adds its certified bound)."""
+        extras = {
+            "backend": self.backend,
+            "raw_status": "time limit reached before the backend ran",
+            "dual_bound": -math.inf,
+            "node_count": 0,
+            "solver_runtime_s": 0.0,
+            "tightened": self.tightened,
+            "seed": seed_name,
+            "seed_makespan": ub,
+            "n_rows": model.n_rows,
+            "n_cols": model.n_cols,
+            "resolved_stale_warm_start": False,
+            "fallback": (
+                f"the time limit ran out before the backend ran; these shares are the "
+                f"{seed_name!r} seed, not a backend solution"
+            ),
+            "gap": math.inf,
+            "runtime_s": time.perf_counter() - t0,
+        }
+        return LayerSolution(shares=seed_x, status=Status.FEASIBLE, extras=extras)
+
     def solve(self, problem, cost, *, time_limit, rng) -> LayerSolution:
+        # time_limit covers everything: seeds, model building and the backend
         t0 = time.perf_counter()
-        seed_name, seed_x, ub = self._seeds(problem, cost, time_limit, rng)
-        left = max(time_limit - (time.perf_counter() - t0), 1e-3)
+        deadline = t0 + time_limit
+        seed_name, seed_x, ub = self._seeds(problem, cost, deadline, rng)
         model = build_dispatch_milp(
             problem, cost, tightened=self.tightened, upper_bound=ub if self.tightened else None
         )
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return self._out_of_time(problem, cost, seed_name, seed_x, ub, model, t0)
         warm = model.encode(seed_x)
         if self.backend == "highs":
             opts = dict(mip_rel_gap=self.mip_rel_gap, threads=self.threads, seed=self.seed)
@@ -210,10 +230,10 @@ class MilpDispatch:
         else:
             shares = sol.extras["shares"] if "shares" in sol.extras else model.decode(sol.x)
             # decoding can only lose to the seed through rounding; never return worse
-            if evaluate(problem, cost, shares).makespan > ub:
+            if evaluate_arrays(problem, cost, shares).makespan > ub:
                 shares = seed_x
                 extras["decoded_worse_than_seed"] = True
-        mk = float(evaluate(problem, cost, shares).makespan)
+        mk = float(evaluate_arrays(problem, cost, shares).makespan)
         dual = float(sol.dual_bound) if math.isfinite(sol.dual_bound) else -math.inf
         status = sol.status
         if (
@@ -229,9 +249,45 @@ class MilpDispatch:
         return LayerSolution(shares=shares, status=status, lower_bound=dual, extras=extras)
 
 
+def _milp_dispatch_iv(m: MilpDispatch) -> dict:
+    """Validated options of the ``milp`` method."""
+    func = "solve_dispatch(method='milp')"
+    out = {
+        "tightened": check_bool(m.tightened, "tightened", func),
+        "mip_rel_gap": check_real(m.mip_rel_gap, "mip_rel_gap", func, lo=0, hi=1, hi_open=True),
+        "threads": check_int(m.threads, "threads", func, lo=1),
+        "seed": check_int(m.seed, "seed", func, lo=0, hi=2**31 - 1),
+        "backend": check_choice(m.backend, "backend", func, _BACKENDS),
+    }
+    if m.warm_start is not None:
+        names = [n for n in dispatch_methods() if n != "milp"]
+        out["warm_start"] = check_choice(m.warm_start, "warm_start", func, names)
+    return out
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class TokenLPSolution:
+    """What :func:`solve_token_lp` returns with ``full_output=True``."""
+
+    shares: np.ndarray
+    """A feasible dispatch ``(n_experts, n_gpus)``, clean and exactly conserving."""
+    value: float
+    """The largest per-GPU token count of ``shares`` (``min max_g N_g`` when OPTIMAL)."""
+    status: Status
+    """OPTIMAL (HiGHS proved the LP optimum) or FEASIBLE (the time limit came first)."""
+    raw_status: str
+    """HiGHS's model status."""
+    fallback: str | None = None
+    """Where the shares come from when HiGHS returned no primal solution (else None)."""
+
+
 def solve_token_lp(
-    problem: DispatchProblem, cost: CostModel | None = None, *, time_limit: float = 10.0
-) -> tuple[np.ndarray, float]:
+    problem: DispatchProblem,
+    cost: CostModel | None = None,
+    *,
+    time_limit: float = 10.0,
+    full_output: bool = False,
+):
     """Lemma 1: a dispatch minimizing the most tokens on any GPU, solved exactly by HiGHS.
 
     Parameters
@@ -241,6 +297,9 @@ def solve_token_lp(
     cost : CostModel, optional
         Unused by the objective; accepted for a uniform signature.
     time_limit : float, default 10
+        Seconds, model building included.
+    full_output : bool, default False
+        Return a :class:`TokenLPSolution` (with the status) instead of ``(shares, value)``.
 
     Returns
     -------
@@ -249,12 +308,17 @@ def solve_token_lp(
     value : float
         ``min max_g N_g`` (the largest per-GPU token count of ``shares``).
 
+    With ``full_output=True``, one :class:`TokenLPSolution`. At the time limit it holds
+    HiGHS's incumbent, or, when HiGHS has no primal solution yet, LPLB's own fallback (each
+    expert split evenly over its replicas, ``fallback`` says so), with status FEASIBLE.
+
     Raises
     ------
     InvalidInputError
         Not a single-layer problem, or a bad time limit.
     StragglerError
-        HiGHS did not prove the LP optimal in time.
+        ``full_output=False`` and HiGHS did not prove the LP optimal in time (the pair
+        ``(shares, value)`` promises the optimum).
 
     Examples
     --------
@@ -262,14 +326,47 @@ def solve_token_lp(
     >>> x, v = solve_token_lp(p)
     >>> v, x.sum(axis=0).tolist()
     (4.0, [4.0, 4.0])
+    >>> solve_token_lp(p, time_limit=1e-9, full_output=True).status.name
+    'FEASIBLE'
     """
     func = "solve_token_lp"
-    check_time_limit(time_limit, func)
+    t0 = time.perf_counter()
+    check_type(problem, "problem", func, DispatchProblem, "a single-layer DispatchProblem")
+    if problem.is_stack:
+        raise param_error(
+            "problem", func, "a single-layer DispatchProblem", f"a stack of {problem.n_layers}"
+        )
+    if cost is not None:
+        check_type(cost, "cost", func, CostModel, "a CostModel or None")
+    time_limit = check_time_limit(time_limit, func)
+    full_output = check_bool(full_output, "full_output", func)
     model = build_token_lp(problem, cost)
     if not live_pairs(problem)[0].size:
-        return np.zeros((problem.n_experts, problem.n_gpus)), 0.0
-    sol = solve_milp(model, time_limit=float(time_limit))
+        sol = TokenLPSolution(
+            shares=np.zeros((problem.n_experts, problem.n_gpus)),
+            value=0.0,
+            status=Status.OPTIMAL,
+            raw_status="no tokens",
+        )
+    else:
+        left = time_limit - (time.perf_counter() - t0)
+        res = solve_milp(model, time_limit=left) if left > 0 else None
+        fallback = None
+        if res is not None and res.x is not None:
+            shares = model.decode(res.x)
+        else:
+            shares = _uniform_split(problem)
+            fallback = "LPLB's fallback: every expert split evenly over its replicas"
+        sol = TokenLPSolution(
+            shares=shares,
+            value=float(shares.sum(axis=0).max()),
+            status=Status.OPTIMAL if res is not None and res.status is Status.OPTIMAL
+            else Status.FEASIBLE,
+            raw_status="time limit reached before HiGHS ran" if res is None else res.raw_status,
+            fallback=fallback,
+        )  # fmt: skip
+    if full_output:
+        return sol
     if sol.status is not Status.OPTIMAL:
         raise StragglerError(f"{func}: HiGHS did not solve the token LP ({sol.raw_status}).")
-    shares = model.decode(sol.x)
-    return shares, float(shares.sum(axis=0).max())
+    return sol.shares, sol.value

@@ -17,9 +17,18 @@ from dataclasses import dataclass, field
 import highspy
 import numpy as np
 
-from ..formulations.errors import InvalidOptionError
 from ..formulations.milp import MilpModel
 from ..formulations.results import Status
+from ..formulations.validation import (
+    check_array,
+    check_bool,
+    check_choice,
+    check_int,
+    check_options,
+    check_real,
+    check_time_limit,
+    check_type,
+)
 
 __all__ = ["MilpSolution", "solve_milp", "HIGHS_OPTIONS"]
 
@@ -134,6 +143,46 @@ def _model_lp(model: MilpModel) -> highspy.HighsLp:
     return lp
 
 
+_PRESOLVE = ("choose", "on", "off")
+
+
+def _solve_milp_iv(model, time_limit, mip_rel_gap, threads, seed, warm_start, options):
+    """HiGHS options by their HiGHS names, validated (HiGHS itself ignores a value of the
+    wrong type with a warning, a silent no-op here), and the warm start as floats."""
+    func = "solve_milp"
+    check_type(model, "model", func, MilpModel, "a MilpModel")
+    check_options(options, HIGHS_OPTIONS, func)
+    opts = {
+        "time_limit": check_time_limit(time_limit, func),
+        "mip_rel_gap": check_real(mip_rel_gap, "mip_rel_gap", func, lo=0),
+        "random_seed": check_int(seed, "seed", func, lo=0, hi=2**31 - 1),
+    }
+    if threads is not None:
+        opts["threads"] = check_int(threads, "threads", func, lo=1)
+    for k, v in options.items():
+        if k in ("seed", "random_seed"):
+            v = check_int(v, k, func, lo=0, hi=2**31 - 1)
+        elif k == "time_limit":
+            v = check_time_limit(v, func)
+        elif k in ("mip_rel_gap", "mip_abs_gap"):
+            v = check_real(v, k, func, lo=0)
+        elif k == "threads":
+            v = check_int(v, k, func, lo=1)
+        elif k == "node_limit":
+            v = check_int(v, k, func, lo=0, hi=2**31 - 1)
+        elif k == "presolve":
+            v = check_choice(v, k, func, _PRESOLVE)
+        elif k == "output_flag":
+            v = check_bool(v, k, func)
+        opts[HIGHS_OPTIONS[k]] = v
+    if warm_start is not None:
+        warm_start = check_array(
+            warm_start, "warm_start", func, shape=(model.n_cols,),
+            expected=f"an array of shape ({model.n_cols},) of finite numbers",
+        )  # fmt: skip
+    return opts, warm_start
+
+
 def solve_milp(
     model: MilpModel,
     *,
@@ -166,22 +215,17 @@ def solve_milp(
     Raises
     ------
     InvalidOptionError
-        An option name not in :data:`HIGHS_OPTIONS`.
+        An option name not in :data:`HIGHS_OPTIONS`, or an unknown choice.
+    InvalidInputError
+        A bad option value or warm start.
     """
-    unknown = set(options) - set(HIGHS_OPTIONS)
-    if unknown:
-        raise InvalidOptionError(
-            f"The HiGHS backend got unknown option(s) {sorted(unknown)}; expected some of "
-            f"{sorted(HIGHS_OPTIONS)}."
-        )
+    t_enter = time.perf_counter()
+    opts, warm_start = _solve_milp_iv(
+        model, time_limit, mip_rel_gap, threads, seed, warm_start, options
+    )
     h = _new_highs()
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
-    h.setOptionValue("random_seed", int(seed))
-    if threads is not None:
-        h.setOptionValue("threads", int(threads))
-    for k, v in options.items():
-        h.setOptionValue(HIGHS_OPTIONS[k], v)
+    for k, v in opts.items():
+        h.setOptionValue(k, v)
     t0 = time.perf_counter()
     h.passModel(_model_lp(model))
     if warm_start is not None:
@@ -189,6 +233,9 @@ def solve_milp(
         sol.col_value = list(np.asarray(warm_start, dtype=float))
         sol.value_valid = True
         h.setSolution(sol)
+    # the time limit covers passing the model and the warm start too
+    left = opts["time_limit"] - (time.perf_counter() - t_enter)
+    h.setOptionValue("time_limit", max(left, 1e-9))
     h.run()
     runtime = time.perf_counter() - t0
     info = h.getInfo()
@@ -200,7 +247,7 @@ def solve_milp(
             # HiGHS 1.16 can report "Optimal" with the right objective value yet hand back
             # the warm-start vector (seen when presolve settles the whole model). The
             # vector then disagrees with the reported objective: solve again unseeded.
-            left = max(float(time_limit) - (time.perf_counter() - t0), 1e-3)
+            left = max(opts["time_limit"] - (time.perf_counter() - t_enter), 1e-3)
             again = solve_milp(
                 model,
                 time_limit=left,

@@ -28,6 +28,7 @@ expected presence ``c_i`` with the confidence gate ``p_fin < 0.5 -> c_i = H+1``.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -35,8 +36,16 @@ import numpy as np
 from scipy.stats import rankdata
 
 from ..formulations.errors import InvalidInputError, param_error
+from ..formulations.validation import (
+    check_array,
+    check_choice,
+    check_int,
+    check_real,
+    check_rng,
+)
 
 __all__ = [
+    "PredictorKind",
     "Predictor",
     "OraclePredictor",
     "SurvivalPredictor",
@@ -48,22 +57,50 @@ __all__ = [
 ]
 
 
-def _arr(x, name, func):
-    a = np.asarray(x, dtype=np.float64)
-    if a.ndim != 1 or not np.all(np.isfinite(a)) or (a.size and a.min() < 0):
-        raise param_error(
-            name,
-            func,
-            "a 1-D array of finite non-negative numbers",
-            f"shape {a.shape}" if a.ndim != 1 else "NaN, infinite or negative values",
-        )
-    return a
+class PredictorKind(enum.IntEnum):
+    """The predictors BR-H can use inside the simulator's jitted step loop (the integer value is
+    what the engine receives; ``NONE`` for a policy without projected loads).
 
+    Examples
+    --------
+    >>> PredictorKind.from_name("exact_match"), PredictorKind.from_name(PredictorKind.ORACLE)
+    (<PredictorKind.EXACT_MATCH: 3>, <PredictorKind.ORACLE: 1>)
+    >>> PredictorKind.names()
+    ['oracle', 'survival', 'exact_match', 'two_stage']
+    """
 
-def _check_horizon(horizon, func):
-    if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 0:
-        raise param_error("horizon", func, "an integer >= 0", repr(horizon))
-    return int(horizon)
+    NONE = 0
+    """No projection (the router sees current loads only)."""
+    ORACLE = 1
+    """The true remaining output length (:class:`OraclePredictor`, simulation only)."""
+    SURVIVAL = 2
+    """Empirical survival of output lengths by age (:class:`SurvivalPredictor`)."""
+    EXACT_MATCH = 3
+    """Prompt-hash memo with the survival fallback (:class:`ExactMatchPredictor`)."""
+    TWO_STAGE = 4
+    """The paper's termination classifier and regressor (:class:`TwoStagePredictor`)."""
+
+    @property
+    def label(self) -> str:
+        """The lower-case name (``"exact_match"``)."""
+        return self.name.lower()
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The labels of the real predictors (``NONE`` excluded)."""
+        return [k.label for k in cls if k is not cls.NONE]
+
+    @classmethod
+    def from_name(cls, x, name: str = "predictor", func: str = "simulate") -> PredictorKind:
+        """A member from itself or its label; :class:`InvalidOptionError` naming ``name``."""
+        if isinstance(x, cls) and x is not cls.NONE:
+            return x
+        if isinstance(x, str) and x in cls.names():
+            return cls[x.upper()]
+        from ..formulations.errors import InvalidOptionError
+        from ..formulations.validation import describe
+
+        raise param_error(name, func, f"one of {cls.names()}", describe(x), InvalidOptionError)
 
 
 class Predictor:
@@ -88,11 +125,11 @@ class OraclePredictor(Predictor):
 
     def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
         f = "OraclePredictor.predict"
-        H = _check_horizon(horizon, f)
+        H = check_int(horizon, "horizon", f, lo=0)
         if output is None:
             raise param_error("output", f, "the true output lengths (oracle)", "None")
-        a = _arr(decoded, "decoded", f)
-        o = _arr(output, "output", f)
+        a = check_array(decoded, "decoded", f, lo=0)
+        o = check_array(output, "output", f, lo=0)
         if o.shape != a.shape or np.any(o <= a):
             raise param_error(
                 "output", f, "an array like decoded with output > decoded", f"shape {o.shape}"
@@ -136,7 +173,7 @@ class SurvivalPredictor(Predictor):
 
     def fit(self, outputs) -> SurvivalPredictor:
         """Replace the table by the ECDF of ``outputs``."""
-        o = _arr(outputs, "outputs", "SurvivalPredictor.fit")
+        o = check_array(outputs, "outputs", "SurvivalPredictor.fit", lo=0)
         self._sorted = np.sort(o)
         self._csum = np.concatenate(([0.0], np.cumsum(self._sorted)))
         self._pending = []
@@ -156,8 +193,8 @@ class SurvivalPredictor(Predictor):
 
     def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
         f = "SurvivalPredictor.predict"
-        H = _check_horizon(horizon, f)
-        a = _arr(decoded, "decoded", f)
+        H = check_int(horizon, "horizon", f, lo=0)
+        a = check_array(decoded, "decoded", f, lo=0)
         if self._sorted.size == 0 and self._pending:
             self._rebuild()
         o = self._sorted
@@ -201,8 +238,8 @@ class ExactMatchPredictor(Predictor):
 
     def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
         f = "ExactMatchPredictor.predict"
-        H = _check_horizon(horizon, f)
-        a = _arr(decoded, "decoded", f)
+        H = check_int(horizon, "horizon", f, lo=0)
+        a = check_array(decoded, "decoded", f, lo=0)
         p, mu = self.fallback.predict(prompt, decoded, H, prefix=prefix)
         if prefix is None or not self.memo:
             return p, mu
@@ -234,18 +271,16 @@ def termination_samples(prompts, outputs, horizon: int, stride: int | None = Non
     [2.0, 6.0, 3.0, 7.0]
     """
     f = "termination_samples"
-    H = _check_horizon(horizon, f)
-    s = _arr(prompts, "prompts", f)
-    o = _arr(outputs, "outputs", f)
+    H = check_int(horizon, "horizon", f, lo=0)
+    s = check_array(prompts, "prompts", f, lo=0)
+    o = check_array(outputs, "outputs", f, lo=0)
     if s.shape != o.shape:
         raise param_error("outputs", f, f"shape {s.shape} like prompts", f"shape {o.shape}")
-    step = max(1, H // 2) if stride is None else int(stride)
-    if step < 1:
-        raise param_error("stride", f, "an integer >= 1", repr(stride))
+    step = max(1, H // 2) if stride is None else check_int(stride, "stride", f, lo=1)
     if rng is None:
         off = np.zeros(o.size)
     else:
-        u = np.random.default_rng(rng).random(o.size)
+        u = check_rng(rng, f).random(o.size)
         off = np.floor(u * np.minimum(float(step), np.maximum(o, 1.0)))
     counts = np.ceil((o - off) / step).astype(np.int64)
     idx = np.repeat(np.arange(o.size), counts)
@@ -368,16 +403,15 @@ def calibration_report(p, y, n_bins: int = 10) -> CalibrationReport:
     (0.1581, 0.75, [3.0, 1.0])
     """
     f = "calibration_report"
-    p = np.asarray(p, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if p.shape != y.shape or p.ndim != 1 or p.size == 0:
+    p = check_array(p, "p", f, lo=0, hi=1, expected="a 1-D array of probabilities in [0, 1]")
+    y = check_array(y, "y", f, expected="a 1-D array of labels in {0, 1}")
+    if p.shape != y.shape or p.size == 0:
         raise param_error(
             "y", f, f"a non-empty 1-D array of shape {p.shape} like p", f"shape {y.shape}"
         )
-    if np.any((p < 0) | (p > 1)) or not np.all(np.isfinite(p)):
-        raise param_error("p", f, "probabilities in [0, 1]", "values outside")
     if not np.all((y == 0) | (y == 1)):
         raise param_error("y", f, "labels in {0, 1}", "other values")
+    n_bins = check_int(n_bins, "n_bins", f, lo=1)
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     b = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, n_bins - 1)
     cnt = np.bincount(b, minlength=n_bins).astype(np.float64)
@@ -457,17 +491,14 @@ class TwoStagePredictor(Predictor):
         seed: int = 0,
         phase: str = "random",
     ) -> None:
-        self.horizon = _check_horizon(horizon, "TwoStagePredictor")
-        self.l2 = float(l2)
-        if not 0.0 <= calibration < 1.0:
-            raise param_error(
-                "calibration", "TwoStagePredictor", "a fraction in [0, 1)", repr(calibration)
-            )
-        self.calibration_fraction = float(calibration)
-        self.seed = int(seed)
-        if phase not in ("random", "zero"):
-            raise param_error("phase", "TwoStagePredictor", '"random" or "zero"', repr(phase))
-        self.phase = phase
+        self.horizon = check_int(horizon, "horizon", "TwoStagePredictor", lo=0)
+        f = "TwoStagePredictor"
+        self.l2 = check_real(l2, "l2", f, lo=0)
+        self.calibration_fraction = check_real(
+            calibration, "calibration", f, lo=0, hi=1, hi_open=True
+        )
+        self.seed = check_int(seed, "seed", f, lo=0)
+        self.phase = check_choice(phase, "phase", f, ["random", "zero"])
         self.w = None
         self.v = None
         self._iso = None
@@ -481,8 +512,8 @@ class TwoStagePredictor(Predictor):
     def fit(self, prompts, outputs, *, stride: int | None = None, max_iter: int = 50):
         """Fit both stages (and the calibration map) on finished requests."""
         f = "TwoStagePredictor.fit"
-        prompts = _arr(prompts, "prompts", f)
-        outputs = _arr(outputs, "outputs", f)
+        prompts = check_array(prompts, "prompts", f, lo=0)
+        outputs = check_array(outputs, "outputs", f, lo=0)
         if prompts.shape != outputs.shape:
             raise param_error(
                 "outputs", f, f"shape {prompts.shape} like prompts", f"shape {outputs.shape}"
@@ -492,7 +523,15 @@ class TwoStagePredictor(Predictor):
             rng = np.random.default_rng(self.seed)
             k = int(round(self.calibration_fraction * prompts.size))
             held[rng.choice(prompts.size, k, replace=False)] = True
-        ph = (lambda k: (self.seed, k)) if self.phase == "random" else (lambda k: None)
+        if self.phase == "random":
+
+            def ph(k):
+                return np.random.default_rng((self.seed, k))
+        else:
+
+            def ph(k):
+                return None
+
         s, a, y, r = termination_samples(
             prompts[~held], outputs[~held], self.horizon, stride, rng=ph(1)
         )
@@ -535,15 +574,15 @@ class TwoStagePredictor(Predictor):
 
     def predict(self, prompt, decoded, horizon, *, prefix=None, output=None):
         f = "TwoStagePredictor.predict"
-        H = _check_horizon(horizon, f)
+        H = check_int(horizon, "horizon", f, lo=0)
         if self.w is None:
             raise InvalidInputError("TwoStagePredictor.predict called before fit.")
         if H != self.horizon:
             raise param_error(
                 "horizon", f, f"the horizon it was trained for ({self.horizon})", repr(horizon)
             )
-        a = _arr(decoded, "decoded", f)
-        s = _arr(prompt, "prompt", f)
+        a = check_array(decoded, "decoded", f, lo=0)
+        s = check_array(prompt, "prompt", f, lo=0)
         X = self._phi(s, a)
         p = self._raw(X)
         if self._iso is not None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..formulations.errors import InvalidOptionError
 from ..formulations.results import Status
+from ..formulations.validation import check_choice, check_options
 
 __all__ = [
     "LayerSolution",
@@ -43,12 +43,20 @@ class LayerSolution:
     ``status`` is HEURISTIC for methods that do not prove optimality; exact methods report
     their backend status. ``lower_bound`` is a method-specific certified bound (e.g. a MILP
     dual bound), combined with the library's own bounds by ``solve_dispatch``.
+
+    ``replicas`` is None for every method that keeps to the problem's replica mask. A method
+    that dispatches on a mask of its own gives it here (``moonep`` moves weights: the
+    problem's mask plus the new replicas); a class marked ``moves_weights = True`` may give
+    it as ``extras["replicas"]`` instead (``lplb`` with its own placement).
+    ``solve_dispatch`` checks the shares against that mask and certifies the lower bound on
+    it, so a result can never report a bound above its own makespan.
     """
 
     shares: np.ndarray
     status: Status = Status.HEURISTIC
     lower_bound: float = -np.inf
     extras: dict = field(default_factory=dict)
+    replicas: np.ndarray | None = None
 
 
 def register_dispatch_method(name: str):
@@ -84,22 +92,15 @@ def dispatch_methods() -> list[str]:
 def get_dispatch_method(name: str, func: str = "solve_dispatch"):
     """The class registered as ``name``; :class:`InvalidOptionError` if there is none."""
     load_plugins()
-    if not isinstance(name, str) or name not in _DISPATCH:
-        raise InvalidOptionError(
-            f"The 'method' parameter of {func} must be one of {sorted(_DISPATCH)}. "
-            f"Got {name!r} instead."
-        )
-    return _DISPATCH[name]
+    return _DISPATCH[check_choice(name, "method", func, sorted(_DISPATCH))]
 
 
 def make_method(name: str, options: dict, func: str = "solve_dispatch"):
-    """Instantiate method ``name`` with keyword ``options``, naming any unknown option."""
+    """Instantiate method ``name`` with keyword ``options``, naming any unknown option.
+
+    The method's own ``__post_init__`` validates the option values.
+    """
     cls = get_dispatch_method(name, func)
     allowed = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise InvalidOptionError(
-            f"The method {name!r} of {func} got unknown option(s) {unknown}; "
-            f"it accepts {allowed or 'no options'}."
-        )
+    check_options(options, allowed, f"The method {name!r} of {func}")
     return cls(**options)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.errors import InvalidOptionError, param_error
+from ..formulations.errors import param_error
+from ..formulations.validation import check_array, check_choice, check_type
 from ._round_robin import round_robin_kernel
 from .registry import LayerSolution, register_dispatch_method
 
@@ -41,15 +42,18 @@ def is_full_replication(problem: DispatchProblem) -> bool:
     >>> is_full_replication(DispatchProblem(counts=[3, 0], replicas=[[1, 1], [1, 0]]))
     True
     """
-    live = np.asarray(problem.counts) > 0
-    return bool(np.asarray(problem.replicas)[live].all())
+    _single_layer_iv(problem, "is_full_replication")
+    live = problem.counts > 0
+    return bool(problem.replicas[live].all())
 
 
-def _check_rule(rule, func):
-    if rule not in _RULES:
-        raise InvalidOptionError(
-            f"The 'rule' parameter of {func} must be one of {list(_RULES)}. Got {rule!r} instead."
+def _single_layer_iv(problem, func: str) -> DispatchProblem:
+    check_type(problem, "problem", func, DispatchProblem, "a single-layer DispatchProblem")
+    if problem.is_stack:
+        raise param_error(
+            "problem", func, "a single-layer DispatchProblem", f"a stack of {problem.n_layers}"
         )
+    return problem
 
 
 def round_robin_assignment(problem: DispatchProblem, rule: str = "auto") -> np.ndarray:
@@ -59,7 +63,8 @@ def round_robin_assignment(problem: DispatchProblem, rule: str = "auto") -> np.n
     requires full replication; ``"fewest"`` forces the variant.
     """
     func = "round_robin_assignment"
-    _check_rule(rule, func)
+    _single_layer_iv(problem, func)
+    check_choice(rule, "rule", func, _RULES)
     full = is_full_replication(problem)
     if rule == "a3" and not full:
         raise param_error(
@@ -102,14 +107,9 @@ def round_robin_shares(counts, replicas, *, rule: str = "auto") -> np.ndarray:
     >>> round_robin_shares([5, 9, 1], [[1, 1], [1, 0], [1, 1]]).tolist()
     [[0.0, 5.0], [9.0, 0.0], [0.0, 1.0]]
     """
+    func = "round_robin_shares"
+    counts = check_array(counts, "counts", func, kind="int", ndim=1, lo=0)
     problem = DispatchProblem(counts=counts, replicas=replicas)
-    if problem.is_stack:
-        raise param_error(
-            "counts",
-            "round_robin_shares",
-            "a 1-D array (one layer)",
-            f"shape {problem.counts.shape}",
-        )
     assign = round_robin_assignment(problem, rule)
     return _shares(problem, assign)
 
@@ -141,7 +141,9 @@ def a3_paper_term(problem: DispatchProblem, cost: CostModel) -> float:
     >>> a3_paper_term(p, CostModel(a=0, b=15, c=0, beta=0.1))
     60.0
     """
-    n = np.asarray(problem.counts)
+    _single_layer_iv(problem, "a3_paper_term")
+    check_type(cost, "cost", "a3_paper_term", CostModel, "a CostModel")
+    n = problem.counts
     n_max = int(n.max(initial=0))
     terms = [_phi_act(n_max, cost), cost.beta * n_max]
     if cost.has_traffic:
@@ -168,6 +170,8 @@ def a3_bound(problem: DispatchProblem, cost: CostModel) -> float:
     >>> a3_bound(p, CostModel(a=0, b=1, b2=10, c=0, beta=0))
     29.0
     """
+    _single_layer_iv(problem, "a3_bound")
+    check_type(cost, "cost", "a3_bound", CostModel, "a CostModel")
     term = a3_paper_term(problem, cost)
     if cost.b2 <= cost.b:
         return term
@@ -197,7 +201,7 @@ class RoundRobin:
     rule: str = "auto"
 
     def __post_init__(self):
-        _check_rule(self.rule, "RoundRobin")
+        check_choice(self.rule, "rule", "solve_dispatch(method='round_robin')", _RULES)
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng):
         assign = round_robin_assignment(problem, self.rule)

@@ -1,114 +1,73 @@
 """DP decode routing: :func:`route_batch` (BalanceRoute BR-0 / BR-H and the deployed baselines).
 
 One tick of the router: the pool's ready requests are assigned to ``G`` lock-step decode
-replicas. ``route_batch`` validates once (one vectorized function), packs the scalar options
-into a ``params`` vector and calls one Numba kernel from :data:`ROUTING_KERNELS`.
-
-For a jitted caller (the simulator's step loop) every kernel shares one signature::
-
-    kernel(prefill, loads, free_slots, n_running, n_waiting, params, seed) -> assignment
-
-with ``prefill`` float64 (n,), ``loads`` float64 (G, H+1) C-contiguous (column 0 = current
-loads), ``free_slots``/``n_running``/``n_waiting`` int64 (G,), ``params`` from
-:func:`make_params` (float64, indices ``P_*`` below), ``seed`` int64 >= 0; ``assignment`` is a
-fresh int64 (n,) array, -1 for a request that stays in the pool. Kernels assume valid input
-(see :func:`validate_routing_input`) and never mutate their arguments. :data:`POLICY_IDS` gives
-each policy a stable integer for ``if``-dispatch inside a jitted loop.
+replicas. ``route_batch`` validates once (:func:`_route_batch_iv`, shapes and types in Python,
+values in the kernel's jitted pass), resolves the policy's options through the registry
+(:mod:`straggler.solvers.routing_registry`, which also documents the kernel interface shared by
+every policy and the simulator), and calls the policy's Numba kernel.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
+import numbers
 
 import numpy as np
 
-from ..formulations.errors import InvalidOptionError, param_error
+from ..formulations.errors import param_error
+from ..formulations.results import RoutingResult, Status
+from ..formulations.routing import ClusterState
+from ..formulations.validation import (
+    check_array,
+    check_int,
+    check_real,
+    check_rng,
+    check_type,
+    describe,
+    rng_seed,
+)
 from ._routing_kernels import (
+    BAD_INPUT,
+    C_CURSOR,
+    MAX_TOKENS,
     N_PARAMS,
+    P_AGE_FRACTION,
+    P_AGE_WINDOW,
     P_ALPHA,
+    P_BATCHING_WAIT_ITERS,
     P_BETA,
-    P_CURSOR,
+    P_BLOCK_SIZE,
     P_GAMMA,
+    P_KV_WEIGHT,
     P_OPTIMISTIC,
+    P_OVERLAP_WEIGHT,
+    P_PATIENCE,
     P_R_MAX,
     P_S_GREEDY,
-    POLICY_NAMES,
-    br0_kernel,
-    brh_kernel,
-    check_inputs_kernel,
-    jsq_kernel,
-    jsq_requests_kernel,
-    p2c_kernel,
+    P_SAFE,
+    P_THROUGHPUT,
+    P_TIMEOUT_ITERS,
+    P_VERSION,
+    P_WINDOW,
     project_loads_kernel,
-    random_kernel,
-    round_robin_kernel,
     route_batch_kernel,
-    route_tick_kernel,
-    trtllm_kernel,
-    vllm_kernel,
+)
+from .routing_registry import (
+    DEFAULT_POLICY,
+    default_s_greedy,
+    get_routing_policy,
+    resolve_options,
 )
 
 __all__ = [
     "route_batch",
-    "RoutingDecision",
-    "ROUTING_KERNELS",
-    "POLICY_IDS",
-    "POLICIES",
-    "route_tick_kernel",
     "make_params",
     "default_s_greedy",
-    "validate_routing_input",
     "project_loads",
     "presence_from_prediction",
     "new_request_presence",
-    "N_PARAMS",
-    "P_R_MAX",
-    "P_S_GREEDY",
-    "P_ALPHA",
-    "P_BETA",
-    "P_GAMMA",
-    "P_OPTIMISTIC",
-    "P_CURSOR",
 ]
 
-#: Policy name -> Numba kernel with the common signature (see the module docstring).
-ROUTING_KERNELS: dict = {
-    "br0": br0_kernel,
-    "brh": brh_kernel,
-    "round_robin": round_robin_kernel,
-    "random": random_kernel,
-    "jsq": jsq_kernel,
-    "jsq_requests": jsq_requests_kernel,
-    "vllm": vllm_kernel,
-    "p2c": p2c_kernel,
-    "trtllm": trtllm_kernel,
-}
-#: Stable integer id of each policy: ``route_tick_kernel(POLICY_IDS[name], *kernel_args)``
-#: calls that policy's kernel from inside jitted code.
-POLICY_IDS = {name: k for k, name in enumerate(POLICY_NAMES)}
-POLICIES = POLICY_NAMES
-
-_EXTRA = frozenset({"n_running", "n_waiting", "optimistic", "cursor", "new_presence"})
-_BIG = 1e300  # alpha and beta must be finite
 _FUNC = "route_batch"
-
-
-def default_s_greedy(n_replicas: int, r_max: int) -> int:
-    """``S_greedy = G * R_max`` (the paper gives no value).
-
-    Below it each replica has on average at most ``R_max`` free slots, so one Stage-2 pop per
-    replica (a subset of at most ``R_max`` requests) can use every slot; this is where slots
-    are scarce and each one should be chosen by subset search. Above it, margins are filled
-    greedily (Stage 1) at O(G + log n) per placement.
-
-    Examples
-    --------
-    >>> default_s_greedy(16, 4)
-    64
-    """
-    return int(n_replicas) * int(r_max)
 
 
 def make_params(
@@ -119,23 +78,36 @@ def make_params(
     beta: float = 1.0,
     gamma: float = 1.0,
     optimistic: bool = True,
-    cursor: int = 0,
+    age_window: int = 32,
+    window: int = 0,
+    patience: int = 0,
+    age_fraction: float = 1.0,
+    safe: bool = True,
     new_presence=None,
+    version: int = 0,
+    kv_weight: float = 0.15,
+    throughput: float = 2000.0,
+    block_size: int = 16,
+    overlap_weight: float = 1.0,
+    timeout_iters: int = 50,
+    batching_wait_iters: int = 10,
 ) -> np.ndarray:
-    """The ``params`` vector of the kernels (no validation: use :func:`route_batch` for that).
+    """The ``params`` vector of the kernels, unvalidated (tests and benchmarks that call a kernel
+    directly; :func:`route_batch` validates through the registry).
 
     ``new_presence`` (BR-H, optional): the ``H+1`` presence weights ``pi_h`` appended after
-    the ``N_PARAMS`` scalars (see :func:`new_request_presence`).
+    the ``N_PARAMS`` scalars (see :func:`new_request_presence`). ``version`` is the index of a
+    baseline's upstream version (0 = current; the registry maps names to it).
 
     Examples
     --------
-    >>> make_params(r_max=4, s_greedy=32, beta=8).tolist()
-    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 0.0]
-    >>> make_params(new_presence=[1.0, 0.5]).size
-    9
+    >>> make_params(r_max=4, s_greedy=32, beta=8)[:11].tolist()
+    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 32.0, 1.0, 0.0, 0.0, 1.0]
+    >>> make_params(new_presence=[1.0, 0.5]).size - N_PARAMS
+    2
     """
     w = () if new_presence is None else np.asarray(new_presence, dtype=np.float64).ravel()
-    p = np.empty(N_PARAMS + len(w))
+    p = np.zeros(N_PARAMS + len(w))
     p[N_PARAMS:] = w
     p[P_R_MAX] = r_max
     p[P_S_GREEDY] = s_greedy
@@ -143,149 +115,186 @@ def make_params(
     p[P_BETA] = beta
     p[P_GAMMA] = gamma
     p[P_OPTIMISTIC] = 1.0 if optimistic else 0.0
-    p[P_CURSOR] = cursor
+    p[P_AGE_WINDOW] = age_window
+    p[P_SAFE] = 1.0 if safe else 0.0
+    p[P_WINDOW] = window
+    p[P_PATIENCE] = patience
+    p[P_AGE_FRACTION] = age_fraction
+    p[P_VERSION] = version
+    p[P_KV_WEIGHT] = kv_weight
+    p[P_THROUGHPUT] = throughput
+    p[P_BLOCK_SIZE] = block_size
+    p[P_OVERLAP_WEIGHT] = overlap_weight
+    p[P_TIMEOUT_ITERS] = timeout_iters
+    p[P_BATCHING_WAIT_ITERS] = batching_wait_iters
     return p
 
 
-@dataclass(frozen=True, eq=False, kw_only=True)
-class RoutingDecision:
-    """What :func:`route_batch` returns.
-
-    Attributes
-    ----------
-    assignment : ndarray of int64, shape (n_pool,)
-        Replica of each pool request, ``-1`` when it stays in the pool.
-    imbalance_before, imbalance_after : float
-        ``G*max L - sum L`` on current loads (column 0) before and after adding the placed
-        prefill lengths.
-    n_placed : int
-    policy : str
-    stage : int
-        BR-0/BR-H: 1 when the tick started in Stage 1 (``S_tot > S_greedy``), else 2; 0 for
-        the baselines.
-    runtime_s : float
-        Wall time of the whole call (validation included).
-    extras : dict
-        ``next_cursor`` for round-robin, ``s_greedy`` for BR-0/BR-H.
-    """
-
-    assignment: np.ndarray
-    imbalance_before: float
-    imbalance_after: float
-    n_placed: int
-    policy: str
-    stage: int
-    runtime_s: float
-    extras: dict = field(default_factory=dict)
-
-
-def _as(x, name, dtype, ndim):
-    """``x`` as an array of ``dtype`` (no copy when it already is one) with ``ndim`` in ndim."""
-    if isinstance(x, np.ndarray) and x.dtype == dtype:
-        a = x
+def _arr(x, name, kind, ndim, length=None, what=""):
+    """``x`` as a C-contiguous float64/int64 array with ``ndim`` dimensions (and ``length``
+    rows), types and shapes checked here, values in the kernel's jitted pass."""
+    dtype = np.float64 if kind == "real" else np.int64
+    if type(x) is np.ndarray and x.dtype == dtype and x.ndim in ndim and x.flags.c_contiguous:
+        a = x  # the fast path: nothing to convert
     else:
-        try:
-            a = np.asarray(x)
-            if (
-                dtype == np.int64
-                and a.size
-                and (
-                    a.dtype.kind not in "iuf" or (a.dtype.kind == "f" and np.any(a != np.floor(a)))
-                )
-            ):
-                raise TypeError
-            a = a.astype(dtype)
-        except (TypeError, ValueError):
-            kind = "integers" if dtype == np.int64 else "numbers"
-            raise param_error(name, _FUNC, f"an array of {kind}", repr(x)) from None
-    if a.ndim not in ndim:
-        raise param_error(
-            name,
-            _FUNC,
-            f"an array with {' or '.join(map(str, ndim))} dimension(s)",
-            f"shape {a.shape}",
-        )
+        a = check_array(x, name, _FUNC, kind=kind, ndim=ndim, values=False)
+    if length is not None and a.shape[0] != length:
+        raise param_error(name, _FUNC, f"an array of length {length} ({what})", f"shape {a.shape}")
     return a
 
 
-def _counts(x, name, G):
+def _per_replica(x, name, kind, G, default):
     if x is None:
-        return np.zeros(G, np.int64)
-    a = _as(x, name, np.int64, (1,))
-    if a.shape[0] != G or (G and a.min() < 0):
-        raise param_error(name, _FUNC, f"a 1-D array of G = {G} non-negative integers", f"{a!r}")
-    return a
+        return default
+    if isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and kind == "real":
+        return np.full(G, float(x))
+    return _arr(x, name, kind, (1,), G, "one entry per replica, G = loads.shape[0]")
 
 
-def _raise_bad(code: int) -> None:
-    if code:
-        name, expected = _BAD[code]
-        raise param_error(name, _FUNC, expected, "NaN, infinite or negative values")
+#: Default arrays by length, shared between calls: the kernels never write to their inputs and
+#: these never leave this module (a tick with every default allocates nothing here).
+_DEFAULTS: dict = {}
 
 
-_BAD = {
-    1: ("prefill_lengths", "an array of finite non-negative numbers"),
-    2: ("loads", "an array of finite non-negative numbers"),
-    3: ("free_slots", "an array of non-negative integers"),
-}
-
-
-def validate_routing_input(prefill_lengths, loads, free_slots, policy, options, *, values=True):
-    """Validate every argument of :func:`route_batch` once; return normalized arrays.
-
-    Returns ``(prefill float64 (n,), loads float64 (G, H+1) C-contiguous, free int64 (G,),
-    n_running int64 (G,), n_waiting int64 (G,))``. Shapes and dtypes are checked here, values
-    (NaN, infinite, negative) in one jitted pass. Raises :class:`InvalidInputError` (or
-    :class:`InvalidOptionError` for an unknown policy or option) naming the parameter.
-    """
-    if policy not in ROUTING_KERNELS:
-        raise param_error(
-            "policy", _FUNC, f"one of {sorted(ROUTING_KERNELS)}", repr(policy), InvalidOptionError
+def _defaults(G: int, n: int):
+    """``(zeros int (G,), zeros (G,), inf (G,), zeros int (n,), arange (n,), zeros (0, G))``."""
+    hit = _DEFAULTS.get((G, n))
+    if hit is None:
+        if len(_DEFAULTS) >= 512:
+            _DEFAULTS.clear()
+        hit = _DEFAULTS[(G, n)] = (
+            np.zeros(G, np.int64),
+            np.zeros(G),
+            np.full(G, np.inf),
+            np.zeros(n, np.int64),
+            np.arange(n, dtype=np.int64),
+            np.zeros((0, G)),
         )
-    if options and not _EXTRA.issuperset(options):
-        raise InvalidOptionError(
-            f"route_batch got unknown option(s) {sorted(set(options) - _EXTRA)}; expected some "
-            f"of {sorted(_EXTRA)}."
-        )
-    s = _as(prefill_lengths, "prefill_lengths", np.float64, (1,))
-    L = _as(loads, "loads", np.float64, (1, 2))
+    return hit
+
+
+#: Resolved ``(params, carry, resolved)`` of recent option sets, keyed by the policy, ``G``,
+#: ``H`` and the options' exact types and values (``1``, ``1.0`` and ``True`` differ); the
+#: kernels never write to ``params``, so one vector serves every call with the same options.
+_OPTIONS_CACHE: dict = {}
+
+
+def _options(pol, options, G, H):
+    try:
+        key = (pol.name, G, H, tuple((k, type(v), v) for k, v in sorted(options.items())))
+        hit = _OPTIONS_CACHE.get(key)
+    except TypeError:  # an unhashable option (an array): resolved afresh
+        key = hit = None
+    if hit is None:
+        hit = resolve_options(pol, options, G, H, _FUNC)
+        if key is not None:
+            if len(_OPTIONS_CACHE) >= 256:
+                _OPTIONS_CACHE.clear()
+            _OPTIONS_CACHE[key] = hit
+    return hit
+
+
+def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, options, rng):
+    """Everything ``route_batch`` checks before its kernel runs, once; returns the policy and
+    the kernel's arguments (``state``: the per-replica and per-request keyword arguments).
+
+    Types and shapes are checked here (arrays already of the right dtype pass untouched);
+    values (signs, NaN, infinities, magnitudes, the free slots' sum) in the kernel's jitted
+    pass, whose failure :func:`_raise_bad` reports."""
+    pol = get_routing_policy(DEFAULT_POLICY if policy is None else policy, _FUNC)
+    s = _arr(prefill_lengths, "prefill_lengths", "real", (1,))
+    L = _arr(loads, "loads", "real", (1, 2))
     if L.ndim == 1:
         L = L.reshape(-1, 1)
-    elif not L.flags.c_contiguous:
-        L = np.ascontiguousarray(L)
-    G = L.shape[0]
+    G, n = L.shape[0], s.shape[0]
     if G == 0 or L.shape[1] == 0:
         raise param_error(
             "loads", _FUNC, "a non-empty (G,) or (G, H+1) array", f"shape {np.shape(loads)}"
         )
-    free = _as(free_slots, "free_slots", np.int64, (1,))
-    if free.shape[0] != G:
-        raise param_error(
-            "free_slots",
-            _FUNC,
-            f"a 1-D array of length G = {G} (loads.shape[0])",
-            f"shape {free.shape}",
-        )
-    if values:
-        _raise_bad(check_inputs_kernel(s, L, free))
-    if options:
-        n_run = _counts(options.get("n_running"), "n_running", G)
-        n_wait = _counts(options.get("n_waiting"), "n_waiting", G)
+    free = _arr(free_slots, "free_slots", "int", (1,), G, "loads.shape[0]")
+    zi, zf, inf, wait, key, cached = _defaults(G, n)
+    n_run, n_wait, prompt, wtok, usage, cap = zi, zi, zf, zf, zf, inf
+    given = [k for k, v in state.items() if v is not None]
+    if given:
+        get = state.get
+        n_run = _per_replica(get("n_running"), "n_running", "int", G, zi)
+        n_wait = _per_replica(get("n_waiting"), "n_waiting", "int", G, zi)
+        prompt = _per_replica(get("prompt_tokens"), "prompt_tokens", "real", G, zf)
+        wtok = _per_replica(get("waiting_tokens"), "waiting_tokens", "real", G, zf)
+        cap = _per_replica(get("kv_capacity"), "kv_capacity", "real", G, inf)
+        if get("kv_usage") is not None:
+            usage = _per_replica(get("kv_usage"), "kv_usage", "real", G, None)
+        elif get("kv_capacity") is not None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                usage = np.where(np.isinf(cap) | (cap <= 0), 0.0, L[:, 0] / cap)
+        per_req = "one entry per pool request"
+        if get("pool_wait") is not None:
+            wait = _arr(get("pool_wait"), "pool_wait", "int", (1,), n, per_req)
+        if get("pool_key") is not None:
+            key = _arr(get("pool_key"), "pool_key", "int", (1,), n, per_req)
+        if get("pool_cached") is not None:
+            cached = _arr(get("pool_cached"), "pool_cached", "real", (2,))
+            if cached.shape != (n, G):
+                raise param_error(
+                    "pool_cached",
+                    _FUNC,
+                    f"an array of shape (n_pool, G) = ({n}, {G})",
+                    f"shape {cached.shape}",
+                )
+    params, carry, resolved = _options(pol, options, G, L.shape[1] - 1)
+    if state.get("carry") is not None:
+        carry = _arr(state["carry"], "carry", "real", (1,), carry.shape[0], "N_CARRY").copy()
+        if options and "cursor" in options:
+            carry[C_CURSOR] = resolved["cursor"]
+    seed = 0
+    if pol.seeded:
+        seed = rng_seed(rng, _FUNC)
+    elif rng is not None and not isinstance(rng, np.random.Generator):
+        check_rng(rng, _FUNC)  # an unused rng is still a valid one
+    arrays = (s, wait, key, cached, L, free, n_run, n_wait, prompt, wtok, usage, cap)
+    return pol, arrays, params, carry, seed, resolved
+
+
+_EXPECTED = {
+    "prefill_lengths": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "loads": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "free_slots": "an array of non-negative integers summing to at most 2**63 - 1",
+    "n_running": "an array of non-negative integers",
+    "n_waiting": "an array of non-negative integers",
+    "prompt_tokens": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "waiting_tokens": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "kv_usage": "an array of finite numbers >= 0",
+    "kv_capacity": "an array of numbers > 0 (inf: unbounded)",
+    "pool_wait": "an array of non-negative integers",
+    "pool_cached": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "pool_key": "an array of non-negative integers",
+}
+_ARG_OF = {
+    "prefill_lengths": 0,
+    "pool_wait": 1,
+    "pool_key": 2,
+    "pool_cached": 3,
+    "loads": 4,
+    "free_slots": 5,
+    "n_running": 6,
+    "n_waiting": 7,
+    "prompt_tokens": 8,
+    "waiting_tokens": 9,
+    "kv_usage": 10,
+    "kv_capacity": 11,
+}
+
+
+def _raise_bad(code: int, index: int, arrays) -> None:
+    name = BAD_INPUT[code]
+    a = arrays[_ARG_OF[name]]
+    flat = a.ravel()
+    if name == "free_slots" and flat[index] >= 0:
+        got = f"free slots whose sum exceeds 2**63 - 1 (at index {index})"
     else:
-        n_run = n_wait = np.zeros(G, np.int64)
-    return s, L, free, n_run, n_wait
-
-
-def _scalar(value, name, lo, hi, *, integer=False, lo_open=False):
-    bad = isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
-    if not bad:
-        v = float(value)
-        bad = not (v > lo if lo_open else v >= lo) or not v <= hi or (integer and v != int(v))
-    if bad:
-        kind = "an integer" if integer else "a number"
-        lb = f"({lo}" if lo_open else f"[{lo}"
-        raise param_error(name, _FUNC, f"{kind} in {lb}, {hi}]", repr(value))
-    return float(value)
+        pos = index if a.ndim == 1 else tuple(int(i) for i in np.unravel_index(index, a.shape))
+        got = f"value {flat[index].item()!r} at index {pos}"
+    raise param_error(name, _FUNC, _EXPECTED[name], got)
 
 
 def route_batch(
@@ -293,16 +302,36 @@ def route_batch(
     loads,
     free_slots,
     *,
-    policy: str = "br0",
-    r_max: int = 4,
-    s_greedy: float | None = None,
-    alpha: float = 1.0,
-    beta: float | None = None,
-    gamma: float = 1.0,
+    policy: str | None = None,
+    n_running=None,
+    n_waiting=None,
+    prompt_tokens=None,
+    waiting_tokens=None,
+    kv_usage=None,
+    kv_capacity=None,
+    pool_wait=None,
+    pool_key=None,
+    pool_cached=None,
+    carry=None,
     rng=None,
-    **params,
-) -> RoutingDecision:
+    **options,
+) -> RoutingResult:
     r"""Route one tick of ready requests to ``G`` lock-step decode replicas.
+
+    BR-S (``policy="brs"``, the default, :data:`~straggler.solvers.DEFAULT_POLICY`; not in the
+    paper): JSQ's decision while the cluster is not saturated (no visible request has waited
+    ``patience`` ticks, default 32); otherwise, when every visible request has a slot, longest
+    first onto JSQ's replica; when slots are scarce, the replica with the largest margin takes,
+    from an age window, the request with the best F-score against its margin per free slot;
+    the window holds the requests that entered the pool at most ``min(age_window,
+    age_fraction * w*)`` ticks after the oldest waiting one (``w*``; defaults ``ceil(4096/G)``
+    and 0.1), cut to the ``window * S_tot`` oldest (default 8 per free slot). Safety net
+    (``safe=True``): JSQ's own decision is kept whenever it leaves no larger imbalance. So one
+    tick never leaves a larger imbalance than JSQ's (THEOREMS.md R7), and no request is placed
+    while one that entered the pool more than ``age_window`` ticks before it waits (R8: the
+    pool-wait bound; ``pool_wait`` gives the ticks waited). It reads KV room
+    (``kv_capacity``) and places nothing that would not fit. The measured behaviour across
+    loads: ``benchmarks/routing_load_sweep.py``.
 
     BR-0 (``policy="br0"``), BalanceRoute 关键设计 2, on current loads ``L = loads[:, 0]``,
     ``M = max L``, margins ``m_g = M - L_g``, F-score ``F_g(Q) = D(Q) - G*(D(Q) - m_g)_+``.
@@ -336,14 +365,27 @@ def route_batch(
     ``project_loads(..., refill=...)`` lets a slot freed within the horizon hold a new request
     instead of staying empty (the study behind them: ``benchmarks/routing_table.py``).
 
-    Baselines (all place in pool order, only on replicas with a free slot): ``round_robin``
-    (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang ``total_tokens``:
-    fewest tokens, then fewest requests, ties to the lowest index), ``jsq_requests`` (fewest
-    running + waiting requests, lowest index), ``vllm`` (lowest ``4*waiting + running``, lowest
-    index; update ``waiting += 1``), ``p2c`` (two distinct random replicas, fewer tokens wins,
-    ties to the first draw), ``trtllm`` (longest prompt first, ties to the lower index;
-    min-heap on ``(tokens, requests, rank)`` with per-rank cap
-    ``max(ceil((sum active + n_new)/G), max active)``, ``n_new = min(n_pool, S_tot)``).
+    Baselines (all place in pool order, only on replicas with a free slot; each names its
+    upstream file and change in the registry and in :mod:`straggler.baselines.routers`, and the
+    versioned ones take ``version=``, the current upstream behaviour by default):
+    ``round_robin`` (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang
+    ``total_tokens``: fewest ``loads + waiting_tokens``, then fewest running + waiting
+    requests, lowest index; after a pick ``+prompt, +1`` or, ``version="plus_one"``, ``+1``),
+    ``jsq_requests`` (SGLang ``total_requests``), ``vllm`` (vLLM's DP load balancer: first
+    strict minimum of ``max(inflight, waiting + running) + 6*waiting*max(0, kv_usage - 0.5)``
+    from a start index that rotates after every pick, kept in ``carry``; ``"rotate_4w"`` and
+    ``"legacy"`` score ``4*waiting + running``, the latter from a fixed start), ``p2c`` (the
+    SGLang gateway's power of two on its version's metric, ties to the first draw),
+    ``trtllm`` (TensorRT-LLM attention-DP: longest prompt first, ties to the lower index;
+    min-heap on ``(prompt tokens, requests, rank)`` where the tokens are the active requests'
+    original prompt lengths, per-rank cap ``max(ceil((sum active + n_new)/G), max active)``,
+    ``n_new = min(n_pool, S_tot)``), ``trtllm_balance`` (the same, held back by
+    ``enable_balance``'s ``timeout_iters`` and ``batching_wait_iters``, counters in
+    ``carry``), ``follow_bootstrap_room`` (replica ``pool_key % G``: SGLang's PD rule),
+    ``dynamo`` (Dynamo's KV router: lowest ``overlap_weight * new prefill blocks + decode
+    blocks``, the prefix in ``pool_cached`` credited, ties random).
+    The registry (:func:`~straggler.solvers.routing_registry.routing_policies`) lists every
+    policy with its rule and source.
 
     Parameters
     ----------
@@ -354,33 +396,57 @@ def route_batch(
         other than ``brh`` read column 0 only.
     free_slots : array of int, shape (G,)
         Free request slots per replica.
-    policy : str
-        One of :data:`POLICIES`.
-    r_max : int
-        ``R_max``, Stage-2 candidates, 1..16 (default 4, the paper's example).
-    s_greedy : float, optional
-        Stage-1 threshold; default :func:`default_s_greedy` ``= G * r_max``.
-    alpha, beta, gamma : float
-        BR-H weights; ``beta`` defaults to ``G``; ``gamma`` in (0, 1].
+    policy : str, optional
+        A registered policy (default :data:`~straggler.solvers.DEFAULT_POLICY`).
+    n_running, n_waiting : array of int, shape (G,), optional
+        Running requests and requests queued inside each replica's engine (default zeros):
+        the JSQ tie-break, ``jsq_requests``, ``vllm``, ``trtllm``.
+    prompt_tokens : array, shape (G,), optional
+        Sum of each replica's running requests' original prompt lengths (TensorRT-LLM's
+        metric; default zeros).
+    waiting_tokens : array, shape (G,), optional
+        Prompt tokens of the ``n_waiting`` requests (default zeros).
+    kv_usage : array, shape (G,), optional
+        Fraction of each replica's KV capacity in use (default ``loads[:, 0] / kv_capacity``,
+        0 when the capacity is unbounded).
+    kv_capacity : number or array, shape (G,), optional
+        KV capacity in tokens (default ``inf``).
+    pool_wait : array of int, shape (n_pool,), optional
+        Routing ticks each pool request has already waited (default zeros).
+    pool_key : array of int, shape (n_pool,), optional
+        A stable id ``>= 0`` per pool request (default ``0..n_pool-1``); SGLang's bootstrap
+        room for ``follow_bootstrap_room``.
+    pool_cached : array, shape (n_pool, G), optional
+        Prompt tokens of request ``i`` already in replica ``g``'s prefix cache.
+    carry : array, shape (N_CARRY,), optional
+        The policy's memory: ``extras["carry"]`` of the previous tick's result.
     rng : None, int or numpy Generator
-        Seed of ``random`` and ``p2c`` (a Generator is drawn from once).
-    **params
-        ``n_running``, ``n_waiting`` (int (G,), default zeros): request counts per replica
-        (JSQ tie-break, ``jsq_requests``, ``vllm``, ``trtllm``); ``optimistic`` (bool, default
-        True); ``cursor`` (int, round-robin start, default 0); ``new_presence`` (BR-H: array of
-        ``H+1`` weights in [0, 1], default none).
+        Seed of ``random``, ``p2c`` and ``dynamo``'s ties (a Generator is drawn from once).
+    **options
+        The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`):
+        ``r_max`` (``R_max``, Stage-2 candidates, 1..16, default 4, the paper's example),
+        ``s_greedy`` (Stage-1 threshold, default :func:`default_s_greedy` ``= G * r_max``),
+        ``alpha``, ``beta``, ``gamma`` (BR-H weights; ``beta`` defaults to ``G``; ``gamma`` in
+        (0, 1]), ``optimistic`` (bool, default True), ``cursor`` (round-robin start, default
+        0), ``new_presence`` (BR-H: ``H+1`` weights in [0, 1]), ``version`` (a baseline's
+        upstream version), ``kv_weight``, ``throughput`` (``p2c``), ``block_size``,
+        ``overlap_weight`` (``dynamo``), ``timeout_iters``, ``batching_wait_iters``
+        (``trtllm_balance``). A policy refuses an option it does not read.
 
     Returns
     -------
-    RoutingDecision
+    RoutingResult
+        ``runtime_s``: the policy's kernel and the tick summary, timed inside the jitted call
+        (validation and JIT compilation excluded).
 
     Raises
     ------
     InvalidInputError
-        Negative, NaN or infinite lengths or loads, shape mismatches, negative free slots or
-        counts, out-of-range options (the message names the parameter).
+        Negative, NaN, infinite or too large (above ``2**53``) lengths or loads, free slots
+        summing past ``2**63 - 1``, strings, booleans or complex numbers where numbers are
+        expected, shape mismatches, out-of-range options (the message names the parameter).
     InvalidOptionError
-        Unknown policy or keyword option.
+        Unknown policy, or an option the policy does not accept.
 
     Notes
     -----
@@ -403,112 +469,60 @@ def route_batch(
 
     Examples
     --------
-    >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1])
-    >>> d.assignment.tolist(), d.imbalance_before, d.imbalance_after, d.stage
+    >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], policy="br0")
+    >>> d.assignment.tolist(), d.imbalance_before, d.imbalance, d.stage
     ([1, 0, 2], 9.0, 4.0, 2)
+    >>> d = route_batch([6, 2, 3], [10, 4, 7], [0, 1, 1], pool_wait=[40, 40, 39])
+    >>> d.policy, d.assignment.tolist(), d.imbalance  # saturated: margins 6 and 3 filled
+    ('brs', [1, -1, 2], 0.0)
+    >>> route_batch([6, 2, 3], [10, 4, 7], [0, 1, 1], policy="jsq").imbalance
+    1.0
     >>> d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], policy="jsq")
-    >>> d.assignment.tolist(), d.imbalance_after
-    ([1, 2, 0], 7.0)
+    >>> d.assignment.tolist(), d.imbalance, d.loads.tolist()
+    ([1, 2, 0], 7.0, [13.0, 10.0, 9.0])
     >>> d = route_batch([5, 5], [0, 0, 0], [1, 1, 1], policy="round_robin", cursor=2)
     >>> d.assignment.tolist(), d.extras["next_cursor"]
     ([2, 0], 1)
     """
-    t0 = time.perf_counter()
-    s, L, free, n_run, n_wait = validate_routing_input(
-        prefill_lengths, loads, free_slots, policy, params, values=False
+    state = dict(
+        n_running=n_running,
+        n_waiting=n_waiting,
+        prompt_tokens=prompt_tokens,
+        waiting_tokens=waiting_tokens,
+        kv_usage=kv_usage,
+        kv_capacity=kv_capacity,
+        pool_wait=pool_wait,
+        pool_key=pool_key,
+        pool_cached=pool_cached,
+        carry=carry,
     )
-    G = L.shape[0]
-    p, s_greedy, cursor = _options(G, r_max, s_greedy, alpha, beta, gamma, params)
-    if params and params.get("new_presence") is not None:
-        w = _as(params["new_presence"], "new_presence", np.float64, (1,))
-        if w.shape[0] != L.shape[1] or not np.all((w >= 0.0) & (w <= 1.0)):
-            raise param_error(
-                "new_presence",
-                _FUNC,
-                f"H+1 = {L.shape[1]} numbers in [0, 1] (one per column of loads)",
-                repr(params["new_presence"]),
-            )
-        p = np.concatenate([p, w])
-    seed = _seed(rng) if policy in ("random", "p2c") else 0
-    # value checks, the kernel and the summary in one jitted call
-    code, out, before, after, placed, s_tot = route_batch_kernel(
-        POLICY_IDS[policy], s, L, free, n_run, n_wait, p, seed
+    pol, arrays, params, carry0, seed, resolved = _route_batch_iv(
+        prefill_lengths, loads, free_slots, policy, state, options, rng
+    )
+    code, index, out, new_carry, before, after, loads_after, placed, s_tot, ns = route_batch_kernel(
+        pol.policy_id, *arrays, params, carry0, seed
     )
     if code:
-        _raise_bad(code)
-    extras = {}
+        _raise_bad(code, index, arrays)
+    extras = {"carry": new_carry}
     stage = 0
-    if policy in ("br0", "brh"):
-        stage = 1 if s_tot > s_greedy else 2
-        extras["s_greedy"] = s_greedy
-    elif policy == "round_robin":
-        used = out[out >= 0]
-        extras["next_cursor"] = int((used[-1] + 1) % G) if used.size else cursor % G
-    return RoutingDecision(
+    if pol.staged:
+        stage = 1 if s_tot > resolved["s_greedy"] else 2
+        extras["s_greedy"] = resolved["s_greedy"]
+    if "cursor" in pol.options:
+        extras["next_cursor"] = int(new_carry[C_CURSOR])
+    return RoutingResult(
         assignment=out,
+        imbalance=float(after),
         imbalance_before=float(before),
-        imbalance_after=float(after),
+        loads=loads_after,
         n_placed=int(placed),
-        policy=policy,
+        status=Status.HEURISTIC,
+        policy=pol.name,
         stage=stage,
-        runtime_s=time.perf_counter() - t0,
+        runtime_s=ns * 1e-9,
         extras=extras,
     )
-
-
-#: Validated ``(params, s_greedy, cursor)`` of recent option values, keyed by their exact
-#: types and values (``1``, ``1.0`` and ``True`` are different keys); the kernels never write
-#: to ``params``, so one vector serves every call with the same options.
-_OPTIONS_CACHE: dict = {}
-
-
-def _options(G, r_max, s_greedy, alpha, beta, gamma, options):
-    """Validate the scalar options of :func:`route_batch`; return ``(params, s_greedy, cursor)``."""
-    optimistic = options.get("optimistic", True) if options else True
-    cursor = options.get("cursor", 0) if options else 0
-    key = (G, r_max, s_greedy, alpha, beta, gamma, optimistic, cursor)
-    key = (key, tuple(map(type, key)))
-    try:
-        hit = _OPTIONS_CACHE.get(key)
-    except TypeError:  # an unhashable option: validated (and rejected) below
-        key = hit = None
-    if hit is not None:
-        return hit
-    r_max = int(_scalar(r_max, "r_max", 1, 16, integer=True))
-    if s_greedy is None:
-        s_greedy = default_s_greedy(G, r_max)
-    s_greedy = _scalar(s_greedy, "s_greedy", 0.0, math.inf)
-    alpha = _scalar(alpha, "alpha", 0.0, _BIG, lo_open=True)
-    beta = float(G) if beta is None else _scalar(beta, "beta", 0.0, _BIG)
-    gamma = _scalar(gamma, "gamma", 0.0, 1.0, lo_open=True)
-    if not isinstance(optimistic, (bool, np.bool_)):
-        raise param_error("optimistic", _FUNC, "a bool", repr(optimistic))
-    cursor = int(_scalar(cursor, "cursor", 0, 2**62, integer=True))
-    p = make_params(
-        r_max=r_max,
-        s_greedy=s_greedy,
-        alpha=alpha,
-        beta=beta,
-        gamma=gamma,
-        optimistic=bool(optimistic),
-        cursor=cursor,
-    )
-    hit = (p, s_greedy, cursor)
-    if key is not None:
-        if len(_OPTIONS_CACHE) >= 256:
-            _OPTIONS_CACHE.clear()
-        _OPTIONS_CACHE[key] = hit
-    return hit
-
-
-def _seed(rng) -> int:
-    if rng is None:
-        return int(np.random.default_rng().integers(2**62))
-    if isinstance(rng, np.random.Generator):
-        return int(rng.integers(2**62))
-    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng >= 0:
-        return int(rng)
-    raise param_error("rng", _FUNC, "None, a non-negative int seed or a numpy Generator", repr(rng))
 
 
 def presence_from_prediction(p_fin, mu_rem, horizon: int) -> np.ndarray:
@@ -566,18 +580,7 @@ def project_loads(state, predictor, horizon: int, *, refill=0.0) -> np.ndarray:
     >>> project_loads(st, OraclePredictor(), 3, refill="pool").tolist()
     [[4.0, 5.0, 5.0, 5.0], [2.0, 3.0, 4.0, 5.0]]
     """
-    if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 0:
-        raise param_error("horizon", "project_loads", "an integer >= 0", repr(horizon))
-    H = int(horizon)
-    if isinstance(refill, str) and refill == "pool":
-        pool = np.asarray(state.pool_prefill, dtype=np.float64)
-        refill = float(pool.mean()) if pool.size else 0.0
-    elif (
-        isinstance(refill, bool)
-        or not isinstance(refill, (int, float, np.integer, np.floating))
-        or not 0.0 <= refill < math.inf
-    ):
-        raise param_error("refill", "project_loads", 'a finite number >= 0 or "pool"', repr(refill))
+    H, refill = _project_loads_iv(state, predictor, horizon, refill)
     if state.running_replica.size == 0:
         return np.zeros((state.n_replicas, H + 1))
     p, mu = predictor.predict(
@@ -594,6 +597,24 @@ def project_loads(state, predictor, horizon: int, *, refill=0.0) -> np.ndarray:
     )
 
 
+def _project_loads_iv(state, predictor, horizon, refill):
+    """``project_loads``'s checks: the state's type, a predictor with ``predict``, ``H >= 0``
+    and the refill value; returns ``(H, refill)``."""
+    f = "project_loads"
+    check_type(state, "state", f, ClusterState, "a ClusterState")
+    if not callable(getattr(predictor, "predict", None)):
+        raise param_error(
+            "predictor", f, "an object with a predict method", f"{describe(predictor)}"
+        )
+    H = check_int(horizon, "horizon", f, lo=0)
+    if isinstance(refill, str) and refill == "pool":
+        pool = state.pool_prefill
+        return H, float(pool.mean()) if pool.size else 0.0
+    if isinstance(refill, str):
+        raise param_error("refill", f, 'a finite number >= 0 or "pool"', describe(refill))
+    return H, check_real(refill, "refill", f, lo=0)
+
+
 def new_request_presence(output_lengths, horizon: int) -> np.ndarray:
     """``pi_h = P(output > h)``, ``h = 0..H``: the chance that a request placed now is still
     resident ``h`` steps later (it leaves after ``output`` decode steps), from a sample of
@@ -604,15 +625,9 @@ def new_request_presence(output_lengths, horizon: int) -> np.ndarray:
     >>> new_request_presence([1, 2, 2, 4], 3).tolist()
     [1.0, 0.75, 0.25, 0.25]
     """
-    o = np.sort(np.asarray(output_lengths, dtype=np.float64).ravel())
-    if o.size == 0 or not np.all(np.isfinite(o)) or o[0] < 1:
-        raise param_error(
-            "output_lengths",
-            "new_request_presence",
-            "a non-empty array of numbers >= 1",
-            repr(output_lengths),
-        )
-    if not isinstance(horizon, (int, np.integer)) or isinstance(horizon, bool) or horizon < 0:
-        raise param_error("horizon", "new_request_presence", "an integer >= 0", repr(horizon))
-    h = np.arange(int(horizon) + 1, dtype=np.float64)
+    f = "new_request_presence"
+    o = np.sort(check_array(output_lengths, "output_lengths", f, kind="real", lo=1))
+    if o.size == 0:
+        raise param_error("output_lengths", f, "a non-empty array of numbers >= 1", "[]")
+    h = np.arange(check_int(horizon, "horizon", f, lo=0) + 1, dtype=np.float64)
     return (o.size - np.searchsorted(o, h, side="right")) / o.size

@@ -15,31 +15,21 @@ import numpy as np
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
+from ..formulations.validation import check_array
 from ._semi_matching import semi_matching_kernel
 from .registry import LayerSolution, register_dispatch_method
 
 __all__ = ["semi_matching", "semi_matching_witness", "SemiMatching"]
 
 
-def _validate(replicas, live, func: str):
-    rep = np.asarray(replicas)
-    if rep.ndim != 2 or rep.shape[1] < 1:
-        raise param_error(
-            "replicas", func, "a boolean mask of shape (n_experts, n_gpus>=1)", f"shape {rep.shape}"
-        )
-    if rep.dtype != bool:
-        if not (np.issubdtype(rep.dtype, np.integer) and np.isin(rep, (0, 1)).all()):
-            raise param_error("replicas", func, "a boolean (or 0/1) mask", f"dtype {rep.dtype}")
-        rep = rep.astype(bool)
-    lv = np.asarray(live)
-    if lv.shape != (rep.shape[0],):
-        raise param_error(
-            "live", func, f"a boolean vector of shape ({rep.shape[0]},)", f"shape {lv.shape}"
-        )
-    if lv.dtype != bool:
-        if not (np.issubdtype(lv.dtype, np.integer) and np.isin(lv, (0, 1)).all()):
-            raise param_error("live", func, "a boolean (or 0/1) vector", f"dtype {lv.dtype}")
-        lv = lv.astype(bool)
+def _semi_matching_iv(replicas, live, func: str):
+    """``(replicas, live)`` as C-contiguous bool arrays of shapes ``(E, g >= 1)`` and
+    ``(E,)``, every live expert with a replica."""
+    form = "a boolean (or 0/1) mask of shape (n_experts, n_gpus >= 1)"
+    rep = check_array(replicas, "replicas", func, kind="bool", ndim=2, expected=form)
+    if rep.shape[1] < 1:
+        raise param_error("replicas", func, form, f"shape {rep.shape}")
+    lv = check_array(live, "live", func, kind="bool", shape=(rep.shape[0],))
     orphan = lv & ~rep.any(axis=1)
     if orphan.any():
         e = int(np.argmax(orphan))
@@ -47,7 +37,7 @@ def _validate(replicas, live, func: str):
             f"The 'replicas' parameter of {func} must give every live expert a replica. "
             f"Got live expert {e} with no replica instead."
         )
-    return np.ascontiguousarray(rep), np.ascontiguousarray(lv)
+    return rep, lv
 
 
 def semi_matching_witness(replicas, live):
@@ -71,7 +61,7 @@ def semi_matching_witness(replicas, live):
     >>> a.tolist(), v, y.tolist()
     ([1, 0, 0, 2], 2, [True, False, False])
     """
-    rep, lv = _validate(replicas, live, "semi_matching_witness")
+    rep, lv = _semi_matching_iv(replicas, live, "semi_matching_witness")
     a, v, y = semi_matching_kernel(rep, lv)
     return a, int(v), y
 
@@ -123,8 +113,9 @@ def semi_matching(replicas, live):
     >>> a.tolist(), v
     ([1, 0, 0], 2)
     """
-    a, v, _ = semi_matching_witness(replicas, live)
-    return a, v
+    rep, lv = _semi_matching_iv(replicas, live, "semi_matching")
+    a, v, _ = semi_matching_kernel(rep, lv)
+    return a, int(v)
 
 
 @register_dispatch_method("semi_matching")

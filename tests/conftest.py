@@ -1,7 +1,19 @@
-"""Test configuration: hypothesis profiles (loaded here, so they take effect)."""
+"""Test configuration: hypothesis profiles (loaded here, so they take effect) and one JIT
+warm-up per test run.
+
+The warm-up (``straggler.sim.warmup``) compiles, or loads from numba's disk cache, every
+kernel the selected tests reach, once, before the first test: compilation is then never
+charged to whichever test happens to run first, and a slow test is slow for its own work.
+It warms only what the selected test files use (dispatch always; routing and the simulator
+when a selected file names them), so a targeted run of one file stays quick. The terminal
+summary says how long it took.
+"""
 
 import os
+import pathlib
+import time
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -15,3 +27,39 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+#: Files whose doctests or examples reach every entry point.
+_ALL = ("test_packaging.py", "test_readme.py")
+_WARMUP: dict = {}
+
+
+def _sections(items) -> dict:
+    files = {pathlib.Path(str(item.fspath)) for item in items}
+    text = ""
+    for f in files:
+        if f.name in _ALL:
+            return {"routing": True, "simulator": True}
+        try:
+            text += f.read_text()
+        except OSError:
+            pass
+    return {"routing": "route_batch" in text or "routing" in text, "simulator": "simulate" in text}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_jit(request):
+    """Warm the JIT once per test run (session-scoped; see the module docstring)."""
+    from straggler.sim.warmup import warmup
+
+    t = time.perf_counter()
+    rep = warmup(**_sections(request.session.items))
+    _WARMUP.update(wall_s=time.perf_counter() - t, compile_s=rep.compile_s, report=rep)
+    return rep
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _WARMUP:
+        terminalreporter.write_line(
+            f"JIT warm-up: {_WARMUP['wall_s']:.1f} s, of which compiling "
+            f"{_WARMUP['compile_s']:.1f} s (straggler.sim.warmup, once per run)"
+        )

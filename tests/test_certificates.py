@@ -109,3 +109,17 @@ def test_lemma1_certificate():
     cert = certify(p, cost, solve_dispatch(p, cost, method="token_lp"))
     assert cert.guarantee.startswith("Lemma 1") and cert.holds
     assert cert.lhs == pytest.approx(cert.rhs, rel=1e-9)
+
+
+def test_proposition1_needs_the_ensemble():
+    """Proposition 1 bounds tempo through its A3 candidate; with the ensemble off the
+    certificate claims only the universal checks (the fuzz suite's counter-example: three
+    one-token experts on two GPUs, seed only, lands all on one GPU, 0.3 > (0.15+0.1)/0.99)."""
+    p = DispatchProblem(counts=[1, 1, 1], replicas=np.ones((3, 2), bool))
+    cost = CostModel(a=0, b=0, c=0, beta=0.1)
+    off = dict(chains=False, local_search=False, ensemble=False)
+    res = solve_dispatch(p, cost, method="tempo", **off)
+    cert = certify(p, cost, res)
+    assert cert.holds and cert.guarantee == "lower_bound <= makespan", cert.details
+    cert = certify(p, cost, solve_dispatch(p, cost, method="tempo"))
+    assert cert.holds and cert.guarantee.startswith("Proposition 1")

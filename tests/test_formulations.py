@@ -27,6 +27,11 @@ FULL2 = np.ones((3, 2), bool)
         (dict(a=0, b=float("nan"), c=0, beta=0.1), "'b'"),
         (dict(a=0, b=1, c=float("inf"), beta=0.1), "'c'"),
         (dict(a=0, b=1, c=0, beta="x"), "'beta'"),
+        # issue 10: numeric strings were accepted
+        (dict(a="0", b=1, c=0, beta=0.1), "'a'.*Got '0'"),
+        (dict(a=0, b=1, c=0, beta=0.1, c2="25", gamma=0.1), "'c2'"),
+        (dict(a=0, b=True, c=0, beta=0.1), "'b'"),
+        (dict(a=0, b=1, c=0, beta=0.1, tile=True), "'tile'"),
         (dict(a=0, b=1, c=0, beta=0.1, b2=-0.5), "'b2'"),
         (dict(a=0, b=1, c=0, beta=0.1, tile=0), "'tile'"),
         (dict(a=0, b=1, c=0, beta=0.1, tile=1.5), "'tile'"),
@@ -68,14 +73,20 @@ def test_as_array_zero_traffic_is_exact():
 @pytest.mark.parametrize(
     "counts, match",
     [
-        ([1, -3, 2], "negative value -3"),
-        ([1.0, 2.5, 3.0], "non-integer value 2.5"),
+        ([1, -3, 2], "value -3 at index 1"),
+        ([1.0, 2.5, 3.0], "non-integral value 2.5 at index 1"),
         ([1.0, float("nan"), 3.0], "NaN or infinite"),
         ([1.0, float("inf"), 3.0], "NaN or infinite"),
-        ([True, False, True], "dtype bool"),
-        (["a", "b", "c"], "dtype"),
+        ([True, False, True], "boolean"),
+        (["a", "b", "c"], "strings"),
+        (["1", "2", "3"], "strings"),
+        ([1, 2, 2**60], "value 1152921504606846976 at index 2"),
+        ([1, 2, 10**30], "too large"),
+        ([1 + 0j, 2, 3], "complex"),
         (np.zeros((2, 3, 4)), r"shape \(2, 3, 4\)"),
         ([], r"shape \(0,\)"),
+        # defect 1 of issue 10: a zero-layer stack reached np.stack
+        (np.zeros((0, 3)), r"shape \(0, 3\)"),
     ],
 )
 def test_problem_rejects_bad_counts(counts, match):
@@ -87,8 +98,13 @@ def test_problem_rejects_bad_counts(counts, match):
 def test_problem_rejects_bad_replicas_and_orphans():
     with pytest.raises(InvalidInputError, match="'replicas'.*shape"):
         DispatchProblem(counts=[1, 2, 3], replicas=np.ones((2, 2), bool))
-    with pytest.raises(InvalidInputError, match="'replicas'.*dtype"):
+    with pytest.raises(InvalidInputError, match="'replicas'.*values other than 0 and 1"):
         DispatchProblem(counts=[1, 2, 3], replicas=np.full((3, 2), 0.5))
+    # defect 9 of issue 10: ragged masks reached numpy
+    with pytest.raises(InvalidInputError, match="'replicas'.*ragged"):
+        DispatchProblem(counts=[1, 2, 3], replicas=[[1, 0], [1], [0, 1]])
+    with pytest.raises(InvalidInputError, match="'replicas'.*strings"):
+        DispatchProblem(counts=[1, 2], replicas=[["1", "0"], ["0", "1"]])
     with pytest.raises(InvalidInputError, match="expert 1 with 2 tokens and no replica"):
         DispatchProblem(counts=[1, 2, 3], replicas=[[1, 0], [0, 0], [0, 1]])
     with pytest.raises(InvalidInputError, match="expert 0 of layer 1"):
@@ -152,12 +168,19 @@ def test_from_placement_and_to_tables_roundtrip():
 
 
 def test_from_placement_rejects_bad_maps():
-    with pytest.raises(InvalidInputError, match="divisible"):
+    with pytest.raises(InvalidInputError, match="a multiple of n_gpus=2. Got 3 slots"):
         DispatchProblem.from_placement([1, 1], [0, 1, 0], n_gpus=2)
     with pytest.raises(InvalidInputError, match=r"entries in \[-1, 1\]"):
         DispatchProblem.from_placement([1, 1], [0, 2], n_gpus=2)
     with pytest.raises(InvalidInputError, match="'n_gpus'"):
         DispatchProblem.from_placement([1, 1], [0, 1], n_gpus=0)
+    # defect 9 of issue 10: a ragged map reached numpy
+    with pytest.raises(InvalidInputError, match="'physical_to_logical'.*ragged"):
+        DispatchProblem.from_placement([[1, 1], [1, 1]], [[0, 1], [1]], n_gpus=2)
+    with pytest.raises(InvalidInputError, match="'physical_to_logical'.*strings"):
+        DispatchProblem.from_placement([1, 1], ["0", "1"], n_gpus=2)
+    with pytest.raises(InvalidInputError, match="'counts' parameter of DispatchProblem.from"):
+        DispatchProblem.from_placement([[1, 1], [1]], [0, 1], n_gpus=2)
 
 
 def test_logical_to_physical_padding():
@@ -244,3 +267,42 @@ def test_stack_result_is_stacked():
         single = solve_dispatch(p.layer(l), CostModel(a=0, b=15, c=0, beta=0.1))
         assert single.makespan == r.makespan[l]
         assert np.array_equal(single.shares, r.shares[l])
+
+
+def test_feasibility_kernel_equals_reference_and_check_shares():
+    """solve_dispatch's one-pass check: kernel == py_func == reference == check_shares."""
+    from straggler.solvers._feasibility import feasible_kernel, feasible_reference
+
+    rng = np.random.default_rng(11)
+    seen = {True: 0, False: 0}
+    for _ in range(300):
+        E, g = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        rep = rng.random((E, g)) < 0.6
+        rep[np.arange(E), rng.integers(0, g, E)] = True
+        counts = rng.integers(0, 20, E)
+        p = DispatchProblem(counts=counts, replicas=rep)
+        x = np.zeros((E, g))
+        for e in range(E):
+            gs = np.flatnonzero(rep[e])
+            x[e, gs] = rng.multinomial(counts[e], np.ones(gs.size) / gs.size)
+        kind = rng.integers(0, 6)
+        if kind == 1:
+            x[rng.integers(E), rng.integers(g)] += 0.5  # breaks conservation (or adds off-mask)
+        elif kind == 2:
+            x.flat[rng.integers(x.size)] = -1.0
+        elif kind == 3:
+            x.flat[rng.integers(x.size)] = rng.choice([np.nan, np.inf])
+        elif kind == 4 and (~rep).any():
+            e, h = np.argwhere(~rep)[0]
+            x[e, h] = 1.0
+        args = (x, p.replicas, p.counts, 1e-9)
+        want = feasible_reference(*args)
+        assert feasible_kernel(*args) == feasible_kernel.py_func(*args) == want
+        try:
+            check_shares(p, x)
+            ok = True
+        except InfeasibleSharesError:
+            ok = False
+        assert ok == want
+        seen[want] += 1
+    assert min(seen.values()) > 50  # both answers exercised

@@ -292,3 +292,54 @@ def test_two_stage_random_phase_covers_the_ages_between_samples():
     assert ece["random"] < ece["zero"]
     with pytest.raises(InvalidInputError, match="'phase'"):
         TwoStagePredictor(4, phase="middle")
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        (dict(free_slots=["1", "2"]), "free_slots"),
+        (dict(free_slots=[True, 1]), "free_slots"),
+        (dict(running_prompt=[1 + 1j]), "running_prompt"),
+        (dict(running_prompt=["4"]), "running_prompt"),
+        (dict(running_replica=[2]), "running_replica"),
+        (dict(pool_prefill=[1.7e308]), "pool_prefill"),
+        (dict(loads=[1.0]), "loads"),
+    ],
+)
+def test_cluster_state_validation(kwargs, param):
+    base = dict(
+        free_slots=[1, 1],
+        running_replica=[0],
+        running_prompt=[4],
+        running_decoded=[1],
+        pool_prefill=[3],
+    )
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        ClusterState(**{**base, **kwargs})
+
+
+def test_project_loads_and_predictors_validation():
+    st = ClusterState(
+        free_slots=[1, 1],
+        running_replica=[0],
+        running_prompt=[4],
+        running_decoded=[1],
+        pool_prefill=[3],
+    )
+    for bad, param in ((True, "horizon"), (-1, "horizon"), ("3", "horizon")):
+        with pytest.raises(InvalidInputError, match=f"'{param}'"):
+            project_loads(st, SurvivalPredictor([3, 4]), bad)
+    with pytest.raises(InvalidInputError, match="'refill'"):
+        project_loads(st, SurvivalPredictor([3, 4]), 3, refill="all")
+    with pytest.raises(InvalidInputError, match="'predictor'"):
+        project_loads(st, object(), 3)
+    with pytest.raises(InvalidInputError, match="'outputs'"):
+        SurvivalPredictor(["3", "4"])
+    with pytest.raises(InvalidInputError, match="'decoded'"):
+        SurvivalPredictor([3, 4]).predict([1], [True], 2)
+    with pytest.raises(InvalidInputError, match="'calibration'"):
+        TwoStagePredictor(4, calibration=1.0)
+    with pytest.raises(InvalidInputError, match="'stride'"):
+        termination_samples([1], [5], 4, stride=0)
+    with pytest.raises(InvalidInputError, match="'p'"):
+        calibration_report([0.5, 1.5], [0, 1])

@@ -105,10 +105,17 @@ def test_restricted_conjecture_counterexample():
 
 
 def test_conjecture_search_plumbing():
-    from straggler.proofs.conjecture import random_search, targeted_search
+    from straggler.proofs.conjecture import check_conjecture, random_search, targeted_search
 
     r = random_search(5, seed=0)
-    assert r["n"] + r["unproved"] == 5 and r["violations"] >= 0
+    assert r["n"] + r["unproved"] == 5 and r["violations"] <= r["n"]
+    first = r["first_counterexample"]
+    assert (r["violations"] > 0) == (first is not None)
+    assert first is None or check_conjecture(first[1], first[2]).violated
+    # the control: A3 under full replication obeys Theorem 2, so the search finds nothing
+    a3 = random_search(5, seed=0, full=True, rule="a3")
+    assert a3["n"] == 5 and a3["violations"] == 0 and a3["first_counterexample"] is None
+    assert a3["max_excess"] <= 1e-9
     t = targeted_search(5, seed=0, shrink=False)
     assert t["examples"] + t["unproved"] >= 1
     assert t["worst"] is None or t["worst"][0].term > 0

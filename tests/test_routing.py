@@ -4,74 +4,140 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from straggler.formulations import InvalidInputError, InvalidOptionError
+from straggler.formulations.results import RoutingResult, Status
 from straggler.formulations.routing import (
     apply_assignment,
     check_assignment,
     f_score,
     imbalance,
 )
-from straggler.proofs.routing_strategies import kernel_args, routing_instances
-from straggler.solvers import _routing_kernels as K
-from straggler.solvers.routing import (
-    POLICIES,
-    ROUTING_KERNELS,
-    make_params,
-    route_batch,
+from straggler.proofs.routing_strategies import (
+    best_tick_imbalance,
+    kernel_args,
+    routing_instances,
 )
+from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_policies
+from straggler.solvers import _routing_kernels as K
+from straggler.solvers.routing import make_params, route_batch
 
-REFERENCES = {name: getattr(K, f"{name}_reference") for name in POLICIES}
+POLICIES = routing_policies()
 
 
-def _copy(inst):
-    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in inst.items()}
+def _state(s, L, free, n_running=None, n_waiting=None, **fields):
+    """``(pool, reps)`` for a direct kernel call: lengths, loads (G,) or (G, H+1), free slots,
+    optional counts and other fields (defaults as ``route_batch``'s)."""
+    L = np.asarray(L, dtype=np.float64)
+    L = L.reshape(-1, 1) if L.ndim == 1 else L
+    G, n = L.shape[0], len(s)
+    z = np.zeros(G, np.int64)
+    reps = K.ReplicaState(
+        loads=np.ascontiguousarray(L),
+        free_slots=np.asarray(free, dtype=np.int64),
+        n_running=z if n_running is None else np.asarray(n_running, np.int64),
+        n_waiting=z if n_waiting is None else np.asarray(n_waiting, np.int64),
+        prompt_tokens=np.asarray(fields.get("prompt_tokens", np.zeros(G)), np.float64),
+        waiting_tokens=np.zeros(G),
+        kv_usage=np.zeros(G),
+        kv_capacity=np.full(G, np.inf),
+    )
+    pool = K.PoolState(
+        prefill=np.asarray(s, dtype=np.float64),
+        wait=np.asarray(fields.get("wait", np.zeros(n)), np.int64),
+        key=np.arange(n, dtype=np.int64),
+        cached=np.zeros((0, G)),
+    )
+    return pool, reps
+
+
+def _run(kernel, s, L, free, p, seed=0, **fields):
+    """Assignment of ``kernel`` on a state built by :func:`_state` (zero carry)."""
+    pool, reps = _state(s, L, free, **fields)
+    return kernel(pool, reps, p, np.zeros(K.N_CARRY), seed)[0]
+
+
+def _snapshot(inst):
+    def cp(v):
+        if isinstance(v, tuple):
+            return tuple(x.copy() for x in v)
+        return v.copy() if isinstance(v, np.ndarray) else v
+
+    return {k: cp(v) for k, v in inst.items()}
+
+
+def _equal(a, b):
+    if isinstance(a, tuple):
+        return all(np.array_equal(x, y) for x, y in zip(a, b))
+    return np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @given(inst=routing_instances(max_horizon=2))
 def test_kernel_equals_py_func_equals_reference(policy, inst):
-    kernel = ROUTING_KERNELS[policy]
-    before = _copy(inst)
-    a = kernel(*kernel_args(inst))
-    b = getattr(kernel, "py_func", kernel)(*kernel_args(inst))
-    c = REFERENCES[policy](*kernel_args(inst))
-    for k, v in before.items():  # inputs not mutated
-        assert np.array_equal(v, inst[k]), (policy, k)
-    assert a.dtype == np.int64
-    assert a.tolist() == b.tolist() == c.tolist(), policy
-    placed = check_assignment(a, inst["prefill"], inst["free_slots"])
-    n_max = min(inst["prefill"].size, int(inst["free_slots"].sum()))
-    if policy == "trtllm":
-        assert placed.sum() <= n_max
-    else:  # every other policy places as many requests as it can
-        assert placed.sum() == n_max, policy
+    """Every registered policy: kernel == py_func == reference (assignment and carry), inputs
+    untouched, the independent checker passes, and as many requests placed as possible."""
+    pol = get_routing_policy(policy)
+    for version in range(max(len(pol.versions), 1)):
+        inst["params"][K.P_VERSION] = float(version)
+        before = _snapshot(inst)
+        a, ca = pol.kernel(*kernel_args(inst))
+        b, cb = getattr(pol.kernel, "py_func", pol.kernel)(*kernel_args(inst))
+        c, cc = pol.reference(*kernel_args(inst))
+        for k, v in before.items():  # inputs not mutated
+            assert _equal(v, inst[k]), (policy, k)
+        assert a.dtype == np.int64 and ca.dtype == np.float64 and ca.shape == (K.N_CARRY,)
+        assert a.tolist() == b.tolist() == c.tolist(), (policy, version)
+        assert ca.tolist() == cb.tolist() == cc.tolist(), (policy, version)
+        pool, reps = inst["pool"], inst["reps"]
+        placed = check_assignment(a, pool.prefill, reps.free_slots)
+        n_max = min(pool.prefill.size, int(reps.free_slots.sum()))
+        capped = ("trtllm", "trtllm_balance", "follow_bootstrap_room")
+        if policy in capped or (policy == "brs" and np.isfinite(reps.kv_capacity).any()):
+            assert placed.sum() <= n_max  # a per-rank cap or a fixed rank; KV room (BR-S)
+        else:  # every other policy places as many requests as it can
+            assert placed.sum() == n_max, policy
+
+
+def test_registry_lists_every_policy_once():
+    assert DEFAULT_POLICY in POLICIES
+    ids = [get_routing_policy(p).policy_id for p in POLICIES]
+    assert len(set(ids)) == len(ids)
+    for name in POLICIES:
+        pol = get_routing_policy(name)
+        assert pol.name == name and pol.summary and pol.source
+        assert pol.kernel.py_func.__name__ == f"{name}_kernel"
+        assert pol.reference.__name__ == f"{name}_reference"
+        assert len(pol.versions) == len(pol.version_sources)
+        assert ("version" in pol.options) == bool(pol.versions)
+        assert all(pol.version_sources), name
 
 
 @given(inst=routing_instances(max_horizon=0))
 def test_brh_with_h0_alpha1_betaG_is_br0(inst):
     """Theorem R3: BR-H with H = 0, alpha = 1, beta = G makes BR-0's decisions."""
     p = inst["params"].copy()
-    G = inst["loads"].shape[0]
+    G = inst["reps"].loads.shape[0]
     p[K.P_ALPHA], p[K.P_BETA] = 1.0, float(G)
     p[K.P_GAMMA] = 0.5  # irrelevant at H = 0
     inst["params"] = p
     args = kernel_args(inst)
-    assert K.brh_kernel(*args).tolist() == K.br0_kernel(*args).tolist()
+    assert K.brh_kernel(*args)[0].tolist() == K.br0_kernel(*args)[0].tolist()
 
 
 @given(inst=routing_instances(max_horizon=0))
 def test_route_batch_brh_reduction(inst):
     kw = dict(r_max=int(inst["params"][K.P_R_MAX]), s_greedy=float(inst["params"][K.P_S_GREEDY]))
-    a = route_batch(inst["prefill"], inst["loads"][:, 0], inst["free_slots"], policy="br0", **kw)
+    pool, reps = inst["pool"], inst["reps"]
+    a = route_batch(pool.prefill, reps.loads[:, 0], reps.free_slots, policy="br0", **kw)
     b = route_batch(
-        inst["prefill"],
-        inst["loads"],
-        inst["free_slots"],
+        pool.prefill,
+        reps.loads,
+        reps.free_slots,
         policy="brh",
         alpha=1.0,
-        beta=float(inst["loads"].shape[0]),
+        beta=float(reps.loads.shape[0]),
         gamma=0.3,
         **kw,
     )
@@ -103,12 +169,12 @@ def test_best_subset_is_optimal_among_candidates(s, m, G, q):
 def test_stage1_and_stage2_examples():
     # Stage 1 (S_tot = 3 > S_greedy = 0): the replica with most free slots (1) takes the request
     # with the largest single F (margin 6: s = 6), then replica 1 again (2 slots left vs 1).
-    d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], s_greedy=0)
+    d = route_batch([6, 2, 3], [10, 4, 7], [1, 2, 1], policy="br0", s_greedy=0)
     assert d.stage == 1
     assert d.assignment.tolist() == [1, 0, 2]
     # Stage 2 with the guard: every request is placed even when F <= 0.
-    d = route_batch([5, 5], [0, 0], [2, 0])
-    assert d.assignment.tolist() == [0, 0] and d.imbalance_after == 10.0
+    d = route_batch([5, 5], [0, 0], [2, 0], policy="br0")
+    assert d.assignment.tolist() == [0, 0] and d.imbalance == 10.0
 
 
 def test_imbalance_summary_matches_formulation():
@@ -120,9 +186,14 @@ def test_imbalance_summary_matches_formulation():
         free = rng.integers(0, 3, G)
         for policy in POLICIES:
             d = route_batch(s, L, free, policy=policy, rng=3)
+            assert isinstance(d, RoutingResult) and d.policy == policy
+            assert d.status is Status.HEURISTIC and d.success
             assert d.imbalance_before == imbalance(L)
-            assert d.imbalance_after == imbalance(apply_assignment(L, d.assignment, s))
+            after = apply_assignment(L, d.assignment, s)
+            assert d.imbalance == d.imbalance_after == imbalance(after)
+            assert d.loads.tolist() == after.tolist()
             assert d.n_placed == int((d.assignment >= 0).sum())
+            assert 0 <= d.runtime_s < 1.0
 
 
 def test_seeded_policies_repeat():
@@ -147,9 +218,10 @@ def test_baseline_rules():
     # JSQ ties: tokens, then requests, then lowest index
     d = route_batch([1], [5, 5, 5], [1, 1, 1], policy="jsq", n_running=[3, 2, 2])
     assert d.assignment.tolist() == [1]
-    # vLLM: 4*waiting + running
-    d = route_batch([1], [0, 0], [1, 1], policy="vllm", n_running=[0, 5], n_waiting=[2, 0])
-    assert d.assignment.tolist() == [1]
+    # vLLM before #47420: 4*waiting + running; now max(inflight, waiting + running) + penalty
+    kw = dict(policy="vllm", n_running=[0, 5], n_waiting=[2, 0])
+    assert route_batch([1], [0, 0], [1, 1], version="legacy", **kw).assignment.tolist() == [1]
+    assert route_batch([1], [0, 0], [1, 1], **kw).assignment.tolist() == [0]
     # TRT-LLM: longest prompt first onto the least-token rank
     d = route_batch([1, 9], [0, 5], [2, 2], policy="trtllm", n_running=[0, 0])
     assert d.assignment.tolist() == [1, 0]
@@ -157,7 +229,7 @@ def test_baseline_rules():
     d = route_batch([1, 1, 1], [0, 0, 0], [1, 0, 2], policy="round_robin", cursor=1)
     assert d.assignment.tolist() == [2, 0, 2] and d.extras["next_cursor"] == 0
     # p2c with two replicas compares both
-    d = route_batch([1], [9, 1], [1, 1], policy="p2c", rng=0)
+    d = route_batch([1], [9, 1], [1, 1], policy="p2c", version="tokens", rng=0)
     assert d.assignment.tolist() == [1]
 
 
@@ -171,9 +243,9 @@ def test_baseline_rules():
         (([1.0], [0, -2], [1, 1]), {}, "loads"),
         (([1.0], [0, 0], [1, 1, 1]), {}, "free_slots"),
         (([1.0], [0, 0], [1, -1]), {}, "free_slots"),
-        (([1.0], [0, 0], [1, 1]), {"r_max": 0}, "r_max"),
-        (([1.0], [0, 0], [1, 1]), {"gamma": 0.0}, "gamma"),
-        (([1.0], [0, 0], [1, 1]), {"s_greedy": -1}, "s_greedy"),
+        (([1.0], [0, 0], [1, 1]), {"r_max": 0, "policy": "br0"}, "r_max"),
+        (([1.0], [0, 0], [1, 1]), {"gamma": 0.0, "policy": "brh"}, "gamma"),
+        (([1.0], [0, 0], [1, 1]), {"s_greedy": -1, "policy": "br0"}, "s_greedy"),
         (([1.0], [0, 0], [1, 1]), {"n_running": [1]}, "n_running"),
         (([1.0], [0, 0], [1, 1]), {"rng": "x", "policy": "random"}, "rng"),
         (([1.0], [0, 0], [1, 1]), {"optimistic": 1}, "optimistic"),
@@ -189,62 +261,83 @@ def test_unknown_policy_and_option():
         route_batch([1.0], [0], [1], policy="nope")
     with pytest.raises(InvalidOptionError, match="bogus"):
         route_batch([1.0], [0], [1], bogus=3)
+    with pytest.raises(InvalidOptionError, match="r_max"):  # jsq has no Stage-2 candidates
+        route_batch([1.0], [0], [1], policy="jsq", r_max=2)
     with pytest.raises(ValueError):
         route_batch([1.0], [0], [1], policy="nope")
 
 
 @settings(max_examples=20)
 @given(inst=routing_instances())
-@example(
-    inst=dict(
-        prefill=np.array([3.0]),
-        loads=np.array([[5.0], [0.0]]),
-        free_slots=np.array([1, 1]),
-        n_running=np.zeros(2, np.int64),
-        n_waiting=np.zeros(2, np.int64),
-        params=make_params(r_max=2, s_greedy=0),
-        seed=0,
-    )
-)
 def test_route_batch_through_public_api_matches_kernel(inst):
-    p = inst["params"]
-    d = route_batch(
-        inst["prefill"],
-        inst["loads"],
-        inst["free_slots"],
-        policy="br0",
-        r_max=int(p[K.P_R_MAX]),
-        s_greedy=float(p[K.P_S_GREEDY]),
-        optimistic=bool(p[K.P_OPTIMISTIC]),
-    )
-    q = make_params(
-        r_max=int(p[K.P_R_MAX]),
-        s_greedy=float(p[K.P_S_GREEDY]),
-        beta=float(inst["loads"].shape[0]),
-        optimistic=bool(p[K.P_OPTIMISTIC]),
-    )
-    ref = K.br0_reference(
-        inst["prefill"],
-        inst["loads"],
-        inst["free_slots"],
-        inst["n_running"],
-        inst["n_waiting"],
-        q,
-        0,
-    )
-    assert d.assignment.tolist() == ref.tolist()
+    """route_batch fills the kernel's state from its keyword arguments: the same decision as
+    the reference on the same state, for every policy."""
+    p, pool, reps = inst["params"], inst["pool"], inst["reps"]
+    G = reps.loads.shape[0]
+    for name in POLICIES:
+        pol = get_routing_policy(name)
+        opts = dict(
+            r_max=int(p[K.P_R_MAX]),
+            s_greedy=float(p[K.P_S_GREEDY]),
+            alpha=float(p[K.P_ALPHA]),
+            beta=float(p[K.P_BETA]),
+            gamma=float(p[K.P_GAMMA]),
+            optimistic=bool(p[K.P_OPTIMISTIC]),
+            cursor=int(inst["carry"][K.C_CURSOR]),
+            age_window=int(p[K.P_AGE_WINDOW]),
+            window=int(p[K.P_WINDOW]),
+            patience=int(p[K.P_PATIENCE]),
+            age_fraction=float(p[K.P_AGE_FRACTION]),
+            safe=bool(p[K.P_SAFE]),
+            kv_weight=float(p[K.P_KV_WEIGHT]),
+            throughput=float(p[K.P_THROUGHPUT]),
+            block_size=int(p[K.P_BLOCK_SIZE]),
+            overlap_weight=float(p[K.P_OVERLAP_WEIGHT]),
+            timeout_iters=int(p[K.P_TIMEOUT_ITERS]),
+            batching_wait_iters=int(p[K.P_BATCHING_WAIT_ITERS]),
+        )
+        opts = {k: v for k, v in opts.items() if k in pol.options}
+        if pol.versions:
+            opts["version"] = pol.versions[-1]
+            p[K.P_VERSION] = float(len(pol.versions) - 1)
+        else:
+            p[K.P_VERSION] = 0.0
+        d = route_batch(
+            pool.prefill,
+            reps.loads,
+            reps.free_slots,
+            policy=name,
+            n_running=reps.n_running,
+            n_waiting=reps.n_waiting,
+            prompt_tokens=reps.prompt_tokens,
+            waiting_tokens=reps.waiting_tokens,
+            kv_usage=reps.kv_usage,
+            kv_capacity=reps.kv_capacity,
+            pool_wait=pool.wait,
+            pool_key=pool.key,
+            pool_cached=pool.cached if pool.cached.shape[0] else None,
+            carry=inst["carry"],
+            rng=inst["seed"],
+            **opts,
+        )
+        q = p.copy()
+        if "beta" not in pol.options:
+            q[K.P_ALPHA], q[K.P_BETA], q[K.P_GAMMA] = 1.0, float(G), 1.0
+        ref, carry = pol.reference(pool, reps, q, inst["carry"], inst["seed"] if pol.seeded else 0)
+        assert d.assignment.tolist() == ref.tolist(), name
+        assert d.extras["carry"].tolist() == carry.tolist(), name
 
 
 def test_policy_ids_match_the_kernel_table():
-    from straggler.solvers.routing import POLICY_IDS, route_tick_kernel
-
-    assert tuple(ROUTING_KERNELS) == POLICIES
-    s, L, free = np.array([5.0, 1.0, 3.0]), np.array([[4.0], [0.0]]), np.array([2, 2])
-    z = np.zeros(2, np.int64)
+    """route_tick_kernel dispatches every registered id to that policy's kernel."""
+    pool, reps = _state([5.0, 1.0, 3.0], [[4.0], [0.0]], [2, 2])
     p = make_params(r_max=2, s_greedy=0, beta=2.0)
-    for name, kernel in ROUTING_KERNELS.items():
-        a = route_tick_kernel(POLICY_IDS[name], s, L, free, z, z, p, 3)
-        assert a.tolist() == kernel(s, L, free, z, z, p, 3).tolist(), name
+    c = np.zeros(K.N_CARRY)
+    for name in POLICIES:
+        pol = get_routing_policy(name)
+        a, ca = K.route_tick_kernel(pol.policy_id, pool, reps, p, c, 3)
+        b, cb = pol.kernel(pool, reps, p, c, 3)
+        assert a.tolist() == b.tolist() and ca.tolist() == cb.tolist(), name
 
 
 def test_stage2_not_optimal_beyond_candidates():
@@ -252,9 +345,9 @@ def test_stage2_not_optimal_beyond_candidates():
     from straggler.formulations.routing_milp import build_joint_tick_milp
     from straggler.solvers.highs import solve_milp
 
-    d = route_batch([6, 5, 4], [10, 0], [0, 2], r_max=2)
+    d = route_batch([6, 5, 4], [10, 0], [0, 2], policy="br0", r_max=2)
     assert d.stage == 2
-    assert d.assignment.tolist() == [1, 1, -1] and d.imbalance_after == 1.0
+    assert d.assignment.tolist() == [1, 1, -1] and d.imbalance == 1.0
     opt = solve_milp(
         build_joint_tick_milp([6, 5, 4], [10, 0], [0, 2], must_place=True), mip_rel_gap=0
     )
@@ -266,40 +359,7 @@ def test_stage2_not_optimal_beyond_candidates():
 def test_brh_long_horizon_kernel_equals_reference(inst):
     """The two-walk ranking of BR-H against the plain scan, with fractional projected loads."""
     args = kernel_args(inst)
-    assert K.brh_kernel(*args).tolist() == K.brh_reference(*args).tolist()
-
-
-def test_kernel_callable_from_jitted_code():
-    """The simulator's use: a kernel passed as an argument to a jitted loop."""
-    from numba import njit
-
-    @njit
-    def by_function(kernel, s, L, free, z, p):
-        return kernel(s, L, free, z, z, p, 1)
-
-    s, L, free = np.array([5.0, 1.0, 3.0]), np.array([[4.0], [0.0]]), np.array([2, 2])
-    z = np.zeros(2, np.int64)
-    p = make_params(r_max=2, s_greedy=0, beta=2.0)
-    want = K.jsq_kernel(s, L, free, z, z, p, 1).tolist()
-    assert by_function(K.jsq_kernel, s, L, free, z, p).tolist() == want
-
-
-@pytest.mark.slow
-def test_route_tick_kernel_by_id_inside_jitted_code():
-    """Dispatch by POLICY_IDS inside a jitted loop (compiles every kernel: slow)."""
-    from numba import njit
-    from straggler.solvers.routing import POLICY_IDS, route_tick_kernel
-
-    @njit
-    def by_id(pid, s, L, free, z, p):
-        return route_tick_kernel(pid, s, L, free, z, z, p, 1)
-
-    s, L, free = np.array([5.0, 1.0, 3.0]), np.array([[4.0], [0.0]]), np.array([2, 2])
-    z = np.zeros(2, np.int64)
-    p = make_params(r_max=2, s_greedy=0, beta=2.0)
-    for name, kernel in ROUTING_KERNELS.items():
-        want = kernel(s, L, free, z, z, p, 1).tolist()
-        assert by_id(POLICY_IDS[name], s, L, free, z, p).tolist() == want, name
+    assert K.brh_kernel(*args)[0].tolist() == K.brh_reference(*args)[0].tolist()
 
 
 @pytest.mark.parametrize(
@@ -310,7 +370,7 @@ def test_route_tick_kernel_by_id_inside_jitted_code():
         ({"alpha": np.nan, "policy": "brh"}, "alpha"),
         ({"cursor": np.inf, "policy": "round_robin"}, "cursor"),
         ({"cursor": -1, "policy": "round_robin"}, "cursor"),
-        ({"r_max": True}, "r_max"),
+        ({"r_max": True, "policy": "br0"}, "r_max"),
         ({"n_waiting": [1, -1]}, "n_waiting"),
     ],
 )
@@ -384,33 +444,27 @@ def test_br0_large_pool_kernel_equals_py_func_equals_reference(G, n, spread, slo
     free = rng.integers(slots // 2, slots + 1, G).astype(np.int64)
     s_greedy = {"one": 0, "two": 10**9, "both": int(free.sum()) // 2}[stage]
     p = make_params(r_max=3, s_greedy=s_greedy, beta=float(G), optimistic=bool(seed % 4))
-    z = np.zeros(G, np.int64)
-    args = (s, L, free, z, z, p, 0)
-    a = K.br0_kernel(*args)
-    assert a.tolist() == K.br0_kernel.py_func(*args).tolist() == K.br0_reference(*args).tolist()
+    a = _run(K.br0_kernel, s, L, free, p)
+    assert a.tolist() == _run(K.br0_kernel.py_func, s, L, free, p).tolist()
+    assert a.tolist() == _run(K.br0_reference, s, L, free, p).tolist()
 
 
 def test_stage1_tie_between_the_two_sides_of_the_margin_goes_to_the_lower_index():
     # G = 2, margin of replica 1 = 10: F(8) = 8 = F(12) = 12 - 2*(12 - 10).
+    p = make_params(r_max=2, s_greedy=0, beta=2.0)
     for s, want in (([8.0, 12.0], [1, -1]), ([12.0, 8.0], [1, -1])):
         for kernel in (K.br0_kernel, K.br0_kernel.py_func, K.br0_reference):
-            z = np.zeros(2, np.int64)
-            p = make_params(r_max=2, s_greedy=0, beta=2.0)
-            out = kernel(np.array(s), np.array([[10.0], [0.0]]), np.array([0, 1]), z, z, p, 0)
-            assert out.tolist() == want
+            assert _run(kernel, s, [10.0, 0.0], [0, 1], p).tolist() == want
     # runs of equal lengths, margin 10: F(9) = 9 = F(11) = 11 - 2*1; the lowest index wins,
     # then the margin shrinks and the shortest request is best (F = s - 2*(s - m)).
-    z = np.zeros(2, np.int64)
-    p = make_params(r_max=2, s_greedy=0, beta=2.0)
     for s, want in (([11.0, 9.0, 7.0, 9.0], [1, -1, 1, -1]), ([9.0, 11.0, 9.0], [1, -1, 1])):
         for kernel in (K.br0_kernel, K.br0_kernel.py_func, K.br0_reference):
-            out = kernel(np.array(s), np.array([[10.0], [0.0]]), np.array([0, 2]), z, z, p, 0)
-            assert out.tolist() == want
+            assert _run(kernel, s, [10.0, 0.0], [0, 2], p).tolist() == want
 
 
 def _with_presence(inst, data):
     """The instance with a presence tail ``pi_0..pi_H`` on its params (pi_0 = 1)."""
-    H1 = inst["loads"].shape[1]
+    H1 = inst["reps"].loads.shape[1]
     tail = data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=H1, max_size=H1))
     inst["params"] = np.concatenate([inst["params"], [1.0], tail[1:]])
     return inst
@@ -419,8 +473,9 @@ def _with_presence(inst, data):
 @given(inst=routing_instances(max_horizon=6, fractional=True), data=st.data())
 def test_brh_presence_weights_kernel_equals_py_func_equals_reference(inst, data):
     args = kernel_args(_with_presence(inst, data))
-    a = K.brh_kernel(*args)
-    assert a.tolist() == K.brh_kernel.py_func(*args).tolist() == K.brh_reference(*args).tolist()
+    a = K.brh_kernel(*args)[0]
+    assert a.tolist() == K.brh_kernel.py_func(*args)[0].tolist()
+    assert a.tolist() == K.brh_reference(*args)[0].tolist()
 
 
 @given(inst=routing_instances(max_horizon=0), data=st.data())
@@ -428,9 +483,9 @@ def test_brh_presence_weights_h0_alpha1_betaG_is_br0(inst, data):
     """pi_0 = 1: at H = 0 the presence weights change nothing (Theorem R3 still holds)."""
     inst = _with_presence(inst, data)
     p = inst["params"]
-    p[K.P_ALPHA], p[K.P_BETA], p[K.P_GAMMA] = 1.0, float(inst["loads"].shape[0]), 0.7
+    p[K.P_ALPHA], p[K.P_BETA], p[K.P_GAMMA] = 1.0, float(inst["reps"].loads.shape[0]), 0.7
     args = kernel_args(inst)
-    assert K.brh_kernel(*args).tolist() == K.br0_kernel(*args).tolist()
+    assert K.brh_kernel(*args)[0].tolist() == K.br0_kernel(*args)[0].tolist()
 
 
 def test_route_batch_new_presence_option():
@@ -443,8 +498,172 @@ def test_route_batch_new_presence_option():
     pi = [1.0, 0.5, 0.0]
     got = route_batch(s, P, free, policy="brh", new_presence=pi, r_max=3)
     q = make_params(r_max=3, s_greedy=12, beta=3.0, new_presence=pi)
-    z = np.zeros(3, np.int64)
-    assert got.assignment.tolist() == K.brh_reference(s, P, free, z, z, q, 0).tolist()
+    assert got.assignment.tolist() == _run(K.brh_reference, s, P, free, q).tolist()
     for bad in ([1.0, 1.0], [1.0, 2.0, 0.0], [1.0, np.nan, 0.0], "x"):
         with pytest.raises(InvalidInputError, match="'new_presence'"):
             route_batch(s, P, free, policy="brh", new_presence=bad)
+
+
+def _brs_state(data, G, n, slots, kv_inf=True):
+    """A BR-S tick: small integer lengths and loads, waits in non-increasing pool order."""
+    s = data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))
+    L = data.draw(st.lists(st.integers(0, 60), min_size=G, max_size=G))
+    free = data.draw(st.lists(st.integers(0, slots), min_size=G, max_size=G))
+    waits = sorted(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), reverse=True)
+    pool, reps = _state(s, L, free, wait=waits)
+    if not kv_inf:
+        cap = np.array(data.draw(st.lists(st.integers(1, 150), min_size=G, max_size=G)), float)
+        reps = reps._replace(kv_capacity=cap)
+    return pool, reps
+
+
+@settings(max_examples=60)
+@given(data=st.data(), G=st.integers(1, 3), n=st.integers(0, 5))
+def test_R7_brs_never_leaves_a_larger_one_tick_imbalance_than_jsq(data, G, n):
+    """THEOREMS.md R7, against brute force: OPT <= I(BR-S) <= I(JSQ) on the same state, BR-S
+    places as many requests as JSQ (unbounded KV), and an unsaturated tick is JSQ's."""
+    pool, reps = _brs_state(data, G, n, 3)
+    p = make_params(
+        age_window=data.draw(st.sampled_from([0, 2, 40])),
+        window=data.draw(st.sampled_from([0, 1, 8])),
+        patience=data.draw(st.sampled_from([0, 5, 100])),
+        age_fraction=data.draw(st.sampled_from([0.1, 1.0])),
+    )
+    c = np.zeros(K.N_CARRY)
+    out = K.brs_kernel(pool, reps, p, c, 0)[0]
+    jsq = K.jsq_reference(pool, reps, p, c, 0)[0]
+    L = reps.loads[:, 0]
+    i_brs = imbalance(apply_assignment(L, out, pool.prefill))
+    i_jsq = imbalance(apply_assignment(L, jsq, pool.prefill))
+    opt = best_tick_imbalance(pool.prefill, L, reps.free_slots)
+    assert opt <= i_brs <= i_jsq
+    assert (out >= 0).sum() == (jsq >= 0).sum() == min(n, int(reps.free_slots.sum()))
+    if n == 0 or pool.wait.max() < p[K.P_PATIENCE]:
+        assert out.tolist() == jsq.tolist()
+
+
+@settings(max_examples=80)
+@given(data=st.data(), G=st.integers(1, 4), n=st.integers(1, 9), kv_inf=st.booleans())
+def test_R8_brs_never_places_a_request_far_younger_than_one_it_leaves(data, G, n, kv_inf):
+    """THEOREMS.md R8: with the pool in age order, every request BR-S places has waited at
+    least (wait of any request it leaves) - A, KV limits or not."""
+    pool, reps = _brs_state(data, G, n, 3, kv_inf=kv_inf)
+    A = data.draw(st.sampled_from([0, 1, 3, 10]))
+    p = make_params(
+        age_window=A,
+        window=data.draw(st.sampled_from([0, 1, 8])),
+        patience=0,
+        age_fraction=data.draw(st.sampled_from([0.1, 0.5, 1.0])),
+        safe=data.draw(st.booleans()),
+    )
+    out = K.brs_kernel(pool, reps, p, np.zeros(K.N_CARRY), 0)[0]
+    for o in np.flatnonzero(out < 0):
+        for j in np.flatnonzero(out >= 0):
+            assert pool.wait[j] >= pool.wait[o] - A, (o, j)
+
+
+def test_brs_mechanisms_each_change_the_decision():
+    """Each piece of BR-S matters on a small state: the age window, the count window, the
+    patience gate and the safety net."""
+    s = [9.0, 1.0, 5.0, 4.0]
+    L = [20.0, 11.0, 15.0]
+    free = [0, 1, 1]
+    waits = [12, 11, 3, 0]
+    kw = dict(age_window=100, window=0, patience=0, age_fraction=1.0, safe=False)
+    base = _run(K.brs_kernel, s, L, free, make_params(**kw), wait=waits)
+    # margins 9 (replica 1) and 5 (replica 2): the F-score fills both exactly
+    assert base.tolist() == [1, -1, 2, -1]
+    # an age window of 1 tick: only the two oldest (waits 12 and 11) may be placed
+    aged = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "age_window": 1}), wait=waits)
+    assert aged.tolist() == [1, 2, -1, -1]
+    # one candidate per free slot: the window holds the two oldest
+    counted = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "window": 1}), wait=waits)
+    assert counted.tolist() == [1, 2, -1, -1]
+    # patience above every wait: JSQ's decision (the oldest two, in pool order)
+    calm = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "patience": 13}), wait=waits)
+    jsq = _run(K.jsq_kernel, s, L, free, make_params(), wait=waits)
+    assert calm.tolist() == jsq.tolist() == [1, 2, -1, -1]
+    # the safety net: margin-first fills replica 1's margin of 1 with the 1-token request and
+    # puts 5 on the top replica (I = 5); JSQ's decision leaves I = 3, so it is kept
+    s2, L2, free2, w2 = [5.0, 1.0, 6.0], [15.0, 14.0], [1, 1], [4, 2, 1]
+    kw2 = dict(age_window=100, window=0, patience=0, age_fraction=1.0)
+    unsafe = _run(K.brs_kernel, s2, L2, free2, make_params(**kw2, safe=False), wait=w2)
+    safe = _run(K.brs_kernel, s2, L2, free2, make_params(**kw2, safe=True), wait=w2)
+    jsq2 = _run(K.jsq_kernel, s2, L2, free2, make_params(), wait=w2)
+    assert unsafe.tolist() == [0, 1, -1] and imbalance(apply_assignment(L2, unsafe, s2)) == 5
+    assert safe.tolist() == jsq2.tolist() == [1, 0, -1]
+    assert imbalance(apply_assignment(L2, safe, s2)) == 3
+
+
+# Issue 10's defects 4 and 5 and the inputs accepted without complaint, one regression each.
+@pytest.mark.parametrize("policy", ["br0", "brh", "trtllm", "jsq", "brs"])
+def test_free_slots_summing_past_int64_is_refused(policy):
+    """Defect 4: [2**63 - 1, 1, 1, 1] wrapped to a negative total and placed nothing."""
+    with pytest.raises(InvalidInputError, match="'free_slots'.*sum exceeds 2\\*\\*63 - 1"):
+        route_batch([1.0, 2.0], [0, 0, 0, 0], [2**63 - 1, 1, 1, 1], policy=policy)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_lengths_near_the_float_limit_are_refused(policy):
+    """Defect 5: lengths near 1.7e308 gave a NaN imbalance."""
+    with pytest.raises(InvalidInputError, match="'prefill_lengths'.*1.7e\\+308"):
+        route_batch([1.7e308, 1.0], [0.0, 0.0], [1, 1], policy=policy, rng=0)
+    with pytest.raises(InvalidInputError, match="'loads'"):
+        route_batch([1.0], [1.7e308, 0.0], [1, 1], policy=policy, rng=0)
+    # the largest accepted token count still gives a finite, exact imbalance
+    d = route_batch([2.0**53], [0.0, 0.0], [1, 1], policy=policy, rng=0)
+    assert d.imbalance == 2.0**53
+
+
+def test_uint64_max_free_slots_is_named_as_too_large():
+    """Was reported as "NaN, infinite or negative"."""
+    with pytest.raises(InvalidInputError, match="'free_slots'.*too large for int64"):
+        route_batch([1.0], [0.0, 0.0], np.array([2**64 - 1, 1], dtype=np.uint64))
+
+
+@pytest.mark.parametrize(
+    "args, param",
+    [
+        ((["1", "2"], [0, 0], [1, 1]), "prefill_lengths"),  # numeric strings
+        (([1.0], ["5", "0"], [1, 1]), "loads"),
+        (([1.0], [0, 0], ["1", "1"]), "free_slots"),
+        (([1 + 2j], [0, 0], [1, 1]), "prefill_lengths"),  # complex numbers
+        (([1.0], [0j, 0j], [1, 1]), "loads"),
+        (([True, 2], [0, 0], [1, 1]), "prefill_lengths"),  # JSON true
+        (([1.0], [0, 0], [True, 1]), "free_slots"),
+        (([1.0], [0, 0], [1.5, 1]), "free_slots"),
+        ((np.array([1.0, np.nan]), [0, 0], [1, 1]), "prefill_lengths"),
+    ],
+)
+def test_strings_complex_and_booleans_are_refused(args, param):
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        route_batch(*args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"n_running": ["1", "2"]}, "n_running"),
+        ({"prompt_tokens": [-1.0, 0.0]}, "prompt_tokens"),
+        ({"kv_capacity": 0}, "kv_capacity"),
+        ({"kv_usage": [np.nan, 0.0]}, "kv_usage"),
+        ({"pool_wait": [-1]}, "pool_wait"),
+        ({"pool_wait": [1, 2]}, "pool_wait"),
+        ({"pool_cached": [[1.0]]}, "pool_cached"),
+        ({"carry": [1.0]}, "carry"),
+        ({"policy": "jsq", "rng": "x"}, "rng"),
+    ],
+)
+def test_state_keywords_are_checked(kwargs, param):
+    with pytest.raises(InvalidInputError, match=f"'{param}'"):
+        route_batch([1.0], [0.0, 0.0], [1, 1], **kwargs)
+
+
+def test_state_keywords_reach_the_kernel():
+    """prompt_tokens and n_running, KV usage and capacity, pool waits are what the kernel
+    sees: TRT-LLM reads active counts, BR-S's KV check refuses a replica without room."""
+    d = route_batch([1, 9], [0, 5], [2, 2], policy="trtllm", n_running=[3, 0])
+    assert d.assignment.tolist() == [1, 1]
+    sat = dict(pool_wait=[50, 50], kv_capacity=[100.0, 12.0])
+    d = route_batch([30.0, 5.0], [0.0, 0.0], [1, 1], **sat)
+    assert d.assignment.tolist() == [0, 1]  # 30 tokens do not fit replica 1's 12

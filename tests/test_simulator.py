@@ -1,22 +1,35 @@
 """The lock-step simulator: kernel == py_func == reference, invariants checked from scratch,
 projection == project_loads, metrics, staleness, saturated mode, validation."""
 
+import inspect
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from numba import njit
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.routing import ClusterState
 from straggler.sim._engine import (
+    SERIES,
     no_two_stage,
     project_view,
     run_engine,
     run_engine_reference,
     two_stage_predict,
 )
-from straggler.sim.simulator import SimReport, _two_stage, simulate
+from straggler.sim.prefix import PrefixBlocks
+from straggler.sim.simulator import (
+    SimReport,
+    _engine_inputs,
+    _two_stage,
+    decode_capacity,
+    offered_load,
+    simulate,
+)
 from straggler.sim.traces import Trace, generate_trace, load_trace
+from straggler.solvers import _jit, _routing_kernels, predictors, routing_policies
+from straggler.solvers._jit import source_digest
 from straggler.solvers.predictors import (
     ExactMatchPredictor,
     OraclePredictor,
@@ -24,32 +37,9 @@ from straggler.solvers.predictors import (
     TwoStagePredictor,
     termination_samples,
 )
-from straggler.solvers.routing import (
-    ROUTING_KERNELS,
-    make_params,
-    new_request_presence,
-    project_loads,
-)
+from straggler.solvers.routing import project_loads
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
-
-
-@njit
-def _rr_router(prefill, loads, free, n_running, n_waiting, params, seed):
-    """A trivial round-robin over replicas with a free slot, starting at seed % G (tests only)."""
-    G = free.size
-    out = np.full(prefill.size, -1, np.int64)
-    f = free.copy()
-    g = seed % G
-    for j in range(prefill.size):
-        for t in range(G):
-            gg = (g + t) % G
-            if f[gg] > 0:
-                out[j] = gg
-                f[gg] -= 1
-                g = gg + 1
-                break
-    return out
 
 
 def _small_trace(n=60, seed=1, hashes=False):
@@ -61,136 +51,166 @@ def _small_trace(n=60, seed=1, hashes=False):
     return Trace(arrival_s=tr.arrival_s, prompt_len=tr.prompt_len, output_len=out, prefix_hash=h)
 
 
-def _engine_args(
-    tr,
-    *,
-    G=3,
-    slots=4,
-    stale=0,
-    optimistic=True,
-    pred_kind=0,
-    H=0,
-    tick=1,
-    kv=10**9,
-    max_pool=8,
-    seed=5,
-    refill=False,
-    presence=False,
-):
-    order = np.argsort(tr.arrival_s + 0.001, kind="stable")
-    ready = tr.arrival_s[order] + 0.001
-    prompt = tr.prompt_len[order]
-    output = tr.output_len[order]
-    if tr.prefix_hash is not None:
-        group = tr.prefix_hash[order].astype(np.int64)
-        n_groups = int(group.max()) + 1
-    else:
-        group = np.full(len(tr), -1, np.int64)
-        n_groups = 0
-    sp = SurvivalPredictor(output)
-    ages = np.arange(int(output.max()) + 1, dtype=float)
-    p, mu = sp.predict(np.zeros_like(ages), ages, H)
-    two_stage = no_two_stage()
-    if pred_kind == 4:  # cross-fitted models (trace order), then in engine order
-        ts, _ = _two_stage(tr, H, None)
-        two_stage = (np.ascontiguousarray(ts[0][order]),) + ts[1:]
-    params = make_params(
-        r_max=3,
-        s_greedy=4,
-        beta=float(G),
-        optimistic=optimistic,
-        new_presence=new_request_presence(output, H) if presence else None,
-    )
-    return (
-        params,
-        ready,
-        prompt,
-        output,
-        group,
-        n_groups,
-        G,
-        slots,
-        kv,
-        0.01,
-        1e-5,
-        tick,
-        stale,
-        optimistic,
-        max_pool,
-        H,
-        pred_kind,
-        p,
-        mu,
-        seed,
-        10**6,
-        True,
-        refill,
-        two_stage,
-    )
+_DEFAULTS = {
+    k: v.default
+    for k, v in inspect.signature(simulate).parameters.items()
+    if v.kind == v.KEYWORD_ONLY
+}
+#: Unlimited, instant prefill: arrival = ready (the replays from scratch need no queue model).
+INSTANT = dict(prefill_instances=0, prefill_base_s=0.0, prefill_tokens_per_s=np.inf)
+
+
+def _inputs(tr, policy, options=None, **kw):
+    """simulate's engine inputs for ``tr`` (small cluster and fast steps unless overridden)."""
+    full = {**_DEFAULTS, **dict(n_replicas=3, max_slots=4, t0=0.01, kappa=1e-5), **kw}
+    return _engine_inputs(tr, policy, full, options or {})
 
 
 def _same(a, b):
-    for x, y in zip(a[:5], b[:5]):
-        assert x.shape == y.shape
-        assert np.array_equal(x, y, equal_nan=True)
-    assert np.array_equal(a[6], b[6])  # pool size per tick (a[5] holds timings)
+    for name in a._fields:
+        if name == "tick_ns":  # timings
+            continue
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.shape == y.shape, name
+        assert np.array_equal(x, y, equal_nan=True), name
 
 
-# Each policy compiles the step loop once (~5 s), so the default run covers four of them (BR-0,
-# JSQ, random, BR-H with its four predictors); the other baselines run with -m slow.
+BR = dict(r_max=3, s_greedy=4)
 CASES = [
-    ("br0", dict()),
-    ("br0", dict(stale=4, tick=3, tight_kv=True)),
-    ("jsq", dict(stale=3)),
-    ("jsq", dict(stale=3, optimistic=False)),
-    ("random", dict(tick=2, tight_kv=True)),
-    ("brh", dict(pred_kind=1, H=6)),
-    ("brh", dict(pred_kind=2, H=6, stale=2)),
-    ("brh", dict(pred_kind=3, H=6)),
-    ("brh", dict(pred_kind=1, H=6, refill=True, presence=True, stale=2)),
-    ("brh", dict(pred_kind=2, H=6, refill=True, max_pool=3)),
-    ("brh", dict(pred_kind=4, H=6, stale=2)),
-    ("brh", dict(pred_kind=4, H=6, refill=True, presence=True, max_pool=3)),
-]
-SLOW_CASES = [
-    ("p2c", dict(tight_kv=True)),
-    ("round_robin", dict()),
-    ("trtllm", dict()),
-    ("vllm", dict(stale=2)),
-    ("jsq_requests", dict()),
+    ("br0", dict(), BR),
+    ("br0", dict(stale=4, tick=3, tight_kv=True), BR),
+    ("jsq", dict(stale=3), {}),
+    ("jsq", dict(stale=3, optimistic=False), {}),
+    ("random", dict(tick=2, tight_kv=True), {}),
+    ("p2c", dict(tight_kv=True), {}),
+    ("round_robin", dict(), {"cursor": 2}),
+    ("trtllm", dict(prefill_instances=1), {}),
+    ("vllm", dict(stale=2), {}),
+    ("jsq_requests", dict(load=2.0), {}),
+    ("brh", dict(predictor="oracle", horizon=6), BR),
+    ("brh", dict(predictor="survival", horizon=6, stale=2, tight_kv=True), BR),
+    ("brh", dict(predictor="exact_match", horizon=6), BR),
+    ("brh", dict(predictor="oracle", horizon=6, refill=True, new_presence=True, stale=2), BR),
+    ("brh", dict(predictor="survival", horizon=6, refill=True, max_pool=3), BR),
+    ("brh", dict(predictor="two_stage", horizon=6, stale=2), BR),
+    (
+        "brh",
+        dict(predictor="two_stage", horizon=6, refill=True, new_presence=True, max_pool=3),
+        BR,
+    ),
+    ("br0", dict(prefill_instances=1, prefill_tokens_per_s=20_000.0, load=1.5), BR),
+    ("jsq", dict(tight_kv=True, load=3.0, prefill_instances=2), {}),
+    ("br0", dict(load=0.3, max_slots=2), BR),
+    ("brs", dict(), {}),
+    ("brs", dict(load=3.0, tight_kv=True, stale=2), {"patience": 0, "age_window": 4}),
+    ("brs", dict(load=2.0), {"patience": 2, "window": 2, "age_fraction": 0.5}),
+    ("brs", dict(load=2.0, optimistic=False), {"patience": 1, "safe": False}),
+    # issue 11: the new baselines, the engines' own queues, the replicas' prefix caches
+    ("trtllm_balance", dict(load=1.5), {"timeout_iters": 3, "batching_wait_iters": 1}),
+    ("trtllm_balance", dict(load=1.5, stale=2), {}),
+    ("follow_bootstrap_room", dict(load=1.5, tight_kv=True), {}),
+    ("dynamo", dict(load=1.5, blocks=True), {"block_size": 16}),
+    ("dynamo", dict(load=1.5, blocks=True, tight_kv=True, dispatch="queue"), {}),
+    ("dynamo", dict(load=1.5), {}),
+    ("vllm", dict(load=2.0, dispatch="queue", stale=2), {}),
+    ("vllm", dict(load=2.0, dispatch="queue", tight_kv=True), {"version": "legacy"}),
+    ("jsq", dict(load=2.0, dispatch="queue", stale=3), {"version": "plus_one"}),
+    ("p2c", dict(load=2.0, dispatch="queue"), {"version": "expected_wait"}),
+    ("trtllm", dict(load=2.0, dispatch="queue", stale=1), {}),
+    ("follow_bootstrap_room", dict(load=2.0, dispatch="queue"), {}),
+    ("br0", dict(load=2.0, dispatch="queue", optimistic=False, stale=2), BR),
+    ("jsq", dict(load=1.5, blocks=True, tight_kv=True), {}),
+    ("trtllm_balance", dict(load=1.5, ctx_cost=2e-6, **INSTANT), {"timeout_iters": 4}),
+    ("trtllm", dict(load=1.5, ctx_cost=2e-6, tight_kv=True, **INSTANT), {}),
+    ("vllm", dict(load=1.5, ctx_cost=2e-6, dispatch="queue", **INSTANT), {}),
+    ("dynamo", dict(load=1.5, ctx_cost=2e-6, dispatch="queue", blocks=True, **INSTANT), {}),
 ]
 
 
-def _check_engines(policy, kw):
+def _small_blocks(tr, block_tokens=64, seed=3):
+    """Block chains for ``tr``: four shared conversation prefixes of random depth, then blocks
+    of the request's own (the Mooncake layout: one id per ``block_tokens`` prompt tokens)."""
+    rng = np.random.default_rng(seed)
+    lists = []
+    for i, p in enumerate(tr.prompt_len):
+        nb = -(-int(p) // block_tokens)
+        conv, depth = int(rng.integers(4)), int(rng.integers(0, nb + 1))
+        lists.append(
+            [conv * 10_000 + j for j in range(depth)]
+            + [10**6 + 1000 * i + j for j in range(nb - depth)]
+        )
+    return PrefixBlocks.from_lists(lists, block_tokens=block_tokens)
+
+
+def _check_engines(policy, kw, options):
     kw = dict(kw)
-    tr = _small_trace(hashes=kw.get("pred_kind") == 3)
+    tr = _small_trace(hashes=kw.get("predictor") == "exact_match")
     if kw.pop("tight_kv", False):
-        kw["kv"] = int(tr.prompt_len.max()) + 300  # binds often, yet every prompt fits
-    args = _engine_args(tr, **kw)
-    kern = ROUTING_KERNELS[policy]
-    a = run_engine(kern, *args)
-    b = run_engine.py_func(kern, *args)
-    c = run_engine_reference(kern.py_func, *args)
+        # binds often (preemptions), yet every request fits alone
+        kw["kv_capacity"] = int((tr.prompt_len + tr.output_len).max()) + 300
+    if kw.pop("blocks", False):
+        kw["prefix_blocks"] = _small_blocks(tr)
+    inp, pol, _, cfg, _ = _inputs(tr, policy, options, **kw)
+    assert cfg["prefix_cache"] == ("prefix_blocks" in kw)
+    assert cfg["prefix_cache_router"] == ("prefix_blocks" in kw and policy == "dynamo")
+    a = run_engine(inp)
+    b = run_engine.py_func(inp)
+    c = run_engine_reference(inp, pol.reference)
     _same(a, b)
     _same(a, c)
-    assert np.all(np.isfinite(a[2])), "every request finishes"
+    assert np.all(np.isfinite(a.finish_t)), "every request finishes"
+    return a
 
 
-@pytest.mark.parametrize("policy,kw", CASES)
-def test_kernel_equals_py_func_equals_reference(policy, kw):
-    _check_engines(policy, kw)
+@pytest.mark.parametrize("policy,kw,options", CASES)
+def test_kernel_equals_py_func_equals_reference(policy, kw, options):
+    """The jitted engine, its py_func and the plain-Python reference agree exactly, for every
+    registered policy and with each mechanism on: staleness, ticks, preemption (tight KV),
+    finite prefill capacity, the load knob, the four predictors."""
+    _check_engines(policy, kw, options)
+
+
+def test_every_policy_is_covered_by_the_engine_cases():
+    assert {c[0] for c in CASES} == set(routing_policies())
+
+
+def test_engine_is_cached_with_its_callees():
+    """The engine's disk cache is keyed on every file holding one of its jitted callees."""
+    from numba.core.registry import CPUDispatcher
+    from straggler.sim import _engine
+
+    assert run_engine._cache._cache_file._source_stamp[1] == source_digest(
+        _routing_kernels, predictors, _jit
+    )
+    seen, files, todo = set(), set(), [run_engine]
+    while todo:  # every jitted function the engine reaches through its globals
+        d = todo.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        files.add(pathlib.Path(d.py_func.__code__.co_filename).resolve())
+        for name in d.py_func.__code__.co_names:
+            obj = d.py_func.__globals__.get(name)
+            if isinstance(obj, CPUDispatcher):
+                todo.append(obj)
+    assert len(seen) > 20  # the engine, its helpers and every policy's kernel
+    deps = {pathlib.Path(m.__file__).resolve() for m in (_engine, _routing_kernels)}
+    assert files <= deps, files - deps
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy,kw", SLOW_CASES)
-def test_kernel_equals_reference_other_baselines(policy, kw):
-    _check_engines(policy, kw)
-
-
-def test_trivial_round_robin_router_in_both_loops():
-    tr = _small_trace(n=40, seed=3)
-    args = _engine_args(tr, stale=2)
-    _same(run_engine(_rr_router, *args), run_engine_reference(_rr_router.py_func, *args))
+def test_a_new_process_with_a_warm_cache_does_not_recompile(tmp_path):
+    code = (
+        "from straggler.sim import simulate\n"
+        "from straggler.sim._engine import run_engine\n"
+        "from straggler.sim.traces import Trace\n"
+        "tr = Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2])\n"
+        "simulate(tr, 'jsq', n_replicas=2)\n"
+        "print(sum(run_engine.stats.cache_misses.values()))\n"
+    )
+    simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
 
 
 def _replay_loads(series, req, G, kv_prompt=None):
@@ -214,21 +234,28 @@ def test_invariants_from_scratch(policy):
     G, slots = 3, 4
     tr = _small_trace(n=80, seed=7)
     r = simulate(
-        tr, policy, n_replicas=G, max_slots=slots, t0=0.01, kappa=1e-5, kv_capacity=7000, max_pool=8
+        tr,
+        policy,
+        n_replicas=G,
+        max_slots=slots,
+        t0=0.01,
+        kappa=1e-5,
+        kv_capacity=10**6,  # never binds: the replay below has no preemption to model
+        max_pool=8,
+        **INSTANT,
     )
     rq = r.requests
-    assert r.n_finished == len(tr)
-    # each request decodes exactly output_len steps, one per step, then leaves
-    series = np.column_stack(
-        [r.series[k] for k in ("time_s", "step_s", "max_load", "sum_load", "running", "pool")]
-    )
+    assert r.n_finished == len(tr) and r.n_unfinished == 0 and r.n_preempted == 0
+    series = np.column_stack([r.series[k] for k in SERIES])
     clock, dt = series[:, 0], series[:, 1]
+    # each request decodes exactly output_len steps, one per step, then leaves
     for i in range(len(tr)):
         k0 = np.searchsorted(clock, rq["start_s"][i])
         k1 = k0 + rq["output_len"][i]
         assert rq["finish_s"][i] == clock[k1 - 1] + dt[k1 - 1]
         assert rq["first_s"][i] == clock[k0] + dt[k0]
-        assert rq["start_s"][i] >= rq["ready_s"][i]
+        assert rq["start_s"][i] >= rq["ready_s"][i] == rq["arrival_s"][i]
+        assert rq["pool_wait_s"][i] == rq["start_s"][i] - rq["ready_s"][i]
     loads, counts = _replay_loads(
         series,
         dict(
@@ -244,24 +271,104 @@ def test_invariants_from_scratch(policy):
     assert counts.max() <= slots
     assert np.array_equal(counts.sum(axis=1), r.series["running"])
     assert np.allclose(dt, 0.01 + 1e-5 * loads.max(axis=1), rtol=0, atol=1e-15)
-    # KV capacity at admission
-    for i in range(len(tr)):
-        k0 = np.searchsorted(clock, rq["start_s"][i])
-        g = rq["replica"][i]
-        assert loads[k0, g] <= 7000
-    # metrics from their definitions
+    # metrics from their definitions (whole run)
     imb = G * loads.max(axis=1) - loads.sum(axis=1)
     assert r.mean_imbalance == pytest.approx(imb.mean())
     span = clock[-1] + dt[-1] - clock[0]
     assert r.throughput_tps == pytest.approx(counts.sum() / span)
+    assert r.slot_utilisation == pytest.approx(
+        (counts.sum(axis=1) * dt).sum() / (G * slots * dt.sum())
+    )
     assert counts.sum() == tr.output_len.sum()
     tpot = (rq["finish_s"] - rq["start_s"]) / rq["output_len"]
     assert r.tpot_p95_ms == pytest.approx(np.percentile(tpot, 95) * 1e3)
+    assert r.max_pool_wait_s == pytest.approx(rq["pool_wait_s"].max())
+    # the window: the steps starting before the last arrival
+    lo, hi = r.window
+    assert lo == 0 and clock[hi - 1] < tr.arrival_s[-1] <= clock[hi]
+    assert r.window_mean_imbalance == pytest.approx(imb[:hi].mean())
+
+
+def test_preemption_changes_the_outcome_and_keeps_kv_within_capacity():
+    """A KV capacity that binds during decode: requests are preempted (recompute), the run
+    differs from the unbounded one, the KV capacity holds at every step, every request still
+    finishes with exactly output_len tokens, and numba == reference (CASES)."""
+    tr = _small_trace(n=60, seed=3)
+    cap = int((tr.prompt_len + tr.output_len).max()) + 300
+    kw = dict(n_replicas=3, max_slots=4, t0=0.01, kappa=1e-5, **INSTANT)
+    free = simulate(tr, "jsq", **kw)
+    tight = simulate(tr, "jsq", kv_capacity=cap, **kw)
+    assert free.n_preempted == 0 and tight.n_preempted > 0
+    assert tight.series["preempted"].sum() == tight.n_preempted == tight.requests["n_preempt"].sum()
+    assert tight.n_finished == len(tr)
+    assert not np.array_equal(free.series["max_load"], tight.series["max_load"])
+    assert np.all(tight.series["max_load"] <= cap)
+    # a preempted request waits in the pool again: its TPOT includes the stall
+    pre = tight.requests["n_preempt"] > 0
+    tpot = (tight.requests["finish_s"] - tight.requests["start_s"]) / tr.output_len
+    assert np.all(tpot[pre] > 0.01)
+    tokens = (tight.series["running"]).sum()
+    assert tokens == tr.output_len.sum()  # recompute keeps the decoded tokens
+    b = simulate(tr, "jsq", kv_capacity=cap, engine="python", **kw)
+    assert all(np.array_equal(tight.series[k], b.series[k]) for k in tight.series)
+
+
+def test_prefill_capacity_changes_the_outcome_as_a_fifo_queue():
+    """One prefill instance: ready times follow the single-server FCFS recursion; unlimited
+    instances: arrival + base + tokens / rate; the runs differ and numba == reference."""
+    tr = _small_trace(n=50, seed=5)
+    base, rate = 0.01, 20_000.0
+    kw = dict(n_replicas=3, max_slots=4, t0=0.01, kappa=1e-5, prefill_base_s=base)
+    one = simulate(tr, "br0", prefill_instances=1, prefill_tokens_per_s=rate, **kw)
+    many = simulate(tr, "br0", prefill_instances=0, prefill_tokens_per_s=rate, **kw)
+    assert one.n_preempted == 0
+    want, free_at = [], 0.0
+    for t, p in zip(tr.arrival_s, tr.prompt_len):
+        free_at = max(t, free_at) + (base + (1.0 / rate) * float(p))
+        want.append(free_at)
+    assert np.array_equal(one.requests["ready_s"], np.array(want))
+    unlimited = tr.arrival_s + (base + (1.0 / rate) * tr.prompt_len)
+    assert np.array_equal(many.requests["ready_s"], unlimited)
+    assert one.ttft_p99_ms > many.ttft_p99_ms
+    assert not np.array_equal(one.requests["start_s"], many.requests["start_s"])
+    b = simulate(tr, "br0", prefill_instances=1, prefill_tokens_per_s=rate, engine="python", **kw)
+    assert np.array_equal(one.requests["ready_s"], b.requests["ready_s"])
+    assert all(np.array_equal(one.series[k], b.series[k]) for k in one.series)
+
+
+def test_load_knob_rescales_arrivals_and_changes_the_outcome():
+    tr = _small_trace(n=80, seed=2)
+    kw = dict(n_replicas=2, max_slots=4, t0=0.01, kappa=1e-5, kv_capacity=10**6)
+    cap = decode_capacity(tr, n_replicas=2, max_slots=4, kv_capacity=10**6, t0=0.01, kappa=1e-5)
+    r = float(np.mean(tr.prompt_len + tr.output_len / 2))
+    assert cap["concurrency"] == 4 and cap["step_s"] == pytest.approx(0.01 + 1e-5 * 4 * r)
+    assert cap["rate_per_s"] == pytest.approx(8 / (tr.output_len.mean() * cap["step_s"]))
+    low = simulate(tr, "jsq", load=0.5, **kw)
+    high = simulate(tr, "jsq", load=1.5, **kw)
+    assert low.offered_load == 0.5 and high.offered_load == 1.5
+    for rep, x in ((low, 0.5), (high, 1.5)):
+        sim_tr = Trace(
+            arrival_s=rep.requests["arrival_s"],
+            prompt_len=rep.requests["prompt_len"],
+            output_len=rep.requests["output_len"],
+        )
+        got = offered_load(sim_tr, n_replicas=2, max_slots=4, kv_capacity=1e6, t0=0.01, kappa=1e-5)
+        assert got == pytest.approx(x)
+    gaps = np.diff(low.requests["arrival_s"]) / np.diff(high.requests["arrival_s"])
+    assert np.allclose(gaps[np.isfinite(gaps)], 3.0)
+    assert high.slot_utilisation > low.slot_utilisation
+    assert high.queue_p99_ms > low.queue_p99_ms
+    as_is = simulate(tr, "jsq", **kw)
+    assert as_is.offered_load == pytest.approx(
+        offered_load(tr, n_replicas=2, max_slots=4, kv_capacity=1e6, t0=0.01, kappa=1e-5)
+    )
+    b = simulate(tr, "jsq", load=1.5, engine="python", **kw)
+    assert all(np.array_equal(high.series[k], b.series[k]) for k in high.series)
 
 
 def test_numba_and_python_engines_give_the_same_report():
     tr = _small_trace(n=50, seed=11)
-    kw = dict(n_replicas=4, max_slots=3, stale=2, saturated=True, max_pool=16)
+    kw = dict(n_replicas=4, max_slots=3, stale=2, saturated=True, max_pool=16, r_max=4)
     a = simulate(tr, "brh", predictor="survival", horizon=5, **kw)
     b = simulate(tr, "brh", predictor="survival", horizon=5, engine="python", **kw)
     for k in a.series:
@@ -450,9 +557,7 @@ def test_staleness_without_optimistic_update_herds():
     tr = Trace(
         arrival_s=np.arange(n) * 0.125, prompt_len=np.full(n, 100), output_len=np.full(n, 200)
     )
-    kw = dict(
-        n_replicas=2, max_slots=8, t0=0.125, kappa=0.0, prefill_base_s=0.0, prefill_per_token_s=0.0
-    )
+    kw = dict(n_replicas=2, max_slots=8, t0=0.125, kappa=0.0, **INSTANT)
     herd = simulate(tr, "jsq", stale=50, optimistic=False, **kw)
     assert herd.requests["replica"].tolist() == [0] * n
     # fresh loads seen at steps 1..5 (each running request adds a token per step):
@@ -476,21 +581,33 @@ def test_tick_every_k_steps():
         t0=0.01,
         kappa=0.0,
         tick=4,
-        prefill_base_s=0.0,
-        prefill_per_token_s=0.0,
+        **INSTANT,
     )
     # a slot frees after 10 steps, the next tick is at step 12, then 24 (step 22 frees it)
     assert (np.round(r.requests["start_s"] / 0.01)).astype(int).tolist() == [0, 12, 24]
 
 
-def test_saturated_mode_window_and_pool():
+def test_saturated_mode_is_load_overload_and_the_window_is_the_same_for_every_policy():
     tr = _small_trace(n=120, seed=2)
-    r = simulate(tr, "br0", n_replicas=2, max_slots=3, saturated=True, overload=2.0)
+    kw = dict(n_replicas=2, max_slots=3)
+    r = simulate(tr, "br0", saturated=True, overload=2.0, **kw)
+    assert r.offered_load == 2.0
+    same = simulate(tr, "br0", load=2.0, **kw)
+    assert np.array_equal(r.series["max_load"], same.series["max_load"])
     lo, hi = r.window
-    assert lo == 0 and 0 < hi <= r.n_steps
-    # until the last admission the cluster is full almost all the time
+    assert lo == 0 and 0 < hi < r.n_steps  # the drain after the last arrival is outside
+    # while arrivals come the cluster is full almost all the time
     assert np.mean(r.series["running"][:hi] == 6) > 0.8
-    assert r.series["time_s"][hi - 1] <= np.nanmax(r.requests["start_s"])
+    # the window ends at the last arrival, whatever the policy admits last
+    other = simulate(tr, "jsq", saturated=True, overload=2.0, **kw)
+    last = r.requests["arrival_s"][-1]
+    for rep in (r, other):
+        t = rep.series["time_s"]
+        assert t[rep.window[1] - 1] < last <= t[rep.window[1]]
+    # whole-run metrics cover every step; windowed ones only the window
+    imb = r.series["imbalance"]
+    assert r.mean_imbalance == pytest.approx(imb.mean())
+    assert r.window_mean_imbalance == pytest.approx(imb[:hi].mean())
 
 
 def test_report_fields_and_summary():
@@ -501,17 +618,36 @@ def test_report_fields_and_summary():
         "mean_imbalance",
         "balance_ratio",
         "throughput_tps",
+        "slot_utilisation",
+        "offered_load",
+        "window_mean_imbalance",
+        "window_throughput_tps",
+        "window_slot_utilisation",
         "tpot_p50_ms",
         "tpot_p95_ms",
         "tpot_p99_ms",
         "ttft_p50_ms",
         "ttft_p99_ms",
         "queue_p50_ms",
+        "max_pool_wait_s",
         "sched_us_p50",
     ):
         assert np.isfinite(s[key]), key
-    assert 0 < r.balance_ratio <= 1
+    assert s["n_unfinished"] == 0 and s["n_preempted"] == 0
+    assert 0 < r.balance_ratio <= 1 and 0 < r.slot_utilisation <= 1
     assert r.ttft_p50_ms >= r.queue_p50_ms
+    assert r.config["prefill_instances"] == 1  # ceil(G / 2)
+
+
+def test_max_steps_leaves_requests_unfinished():
+    r = simulate(_small_trace(n=30), "jsq", n_replicas=2, max_slots=2, max_steps=40)
+    assert r.n_steps == 40 and r.n_unfinished > 0
+    assert r.n_finished + r.n_unfinished == r.n_requests
+    waiting = np.isnan(r.requests["start_s"]) & ~np.isnan(r.requests["ready_s"])
+    assert waiting.any()
+    end = r.series["time_s"][-1] + r.series["step_s"][-1]
+    i = np.flatnonzero(waiting)[0]
+    assert r.requests["pool_wait_s"][i] == pytest.approx(end - r.requests["ready_s"][i])
 
 
 def test_same_seed_same_run():
@@ -531,15 +667,26 @@ def test_same_seed_same_run():
         (dict(stale=-1), "stale"),
         (dict(tick=0), "tick"),
         (dict(policy="brh", predictor="crystal_ball"), "predictor"),
-        (dict(gamma=1.5), "gamma"),
+        (dict(policy="brh", gamma=1.5), "gamma"),
         (dict(kv_capacity=10), "kv_capacity"),
         (dict(engine="fortran"), "engine"),
         (dict(optimistic="yes"), "optimistic"),
+        (dict(load=0), "load"),
+        (dict(load="1"), "load"),
+        (dict(load=True), "load"),
+        (dict(prefill_instances=-1), "prefill_instances"),
+        (dict(prefill_tokens_per_s=0), "prefill_tokens_per_s"),
+        (dict(policy="jsq", predictor="oracle"), "predictor"),
+        (dict(policy="jsq", horizon=5), "horizon"),
+        (dict(policy="jsq", refill=True), "refill"),
+        (dict(policy="jsq", r_max=3), "r_max"),
+        (dict(policy="brh", new_presence=[1.0]), "new_presence"),
+        (dict(max_steps=0), "max_steps"),
     ],
 )
 def test_bad_input_names_the_parameter(kw, name):
     tr = _small_trace(n=5)
-    with pytest.raises((InvalidInputError, InvalidOptionError), match=f"'{name}'"):
+    with pytest.raises((InvalidInputError, InvalidOptionError), match=f"'{name}'|{name}"):
         simulate(tr, **kw)
 
 
@@ -566,7 +713,7 @@ def test_real_trace_slice_br0_beats_jsq_when_saturated():
 )
 def test_full_hour_replay_every_policy():
     tr = load_trace(TRACES / "AzureLLMInferenceTrace_conv.csv")
-    for pol in ROUTING_KERNELS:
+    for pol in routing_policies():
         r = simulate(tr, pol)
         assert r.n_finished == len(tr)
 
@@ -584,3 +731,32 @@ def test_plot_imbalance_writes_png(tmp_path):
         "jsq",
         "br0",
     ]
+
+
+def _max_overtake(r):
+    """The largest ``enter_tick_j - enter_tick_o`` over pairs where ``j`` was admitted at a
+    tick while ``o`` waited in the pool (how much younger an overtaker was, in ticks)."""
+    e = r.requests["enter_tick"]
+    a = r.requests["admit_tick"].astype(float)
+    a[a < 0] = np.inf
+    worst = -np.inf
+    for j in np.flatnonzero(np.isfinite(a)):
+        waiting = (e >= 0) & (e <= a[j]) & (a > a[j])
+        if waiting.any():
+            worst = max(worst, e[j] - e[waiting].min())
+    return worst
+
+
+def test_R8_pool_wait_bound_in_a_saturated_run():
+    """THEOREMS.md R8 over a whole run: BR-S never admits a request that entered the pool
+    more than A ticks after one still waiting (so each request is admitted before any request
+    that entered more than A ticks after it); without the age window it does."""
+    tr = _small_trace(n=120, seed=4)
+    kw = dict(n_replicas=2, max_slots=3, load=3.0, kv_capacity=10**6, max_pool=512)
+    for A in (4, 16):
+        r = simulate(tr, "brs", age_window=A, age_fraction=1.0, patience=0, window=0, **kw)
+        assert r.n_finished == len(tr)
+        assert _max_overtake(r) <= A
+    free = simulate(tr, "brs", age_window=10**6, age_fraction=1.0, patience=0, window=0, **kw)
+    assert _max_overtake(free) > 16  # the F-score alone passes requests over for longer
+    assert _max_overtake(simulate(tr, "jsq", **kw)) <= 0  # FCFS

@@ -255,3 +255,87 @@ def test_default_workload_and_saturation():
     assert np.all(s.output_len >= 100)
     offered = len(s) / s.duration_s * s.output_len.mean() * 0.07
     assert offered == pytest.approx(1.5 * 8 * 16, rel=0.01)
+
+
+AZURE_HEAD = b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+
+
+@pytest.mark.parametrize("value", [b"1e30", str(10**30).encode(), b"1e400", b"9007199254740993"])
+def test_huge_lengths_name_file_and_line(tmp_path, value):
+    """Issue 10 defect 6: huge lengths raised a raw OverflowError (Azure, lengths, Mooncake)."""
+    p = tmp_path / "huge.csv"
+    p.write_bytes(AZURE_HEAD + b"2023-11-16 18:15:47.6805900," + value + b",5\n")
+    with pytest.raises(InvalidInputError, match=r"huge\.csv', line 3: column 'ContextTokens'"):
+        load_trace(p)
+    p = tmp_path / "huge_lengths.csv"
+    p.write_bytes(b"num_prefill_tokens,num_decode_tokens\n3,4\n" + value + b",2\n")
+    with pytest.raises(InvalidInputError, match=r"huge_lengths\.csv', line 3"):
+        load_trace(p, rate=1.0)
+    p = tmp_path / "huge.jsonl"
+    p.write_bytes(b'{"timestamp": 0, "input_length": ' + value + b', "output_length": 2}\n')
+    with pytest.raises(InvalidInputError, match=r"huge\.jsonl', line 1: 'input_length'"):
+        load_trace(p)
+
+
+def test_non_utf8_binary_and_gzip_files(tmp_path):
+    """Issue 10 defect 7: non-UTF-8 bytes, binary data and gzip files raised a raw
+    UnicodeDecodeError; now gzip is read, the others are refused naming file and line."""
+    import gzip
+
+    p = tmp_path / "latin1.csv"
+    p.write_bytes(AZURE_HEAD + b"2023-11-16 18:15:47.6805900,3\xe9,5\n")
+    with pytest.raises(InvalidInputError, match=r"latin1\.csv' is not UTF-8 text: line 3"):
+        load_trace(p)
+    p = tmp_path / "binary.csv"
+    p.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(InvalidInputError, match=r"binary\.csv' is not UTF-8"):
+        load_trace(p)
+    p = tmp_path / "nul.csv"
+    p.write_bytes(AZURE_HEAD + b"2023-11-16 18:15:47\x00,3,5\n")
+    with pytest.raises(
+        InvalidInputError, match=r"nul\.csv' holds binary data: a NUL byte on line 3"
+    ):
+        load_trace(p)
+    p = tmp_path / "trace.csv.gz"
+    p.write_bytes(gzip.compress(AZURE_HEAD))
+    assert load_trace(p).prompt_len.tolist() == [374]
+    p = tmp_path / "cut.csv.gz"
+    p.write_bytes(gzip.compress(AZURE_HEAD)[:20])
+    with pytest.raises(InvalidInputError, match=r"cut\.csv\.gz' starts like a gzip file"):
+        load_trace(p)
+
+
+@pytest.mark.parametrize(
+    "record, match",
+    [
+        (b'"hash_ids": 5', "'hash_ids' must be a list of integers"),  # defect 8
+        (b'"hash_ids": [1, "a"]', "'hash_ids' must be a list of integers"),
+        (b'"hash_ids": [true]', "'hash_ids' must be a list of integers"),
+    ],
+)
+def test_mooncake_field_types_name_file_and_line(tmp_path, record, match):
+    """Issue 10 defect 8 (``"hash_ids": 5`` raised a raw TypeError), and its kin."""
+    p = tmp_path / "m.jsonl"
+    good = b'{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
+    p.write_bytes(
+        good + b'{"timestamp": 1, "input_length": 5, "output_length": 2, ' + record + b"}\n"
+    )
+    with pytest.raises(InvalidInputError, match=r"m\.jsonl', line 2: " + match):
+        load_trace(p)
+
+
+@pytest.mark.parametrize(
+    "record, key",
+    [
+        (b'{"timestamp": 0, "input_length": true, "output_length": 2}', "input_length"),
+        (b'{"timestamp": "0", "input_length": 5, "output_length": 2}', "timestamp"),
+        (b'{"timestamp": NaN, "input_length": 5, "output_length": 2}', "timestamp"),
+        (b'{"timestamp": 0, "input_length": 5, "output_length": 2.5}', "output_length"),
+        (b"[1, 2, 3]", "JSON object"),
+    ],
+)
+def test_mooncake_json_true_strings_and_nan_are_refused(tmp_path, record, key):
+    p = tmp_path / "m.jsonl"
+    p.write_bytes(record + b"\n")
+    with pytest.raises(InvalidInputError, match=rf"m\.jsonl', line 1: .*{key}"):
+        load_trace(p, format="mooncake")

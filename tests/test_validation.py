@@ -103,3 +103,21 @@ def test_choices_options_bools_rngs():
     assert rng_seed(5, "f") == 5
     g = np.random.default_rng(0)
     assert rng_seed(g, "f") == int(np.random.default_rng(0).integers(2**62))
+
+
+def test_check_rng_names_the_parameter():
+    with pytest.raises(InvalidInputError, match="'seed' parameter of make_decode_problem"):
+        check_rng(True, "make_decode_problem", "seed")
+    with pytest.raises(InvalidInputError, match="'rng' parameter of f"):
+        check_rng(-1, "f")
+
+
+def test_check_array_small_float_dtypes_do_not_overflow_the_bound():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_array(np.array([0.0, 3.0], np.float16), "v", "f", kind="int").tolist() == [
+            0,
+            3,
+        ]

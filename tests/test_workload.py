@@ -127,7 +127,7 @@ def test_make_decode_problem_nodes_and_distinct():
         ({"tokens_per_gpu": 0}, "tokens_per_gpu"),
         ({"kappa": -5.0}, "kappa"),
         ({"replication": 0.5}, "replication"),
-        ({"seed": "x"}, "rng"),
+        ({"seed": "x"}, "seed"),
     ],
 )
 def test_bad_input(kwargs, param):

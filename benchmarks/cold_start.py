@@ -1,0 +1,198 @@
+"""Cold start: what a new process pays before its first answer, with a cold and a warm cache.
+
+Every measurement runs in a fresh subprocess (nothing compiled in memory). Scenarios:
+
+* ``cold``: a fresh, empty ``NUMBA_CACHE_DIR`` (a fresh install, or CI): ``straggler.sim.warmup``
+  of everything (dispatch methods, routing policies, the simulator), with the compile seconds
+  per step and per kernel;
+* ``warm``: the same cache folder again, now filled: the first ``solve_dispatch`` on the default
+  instance (``straggler-compare``'s batch: DSv3, EP8, 128 tokens per GPU, ``dsv3_a_offline``,
+  method ``tempo``) and the first ``simulate`` (default trace and policy), each against its
+  steady-state time (median of the next calls in the same process); the goal is
+  ``first <= 3 * steady + 1 s``;
+* ``cold_first``: a fresh cache again, the first ``solve_dispatch`` on the default instance
+  without any warm-up: its wall time, the ``runtime_s`` it reports (which must exclude the
+  compile) and its ``compile_s``.
+
+Writes ``benchmarks/results/cold_start.json`` and prints a table. Compile time is reported
+apart from run time throughout. Timings depend on the machine's load: say so when quoting.
+
+    python benchmarks/cold_start.py              # all scenarios (~3-6 min on 2 busy cores)
+    python benchmarks/cold_start.py --skip-cold  # warm cache only (reuses a filled folder)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def _child(mode: str, repeats: int) -> dict:
+    """Runs inside the subprocess; returns the measurements as a dict."""
+    t_import = time.perf_counter()
+    from straggler.formulations import CostModel
+    from straggler.sim import make_decode_problem, simulate
+    from straggler.sim.warmup import warmup
+    from straggler.solvers import solve_dispatch
+
+    out = {"import_s": time.perf_counter() - t_import}
+    if mode == "cold":
+        from numba.core import event
+
+        cpu = time.process_time()
+        with event.install_recorder("numba:compile") as rec:
+            rep = warmup()
+        out["warmup"] = rep.as_dict()
+        out["warmup_cpu_s"] = time.process_time() - cpu
+        out["breakdown"] = _breakdown(rec.buffer)
+        return out
+    problem = make_decode_problem(n_layers=1)
+    cost = CostModel.preset("dsv3_a_offline")
+
+    def timed(fn):
+        t = time.perf_counter()
+        r = fn()
+        return time.perf_counter() - t, r
+
+    wall, res = timed(lambda: solve_dispatch(problem, cost))
+    out["dispatch_first"] = {"wall_s": wall, "runtime_s": res.runtime_s, "compile_s": res.compile_s}
+    if mode == "cold_first":
+        return out
+    steady = [timed(lambda: solve_dispatch(problem, cost))[0] for _ in range(repeats)]
+    out["dispatch_steady_s"] = statistics.median(steady)
+    wall, rep = timed(lambda: simulate())
+    out["simulate_first"] = {"wall_s": wall, "engine_wall_s": rep.wall_s}
+    steady = [timed(lambda: simulate())[0] for _ in range(max(2, repeats // 10))]
+    out["simulate_steady_s"] = statistics.median(steady)
+    return out
+
+
+def _breakdown(buffer, top: int = 25) -> dict:
+    """Where compile time goes: inclusive seconds per compiled function (nested compiles of
+    callees, numba's own overloads included), and numba's pass times (type inference,
+    lowering, ...) of each top-level kernel."""
+    stack, incl, passes = [], {}, {}
+    for ts, ev in buffer:
+        disp = ev.data["dispatcher"]
+        name = f"{disp.py_func.__module__}.{disp.py_func.__qualname__}"
+        if ev.is_start:
+            stack.append((name, ts))
+            continue
+        n, t0 = stack.pop()
+        incl[n] = incl.get(n, 0.0) + (ts - t0)
+        if not stack:  # a top-level kernel: numba's pass times of its last compile
+            for sig in disp.signatures[-1:]:
+                md = disp.get_metadata(sig)
+                times = {}
+                for pipe in md.get("pipeline_times", {}).values():
+                    for k, v in pipe.items():
+                        times[k.split("_", 1)[-1]] = times.get(k.split("_", 1)[-1], 0.0) + v.run
+                big = sorted(times.items(), key=lambda kv: -kv[1])[:4]
+                passes[n] = {k: round(v, 2) for k, v in big}
+                passes[n]["llvm_lock_s"] = round(md.get("timers", {}).get("llvm_lock", 0.0), 2)
+    heavy = sorted(incl.items(), key=lambda kv: -kv[1])[:top]
+    return {"inclusive_s": {k: round(v, 2) for k, v in heavy}, "passes": passes}
+
+
+def _run(mode: str, cache: str, repeats: int) -> dict:
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--repeats", str(repeats)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode:
+        raise RuntimeError(f"child {mode} failed:\n{proc.stderr[-4000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["process_s"] = time.perf_counter() - t
+    return res
+
+
+def _goal(first: float, steady: float) -> dict:
+    bound = 3 * steady + 1.0
+    return {"first_s": first, "steady_s": steady, "bound_s": bound, "met": first <= bound}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=20, help="steady-state repeats (dispatch)")
+    p.add_argument("--skip-cold", action="store_true", help="warm-cache scenario only")
+    p.add_argument("--cache", default=None, help="cache folder to reuse (with --skip-cold)")
+    p.add_argument("--out", default=str(RESULTS / "cold_start.json"))
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args.child, args.repeats)))
+        return 0
+
+    report = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    with tempfile.TemporaryDirectory(prefix="straggler-cold-") as tmp:
+        cache = args.cache or os.path.join(tmp, "cache")
+        if not args.skip_cold:
+            report["cold"] = _run("cold", cache, args.repeats)
+        warm = _run("warm", cache, args.repeats)
+        report["warm"] = warm
+        report["goals"] = {
+            "dispatch": _goal(warm["dispatch_first"]["wall_s"], warm["dispatch_steady_s"]),
+            "simulate": _goal(warm["simulate_first"]["wall_s"], warm["simulate_steady_s"]),
+        }
+        if not args.skip_cold:
+            report["cold_first"] = _run("cold_first", os.path.join(tmp, "fresh"), args.repeats)
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report))
+    return 0
+
+
+def format_report(r: dict) -> str:
+    lines = [f"cold start ({r['cpus']} CPUs, Python {r['python']}); seconds"]
+    if "cold" in r:
+        w = r["cold"]["warmup"]
+        lines.append(
+            f"cold cache, full warm-up: {w['total_s']:.1f} s wall, {w['compile_s']:.1f} s "
+            f"compiling (goal < 30 s), import {r['cold']['import_s']:.1f} s"
+        )
+        lines.append(f"  {'step':32s} {'wall_s':>8s} {'compile_s':>9s} {'cpu_s':>8s}")
+        for s in w["steps"]:
+            lines.append(
+                f"  {s['name']:32s} {s['wall_s']:8.2f} {s['compile_s']:9.2f} {s['cpu_s']:8.2f}"
+            )
+        lines.append(f"  {'kernel (callees included)':60s} {'compile_s':>9s}")
+        for k, v in sorted(w["kernels"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {k:60s} {v:9.2f}")
+        lines.append(f"  process CPU time of the warm-up: {r['cold']['warmup_cpu_s']:.1f} s")
+        b = r["cold"]["breakdown"]
+        lines.append("  heaviest compiled functions, inclusive seconds (numba overloads included):")
+        for k, v in list(b["inclusive_s"].items())[:12]:
+            lines.append(f"    {k[:70]:70s} {v:7.2f}")
+        lines.append("  numba passes of each top-level kernel (seconds):")
+        for k, v in b["passes"].items():
+            lines.append(f"    {k.split('.')[-1]:28s} {v}")
+    for name, g in r["goals"].items():
+        lines.append(
+            f"warm cache, first {name}: {g['first_s']:.3f} s vs steady {g['steady_s']:.4f} s "
+            f"(goal <= 3x steady + 1 s = {g['bound_s']:.3f} s): {'met' if g['met'] else 'MISSED'}"
+        )
+    if "cold_first" in r:
+        d = r["cold_first"]["dispatch_first"]
+        lines.append(
+            f"cold cache, first solve_dispatch without warm-up: wall {d['wall_s']:.1f} s, "
+            f"runtime_s {d['runtime_s']:.4f} s, compile_s {d['compile_s']:.1f} s"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,522 @@
+"""Hypothesis strategies for fuzzing every public entry point, and the contract they check.
+
+The contract (DESIGN.md, STYLE.md): called with anything, an entry point either returns a
+valid answer, which the independent checkers accept, or raises an
+:class:`~straggler.formulations.errors.InvalidInputError` (an ``InvalidOptionError`` for an
+unknown choice) whose message names the offending parameter (for a trace file: the file, and
+the line where a row is at fault). Never another exception, never a silent no-op.
+
+Strategies draw *mostly valid* arguments with a few values replaced by :func:`junk` of every
+kind a caller gets wrong (bools for numbers, numeric strings, complex numbers, NaN and
+infinities, integers beyond int64, ragged lists, object and string arrays, wrong shapes,
+huge magnitudes), so that both the validation and the code behind it are reached. Each
+strategy returns a :class:`Call`: the keyword arguments and the set of parameters that were
+spoiled (an error must name one of them; with none spoiled the call must succeed).
+
+:func:`trace_files` draws whole trace files as bytes (Azure, Mooncake, BurstGPT and
+length-only, with mutated rows, non-UTF-8 bytes, binary junk and gzip).
+
+>>> from hypothesis import given, settings
+>>> @settings(max_examples=5, database=None)
+... @given(cost_model_calls())
+... def check(call):
+...     assert set(call.kwargs) >= {"a", "b", "c", "beta"}
+>>> check()
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import strategies as st
+
+from .strategies import cost_models, dispatch_instances
+
+__all__ = [
+    "Call",
+    "junk",
+    "spoil",
+    "cost_model_calls",
+    "problem_calls",
+    "placement_calls",
+    "method_option_calls",
+    "solve_calls",
+    "routing_calls",
+    "simulate_calls",
+    "trace_files",
+    "TraceFile",
+    "names_parameter",
+    "METHOD_OPTIONS",
+]
+
+
+@dataclass
+class Call:
+    """Arguments of one fuzzed call."""
+
+    kwargs: dict
+    """Keyword arguments (positional ones under their parameter names)."""
+    spoiled: set = field(default_factory=set)
+    """Parameters replaced by junk (or made inconsistent): an error must name one of them."""
+
+
+def names_parameter(message: str, params) -> bool:
+    """Whether an error message names one of ``params`` the library's way (``'name'``)."""
+    return any(f"'{p}'" in message for p in params)
+
+
+# --- junk ------------------------------------------------------------------------------
+_JUNK_SCALARS = [
+    True,
+    False,
+    np.True_,
+    None,
+    "3",
+    "1e3",
+    "",
+    "abc",
+    b"7",
+    1 + 2j,
+    np.complex128(1),
+    math.nan,
+    math.inf,
+    -math.inf,
+    -1,
+    -0.5,
+    2**63,
+    10**30,
+    -(2**63) - 1,
+    1e308,
+    1e-320,
+    np.float32(np.nan),
+    np.uint64(2**64 - 1),
+    np.int8(-3),
+    [],
+    [1, 2],
+    {"a": 1},
+    object(),
+]
+
+
+@st.composite
+def junk(draw, *, like=None):
+    """A value a caller might pass by mistake: a bad scalar, a bad or ragged sequence, an
+    array of a strange dtype or shape; ``like`` (an array) guides shapes."""
+    kind = draw(st.sampled_from(["scalar", "list", "array", "array", "shape"]))
+    if kind == "scalar":
+        return draw(st.sampled_from(_JUNK_SCALARS))
+    if kind == "list":
+        return draw(
+            st.sampled_from(
+                [
+                    [[1, 2], [3]],
+                    [1, [2, 3]],
+                    ["1", "2"],
+                    [True, False],
+                    [None, 1],
+                    [1 + 1j, 2],
+                    [10**30, 1],
+                    [math.nan, 1.0],
+                    [-1, 2],
+                    [[[]]],
+                    [{"a": 1}],
+                ]
+            )
+        )
+    shape = np.shape(like) if like is not None and np.ndim(like) else (3,)
+    if kind == "shape":
+        dims = draw(st.sampled_from([(), (0,), shape + (2,), shape[:-1] or (0, 0), (2, 3, 4, 5)]))
+        return np.zeros(dims)
+    dtype = draw(
+        st.sampled_from(["float16", "float32", "int8", "uint64", "bool", "complex64", "U3", "O"])
+    )
+    base = np.asarray(like) if like is not None else np.arange(3)
+    try:
+        with np.errstate(all="ignore"):
+            a = base.astype(dtype)
+    except (ValueError, TypeError, OverflowError):
+        a = np.zeros(shape, dtype=dtype)
+    if a.dtype.kind == "f" and a.size and draw(st.booleans()):
+        a = a.copy()
+        with np.errstate(over="ignore"):  # 1e30 is inf in float16: junk either way
+            a.flat[0] = draw(st.sampled_from([np.nan, np.inf, -1.0, 1e30]))
+    if a.dtype.kind == "u" and a.size and draw(st.booleans()):
+        a = a.copy()
+        a.flat[0] = np.iinfo(np.uint64).max
+    return a
+
+
+@st.composite
+def spoil(draw, kwargs: dict, *, at_most: int = 2, likes=None) -> Call:
+    """``kwargs`` with up to ``at_most`` values replaced by :func:`junk` (often none)."""
+    keys = sorted(kwargs)
+    n = draw(st.integers(0, min(at_most, len(keys))))
+    chosen = draw(st.permutations(keys))[:n] if keys else []
+    out = dict(kwargs)
+    for k in chosen:
+        out[k] = draw(junk(like=(likes or {}).get(k, kwargs[k])))
+    return Call(kwargs=out, spoiled=set(chosen))
+
+
+# --- formulations ----------------------------------------------------------------------
+@st.composite
+def cost_model_calls(draw) -> Call:
+    """Keyword arguments of ``CostModel``: a valid model's parameters, some spoiled, and
+    sometimes a traffic piece given half-way."""
+    m = draw(cost_models())
+    kw = dict(a=m.a, b=m.b, c=m.c, beta=m.beta, b2=m.b2, tile=m.tile)
+    if m.has_traffic:
+        kw.update(c2=m.c2, gamma=m.gamma)
+    call = draw(spoil(kw))
+    if draw(st.integers(0, 9)) == 0:
+        call.kwargs.pop("gamma", None)
+        call.kwargs["c2"] = 1.0
+        call.spoiled |= {"c2", "gamma"}
+    return call
+
+
+@st.composite
+def problem_calls(draw, *, stack: bool | None = None) -> Call:
+    """Keyword arguments of ``DispatchProblem``: counts, replicas (2-D, or 3-D for a stack)
+    and sometimes gpu_node, then spoiled (including shape mismatches and orphan experts)."""
+    p, _ = draw(dispatch_instances(max_experts=5, max_gpus=3))
+    is_stack = draw(st.booleans()) if stack is None else stack
+    counts, rep = p.counts, p.replicas
+    if is_stack:
+        L = draw(st.integers(1, 3))
+        counts = np.stack([np.roll(counts, k) for k in range(L)])
+        rep = np.stack([rep] * L) if draw(st.booleans()) else rep
+    kw = {"counts": counts.tolist() if draw(st.booleans()) else counts, "replicas": rep}
+    if draw(st.booleans()):
+        kw["gpu_node"] = np.zeros(p.n_gpus, dtype=np.int64)
+    call = draw(spoil(kw))
+    mutation = draw(st.sampled_from(["none", "none", "orphan", "mismatch", "empty"]))
+    if mutation == "orphan" and "replicas" not in call.spoiled and "counts" not in call.spoiled:
+        r = np.array(call.kwargs["replicas"], dtype=bool, copy=True)
+        r[..., 0, :] = False
+        c = np.array(call.kwargs["counts"], copy=True)
+        c[..., 0] += 1
+        call.kwargs.update(replicas=r, counts=c)
+        call.spoiled |= {"replicas"}
+    elif mutation == "mismatch" and "replicas" not in call.spoiled:
+        r = np.asarray(call.kwargs["replicas"])
+        call.kwargs["replicas"] = np.concatenate([r, r[..., :1, :]], axis=-2)
+        call.spoiled |= {"replicas", "counts"}
+    elif mutation == "empty":
+        call.kwargs["counts"] = np.zeros((0, p.n_experts), np.int64)  # issue 10, defect 1
+        call.spoiled |= {"counts"}
+    return call
+
+
+@st.composite
+def placement_calls(draw) -> Call:
+    """Arguments of ``DispatchProblem.from_placement``: counts, a physical-to-logical map
+    (sometimes ragged or out of range), n_gpus."""
+    n_gpus = draw(st.integers(1, 3))
+    per = draw(st.integers(1, 3))
+    E = draw(st.integers(1, per * n_gpus))
+    owners = list(range(E)) + draw(
+        st.lists(st.integers(-1, E - 1), min_size=per * n_gpus - E, max_size=per * n_gpus - E)
+    )
+    p2l = draw(st.permutations(owners))
+    counts = draw(st.lists(st.integers(0, 50), min_size=E, max_size=E))
+    kw = {"counts": counts, "physical_to_logical": list(p2l), "n_gpus": n_gpus}
+    call = draw(spoil(kw))
+    if draw(st.integers(0, 5)) == 0:
+        call.kwargs["physical_to_logical"] = [list(p2l), list(p2l)[:-1]]  # ragged (defect 9)
+        call.spoiled |= {"physical_to_logical"}
+    return call
+
+
+# --- solve_dispatch ----------------------------------------------------------------------
+#: Valid values of each dispatch method's options (junk is drawn besides them).
+METHOD_OPTIONS = {
+    "tempo": {
+        "seed": [True, False],
+        "chains": [True, False],
+        "local_search": [True, False],
+        "ensemble": [True, False],
+        "rebalance": [True, False],
+        "tau": [0.0, 0.01, 0.5],
+        "max_iter": [0, 3, 300],
+    },
+    "milp": {
+        "tightened": [True, False],
+        "mip_rel_gap": [0.0, 1e-4, 0.5],
+        "threads": [1],
+        "seed": [0, 7],
+        "warm_start": [None, "tempo", "uniform"],
+        "backend": ["highs"],
+    },
+    "round_robin": {"rule": ["auto", "fewest"]},
+    "token_lp": {"topology": [None]},
+    "moonep": {"charge_ratio": [0.0, 4.0]},
+    "semi_matching": {},
+    "static": {
+        "rule": ["first", "random", "sglang"],
+        "version": ["same_node", "same_gpu"],
+        "seed": [0, 42],
+        "top_k": [1, 8],
+    },
+    "uniform": {"integer": [True, False]},
+    "metro": {"exact": [True, False], "order": ["tokens", "index"]},
+    "llep": {"cap_factor": [1.0, 1.1, 2.0], "min_chunk": [1, 1024], "threshold": [1.0, 1.3]},
+    "lplb": {"topology": ["auto", "ring"], "solver": ["exact", "ipm"], "top_k": [1, 8]},
+    "sglang_dynamic": {"version": ["same_node", "uniform"], "top_k": [2, 8]},
+    "vllm_ep": {"version": ["hash", "modulo", "random"], "layout_seed": [0, 3]},
+    "sglang_lp": {},
+}
+
+
+@st.composite
+def method_option_calls(draw, method: str) -> Call:
+    """Options of ``method``: valid values, some spoiled, sometimes an unknown name."""
+    table = METHOD_OPTIONS.get(method, {})
+    kw = {k: draw(st.sampled_from(v)) for k, v in table.items() if draw(st.booleans())}
+    call = draw(spoil(kw, at_most=1))
+    if draw(st.integers(0, 9)) == 0:
+        call.kwargs["no_such_option"] = 1
+        call.spoiled |= {"no_such_option"}
+    return call
+
+
+@st.composite
+def solve_calls(draw, method: str) -> Call:
+    """A ``solve_dispatch`` call: a valid small problem (sometimes a stack) and cost, the
+    method's options, ``time_limit`` and ``rng``, any of them possibly spoiled."""
+    problem, cost = draw(dispatch_instances(max_experts=5, max_gpus=3))
+    if draw(st.integers(0, 3)) == 0:
+        from ..formulations.dispatch import DispatchProblem
+
+        L = draw(st.integers(1, 3))
+        problem = DispatchProblem(
+            counts=np.stack([np.roll(problem.counts, k) for k in range(L)]),
+            replicas=problem.replicas,
+        )
+    opts = draw(method_option_calls(method))
+    base = {
+        "problem": problem,
+        "cost": cost,
+        "time_limit": draw(st.sampled_from([5.0, 0.5, math.inf])),
+        "rng": draw(st.sampled_from([None, 0, 12345])),
+    }
+    call = draw(spoil(base, at_most=1))
+    if draw(st.integers(0, 7)) == 0:
+        call.kwargs["time_limit"] = draw(st.sampled_from([1e-9, 1e-6, 1e-3]))  # defect 3
+    call.kwargs.update(opts.kwargs)
+    call.spoiled |= opts.spoiled
+    return call
+
+
+# --- routing ------------------------------------------------------------------------------
+@st.composite
+def routing_calls(draw) -> Call:
+    """A ``route_batch`` call: pool lengths, loads (1-D, or 2-D for BR-H), free slots, policy
+    and options, some spoiled; edge values (free slots summing past int64, lengths near the
+    float maximum, empty pools) included."""
+    from ..solvers.routing_registry import get_routing_policy, routing_policies
+
+    G = draw(st.integers(1, 5))
+    n = draw(st.integers(0, 8))
+    policy = draw(st.sampled_from(routing_policies()))
+    accepted = get_routing_policy(policy).options
+    lengths = draw(st.lists(st.integers(0, 2000), min_size=n, max_size=n))
+    H = draw(st.integers(0, 3)) if get_routing_policy(policy).horizon else 0
+    loads = np.array(draw(st.lists(st.integers(0, 9000), min_size=G, max_size=G)), float)
+    if H:
+        loads = np.repeat(loads[:, None], H + 1, axis=1)
+    free = draw(st.lists(st.integers(0, 4), min_size=G, max_size=G))
+    edge = draw(st.sampled_from(["none"] * 6 + ["int64_slots", "huge_lengths", "empty"]))
+    if edge == "int64_slots":
+        free[0] = 2**63 - 1  # issue 10, defect 4
+    elif edge == "huge_lengths" and n:
+        lengths[0] = 1.7e308  # issue 10, defect 5
+    elif edge == "empty":
+        lengths = []
+    kw = {"prefill_lengths": lengths, "loads": loads, "free_slots": free}
+    call = draw(spoil(kw, at_most=1))
+    # an edge value may be refused (naming its parameter) or handled exactly, never garbled
+    call.spoiled |= {"int64_slots": {"free_slots"}, "huge_lengths": {"prefill_lengths"}}.get(
+        edge, set()
+    )
+    opts = {}
+    if "r_max" in accepted and draw(st.booleans()):
+        opts["r_max"] = draw(st.sampled_from([1, 2, 4]))
+    if "optimistic" in accepted and draw(st.booleans()):
+        opts["optimistic"] = draw(st.booleans())
+    if "version" in accepted and draw(st.booleans()):
+        opts["version"] = draw(st.sampled_from(get_routing_policy(policy).versions))
+    if draw(st.booleans()):
+        opts["rng"] = draw(st.sampled_from([0, 5]))
+    if draw(st.booleans()):
+        opts["n_running"] = draw(st.lists(st.integers(0, 6), min_size=G, max_size=G))
+    ocall = draw(spoil(opts, at_most=1))
+    call.kwargs.update(ocall.kwargs)
+    call.kwargs["policy"] = policy
+    call.spoiled |= ocall.spoiled
+    if draw(st.integers(0, 15)) == 0:
+        call.kwargs["policy"] = draw(st.sampled_from(["lifo", "", 3, None]))
+        call.spoiled |= {"policy"}
+    call.kwargs["_edge"] = edge
+    return call
+
+
+@st.composite
+def simulate_calls(draw) -> Call:
+    """A ``simulate`` call on a tiny trace (six to twelve requests) with a policy and some
+    settings spoiled."""
+    from ..sim.traces import Trace
+    from ..solvers.routing_registry import routing_policies
+
+    n = draw(st.integers(1, 12))
+    arrival = np.cumsum(draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))) / 100
+    trace = Trace(
+        arrival_s=arrival,
+        prompt_len=draw(st.lists(st.integers(0, 3000), min_size=n, max_size=n)),
+        output_len=draw(st.lists(st.integers(1, 12), min_size=n, max_size=n)),
+        name="fuzz",
+    )
+    kw = {
+        "n_replicas": draw(st.integers(1, 4)),
+        "max_slots": draw(st.integers(1, 4)),
+        "tick": draw(st.integers(1, 3)),
+        "stale": draw(st.integers(0, 2)),
+        "seed": draw(st.integers(0, 3)),
+        "dispatch": draw(st.sampled_from(["pool", "queue"])),
+    }
+    call = draw(spoil(kw, at_most=1))
+    call.kwargs["trace"] = trace
+    call.kwargs["policy"] = draw(st.sampled_from(routing_policies()))
+    return call
+
+
+# --- trace files as bytes -------------------------------------------------------------------
+_AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+_BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+_LENGTHS_HEADER = "num_prefill_tokens,num_decode_tokens"
+
+_BAD_FIELDS = [
+    "1e30",
+    str(10**30),
+    "1e400",
+    "-5",
+    "3.5",
+    "nan",
+    "inf",
+    "",
+    "x",
+    "1_0",
+    "True",
+    "0x10",
+    "\u0663",  # an Arabic-Indic digit
+]
+
+
+def _field(draw, good: str, state: dict) -> str:
+    if draw(st.integers(0, 9)) == 0:
+        state["dirty"] = True
+        return draw(st.sampled_from(_BAD_FIELDS))
+    return good
+
+
+def _azure_row(draw, k: int, state: dict) -> str:
+    ts = f"2023-11-16 18:{15 + k // 60:02d}:{k % 60:02d}.6805900"
+    if draw(st.integers(0, 15)) == 0:
+        ts = draw(st.sampled_from(["yesterday", "2023-13-40 99:99:99", ""]))
+        state["dirty"] = True
+    p = _field(draw, str(draw(st.integers(0, 5000))), state)
+    o = _field(draw, str(draw(st.integers(1, 500))), state)
+    return f"{ts},{p},{o}"
+
+
+def _mooncake_row(draw, k: int, state: dict) -> str:
+    rec = {
+        "timestamp": 100 * k,
+        "input_length": draw(st.integers(0, 5000)),
+        "output_length": draw(st.integers(1, 500)),
+        "hash_ids": draw(st.lists(st.integers(0, 99), max_size=4)),
+    }
+    if draw(st.integers(0, 5)) == 0:
+        state["dirty"] = True
+        key = draw(st.sampled_from(sorted(rec)))
+        rec[key] = draw(
+            st.sampled_from([5, "12", True, None, 1e400, 10**30, -1, 2.5, [1, "a"], {"x": 1}])
+        )
+    if draw(st.integers(0, 20)) == 0:
+        state["dirty"] = True
+        del rec[draw(st.sampled_from(sorted(rec)))]
+    s = json.dumps(rec)
+    if draw(st.integers(0, 25)) == 0:
+        state["dirty"] = True
+        s = s[: len(s) // 2]  # truncated record
+    return s
+
+
+@dataclass
+class TraceFile:
+    """A drawn trace file."""
+
+    data: bytes
+    kind: str
+    """``"azure"``, ``"mooncake"``, ``"burstgpt"``, ``"lengths"`` or ``"junk"``."""
+    n_requests: int | None
+    """Requests a loader must return when the file is clean (None: mutated, may fail)."""
+
+
+@st.composite
+def trace_files(draw) -> TraceFile:
+    """A trace file as bytes in one of the loader's formats, mostly valid, with mutated rows,
+    a BOM, CRLF line ends, non-UTF-8 bytes, NUL bytes, or gzip compression."""
+    kind = draw(st.sampled_from(["azure", "mooncake", "burstgpt", "lengths", "junk"]))
+    n = draw(st.integers(0, 6))
+    state = {"dirty": False}
+    expected = n
+    if kind == "azure":
+        lines = [_AZURE_HEADER] + [_azure_row(draw, k, state) for k in range(n)]
+    elif kind == "mooncake":
+        lines = [_mooncake_row(draw, k, state) for k in range(n)]
+    elif kind == "burstgpt":
+        lines = [_BURST_HEADER]
+        for k in range(n):
+            resp = draw(st.integers(0, 90))
+            log = draw(st.sampled_from(["Conversation log", "API log", "fail"]))
+            expected -= resp == 0 or log == "fail"  # BurstGPT's failed requests are skipped
+            lines.append(
+                f"{_field(draw, str(k * 0.5), state)},gpt,"
+                f"{_field(draw, str(draw(st.integers(0, 900))), state)},"
+                f"{_field(draw, str(resp), state)},0,{log}"
+            )
+    elif kind == "lengths":
+        lines = [_LENGTHS_HEADER] + [
+            f"{_field(draw, str(draw(st.integers(0, 900))), state)},"
+            f"{_field(draw, str(draw(st.integers(1, 90))), state)}"
+            for _ in range(n)
+        ]
+    else:
+        return TraceFile(data=draw(st.binary(max_size=300)), kind=kind, n_requests=None)
+    sep = draw(st.sampled_from(["\n", "\r\n"]))
+    text = sep.join(lines) + (sep if draw(st.booleans()) else "")
+    data = text.encode("utf-8")
+    mutation = draw(st.sampled_from(["none"] * 5 + ["bom", "latin1", "nul", "gzip", "cut"]))
+    if mutation == "bom":
+        data = b"\xef\xbb\xbf" + data
+    elif mutation == "latin1" and data:
+        i = draw(st.integers(0, len(data) - 1))
+        data = data[:i] + b"\xe9\xff" + data[i:]
+    elif mutation == "nul" and data:
+        i = draw(st.integers(0, len(data) - 1))
+        data = data[:i] + b"\x00" + data[i:]
+    elif mutation == "gzip":
+        data = gzip.compress(data)
+        if draw(st.booleans()):
+            data = data[: max(2, len(data) // 2)]  # a truncated gzip file
+            state["cut_gzip"] = True
+    elif mutation == "cut" and data:
+        data = data[: draw(st.integers(0, len(data)))]
+    clean = mutation in ("none", "bom") or (mutation == "gzip" and not state.get("cut_gzip"))
+    ok = clean and not state["dirty"] and (kind != "mooncake" or n > 0)
+    return TraceFile(data=data, kind=kind, n_requests=expected if ok else None)

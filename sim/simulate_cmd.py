@@ -1,0 +1,249 @@
+"""``straggler-simulate``: every routing policy on one trace in the lock-step simulator.
+
+``straggler-simulate TRACE [--load X] [--replicas G] [--policies a,b:version,...]
+[--dispatch pool|queue] [--prefix-cache] [--ctx-cost S] [--plot PNG]``
+
+``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
+:func:`~straggler.sim.traces.load_trace`), a name of
+:data:`~straggler.sim.load_sweep.SWEEP_TRACES` (the shipped traces, read from
+``../shared/data/traces`` or ``$STRAGGLER_TRACES``), or a generator preset
+(:data:`~straggler.sim.traces.WORKLOAD_PRESETS`). Each policy is simulated with the same
+settings; the table gives the whole-run metrics with their ratio to JSQ's (units in the
+header), a progress bar runs over the policies (tqdm when installed, else a line on stderr),
+and a one-line notice says when the kernels are compiled (the first run with a cold cache).
+
+Run ``straggler-simulate --help`` for the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+from ..formulations.errors import StragglerError
+from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, routing_policies
+from .load_sweep import SWEEP_TRACES, sweep_trace
+from .prefix import load_prefix_blocks
+from .simulator import engine_cache_is_warm, simulate, warm_engine
+from .traces import WORKLOAD_PRESETS, Trace, generate_trace, load_trace
+
+__all__ = ["main", "format_table", "resolve_trace"]
+
+#: Table columns: (header, SimReport field, scale, format, ratio to JSQ's).
+COLUMNS = (
+    ("mean imbalance (tok)", "mean_imbalance", 1.0, "{:,.0f}", True),
+    ("TPOT p95 (ms)", "tpot_p95_ms", 1.0, "{:.1f}", True),
+    ("TTFT p99 (s)", "ttft_p99_ms", 1e-3, "{:.2f}", True),
+    ("throughput (tok/s)", "throughput_tps", 1.0, "{:,.0f}", True),
+    ("preempted", "n_preempted", 1.0, "{:d}", False),
+    ("unfinished", "n_unfinished", 1.0, "{:d}", False),
+    ("max pool wait (s)", "max_pool_wait_s", 1.0, "{:.1f}", False),
+)
+
+
+def resolve_trace(spec: str, *, rate: float | None, n_requests: int) -> Trace:
+    """The trace named by ``spec``: a file, a sweep trace name, or a generator preset."""
+    path = pathlib.Path(spec)
+    if path.exists():
+        tr = load_trace(path, rate=rate) if rate is not None else load_trace(path)
+    elif spec in SWEEP_TRACES:
+        tr = sweep_trace(spec)
+    elif spec in WORKLOAD_PRESETS:
+        tr = generate_trace(spec)
+    else:
+        raise SystemExit(
+            f"straggler-simulate: {spec!r} is neither a file, a shipped trace "
+            f"({', '.join(SWEEP_TRACES)}) nor a generator preset ({', '.join(WORKLOAD_PRESETS)})."
+        )
+    if n_requests and n_requests < len(tr):
+        tr = tr.subset(list(range(n_requests)))
+    return tr
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="straggler-simulate",
+        description="Replay a trace on lock-step decode replicas under every routing policy.",
+    )
+    p.add_argument("trace", help="a trace file, a shipped trace name or a generator preset")
+    p.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="offered load as a multiple of the decode capacity (default: as recorded)",
+    )
+    p.add_argument("--replicas", type=int, default=8, help="decode replicas G (default 8)")
+    p.add_argument(
+        "--policies",
+        default=None,
+        help=f"comma-separated policies, NAME or NAME:VERSION for a baseline's upstream "
+        f"version (e.g. vllm:legacy; default: all, {DEFAULT_POLICY} and jsq first)",
+    )
+    p.add_argument(
+        "--dispatch",
+        choices=("pool", "queue"),
+        default="pool",
+        help="pool: one central pool, a request goes only to a free slot (default); queue: "
+        "routed on arrival to each engine's own queue (vLLM, SGLang)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="a Mooncake trace file: track each replica's prefix cache from its hash_ids "
+        "(dynamo reads it; the table adds the hit rate)",
+    )
+    p.add_argument("--requests", type=int, default=0, help="use the first N requests (0: all)")
+    p.add_argument("--max-slots", type=int, default=16, help="slots per replica (default 16)")
+    p.add_argument("--kv-capacity", type=int, default=500_000, help="KV tokens per replica")
+    p.add_argument(
+        "--prefill-instances", type=int, default=None, help="default ceil(G/2); 0: unlimited"
+    )
+    p.add_argument(
+        "--rate", type=float, default=None, help="requests/s for a length-only trace file"
+    )
+    p.add_argument(
+        "--ctx-cost",
+        type=float,
+        default=0.0,
+        help="seconds per prompt token of a context phase inside the decode step (aggregated "
+        "serving; default 0: prefill elsewhere)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random policies")
+    p.add_argument("--plot", default=None, help="write a PNG of the imbalance over time")
+    p.add_argument("--json", default=None, help="write the metrics of every run as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _progress(total: int, enabled: bool):
+    """A tqdm bar on stderr when tqdm is installed, else a plain line per finished run."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="simulating", unit="run", file=sys.stderr)
+    except ImportError:
+        return None
+
+
+#: Added with ``--prefix-cache``.
+COLUMNS_CACHE = (("prefix hits", "prefix_hit_rate", 1.0, "{:.3f}", False),)
+
+
+def format_table(reports: dict, baseline: str = "jsq", extra=()) -> str:
+    """The comparison table: one row per policy, each metric with its ratio to ``baseline``'s.
+
+    Examples
+    --------
+    >>> from straggler.sim.traces import Trace
+    >>> tr = Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2])
+    >>> reps = {p: simulate(tr, p, n_replicas=2, max_slots=2) for p in ("jsq", "br0")}
+    >>> print(format_table(reps).splitlines()[0].split("|")[0].strip())
+    policy
+    """
+    base = reports.get(baseline)
+    columns = COLUMNS + tuple(extra)
+    width = max([14] + [len(p) + 2 for p in reports])
+    head = f"{'policy':{width}s}"
+    for name, _, _, _, ratio in columns:
+        head += f" | {name}" + (f" {'x ' + baseline:>6s}" if ratio and base else "")
+    lines = [head, "-" * len(head)]
+    for pol, r in reports.items():
+        line = f"{pol + (' *' if pol == DEFAULT_POLICY else ''):{width}s}"
+        for name, field, scale, fmt, ratio in columns:
+            v = getattr(r, field)
+            shown = v * scale if isinstance(v, float) else v
+            text = "nan" if isinstance(v, float) and math.isnan(v) else fmt.format(shown)
+            line += f" | {text:>{len(name)}s}"
+            if ratio and base:
+                b = getattr(base, field)
+                line += f" {v / b if b else float('nan'):>6.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.policies:
+            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+            for p in policies:
+                get_routing_policy(p.partition(":")[0], "straggler-simulate")
+        else:
+            rest = [p for p in routing_policies() if p not in (DEFAULT_POLICY, "jsq")]
+            policies = [DEFAULT_POLICY, "jsq", *rest]
+        trace = resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+        blocks = None
+        if args.prefix_cache:
+            if not pathlib.Path(args.trace).is_file():
+                raise SystemExit("straggler-simulate: --prefix-cache needs a Mooncake trace file")
+            blocks = load_prefix_blocks(args.trace)
+            if len(blocks) > len(trace):  # --requests kept the first N
+                blocks = blocks.subset([i < len(trace) for i in range(len(blocks))])
+        warm = engine_cache_is_warm()
+        if not warm:
+            print("compiling kernels (first run only) ...", end="", file=sys.stderr, flush=True)
+        seconds, compiled = warm_engine()
+        if not warm:
+            print(f" {seconds:.1f} s", file=sys.stderr)
+        elif compiled:
+            print(f"compiling kernels (first run only) ... {seconds:.1f} s", file=sys.stderr)
+        bar = _progress(len(policies), not args.no_progress)
+        reports = {}
+        t0 = time.perf_counter()
+        for k, spec in enumerate(policies):
+            pol, _, version = spec.partition(":")
+            reports[spec] = simulate(
+                trace,
+                pol,
+                **({"version": version} if version else {}),
+                dispatch=args.dispatch,
+                prefix_blocks=blocks,
+                ctx_cost=args.ctx_cost,
+                n_replicas=args.replicas,
+                max_slots=args.max_slots,
+                kv_capacity=args.kv_capacity,
+                load=args.load,
+                prefill_instances=args.prefill_instances,
+                seed=args.seed,
+            )
+            if bar is not None:
+                bar.update(1)
+            elif not args.no_progress:
+                print(
+                    f"simulating: {k + 1}/{len(policies)} runs ({pol}, "
+                    f"{time.perf_counter() - t0:.1f} s)",
+                    file=sys.stderr,
+                )
+        if bar is not None:
+            bar.close()
+    except StragglerError as e:
+        print(f"straggler-simulate: {e}", file=sys.stderr)
+        return 2
+    first = next(iter(reports.values()))
+    load = f"{first.offered_load:.2f}x" + (" (as recorded)" if args.load is None else "")
+    print(
+        f"{trace.name}: {len(trace):,} requests, G = {args.replicas}, {args.max_slots} slots, "
+        f"offered load {load} of the decode capacity, {args.dispatch} dispatch; whole-run "
+        "metrics (* = default policy)"
+    )
+    print(format_table(reports, extra=COLUMNS_CACHE if blocks is not None else ()))
+    if args.json:
+        out = {pol: r.summary() for pol, r in reports.items()}
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json}")
+    if args.plot:
+        from .plots import plot_imbalance
+
+        plot_imbalance(reports, args.plot, window_only=False, title=f"{trace.name}, load {load}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

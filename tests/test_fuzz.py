@@ -1,0 +1,380 @@
+"""Fuzzing every public entry point against the library's contract (issue 10).
+
+Called with anything, an entry point returns a valid answer that the independent checkers
+accept, or raises an ``InvalidInputError`` naming the offending parameter (for a trace file:
+the file, and the line of a bad row). Never another exception, never a hang (each call runs
+under an alarm), never a silent no-op (a clean trace file yields all its requests, a routing
+tick places what it can, every dispatch conserves every expert's tokens).
+
+Strategies: ``straggler.proofs.fuzz``. Example counts: a few dozen per test by default, more
+with ``HYPOTHESIS_PROFILE=ci`` (what CI runs).
+"""
+
+import contextlib
+import math
+import os
+import signal
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from straggler.formulations import (
+    CostModel,
+    DispatchProblem,
+    InvalidInputError,
+    Status,
+    check_shares,
+    evaluate,
+)
+from straggler.proofs.certificates import certify
+from straggler.proofs.fuzz import (
+    Call,
+    cost_model_calls,
+    placement_calls,
+    problem_calls,
+    routing_calls,
+    simulate_calls,
+    solve_calls,
+    spoil,
+    trace_files,
+)
+from straggler.proofs.strategies import dispatch_instances
+from straggler.sim import Trace, load_trace, make_decode_problem, simulate
+from straggler.solvers import dispatch_methods, route_batch, solve_dispatch
+
+CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
+#: Examples per fuzz test: small by default (the suite stays fast), more in CI.
+N = 400 if CI else 20
+FUZZ = settings(max_examples=N, suppress_health_check=list(HealthCheck))
+#: Seconds any one call may take before it counts as a hang.
+HANG_S = 60
+
+
+@contextlib.contextmanager
+def no_hang(seconds=HANG_S):
+    def alarm(signum, frame):
+        raise TimeoutError(f"the call did not return within {seconds} s (a hang)")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def contract(fn, call: Call, may_name=()):
+    """Run ``fn``; return its value, or None after an InvalidInputError that names one of the
+    spoiled parameters (or of ``may_name``, the parameters a mismatch can be blamed on).
+    Any other exception fails the test; so does an error for a call nothing spoiled."""
+    try:
+        with no_hang():
+            return fn()
+    except InvalidInputError as exc:
+        msg = str(exc)
+        assert call.spoiled, f"a valid call was refused: {msg}"
+        names = set(call.spoiled) | set(may_name)
+        assert any(f"'{p}'" in msg for p in names), f"{msg!r} names none of {sorted(names)}"
+        return None
+
+
+# --- formulations ---------------------------------------------------------------------------
+@FUZZ
+@given(cost_model_calls())
+@example(Call(kwargs=dict(a="0", b=1, c=0, beta=0.1), spoiled={"a"}))  # numeric string
+def test_cost_model(call):
+    m = contract(lambda: CostModel(**call.kwargs), call)
+    if m is not None:
+        for name in ("a", "b", "c", "beta", "b2"):
+            v = getattr(m, name)
+            assert type(v) is float and math.isfinite(v) and v >= 0
+        assert type(m.tile) is int and m.tile >= 1
+        assert (m.c2 is None) == (m.gamma is None)
+        assert np.isfinite(m.time(3, 100, 4))
+
+
+def _check_problem(p: DispatchProblem):
+    assert p.counts.dtype == np.int64 and p.counts.ndim in (1, 2) and p.counts.size
+    assert not p.counts.flags.writeable and not p.replicas.flags.writeable
+    assert p.replicas.dtype == np.bool_ and p.replicas.shape[:-1] == p.counts.shape
+    assert p.n_gpus >= 1 and (p.counts >= 0).all()
+    assert not ((p.counts > 0) & ~p.replicas.any(axis=-1)).any()
+
+
+@FUZZ
+@given(problem_calls())
+def test_dispatch_problem(call):
+    p = contract(lambda: DispatchProblem(**call.kwargs), call, ("counts", "replicas"))
+    if p is not None:
+        _check_problem(p)
+
+
+@FUZZ
+@given(placement_calls())
+def test_from_placement(call):
+    def build():
+        kw = call.kwargs
+        return DispatchProblem.from_placement(
+            kw["counts"], kw["physical_to_logical"], n_gpus=kw["n_gpus"]
+        )
+
+    p = contract(build, call, ("counts", "physical_to_logical", "n_gpus"))
+    if p is not None:
+        _check_problem(p)
+        # accepted: integral values (any numeric dtype), as int64
+        p2l = np.asarray(call.kwargs["physical_to_logical"], dtype=float).astype(int).reshape(-1)
+        per = p2l.size // p.n_gpus
+        for slot, e in enumerate(p2l):
+            if e >= 0:
+                assert p.replicas[e, slot // per]
+
+
+@FUZZ
+@given(dispatch_instances(max_experts=4, max_gpus=3), st.data())
+def test_evaluate_and_check_shares(inst, data):
+    problem, cost = inst
+    x = np.zeros((problem.n_experts, problem.n_gpus))
+    live = problem.counts > 0
+    x[live, problem.replicas[live].argmax(axis=1)] = problem.counts[live]
+    call = data.draw(spoil({"shares": x}, at_most=1))
+    ev = contract(lambda: evaluate(problem, cost, call.kwargs["shares"]), call)
+    if ev is not None:
+        assert np.shape(ev.times) == (problem.n_gpus,)
+    try:
+        with no_hang():
+            check_shares(problem, call.kwargs["shares"])
+    except InvalidInputError as exc:  # InfeasibleSharesError included
+        assert call.spoiled and "'shares'" in str(exc), str(exc)
+    else:  # accepted: a feasible dispatch, as the evaluator sees it
+        assert np.array_equal(np.asarray(call.kwargs["shares"], dtype=float), x)
+
+
+# --- solve_dispatch, every method --------------------------------------------------------
+def check_dispatch_result(problem, cost, res, options):
+    """The independent checker: feasible on the mask it is scored on, the evaluator's
+    makespan, a bound at most the makespan, a status the numbers back, certify() holding."""
+    want = problem.counts.shape + (problem.n_gpus,)
+    assert res.shares.shape == want
+    cert = certify(problem, cost, res, tau=options.get("tau", 0.01))
+    assert cert.holds, cert.details
+    mk = np.atleast_1d(res.makespan)
+    lb = np.atleast_1d(res.lower_bound)
+    assert np.all(np.isfinite(mk)) and np.all(lb <= mk * (1 + 1e-9) + 1e-9)
+    gap = float(options.get("mip_rel_gap", 1e-4)) + 1e-6
+    if res.status is Status.OPTIMAL:
+        assert np.all(mk <= lb + gap * np.abs(mk) + 1e-9)
+    assert res.success == (res.status in (Status.OPTIMAL, Status.HEURISTIC))
+    assert res.runtime_s >= 0 and res.compile_s >= 0
+
+
+@pytest.mark.parametrize("method", dispatch_methods())
+def test_solve_dispatch(method):
+    @FUZZ
+    @given(solve_calls(method))
+    def run(call):
+        kw = dict(call.kwargs)
+        problem, cost = kw.pop("problem"), kw.pop("cost")
+        res = contract(
+            lambda: solve_dispatch(problem, cost, method=method, **kw),
+            call,
+        )
+        if res is not None:
+            check_dispatch_result(problem, cost, res, kw)
+
+    run()
+
+
+def test_solve_dispatch_regressions():
+    """Issue 10's dispatch defects, pinned."""
+    # defect 1: a zero-layer stack reached np.stack
+    with pytest.raises(InvalidInputError, match="'counts' parameter of DispatchProblem"):
+        DispatchProblem(counts=np.zeros((0, 4), int), replicas=np.ones((4, 2), bool))
+    # defect 2: moonep reported OPTIMAL with a lower bound (95) above its makespan (50.3)
+    rep = np.zeros((4, 2), bool)
+    rep[:, 0] = True
+    rep[3, 1] = True
+    p = DispatchProblem(counts=[100, 100, 100, 1], replicas=rep)
+    cost = CostModel(a=0, b=0, c=5, beta=0.3)
+    res = solve_dispatch(p, cost, method="moonep")
+    assert res.lower_bound <= res.makespan and res.makespan == pytest.approx(50.3)
+    assert res.status is Status.HEURISTIC  # 50.15 <= 50.3: not proved optimal
+    assert certify(p, cost, res).holds
+    check_shares(DispatchProblem(counts=p.counts, replicas=res.extras["replicas"]), res.shares)
+    # defect 3: token_lp at a tiny time limit raised instead of returning its incumbent
+    r = solve_dispatch(p, cost, method="token_lp", time_limit=1e-6)
+    assert r.status is Status.FEASIBLE and not r.success
+    # defect 9: ragged masks and maps reached numpy
+    with pytest.raises(InvalidInputError, match="'replicas'.*ragged"):
+        DispatchProblem(counts=[1, 2], replicas=[[1, 0], [1]])
+    with pytest.raises(InvalidInputError, match="'physical_to_logical'.*ragged"):
+        DispatchProblem.from_placement([[1, 1], [1, 1]], [[0, 1], [1]], n_gpus=2)
+    # numeric strings in CostModel were accepted
+    with pytest.raises(InvalidInputError, match="'beta' parameter of CostModel"):
+        CostModel(a=0, b=1, c=0, beta="0.1")
+
+
+def test_huge_top_k_does_not_hang():
+    """A huge top_k once hung the synthetic token layout (found by this suite)."""
+    p = DispatchProblem(counts=[17, 13, 0], replicas=np.ones((3, 2), bool))
+    with no_hang(3):
+        try:
+            solve_dispatch(p, CostModel(a=0, b=0, c=2, beta=0.5), method="static", top_k=10**9)
+        except InvalidInputError as exc:
+            assert "'top_k'" in str(exc)
+
+
+# --- routing --------------------------------------------------------------------------------
+def check_routing(kw, d):
+    """Independent check of a routing tick: indices in range, slots respected, the reported
+    imbalance recomputed, and everything placed that could be (all policies place
+    ``min(n_pool, S_tot)`` requests; TRT-LLM's per-rank cap may place fewer, never none; its
+    balance may hold the tick back; ``follow_bootstrap_room`` fills each rank's slots from the
+    requests whose room maps to it)."""
+    s = np.asarray(kw["prefill_lengths"], dtype=float).reshape(-1)
+    loads = np.asarray(kw["loads"], dtype=float)
+    L = loads[:, 0] if loads.ndim == 2 else loads
+    free = [int(v) for v in np.asarray(kw["free_slots"]).reshape(-1)]
+    G = L.size
+    a = np.asarray(d.assignment)
+    assert a.shape == s.shape and a.dtype.kind == "i"
+    assert ((a >= -1) & (a < G)).all()
+    placed = np.bincount(a[a >= 0], minlength=G)
+    assert all(int(placed[g]) <= free[g] for g in range(G))
+    assert d.n_placed == int((a >= 0).sum())
+    after = L + np.bincount(a[a >= 0], weights=s[a >= 0], minlength=G)
+    for got, want in (
+        (d.imbalance_before, G * L.max() - L.sum()),
+        (d.imbalance_after, G * after.max() - after.sum()),
+    ):
+        assert math.isfinite(got) and got == pytest.approx(want, rel=1e-9, abs=1e-6)
+    can = min(s.size, sum(free))
+    if kw["policy"] == "trtllm":
+        assert d.n_placed >= min(1, can)
+    elif kw["policy"] == "trtllm_balance":  # TensorRT-LLM's assignment, or all held back
+        assert d.n_placed in (0, route_batch(**{**kw, "policy": "trtllm"}).n_placed)
+    elif kw["policy"] == "follow_bootstrap_room":  # each request waits for its own rank
+        rank = np.asarray(kw.get("pool_key", np.arange(s.size)), dtype=np.int64) % G
+        assert d.n_placed == sum(min(int((rank == g).sum()), free[g]) for g in range(G))
+    else:
+        assert d.n_placed == can
+
+
+@FUZZ
+@given(routing_calls())
+def test_route_batch(call):
+    kw = dict(call.kwargs)
+    kw.pop("_edge")  # free slots past int64 (defect 4), lengths near 1.7e308 (defect 5), ...
+    d = contract(
+        lambda: route_batch(**kw), call, ("prefill_lengths", "loads", "free_slots", "n_running")
+    )
+    if d is not None:
+        check_routing(kw, d)
+
+
+@pytest.mark.parametrize("policy", ["br0", "brh", "trtllm"])
+def test_route_batch_free_slots_past_int64(policy):
+    """Issue 10 defect 4: these silently placed nothing."""
+    kw = dict(prefill_lengths=[10, 20, 30, 40], loads=[0.0, 5.0, 9.0, 1.0])
+    kw.update(free_slots=[2**63 - 1, 1, 1, 1], policy=policy)
+    try:
+        d = route_batch(**kw)
+    except InvalidInputError as exc:
+        assert "'free_slots'" in str(exc)
+        return
+    check_routing(kw, d)
+
+
+def test_route_batch_lengths_near_float_max():
+    """Issue 10 defect 5: a NaN imbalance was returned without an error."""
+    kw = dict(prefill_lengths=[1.7e308, 1.7e308], loads=[0.0, 0.0], free_slots=[1, 1])
+    for policy in ("br0", "jsq"):
+        try:
+            d = route_batch(**kw, policy=policy)
+        except InvalidInputError as exc:
+            assert "'prefill_lengths'" in str(exc)
+            continue
+        check_routing(dict(kw, policy=policy), d)
+
+
+# --- simulate -------------------------------------------------------------------------------
+@FUZZ
+@given(simulate_calls())
+def test_simulate(call):
+    rep = contract(lambda: simulate(**call.kwargs), call)
+    if rep is not None:
+        n = len(call.kwargs["trace"])
+        assert rep.n_requests == n and rep.n_finished <= n
+        if call.kwargs.get("max_steps") is None:
+            assert rep.n_finished == n  # every request leaves, whatever the tick
+        assert math.isfinite(rep.mean_imbalance) and rep.mean_imbalance >= 0
+        assert math.isnan(rep.balance_ratio) or 0 <= rep.balance_ratio <= 1 + 1e-12
+        assert rep.throughput_tps >= 0 and rep.n_steps >= 1
+
+
+def test_simulate_with_tick_finishes_all():
+    t = Trace(arrival_s=np.zeros(4), prompt_len=np.zeros(4, int), output_len=np.ones(4, int))
+    rep = simulate(t, policy="br0", n_replicas=1, max_slots=1, tick=3)
+    assert rep.n_finished == 4
+
+
+def test_simulate_refuses_integers_past_int64():
+    t = Trace(arrival_s=[0.0], prompt_len=[0], output_len=[1])
+    with pytest.raises(InvalidInputError, match="'max_slots'"):
+        simulate(t, policy="br0", n_replicas=1, max_slots=2**63)
+
+
+# --- traces ---------------------------------------------------------------------------------
+@FUZZ
+@given(trace_files())
+def test_load_trace_from_bytes(tf):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, f"fuzz.{'jsonl' if tf.kind == 'mooncake' else 'csv'}")
+        with open(path, "wb") as f:
+            f.write(tf.data)
+        try:
+            with no_hang():
+                t = load_trace(path, rate=2.0)
+        except InvalidInputError as exc:
+            msg = str(exc)
+            assert tf.n_requests is None, f"a clean {tf.kind} file was refused: {msg}"
+            assert path in msg, msg
+            if msg.startswith("Malformed row"):
+                assert ", line " in msg
+            return
+    assert isinstance(t, Trace)
+    if tf.n_requests is not None:
+        assert len(t) == tf.n_requests  # nothing silently dropped
+    assert (t.prompt_len >= 0).all() and (t.output_len >= 1).all()
+    assert len(t) == 0 or (t.arrival_s[0] == 0 and (np.diff(t.arrival_s) >= 0).all())
+
+
+@FUZZ
+@given(st.data())
+def test_trace_and_generators(data):
+    n = data.draw(st.integers(0, 5))
+    base = {
+        "arrival_s": np.arange(n, dtype=float),
+        "prompt_len": np.full(n, 10),
+        "output_len": np.full(n, 2),
+    }
+    call = data.draw(spoil(base, at_most=1))
+    t = contract(lambda: Trace(**call.kwargs), call, ("arrival_s", "prompt_len", "output_len"))
+    if t is not None:
+        assert len(t) == np.asarray(call.kwargs["arrival_s"]).size
+    gen = data.draw(
+        spoil({"n_requests": data.draw(st.integers(0, 20)), "rate": 3.0, "rng": 0}, at_most=1)
+    )
+    from straggler.sim import generate_trace
+
+    tr = contract(lambda: generate_trace("azure_conv", **gen.kwargs), gen)
+    if tr is not None:
+        assert len(tr) == gen.kwargs["n_requests"]
+    mk = data.draw(
+        spoil({"n_gpus": 2, "tokens_per_gpu": 4, "n_layers": 1, "n_history": 1, "seed": 0})
+    )
+    p = contract(lambda: make_decode_problem("qwen2_57b", **mk.kwargs), mk, ("num_nodes",))
+    if p is not None:
+        _check_problem(p)

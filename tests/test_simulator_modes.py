@@ -1,0 +1,229 @@
+"""The simulator's issue-11 mechanisms: the engines' own queues, bootstrap rooms, prefix caches,
+aggregated serving (context phases inside the step), and their checks."""
+
+import collections
+import inspect
+import pathlib
+
+import numpy as np
+import pytest
+from straggler.formulations import InvalidInputError, InvalidOptionError
+from straggler.sim import simulate
+from straggler.sim._engine import _cache_touch, run_engine_reference
+from straggler.sim.prefix import PrefixBlocks, load_prefix_blocks
+from straggler.sim.simulator import _engine_inputs, bootstrap_rooms
+from straggler.sim.traces import Trace, generate_trace, load_trace
+from straggler.solvers import get_routing_policy
+
+TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
+INSTANT = dict(prefill_instances=0, prefill_base_s=0.0, prefill_tokens_per_s=np.inf)
+FAST = dict(n_replicas=3, max_slots=4, t0=0.01, kappa=1e-5, **INSTANT)
+
+
+def _trace(n=60, seed=1):
+    tr = generate_trace("azure_conv", n_requests=n, rng=seed, rate=40.0)
+    return Trace(
+        arrival_s=tr.arrival_s, prompt_len=tr.prompt_len, output_len=np.minimum(tr.output_len, 30)
+    )
+
+
+_DEFAULTS = {
+    k: v.default
+    for k, v in inspect.signature(simulate).parameters.items()
+    if v.kind == v.KEYWORD_ONLY
+}
+
+
+def _views(tr, policy, **kw):
+    """The ReplicaState of every tick (the Python engine with a spying router)."""
+    full = {**_DEFAULTS, **FAST, **kw}
+    inp, pol, *_ = _engine_inputs(tr, policy, full, {})
+    seen = []
+
+    def spy(pool, reps, params, carry, seed):
+        seen.append((pool, reps))
+        return pol.reference(pool, reps, params, carry, seed)
+
+    run_engine_reference(inp, spy)
+    return seen
+
+
+def test_queue_mode_shows_the_engines_queues_to_the_router():
+    tr = _trace()
+    pool = _views(tr, "vllm", load=3.0)
+    queue = _views(tr, "vllm", load=3.0, dispatch="queue")
+    assert all(r.n_waiting.sum() == 0 and r.waiting_tokens.sum() == 0 for _, r in pool)
+    assert any(r.n_waiting.sum() > 0 for _, r in queue)
+    # every request is routed at its first tick: a queue takes it whatever the slots
+    assert all((r.free_slots == len(p.prefill)).all() for p, r in queue)
+    # the queued tokens are the queued requests' lengths: never more than waiting * longest
+    longest = float((tr.prompt_len + tr.output_len).max())
+    assert all((r.waiting_tokens <= r.n_waiting * longest).all() for _, r in queue)
+
+
+def test_queue_mode_changes_the_run_and_vllm_versions_differ_there():
+    tr = _trace(n=120)
+    kw = dict(load=3.0, **FAST)
+    a = simulate(tr, "vllm", dispatch="queue", **kw)
+    b = simulate(tr, "vllm", dispatch="queue", version="legacy", **kw)
+    c = simulate(tr, "vllm", **kw)
+    assert a.n_finished == b.n_finished == c.n_finished == len(tr)
+    assert not np.array_equal(a.requests["replica"], b.requests["replica"])
+    assert not np.array_equal(a.requests["replica"], c.requests["replica"])
+    # requests wait in the queues, not in the pool: the series counts both
+    assert a.series["pool"].max() > 0
+
+
+def test_follow_bootstrap_room_sends_each_request_to_its_room_mod_G():
+    tr = _trace(n=80)
+    for dispatch in ("pool", "queue"):
+        r = simulate(tr, "follow_bootstrap_room", dispatch=dispatch, seed=5, load=2.0, **FAST)
+        rooms = bootstrap_rooms(len(tr), 5)
+        assert np.array_equal(r.requests["replica"], rooms % 3)
+    other = simulate(tr, "follow_bootstrap_room", seed=6, load=2.0, **FAST)
+    assert not np.array_equal(other.requests["replica"], r.requests["replica"])
+
+
+def test_cache_touch_is_an_lru_cache():
+    """The touch log with lazy eviction equals an OrderedDict LRU, per replica."""
+    from numba import typed, types
+
+    rng = np.random.default_rng(0)
+    G, cap = 3, 5
+    D = typed.Dict.empty(key_type=types.int64, value_type=types.int64)
+    tg, th, ts = np.empty(4, np.int64), np.empty(4, np.int64), np.empty(4, np.int64)
+    T, hp, sz = 0, np.zeros(G, np.int64), np.zeros(G, np.int64)
+    ref = [collections.OrderedDict() for _ in range(G)]
+    for _ in range(400):
+        g, h = int(rng.integers(G)), int(rng.integers(12))
+        tg, th, ts, T = _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap)
+        c = ref[g]
+        if h in c:
+            c.move_to_end(h)
+        else:
+            c[h] = None
+            while len(c) > cap:
+                c.popitem(last=False)
+        got = {(int(k) % G, int(k) // G) for k in D.keys()}
+        assert got == {(r, b) for r in range(G) for b in ref[r]}
+        assert sz.tolist() == [len(c) for c in ref]
+
+
+def _shared_prefix_trace():
+    # request 1 shares request 0's first two blocks (block 4 tokens); request 2 shares none;
+    # request 0 has left when the two others arrive
+    tr = Trace(arrival_s=[0.0, 0.05, 0.05], prompt_len=[12, 12, 12], output_len=[2, 20, 20])
+    pb = PrefixBlocks.from_lists([[1, 2, 3], [1, 2, 9], [5, 6, 7]], block_tokens=4)
+    return tr, pb
+
+
+@pytest.mark.parametrize("engine", ["numba", "python"])
+def test_dynamo_follows_the_cached_prefix(engine):
+    tr, pb = _shared_prefix_trace()
+    kw = dict(n_replicas=2, max_slots=4, t0=0.01, kappa=0.0, engine=engine, **INSTANT)
+    r = simulate(tr, "dynamo", prefix_blocks=pb, block_size=4, **kw)
+    rep = r.requests["replica"]
+    # request 1 on request 0's replica X: (12 - 8)/4 + 0 + 3 = 4 < 12/4 + 0 + 3 = 6; request 2
+    # then: X costs 12/4 + 12/4 + 3 = 9 (request 1's tokens), the other 6
+    assert rep[1] == rep[0] and rep[2] != rep[0]
+    assert r.requests["cache_hit"].tolist() == [0.0, 8.0, 0.0]
+    assert r.prefix_hit_rate == pytest.approx(8 / 36)
+    # block_size 16 credits whole blocks only: floor(8 / 16) = 0, no credit, a fresh tie
+    assert simulate(tr, "dynamo", prefix_blocks=pb, **kw).prefix_hit_rate <= 8 / 36
+    # JSQ does not read the caches, but its hits are measured too
+    j = simulate(tr, "jsq", prefix_blocks=pb, **kw)
+    assert j.prefix_hit_rate == pytest.approx(j.requests["cache_hit"].sum() / 36)
+    assert np.isnan(simulate(tr, "jsq", **kw).prefix_hit_rate)
+
+
+def test_dynamo_trades_the_credit_against_the_sharers_own_load():
+    # request 0 (40 tokens, 10 blocks) still runs on X when request 1 (the same 10 blocks)
+    # arrives: X costs 0 + (40 + 5)/4 + 10 = 21.25 against 40/4 + 0 + 10 = 20 elsewhere; with
+    # overlap_weight 2 the other replica costs 30
+    tr = Trace(arrival_s=[0.0, 0.05], prompt_len=[40, 40], output_len=[50, 20])
+    pb = PrefixBlocks.from_lists([list(range(10)), list(range(10))], block_tokens=4)
+    kw = dict(n_replicas=2, max_slots=4, t0=0.01, kappa=0.0, block_size=4, **INSTANT)
+    w1 = simulate(tr, "dynamo", prefix_blocks=pb, **kw).requests
+    w2 = simulate(tr, "dynamo", prefix_blocks=pb, overlap_weight=2.0, **kw).requests
+    assert w1["replica"][1] != w1["replica"][0] and w1["cache_hit"][1] == 0
+    assert w2["replica"][1] == w2["replica"][0] and w2["cache_hit"][1] == 40
+
+
+def test_a_small_cache_evicts():
+    # kv_capacity 35 tokens holds 8 blocks of 4: after request 0 (3 blocks) and a filler of 6
+    # blocks on the same single replica, request 0's first blocks are gone
+    tr = Trace(arrival_s=[0.0, 0.02, 0.5], prompt_len=[12, 24, 12], output_len=[2, 2, 2])
+    pb = PrefixBlocks.from_lists([[1, 2, 3], [20, 21, 22, 23, 24, 25], [1, 2, 9]], block_tokens=4)
+    kw = dict(n_replicas=1, max_slots=4, t0=0.01, kappa=0.0, **INSTANT)
+    small = simulate(tr, "dynamo", prefix_blocks=pb, kv_capacity=35, **kw)
+    large = simulate(tr, "dynamo", prefix_blocks=pb, kv_capacity=400, **kw)
+    assert large.requests["cache_hit"][2] == 8.0
+    assert small.requests["cache_hit"][2] == 0.0
+
+
+def test_context_phases_inside_the_step_cost_ctx_cost_per_uncached_token():
+    tr = Trace(arrival_s=[0.0], prompt_len=[100], output_len=[3])
+    kw = dict(n_replicas=2, max_slots=2, t0=0.01, kappa=1e-4, **INSTANT)
+    r = simulate(tr, "jsq", ctx_cost=1e-3, **kw)
+    # step 0: decode of the 100 resident tokens plus the 100-token context phase
+    assert r.series["step_s"][0] == pytest.approx(0.01 + 1e-4 * 100 + 1e-3 * 100)
+    assert r.series["step_s"][1] == pytest.approx(0.01 + 1e-4 * 101)
+    assert r.series["ctx_tokens"].tolist() == [100, 0, 0]
+    # TensorRT-LLM's balance ratio: mean/max processed tokens: (100 + 0) / 2 / 100, then 1/2
+    assert r.series["token_balance"].tolist() == [0.5, 0.5, 0.5]
+    assert r.token_balance == 0.5
+    plain = simulate(tr, "jsq", **kw)
+    assert plain.series["step_s"][0] == pytest.approx(0.01 + 1e-4 * 100)
+
+
+def test_trtllm_balance_raises_the_token_balance_in_aggregated_serving():
+    tr = generate_trace("azure_conv", n_requests=1500, rng=2, rate=30.0)
+    kw = dict(n_replicas=8, max_slots=16, ctx_cost=3e-5, load=1.0, **INSTANT)
+    plain = simulate(tr, "trtllm", **kw)
+    held = simulate(tr, "trtllm_balance", **kw)
+    assert held.token_balance > plain.token_balance + 0.2  # 0.56 -> 0.81 (seed 2)
+    assert held.mean_step_ms < plain.mean_step_ms
+    assert held.throughput_tps > plain.throughput_tps
+
+
+def test_bad_settings_name_the_parameter():
+    tr, pb = _shared_prefix_trace()
+    with pytest.raises(InvalidOptionError, match="'dispatch'"):
+        simulate(tr, "jsq", dispatch="engines")
+    with pytest.raises(InvalidInputError, match="'ctx_cost'"):
+        simulate(tr, "jsq", ctx_cost=-1.0)
+    with pytest.raises(InvalidInputError, match="'prefix_blocks'"):
+        simulate(tr, "dynamo", prefix_blocks=pb.subset([True, True, False]))
+    with pytest.raises(InvalidInputError, match="'prefix_blocks'"):  # 4 blocks for 12 tokens
+        simulate(
+            tr,
+            "dynamo",
+            prefix_blocks=PrefixBlocks.from_lists([[1, 2, 3, 4], [], []], block_tokens=4),
+        )
+    with pytest.raises(InvalidInputError, match="'prefix_blocks'"):
+        simulate(tr, "dynamo", prefix_blocks=[[1], [2], [3]])
+    with pytest.raises(InvalidInputError, match="'offsets'"):
+        PrefixBlocks(offsets=[1, 2], ids=[0])
+
+
+def test_min_output_filters_the_blocks_with_the_trace():
+    tr = Trace(arrival_s=[0.0, 0.05, 0.05], prompt_len=[12, 12, 12], output_len=[2, 1, 20])
+    pb = PrefixBlocks.from_lists([[1, 2, 3], [7], [1, 2, 9]], block_tokens=4)
+    kw = dict(n_replicas=2, max_slots=4, t0=0.01, kappa=0.0, block_size=4, **INSTANT)
+    r = simulate(tr, "dynamo", prefix_blocks=pb, min_output=2, **kw)
+    assert r.n_requests == 2 and r.requests["cache_hit"].tolist() == [0.0, 8.0]
+
+
+@pytest.mark.skipif(
+    not (TRACES / "conversation_trace.jsonl").exists(), reason="needs ../shared/data/traces"
+)
+def test_mooncake_blocks_line_up_with_load_trace():
+    path = TRACES / "conversation_trace.jsonl"
+    tr, pb = load_trace(path), load_prefix_blocks(path)
+    assert len(pb) == len(tr) and pb.block_tokens == 512
+    assert np.array_equal(pb.counts(), -(-tr.prompt_len // 512))  # one id per 512 tokens
+
+
+def test_registry_marks_the_cache_reader():
+    assert get_routing_policy("dynamo").prefix_cache
+    assert not get_routing_policy("jsq").prefix_cache

@@ -34,10 +34,12 @@ def test_kernel_equals_reference(inst):
     p, cost = inst
     k, py, r = _both(p, cost)
     assert k == py == r
-    # B5 (token LP, exact) on top of the kernel's B1-B4
+    # B5 and B7 (from the exact token-LP value) on top of the kernel's B1-B4 and B6
     _, v = solve_token_lp(p, cost)
     b5 = max(c0 + s * v for c0, s in cost.token_pieces)
-    assert certified_lower_bound(p, cost) == pytest.approx(max(k, b5), rel=1e-9, abs=1e-12)
+    b57 = token_lp_bound(cost, v)
+    assert b57 >= b5
+    assert certified_lower_bound(p, cost) == pytest.approx(max(k, b57), rel=1e-9, abs=1e-12)
 
 
 def test_kernel_equals_reference_many_gpus():

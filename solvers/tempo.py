@@ -98,11 +98,13 @@ cost model.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound (the
    cheap one first, then the full :func:`~straggler.solvers.certified_lower_bound`), at
-   most ``repair_budget_s`` seconds go to the layer's MILP warm-started with tempo's shares
+   most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
+   first) go to the layer's MILP warm-started with tempo's shares
    (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
    only when strictly better, and its dual bound raises the reported lower bound. Extras:
    ``repaired`` (the repair ran), ``repair_status`` (``"optimal"``, ``"improved"``,
-   ``"unchanged"``, or ``"off"``/``"not needed"``), ``makespan_before_repair``,
+   ``"unchanged"``, or ``"off"``/``"not needed"``/``"budget spent"``),
+   ``makespan_before_repair``,
    ``repair_gain`` (makespan drop), ``repair_bound_gain`` (bound rise),
    ``repair_runtime_s``. HiGHS stops on wall-clock time, so a repaired layer may differ
    between runs on a loaded machine; with the repair off, tempo is deterministic.
@@ -294,8 +296,9 @@ class Tempo:
     max_iter : int >= 0, default 300
         Iteration cap of each local search.
     repair_budget_s : float >= 0, default 0.2
-        Seconds of bounded exact repair per layer whose gap exceeds ``repair_gap``
-        (0: off).
+        Seconds of bounded exact repair per call (0: off): one layer gets all of it; a
+        stack shares it, layers with the largest relative gap first (a layer left without
+        budget reports ``repair_status = "budget spent"``).
     repair_gap : float >= 0, default 0.001
         Relative gap ``(makespan - lower_bound) / makespan`` above which a layer is
         repaired.
@@ -363,7 +366,9 @@ class Tempo:
     def _needs_repair(self, m, bound) -> bool:
         return self.repair_budget_s > 0 and m > bound + self.repair_gap * m + 1e-12
 
-    def _solution(self, problem, cost, lay: _Layer) -> LayerSolution:
+    def _solution(self, problem, cost, lay: _Layer, budget: float | None = None) -> LayerSolution:
+        """Extras and the repair of one layer; ``budget``: the repair seconds left to this call
+        (default ``repair_budget_s``)."""
         extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
         extras["rebalanced"] = lay.makespan < extras["makespan"]
         extras["makespan_stage4"] = extras["makespan"]
@@ -383,10 +388,11 @@ class Tempo:
             # the full certified bound (closed GPU sets too) before deciding
             bound = max(bound, certified_lower_bound(problem, cost, semi_matching_value=lay.sm,
                                                      token_lp_value=lay.num / lay.den))  # fmt: skip
-        if self._needs_repair(m, bound):
-            r = repair_layer(
-                problem, cost, shares, budget_s=self.repair_budget_s, lower_bound=bound
-            )
+        budget = self.repair_budget_s if budget is None else budget
+        if self._needs_repair(m, bound) and budget <= 0:
+            extras["repair_status"] = "budget spent"  # the call's budget went to other layers
+        elif self._needs_repair(m, bound):
+            r = repair_layer(problem, cost, shares, budget_s=budget, lower_bound=bound)
             extras["repaired"] = True
             extras["repair_status"] = r.status
             extras["repair_gain"] = m - r.makespan
@@ -432,7 +438,19 @@ class Tempo:
         for k, part in enumerate(parts):
             for i, lay in enumerate(part):
                 layers[k + i * n_threads] = lay
-        return [self._solution(p, cost, lay) for p, lay in zip(problems, layers)]
+        # one repair budget for the whole call, spent on the layers with the largest
+        # relative gap first (a stack solve stays inside a serving refresh)
+        order = sorted(range(len(problems)), key=lambda l: _rel_gap(layers[l]), reverse=True)
+        out = [None] * len(problems)
+        left = self.repair_budget_s
+        for l in order:
+            out[l] = self._solution(problems[l], cost, layers[l], left)
+            left = max(0.0, left - out[l].extras["repair_runtime_s"])
+        return out
+
+
+def _rel_gap(lay: _Layer) -> float:
+    return (lay.makespan - lay.bound) / lay.makespan if lay.makespan > 0 else 0.0
 
 
 def _tempo_iv(t: Tempo) -> None:

@@ -359,7 +359,8 @@ def routing_calls(draw) -> Call:
     call.kwargs["policy"] = policy
     call.spoiled |= ocall.spoiled
     if draw(st.integers(0, 15)) == 0:
-        call.kwargs["policy"] = draw(st.sampled_from(["lifo", "", 3, None]))
+        # (None is no spoil: it means DEFAULT_POLICY)
+        call.kwargs["policy"] = draw(st.sampled_from(["lifo", "", 3, 2.5]))
         call.spoiled |= {"policy"}
     call.kwargs["_edge"] = edge
     return call

@@ -27,6 +27,7 @@ __all__ = [
     "slot_balanced_masks",
     "token_counts",
     "dispatch_instances",
+    "coupled_instances",
 ]
 
 
@@ -140,3 +141,26 @@ def dispatch_instances(
     counts = draw(token_counts(n_experts, max_tokens=max_tokens))
     cost = draw(cost_models(tiles=tiles, traffic=traffic))
     return DispatchProblem(counts=counts, replicas=rep), cost
+
+
+@st.composite
+def coupled_instances(draw, *, max_experts: int = 6, max_gpus: int = 4):
+    """``(DispatchProblem, CostModel)`` where activations and tokens both bind: a few hot
+    experts with many replicas among cold ones, and an activation cost ``b`` about the time
+    of ``n* = b/beta`` tokens with ``n*`` near the hot counts (the regime where the coupling
+    bound B6 of ``certified_lower_bound`` binds and splits cost activations)."""
+    n_gpus = draw(st.integers(2, max_gpus))
+    n_experts = draw(st.integers(n_gpus, max(n_gpus, max_experts)))
+    hot = draw(st.integers(1, max(1, n_experts // 2)))
+    counts = [draw(st.integers(30, 120)) for _ in range(hot)]
+    counts += [draw(st.integers(0, 12)) for _ in range(n_experts - hot)]
+    rep = draw(replica_masks(n_experts, n_gpus))
+    for e in range(hot):  # the hot ones replicated widely
+        rep[e, draw(st.lists(st.integers(0, n_gpus - 1), min_size=1, max_size=n_gpus))] = True
+    b = draw(st.sampled_from([2.0, 5.0, 10.0]))
+    beta = b / draw(st.sampled_from([10.0, 30.0, 60.0]))
+    extra = {}
+    if draw(st.booleans()):
+        extra = dict(b2=draw(st.sampled_from([0.5, 2.0])), tile=draw(st.integers(4, 16)))
+    cost = CostModel(a=draw(st.sampled_from([0.0, 3.0])), b=b, c=0.0, beta=beta, **extra)
+    return DispatchProblem(counts=np.array(counts, np.int64), replicas=rep), cost

@@ -13,25 +13,179 @@ semi-matching value ``sm`` of the live experts. The bound is the maximum of
   ``b2 <= b``, else ``j_e = min(k_e, r_e)`` with ``r_e`` its replica count). The family:
   all GPUs, and (when ``g <= 64``) the replica set of every live expert; for ``g > 64``,
   the replica set of each expert with that expert alone counted in ``E(S)``;
-* B4 for each live expert: ``a + b + b2*(ceil(n_e/(r_e*tile)) - 1)`` (its largest piece).
+* B4 for each live expert: ``a + b + b2*(ceil(n_e/(r_e*tile)) - 1)`` (its largest piece);
+* B6 (activations coupled with tokens, over all GPUs; :func:`coupling_bound_kernel`):
+  ``min over K of max(a + b*K, c + beta*U(K), c2 + gamma*U(K))``, where ``U(K)`` is the
+  least largest piece ``max_e n_e / j_e`` over piece counts ``1 <= j_e <= r_e`` with
+  ``sum_e j_e <= g*K``: a dispatch whose GPUs hold at most ``K`` activations each has at
+  most ``g*K`` pieces in all, so some piece, hence some GPU, carries at least ``U(K)``
+  tokens. ``U(K)`` comes from the greedy that splits the expert of the largest
+  ``n_e / j_e`` once more (optimal for this min-max), as exact fractions.
 
-Integer aggregates (tokens, ``j``, ``k``) are summed exactly, and every float is formed by
-the same expression in both implementations, so they agree bit for bit.
+Integer aggregates (tokens, ``j``, ``k``, piece counts) are summed exactly, and every float
+is formed by the same expression in both implementations, so they agree bit for bit.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 from numba import njit
 
 from ._jit import NJIT
 
-__all__ = ["lower_bound_kernel", "lower_bound_reference"]
+__all__ = [
+    "coupling_bound_kernel",
+    "coupling_bound_reference",
+    "lower_bound_kernel",
+    "lower_bound_reference",
+]
+
+
+@njit(**NJIT)
+def _larger(n, j, u, v):
+    """Whether expert u's piece ``n[u] / j[u]`` is larger than v's (exact, cross-multiplied)."""
+    return n[u] * j[v] > n[v] * j[u]
+
+
+@njit(**NJIT)
+def coupling_bound_kernel(counts, replicas, params, best):
+    """``max(best, B6)``: the activation-token coupling bound over all GPUs (module notes).
+
+    ``best`` is the bound known so far. The search over ``K`` starts at ``ceil(E_live /
+    g)`` (every live expert needs a piece); it returns ``best`` as soon as some ``K`` gives
+    at most ``best`` (the minimum adds nothing then), and otherwise stops with the minimum
+    once ``a + b*K`` reaches it or the largest piece belongs to an expert split over all its
+    replicas (``U`` cannot fall any further while ``a + b*K`` only grows). Without an
+    activation cost (``b = 0``) there is no coupling and ``best`` is returned.
+    """
+    E, g = replicas.shape
+    a = params[0]
+    b = params[1]
+    c = params[3]
+    beta = params[4]
+    c2 = params[5]
+    gamma = params[6]
+    if b <= 0:
+        return best
+    n = np.zeros(E, np.int64)
+    r = np.zeros(E, np.int64)
+    m = 0
+    for e in range(E):
+        if counts[e] > 0:
+            n[m] = counts[e]
+            for h in range(g):
+                r[m] += np.int64(replicas[e, h])
+            m += 1
+    if m == 0:
+        return best
+    K = (m + g - 1) // g
+    # every expert whole (j = 1) at the least K: when that already gives at most best, the
+    # minimum over K does too, and no heap is needed
+    top = 0
+    for i in range(1, m):
+        if n[i] > n[top]:
+            top = i
+    fl = a + b * K
+    u = n[top] / 1
+    if max(fl, max(c + beta * u, c2 + gamma * u)) <= best:
+        return best
+    j = np.ones(m, np.int64)
+    heap = np.arange(m)  # max-heap of experts by their piece n / j
+    for start in range(m // 2 - 1, -1, -1):
+        p = start
+        while True:
+            ch = 2 * p + 1
+            if ch >= m:
+                break
+            if ch + 1 < m and _larger(n, j, heap[ch + 1], heap[ch]):
+                ch += 1
+            if not _larger(n, j, heap[ch], heap[p]):
+                break
+            heap[p], heap[ch] = heap[ch], heap[p]
+            p = ch
+    pieces = m
+    result = np.inf
+    while True:
+        fl = a + b * K
+        if fl >= result:
+            break
+        top = heap[0]
+        while pieces < g * K and j[top] < r[top]:
+            j[top] += 1
+            pieces += 1
+            p = 0
+            while True:
+                ch = 2 * p + 1
+                if ch >= m:
+                    break
+                if ch + 1 < m and _larger(n, j, heap[ch + 1], heap[ch]):
+                    ch += 1
+                if not _larger(n, j, heap[ch], heap[p]):
+                    break
+                heap[p], heap[ch] = heap[ch], heap[p]
+                p = ch
+            top = heap[0]
+        u = n[top] / j[top]
+        v = max(fl, max(c + beta * u, c2 + gamma * u))
+        if v <= best:  # the minimum is at most best: nothing to add
+            return best
+        if v < result:
+            result = v
+        if j[top] >= r[top]:
+            break
+        K += 1
+    return max(best, result) if result < np.inf else best
+
+
+def coupling_bound_reference(counts, replicas, params, best):
+    """Plain-Python reference of :func:`coupling_bound_kernel`: ``U(K)`` as the least of the
+    candidate pieces ``n_e / j`` (exact fractions) within the piece budget, instead of the
+    greedy.
+
+    Examples
+    --------
+    One expert of 600 tokens on two GPUs, ``b = 15``, ``beta = 0.1``: with ``K = 1`` the
+    expert is split in two, ``U = 300``, ``max(15, 30) = 30``.
+
+    >>> coupling_bound_reference([600], [[True, True]], [0, 15, 0, 0, 0.1, 0, 0, 128], 0.0)
+    30.0
+    """
+    a, b, _, c, beta, c2, gamma, _ = (float(v) for v in params)
+    n_gpus = len(replicas[0])
+    live = [(int(n), sum(bool(v) for v in row)) for n, row in zip(counts, replicas) if int(n) > 0]
+    if b <= 0 or not live:
+        return best
+    cands = sorted({Fraction(ne, jj) for ne, re in live for jj in range(1, re + 1)})
+    floor_u = max(Fraction(ne, re) for ne, re in live)
+
+    def pieces(u):
+        return sum(max(1, -(-ne * u.denominator // u.numerator)) for ne, _ in live)
+
+    result = math.inf
+    K = -(-len(live) // n_gpus)
+    while True:
+        fl = a + b * K
+        if fl >= result:
+            break
+        # the least candidate piece that the piece budget allows (m <= g*K: n_max always does)
+        u = next(u for u in cands if u >= floor_u and pieces(u) <= n_gpus * K)
+        uf = u.numerator / u.denominator  # (the kernel's n / j: the same rational, one rounding)
+        v = max(fl, max(c + beta * uf, c2 + gamma * uf))
+        if v <= best:
+            return best
+        result = min(result, v)
+        if u == floor_u:
+            break
+        K += 1
+    return max(best, result) if result < math.inf else best
 
 
 @njit(**NJIT)
 def lower_bound_kernel(counts, replicas, params, sm):
-    """Certified lower bound of one layer (see module docstring)."""
+    """Certified lower bound of one layer: B1-B4 and B6 (see module docstring)."""
     E, g = replicas.shape
     a = params[0]
     b = params[1]
@@ -108,7 +262,7 @@ def lower_bound_kernel(counts, replicas, params, sm):
             v = a + (b * jj[i] + b2 * (kk[i] - jj[i])) / s
             if v > best:
                 best = v
-        return best
+        return coupling_bound_kernel(counts, replicas, params, best)
     # aggregate experts by distinct replica set, then sum over subsets: O(E log E + D^2)
     order = np.argsort(masks)
     dm = np.zeros(n_live, np.uint64)
@@ -146,7 +300,7 @@ def lower_bound_kernel(counts, replicas, params, sm):
         v = a + (b * sj + b2 * (sk - sj)) / s
         if v > best:
             best = v
-    return best
+    return coupling_bound_kernel(counts, replicas, params, best)
 
 
 def lower_bound_reference(counts, replicas, params, sm):
@@ -181,4 +335,4 @@ def lower_bound_reference(counts, replicas, params, sm):
         else:
             members = [e]
         candidates += terms(members, len(rep[e]))
-    return max(candidates)
+    return coupling_bound_reference(counts, replicas, params, max(candidates))

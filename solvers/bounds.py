@@ -13,15 +13,23 @@ for any replica sets and is proved in ``proofs/THEOREMS.md`` (Part I, "Lower bou
 * B4, the tile count of each expert's largest piece;
 * B5, the token-LP bound ``max(c + beta*V, c2 + gamma*V)`` with ``V = min max_g N_g``
   (Lemma 1), computed exactly by the augmenting-path kernel of
-  ``straggler.solvers._token_lp_fast`` (the best of all closed-set token bounds).
+  ``straggler.solvers._token_lp_fast`` (the best of all closed-set token bounds);
+* B6, activations coupled with tokens: ``min_K max(a + b*K, c + beta*U(K), c2 +
+  gamma*U(K))`` with ``U(K)`` the least largest piece when the ``g*K`` activations a
+  dispatch with at most ``K`` per GPU can have are spread over the experts' splits (the
+  bound that sees that wide EP needs one more activation per GPU than the semi-matching);
+* B7, tiles coupled with tokens: when ``V > 0``, the GPU carrying ``V`` tokens holds at
+  least ``k = ceil(V/tile)`` tiles, so it takes ``a + min(b + b2*(k - 1), b*k)`` or more.
 
-B1-B4 come from one Numba kernel (``straggler.solvers._bounds``, plain-Python reference
-beside it), B2 from the semi-matching kernel, B5 from the token-LP kernel; no LP solver or
-MILP is called, so every ``solve_dispatch`` call can afford it (about 5-25 us for
-``E = 64-256, g = 8-16`` with restricted replicas).
+B1-B4 and B6 come from one Numba kernel (``straggler.solvers._bounds``, plain-Python
+reference beside it), B2 from the semi-matching kernel, B5 and B7 from the token-LP kernel;
+no LP solver or MILP is called, so every ``solve_dispatch`` call can afford it (about 5-25 us
+for ``E = 64-256, g = 8-16`` with restricted replicas).
 """
 
 from __future__ import annotations
+
+import math
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
@@ -29,7 +37,7 @@ from ._bounds import lower_bound_kernel
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
 
-__all__ = ["certified_lower_bound"]
+__all__ = ["certified_lower_bound", "token_lp_bound"]
 
 
 def certified_lower_bound(
@@ -41,8 +49,7 @@ def certified_lower_bound(
 ) -> float:
     """A lower bound on the optimal makespan of one layer (layer 0 of a stack).
 
-    Returns ``max(B1, B2, B3, B4, B5)`` (see the module docstring); never above the
-    optimum.
+    Returns ``max(B1, ..., B7)`` (see the module docstring); never above the optimum.
 
     Parameters
     ----------
@@ -79,6 +86,22 @@ def certified_lower_bound(
     if token_lp_value is None:
         _, num, den = token_lp_kernel(counts, replicas)
         token_lp_value = num / den
-    for c0, slope in cost.token_pieces:
-        best = max(best, c0 + slope * token_lp_value)
-    return best
+    return max(best, token_lp_bound(cost, token_lp_value))
+
+
+def token_lp_bound(cost: CostModel, token_lp_value: float) -> float:
+    """B5 and B7 from the token-LP value ``V`` (module docstring).
+
+    Examples
+    --------
+    ``V = 300`` tokens, tiles of 128: that GPU holds at least 3 tiles.
+
+    >>> token_lp_bound(CostModel(a=1, b=4, c=0, beta=0.01, b2=2), 300.0)
+    9.0
+    """
+    best = max(c0 + slope * token_lp_value for c0, slope in cost.token_pieces)
+    if token_lp_value <= 0:  # no tokens: no GPU needs an activation
+        return best
+    # (ceil with a relative slack: a V just above a tile boundary by rounding never counts)
+    k = max(1, math.ceil(token_lp_value / cost.tile * (1 - 1e-12)))
+    return max(best, cost.a + min(cost.b + cost.b2 * (k - 1), cost.b * k))

@@ -1,8 +1,9 @@
 """``tempo``: the tempo_fast dispatcher of TEMPO §4.2, and the exact fast token LP.
 
 ``solve_dispatch(problem, cost, method="tempo")`` runs four stages on each layer (a
-Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it).
-Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
+Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it),
+then two exact steps. Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the
+cost model.
 
 1. **Cost-aware greedy seeding.** Live experts by descending tokens (ties: lower index),
    each placed whole on the replica of lowest marginal cost ``t(G+1, N+n, T+ceil(n/tile))
@@ -20,48 +21,71 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
    (GPUs, experts, GPUs by increasing index); 2-step chains are searched only when no
    1-step chain applies. Each chain lowers ``(Gmax, #GPUs at Gmax)`` lexicographically, so
    the stage ends.
-3. **Bottleneck local search.** A move sends ``q`` tokens of an expert from a GPU ``s``
-   at the makespan ``M`` to another of its replicas ``d``: the whole share, or a partial
-   migration ``1 <= q < x[e, s]``. A move improves iff both new times are below ``M``:
-   then the makespan drops or, with several GPUs at ``M``, the number of GPUs at it does
-   (ties in the bottleneck: ``(M, #GPUs at M)`` decreases lexicographically, so the search
-   cannot cycle). Each iteration applies the move minimizing ``max(t_s', t_d')``, first
-   found on ties (``s``, ``e``, ``d`` increasing, whole before partial); at most
-   ``max_iter`` iterations. Split size: the source time ``A(q)`` is nonincreasing and the
-   destination time ``B(q)`` nondecreasing in ``q``, tiles included, so ``max(A, B)`` is
-   unimodal and its integer minimum is at ``q* - 1`` or ``q*``, ``q* = min{q : B(q) >=
-   A(q)}``, found by bisection: the exact integer form of the paper's ternary search
-   (``q* - 1`` on ties). It is exact over all integer splits, so it includes every
-   tile-boundary split the paper snaps to, with the tile staircase priced in ``A`` and
-   ``B``. *Extension:* when no move improves, swaps are tried (``q`` tokens of ``e`` from
-   ``s`` to ``d``, whole or by the same bisection, while another expert's whole share goes
-   from ``d`` to ``s``), then ejection chains (an expert's whole share from ``s`` to ``m``
-   and another whole share from ``m`` to ``d``, ``d`` not ``s``, all three new times
-   below ``M``), with the same acceptance and tie rules; and last, leximax moves below
-   the makespan (on the highest GPU not at ``M`` that has one: a move or split taking both
-   of its new times below that GPU's time, which strictly lowers the sorted vector of
-   times, so the search still cannot cycle), which make room for the moves above. The
-   search stops early at the integral lower bound ``max(t(0, ceil(lambda*), 0),
-   t(SM, 0, SM))`` that no whole-token dispatch can beat.
-4. **Ensemble** (Proposition 1). Candidates: the token-LP dispatch, A3 round robin (rank
-   ``r`` to GPU ``r mod g``) when every live expert is replicated on every GPU, and
-   (*extension*) the optimal semi-matching with whole experts. *Extension:* a candidate
-   below ``M(A_H)`` is first improved by the stage-3 search (when stage 3 is on and the
-   integral lower bound leaves room to switch, ``stop_at < (1 - tau) M(A_H)``: otherwise
-   no polished candidate could be taken, so it is scored raw); so is the
-   semi-matching one when ``A_H`` activates more than ``SM`` replicas on a GPU whose floor
-   ``t(Gmax, 0, Gmax)`` reaches ``M(A_H)``, and then first under the cap ``G_g <= SM``
-   (a move over the cap costs infinity), which finds the activation-tight optima that
-   the uncapped search trades away for token balance. Under the cap, when no move, swap
-   or ejection chain improves, *rotations* are tried before the leximax moves: the whole
-   shares of three distinct experts go around three distinct GPUs ``s -> m -> d -> s``
-   (``s`` at the makespan, all three new times below it; first found on ties in the
-   order ``s, e, m, e2, d, e3`` increasing): each GPU loses one expert and gains one, the
-   move left when every GPU is at the cap. The best (first on ties) replaces ``A_H`` iff
-   its makespan is below ``(1 - tau) M(A_H)``.
-   Polishing only lowers a candidate, so ``M(A*) <= min(M(A_H), min_C M(C) / (1 - tau))``
-   holds for the raw candidates, and under full replication ``M(A*) <= (OPT + max_k
-   phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the additive bound exactly.
+3. **Bottleneck local search.** Each iteration applies one improving move from the GPUs
+   ``s`` at the makespan ``M``: the best move or partial migration (a) when there is one,
+   else the best of the token paths, swaps, ejection chains and exchanges (b-e; the lowest
+   largest new time, first found on ties in this order, sources ``s`` by increasing
+   index). A move improves iff every GPU it changes ends below ``M`` (then the makespan
+   drops or, with several GPUs at ``M``, the number of GPUs at it does, so the search
+   cannot cycle; proofs/THEOREMS.md, Proposition 2):
+
+   a. *moves*: ``q`` tokens of an expert from ``s`` to another of its replicas ``d``, the
+      whole share or a partial migration ``1 <= q < x[e, s]`` (``e``, ``d`` increasing,
+      whole before partial). Split size: the source time ``A(q)`` is nonincreasing and the
+      destination time ``B(q)`` nondecreasing in ``q``, tiles included, so ``max(A, B)``
+      is unimodal and its integer minimum is at ``q* - 1`` or ``q*``, ``q* = min{q :
+      B(q) >= A(q)}``, found by bisection (written once, for every neighbourhood that
+      splits): the exact integer form of the paper's ternary search (``q* - 1`` on ties).
+      It is exact over all integer splits, so it includes every tile-boundary split the
+      paper snaps to, with the tile staircase priced in ``A`` and ``B``;
+   b. *token paths* (``flows``): ``q`` tokens leave ``s`` along a path of GPUs found by
+      breadth-first search, each intermediate forwarding ``q`` tokens of an expert it
+      holds to the next (a GPU joins the path only below the best value so far, and, where
+      the arc activates a new replica, only if one more activation and tile keep it
+      below); the last GPU keeps them. ``q`` is the bisection split between ``s`` and the
+      end, capped by the smallest share on the path, then the cap itself. This is the
+      exact token-flow rebalance through split experts that a single move cannot make:
+      the intermediates' token counts do not change;
+   c. *swaps*: ``q`` tokens of ``e`` from ``s`` to ``d`` (whole or by the bisection)
+      while another expert's whole share goes from ``d`` to ``s``;
+   d. *ejection chains*: ``q`` tokens of ``e`` from ``s`` to ``m``, another expert's
+      whole share from ``m`` to ``d`` (``d`` not ``s``). The first leg is ``e``'s whole
+      share, or (``tile_chains``, ``b2 > 0``) a tile-boundary partial split: the part of
+      the share above its last full tile (``x % tile``), then the part filling ``m``'s
+      share of ``e`` to a tile boundary;
+   e. *path and cyclic exchanges* (``exchanges``) of whole shares, by shortest-path
+      search on an improvement graph (the very-large-scale neighbourhood of the min-max
+      partitioning literature): nodes are the shares, an arc ``i -> j`` moves share ``i``
+      to ``j``'s GPU while ``j`` leaves it, weighted by that GPU's new time; a path from a
+      share on ``s`` ends at a GPU that only gains (an ejection chain of any length) or
+      closes back at ``s`` (a cycle: every GPU gains one share and loses one, so
+      activation counts stay: the move left when GPUs sit at an activation cap).
+      Dijkstra on (largest new time, share index), one label per share, the GPUs of each
+      path distinct; the best exchange found is applied;
+   f. *leximax*: without any of these at ``M``, the first GPU below ``M`` by decreasing
+      time (ties: lower index) that has a move (a), else a token path or exchange (the
+      better of the two), taking all its new times below its own time (a strict decrease
+      of the sorted vector of times, so the search still cannot cycle), which makes room
+      for the moves above.
+
+   The search stops at ``max_iter`` moves, without a move, or at the lower bound
+   ``max(t(0, ceil(lambda*), 0), t(SM, 0, SM), certified bound)`` that no whole-token
+   dispatch can beat.
+4. **Ensemble** (Proposition 1). Candidates, in this order: the token-LP dispatch, A3
+   round robin (rank ``r`` to GPU ``r mod g``) when every live expert is replicated on
+   every GPU, and (*extension*) the optimal semi-matching with whole experts, twice. When
+   stage 3 is on and the bound leaves room below ``M(A_H)``, every candidate is polished
+   by the stage-3 search (the semi-matching one first under the activation cap ``G_g <=
+   SM``, then ``G_g <= SM + 1``, each followed by the uncapped search; a move over the cap
+   costs infinity, which keeps the search among the activation-tight dispatches that the
+   uncapped search trades away for token balance), and the first polished candidate
+   strictly below the output so far replaces it. Without stage 3, a raw candidate
+   replaces ``A_H`` iff it is below ``(1 - tau) M(A_H)``. Polishing only lowers a
+   candidate and a polished one is taken only below ``M(A_H)``, so ``M(A*) <= min(M(A_H),
+   min_C M(C) / (1 - tau))`` holds for the raw candidates, and under full replication
+   ``M(A*) <= (OPT + max_k phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the
+   additive bound exactly. (``tau`` only acts on raw candidates: a polished candidate is
+   the local search's own output, like ``A_H``.)
 
 5. **Support rebalance** (*extension*; ``rebalance=False`` switches it off). The token LP
    restricted to the support of the stage-4 output (only its active replicas, by
@@ -69,10 +93,21 @@ Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the cost model.
    plain-Python reference beside it) moves tokens only between replicas that are
    already active, so it adds no activation and no split; its integral optimum replaces
    the output iff its makespan is strictly lower. It is skipped when the output already
-   meets :func:`tempo_layer_bound` (nothing can be lower). The local search stops at a
-   split one token off, or at ``max_iter``, where this exact step evens it out. It only
-   lowers the output, so every bound above still holds; ``extras["makespan_stage4"]``
-   is the makespan before it and ``extras["rebalanced"]`` says whether it applied.
+   meets the certified bound (nothing can be lower). ``extras["makespan_stage4"]`` is the
+   makespan before it and ``extras["rebalanced"]`` says whether it applied.
+6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
+   makespan is more than ``repair_gap`` (relative) above the certified lower bound (the
+   cheap one first, then the full :func:`~straggler.solvers.certified_lower_bound`), at
+   most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
+   first) go to the layer's MILP warm-started with tempo's shares
+   (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
+   only when strictly better, and its dual bound raises the reported lower bound. Extras:
+   ``repaired`` (the repair ran), ``repair_status`` (``"optimal"``, ``"improved"``,
+   ``"unchanged"``, or ``"off"``/``"not needed"``/``"budget spent"``),
+   ``makespan_before_repair``,
+   ``repair_gain`` (makespan drop), ``repair_bound_gain`` (bound rise),
+   ``repair_runtime_s``. HiGHS stops on wall-clock time, so a repaired layer may differ
+   between runs on a loaded machine; with the repair off, tempo is deterministic.
 
 Speed (results unchanged by any of it): the kernels build the replica lists without
 branches, order experts by a stable radix sort, keep per-GPU sorted lists of the experts
@@ -80,22 +115,22 @@ that hold tokens (so no search scans empty replicas, which matters under full
 replication), score candidates from their live entries, and prune the chain, swap and
 ejection searches only by lower bounds that cannot beat the best found (``t`` is
 nondecreasing in ``G``, ``N``, ``T`` and ``T >= G``); the plain-Python reference
-enumerates everything. The swap and ejection fallbacks still examine every pair of
-experts on two GPUs in the worst case (no cap), so under full replication a layer that
-reaches them costs a few hundred microseconds.
+enumerates everything.
 
 The token-LP candidate is the integral token-optimal dispatch of :func:`token_lp_fast`
 (``max_g N_g = ceil(lambda*)``, under one token per GPU above the fractional optimum); so
 on tiny instances, where one token matters, tempo can be above a fractional OPT by the
-cost of about one token per GPU. ``lower_bound`` is :func:`tempo_layer_bound`.
+cost of about one token per GPU. ``lower_bound`` is the certified bound of
+:func:`~straggler.solvers.certified_lower_bound` (with :func:`tempo_layer_bound` inside
+it), raised by the repair's MILP dual bound when one ran.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from numbers import Real
 from typing import NamedTuple
 
 import numba
@@ -104,15 +139,18 @@ import numpy as np
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
+from ..formulations.validation import check_bool, check_int, check_real, check_type
+from ._bounds import coupling_bound_kernel
 from ._semi_matching import semi_matching_kernel
-from ._tempo import INFO_FIELDS, tempo_kernel
+from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost, tempo_kernel
+from ._tempo_repair import repair_layer
 from ._token_lp_fast import support_rebalance_kernel, token_lp_kernel
+from .bounds import certified_lower_bound, token_lp_bound
 from .registry import LayerSolution, register_dispatch_method
 
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
-#: What ``extras["choice"]`` can say: which dispatch tempo returned.
-CHOICES = ("heuristic", "token_lp", "a3", "semi_matching")
+_FUNC = "solve_dispatch(method='tempo')"
 
 
 class TokenLP(NamedTuple):
@@ -126,6 +164,18 @@ class TokenLP(NamedTuple):
     """Numerator of ``lambda*`` in lowest terms."""
     den: int
     """Denominator of ``lambda*`` (at most ``n_gpus``)."""
+
+
+def _token_lp_fast_iv(problem) -> DispatchProblem:
+    check_type(
+        problem, "problem", "token_lp_fast", DispatchProblem, "a single-layer DispatchProblem"
+    )
+    if problem.is_stack:
+        raise param_error(
+            "problem", "token_lp_fast", "a single-layer DispatchProblem",
+            f"a stack of {problem.n_layers} layers",
+        )  # fmt: skip
+    return problem
 
 
 def token_lp_fast(problem: DispatchProblem) -> TokenLP:
@@ -146,6 +196,11 @@ def token_lp_fast(problem: DispatchProblem) -> TokenLP:
     TokenLP
         ``shares``, ``value``, ``num``, ``den``.
 
+    Raises
+    ------
+    InvalidInputError
+        Not a single-layer :class:`DispatchProblem`.
+
     Notes
     -----
     ``c + beta*value`` (and ``c2 + gamma*value``) is a certified lower bound on the optimal
@@ -159,10 +214,7 @@ def token_lp_fast(problem: DispatchProblem) -> TokenLP:
     >>> res.shares.tolist(), res.value, (res.num, res.den)
     ([[5, 2], [0, 2]], 4.5, (9, 2))
     """
-    if not isinstance(problem, DispatchProblem) or problem.is_stack:
-        raise param_error(
-            "problem", "token_lp_fast", "a single-layer DispatchProblem", repr(problem)
-        )
+    problem = _token_lp_fast_iv(problem)
     x, num, den = token_lp_kernel(
         np.ascontiguousarray(problem.counts, dtype=np.int64), np.ascontiguousarray(problem.replicas)
     )
@@ -170,11 +222,12 @@ def token_lp_fast(problem: DispatchProblem) -> TokenLP:
 
 
 def tempo_layer_bound(cost: CostModel, lp_value: float, sm_value: int) -> float:
-    """``max(c + beta*lambda*, c2 + gamma*lambda*, a + b*SM)``: the bound tempo reports.
+    """``max(c + beta*lambda*, c2 + gamma*lambda*, a + b*SM)``: tempo's own integral bound.
 
     ``lambda*`` is the token-LP value (some GPU carries at least that many tokens) and
     ``SM`` the optimal semi-matching value (some GPU activates at least ``SM`` replicas,
-    and ``b2*(T - G) >= 0``).
+    and ``b2*(T - G) >= 0``). The bound tempo reports is the stronger
+    :func:`~straggler.solvers.certified_lower_bound`, which contains this one.
 
     Examples
     --------
@@ -202,38 +255,60 @@ def _pool(n_threads):
         return _POOL[0]
 
 
-def _layer_bound(c, lam, sm):
-    """:func:`tempo_layer_bound` from ``CostModel.as_array()`` (zero traffic terms are
-    harmless): at or below it nothing can improve, so the support rebalance is skipped."""
-    return max(c[3] + c[4] * lam, c[0] + c[1] * sm, c[5] + c[6] * lam)
+@functools.lru_cache(maxsize=64)
+def _kernel_params(cost: CostModel):
+    """``cost.as_array()`` and its :class:`KernelCost`, once per cost model (a frozen,
+    hashable value; building them costs a few microseconds per layer otherwise). The array
+    stays writeable (a read-only one is another numba type, compiled again); no kernel
+    writes to its inputs."""
+    c = cost.as_array()
+    return c, kernel_cost(c)
 
 
-def _check_flag(name, v):
-    if not isinstance(v, (bool, np.bool_)):
-        raise param_error(name, "solve_dispatch(method='tempo')", "a bool", repr(v))
+class _Layer(NamedTuple):
+    """What the kernels return for one layer (before the repair)."""
+
+    shares: np.ndarray
+    info: np.ndarray
+    num: int
+    den: int
+    sm: int
+    makespan: float
+    bound: float
 
 
 @register_dispatch_method("tempo")
 @dataclass(frozen=True)
 class Tempo:
-    """tempo_fast (TEMPO §4.2): seed, augmenting chains, local search, ensemble, rebalance.
+    """tempo_fast (TEMPO §4.2): seed, chains, local search, ensemble; rebalance, repair.
 
     Parameters
     ----------
     seed, chains, local_search, ensemble : bool, default True
         Switch each stage (the Table 2 / Table 8 ablations).
+    flows, exchanges, tile_chains : bool, default True
+        Switch the token paths, the path and cyclic exchanges, and the ejection chains
+        with a tile-boundary first leg in stage 3 (extensions, see the module notes).
     rebalance : bool, default True
         The support rebalance after stage 4 (an extension, see the module notes).
     tau : float in [0, 1), default 0.01
-        Switching tolerance of the ensemble (Proposition 1).
+        Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
-        Iteration cap of the local search.
+        Iteration cap of each local search.
+    repair_budget_s : float >= 0, default 0.2
+        Seconds of bounded exact repair per call (0: off): one layer gets all of it; a
+        stack shares it, layers with the largest relative gap first (a layer left without
+        budget reports ``repair_status = "budget spent"``).
+    repair_gap : float >= 0, default 0.001
+        Relative gap ``(makespan - lower_bound) / makespan`` above which a layer is
+        repaired.
 
     Notes
     -----
     See :mod:`straggler.solvers.tempo` for the stages, guarantees and tie-breaking. The
-    reported ``lower_bound`` is :func:`tempo_layer_bound`; ``extras`` holds the makespan
-    after each stage, the candidates' makespans, the choice and the move counts.
+    reported ``lower_bound`` is the certified bound (raised by the repair's MILP when it
+    ran); ``extras`` holds the makespan after each stage, the candidates' makespans, the
+    choice, the move counts and what the repair did.
 
     Examples
     --------
@@ -250,90 +325,140 @@ class Tempo:
     chains: bool = True
     local_search: bool = True
     ensemble: bool = True
+    flows: bool = True
+    exchanges: bool = True
+    tile_chains: bool = True
+    rebalance: bool = True
     tau: float = 0.01
     max_iter: int = 300
-    rebalance: bool = True
+    repair_budget_s: float = 0.2
+    repair_gap: float = 0.001
 
     def __post_init__(self) -> None:
-        for name in ("seed", "chains", "local_search", "ensemble", "rebalance"):
-            _check_flag(name, getattr(self, name))
-        t = self.tau
-        if not isinstance(t, Real) or isinstance(t, bool) or not (0 <= t < 1):
-            raise param_error(
-                "tau", "solve_dispatch(method='tempo')", "a number in [0, 1)", repr(t)
-            )
-        m = self.max_iter
-        if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 0:
-            raise param_error(
-                "max_iter", "solve_dispatch(method='tempo')", "a non-negative integer", repr(m)
-            )
+        _tempo_iv(self)
 
-    def _flags(self):
-        return (
+    def _opts(self) -> KernelOptions:
+        return KernelOptions(
             bool(self.seed),
             bool(self.chains),
             bool(self.local_search),
             bool(self.ensemble),
+            bool(self.flows),
+            bool(self.exchanges),
+            bool(self.tile_chains),
             float(self.tau),
             int(self.max_iter),
         )
 
-    def _solution(self, cost, shares, info, num, den, sm, m_final) -> LayerSolution:
-        extras = {name: float(v) for name, v in zip(INFO_FIELDS, info)}
-        extras["rebalanced"] = bool(m_final < info[0])
-        extras["makespan_stage4"] = extras["makespan"]
-        extras["makespan"] = float(m_final)
-        extras["choice"] = CHOICES[int(info[INFO_FIELDS.index("choice")])]
-        extras["chain_moves"] = int(extras["chain_moves"])
-        extras["ls_moves"] = int(extras["ls_moves"])
-        extras["token_lp_value"] = num / den
-        extras["semi_matching_value"] = int(sm)
-        return LayerSolution(
-            shares=shares.astype(np.float64),
-            lower_bound=tempo_layer_bound(cost, num / den, int(sm)),
-            extras=extras,
-        )
-
-    def _arrays(self, cost, counts, replicas):
-        """Token LP, semi-matching, tempo and support-rebalance kernels on one layer (nogil)."""
+    def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
+        """Token LP, semi-matching, tempo and support-rebalance kernels (nogil), with tempo's
+        cheap bound: B2, B5-B7 of :func:`~straggler.solvers.certified_lower_bound`."""
         lp, num, den = token_lp_kernel(counts, replicas)
         assign, sm, _ = semi_matching_kernel(replicas, counts > 0)
-        shares, info = tempo_kernel(counts, replicas, cost, lp, assign, *self._flags())
+        bound = max(token_lp_bound(cost, num / den), c[0] + c[1] * sm)
+        bound = coupling_bound_kernel(counts, replicas, c, bound)
+        shares, info = tempo_kernel(counts, replicas, kcost, lp, assign, bound, self._opts())
         m = info[0]
-        if self.rebalance and m > _layer_bound(cost, num / den, sm):
-            shares, _, m = support_rebalance_kernel(counts, shares, cost)
-        return shares, info, num, den, sm, m
+        if self.rebalance and m > bound:
+            shares, _, m = support_rebalance_kernel(counts, shares, c)
+        return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound))
+
+    def _needs_repair(self, m, bound) -> bool:
+        return self.repair_budget_s > 0 and m > bound + self.repair_gap * m + 1e-12
+
+    def _solution(self, problem, cost, lay: _Layer, budget: float | None = None) -> LayerSolution:
+        """Extras and the repair of one layer; ``budget``: the repair seconds left to this call
+        (default ``repair_budget_s``)."""
+        extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
+        extras["rebalanced"] = lay.makespan < extras["makespan"]
+        extras["makespan_stage4"] = extras["makespan"]
+        extras["choice"] = CHOICES[int(extras["choice"])]
+        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
+            extras[k] = int(extras[k])
+        extras["token_lp_value"] = lay.num / lay.den
+        extras["semi_matching_value"] = lay.sm
+        shares, m, bound = lay.shares, lay.makespan, lay.bound
+        extras["makespan_before_repair"] = m
+        extras["repaired"] = False
+        extras["repair_status"] = "off" if self.repair_budget_s == 0 else "not needed"
+        extras["repair_gain"] = 0.0
+        extras["repair_bound_gain"] = 0.0
+        extras["repair_runtime_s"] = 0.0
+        if self._needs_repair(m, bound):
+            # the full certified bound (closed GPU sets too) before deciding
+            bound = max(bound, certified_lower_bound(problem, cost, semi_matching_value=lay.sm,
+                                                     token_lp_value=lay.num / lay.den))  # fmt: skip
+        budget = self.repair_budget_s if budget is None else budget
+        if self._needs_repair(m, bound) and budget <= 0:
+            extras["repair_status"] = "budget spent"  # the call's budget went to other layers
+        elif self._needs_repair(m, bound):
+            r = repair_layer(problem, cost, shares, budget_s=budget, lower_bound=bound)
+            extras["repaired"] = True
+            extras["repair_status"] = r.status
+            extras["repair_gain"] = m - r.makespan
+            extras["repair_bound_gain"] = r.lower_bound - bound
+            extras["repair_runtime_s"] = r.runtime_s
+            shares, m, bound = r.shares, r.makespan, max(bound, r.lower_bound)
+        extras["makespan"] = float(m)
+        return LayerSolution(shares=shares.astype(np.float64), lower_bound=bound, extras=extras)
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
         """One validated layer."""
         counts = np.ascontiguousarray(problem.counts, dtype=np.int64)
         replicas = np.ascontiguousarray(problem.replicas)
-        return self._solution(cost, *self._arrays(cost.as_array(), counts, replicas))
+        c, kcost = _kernel_params(cost)
+        return self._solution(problem, cost, self._arrays(cost, kcost, c, counts, replicas))
 
     def solve_stack(self, problems, cost: CostModel, *, time_limit, rng) -> list[LayerSolution]:
         """Every layer, in parallel over layers on a thread pool around the ``nogil`` kernels.
 
         Results are identical to :meth:`solve` layer by layer (the kernels are
-        deterministic and share no state). Threads: ``numba.get_num_threads()``, from a
-        pool kept for the process (made on the first stack solve).
+        deterministic and share no state; the repairs, which run after the kernels in
+        layer order, are deterministic up to their time limits). Threads:
+        ``numba.get_num_threads()``, from a pool kept for the process (made on the first
+        stack solve).
         """
         problems = list(problems)
-        c = cost.as_array()
+        c, kcost = _kernel_params(cost)
         counts = [np.ascontiguousarray(p.counts, dtype=np.int64) for p in problems]
         replicas = [np.ascontiguousarray(p.replicas) for p in problems]
         n_threads = max(1, min(numba.get_num_threads(), len(problems)))
 
         def chunk(k):
             return [
-                self._arrays(c, counts[l], replicas[l]) for l in range(k, len(problems), n_threads)
+                self._arrays(cost, kcost, c, counts[l], replicas[l])
+                for l in range(k, len(problems), n_threads)
             ]
 
         if n_threads == 1:
             parts = [chunk(0)]
         else:
             parts = list(_pool(n_threads).map(chunk, range(n_threads)))
-        out = [None] * len(problems)
+        layers = [None] * len(problems)
         for k, part in enumerate(parts):
-            for i, arrays in enumerate(part):
-                out[k + i * n_threads] = self._solution(cost, *arrays)
+            for i, lay in enumerate(part):
+                layers[k + i * n_threads] = lay
+        # one repair budget for the whole call, spent on the layers with the largest
+        # relative gap first (a stack solve stays inside a serving refresh)
+        order = sorted(range(len(problems)), key=lambda l: _rel_gap(layers[l]), reverse=True)
+        out = [None] * len(problems)
+        left = self.repair_budget_s
+        for l in order:
+            out[l] = self._solution(problems[l], cost, layers[l], left)
+            left = max(0.0, left - out[l].extras["repair_runtime_s"])
         return out
+
+
+def _rel_gap(lay: _Layer) -> float:
+    return (lay.makespan - lay.bound) / lay.makespan if lay.makespan > 0 else 0.0
+
+
+def _tempo_iv(t: Tempo) -> None:
+    """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
+    for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
+                 "tile_chains", "rebalance"):  # fmt: skip
+        check_bool(getattr(t, name), name, _FUNC)
+    check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
+    check_int(t.max_iter, "max_iter", _FUNC, lo=0)
+    check_real(t.repair_budget_s, "repair_budget_s", _FUNC, lo=0)
+    check_real(t.repair_gap, "repair_gap", _FUNC, lo=0)

@@ -2,14 +2,21 @@
 
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from straggler.formulations import CostModel, DispatchProblem, basic_lower_bound
 from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.conjecture import exact_optimum, support_optimum
-from straggler.proofs.strategies import dispatch_instances
+from straggler.proofs.strategies import coupled_instances, dispatch_instances
 from straggler.solvers import certified_lower_bound, semi_matching, solve_token_lp
-from straggler.solvers._bounds import lower_bound_kernel, lower_bound_reference
+from straggler.solvers._bounds import (
+    coupling_bound_kernel,
+    coupling_bound_reference,
+    lower_bound_kernel,
+    lower_bound_reference,
+)
 from straggler.solvers._semi_matching import semi_matching_reference
+from straggler.solvers.bounds import token_lp_bound
 
 
 def _both(p, cost):
@@ -27,10 +34,12 @@ def test_kernel_equals_reference(inst):
     p, cost = inst
     k, py, r = _both(p, cost)
     assert k == py == r
-    # B5 (token LP, exact) on top of the kernel's B1-B4
+    # B5 and B7 (from the exact token-LP value) on top of the kernel's B1-B4 and B6
     _, v = solve_token_lp(p, cost)
     b5 = max(c0 + s * v for c0, s in cost.token_pieces)
-    assert certified_lower_bound(p, cost) == pytest.approx(max(k, b5), rel=1e-9, abs=1e-12)
+    b57 = token_lp_bound(cost, v)
+    assert b57 >= b5
+    assert certified_lower_bound(p, cost) == pytest.approx(max(k, b57), rel=1e-9, abs=1e-12)
 
 
 def test_kernel_equals_reference_many_gpus():
@@ -94,3 +103,38 @@ def test_restricted_bounds_bind():
     # B4: 300 tokens on 2 replicas, tile 128: the larger piece has 2 tiles
     p = DispatchProblem(counts=[300], replicas=[[1, 1]])
     assert certified_lower_bound(p, CostModel(a=0, b=4, c=0, beta=0, b2=1)) == 5.0
+    # B6: one hot expert (600 tokens) and three cold ones on 2 GPUs, b = 15, beta = 0.1:
+    # with 2 activations per GPU the hot one stays whole (60), with 3 it halves (45); the
+    # semi-matching (30) and the token LP (31.5) stay below the optimum 45
+    p = DispatchProblem(counts=[600, 10, 10, 10], replicas=np.ones((4, 2), bool))
+    cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    sm = semi_matching(p.replicas, p.counts > 0)[1]
+    assert max(cost.b * sm, token_lp_bound(cost, solve_token_lp(p)[1])) < 45.0
+    assert certified_lower_bound(p, cost) == 45.0 == exact_optimum(p, cost)
+    # B7: 35 tokens over 3 GPUs, tiles of 8: the GPU with 35/3 tokens holds 2 tiles
+    p = DispatchProblem(counts=[23, 12], replicas=np.ones((2, 3), bool))
+    cost = CostModel(a=0, b=3, c=0, beta=0.01, b2=1, tile=8)
+    assert token_lp_bound(cost, 35 / 3) == 4.0 == certified_lower_bound(p, cost)
+    assert token_lp_bound(cost, 0.0) == 0.0  # no tokens, no activation
+
+
+@given(coupled_instances(), st.sampled_from([-np.inf, 0.0, 10.0, 40.0]))
+def test_coupling_kernel_equals_reference(inst, best):
+    p, cost = inst
+    c = cost.as_array()
+    k = coupling_bound_kernel(p.counts, p.replicas, c, best)
+    assert k == coupling_bound_kernel.py_func(p.counts, p.replicas, c, best)
+    assert k == coupling_bound_reference(p.counts, p.replicas, c, best)
+    assert k >= best
+
+
+@settings(max_examples=40)
+@given(coupled_instances(max_experts=5, max_gpus=3))
+def test_coupling_never_above_the_optimum(inst):
+    """B6 and B7 (inside certified_lower_bound) against the MILP optimum, on instances where
+    activations and tokens bind together; the coupling alone too (from -inf)."""
+    p, cost = inst
+    opt = exact_optimum(p, cost)
+    assert certified_lower_bound(p, cost) <= opt * (1 + 1e-9) + 1e-9
+    b6 = coupling_bound_kernel(p.counts, p.replicas, cost.as_array(), 0.0)
+    assert b6 <= opt * (1 + 1e-9) + 1e-9

@@ -1,0 +1,157 @@
+"""Bounded exact repair of one tempo layer: warm-started MILPs within a time budget.
+
+Private module used by :mod:`straggler.solvers.tempo`. When tempo's makespan is more than a
+threshold above its certified lower bound, :func:`repair_layer` spends at most a budget of
+seconds on the layer's exact MILP, built from the library's own pieces
+(:func:`~straggler.formulations.dispatch_milp.build_dispatch_milp`, tightened, with the
+current makespan as upper bound, and the HiGHS backend
+:func:`~straggler.solvers.highs.solve_milp`, unchanged), warm-started with tempo's shares.
+Its dual bound is a certified lower bound on the optimum (the model keeps every dispatch at
+or below its upper bound, hence every optimum).
+
+(A first step on the GPUs that set the makespan alone, the other shares fixed, was measured
+on the families of ``benchmarks/tempo_quality.py``: it never improved a layer that the whole
+MILP did not, and cost time, so the whole layer gets the budget.)
+
+MILP shares are fractional; each is turned into whole tokens by largest remainders (every
+share rounds to its floor or ceiling, so no tile count grows and a share below one token
+may vanish), and the token LP on that support (the exact token flow,
+:func:`~straggler.solvers._token_lp_fast.support_rebalance_kernel`) is kept when it is
+better. A result replaces the current shares only when its makespan is strictly lower, so
+the repair never makes a layer worse. It is deterministic up to the time limits (HiGHS
+stops on wall-clock time).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from ..formulations.cost import CostModel
+from ..formulations.dispatch import DispatchProblem, evaluate
+from ..formulations.dispatch_milp import build_dispatch_milp
+from ..formulations.results import Status
+from ._token_lp_fast import support_rebalance_kernel
+from .highs import solve_milp
+
+__all__ = ["Repair", "repair_layer", "whole_tokens"]
+
+#: HiGHS stops at this relative gap (the repair targets gaps of 1e-3).
+REPAIR_MIP_GAP = 1e-5
+#: Relative safety taken off a HiGHS dual bound before it is reported as certified.
+DUAL_RTOL = 1e-9
+
+
+class Repair(NamedTuple):
+    """What :func:`repair_layer` did to one layer."""
+
+    shares: np.ndarray
+    """Whole-token dispatch ``(n_experts, n_gpus)`` (int64): the repaired one, or the input."""
+    makespan: float
+    lower_bound: float
+    """The input bound, raised to the whole-layer MILP's dual bound when it has one."""
+    status: str
+    """``"optimal"`` (the MILP proved its optimum within the budget), ``"improved"`` or
+    ``"unchanged"``."""
+    runtime_s: float
+
+
+def whole_tokens(problem: DispatchProblem, cost: CostModel, shares) -> np.ndarray:
+    """A whole-token dispatch close to fractional ``shares`` (int64).
+
+    Largest remainders per expert: every share becomes its floor, and the expert's missing
+    tokens go one each to its shares with the largest fractional parts (ties: lower GPU
+    index), so every share ends at its floor or ceiling. The token LP on the resulting
+    support (:func:`~straggler.solvers._token_lp_fast.support_rebalance_kernel`) replaces it
+    when its makespan is lower.
+
+    Examples
+    --------
+    >>> p = DispatchProblem(counts=[5], replicas=[[1, 1]])
+    >>> whole_tokens(p, CostModel(a=0, b=0, c=0, beta=1), [[2.5, 2.5]]).tolist()
+    [[3, 2]]
+    """
+    xc = np.asarray(shares, dtype=float)
+    counts = np.asarray(problem.counts, dtype=np.int64)
+    x = np.floor(xc + 1e-9).astype(np.int64)
+    x[xc <= 0] = 0
+    for e in np.flatnonzero(counts):
+        rem = int(counts[e] - x[e].sum())
+        if rem > 0:
+            frac = np.where(xc[e] > 0, xc[e] - x[e], -np.inf)
+            for h in np.argsort(-frac, kind="stable")[:rem]:
+                x[e, h] += 1
+        elif rem < 0:  # (fractional input summing above n_e)
+            for h in np.argsort(-x[e], kind="stable")[:-rem]:
+                x[e, h] -= 1
+    y, _, _ = support_rebalance_kernel(counts, x, cost.as_array())
+    return y
+
+
+def _times(problem, cost, x):
+    return np.asarray(evaluate(problem, cost, x).times, dtype=float)
+
+
+def _milp(problem, cost, x, ub, time_limit):
+    """The tightened MILP of ``problem`` warm-started with whole-token ``x`` (makespan ub)."""
+    model = build_dispatch_milp(problem, cost, tightened=True, upper_bound=ub)
+    return model, solve_milp(
+        model,
+        time_limit=max(time_limit, 1e-3),
+        mip_rel_gap=REPAIR_MIP_GAP,
+        threads=1,
+        warm_start=model.encode(x),
+    )
+
+
+def repair_layer(
+    problem: DispatchProblem,
+    cost: CostModel,
+    shares,
+    *,
+    budget_s: float,
+    lower_bound: float,
+) -> Repair:
+    """Repair one layer's whole-token dispatch within ``budget_s`` seconds (module notes):
+    the returned shares are the input's unless the MILP found a strictly better whole-token
+    dispatch; the bound is the input's, raised to the MILP's dual bound.
+
+    Examples
+    --------
+    Three experts on two GPUs, floor-bound (``b = 10``): one GPU holding all three costs
+    30; the repair finds 20 (two experts on one GPU, one on the other), which the MILP
+    proves optimal.
+
+    >>> p = DispatchProblem(counts=[4, 4, 4], replicas=np.ones((3, 2), bool))
+    >>> r = repair_layer(p, CostModel(a=0, b=10, c=0, beta=0.01), [[4, 0]] * 3,
+    ...                  budget_s=5.0, lower_bound=10.0)
+    >>> r.makespan, r.status, round(r.lower_bound, 6)
+    (20.0, 'optimal', 20.0)
+    """
+    t0 = time.perf_counter()
+    x = np.asarray(shares, dtype=np.int64).copy()
+    best = float(_times(problem, cost, x).max())
+    lb = float(lower_bound)
+    status = "unchanged"
+    if best > lb:
+        model, sol = _milp(problem, cost, x, best, float(budget_s))
+        if math.isfinite(sol.dual_bound):
+            # (less a relative 1e-9: HiGHS's bound carries its feasibility tolerances)
+            lb = max(lb, min(float(sol.dual_bound) * (1 - DUAL_RTOL), best))
+        if sol.x is not None:
+            y = whole_tokens(problem, cost, model.decode(sol.x))
+            m = float(_times(problem, cost, y).max())
+            if m < best:
+                x, best, status = y, m, "improved"
+        if sol.status is Status.OPTIMAL:
+            status = "optimal"
+    return Repair(
+        shares=x,
+        makespan=best,
+        lower_bound=min(lb, best),
+        status=status,
+        runtime_s=time.perf_counter() - t0,
+    )

@@ -96,6 +96,7 @@ def routing_instances(
     carry[1] = draw(st.integers(0, G))  # vLLM's start index
     carry[2] = draw(st.integers(0, 3))  # TensorRT-LLM's hold-back counters
     carry[3] = draw(st.integers(0, 3))
+    carry[4] = draw(st.integers(0, 1))  # BR-S's backlog flag
     return dict(pool=pool, reps=reps, params=params, carry=carry, seed=draw(st.integers(0, 2**40)))
 
 

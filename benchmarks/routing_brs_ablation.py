@@ -5,7 +5,9 @@ Every variant runs BR-S (``policy="brs"`` with the variant's options) on the mai
 prefill sized to twice the decode capacity) and is judged, cell by cell, by the sweep's own
 goals (``routing_load_sweep.goals``) against the JSQ and BR-0 cells of a sweep JSON written by
 ``routing_load_sweep.py`` with the same simulator (``--reference``, default
-``benchmarks/results/routing_load_sweep.json``). The variants isolate:
+``benchmarks/results/routing_load_sweep.json``); with another ``--requests`` (a shorter prefix
+of the same traces: how sensitive a verdict is to the exact run) the JSQ and BR-0 cells are run
+here too. The variants isolate:
 
 * ``patience`` (JSQ until a backlog; default 128 ticks): lower values route short bursts below
   saturation by F-score too;
@@ -42,6 +44,8 @@ VARIANTS = {
     "no_guard": NO_GUARD,
     "unsafe": {"safe": False},
     "patience_32": {"patience": 32},
+    "patience_64": {"patience": 64},
+    "patience_256": {"patience": 256},
     "patience_0": {"patience": 0},
     "patience_0_no_guard": {"patience": 0, **NO_GUARD},
 }
@@ -55,18 +59,25 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(RESULTS / "routing_brs_ablation.json"))
     args = ap.parse_args(argv)
     ref = json.loads(pathlib.Path(args.reference).read_text())
-    cfg = ref["config"]
-    if cfg["requests"] != args.requests:
-        raise SystemExit(
-            f"--reference has {cfg['requests']} requests per cell, not {args.requests}"
-        )
+    cfg = dict(ref["config"])
     traces, Gs, loads = cfg["traces"], cfg["G"], cfg["loads"]
-    base = {
-        (c["trace"], int(c["n_replicas"]), float(c["load"]), c["policy"]): c
-        for c in ref["cells"]
-        if c["policy"] in ("jsq", "br0")
-    }
     directory = str(traces_dir().resolve())
+    same = cfg["requests"] == args.requests
+    if same:
+        base = {
+            (c["trace"], int(c["n_replicas"]), float(c["load"]), c["policy"]): c
+            for c in ref["cells"]
+            if c["policy"] in ("jsq", "br0")
+        }
+    else:  # another prefix: the baselines' cells are run here
+        cfg["requests"] = args.requests
+        base = {
+            (tr, G, load, p): load_sweep_cell(tr, G, load, p, args.requests, "sized", 0, directory)
+            for tr in traces
+            for G in Gs
+            for load in loads
+            for p in ("jsq", "br0")
+        }
     rows = []
     head = (
         f"{'variant':22s} {'cells met':>9s} {'imb':>4s} {'tpot':>4s} {'ttft':>4s} {'thr':>4s} "
@@ -109,7 +120,7 @@ def main(argv=None) -> dict:
         )
     out = {
         "benchmark": "routing_brs_ablation",
-        "reference": pathlib.Path(args.reference).name,
+        "reference": pathlib.Path(args.reference).name if same else "jsq and br0 run here",
         "config": {**cfg, "policies": ["brs (variants)"], "goal_saturated_median": GOAL_SAT},
         "variants": rows,
     }

@@ -141,7 +141,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--backend", default="process")
     ap.add_argument("--plot", default=str(RESULTS / "routing_load_sweep.png"))
     ap.add_argument("--out", default=str(RESULTS / "routing_load_sweep.json"))
-    ap.add_argument("--no-resume", action="store_true")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the cells journaled next to the CSV by an interrupted run of the same code "
+        "(off by default: a journal written before a change to the library would stand in for "
+        "the new code's results)",
+    )
     ap.add_argument(
         "--first",
         type=int,
@@ -175,7 +181,7 @@ def main(argv=None) -> dict:
         backend=args.backend,
         workers=args.workers,
         path=None if args.quick else csv,
-        resume=not args.no_resume,
+        resume=args.resume,
         desc="routing load sweep",
     )
     wall = time.perf_counter() - t0

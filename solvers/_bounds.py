@@ -51,6 +51,21 @@ def _larger(n, j, u, v):
 
 
 @njit(**NJIT)
+def _sift_down(heap, p, m, n, j):
+    """Restore the max-heap ``heap[:m]`` (by piece ``n / j``) below position ``p``."""
+    while True:
+        ch = 2 * p + 1
+        if ch >= m:
+            return
+        if ch + 1 < m and _larger(n, j, heap[ch + 1], heap[ch]):
+            ch += 1
+        if not _larger(n, j, heap[ch], heap[p]):
+            return
+        heap[p], heap[ch] = heap[ch], heap[p]
+        p = ch
+
+
+@njit(**NJIT)
 def coupling_bound_kernel(counts, replicas, params, best):
     """``max(best, B6)``: the activation-token coupling bound over all GPUs (module notes).
 
@@ -95,17 +110,7 @@ def coupling_bound_kernel(counts, replicas, params, best):
     j = np.ones(m, np.int64)
     heap = np.arange(m)  # max-heap of experts by their piece n / j
     for start in range(m // 2 - 1, -1, -1):
-        p = start
-        while True:
-            ch = 2 * p + 1
-            if ch >= m:
-                break
-            if ch + 1 < m and _larger(n, j, heap[ch + 1], heap[ch]):
-                ch += 1
-            if not _larger(n, j, heap[ch], heap[p]):
-                break
-            heap[p], heap[ch] = heap[ch], heap[p]
-            p = ch
+        _sift_down(heap, start, m, n, j)
     pieces = m
     result = np.inf
     while True:
@@ -116,17 +121,7 @@ def coupling_bound_kernel(counts, replicas, params, best):
         while pieces < g * K and j[top] < r[top]:
             j[top] += 1
             pieces += 1
-            p = 0
-            while True:
-                ch = 2 * p + 1
-                if ch >= m:
-                    break
-                if ch + 1 < m and _larger(n, j, heap[ch + 1], heap[ch]):
-                    ch += 1
-                if not _larger(n, j, heap[ch], heap[p]):
-                    break
-                heap[p], heap[ch] = heap[ch], heap[p]
-                p = ch
+            _sift_down(heap, 0, m, n, j)
             top = heap[0]
         u = n[top] / j[top]
         v = max(fl, max(c + beta * u, c2 + gamma * u))

@@ -39,7 +39,7 @@ def _score(batches, p2l, g, cost):
     tot = 0.0
     for c in batches:
         p = DispatchProblem.from_placement(c, p2l, g)
-        tot += float(np.sum(solve_dispatch(p, cost, method="tempo").makespan))
+        tot += float(np.sum(solve_dispatch(p, cost, method="tempo", repair_budget_s=0.0).makespan))
     return tot / len(batches)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "save_json",
     "load_safetensors",
     "save_safetensors",
+    "load_by_extension",
     "fold_physical_counts",
     "check_physical_to_logical",
     "to_numpy",
@@ -291,6 +292,19 @@ def save_safetensors(tensors: dict, path) -> None:
     stn = _safetensors(f"Writing {source_name(path)}")
     _parent(path)
     stn.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path)
+
+
+def load_by_extension(path, unknown: str):
+    """A ``.pt``, ``.json`` or ``.safetensors`` file read by its extension; any other path
+    raises ``InvalidInputError(unknown)``."""
+    p = os.fspath(path)
+    if p.endswith(".pt"):
+        return load_pt(p)
+    if p.endswith(".json"):
+        return load_json(p)
+    if p.endswith(".safetensors"):
+        return load_safetensors(p)
+    raise InvalidInputError(unknown)
 
 
 # --- fields --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import os
 import re
 
 from ...formulations.errors import InvalidInputError, InvalidOptionError
-from ._common import EngineLog, load_json, load_pt, load_safetensors
+from ._common import EngineLog, load_by_extension
 from .eplb import is_eplb_maps, parse_eplb_maps
 from .sglang import (
     RECORDER_PREFIX,
@@ -44,15 +44,10 @@ _STAT_KEY = re.compile(r"^\d+_\d+$")
 
 
 def _load_any(path: str):
-    if path.endswith(".pt"):
-        return load_pt(path)
-    if path.endswith(".json"):
-        return load_json(path)
-    if path.endswith(".safetensors"):
-        return load_safetensors(path)
-    raise InvalidInputError(
+    return load_by_extension(
+        path,
         f"Cannot tell which engine wrote {path}: expected a directory, .pt, .json, .safetensors, "
-        ".yaml or inline JSON."
+        ".yaml or inline JSON.",
     )
 
 

@@ -47,9 +47,7 @@ from ._common import (
     field_int,
     fold_physical_counts,
     get_field,
-    load_json,
-    load_pt,
-    load_safetensors,
+    load_by_extension,
     rank_of,
     save_json,
     save_pt,
@@ -157,13 +155,7 @@ def is_vllm_state(obj) -> bool:
 
 def _load(path):
     p = os.fspath(path)
-    if p.endswith(".pt"):
-        return load_pt(p)
-    if p.endswith(".json"):
-        return load_json(p)
-    if p.endswith(".safetensors"):
-        return load_safetensors(p)
-    raise InvalidInputError(f"{p} is not a vLLM state dump (expected {', '.join(_EXTS)}).")
+    return load_by_extension(p, f"{p} is not a vLLM state dump (expected {', '.join(_EXTS)}).")
 
 
 def _check_maps(obj, source):

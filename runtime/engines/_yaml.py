@@ -331,37 +331,36 @@ def _skip_spaces(text: str, j: int) -> int:
     return j
 
 
-def _depth(text: str) -> int:
-    depth = 0
+def _unquoted(text: str):
+    """``(index, char, bracket depth after it)`` of every character of ``text`` outside
+    quotes (the quote characters themselves skipped)."""
     quote = None
-    for ch in text:
+    depth = 0
+    for j, ch in enumerate(text):
         if quote:
             if ch == quote:
                 quote = None
-        elif ch in "'\"":
+            continue
+        if ch in "'\"":
             quote = ch
-        elif ch in "[{":
+            continue
+        if ch in "[{":
             depth += 1
         elif ch in "]}":
             depth -= 1
-    return depth
+        yield j, ch, depth
+
+
+def _depth(text: str) -> int:
+    """Bracket depth at the end of ``text`` (0 when balanced)."""
+    depths = [depth for _, _, depth in _unquoted(text)]
+    return depths[-1] if depths else 0
 
 
 def _key_split(content: str):
     """``(key, rest)`` of a ``key: value`` line (colon outside quotes and brackets)."""
-    quote = None
-    depth = 0
-    for j, ch in enumerate(content):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-        elif ch == ":" and depth == 0 and (j + 1 == len(content) or content[j + 1] == " "):
+    for j, ch, depth in _unquoted(content):
+        if ch == ":" and depth == 0 and (j + 1 == len(content) or content[j + 1] == " "):
             return content[:j].strip(), content[j + 1 :].strip()
     return None
 

@@ -11,7 +11,8 @@ sum excess_jsq``).
 
 States: each replica holds 4 running requests (prompt ~ lognormal fitted to the Azure 2023
 conversation trace: median 1,020, mean 1,155 tokens; decoded so far uniform in [0, 400));
-pool prefill lengths from the same lognormal; free slots uniform in {0, 1, 2, 3} per replica.
+pool prefill lengths from the same lognormal; free slots uniform in {0, 1, 2, 3} per replica;
+every policy is told each replica's running requests and their original prompt tokens.
 
 Writes ``benchmarks/results/routing_milp_gap.json`` and prints a table.
 
@@ -36,6 +37,7 @@ OUT = pathlib.Path(__file__).resolve().parent / "results" / "routing_milp_gap.js
 SIGMA = math.sqrt(2 * math.log(1155 / 1020))
 
 POLICIES = {
+    "BR-S (default)": dict(policy="brs"),
     "BR-0": dict(policy="br0"),
     "BR-0 stage1": dict(policy="br0", s_greedy=0),
     "BR-0 R=1": dict(policy="br0", r_max=1),
@@ -52,7 +54,10 @@ def state(G, n, rng):
     loads = (prompts + rng.integers(0, 400, (G, 4))).sum(axis=1)
     pool = np.round(rng.lognormal(math.log(1020), SIGMA, n))
     free = rng.integers(0, 4, G)
-    return pool, loads.astype(float), free
+    # what the engine also knows per replica: its running requests and their original
+    # prompts (TensorRT-LLM's metric; the others' tie-breaks)
+    running = {"n_running": np.full(G, 4, np.int64), "prompt_tokens": prompts.sum(axis=1)}
+    return pool, loads.astype(float), free, running
 
 
 def main(argv=None) -> dict:
@@ -68,7 +73,7 @@ def main(argv=None) -> dict:
             exc = {k: [] for k in POLICIES}
             opt_vals, n_optimal_proved = [], 0
             for _ in range(args.states):
-                s, L, free = state(G, n, rng)
+                s, L, free, running = state(G, n, rng)
                 sol = solve_milp(
                     build_joint_tick_milp(s, L, free, must_place=True),
                     mip_rel_gap=0.0,
@@ -78,7 +83,7 @@ def main(argv=None) -> dict:
                 opt = sol.objective
                 opt_vals.append(opt)
                 for name, kw in POLICIES.items():
-                    d = route_batch(s, L, free, rng=int(rng.integers(2**31)), **kw)
+                    d = route_batch(s, L, free, rng=int(rng.integers(2**31)), **running, **kw)
                     check_assignment(d.assignment, s, free)
                     exc[name].append(d.imbalance - opt)
             jsq_sum = max(sum(exc["JSQ"]), 1e-9)

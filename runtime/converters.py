@@ -13,12 +13,13 @@ increasing order, ``-1`` padded, and ``probs [L, E, X]`` in those columns.
   rewrite: :func:`to_sglang_lp` takes the engine's map, or rebuilds it from the
   ``physical_to_logical_map`` SGLang was started with. :class:`~straggler.runtime.
   TableSolver` serves the live tables in place of SGLang's per-layer solver.
-* **vLLM** ``EplbState``: ``logical_to_physical_map [L, E, R + 1]`` lists replicas in their
-  *replica rank* order (EPLB's ``phyrank``, not slot order) and ``logical_replica_count``
-  counts them; a token's replica is ``position % count`` (a Knuth hash of the position in
-  newer versions), with no probabilities. :func:`to_vllm_replica_order` gives our
-  probabilities in vLLM's columns; :func:`to_vllm_replica_map` encodes them as a replica
-  multiset for vLLM's own rule (each slot repeated in proportion to its probability).
+* **vLLM** ``EplbModelState`` (CPU build 0.32.0): ``logical_to_physical_map [L, E, 1024]``
+  lists each expert's slots (in increasing slot id, as ``compute_logical_maps`` builds it)
+  and ``logical_replica_count`` counts them; a token's replica is a Knuth hash of its index
+  in the rank's batch, ``((t * 2654435769) & 0xFFFFFFFF) % count`` (``vllm_ep``), with no
+  probabilities. :func:`to_vllm_replica_order` gives our probabilities in vLLM's columns;
+  :func:`to_vllm_replica_map` encodes them as a replica multiset for vLLM's own rule (each
+  slot repeated in proportion to its probability).
 """
 
 from __future__ import annotations
@@ -230,15 +231,19 @@ def to_vllm_replica_order(log2phy, probs, vllm_log2phy) -> np.ndarray:
 
 
 def to_vllm_replica_map(log2phy, probs, width: int):
-    """Encode the tables as replica multisets for vLLM's ``position % count`` rule.
+    """Encode the tables as replica multisets for vLLM's replica rule (an index modulo the
+    count: the Knuth hash of the token index in current vLLM, ``position % count`` before).
 
     Row ``(l, e)`` becomes ``width`` entries in which slot ``j`` appears ``m_j`` times,
     ``m_j = ceil(width C_j - 1/2) - ceil(width C_{j-1} - 1/2)`` (``C`` the cumulative
     normalised probabilities: systematic rounding at the stratum midpoints, so
     ``|m_j - width p_j| < 1``, as in the dispatch kernel's own split), entries in column
     order. A row without positive probability is spread uniformly over its listed slots.
-    vLLM then sends the token at flat position ``pos`` to entry ``pos % width`` (or its hash
-    of ``pos``), which gives slot ``j`` a share ``m_j / width`` of the expert's tokens.
+    vLLM then sends token ``t`` to entry ``hash(t) % width`` (``pos % width`` in older
+    versions), which gives slot ``j`` a share ``m_j / width`` of the expert's tokens: exactly
+    over every block of ``width`` consecutive tokens when ``width`` is a power of two (the
+    hash multiplier is odd, so ``t -> hash(t) mod 2^b`` is a bijection), to within a
+    fraction of a token per block otherwise.
 
     Parameters
     ----------

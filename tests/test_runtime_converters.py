@@ -119,15 +119,25 @@ def test_vllm_replica_map_multiplicities(case, width):
 
 
 def test_vllm_rule_on_the_map_realises_the_shares():
-    """vLLM's replica choice (flat position modulo the count) over the map splits a large
-    batch in the published proportions."""
+    """vLLM's replica choice over the map (the Knuth hash of the token index, vllm_ep's
+    rule, which tests/conformance checks against vLLM's kernel; and the older position
+    modulo the count) splits a batch in the published proportions: exactly for a width
+    that is a power of two, within a token per block of ``width`` tokens otherwise."""
+    from straggler.baselines.vllm_ep import vllm_replica_choice
+
     l2p = np.array([[[10, 11, 12]]])
     probs = np.array([[[0.5, 0.25, 0.25]]])
     m, cnt = to_vllm_replica_map(l2p, probs, 8)
-    pos = np.arange(8000)
-    phys = m[0, 0][pos % cnt[0, 0]]
-    share = [(phys == s).mean() for s in (10, 11, 12)]
-    assert share == [0.5, 0.25, 0.25]
+    topk = np.zeros((8000, 1), dtype=np.int64)  # every token's expert 0, one rank
+    for version in ("hash", "modulo"):
+        phys = vllm_replica_choice(topk, np.zeros(8000, int), m[0], version=version)
+        share = [(phys == s).mean() for s in (10, 11, 12)]
+        assert share == [0.5, 0.25, 0.25], version
+    m6, _ = to_vllm_replica_map(l2p, probs, 6)
+    phys = vllm_replica_choice(topk[:6000], np.zeros(6000, int), m6[0], version="hash")
+    got = np.array([(phys == s).sum() for s in (10, 11, 12)])
+    want = np.array([(m6[0, 0] == s).sum() for s in (10, 11, 12)]) * 1000
+    assert np.abs(got - want).max() <= 1000  # within a token per block of 6
     with pytest.raises(InvalidInputError, match="width"):
         to_vllm_replica_map(l2p, probs, 0)
 

@@ -195,3 +195,52 @@ def test_table_solver_installed_with_sglangs_setter(model_config):
     other = TablePublisher(sglang_logical_to_all_physical(_placement(10), N_EXPERTS), device="cpu")
     with pytest.raises(InvalidInputError, match="logical_to_all_physical_map"):
         install_table_solvers(other)
+
+
+def test_our_init_location_files_loaded_by_sglang(model_config, tmp_path):
+    """``--init-expert-location`` files we write, read by SGLang's
+    ``compute_initial_expert_location_metadata`` (mapping: as is; logical_count: placed by
+    SGLang's EPLB)."""
+    from straggler.runtime.engines import write_sglang_init_location, write_sglang_stat_dump
+
+    p2l = _placement(11)
+    for name in ("init.json", "init.pt"):
+        path = write_sglang_init_location(tmp_path / name, physical_to_logical=p2l)
+        with rc.get_exec().moe.override(init_expert_location=str(path)):
+            md = el.compute_initial_expert_location_metadata(model_config, moe_ep_rank=0)
+        np.testing.assert_array_equal(md.physical_to_logical_map.numpy(), p2l)
+    counts = np.random.default_rng(12).integers(0, 90, size=(5, N_LAYERS, N_EXPERTS))
+    stat = write_sglang_stat_dump(tmp_path / "rec", counts, timestamp=1.0)
+    with rc.get_exec().moe.override(init_expert_location=stat):
+        md = el.compute_initial_expert_location_metadata(model_config, moe_ep_rank=0)
+    want = el.ExpertLocationMetadata.init_by_eplb(model_config, logical_count=torch.tensor(counts))
+    assert torch.equal(md.physical_to_logical_map, want.physical_to_logical_map)
+
+
+def test_our_reader_equals_sglangs_simulator_reader(tmp_path):
+    """Per-pass dumps of 4 ranks: our reader's counts equal SGLang's
+    ``eplb_simulator/reader.read_mode_per_pass`` folded by its
+    ``_convert_global_physical_count_to_logical_count``."""
+    from sglang.srt.eplb.eplb_simulator import reader
+    from straggler.proofs.engine_strategies import synthetic_recording
+    from straggler.runtime.engines import read_sglang_recorder, write_sglang_detail_dump
+
+    rec = synthetic_recording(n_passes=7, seed=13)
+    p2l = rec["maps"][0][1]
+    for rank in range(rec["physical_counts"].shape[0]):
+        records = [
+            {"forward_pass_id": i, "global_physical_count": rec["physical_counts"][rank, i]}
+            for i in range(7)
+        ]
+        write_sglang_detail_dump(tmp_path, records, p2l, rank=rank, timestamp=2.0)
+    theirs = reader.read_mode_per_pass(tmp_path)
+    logical = reader.convert_global_physical_count_to_logical_count(
+        theirs["global_physical_count_of_forward_pass"],
+        num_layers=p2l.shape[0],
+        num_logical_experts=rec["n_experts"],
+        physical_to_logical_map=theirs["last_physical_to_logical_map"],
+    )
+    ours = read_sglang_recorder(tmp_path, n_experts=rec["n_experts"])
+    np.testing.assert_array_equal(ours.counts, logical.numpy())
+    assert ours.batch_ids.tolist() == theirs["forward_pass_ids"]
+    np.testing.assert_array_equal(ours.counts, rec["logical_counts"])

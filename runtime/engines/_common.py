@@ -85,7 +85,7 @@ def exact_ints(value, name: str, func: str, dtype=np.int64, *, ndim=None, lo=0) 
     >>> exact_ints([2**31], "counts", "f", np.int32)
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidInputError: The 'counts' parameter of f must be ... Got value 2147483648 at index 0 instead.
+    straggler.formulations.errors.InvalidInputError: ... Got value 2147483648 at index 0 instead.
     """
     info = np.iinfo(dtype)
     hi = int(info.max)

@@ -159,3 +159,49 @@ def test_grid_as_cell_list():
     assert cells == [{"a": 1, "b": "u", "s": 0.5}, {"a": 2, "b": "v", "s": 0.5}]
     with pytest.raises(InvalidInputError, match="same setting"):
         grid_cells([{"a": 1}, {"b": 2}])
+
+
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ('{"settings": {"x": 1}, "result": [1, 2]}', "result"),
+        ('{"settings": {"x": 1}, "result": {"y": [1]}}', "'y'"),
+        ('{"settings": {"x": 1}, "result": {"x": 3}}', "names that are settings"),
+        ('{"settings": {"x": 2}, "result": {"z": 3}}', "result names"),
+        ('{"settings": {"x": 1}}', "settings"),
+        ("[1, 2, 3]", "line 2"),
+    ],
+)
+def test_a_bad_journal_is_refused_before_anything_changes(tmp_path, line, match):
+    path = tmp_path / "j.csv"
+    journal = Path(str(path) + ".cells.jsonl")
+    journal.write_text('{"settings": {"x": 0}, "result": {"y": 0}}\n' + line + "\n")
+    before = journal.read_bytes()
+    with pytest.raises(InvalidInputError, match=match) as e:
+        sweep(sweep_cells.square_cell, {"x": [0, 1, 2]}, backend="serial", path=path)
+    assert str(journal) in str(e.value) and "resume=False" in str(e.value)
+    assert journal.read_bytes() == before and not path.exists()
+    t = sweep(sweep_cells.square_cell, {"x": [0, 1, 2]}, backend="serial", path=path, resume=False)
+    assert t.column("y").tolist() == [0, 1, 4]
+
+
+def test_process_backend_in_a_script_without_main_guard(tmp_path):
+    import subprocess
+
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {HERE!r})\n"
+        "import sweep_cells\n"
+        "from straggler.sim.sweep import sweep\n"
+        "try:\n"
+        "    sweep(sweep_cells.square_cell, {'x': [1, 2]}, progress=False, workers=2)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("InvalidInputError"), out.stdout
+    assert "__main__" in out.stdout and "backend='serial'" in out.stdout

@@ -52,7 +52,7 @@ def _load_any(path: str):
     )
 
 
-def _classify_obj(obj) -> tuple[str, str]:
+def _classify_obj(obj, source: str = "this file") -> tuple[str, str]:
     if isinstance(obj, dict):
         if "records" in obj or ("logical_count" in obj and "rank" in obj):
             return "sglang", "recorder"
@@ -65,7 +65,7 @@ def _classify_obj(obj) -> tuple[str, str]:
         if obj and all(isinstance(k, str) and _STAT_KEY.match(k) for k in obj):
             return "trtllm", "statistics"
     raise InvalidInputError(
-        "Cannot tell which engine wrote this file: it holds "
+        f"Cannot tell which engine wrote {source}: it holds "
         + (f"keys {sorted(map(str, obj))[:12]}" if isinstance(obj, dict) else type(obj).__name__)
         + " (expected an SGLang dump or --init-expert-location, vLLM EplbState fields, "
         "TensorRT-LLM statistics or EPLB maps)."
@@ -165,7 +165,7 @@ def _classify(path) -> tuple[str, str, object]:
     if base == "meta_info.json" or re.match(r"^rank\d+\.safetensors$", base):
         return "trtllm", "statistics_dir", None
     obj = _load_any(p)
-    engine, kind = _classify_obj(obj)
+    engine, kind = _classify_obj(obj, p)
     return engine, kind, obj
 
 

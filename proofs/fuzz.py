@@ -632,6 +632,8 @@ def cli_calls(draw, command: str | None = None) -> CliCall:
     spoiled = set()
     for flag in draw(st.lists(st.sampled_from(sorted(flags)), max_size=3, unique=True)):
         how = draw(st.sampled_from(["good", "good", "junk", "path"]))
+        if how == "junk" and flag in _BAD_PATHS:
+            how = "path"  # an output flag takes a path (junk text would be a file name)
         if how == "junk":
             value = draw(st.sampled_from(FLAG_JUNK))
             spoiled.add(flag)

@@ -31,6 +31,18 @@ from .dispatch import _is_tensor, _require_torch
 __all__ = ["TablePublisher", "uniform_table", "normalize_table"]
 
 
+def _log2phy_iv(log2phy, func: str) -> np.ndarray:
+    return check_array(
+        _host(log2phy),
+        "log2phy",
+        func,
+        kind="int",
+        ndim=range(1, 4),
+        lo=-1,
+        expected="an integer array (..., X) with entries >= -1 (-1: padding)",
+    )
+
+
 def uniform_table(log2phy) -> np.ndarray:
     """The uniform split over each expert's listed replicas (``-1`` columns zero), float32.
 
@@ -39,7 +51,7 @@ def uniform_table(log2phy) -> np.ndarray:
     >>> uniform_table(np.array([[[0, 2], [1, -1]]])).tolist()
     [[[0.5, 0.5], [1.0, 0.0]]]
     """
-    listed = np.asarray(log2phy) >= 0
+    listed = _log2phy_iv(log2phy, "uniform_table") >= 0
     k = listed.sum(axis=-1, keepdims=True)
     return np.where(listed, 1.0 / np.maximum(k, 1), 0.0).astype(np.float32)
 
@@ -53,13 +65,24 @@ def normalize_table(probs, log2phy) -> np.ndarray:
     >>> normalize_table([[[2.0, 6.0], [0.0, 5.0]]], [[[0, 2], [1, -1]]]).tolist()
     [[[0.25, 0.75], [1.0, 0.0]]]
     """
-    p = np.where(np.asarray(log2phy) >= 0, np.asarray(probs, dtype=np.float64), 0.0)
+    l2p = _log2phy_iv(log2phy, "normalize_table")
+    probs = check_array(
+        _host(probs),
+        "probs",
+        "normalize_table",
+        kind="real",
+        ndim=l2p.ndim,
+        shape=l2p.shape,
+        lo=0,
+        expected=f"an array of finite numbers >= 0 of log2phy's shape {l2p.shape}",
+    )
+    p = np.where(l2p >= 0, probs, 0.0)
     # Scale each row by its largest entry first: a row of huge finite weights (two 1e308)
     # would otherwise sum to infinity and normalise to zeros.
     top = p.max(axis=-1, keepdims=True)
     p = p / np.where(top > 0, top, 1.0)
     s = p.sum(axis=-1, keepdims=True)
-    uniform = uniform_table(log2phy).astype(np.float64)
+    uniform = uniform_table(l2p).astype(np.float64)
     return np.where(s > 0, p / np.where(s > 0, s, 1.0), uniform)
 
 

@@ -40,8 +40,15 @@ def atomic_path(path):
     ['a.txt']
     """
     p = os.fspath(path)
+    if os.path.isdir(p):
+        raise InvalidInputError(f"Cannot write {p}: it is a directory, not a file.")
     d = os.path.dirname(p) or "."
-    os.makedirs(d, exist_ok=True)
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise InvalidInputError(f"Cannot write {p}: {d} is a file, not a directory.")
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
     base = os.path.basename(p)
     # keep the extension: some writers (torch, numpy) act on it
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=f".tmp{os.path.splitext(base)[1]}", dir=d)

@@ -262,3 +262,22 @@ def test_json_writer_refuses_nan(tmp_path):
     with pytest.raises(InvalidInputError, match="NaN"):
         save_json({"a": float("nan")}, tmp_path / "x.json")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_fifo_is_refused_instead_of_blocking(tmp_path):
+    fifo = tmp_path / "moe_load_balancer.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidInputError, match="not a regular file"):
+        read_engine_log(fifo)
+    json_fifo = tmp_path / "x.json"
+    os.mkfifo(json_fifo)
+    with pytest.raises(InvalidInputError, match="not a regular file"):
+        read_eplb_maps(json_fifo)
+
+
+def test_writers_refuse_a_directory_as_the_file(tmp_path):
+    with pytest.raises(InvalidInputError, match="is a directory"):
+        write_moe_load_balancer(tmp_path, [[0, 1]])
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InvalidInputError, match="is a file"):
+        save_json({"a": 1}, tmp_path / "f" / "x.json")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
     "check_count_total",
     "check_path",
     "read_error",
+    "require_file",
 ]
 
 
@@ -73,6 +75,25 @@ def read_error(path, exc: OSError) -> InvalidInputError:
         return InvalidInputError(f"{src} is a directory, not a file.")
     reason = exc.strerror or type(exc).__name__
     return InvalidInputError(f"Cannot read {src}: {reason}.")
+
+
+def require_file(path) -> str:
+    """``path`` when it is a regular file (following symbolic links); otherwise one clear
+    error. A FIFO or a device would block or never end, a directory cannot be read."""
+    src = source_name(path)
+    try:
+        st = os.stat(src)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and os.path.islink(src):
+            raise InvalidInputError(
+                f"{src} is a broken symbolic link or a symbolic-link loop."
+            ) from None
+        raise read_error(src, exc) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidInputError(f"{src} is a directory, not a file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInputError(f"{src} is not a regular file (a FIFO, socket or device).")
+    return src
 
 
 def exact_ints(value, name: str, func: str, dtype=np.int64, *, ndim=None, lo=0) -> np.ndarray:
@@ -299,6 +320,7 @@ def load_pt(path):
     (not a torch file, truncated, a disallowed pickle global) is one InvalidInputError.
     """
     torch = _torch(f"Reading {source_name(path)}")
+    require_file(path)
     try:
         obj = torch.load(path, weights_only=True, map_location="cpu")
     except OSError as exc:
@@ -339,6 +361,7 @@ def load_json(path_or_text, *, inline: bool = False):
     try:
         if inline:
             return json.loads(path_or_text)
+        require_file(path_or_text)
         with open(path_or_text, encoding="utf-8") as f:
             return json.load(f)
     except OSError as exc:
@@ -386,6 +409,7 @@ def _safetensors(purpose: str):
 def load_safetensors(path) -> dict:
     """A safetensors file as ``{name: ndarray}`` (no torch needed)."""
     stn = _safetensors(f"Reading {source_name(path)}")
+    require_file(path)
     try:
         with open(path, "rb") as f:
             data = f.read()

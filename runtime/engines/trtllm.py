@@ -42,6 +42,7 @@ from ._common import (
     load_json,
     load_safetensors,
     read_error,
+    require_file,
     save_json,
     save_safetensors,
 )
@@ -424,7 +425,7 @@ def read_moe_load_balancer(path, *, n_experts=None) -> EngineLog:
         Unreadable text, YAML outside the subset TensorRT-LLM writes, fields the strict
         config rejects, rows that are not ``num_slots`` long, an expert without a slot.
     """
-    src = check_path(path, "path", "read_moe_load_balancer")
+    src = require_file(check_path(path, "path", "read_moe_load_balancer"))
     try:
         with open(src, encoding="utf-8") as f:
             text = f.read()

@@ -98,6 +98,8 @@ __all__ = ["main", "plan", "Plan", "DEFAULT_COST", "PLACEMENTS", "format_report"
 #: Cost preset when neither ``--cost`` nor ``--calibration`` is given (DeepSeek-V3 shape,
 #: the EP32 / 288-slot example's model; TEMPO Table 6).
 DEFAULT_COST = "dsv3_a_offline"
+#: Largest EP degree ``plan`` takes (checked before any work).
+MAX_PLAN_GPUS = 65536
 #: Placements ``--placement`` offers.
 PLACEMENTS = ("eplb", "place_experts", "recorded")
 
@@ -217,14 +219,16 @@ def _plan_iv(log, n_gpus, n_slots, n_nodes, n_groups, cost, placement, distinct,
             f"The 'log' parameter of plan must hold recorded loads. Got {log.summary()} (a "
             "placement only) instead."
         )
-    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1)
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_PLAN_GPUS)
     n_nodes = check_int(n_nodes, "n_nodes", func, lo=1)
     if n_gpus % n_nodes:
         raise InvalidInputError(
             f"The 'n_nodes' parameter of plan must divide n_gpus={n_gpus}. Got {n_nodes} instead."
         )
     if n_slots is not None:
-        check_int(n_slots, "n_slots", func, lo=1)
+        # more slots than every expert on every GPU would only hold copies on one GPU; the
+        # bound also keeps an absurd value from running for minutes
+        check_int(n_slots, "n_slots", func, lo=1, hi=n_gpus * log.n_experts)
     check_int(n_groups, "n_groups", func, lo=1)
     check_type(cost, "cost", func, CostModel, "a CostModel")
     check_choice(placement, "placement", func, PLACEMENTS)

@@ -287,3 +287,9 @@ def test_input_format_skips_detection(dumps, tmp_path, capsys):
     log = read_engine_log(d, format="vllm")  # forced: the stray file is never read
     assert log.engine == "vllm" and log.has_loads
     assert main([str(d), *ARGS, "--input-format", "vllm", "--json"]) == 0
+
+
+def test_absurd_slot_counts_are_refused_before_any_work(dumps, capsys):
+    assert main([dumps["vllm"], "--gpus", "8", "--slots", str(10**7), "--no-progress"]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "'n_slots'" in err and "[1, 512]" in err  # 8 GPUs x 64 experts

@@ -518,7 +518,8 @@ class SolverWorker:
         )
         width = int(logical_to_physical(p2l, E)[0].shape[-1])
         if max_replicas is not None:
-            width_cap = check_int(max_replicas, "max_replicas", func, lo=1)
+            # an expert has at most one replica per slot: a larger width is only memory
+            width_cap = check_int(max_replicas, "max_replicas", func, lo=1, hi=P)
             if width_cap < width:
                 raise param_error(
                     "max_replicas",

@@ -314,6 +314,8 @@ def test_bad_arguments():
         SolverWorker(p2l, 2, "dsv3")
     with pytest.raises(InvalidInputError, match="max_replicas"):
         SolverWorker(p2l, 2, COST, max_replicas=1)
+    with pytest.raises(InvalidInputError, match="max_replicas"):
+        SolverWorker(p2l, 2, COST, max_replicas=10**9)  # would size shared memory by it
     with pytest.raises(InvalidInputError, match="n_experts"):
         SolverWorker(p2l, 2, COST, n_experts=2)
     with pytest.raises(InvalidInputError, match="no slot for expert 3"):

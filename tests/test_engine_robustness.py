@@ -281,3 +281,24 @@ def test_writers_refuse_a_directory_as_the_file(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(InvalidInputError, match="is a file"):
         save_json({"a": 1}, tmp_path / "f" / "x.json")
+
+
+@needs_torch
+def test_odd_tensor_kinds_are_refused_and_empty_windows_read(tmp_path):
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    for name, value in (("nested", nested), ("meta", torch.empty((1, 1, 2), device="meta"))):
+        torch.save({"logical_count": value, "rank": 0}, tmp_path / f"{name}.pt")
+        with pytest.raises(InvalidInputError, match=f"{name}.pt.*{name}"):
+            read_engine_log(tmp_path / f"{name}.pt")
+    torch.save({"logical_count": torch.zeros((0, 1, 2)), "rank": 0}, tmp_path / "empty.pt")
+    log = read_engine_log(tmp_path / "empty.pt")
+    assert log.counts.shape == (0, 1, 2) and not log.has_loads
+    st = {k: torch.as_tensor(v) for k, v in _vllm_state(np.zeros((0, 1, 4), np.int64)).items()}
+    torch.save(st, tmp_path / "v_rank0.pt")
+    assert read_vllm_state(tmp_path / "v_rank0.pt").n_batches == 0

@@ -281,18 +281,32 @@ def _torch(purpose: str):
 
 
 def _tensor_numpy(x):
+    if getattr(x, "is_nested", False):
+        raise InvalidInputError(
+            "A nested (ragged) tensor was found where a dense tensor was expected: the "
+            "engines save dense tensors."
+        )
+    if getattr(getattr(x, "device", None), "type", None) == "meta":
+        raise InvalidInputError(
+            f"A tensor on the 'meta' device (shape {tuple(x.shape)}) holds no data."
+        )
     if getattr(x, "is_sparse", False) or str(getattr(x, "layout", "")) != "torch.strided":
         raise InvalidInputError(
             f"A {x.layout} tensor (shape {tuple(x.shape)}) was found where a dense tensor was "
             "expected: the engines save dense tensors (convert it with .to_dense())."
         )
-    x = x.detach().cpu()
+    try:
+        x = x.detach().cpu()
+    except Exception as exc:  # noqa: BLE001 - torch's tensor kinds are open-ended
+        raise InvalidInputError(
+            f"A {type(x).__name__} of dtype {x.dtype} cannot be read as numbers: {str(exc)[:120]}."
+        ) from None
     name = str(x.dtype)
     if "bfloat16" in name or "float8" in name or "float16" in name:
         x = x.float()  # numpy has no bfloat16 / float8; float32 holds every value exactly
     try:
         return x.numpy()
-    except (TypeError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - torch's tensor kinds are open-ended
         raise InvalidInputError(
             f"A tensor of dtype {x.dtype} (shape {tuple(x.shape)}) cannot be read as numbers: "
             f"{str(exc)[:120]}."

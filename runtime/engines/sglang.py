@@ -240,7 +240,7 @@ def _counts_3d(value, source, name):
 def _stat_log(obj, source, kind):
     count = _counts_3d(get_field(obj, "logical_count", source), source, "logical_count")
     check_count_total(count, source, "logical_count")
-    live = count.reshape(count.shape[0], -1).any(axis=1)
+    live = count.any(axis=(1, 2))
     rate = obj.get("average_utilization_rate_over_window")
     extras = {"buffer_steps": int(count.shape[0])}
     if rate is not None:

@@ -384,7 +384,7 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
     else:
         physical = np.concatenate(windows, axis=2)
         layout = "local"
-    live = physical.reshape(W, -1).any(axis=1)
+    live = physical.any(axis=(1, 2))
     counts = check_count_total(
         fold_physical_counts(
             physical[live], fold_map, E, source=sources[0], name="expert_load_window"

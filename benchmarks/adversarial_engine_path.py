@@ -307,6 +307,46 @@ case(R, "fold: n_experts numpy int", "value", lambda v: v.tolist() == [[3]])(
     lambda: fold_physical_counts([[1, 2]], [[0, 0]], np.int64(1))
 )
 
+
+def pt_case(name, value, want="error", check=None):
+    def fn():
+        import torch
+
+        p = fresh("pt") / f"{name}.pt"
+        torch.save({"logical_count": value() if callable(value) else value, "rank": 0}, p)
+        return read_engine_log(p)
+
+    case(R, f".pt stat dump: {name}", want, check)(fn)
+
+
+try:
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pt_case("complex", torch.tensor([[[1 + 1j, 2]]]))
+        pt_case("bool", torch.tensor([[[True, False]]]))
+        pt_case("int8 negative", torch.tensor([[[-3, 1]]], dtype=torch.int8))
+        pt_case("uint8", torch.tensor([[[255, 1]]], dtype=torch.uint8), "value", log_ok)
+        pt_case(
+            "list of tensors", [torch.tensor([[1, 2]]), torch.tensor([[3, 4]])], "value", log_ok
+        )
+        pt_case("a string", "abc")
+        pt_case("nested tensor", lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]))
+        pt_case("meta tensor", torch.empty((1, 1, 2), device="meta"))
+        pt_case(
+            "quantized tensor",
+            lambda: torch.quantize_per_tensor(torch.ones(1, 1, 2), 0.1, 0, torch.quint8),
+        )
+        pt_case("NaN", torch.tensor([[[float("nan"), 1.0]]]))
+        pt_case("1e38 floats", torch.tensor([[[1e38, 1e38]]]))
+        pt_case("zero steps", torch.zeros((0, 1, 2)), "value", log_ok)
+        pt_case("bfloat16 fraction", torch.tensor([[[1.5, 1.0]]], dtype=torch.bfloat16))
+except ImportError:
+    pass
+
 # --- writers ------------------------------------------------------------------------------
 W = "writers"
 case(W, "stat dump: float 1e10 fits int64 but not int32")(
@@ -622,6 +662,9 @@ def run():
 
 
 def main():
+    import warnings
+
+    warnings.simplefilter("ignore")  # torch's prototype and deprecation notices
     results = run()
     areas = sorted({r["area"] for r in results})
     kinds = ("ok", "silent", "traceback", "raw", "refused")

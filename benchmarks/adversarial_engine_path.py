@@ -14,7 +14,7 @@ answer that a check accepts). Outcomes:
 * ``traceback``: a command printed a traceback or exited with another status;
 * ``refused``: a valid call was refused.
 
-The cases were written after the fixes and are not the unit tests' cases. Writes
+The cases are not the unit tests' cases. Writes
 ``benchmarks/results/adversarial_engine_path.json`` and prints the counts per area.
 
     python benchmarks/adversarial_engine_path.py

@@ -764,6 +764,10 @@ def main(argv=None) -> int:
     try:  # outputs checked before any work
         if args.out:
             check_output_dir(args.out, "--out")
+        if args.torch and importlib.util.find_spec("torch") is None:
+            raise BackendUnavailableError(
+                "--torch writes .pt files and needs torch: pip install 'straggler[runtime]'."
+            )
         if args.plot:
             check_output_file(args.plot, "--plot")
             if importlib.util.find_spec("matplotlib") is None:

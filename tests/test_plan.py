@@ -293,3 +293,18 @@ def test_absurd_slot_counts_are_refused_before_any_work(dumps, capsys):
     assert main([dumps["vllm"], "--gpus", "8", "--slots", str(10**7), "--no-progress"]) == 2
     err = _one_line(capsys.readouterr().err)
     assert "'n_slots'" in err and "[1, 512]" in err  # 8 GPUs x 64 experts
+
+
+def test_torch_twins_without_torch_are_refused_before_any_work(
+    dumps, tmp_path, capsys, monkeypatch
+):
+    import importlib.util as iu
+
+    real = iu.find_spec
+    monkeypatch.setattr(
+        iu, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    monkeypatch.setattr("straggler.runtime.plan.plan", lambda *a, **k: pytest.fail("ran"))
+    assert main([dumps["vllm"], *ARGS, "--out", str(tmp_path / "o"), "--torch"]) == 2
+    assert "--torch" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()

@@ -551,6 +551,82 @@ case(
     )
 )
 
+# second round: public methods' scalar arguments, rank names, sweep outputs
+if HAS_TORCH:
+    case(S, "publisher.layer(5) of a 1-layer table")(lambda: pub().layer(5))
+    case(S, "publisher.layer('0')")(lambda: pub().layer("0"))
+case(S, "worker: wait_ready(timeout='x')")(lambda: W2.wait_ready(timeout="x"))
+case(S, "worker: wait_tables(window=None)")(lambda: W2.wait_tables(None))
+case(S, "worker: close(timeout=-1) before start")(lambda: W2.close(timeout=-1))
+case(S, "dispatch: counter of floats")(
+    lambda: dispatch_and_count(
+        np.array([[0]]), np.array([[0]]), np.array([[1.0]]), counter=np.zeros(1)
+    )
+)
+case(S, "dispatch: num_valid_tokens -1")(
+    lambda: dispatch_and_count(
+        np.array([[0]]), np.array([[0]]), np.array([[1.0]]), num_valid_tokens=-1
+    )
+)
+
+
+def trt_dir(name, files):
+    import safetensors.numpy as stn
+
+    d = fresh(name)
+    save_json({"num_experts": 2, "num_experts_per_token": 1}, d / "meta_info.json")
+    for fname, tensors in files.items():
+        stn.save_file(tensors, str(d / fname))
+    return d
+
+
+ONE = {"0_3": np.ones(2, np.int32)}
+case(
+    R,
+    "trtllm: a stray 'rank\u0661' (Arabic-Indic digit) file is not a rank file",
+    "value",
+    lambda log: len(log.sources) == 2 and log.n_ranks == 1,
+)(
+    lambda: read_trtllm_statistics(
+        trt_dir("tr4", {"rank0.safetensors": ONE, "rank\u0661.safetensors": ONE})
+    )
+)
+case(R, "trtllm: ranks 0 and 2")(
+    lambda: read_trtllm_statistics(
+        trt_dir("tr5", {"rank0.safetensors": ONE, "rank2.safetensors": ONE})
+    )
+)
+case(R, "trtllm: 2-D tensor")(
+    lambda: read_trtllm_statistics(
+        trt_dir("tr6", {"rank0.safetensors": {"0_3": np.ones((1, 2), np.int32)}})
+    )
+)
+case(R, "trtllm: fractional float16 counts")(
+    lambda: read_trtllm_statistics(
+        trt_dir("tr7", {"rank0.safetensors": {"0_3": np.array([0.5, 1], np.float16)}})
+    )
+)
+case(R, "trtllm: iter_start past every iteration")(
+    lambda: read_trtllm_statistics(trt_dir("tr8", {"rank0.safetensors": ONE}), iter_start=5)
+)
+case(R, "trtllm: a file with no tensors")(
+    lambda: read_trtllm_statistics(trt_dir("tr9", {"rank0.safetensors": {}}))
+)
+case(R, "vllm: rank file named with a non-ASCII digit")(
+    lambda: read_vllm_state(
+        [
+            jfile(
+                "s_rank\u0661.json",
+                {"physical_to_logical_map": P2L, "expert_load_pass": [[1, 1, 1, 1]]},
+            ),
+            jfile(
+                "s_rank0.json",
+                {"physical_to_logical_map": P2L, "expert_load_pass": [[1, 1, 1, 1]]},
+            ),
+        ]
+    )
+)
+
 # --- sweep ----------------------------------------------------------------------------------
 SW = "sweep"
 
@@ -610,6 +686,19 @@ case(SW, "sweep: func of a guarded script on the process backend", "value", lamb
     lambda: sweep(cell, {"x": [1]}, progress=False, workers=1)
 )
 case(SW, "sweep: path an int")(lambda: sweep(cell, {"x": [1]}, backend="serial", path=5))
+case(SW, "sweep: path a directory (refused before the cells run)")(
+    lambda: sweep(slow_cell, {"x": [1]}, backend="serial", progress=False, path=fresh("sweepdir"))
+)
+case(SW, "sweep: path under a file")(
+    lambda: sweep(slow_cell, {"x": [1]}, backend="serial", progress=False, path=A_FILE + "/t.csv")
+)
+case(SW, "sweep: desc None")(lambda: sweep(cell, {"x": [1]}, backend="serial", desc=None))
+case(SW, "sweep: empty grid")(lambda: sweep(cell, {"x": []}, backend="serial", progress=False))
+
+
+def slow_cell(x):
+    # a cell that should never run: the output path is refused first
+    raise AssertionError("the cell ran before the output path was checked")
 
 
 def run():

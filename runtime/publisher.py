@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from ..formulations.errors import param_error
-from ..formulations.validation import check_array
+from ..formulations.validation import check_array, check_int
 from .dispatch import _is_tensor, _require_torch
 
 __all__ = ["TablePublisher", "uniform_table", "normalize_table"]
@@ -206,6 +206,7 @@ class TablePublisher:
 
     def layer(self, l: int):
         """``(log2phy[l], probs[l])``: the live views :func:`dispatch_and_count` reads."""
+        l = check_int(l, "l", "TablePublisher.layer", lo=0, hi=self.shape[0] - 1)
         return self.log2phy[l], self.probs[l]
 
     def _valid(self, probs, name, func) -> np.ndarray:

@@ -591,6 +591,8 @@ class SolverWorker:
     def wait_ready(self, timeout: float = 300.0) -> bool:
         """Wait (this call blocks, use it at start-up) until the worker has warmed up its
         kernels; False when it died or the timeout passed."""
+        timeout = check_real(timeout, "timeout", "SolverWorker.wait_ready", lo=0)
+        self._require_started("SolverWorker.wait_ready")
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self._views["hdr"][H_READY]:
@@ -603,6 +605,7 @@ class SolverWorker:
     def close(self, timeout: float = 5.0) -> int | None:
         """Ask the worker to stop, wait up to ``timeout`` s, then terminate it; free the
         shared memory. Returns the process exit code."""
+        timeout = check_real(timeout, "timeout", "SolverWorker.close", lo=0)
         if self._proc is None:
             return None
         if self._views is not None:
@@ -731,6 +734,9 @@ class SolverWorker:
     def wait_tables(self, window: int, timeout: float = 10.0) -> WorkerTables | None:
         """Poll until tables for ``window`` (or a later one) arrive, or ``timeout`` passes.
         Blocks: for tests, benchmarks and start-up, not the engine's loop."""
+        func = "SolverWorker.wait_tables"
+        window = check_int(window, "window", func, lo=0)
+        timeout = check_real(timeout, "timeout", func, lo=0)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             t = self.poll()

@@ -32,6 +32,7 @@ every setting beside its results. The phase diagram and the routing load sweeps 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import itertools
 import json
@@ -48,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..formulations._io import check_output_file
 from ..formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ..formulations.validation import (
     check_bool,
@@ -411,7 +413,12 @@ def _sweep_iv(func, backend, workers, path, resume, progress, address, desc):
         workers = check_int(workers, "workers", _FUNC, lo=1)
     if path is not None:
         check_type(path, "path", _FUNC, (str, os.PathLike), "a file path (str or PathLike)")
-        path = Path(path)
+        path = Path(check_output_file(path, f"The 'path' of {_FUNC}"))
+        if str(path).endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
+            raise BackendUnavailableError(
+                "Writing a sweep table as Parquet needs pyarrow (pip install pyarrow); "
+                "write CSV instead (a path ending in .csv)."
+            )
     resume = check_bool(resume, "resume", _FUNC)
     progress = check_bool(progress, "progress", _FUNC)
     if address is not None:

@@ -302,3 +302,23 @@ def test_odd_tensor_kinds_are_refused_and_empty_windows_read(tmp_path):
     st = {k: torch.as_tensor(v) for k, v in _vllm_state(np.zeros((0, 1, 4), np.int64)).items()}
     torch.save(st, tmp_path / "v_rank0.pt")
     assert read_vllm_state(tmp_path / "v_rank0.pt").n_batches == 0
+
+
+@needs_st
+def test_rank_names_are_ascii_and_empty_rank_files_refused(tmp_path):
+    import safetensors.numpy as stn
+
+    one = {"0_3": np.ones(2, np.int32)}
+    save_json({"num_experts": 2, "num_experts_per_token": 1}, tmp_path / "meta_info.json")
+    stn.save_file(one, str(tmp_path / "rank0.safetensors"))
+    stn.save_file(one, str(tmp_path / "rank\u0661.safetensors"))  # not a rank file
+    log = read_trtllm_statistics(tmp_path)
+    assert log.n_ranks == 1 and log.counts.tolist() == [[[1, 1]]]
+    stn.save_file({}, str(tmp_path / "rank0.safetensors"))
+    with pytest.raises(InvalidInputError, match="no '\\{iter\\}_\\{layer\\}' tensor"):
+        read_trtllm_statistics(tmp_path)
+    st = _vllm_state([[[1, 1, 1, 1]]])
+    del st["rank"]
+    save_json(st, tmp_path / "s_rank\u0661.json")
+    with pytest.raises(InvalidInputError, match="Cannot tell the rank"):
+        read_vllm_state([tmp_path / "s_rank\u0661.json", tmp_path / "s_rank\u0661.json"])

@@ -241,3 +241,12 @@ def test_unavailable_devices_are_refused_clearly():
     for device in ("cuda", "cuda:7", "meta", "nonsense"):
         with pytest.raises(InvalidInputError, match="'device' parameter of TablePublisher"):
             TablePublisher(l2p, device=device)
+
+
+@needs_torch
+def test_layer_index_is_checked():
+    pub = TablePublisher(np.array([[[0, 2], [1, -1]]]), device="cpu")
+    assert pub.layer(0)[0].tolist() == [[0, 2], [1, -1]]
+    for bad in (1, -1, "0", 0.0):
+        with pytest.raises(InvalidInputError, match="'l' parameter"):
+            pub.layer(bad)

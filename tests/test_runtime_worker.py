@@ -323,5 +323,13 @@ def test_bad_arguments():
     w = SolverWorker(p2l, 2, COST)
     with pytest.raises(InvalidInputError, match="start"):
         w.poll()
+    with pytest.raises(InvalidInputError, match="'timeout'"):
+        w.wait_ready(timeout="x")
+    with pytest.raises(InvalidInputError, match="start"):
+        w.wait_ready(timeout=1)
+    with pytest.raises(InvalidInputError, match="'window'"):
+        w.wait_tables(None)
+    with pytest.raises(InvalidInputError, match="'timeout'"):
+        w.close(timeout=-1)
     with pytest.raises(InvalidInputError, match="counts"):
         w.submit([[1, 2]])

@@ -205,3 +205,10 @@ def test_process_backend_in_a_script_without_main_guard(tmp_path):
     assert "Traceback" not in out.stderr, out.stderr
     assert out.stdout.startswith("InvalidInputError"), out.stdout
     assert "__main__" in out.stdout and "backend='serial'" in out.stdout
+
+
+def test_output_path_checked_before_any_cell_runs(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for bad in (tmp_path, tmp_path / "f" / "t.csv"):
+        with pytest.raises(InvalidInputError, match="path"):
+            sweep(sweep_cells.failing_cell, {"x": [2]}, backend="serial", path=bad)

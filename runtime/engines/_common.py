@@ -611,7 +611,7 @@ def fold_physical_counts(
     return out
 
 
-_RANK_RE = re.compile(r"rank[_-]?(\d+)")
+_RANK_RE = re.compile(r"rank[_-]?([0-9]+)", re.ASCII)
 
 
 def rank_of(path) -> int | None:

@@ -41,7 +41,7 @@ __all__ = ["ENGINES", "detect_format", "read_engine_log"]
 
 #: The engines (``--format`` values) this package reads and writes.
 ENGINES = ("sglang", "vllm", "trtllm", "eplb")
-_STAT_KEY = re.compile(r"^\d+_\d+$")
+_STAT_KEY = re.compile(r"^[0-9]+_[0-9]+$", re.ASCII)
 
 
 def _load_any(path: str):

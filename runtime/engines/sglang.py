@@ -80,7 +80,9 @@ __all__ = [
 RECORDER_PREFIX = "expert_distribution_recorder_"
 #: Columns of SGLang's per-token ``topk_ids_of_layer`` buffer (``_TOP_K_NUM = 8``).
 SGLANG_TOPK_COLUMNS = 8
-_NAME_RE = re.compile(r"^expert_distribution_recorder_(?P<ts>[0-9.eE+-]+?)(?:_(?P<rank>\d+))?\.pt$")
+_NAME_RE = re.compile(
+    r"^expert_distribution_recorder_(?P<ts>[0-9.eE+-]+?)(?:_(?P<rank>[0-9]+))?\.pt$", re.ASCII
+)
 
 
 # --- writers (what SGLang writes) -----------------------------------------------------------

@@ -63,7 +63,7 @@ _KEY_RE = re.compile(r"^(0|[1-9][0-9]*)_(0|[1-9][0-9]*)$", re.ASCII)
 #: Largest MoE layer index read or written (DeepSeek's are 3..60): a bound checked before
 #: anything is allocated per layer index.
 MAX_LAYER_ID = 65535
-_RANK_FILE_RE = re.compile(r"^rank(\d+)\.safetensors$")
+_RANK_FILE_RE = re.compile(r"^rank(0|[1-9][0-9]*)\.safetensors$", re.ASCII)
 #: The fields ``MoeLoadBalancerConfig`` accepts (it forbids others).
 TRTLLM_CONFIG_FIELDS = ("initial_global_assignments", "layer_updates_per_iter", "num_slots")
 
@@ -218,6 +218,10 @@ def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> Eng
                 f"{path} must hold the same '{{iter}}_{{layer}}' keys as {files[0][1]}. They "
                 f"differ at {[f'{a}_{b}' for a, b in missing]}."
             )
+    if not total:
+        raise InvalidInputError(
+            f"The rank files of {d} hold no '{{iter}}_{{layer}}' tensor (nothing was recorded)."
+        )
     iters = sorted({it for it, _ in total})
     layers = sorted({layer for _, layer in total})
     if len(total) != len(iters) * len(layers):

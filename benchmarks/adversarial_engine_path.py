@@ -66,6 +66,12 @@ from straggler.runtime.engines import (
 from straggler.runtime.engines._common import save_json
 from straggler.sim.sweep import sweep
 
+try:
+    import torch  # noqa: F401
+
+    HAS_TORCH = True
+except ImportError:
+    HAS_TORCH = False
 OUT = Path(__file__).resolve().parent / "results" / "adversarial_engine_path.json"
 TMP = Path(tempfile.mkdtemp(prefix="adv-"))
 CASES: list[tuple[str, str, str, object, object]] = []  # (area, name, want, fn, check)
@@ -347,6 +353,88 @@ try:
 except ImportError:
     pass
 
+
+# third round: SGLang per-pass / per-token recorder dumps (.pt, one file per rank)
+def rec_dir(name, dumps, **kw):
+    import torch
+
+    d = fresh(name)
+    for i, obj in enumerate(dumps):
+        torch.save(obj, d / f"expert_distribution_recorder_1.0_{i}.pt")
+    return read_sglang_recorder(d, **kw)
+
+
+def rec(pid=0, rank=0, gpc=((1, 0, 2, 1),), **extra):
+    import torch
+
+    return {
+        "forward_pass_id": pid,
+        "rank": rank,
+        "global_physical_count": torch.tensor(gpc),
+    } | extra
+
+
+def dump(records, m=((0, 1, 0, 2),)):
+    import torch
+
+    return {"records": records, "last_physical_to_logical_map": torch.tensor(m)}
+
+
+if HAS_TORCH:
+    case(R, "recorder: records a dict")(lambda: rec_dir("r1", [dump({"a": 1})]))
+    case(R, "recorder: forward pass id 1.5")(lambda: rec_dir("r2", [dump([rec(pid=1.5)])]))
+    case(R, "recorder: forward pass id 2**70")(lambda: rec_dir("r3", [dump([rec(pid=2**70)])]))
+    case(R, "recorder: negative count")(lambda: rec_dir("r4", [dump([rec(gpc=((1, -1, 0, 0),))])]))
+    case(R, "recorder: counts of 3 slots for a 4-slot map")(
+        lambda: rec_dir("r5", [dump([rec(gpc=((1, 1, 1),))])])
+    )
+    case(R, "recorder: tokens on an empty slot")(
+        lambda: rec_dir("r6", [dump([rec(gpc=((1, 1, 1, 1),))], m=((0, 1, 0, -1),))])
+    )
+    case(R, "recorder: ranks disagree on the map")(
+        lambda: rec_dir("r7", [dump([rec()]), dump([rec(rank=1)], m=((2, 1, 0, 0),))])
+    )
+    case(R, "recorder: a rank misses a pass")(
+        lambda: rec_dir("r8", [dump([rec(), rec(pid=1)]), dump([rec(rank=1)])])
+    )
+    case(R, "recorder: the same pass twice for one rank")(
+        lambda: rec_dir("r9", [dump([rec(), rec()])])
+    )
+    case(R, "recorder: no records")(lambda: rec_dir("r10", [dump([])]))
+    case(R, "recorder: override history key 'a'")(
+        lambda: rec_dir("r11", [dump([rec()])], physical_to_logical={"a": [[0, 1, 0, 2]]})
+    )
+    case(R, "recorder: override id past n_experts")(
+        lambda: rec_dir("r12", [dump([rec()])], physical_to_logical=[[0, 1, 0, 9]])
+    )
+    case(R, "recorder: n_experts below the largest id")(
+        lambda: rec_dir("r13", [dump([rec()])], n_experts=2)
+    )
+    case(R, "recorder: stat and per-pass files mixed")(
+        lambda: rec_dir("r14", [dump([rec()]), {"logical_count": [[[1, 2, 3]]], "rank": 0}])
+    )
+    case(R, "recorder: per-token ids disagree with the counts")(
+        lambda: rec_dir(
+            "r15",
+            [dump([rec(topk_ids_of_layer=__import__("torch").tensor([[[0, 1]]]))])],
+        )
+    )
+    case(R, "recorder: per-pass totals past 2**53 over ranks")(
+        lambda: rec_dir(
+            "r16",
+            [
+                dump([rec(gpc=((2**52, 0, 2**52, 0),))]),
+                dump([rec(rank=1, gpc=((2**52, 0, 0, 0),))]),
+            ],
+        )
+    )
+    case(
+        R,
+        "recorder: a valid two-rank recording",
+        "value",
+        lambda log: log.counts.tolist() == [[[6, 2, 4]]],
+    )(lambda: rec_dir("r17", [dump([rec()]), dump([rec(rank=1, gpc=((2, 2, 1, 3),))])]))
+
 # --- writers ------------------------------------------------------------------------------
 W = "writers"
 case(W, "stat dump: float 1e10 fits int64 but not int32")(
@@ -493,12 +581,6 @@ for cmd, argv in CLI:
 # --- publisher, worker, dispatch ------------------------------------------------------------
 S = "runtime"
 L2P = np.array([[[0, 2], [1, -1]]])
-try:
-    import torch  # noqa: F401
-
-    HAS_TORCH = True
-except ImportError:
-    HAS_TORCH = False
 
 
 def pub():

@@ -322,3 +322,19 @@ def test_rank_names_are_ascii_and_empty_rank_files_refused(tmp_path):
     save_json(st, tmp_path / "s_rank\u0661.json")
     with pytest.raises(InvalidInputError, match="Cannot tell the rank"):
         read_vllm_state([tmp_path / "s_rank\u0661.json", tmp_path / "s_rank\u0661.json"])
+
+
+def test_options_a_reader_would_ignore_are_refused(tmp_path):
+    stat = tmp_path / "stat.json"
+    save_json({"logical_count": [[[1, 2]]], "rank": 0}, stat)
+    maps = tmp_path / "eplb.json"
+    save_json({"phy2log": [[0, 1]], "log2phy": [[[0], [1]]], "logcnt": [[1, 1]]}, maps)
+    for path, kw in (
+        (stat, {"n_experts": 2}),
+        (stat, {"physical_to_logical": [[0, 1]]}),
+        (maps, {"physical_to_logical": [[0, 1]]}),
+        (maps, {"n_experts": 2}),
+    ):
+        with pytest.raises(InvalidInputError, match=f"'{next(iter(kw))}' parameter.*does not"):
+            read_engine_log(path, **kw)
+    assert read_engine_log(stat).counts.tolist() == [[[1, 2]]]

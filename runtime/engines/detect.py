@@ -134,6 +134,24 @@ def _read_as(engine: str, path, physical_to_logical, n_experts) -> EngineLog:
     return parse_sglang_init_location(obj, p)
 
 
+def _check_options(engine, kind, path, physical_to_logical, n_experts) -> None:
+    """Refuse an option the reader of ``engine`` (and ``kind``, when known) would ignore."""
+    where = path[:60] if isinstance(path, str) else os.fspath(path)
+    p2l_ok = engine == "vllm" or (engine == "sglang" and kind in (None, "recorder", "recorder_dir"))
+    e_ok = (engine == "sglang" and kind in (None, "recorder", "recorder_dir")) or (
+        engine == "trtllm" and kind in (None, "config")
+    )
+    for name, given, ok in (
+        ("physical_to_logical", physical_to_logical is not None, p2l_ok),
+        ("n_experts", n_experts is not None, e_ok),
+    ):
+        if given and not ok:
+            raise InvalidInputError(
+                f"The '{name}' parameter of read_engine_log does not apply to {where} "
+                f"({engine}{'' if kind is None else ' ' + kind}): the file says it."
+            )
+
+
 def _classify(path) -> tuple[str, str, object]:
     """(engine, kind, loaded object or None) of ``path``."""
     if isinstance(path, str) and path.lstrip().startswith("{"):
@@ -213,8 +231,10 @@ def read_engine_log(
     if n_experts is not None:
         n_experts = check_int(n_experts, "n_experts", func, lo=1)
     if format is not None:
+        _check_options(format, None, path, physical_to_logical, n_experts)
         return _read_as(format, path, physical_to_logical, n_experts)
     engine, kind, obj = _classify(path)
+    _check_options(engine, kind, path, physical_to_logical, n_experts)
     p = path if isinstance(path, str) else os.fspath(path)
     if engine == "sglang":
         if kind == "init_inline":

@@ -391,6 +391,12 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
         raise InvalidInputError("No SGLang expert-distribution dump was given.")
     is_stat = ["logical_count" in o if isinstance(o, dict) else False for o in objs]
     if all(is_stat):
+        if physical_to_logical is not None or n_experts is not None:
+            raise InvalidInputError(
+                f"{sources[0]} is a stat-mode dump, already folded to logical experts by SGLang: "
+                "the 'physical_to_logical' and 'n_experts' options apply to per-pass and "
+                "per-token dumps only."
+            )
         parts = [_stat_log(o, s, "sglang_stat") for o, s in zip(objs, sources)]
         E = {p["n_experts"] for p in parts}
         L = {p["counts"].shape[1] for p in parts}

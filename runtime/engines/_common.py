@@ -134,7 +134,7 @@ def checked_sum(a, axis, source: str, name: str) -> np.ndarray:
         raise field_error(
             source,
             name,
-            f"counts whose totals stay below 2**53 = {MAX_EXACT_INT}",
+            f"counts whose totals are at most 2**53 = {MAX_EXACT_INT}",
             f"a total of {float(np.max(total)):.4g} tokens",
         )
     return a.sum(axis=axis)
@@ -548,7 +548,7 @@ def fold_physical_counts(
     physical_to_logical,
     n_experts: int,
     *,
-    source: str = "the counts",
+    source: str = "fold_physical_counts",
     name: str = "counts",
 ) -> np.ndarray:
     """Fold per-slot counts ``[..., L, P]`` into per-expert counts ``[..., L, E]``.

@@ -559,8 +559,10 @@ def _write_outputs(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> l
     """Write every output into a staging directory inside ``out_dir``, then rename each into
     ``out_dir``; on any failure the staging directory is removed and ``out_dir`` is left as
     it was."""
+    created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=".straggler-plan-", dir=out_dir)
+    done = False
     try:
         staged = _write_staged(result, stage, fmt, torch_twins)
         final = []
@@ -571,9 +573,12 @@ def _write_outputs(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> l
             final.append(dest)
         for f, dest in zip(staged, final):
             os.replace(f, dest)
+        done = True
         return final
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if created and not done:
+            shutil.rmtree(out_dir, ignore_errors=True)  # it did not exist before
 
 
 def _write_staged(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> list[str]:

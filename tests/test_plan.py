@@ -273,6 +273,8 @@ def test_a_failed_write_leaves_the_output_directory_as_it_was(dumps, tmp_path, c
     assert "No space left" in _one_line(capsys.readouterr().err)
     assert sorted(os.listdir(out)) == ["report.json"]
     assert (out / "report.json").read_text() == "old"
+    assert main([dumps["vllm"], *ARGS, "--out", str(tmp_path / "new"), "--format", "vllm"]) == 2
+    assert not (tmp_path / "new").exists()
 
 
 def test_input_format_skips_detection(dumps, tmp_path, capsys):

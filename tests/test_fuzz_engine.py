@@ -188,3 +188,36 @@ def test_cli_strategy_reaches_every_command():
 def test_sglang_writer_then_reader_round_trip(tmp_path):
     p = write_sglang_init_location(tmp_path / "x.json", physical_to_logical=[[0, 1, 1]])
     assert read_engine_log(p).physical_to_logical.tolist() == [[0, 1, 1]]
+
+
+@pytest.fixture(scope="module")
+def started_worker():
+    p2l = np.array([[0, 1, 2, 0], [2, 1, 0, 1]])
+    w = SolverWorker(p2l, 2, CostModel(a=0, b=15, c=0, beta=0.1), period=0.01).start()
+    assert w.wait_ready(600), w.status()
+    yield w
+    w.close()
+
+
+@pytest.mark.slow
+@settings(max_examples=50 if CI else 10, suppress_health_check=list(HealthCheck), database=None)
+@given(ops=worker_ops(2, 3, 4))
+def test_started_worker_sequences(ops, started_worker):
+    """On a live worker: a refused call changes neither the engine side nor the shared
+    block, the worker stays healthy, and every accepted window is solved for the placement
+    in force."""
+    w = started_worker
+    for op, arg in ops:
+        before = (w.log2phy.copy(), w._place_version, w._window, w._views["place"].copy())
+        try:
+            got = w.submit(arg) if op == "submit" else w.set_placement(arg)
+        except InvalidInputError as exc:
+            assert "'counts'" in str(exc) or "'physical_to_logical'" in str(exc), str(exc)
+            after = (w.log2phy, w._place_version, w._window, w._views["place"])
+            assert all(np.array_equal(x, y) for x, y in zip(before, after))
+            continue
+        if op == "submit":
+            t = w.wait_tables(got, timeout=60)
+            assert t is not None and t.placement == w._place_version, w.status()
+    st = w.status()
+    assert st.healthy and st.n_failing == 0, st

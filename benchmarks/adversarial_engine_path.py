@@ -709,6 +709,22 @@ case(R, "vllm: rank file named with a non-ASCII digit")(
     )
 )
 
+
+# fourth round: EngineLog built directly (what plan() takes)
+def elog(**kw):
+    from straggler.runtime import EngineLog
+
+    return EngineLog(engine="sglang", kind="k", sources=["s"], **({"n_experts": 1} | kw))
+
+
+case(S, "EngineLog: counts 2.9")(lambda: elog(counts=[[[2.9]]]))
+case(S, "EngineLog: counts a string")(lambda: elog(counts="abc"))
+case(S, "EngineLog: counts 2-D")(lambda: elog(counts=[[1]]))
+case(S, "EngineLog: counts negative")(lambda: elog(counts=[[[-1]]]))
+case(S, "EngineLog: map id past n_experts")(lambda: elog(physical_to_logical=[[0, 5]]))
+case(S, "EngineLog: neither counts nor map")(lambda: elog())
+case(S, "EngineLog: two layer ids for one layer")(lambda: elog(counts=[[[1]]], layer_ids=[0, 1]))
+
 # --- sweep ----------------------------------------------------------------------------------
 SW = "sweep"
 

@@ -338,3 +338,27 @@ def test_options_a_reader_would_ignore_are_refused(tmp_path):
         with pytest.raises(InvalidInputError, match=f"'{next(iter(kw))}'.*(does not|apply to)"):
             read_engine_log(path, **kw)
     assert read_engine_log(stat).counts.tolist() == [[[1, 2]]]
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"counts": [[[2.9]]]}, "counts"),
+        ({"counts": "abc"}, "counts"),
+        ({"counts": [[1]]}, "counts"),
+        ({"counts": [[[-1]]]}, "counts"),
+        ({"counts": [[[2**62]], [[2**62]]]}, "counts"),
+        ({"physical_to_logical": [[0, 5]]}, "physical_to_logical"),
+        ({}, "neither"),
+        ({"counts": [[[1]]], "layer_ids": [0, 1]}, "layer_ids"),
+        ({"counts": [[[1]]], "batch_ids": [0, 1]}, "batch_ids"),
+        ({"counts": [[[1]]], "physical_to_logical": [[0], [0]]}, "physical_to_logical"),
+        ({"counts": [[[1]]], "n_experts": 1.0}, "n_experts"),
+    ],
+)
+def test_engine_log_validates_what_it_is_given(kw, match):
+    from straggler.runtime import EngineLog
+
+    kw = {"n_experts": 1, **kw}
+    with pytest.raises(InvalidInputError, match=match):
+        EngineLog(engine="sglang", kind="k", sources=["s"], **kw)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...formulations._io import atomic_open, atomic_path
-from ...formulations.errors import BackendUnavailableError, InvalidInputError
-from ...formulations.validation import MAX_EXACT_INT, check_array
+from ...formulations.errors import BackendUnavailableError, InvalidInputError, param_error
+from ...formulations.validation import MAX_EXACT_INT, check_array, check_int
 
 __all__ = [
     "EngineLog",
@@ -211,21 +211,64 @@ class EngineLog:
     extras: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("counts", "physical_to_logical", "layer_ids", "batch_ids"):
+        func = "EngineLog"
+        for name in ("engine", "kind"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidInputError(
+                    f"The '{name}' parameter of {func} must be a string. Got "
+                    f"{getattr(self, name)!r} instead."
+                )
+        E = check_int(self.n_experts, "n_experts", func, lo=1)
+        object.__setattr__(self, "n_experts", E)
+        if self.counts is None and self.physical_to_logical is None:
+            raise InvalidInputError(
+                f"{func} needs 'counts' or 'physical_to_logical' (or both). Got neither."
+            )
+        arrays = {
+            "counts": dict(
+                ndim=3,
+                lo=0,
+                expected=f"an (n_batches, n_layers, {E}) array of non-negative integers",
+            ),
+            "physical_to_logical": dict(
+                ndim=2,
+                lo=-1,
+                hi=E - 1,
+                expected=f"an (n_layers, P) array of expert ids in [-1, {E - 1}]",
+            ),
+            "layer_ids": dict(ndim=1, expected="a 1-D array of integers (one per layer)"),
+            "batch_ids": dict(ndim=1, expected="a 1-D array of integers (one per batch)"),
+        }
+        for name, kw in arrays.items():
             v = getattr(self, name)
             if v is not None:
-                v = np.array(v, dtype=np.int64, copy=True)
-                v.setflags(write=False)
+                v = check_array(v, name, func, kind="int", copy=True, readonly=True, **kw)
                 object.__setattr__(self, name, v)
-        if self.layer_ids is None:
-            L = (
-                self.counts.shape[1]
-                if self.counts is not None
-                else self.physical_to_logical.shape[0]
+        c, m = self.counts, self.physical_to_logical
+        if c is not None:
+            if c.shape[2] != E:
+                raise param_error("counts", func, f"{E} columns (n_experts)", f"shape {c.shape}")
+            check_count_total(c, func, "counts")
+        L = c.shape[1] if c is not None else m.shape[0]
+        if m is not None and m.shape[0] != L:
+            raise param_error(
+                "physical_to_logical", func, f"{L} rows (the layers of counts)", f"shape {m.shape}"
             )
+        if self.layer_ids is None:
             ids = np.arange(L, dtype=np.int64)
             ids.setflags(write=False)
             object.__setattr__(self, "layer_ids", ids)
+        elif self.layer_ids.size != L or np.unique(self.layer_ids).size != L:
+            raise param_error(
+                "layer_ids", func, f"{L} distinct layer ids", f"{self.layer_ids.tolist()[:8]}"
+            )
+        if self.batch_ids is not None and (c is None or self.batch_ids.size != c.shape[0]):
+            raise param_error(
+                "batch_ids",
+                func,
+                "one id per batch of counts",
+                f"{self.batch_ids.size} ids for {0 if c is None else c.shape[0]} batches",
+            )
         object.__setattr__(self, "sources", tuple(self.sources))
 
     @property

@@ -64,7 +64,7 @@ from straggler.runtime.engines import (
     write_vllm_state,
 )
 from straggler.runtime.engines._common import save_json
-from straggler.sim.sweep import sweep
+from straggler.sim.sweep import SweepTable, grid_cells, sweep
 
 try:
     import torch  # noqa: F401
@@ -792,6 +792,36 @@ case(SW, "sweep: path under a file")(
 )
 case(SW, "sweep: desc None")(lambda: sweep(cell, {"x": [1]}, backend="serial", desc=None))
 case(SW, "sweep: empty grid")(lambda: sweep(cell, {"x": []}, backend="serial", progress=False))
+
+# fifth round: the sweep's table and grid
+case(SW, "SweepTable: rows of ints")(lambda: SweepTable([1, 2], settings=["a"]))
+case(SW, "SweepTable: a setting no row has")(lambda: SweepTable([{"a": 1}], settings=["z"]))
+case(SW, "SweepTable.to_csv: a directory")(
+    lambda: SweepTable([{"a": 1}], settings=["a"]).to_csv(fresh("tcsv"))
+)
+case(SW, "SweepTable.to_csv: under a file")(
+    lambda: SweepTable([{"a": 1}], settings=["a"]).to_csv(A_FILE + "/t.csv")
+)
+case(SW, "SweepTable.read_csv: missing")(lambda: SweepTable.read_csv(TMP / "nope.csv"))
+case(SW, "SweepTable.read_csv: a directory")(lambda: SweepTable.read_csv(fresh("rcsv")))
+case(SW, "SweepTable.read_csv: binary")(
+    lambda: SweepTable.read_csv((lambda p: (p.write_bytes(b"\xff\xfe\x00"), p)[1])(TMP / "b.csv"))
+)
+case(SW, "grid_cells: 10**12 cells (refused before building them)")(
+    lambda: grid_cells({f"k{i}": list(range(10)) for i in range(12)})
+)
+case(SW, "grid_cells: a setting in grid and fixed")(lambda: grid_cells({"a": [1]}, fixed={"a": 2}))
+case(SW, "sweep: func returns None")(
+    lambda: sweep(cell_none, {"x": [1]}, backend="serial", progress=False)
+)
+case(S, "window_delta: torch tensors", "value", lambda v: v.tolist() == [2])(
+    lambda: window_delta(__import__("torch").tensor([5]), __import__("torch").tensor([3]))
+)
+case(S, "window_delta: bools")(lambda: window_delta(np.array([True]), np.array([False])))
+
+
+def cell_none(x):
+    return None
 
 
 def slow_cell(x):

@@ -51,7 +51,12 @@ def atomic_path(path):
         raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
     base = os.path.basename(p)
     # keep the extension: some writers (torch, numpy) act on it
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=f".tmp{os.path.splitext(base)[1]}", dir=d)
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{base}.", suffix=f".tmp{os.path.splitext(base)[1]}", dir=d
+        )
+    except OSError as exc:
+        raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
     os.close(fd)
     try:
         yield tmp

@@ -36,6 +36,7 @@ import importlib.util
 import io
 import itertools
 import json
+import math
 import multiprocessing
 import numbers
 import os
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formulations._io import check_output_file
+from ..formulations._io import atomic_open, atomic_path, check_output_file
 from ..formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ..formulations.validation import (
     check_bool,
@@ -65,6 +66,8 @@ __all__ = ["sweep", "SweepTable", "SweepError", "grid_cells", "BACKENDS"]
 BACKENDS = ("serial", "process", "ray")
 
 _FUNC = "sweep"
+#: Most cells a grid may expand to (checked before they are built).
+MAX_CELLS = 10_000_000
 
 
 class SweepError(StragglerError):
@@ -121,6 +124,12 @@ def grid_cells(grid, fixed: Mapping | None = None) -> list[dict]:
                     f"sequence. Got {describe(v)} instead."
                 )
             values.append([_scalar(x, f"A value of grid setting {name!r}") for x in v])
+        n_cells = math.prod(len(v) for v in values)
+        if n_cells > MAX_CELLS:  # checked before the cells are built
+            raise InvalidInputError(
+                f"The 'grid' parameter of {_FUNC} must have at most {MAX_CELLS:,} cells. Got "
+                f"{n_cells:,} ({' x '.join(str(len(v)) for v in values)}) instead."
+            )
         cells = [dict(zip(names, combo)) for combo in itertools.product(*values)]
     elif isinstance(grid, Sequence) and not isinstance(grid, (str, bytes)) and len(grid):
         cells = []
@@ -167,11 +176,17 @@ def _run_cell(func, index: int, settings: dict):
     """What a worker runs: one cell, its results as plain scalars."""
     out = func(**settings)
     if not isinstance(out, Mapping):
-        raise TypeError(f"func returned {type(out).__name__}, not a mapping of results")
+        raise InvalidInputError(
+            f"The 'func' parameter of {_FUNC} must return a mapping of result names to "
+            f"scalars. Got {describe(out)} instead."
+        )
     res = {}
     for k, v in out.items():
         if not isinstance(k, str):
-            raise TypeError(f"func returned a result name {k!r} that is not a string")
+            raise InvalidInputError(
+                f"The 'func' parameter of {_FUNC} must return string result names. Got "
+                f"{describe(k)} instead."
+            )
         res[k] = _scalar(v, f"Result {k!r}")
     return index, res
 
@@ -316,6 +331,29 @@ class SweepTable:
     """
 
     def __init__(self, rows: Sequence[Mapping], settings: Sequence[str]):
+        func = "SweepTable"
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, (Sequence, tuple)):
+            raise InvalidInputError(
+                f"The 'rows' parameter of {func} must be a sequence of mappings. Got "
+                f"{describe(rows)} instead."
+            )
+        if isinstance(settings, (str, bytes)) or not all(isinstance(s, str) for s in settings):
+            raise InvalidInputError(
+                f"The 'settings' parameter of {func} must be a sequence of column names. Got "
+                f"{describe(settings)} instead."
+            )
+        for i, r in enumerate(rows):
+            if not isinstance(r, Mapping):
+                raise InvalidInputError(
+                    f"Row {i} of the 'rows' parameter of {func} must be a mapping. Got "
+                    f"{describe(r)} instead."
+                )
+            missing = [s for s in settings if s not in r]
+            if missing:
+                raise InvalidInputError(
+                    f"Row {i} of the 'rows' parameter of {func} must hold every setting "
+                    f"{list(settings)}. Got no {missing[0]!r} in {sorted(map(str, r))[:8]}."
+                )
         self.rows = tuple(dict(r) for r in rows)
         self.settings = tuple(settings)
         cols = list(self.settings)
@@ -353,7 +391,8 @@ class SweepTable:
             w.writerow(["" if r.get(c) is None else _fmt(r[c]) for c in self.columns])
         if path is None:
             return buf.getvalue()
-        Path(path).write_text(buf.getvalue(), encoding="utf-8")
+        with atomic_open(path, "w", encoding="utf-8") as fh:
+            fh.write(buf.getvalue())
         return None
 
     def to_parquet(self, path) -> None:
@@ -368,7 +407,8 @@ class SweepTable:
             ) from None
         table = pa.Table.from_pylist([{c: r.get(c) for c in self.columns} for r in self.rows])
         table = table.replace_schema_metadata({"straggler.settings": json.dumps(self.settings)})
-        pq.write_table(table, str(path))
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
 
     def write(self, path) -> None:
         """CSV or Parquet by the suffix of ``path``."""
@@ -381,8 +421,17 @@ class SweepTable:
     def read_csv(cls, path, settings: Sequence[str] = ()) -> SweepTable:
         """Read a table written by :meth:`to_csv`; each value parsed as int, float, bool,
         None (empty) or left a string, in that order of preference."""
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
+        try:
+            with open(path, newline="", encoding="utf-8") as fh:
+                rows = list(csv.DictReader(fh))
+        except OSError as exc:
+            raise InvalidInputError(
+                f"Cannot read the sweep table {path}: {exc.strerror}."
+            ) from None
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise InvalidInputError(
+                f"The sweep table {path} is not UTF-8 CSV as to_csv writes it: {exc}."
+            ) from None
         return cls([{k: _parse(v) for k, v in r.items()} for r in rows], settings=settings)
 
 
@@ -539,8 +588,14 @@ def sweep(
     return table
 
 
+class _CellInputError(SweepError, InvalidInputError):
+    """A cell failed on bad input or returned what a sweep cannot record: both a
+    :class:`SweepError` (a cell failed) and an ``InvalidInputError``."""
+
+
 def _cell_failed(cell: dict, exc: BaseException) -> SweepError:
-    return SweepError(f"sweep cell {cell} raised {type(exc).__name__}: {exc}")
+    cls = _CellInputError if isinstance(exc, InvalidInputError) else SweepError
+    return cls(f"sweep cell {cell} raised {type(exc).__name__}: {exc}")
 
 
 def _serial(func, cells, todo, finish, workers, address) -> None:

@@ -152,6 +152,10 @@ def test_bad_results():
         sweep(sweep_cells.bad_result_cell, {"x": [1]}, backend="serial", progress=False)
     with pytest.raises(InvalidInputError, match="must not reuse setting names"):
         sweep(lambda x: {"x": 1}, {"x": [1]}, backend="serial", progress=False)
+    for bad in (lambda x: None, lambda x: {1: 2}):
+        with pytest.raises(InvalidInputError, match="'func' parameter") as e:
+            sweep(bad, {"x": [1]}, backend="serial", progress=False)
+        assert isinstance(e.value, SweepError) and "{'x': 1}" in str(e.value)
 
 
 def test_grid_as_cell_list():
@@ -212,3 +216,33 @@ def test_output_path_checked_before_any_cell_runs(tmp_path):
     for bad in (tmp_path, tmp_path / "f" / "t.csv"):
         with pytest.raises(InvalidInputError, match="path"):
             sweep(sweep_cells.failing_cell, {"x": [2]}, backend="serial", path=bad)
+
+
+def test_grid_size_bounded_before_the_cells_are_built():
+    grid = {f"k{i}": list(range(10)) for i in range(12)}  # 10**12 cells: tens of GiB
+    with pytest.raises(InvalidInputError, match="at most 10,000,000 cells"):
+        grid_cells(grid)
+
+
+def test_sweep_table_checks_rows_and_files(tmp_path):
+    with pytest.raises(InvalidInputError, match="Row 0"):
+        SweepTable([1, 2], settings=["a"])
+    with pytest.raises(InvalidInputError, match="'z'"):
+        SweepTable([{"a": 1}], settings=["z"])
+    with pytest.raises(InvalidInputError, match="'rows'"):
+        SweepTable({"a": 1}, settings=["a"])
+    t = SweepTable([{"a": 1, "y": 2.5}, {"a": 2}], settings=["a"])  # a missing result: None
+    assert t.column("y").tolist() == [2.5, None]
+    with pytest.raises(InvalidInputError, match="directory"):
+        t.to_csv(tmp_path)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InvalidInputError, match="is a file"):
+        t.to_csv(tmp_path / "f" / "t.csv")
+    with pytest.raises(InvalidInputError, match="Cannot read"):
+        SweepTable.read_csv(tmp_path / "missing.csv")
+    (tmp_path / "b.csv").write_bytes(b"\xff\xfe\x00a")
+    with pytest.raises(InvalidInputError, match="not UTF-8 CSV"):
+        SweepTable.read_csv(tmp_path / "b.csv")
+    t.to_csv(tmp_path / "t.csv")
+    back = SweepTable.read_csv(tmp_path / "t.csv", settings=["a"])
+    assert back.column("y").tolist() == [2.5, None]

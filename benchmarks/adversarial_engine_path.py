@@ -509,6 +509,19 @@ case(W, "eplb: weight negative")(
         fresh("w21") / "e.json", [[0, 1]], [[[0], [1]]], [[1, 1]], weight=[[-1, 1]]
     )
 )
+# sixth round: builders and names
+case(W, "vllm_maps: n_experts 10**12")(lambda: vllm_maps([[0, 1]], 10**12))
+case(W, "vllm_maps: n_experts 2.5")(lambda: vllm_maps([[0, 1]], 2.5))
+case(W, "per-token record: 3 input ids for 1 token")(
+    lambda: sglang_per_token_record(0, [[[0]]], 2, input_ids=[1, 2, 3])
+)
+case(W, "per-token record: pass id 'a'")(lambda: sglang_per_token_record("a", [[[0]]], 2))
+case(W, "stat dump: timestamp 'x/../y' (a path in the name)")(
+    lambda: write_sglang_stat_dump(fresh("w23"), [[[1]]], timestamp="x/../y")
+)
+case(W, "eplb maps: a bytes path")(
+    lambda: write_eplb_maps(b"/tmp/e.json", [[0, 1]], [[[0], [1]]], [[1, 1]])
+)
 case(
     W,
     "round trip: yaml with layer ids 3, 4",

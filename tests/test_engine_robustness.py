@@ -362,3 +362,23 @@ def test_engine_log_validates_what_it_is_given(kw, match):
     kw = {"n_experts": 1, **kw}
     with pytest.raises(InvalidInputError, match=match):
         EngineLog(engine="sglang", kind="k", sources=["s"], **kw)
+
+
+def test_map_and_record_builders_check_their_arguments(tmp_path):
+    from straggler.runtime.engines import sglang_per_token_record, vllm_maps
+
+    with pytest.raises(InvalidInputError, match="n_experts"):
+        vllm_maps([[0, 1]], 10**12)  # would size the maps by it
+    with pytest.raises(InvalidInputError, match="n_experts"):
+        vllm_maps([[0, 1]], 2.5)
+    with pytest.raises(InvalidInputError, match="input_ids"):
+        sglang_per_token_record(0, [[[0]]], 2, input_ids=[1, 2, 3])
+    with pytest.raises(InvalidInputError, match="forward_pass_id"):
+        sglang_per_token_record("a", [[[0]]], 2)
+
+
+@needs_torch
+def test_dump_timestamp_cannot_carry_a_path(tmp_path):
+    with pytest.raises(InvalidInputError, match="timestamp"):
+        write_sglang_stat_dump(tmp_path, [[[1]]], timestamp="x/../y")
+    assert os.listdir(tmp_path) == []

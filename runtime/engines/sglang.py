@@ -89,7 +89,12 @@ _NAME_RE = re.compile(
 
 
 def _dump_name(timestamp, rank=None) -> str:
-    ts = time.time() if timestamp is None else timestamp
+    # a number, as SGLang's time.time(): anything else could carry a path into the name
+    ts = (
+        time.time()
+        if timestamp is None
+        else check_real(timestamp, "timestamp", "SGLang dump", lo=0)
+    )
     return f"{RECORDER_PREFIX}{ts}" + ("" if rank is None else f"_{rank}") + ".pt"
 
 
@@ -153,6 +158,15 @@ def sglang_per_token_record(
             f"{SGLANG_TOPK_COLUMNS} columns (SGLang's buffer). Got shape {ids.shape} instead."
         )
     L, n_tok, k = ids.shape
+    pid = check_int(forward_pass_id, "forward_pass_id", func)
+    for name, given in (("input_ids", input_ids), ("positions", positions)):
+        if given is not None and (
+            isinstance(given, (str, bytes)) or not hasattr(given, "__len__") or len(given) != n_tok
+        ):
+            raise InvalidInputError(
+                f"The '{name}' parameter of {func} must hold one entry per token ({n_tok}). "
+                f"Got {repr(given)[:60]} instead."
+            )
     if k < SGLANG_TOPK_COLUMNS:
         ids = np.concatenate([ids, np.full((L, n_tok, SGLANG_TOPK_COLUMNS - k), -1, np.int32)], 2)
     gpc = np.zeros((L, n_physical), dtype=np.int32)
@@ -161,7 +175,7 @@ def sglang_per_token_record(
         row = row[row >= 0]
         gpc[layer] = np.bincount(row, minlength=n_physical)[:n_physical]
     return {
-        "forward_pass_id": int(forward_pass_id),
+        "forward_pass_id": pid,
         "input_ids": list(range(n_tok)) if input_ids is None else list(input_ids),
         "positions": list(range(n_tok)) if positions is None else list(positions),
         "extend_seq_lens": None,

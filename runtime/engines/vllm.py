@@ -92,10 +92,14 @@ def vllm_maps(physical_to_logical, n_experts: int) -> dict:
     >>> m["logical_replica_count"].tolist()
     [[2, 2, 1, 1], [3, 1, 1, 1]]
     """
+    n_experts = check_int(n_experts, "n_experts", "vllm_maps", lo=1)
     p2l = check_physical_to_logical(
         physical_to_logical, "vllm_maps", "physical_to_logical", n_experts=n_experts
     )
     L, P = p2l.shape
+    # vLLM gives every expert a slot: more experts than slots is a wrong n_experts (and
+    # would size the maps by it)
+    check_int(n_experts, "n_experts", "vllm_maps", lo=1, hi=P)
     l2p, count = logical_to_physical(p2l, n_experts)
     width = max(P - n_experts + 1, l2p.shape[2])
     pad = np.full((L, n_experts, width), -1, dtype=np.int64)

@@ -632,6 +632,31 @@ case(S, "worker: set_placement id 3")(lambda: W2.set_placement([[0, 1, 3, 2]]))
 case(S, "worker: n_experts past the slots")(lambda: SolverWorker([[0, 1]], 1, COST, n_experts=9))
 case(S, "worker: gpu_node of wrong length")(lambda: SolverWorker([[0, 1]], 2, COST, gpu_node=[0]))
 case(S, "worker: status before start")(lambda: W2.status())
+# seventh round: the worker's constructor and dispatch's scalars
+case(S, "worker: period inf")(lambda: SolverWorker([[0, 1]], 1, COST, period=float("inf")))
+case(S, "worker: stale_after NaN")(
+    lambda: SolverWorker([[0, 1]], 1, COST, stale_after=float("nan"))
+)
+case(S, "worker: n_threads 0")(lambda: SolverWorker([[0, 1]], 1, COST, n_threads=0))
+case(S, "worker: options a list")(lambda: SolverWorker([[0, 1]], 1, COST, options=[1]))
+case(S, "worker: method None")(lambda: SolverWorker([[0, 1]], 1, COST, method=None))
+case(S, "worker: seed -1")(lambda: SolverWorker([[0, 1]], 1, COST, seed=-1))
+case(S, "worker: time_limit 0")(lambda: SolverWorker([[0, 1]], 1, COST, time_limit=0))
+case(S, "worker: expert id 10**9 in a 2-slot map")(lambda: SolverWorker([[0, 10**9]], 1, COST))
+case(S, "worker: n_experts 10**12")(lambda: SolverWorker([[0, 1]], 1, COST, n_experts=10**12))
+case(S, "dispatch: 3-D ids")(
+    lambda: dispatch_and_count(np.zeros((1, 1, 1), int), np.array([[0]]), np.array([[1.0]]))
+)
+case(S, "dispatch: num_valid_tokens 1.5")(
+    lambda: dispatch_and_count(
+        np.zeros((1, 1), int), np.array([[0]]), np.array([[1.0]]), num_valid_tokens=1.5
+    )
+)
+case(S, "dispatch: backend triton on numpy")(
+    lambda: dispatch_and_count(
+        np.zeros((1, 1), int), np.array([[0]]), np.array([[1.0]]), backend="triton"
+    )
+)
 case(S, "dispatch: ids float")(
     lambda: dispatch_and_count(np.array([[0.5]]), np.array([[0]]), np.array([[1.0]]))
 )

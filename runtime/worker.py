@@ -27,6 +27,7 @@ import os
 import time
 import weakref
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -490,10 +491,19 @@ class SolverWorker:
                 f"an (n_layers >= 1, n_slots) array with n_slots divisible by n_gpus={n_gpus}",
                 f"shape {p2l.shape}",
             )
+        # every expert needs a slot, so there are at most P of them (checked before anything
+        # is sized by the number of experts)
+        if p2l.max() >= P:
+            raise param_error(
+                "physical_to_logical",
+                func,
+                f"expert ids below the {P} slots (every expert needs a slot)",
+                f"id {int(p2l.max())}",
+            )
         E = (
             int(p2l.max()) + 1
             if n_experts is None
-            else check_int(n_experts, "n_experts", func, lo=1)
+            else check_int(n_experts, "n_experts", func, lo=1, hi=P)
         )
         if E < 1 or p2l.max() >= E:
             raise param_error(
@@ -504,6 +514,10 @@ class SolverWorker:
             )
         _check_every_expert_placed(p2l, E, func)
         cost = check_type(cost, "cost", func, CostModel, "a CostModel")
+        if options is not None and not isinstance(options, Mapping):
+            raise param_error(
+                "options", func, "a mapping of the method's options", type(options).__name__
+            )
         options = {} if options is None else dict(options)
         make_method(method, options, func)  # unknown method or option: raise here
         period = check_real(period, "period", func, lo=0, lo_open=True)

@@ -320,6 +320,12 @@ def test_bad_arguments():
         SolverWorker(p2l, 2, COST, n_experts=2)
     with pytest.raises(InvalidInputError, match="no slot for expert 3"):
         SolverWorker(p2l, 2, COST, n_experts=4)
+    with pytest.raises(InvalidInputError, match="n_experts"):
+        SolverWorker(p2l, 2, COST, n_experts=10**12)  # would size arrays by it
+    with pytest.raises(InvalidInputError, match="below the 4 slots"):
+        SolverWorker([[0, 1, 0, 10**9]], 2, COST)
+    with pytest.raises(InvalidInputError, match="'options'"):
+        SolverWorker(p2l, 2, COST, options=[1])
     w = SolverWorker(p2l, 2, COST)
     with pytest.raises(InvalidInputError, match="start"):
         w.poll()

@@ -7,7 +7,9 @@ LPLB (``lplb/eplb.py``). ``rebalance_experts`` returns what upstream returns on 
 inputs, with a stable sort (``version="deepseek"``, default): the replica sets that the
 dispatch problem takes as given. ``version="vllm"`` is vLLM's numpy port
 (``vllm/distributed/eplb/policy/default.py``: numpy's default, unstable argsort; float64
-replica and pack loads). An opt-in ``distinct=True`` variant forbids two replicas of one
+replica and pack loads), with vLLM's ``preserve_intragpu_slots`` step when the previous slot
+map is given (``old_physical_to_logical``, as vLLM's ``EplbState`` always passes it). An
+opt-in ``distinct=True`` variant forbids two replicas of one
 expert on one GPU (upstream allows it; its report of it stays open).
 
 The algorithm (ANCHORS.md, "DeepSeek EPLB"):
@@ -238,6 +240,36 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct, ve
     return pphy2log, pphyrank, logcnt
 
 
+def _preserve_intragpu_slots(phy2log, old_phy2log, num_gpus):
+    """vLLM's ``DefaultEplbPolicy.preserve_intragpu_slots``, per layer and GPU.
+
+    First pass, old slots in order: slot ``s`` keeps its old expert when the GPU's new
+    slice holds it (the first unused new position holding it is consumed). Second pass:
+    the unused new positions, in order, fill the slots not kept, in order. The GPU's
+    multiset of experts is unchanged; only their slot positions move.
+    """
+    out = phy2log.copy()
+    num_layers, num_physical = phy2log.shape
+    per_gpu = num_physical // num_gpus
+    for layer in range(num_layers):
+        for gpu in range(num_gpus):
+            lo = gpu * per_gpu
+            new = phy2log[layer, lo : lo + per_gpu].tolist()
+            old = old_phy2log[layer, lo : lo + per_gpu].tolist()
+            used = [False] * per_gpu
+            kept = [False] * per_gpu
+            for s in range(per_gpu):
+                j = next((j for j in range(per_gpu) if not used[j] and new[j] == old[s]), -1)
+                if j >= 0:
+                    out[layer, lo + s] = new[j]
+                    used[j] = kept[s] = True
+            rest = [j for j in range(per_gpu) if not used[j]]
+            free = [s for s in range(per_gpu) if not kept[s]]
+            for j, s in zip(rest, free):
+                out[layer, lo + s] = new[j]
+    return out
+
+
 def _rebalance_experts_iv(weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version):
     w = check_array(
         weight,
@@ -305,6 +337,27 @@ def _rebalance_experts_iv(weight, num_replicas, num_groups, num_nodes, num_gpus,
     return w, num_replicas, groups, nodes, num_gpus, distinct, version
 
 
+def _old_map_iv(old, version, shape, num_logical):
+    if old is None:
+        return None
+    if version != "vllm":
+        raise InvalidOptionError(
+            f"The 'old_physical_to_logical' option of {_FUNC} applies to version='vllm' only. "
+            f"Got version={version!r} instead."
+        )
+    return check_array(
+        old,
+        "old_physical_to_logical",
+        _FUNC,
+        kind="int",
+        ndim=2,
+        lo=0,
+        hi=num_logical - 1,
+        shape=shape,
+        expected=f"a {shape} array of logical expert ids (the previous slot map)",
+    )
+
+
 def rebalance_experts(
     weight,
     num_replicas: int,
@@ -314,6 +367,7 @@ def rebalance_experts(
     *,
     distinct: bool = False,
     version: str = "deepseek",
+    old_physical_to_logical=None,
 ):
     """EPLB's expert placement: which logical expert every physical slot holds.
 
@@ -342,6 +396,12 @@ def rebalance_experts(
         ``"vllm"``: vLLM's numpy port: numpy's default argsort (unstable on ties, as
         vLLM's on the same numpy build), float64 replica and pack loads; vLLM returns the
         slot map only and derives the other maps in slot order, as here.
+    old_physical_to_logical : array_like of int, shape (n_layers, P), optional
+        ``version="vllm"`` only: the slot map in service (vLLM's ``EplbState`` passes its
+        ``physical_to_logical_map`` as ``old_global_expert_indices``). vLLM then reorders
+        each GPU's slots so that an expert staying on a GPU keeps its old slot
+        (``DefaultEplbPolicy.preserve_intragpu_slots``): the same experts on every GPU,
+        fewer weight copies.
 
     Returns
     -------
@@ -359,7 +419,8 @@ def rebalance_experts(
         non-positive integers, a weight that is not a non-empty 2-D finite numeric array
         (upstream would fail later or propagate NaN), or an infeasible ``distinct``.
     InvalidOptionError
-        An unknown ``version``, or ``distinct`` with ``version="vllm"``.
+        An unknown ``version``, or ``distinct`` or ``old_physical_to_logical`` with another
+        version than the one they belong to.
 
     Notes
     -----
@@ -410,9 +471,12 @@ def rebalance_experts(
         weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version
     )
     num_layers, num_logical = w.shape
+    old = _old_map_iv(old_physical_to_logical, version, (num_layers, num_replicas), num_logical)
     phy2log, phyrank, logcnt = _hierarchical(
         w, num_replicas, groups, nodes, num_gpus, distinct, version
     )
+    if old is not None:
+        phy2log = _preserve_intragpu_slots(phy2log, old, num_gpus)
     if version == "vllm":  # vLLM derives its maps from the slot map, in slot order
         order = np.argsort(phy2log, axis=-1, kind="stable")
         phyrank = np.empty_like(phyrank)

@@ -5,7 +5,10 @@ Upstream: deepseek-ai/EPLB ``eplb.py`` (released with DeepSeek's open-infra week
 later revision). The same code ships as SGLang's ``eplb_algorithms/deepseek.py`` and inside
 LPLB (``lplb/eplb.py``). ``rebalance_experts`` returns what upstream returns on the same
 inputs, with a stable sort (``version="deepseek"``, default): the replica sets that the
-dispatch problem takes as given. ``version="vllm"`` is vLLM's numpy port
+dispatch problem takes as given. ``version="sglang"`` is SGLang's copy as released
+(0.5.23), torch's tie order and float64 pack loads included, so that its replica lists
+(whose order SGLang's dispatch tables depend on) come out in SGLang's order.
+``version="vllm"`` is vLLM's numpy port
 (``vllm/distributed/eplb/policy/default.py``: numpy's default, unstable argsort; float64
 replica and pack loads), with vLLM's ``preserve_intragpu_slots`` step when the previous slot
 map is given (``old_physical_to_logical``, as vLLM's ``EplbState`` always passes it). An
@@ -35,7 +38,108 @@ __all__ = ["rebalance_experts", "balanced_packing", "replicate_experts", "EPLB_V
 
 _FUNC = "rebalance_experts"
 #: Accepted values of ``rebalance_experts(version=...)`` (default first).
-EPLB_VERSIONS = ("deepseek", "vllm")
+EPLB_VERSIONS = ("deepseek", "vllm", "sglang")
+
+
+def _torch_sort_descending(keys) -> list:
+    """The order ``torch.sort(descending=True)`` gives one row on the CPU, ties included.
+
+    torch's CPU sort (2.x, ``stable=False``) is libstdc++'s ``std::sort`` over (value, index)
+    pairs with the comparator ``a > b``: introsort (median-of-three pivot moved to the
+    front, unguarded partition, heapsort below depth ``2 * floor(log2 n)``) on ranges over
+    16 items, then one insertion sort. That fixes where equal keys land, which a stable
+    sort does not reproduce beyond 16 items. Written from libstdc++'s ``stl_algo.h`` and
+    ``stl_heap.h`` (``__introsort_loop``, ``__move_median_to_first``,
+    ``__unguarded_partition``, ``__adjust_heap``, ``__final_insertion_sort``).
+
+    Examples
+    --------
+    >>> _torch_sort_descending([3, 1, 3, 2, 3, 1, 1, 2, 3, 3, 1, 2, 2, 3, 1, 1, 3, 2, 2, 3])
+    [19, 2, 4, 8, 9, 0, 13, 16, 3, 18, 17, 7, 11, 12, 10, 15, 14, 6, 5, 1]
+    """
+    key = [float(k) for k in keys]
+    a = list(range(len(key)))
+    n = len(a)
+
+    def before(x, y):  # the comparator on the items' keys
+        return key[x] > key[y]
+
+    def median_to_first(res, i, j, k):
+        if before(a[i], a[j]):
+            s = j if before(a[j], a[k]) else (k if before(a[i], a[k]) else i)
+        elif before(a[i], a[k]):
+            s = i
+        else:
+            s = k if before(a[j], a[k]) else j
+        a[res], a[s] = a[s], a[res]
+
+    def partition(first, last, pivot):
+        while True:
+            while before(a[first], a[pivot]):
+                first += 1
+            last -= 1
+            while before(a[pivot], a[last]):
+                last -= 1
+            if not first < last:
+                return first
+            a[first], a[last] = a[last], a[first]
+            first += 1
+
+    def adjust_heap(first, hole, length, value):
+        top = child = hole
+        while child < (length - 1) // 2:
+            child = 2 * (child + 1)
+            if before(a[first + child], a[first + child - 1]):
+                child -= 1
+            a[first + hole] = a[first + child]
+            hole = child
+        if length % 2 == 0 and child == (length - 2) // 2:
+            child = 2 * (child + 1)
+            a[first + hole] = a[first + child - 1]
+            hole = child - 1
+        parent = (hole - 1) // 2
+        while hole > top and before(a[first + parent], value):
+            a[first + hole] = a[first + parent]
+            hole = parent
+            parent = (hole - 1) // 2
+        a[first + hole] = value
+
+    def heap_sort(first, last):
+        length = last - first
+        for parent in range((length - 2) // 2, -1, -1):
+            adjust_heap(first, parent, length, a[first + parent])
+        while last - first > 1:
+            last -= 1
+            value = a[last]
+            a[last] = a[first]
+            adjust_heap(first, 0, last - first, value)
+
+    def introsort(first, last, depth):
+        while last - first > 16:
+            if depth == 0:
+                heap_sort(first, last)
+                return
+            depth -= 1
+            median_to_first(first, first + 1, first + (last - first) // 2, last - 1)
+            cut = partition(first + 1, last, first)
+            introsort(cut, last, depth)
+            last = cut
+
+    def linear_insert(i):
+        value = a[i]
+        while before(value, a[i - 1]):
+            a[i] = a[i - 1]
+            i -= 1
+        a[i] = value
+
+    if n > 1:
+        introsort(0, n, 2 * (n.bit_length() - 1))
+        for i in range(1, n):
+            if i < 16 and before(a[i], a[0]):  # guarded insertion into the first 16
+                a[: i + 1] = [a[i]] + a[:i]
+            else:
+                linear_insert(i)
+    return a
 
 
 def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
@@ -63,15 +167,20 @@ def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
     ([[0, 1, 1, 0]], [[0, 0, 1, 1]])
     """
     vllm = _version == "vllm"
+    sglang = _version == "sglang"
     w = np.asarray(weight) if vllm else np.asarray(weight, dtype=np.float32)
     n_rows, n_items = w.shape
     per_pack = n_items // num_packs
     if per_pack == 1:
         pack_index = np.broadcast_to(np.arange(n_items, dtype=np.int64), w.shape).copy()
         return pack_index, np.zeros(w.shape, dtype=np.int64)
-    # vLLM: numpy's default (unstable) argsort and float64 pack loads
-    order = np.argsort(-w, axis=-1) if vllm else np.argsort(-w, axis=-1, kind="stable")
-    zero = np.float64(0) if vllm else np.float32(0)
+    # vLLM: numpy's default (unstable) argsort and float64 pack loads; SGLang: torch's sort
+    # order and float64 pack loads (Python floats of its ``weight.tolist()``)
+    if sglang:
+        order = [_torch_sort_descending(row) for row in w]
+    else:
+        order = np.argsort(-w, axis=-1) if vllm else np.argsort(-w, axis=-1, kind="stable")
+    zero = np.float64(0) if vllm or sglang else np.float32(0)
     pack_index = np.full(w.shape, -1, dtype=np.int64)
     rank_in_pack = np.full(w.shape, -1, dtype=np.int64)
     for i in range(n_rows):
@@ -391,8 +500,12 @@ def rebalance_experts(
         at the GPUs per node; packing with the one-swap repair of
         ``_balanced_packing_distinct``). Needs ``P / num_nodes <= (E / num_nodes) *
         (num_gpus / num_nodes)``; ``version="deepseek"`` only.
-    version : {"deepseek", "vllm"}, default "deepseek"
+    version : {"deepseek", "vllm", "sglang"}, default "deepseek"
         ``"deepseek"``: upstream's torch code (float32 loads) with a stable sort.
+        ``"sglang"``: SGLang's copy (``eplb_algorithms/deepseek.py``, as released in
+        0.5.23): torch's CPU sort order, ties included (:func:`_torch_sort_descending`), and
+        pack loads summed as Python floats (float64) from ``weight.tolist()``; replica
+        lists in replica-rank order.
         ``"vllm"``: vLLM's numpy port: numpy's default argsort (unstable on ties, as
         vLLM's on the same numpy build), float64 replica and pack loads; vLLM returns the
         slot map only and derives the other maps in slot order, as here.
@@ -425,18 +538,18 @@ def rebalance_experts(
     Notes
     -----
     *Ties.* Upstream sorts with ``torch.sort(descending=True)``, which promises no order
-    among equal keys; torch's CPU sort is stable only up to 16 items (larger rows take
-    another algorithm). Ties are not rare: in the GPU-packing step the replicas of one
-    expert all weigh ``w / count``, so **they always tie**, and on rows of 17 or more
-    replicas upstream may visit them in another order. Swapping two replicas of one
-    expert leaves ``physical_to_logical`` unchanged but exchanges their replica ranks, so
-    upstream's ``logical_to_physical`` order can differ from this function's even for
-    tie-free expert weights (no effect downstream: the same slots hold the same experts).
-    Ties between different experts (equal loads) can change the placement itself. This
-    function fixes the stable order (descending weight, ties by increasing index), with
-    which it matches upstream exactly (0 of 2,500 random inputs differ, issue 11's check
-    against torch with a stable sort). ``torch.max`` and Python's ``min`` take the first
-    extremum, as here.
+    among equal keys; torch's CPU sort is libstdc++'s ``std::sort`` (insertion sort up to
+    16 items, stable there; introsort beyond). Ties are not rare: in the GPU-packing step
+    the replicas of one expert all weigh ``w / count``, so **they always tie**, and on rows
+    of 17 or more replicas upstream visits them in introsort's order. Swapping two
+    replicas of one expert leaves ``physical_to_logical`` unchanged but exchanges their
+    replica ranks, so the ``logical_to_physical`` order differs; SGLang's static table and
+    its nearest-replica rule read that order, so its dispatch differs too. Ties between
+    different experts (equal loads) can change the placement itself. ``"deepseek"`` fixes
+    the stable order (descending weight, ties by increasing index), with which it matches
+    upstream run with a stable sort exactly; ``"sglang"`` reproduces torch's order and
+    matches SGLang 0.5.23 map for map, replica order included (``tests/conformance``).
+    ``torch.max`` and Python's ``min`` take the first extremum, as here.
 
     *Arithmetic.* Replica loads ``w / count`` are float32 divisions, pack loads float32
     sums, as in torch. Group loads (hierarchical step 1) are float32 sums whose rounding

@@ -343,3 +343,29 @@ def test_vllm_old_map_refused_where_it_does_not_apply():
         rebalance_experts(w, 4, 1, 1, 2, version="vllm", old_physical_to_logical=[[0, 1, 2]])
     with pytest.raises(InvalidInputError, match="'old_physical_to_logical'"):
         rebalance_experts(w, 4, 1, 1, 2, version="vllm", old_physical_to_logical=[[0, 1, 2, 4]])
+
+
+# --- SGLang's copy: torch's tie order ------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 5), max_size=80))
+def test_torch_sort_order_is_a_descending_permutation(keys):
+    from straggler.solvers.eplb import _torch_sort_descending
+
+    order = _torch_sort_descending(keys)
+    assert sorted(order) == list(range(len(keys)))
+    assert [keys[i] for i in order] == sorted(keys, reverse=True)
+    if len(keys) <= 16:  # insertion sort only: stable
+        assert order == sorted(range(len(keys)), key=lambda i: -keys[i])
+
+
+def test_sglang_version_orders_tied_replicas_as_torch():
+    # one expert with 20 replicas on 20 GPUs: the 20 tied replicas are packed in torch's
+    # order (introsort beyond 16 items), not in slot order as with a stable sort
+    w = [[1000, 1]]
+    p2l, l2p, cnt = rebalance_experts(w, 40, 1, 1, 20, version="sglang")
+    p2l_d, l2p_d, cnt_d = rebalance_experts(w, 40, 1, 1, 20)
+    assert np.array_equal(cnt, cnt_d) and cnt[0].tolist() == [39, 1]
+    assert sorted(l2p[0, 0].tolist()) == sorted(l2p_d[0, 0].tolist())
+    assert l2p[0, 0].tolist() != l2p_d[0, 0].tolist()
+    _check_tables(np.array(w), p2l, l2p, cnt, 40, 20)

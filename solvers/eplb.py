@@ -33,113 +33,14 @@ import numpy as np
 
 from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
 from ..formulations.validation import check_array, check_bool, check_choice, check_int
+from ._eplb_vec import rebalance_experts_vec
+from ._torch_order import torch_sort_descending
 
 __all__ = ["rebalance_experts", "balanced_packing", "replicate_experts", "EPLB_VERSIONS"]
 
 _FUNC = "rebalance_experts"
 #: Accepted values of ``rebalance_experts(version=...)`` (default first).
-EPLB_VERSIONS = ("deepseek", "vllm", "sglang")
-
-
-def _torch_sort_descending(keys) -> list:
-    """The order ``torch.sort(descending=True)`` gives one row on the CPU, ties included.
-
-    torch's CPU sort (2.x, ``stable=False``) is libstdc++'s ``std::sort`` over (value, index)
-    pairs with the comparator ``a > b``: introsort (median-of-three pivot moved to the
-    front, unguarded partition, heapsort below depth ``2 * floor(log2 n)``) on ranges over
-    16 items, then one insertion sort. That fixes where equal keys land, which a stable
-    sort does not reproduce beyond 16 items. Written from libstdc++'s ``stl_algo.h`` and
-    ``stl_heap.h`` (``__introsort_loop``, ``__move_median_to_first``,
-    ``__unguarded_partition``, ``__adjust_heap``, ``__final_insertion_sort``).
-
-    Examples
-    --------
-    >>> _torch_sort_descending([3, 1, 3, 2, 3, 1, 1, 2, 3, 3, 1, 2, 2, 3, 1, 1, 3, 2, 2, 3])
-    [19, 2, 4, 8, 9, 0, 13, 16, 3, 18, 17, 7, 11, 12, 10, 15, 14, 6, 5, 1]
-    """
-    key = [float(k) for k in keys]
-    a = list(range(len(key)))
-    n = len(a)
-
-    def before(x, y):  # the comparator on the items' keys
-        return key[x] > key[y]
-
-    def median_to_first(res, i, j, k):
-        if before(a[i], a[j]):
-            s = j if before(a[j], a[k]) else (k if before(a[i], a[k]) else i)
-        elif before(a[i], a[k]):
-            s = i
-        else:
-            s = k if before(a[j], a[k]) else j
-        a[res], a[s] = a[s], a[res]
-
-    def partition(first, last, pivot):
-        while True:
-            while before(a[first], a[pivot]):
-                first += 1
-            last -= 1
-            while before(a[pivot], a[last]):
-                last -= 1
-            if not first < last:
-                return first
-            a[first], a[last] = a[last], a[first]
-            first += 1
-
-    def adjust_heap(first, hole, length, value):
-        top = child = hole
-        while child < (length - 1) // 2:
-            child = 2 * (child + 1)
-            if before(a[first + child], a[first + child - 1]):
-                child -= 1
-            a[first + hole] = a[first + child]
-            hole = child
-        if length % 2 == 0 and child == (length - 2) // 2:
-            child = 2 * (child + 1)
-            a[first + hole] = a[first + child - 1]
-            hole = child - 1
-        parent = (hole - 1) // 2
-        while hole > top and before(a[first + parent], value):
-            a[first + hole] = a[first + parent]
-            hole = parent
-            parent = (hole - 1) // 2
-        a[first + hole] = value
-
-    def heap_sort(first, last):
-        length = last - first
-        for parent in range((length - 2) // 2, -1, -1):
-            adjust_heap(first, parent, length, a[first + parent])
-        while last - first > 1:
-            last -= 1
-            value = a[last]
-            a[last] = a[first]
-            adjust_heap(first, 0, last - first, value)
-
-    def introsort(first, last, depth):
-        while last - first > 16:
-            if depth == 0:
-                heap_sort(first, last)
-                return
-            depth -= 1
-            median_to_first(first, first + 1, first + (last - first) // 2, last - 1)
-            cut = partition(first + 1, last, first)
-            introsort(cut, last, depth)
-            last = cut
-
-    def linear_insert(i):
-        value = a[i]
-        while before(value, a[i - 1]):
-            a[i] = a[i - 1]
-            i -= 1
-        a[i] = value
-
-    if n > 1:
-        introsort(0, n, 2 * (n.bit_length() - 1))
-        for i in range(1, n):
-            if i < 16 and before(a[i], a[0]):  # guarded insertion into the first 16
-                a[: i + 1] = [a[i]] + a[:i]
-            else:
-                linear_insert(i)
-    return a
+EPLB_VERSIONS = ("deepseek", "vllm", "sglang", "sglang_vec")
 
 
 def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
@@ -177,7 +78,7 @@ def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
     # vLLM: numpy's default (unstable) argsort and float64 pack loads; SGLang: torch's sort
     # order and float64 pack loads (Python floats of its ``weight.tolist()``)
     if sglang:
-        order = [_torch_sort_descending(row) for row in w]
+        order = [torch_sort_descending(row) for row in w]
     else:
         order = np.argsort(-w, axis=-1) if vllm else np.argsort(-w, axis=-1, kind="stable")
     zero = np.float64(0) if vllm or sglang else np.float32(0)
@@ -380,28 +281,32 @@ def _preserve_intragpu_slots(phy2log, old_phy2log, num_gpus):
 
 
 def _rebalance_experts_iv(weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version):
+    version = check_choice(version, "version", _FUNC, EPLB_VERSIONS)
+    vec = version == "sglang_vec"
+    shape = "2-D (n_layers, n_experts) or 3-D (n_steps, n_layers, n_experts)" if vec else "2-D"
     w = check_array(
         weight,
         "weight",
         _FUNC,
         kind="real",
-        ndim=2,
-        expected="a non-empty 2-D (n_layers, n_experts) array of finite numbers",
+        ndim=(2, 3) if vec else 2,
+        expected=f"a non-empty {shape} array of finite numbers",
     )
     if w.size == 0:
-        raise param_error(
-            "weight", _FUNC, "a non-empty 2-D (n_layers, n_experts) array", f"shape {w.shape}"
-        )
-    w = w.astype(np.float32)
+        raise param_error("weight", _FUNC, f"a non-empty {shape} array", f"shape {w.shape}")
+    # SGLang's deepseek_vec keeps integer counts as integers (its global form divides them)
+    integral = vec and bool((w == np.round(w)).all()) and np.abs(w).max() < 2**62
+    w = w.astype(np.int64) if integral else w.astype(np.float32)
     if not np.isfinite(w).all():
         raise param_error("weight", _FUNC, "finite (as float32)", "values beyond float32's range")
+    if vec and w.ndim == 2:
+        w = w[None]
     num_replicas = check_int(num_replicas, "num_replicas", _FUNC, lo=1)
     num_groups = check_int(num_groups, "num_groups", _FUNC, lo=1)
     num_nodes = check_int(num_nodes, "num_nodes", _FUNC, lo=1)
     num_gpus = check_int(num_gpus, "num_gpus", _FUNC, lo=1)
     distinct = check_bool(distinct, "distinct", _FUNC)
-    version = check_choice(version, "version", _FUNC, EPLB_VERSIONS)
-    num_logical = w.shape[1]
+    num_logical = w.shape[-1]
     if num_groups % num_nodes == 0:
         groups, nodes = num_groups, num_nodes
         if num_logical % num_groups:
@@ -484,7 +389,8 @@ def rebalance_experts(
     ----------
     weight : array_like, shape (n_layers, n_experts)
         Load statistics of every logical expert (e.g. long-run average token counts).
-        Converted to float32, as upstream does (``weight.float()``).
+        Converted to float32, as upstream does (``weight.float()``). ``version="sglang_vec"``
+        also takes ``(n_steps, n_layers, n_experts)`` (SGLang's recorded window).
     num_replicas : int
         Physical slots ``P`` (``>= n_experts``, a multiple of ``num_gpus``); slot ``p``
         lives on GPU ``p // (P / num_gpus)``.
@@ -500,12 +406,17 @@ def rebalance_experts(
         at the GPUs per node; packing with the one-swap repair of
         ``_balanced_packing_distinct``). Needs ``P / num_nodes <= (E / num_nodes) *
         (num_gpus / num_nodes)``; ``version="deepseek"`` only.
-    version : {"deepseek", "vllm", "sglang"}, default "deepseek"
+    version : {"deepseek", "vllm", "sglang", "sglang_vec"}, default "deepseek"
         ``"deepseek"``: upstream's torch code (float32 loads) with a stable sort.
         ``"sglang"``: SGLang's copy (``eplb_algorithms/deepseek.py``, as released in
-        0.5.23): torch's CPU sort order, ties included (:func:`_torch_sort_descending`), and
+        0.5.23): torch's CPU sort order, ties included (``solvers/_torch_order.py``), and
         pack loads summed as Python floats (float64) from ``weight.tolist()``; replica
         lists in replica-rank order.
+        ``"sglang_vec"``: SGLang's ``deepseek_vec`` (``deepseek_vec_hierarchical`` when
+        ``num_groups % num_nodes == 0``), another algorithm: replicas chosen against the
+        per-step maxima of ``weight`` given as ``(n_steps, n_layers, n_experts)``, slots
+        dealt to GPUs in a snake (``solvers/_eplb_vec.py``); integer weights stay integers,
+        as upstream divides them.
         ``"vllm"``: vLLM's numpy port: numpy's default argsort (unstable on ties, as
         vLLM's on the same numpy build), float64 replica and pack loads; vLLM returns the
         slot map only and derives the other maps in slot order, as here.
@@ -583,8 +494,14 @@ def rebalance_experts(
     w, num_replicas, groups, nodes, num_gpus, distinct, version = _rebalance_experts_iv(
         weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version
     )
-    num_layers, num_logical = w.shape
+    num_layers, num_logical = w.shape[-2:]
     old = _old_map_iv(old_physical_to_logical, version, (num_layers, num_replicas), num_logical)
+    if version == "sglang_vec":
+        hierarchical = num_groups % num_nodes == 0
+        phy2log, log2phy, logcnt = rebalance_experts_vec(
+            w, num_replicas, num_gpus, groups, nodes, hierarchical
+        )
+        return phy2log, log2phy[..., : int(logcnt.max())].copy(), logcnt
     phy2log, phyrank, logcnt = _hierarchical(
         w, num_replicas, groups, nodes, num_gpus, distinct, version
     )

@@ -350,9 +350,9 @@ def test_vllm_old_map_refused_where_it_does_not_apply():
 
 @given(st.lists(st.integers(0, 5), max_size=80))
 def test_torch_sort_order_is_a_descending_permutation(keys):
-    from straggler.solvers.eplb import _torch_sort_descending
+    from straggler.solvers._torch_order import torch_sort_descending
 
-    order = _torch_sort_descending(keys)
+    order = torch_sort_descending(keys)
     assert sorted(order) == list(range(len(keys)))
     assert [keys[i] for i in order] == sorted(keys, reverse=True)
     if len(keys) <= 16:  # insertion sort only: stable
@@ -369,3 +369,30 @@ def test_sglang_version_orders_tied_replicas_as_torch():
     assert sorted(l2p[0, 0].tolist()) == sorted(l2p_d[0, 0].tolist())
     assert l2p[0, 0].tolist() != l2p_d[0, 0].tolist()
     _check_tables(np.array(w), p2l, l2p, cnt, 40, 20)
+
+
+# --- SGLang's deepseek_vec ----------------------------------------------------------------
+
+
+def test_sglang_vec_by_hand():
+    # two recorded steps whose hot expert alternates (0, then 1); summed, expert 2 is the
+    # hottest. DeepSeek's EPLB replicates 2 and then 0 (the summed loads); deepseek_vec
+    # replicates 1 then 2 (each lowers one step's maximum; 1e-4 * e breaks 0 vs 1).
+    # Expected maps: SGLang 0.5.23's eplb_algorithms.rebalance_experts on the same input.
+    w = [[[40, 10, 30, 20]], [[10, 40, 30, 20]]]
+    p2l, l2p, cnt = rebalance_experts(w, 6, 1, 1, 2, version="sglang_vec")
+    assert p2l.tolist() == [[0, 2, 1, 3, 2, 1]] and cnt.tolist() == [[1, 2, 2, 1]]
+    assert l2p.tolist() == [[[0, -1], [2, 5], [4, 1], [3, -1]]]
+    assert rebalance_experts(np.sum(w, axis=0), 6, 1, 1, 2)[2].tolist() == [[2, 1, 2, 1]]
+    # hierarchical: groups {0..3} and {4..7} on two nodes of 3 GPUs, 2 slots per GPU
+    w = [[[40, 10, 30, 20, 5, 5, 1, 1]], [[10, 40, 30, 20, 1, 1, 5, 5]]]
+    p2l, l2p, cnt = rebalance_experts(w, 12, 2, 2, 6, version="sglang_vec")
+    assert p2l.tolist() == [[0, 1, 3, 1, 2, 2, 6, 4, 7, 5, 4, 5]]
+    assert cnt.tolist() == [[1, 2, 2, 1, 2, 2, 1, 1]]
+    _check_tables(np.sum(w, axis=0), p2l, l2p, cnt, 12, 6)
+    # a 2-D weight is one step; 3-D weights belong to this version only
+    a = rebalance_experts(np.sum(w, axis=0), 12, 2, 2, 6, version="sglang_vec")
+    b = rebalance_experts(np.sum(w, axis=0)[None], 12, 2, 2, 6, version="sglang_vec")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(InvalidInputError, match="'weight'"):
+        rebalance_experts(w, 12, 2, 2, 6)

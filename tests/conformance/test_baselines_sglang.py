@@ -261,3 +261,46 @@ def test_dynamic_choice_equals_sglang(sglang_config, seed, rank_invariant):
         assert np.array_equal(
             lists[rank][:, :width], meta.logical_to_all_physical_map[0, :, :width].numpy()
         )
+
+
+# --- deepseek_vec -------------------------------------------------------------------------
+
+
+def _sglang_vec(w, P, groups, nodes, gpus):
+    algorithm = eplb_algorithms.EplbAlgorithm[
+        "deepseek_vec_hierarchical" if groups % nodes == 0 else "deepseek_vec"
+    ]
+    p2l, l2p, cnt = eplb_algorithms.rebalance_experts(
+        tokens_per_expert=torch.tensor(w),
+        num_physical_experts=P,
+        num_local_physical_experts=P // gpus,
+        num_groups=groups,
+        num_nodes=nodes,
+        algorithm=algorithm,
+    )
+    return p2l.numpy(), l2p.numpy(), cnt.numpy()
+
+
+@pytest.mark.parametrize("seed", range(N_CASES))
+def test_eplb_vec_equals_sglang_deepseek_vec(seed):
+    w, P, groups, nodes, gpus = _instance(seed)
+    steps = np.random.default_rng(seed).integers(1, 4)
+    w = np.stack([np.roll(w, s, axis=-1) for s in range(steps)])  # a window of steps
+    theirs = _sglang_vec(w, P, groups, nodes, gpus)
+    ours = rebalance_experts(w, P, groups, nodes, gpus, version="sglang_vec")
+    X = ours[1].shape[-1]
+    assert np.array_equal(ours[0], theirs[0]), "physical_to_logical"
+    assert np.array_equal(ours[2], theirs[2]), "count"
+    assert np.array_equal(ours[1], theirs[1][..., :X]), "logical_to_physical"
+    assert (theirs[1][..., X:] == -1).all()
+
+
+def test_eplb_vec_equals_sglang_on_a_deepseek_v3_window():
+    # 20 recorded steps of a DeepSeek-V3-shaped model (58 layers, 256 experts, 288 slots)
+    rng = np.random.default_rng(1)
+    w = (100 * rng.pareto(1.5, size=(20, 58, 256))).astype(np.int64)
+    for groups in (8, 3):  # hierarchical, then the global form
+        theirs = _sglang_vec(w, 288, groups, 4, 32)
+        ours = rebalance_experts(w, 288, groups, 4, 32, version="sglang_vec")
+        assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[2], theirs[2])
+        assert np.array_equal(ours[1], theirs[1][..., : ours[1].shape[-1]])

@@ -139,7 +139,7 @@ def _check_options(engine, kind, path, physical_to_logical, n_experts) -> None:
     where = path[:60] if isinstance(path, str) else os.fspath(path)
     p2l_ok = engine == "vllm" or (engine == "sglang" and kind in (None, "recorder", "recorder_dir"))
     e_ok = (engine == "sglang" and kind in (None, "recorder", "recorder_dir")) or (
-        engine == "trtllm" and kind in (None, "config")
+        engine == "trtllm" and kind in (None, "config", "statistics_dir")
     )
     for name, given, ok in (
         ("physical_to_logical", physical_to_logical is not None, p2l_ok),

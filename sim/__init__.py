@@ -1,5 +1,6 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .drift import drifting_windows
 from .phase_diagram import PhaseDiagram, phase_diagram
 from .prefix import PrefixBlocks, load_prefix_blocks
 from .simulator import (
@@ -41,6 +42,7 @@ __all__: list[str] = [
     "make_decode_problem",
     "sample_counts",
     "zipf_popularity",
+    "drifting_windows",
     "simulate",
     "SimReport",
     "DEFAULT_STEP_TIME",

@@ -49,14 +49,20 @@ import numpy as np
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
-from ..formulations.validation import check_array, check_choice, check_int, check_type
+from ..formulations.validation import (
+    check_array,
+    check_choice,
+    check_int,
+    check_real,
+    check_type,
+)
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
 from .dispatch import solve_dispatch
 from .eplb import rebalance_experts
 from .tempo import tempo_layer_bound
 
-__all__ = ["place_experts", "PLACEMENT_METHODS", "DEFAULT_PLACEMENT_COST"]
+__all__ = ["place_experts", "moved_replicas", "PLACEMENT_METHODS", "DEFAULT_PLACEMENT_COST"]
 
 _FUNC = "place_experts"
 #: ``method`` values of :func:`place_experts`.
@@ -88,6 +94,63 @@ def _maps(masks: np.ndarray, per: int):
             l2p[l, e, fill[l, e]] = p
             fill[l, e] += 1
     return p2l, l2p, count
+
+
+def _maps_keeping(masks: np.ndarray, previous: np.ndarray, per: int):
+    """:func:`_maps` with each GPU's slots arranged as in ``previous``: an expert that stays
+    on a GPU keeps its old slot there (its first, if ``previous`` held it twice), and the
+    experts new on the GPU fill the other slots in increasing slot and expert order. So
+    ``physical_to_logical`` differs from ``previous`` in exactly the moved replicas."""
+    L, E, g = masks.shape
+    p2l = np.empty_like(previous)
+    for l in range(L):
+        for h in range(g):
+            old = previous[l, h * per : (h + 1) * per]
+            row = np.full(per, -1, dtype=np.int64)
+            kept = set()
+            for i, e in enumerate(old):
+                if masks[l, e, h] and e not in kept:
+                    row[i] = e
+                    kept.add(int(e))
+            new = [e for e in np.flatnonzero(masks[l, :, h]) if int(e) not in kept]
+            row[row < 0] = new
+            p2l[l, h * per : (h + 1) * per] = row
+    count = masks.sum(axis=2).astype(np.int64)
+    l2p = np.full((L, E, int(count.max())), -1, dtype=np.int64)
+    fill = np.zeros((L, E), dtype=np.int64)
+    for l in range(L):
+        for p, e in enumerate(p2l[l]):
+            l2p[l, e, fill[l, e]] = p
+            fill[l, e] += 1
+    return p2l, l2p, count
+
+
+def moved_replicas(previous, physical_to_logical) -> np.ndarray:
+    """Replicas moved per layer: slots whose expert differs between two slot maps.
+
+    A moved replica is one expert's weights copied into another GPU slot, what a rebalance
+    costs an engine (EPLB's weight transfer; vLLM's ``preserve_intragpu_slots`` exists to
+    lower it).
+
+    Parameters
+    ----------
+    previous, physical_to_logical : array_like of int, shape (n_layers, P)
+
+    Returns
+    -------
+    ndarray of int64, shape (n_layers,)
+
+    Examples
+    --------
+    >>> moved_replicas([[0, 1, 2, 0]], [[0, 2, 1, 0]]).tolist()
+    [2]
+    """
+    a = check_array(previous, "previous", "moved_replicas", ndim=2, kind="int")
+    b = check_array(
+        physical_to_logical, "physical_to_logical", "moved_replicas", ndim=2, kind="int",
+        shape=a.shape,
+    )  # fmt: skip
+    return (a != b).sum(axis=1).astype(np.int64)
 
 
 class _Scorer:
@@ -201,9 +264,85 @@ def _local_search(starts, samples, cost, node_of, max_evals):
     return mask
 
 
+def _toward(mask, target, samples, node_of, limit=24):
+    """Replica moves toward ``target`` (the plan without a move limit), one per GPU where
+    they differ: on GPU ``h`` the expert of ``target`` missing there with the highest peak
+    load per replica takes the slot of the expert ``target`` drops there with the lowest
+    (one that keeps a replica elsewhere). GPUs in increasing order, at most ``limit``."""
+    count = mask.sum(axis=1)
+    peak = samples.max(axis=0) / np.maximum(count, 1)
+    out = []
+    for h in range(mask.shape[1]):
+        add = np.flatnonzero(target[:, h] & ~mask[:, h])
+        drop = np.flatnonzero(mask[:, h] & ~target[:, h] & (count >= 2))
+        if add.size and drop.size:
+            u = add[np.argmax(peak[add])]
+            d = drop[np.argmin(peak[drop])]
+            out.append([(d, h, False), (u, h, True)])
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, move_cost,
+                     max_evals):  # fmt: skip
+    """Best-improvement search from ``start`` (the placement in force, duplicates refilled)
+    for the lowest ``score + move_cost * moves`` with at most ``max_moves`` replicas moved
+    from ``prev``; guarded by tempo itself on the samples, as :func:`_local_search`."""
+    scorer = _Scorer(samples, cost)
+
+    def moves(m):
+        return int((m & ~prev).sum())
+
+    mask = start.copy()
+    best = scorer(mask) + move_cost * moves(mask)
+    while scorer.evals < max_evals:
+        choice, choice_s = None, best * (1 - 1e-12)
+        for move in _toward(mask, target, samples, node_of) + _candidates(mask, samples, node_of):
+            if scorer.evals >= max_evals:
+                break
+            trial = mask.copy()
+            for e, h, v in move:
+                trial[e, h] = v
+            k = moves(trial)
+            if k > max_moves:
+                continue
+            t = scorer(trial) + move_cost * k
+            if t < choice_s:
+                choice, choice_s = trial, t
+        if choice is None:
+            break
+        mask, best = choice, choice_s
+    if not np.array_equal(mask, start):
+        a = scorer.tempo(mask) + move_cost * moves(mask)
+        if a >= scorer.tempo(start) + move_cost * moves(start):
+            return start
+    return mask
+
+
+def _previous_iv(previous, L, E, P):
+    """``previous`` (a ``physical_to_logical`` map, or the engines' three maps with it first)
+    as an int64 ``(L, P)`` array holding every expert of every layer."""
+    if isinstance(previous, (tuple, list)) and len(previous) == 3 and np.ndim(previous[0]) == 2:
+        previous = previous[0]
+    prev = check_array(
+        previous, "previous", _FUNC, ndim=2, kind="int", shape=(L, P), lo=0, hi=E - 1,
+        expected=f"the placement in force: physical_to_logical of shape ({L}, {P}) with "
+        f"experts in [0, {E - 1}], or the three maps with it first",
+    )  # fmt: skip
+    for l in range(L):
+        missing = np.setdiff1d(np.arange(E), prev[l])
+        if missing.size:
+            raise param_error(
+                "previous", _FUNC, "a placement holding every expert of every layer",
+                f"layer {l} without expert {int(missing[0])}",
+            )  # fmt: skip
+    return prev
+
+
 def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples,
               max_evals):  # fmt: skip
-    h = check_array(history, "history", _FUNC, ndim=(2, 3), lo=0, kind="int")
+    h = check_array(history, "history", _FUNC, ndim=(2, 3), lo=0, hi=2.0**53, kind="real")
     if h.ndim == 2:
         h = h[:, None, :]
     if h.shape[0] < 1 or h.shape[2] < 1:
@@ -222,7 +361,8 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
     check_type(cost, "cost", _FUNC, CostModel, "a CostModel, a preset name or None")
     method = check_choice(method, "method", _FUNC, PLACEMENT_METHODS)
     n_samples = check_int(n_samples, "n_samples", _FUNC, lo=1)
-    max_evals = check_int(max_evals, "max_evals", _FUNC, lo=0)
+    if max_evals is not None:
+        max_evals = check_int(max_evals, "max_evals", _FUNC, lo=0)
     E = h.shape[2]
     if num_gpus % num_nodes or num_replicas % num_gpus:
         raise InvalidInputError(
@@ -247,14 +387,26 @@ def place_experts(
     cost: CostModel | str | None = None,
     method: str = "local_search",
     n_samples: int = 8,
-    max_evals: int = 40,
+    max_evals: int | None = None,
+    previous=None,
+    max_moves: int | None = None,
+    move_cost: float | None = None,
 ):
     """Choose replica counts and GPUs to minimise the expected tempo makespan of a window.
 
+    Without ``previous``: a placement from scratch (module notes). With ``previous``, the
+    placement in force: with ``max_moves`` or ``move_cost``, a rebalance that moves few
+    replicas (module notes, "Rebalance from the placement in force"); with neither, the
+    placement from scratch, its slots arranged so that every expert staying on a GPU keeps
+    its old slot there (vLLM's ``preserve_intragpu_slots`` rule).
+
     Parameters
     ----------
-    history : array_like of int, shape (n_batches, n_layers, n_experts) or (n_batches, n_experts)
-        Recorded routed batches (tokens per expert), the window to place for.
+    history : array_like, shape (n_batches, n_layers, n_experts) or (n_batches, n_experts)
+        Recorded routed batches (tokens per expert), the window to place for. Non-negative
+        real loads are accepted, as :func:`~straggler.solvers.eplb.rebalance_experts`
+        accepts them: the EPLB start uses them as given; tempo, which dispatches whole
+        tokens, scores them rounded to the nearest integer.
     num_replicas, num_groups, num_nodes, num_gpus : int
         As for :func:`~straggler.solvers.eplb.rebalance_experts`.
     cost : CostModel or preset name, optional
@@ -263,13 +415,28 @@ def place_experts(
         See the module notes.
     n_samples : int, default 8
         Batches of the window the local search scores on (evenly spaced).
-    max_evals : int, default 40
-        Scored candidate placements per layer (the search's budget).
+    max_evals : int, optional
+        Scored candidate placements per layer, for each search (its budget); default 40 for
+        the search from scratch and ``40 + 60 * max_moves`` (``P`` without ``max_moves``) for
+        the rebalance from ``previous``.
+    previous : array_like of int, shape (n_layers, P), or the three maps, optional
+        The placement in force (``physical_to_logical``, or ``(physical_to_logical,
+        logical_to_physical, logical_count)``); may hold two replicas of an expert on one
+        GPU (upstream EPLB does): the duplicate's slot is refilled, a moved replica.
+    max_moves : int, optional
+        At most this many replicas moved per layer (needs ``previous``), besides the refills
+        of the duplicates ``previous`` may hold (moves that are not a choice).
+    move_cost : float, optional
+        The price of one moved replica in the units of the makespan (the copy's cost spread
+        over the steps it serves); the rebalance minimises the mean makespan plus
+        ``move_cost`` times the replicas moved (needs ``previous``; default 0 with
+        ``max_moves``).
 
     Returns
     -------
     physical_to_logical : ndarray of int64, shape (n_layers, P)
-        Slot ``p`` on GPU ``p // (P / num_gpus)``; a GPU's experts in increasing order.
+        Slot ``p`` on GPU ``p // (P / num_gpus)``; a GPU's experts in increasing order
+        (with ``previous``: staying experts in their old slots, new ones in the others).
     logical_to_physical : ndarray of int64, shape (n_layers, n_experts, X)
         Slots of each expert in increasing order, ``-1`` padded.
     logical_count : ndarray of int64, shape (n_layers, n_experts)
@@ -277,7 +444,9 @@ def place_experts(
     Raises
     ------
     InvalidInputError
-        Bad shapes or values, or a layout EPLB (distinct) cannot place.
+        Bad shapes or values, a layout EPLB (distinct) cannot place, ``max_moves`` or
+        ``move_cost`` without ``previous``, or a ``previous`` of another shape or missing
+        an expert.
 
     Examples
     --------
@@ -288,13 +457,35 @@ def place_experts(
     ((1, 12), 12, True)
     >>> all(len(set(p2l[0, 3 * h : 3 * h + 3])) == 3 for h in range(4))  # distinct per GPU
     True
+    >>> old = [[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]]  # expert 0 cold here, 1 and 2 not
+    >>> new, _, _ = place_experts(hist, 12, 1, 1, 4, previous=old, max_moves=1)
+    >>> int(moved_replicas(old, new)[0]) <= 1
+    True
     """
     h, P, G, N, g, cost, method, n_samples, max_evals = _place_iv(
         history, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples,
         max_evals,
     )  # fmt: skip
     n_batches, L, E = h.shape
+    prev = None if previous is None else _previous_iv(previous, L, E, P)
+    if previous is None and (max_moves is not None or move_cost is not None):
+        name, value = (
+            ("max_moves", max_moves) if max_moves is not None else ("move_cost", move_cost)
+        )
+        raise InvalidInputError(
+            f"The '{name}' parameter of {_FUNC} counts moves from the placement in force, so "
+            f"it needs 'previous'. Got {name}={value!r} and previous=None instead."
+        )
+    if max_moves is not None:
+        max_moves = check_int(max_moves, "max_moves", _FUNC, lo=0)
+    if move_cost is not None:
+        move_cost = check_real(move_cost, "move_cost", _FUNC, lo=0.0)
+    budgeted = prev is not None and (max_moves is not None or move_cost is not None)
+    budget = P if max_moves is None else max_moves
+    ls_evals = 40 if max_evals is None else max_evals
+    move_evals = 40 + 60 * min(budget, P) if max_evals is None else max_evals
     mean = h.mean(axis=0)
+    counts = np.rint(h).astype(np.int64)
     try:
         start_p2l, _, _ = rebalance_experts(mean, P, G, N, g, distinct=True)
     except InvalidInputError as exc:
@@ -307,5 +498,17 @@ def place_experts(
         up_p2l, _, _ = rebalance_experts(mean, P, G, N, g)
         for l in range(L):
             up = _repair(_mask_from_p2l(up_p2l[l], E, g), mean[l], node_of, per)
-            masks[l] = _local_search([masks[l], up], h[idx, l], cost, node_of, max_evals)
-    return _maps(masks, per)
+            masks[l] = _local_search([masks[l], up], counts[idx, l], cost, node_of, ls_evals)
+    if prev is None:
+        return _maps(masks, per)
+    if budgeted:
+        price = 0.0 if move_cost is None else move_cost
+        for l in range(L):
+            old = _mask_from_p2l(prev[l], E, g)
+            start = _repair(old, mean[l], node_of, per)  # duplicates' slots refilled
+            forced = int((start & ~old).sum())  # on top of the budget
+            masks[l] = _budgeted_search(
+                old, start, masks[l], counts[idx, l], cost, node_of, forced + budget, price,
+                move_evals,
+            )  # fmt: skip
+    return _maps_keeping(masks, prev, per)

@@ -38,11 +38,36 @@ places for that.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
+**Rebalance from the placement in force** (``previous`` with ``max_moves`` or
+``move_cost``). Engines pay for a rebalance in weight copies: every slot whose expert
+changes is one expert's weights copied into it (a *moved replica*,
+:func:`moved_replicas`). Per layer:
+
+1. **Start** from ``previous``; a duplicate replica of an expert on one GPU (upstream EPLB
+   places them) leaves its slot to the expert not on that GPU with the largest mean load per
+   replica (those refills are moves, counted but outside ``max_moves``).
+2. **Target**: the placement from scratch above (``method``'s plan without a move limit).
+3. **Moves**, best improvement: every round scores the replica moves *toward the target*
+   (on each GPU where they differ, the target's missing expert with the highest peak load
+   per replica takes the slot of the dropped expert with the lowest that keeps a replica
+   elsewhere) and the moves and swaps of step 3 above, and applies the one that lowers the
+   mean tempo layer bound plus ``move_cost`` per moved replica the most, within
+   ``max_moves`` replicas moved from ``previous``; it stops when none lowers it.
+4. **Guard**, as above: kept only if tempo's mean makespan plus the moves' price is lower
+   than the start's.
+
+Slots keep their experts where they can: an expert staying on a GPU stays in its slot (the
+rule of vLLM's ``preserve_intragpu_slots``, ``vllm/distributed/eplb/policy/default.py``),
+so the slot map changes in the moved replicas only.
+
 Everything is deterministic (no clock-based stopping). Slots of a GPU hold its experts
 in increasing index order.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import numpy as np
 
@@ -62,11 +87,17 @@ from .dispatch import solve_dispatch
 from .eplb import rebalance_experts
 from .tempo import tempo_layer_bound
 
-__all__ = ["place_experts", "moved_replicas", "PLACEMENT_METHODS", "DEFAULT_PLACEMENT_COST"]
+__all__ = [
+    "place_experts",
+    "moved_replicas",
+    "PLACEMENT_METHODS",
+    "DEFAULT_PLACEMENT_COST",
+    "EXHAUSTIVE_LIMIT",
+]
 
 _FUNC = "place_experts"
 #: ``method`` values of :func:`place_experts`.
-PLACEMENT_METHODS = ("local_search", "eplb")
+PLACEMENT_METHODS = ("local_search", "eplb", "exhaustive")
 #: The cost model used when none is given: DSv3 Testbed A offline fit (TEMPO Table 6).
 DEFAULT_PLACEMENT_COST = "dsv3_a_offline"
 
@@ -320,6 +351,34 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
     return mask
 
 
+#: Largest number of placements ``method="exhaustive"`` enumerates per layer.
+EXHAUSTIVE_LIMIT = 200_000
+
+
+def _exhaustive(prev, samples, cost, E, g, per, max_moves, move_cost):
+    """The exact optimum of the search's objective by enumeration: over every placement of
+    ``per`` distinct experts on each of ``g`` GPUs holding every expert (and, with ``prev``,
+    moving at most ``max_moves`` replicas from it), the lowest mean tempo layer bound plus
+    ``move_cost`` per moved replica; ties to the first in lexicographic order of the GPUs'
+    expert sets."""
+    scorer = _Scorer(samples, cost)
+    subsets = list(itertools.combinations(range(E), per))
+    best, best_mask = np.inf, None
+    for combo in itertools.product(subsets, repeat=g):
+        mask = np.zeros((E, g), dtype=bool)
+        for h, sub in enumerate(combo):
+            mask[list(sub), h] = True
+        if not mask.any(axis=1).all():
+            continue
+        k = 0 if prev is None else int((mask & ~prev).sum())
+        if k > max_moves:
+            continue
+        v = scorer(mask) + move_cost * k
+        if v < best:
+            best, best_mask = v, mask
+    return best_mask
+
+
 def _previous_iv(previous, L, E, P):
     """``previous`` (a ``physical_to_logical`` map, or the engines' three maps with it first)
     as an int64 ``(L, P)`` array holding every expert of every layer."""
@@ -411,8 +470,11 @@ def place_experts(
         As for :func:`~straggler.solvers.eplb.rebalance_experts`.
     cost : CostModel or preset name, optional
         The dispatch cost model; default :data:`DEFAULT_PLACEMENT_COST` (DSv3 Table 6).
-    method : {"local_search", "eplb"}, default "local_search"
-        See the module notes.
+    method : {"local_search", "eplb", "exhaustive"}, default "local_search"
+        See the module notes; ``"exhaustive"`` is the exact reference of the searches for
+        small layouts (one node, at most :data:`EXHAUSTIVE_LIMIT` placements per layer): the
+        optimum of their objective (the mean tempo layer bound on the sampled batches, plus
+        ``move_cost`` per moved replica, within ``max_moves``) by enumeration.
     n_samples : int, default 8
         Batches of the window the local search scores on (evenly spaced).
     max_evals : int, optional
@@ -492,6 +554,14 @@ def place_experts(
         raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
     per = P // g
     node_of = np.arange(g) // (g // N) if G % N == 0 else np.zeros(g, dtype=np.int64)
+    if method == "exhaustive":
+        n = math.comb(E, per) ** g
+        if n > EXHAUSTIVE_LIMIT or node_of.max() > 0:
+            raise InvalidInputError(
+                f"The 'exhaustive' method of {_FUNC} enumerates at most {EXHAUSTIVE_LIMIT} "
+                f"placements per layer on one node. Got {n} placements (C({E}, {per})^{g}) on "
+                f"{int(node_of.max()) + 1} nodes instead."
+            )
     idx = np.unique(np.linspace(0, n_batches - 1, min(n_samples, n_batches)).round().astype(int))
     masks = np.stack([_mask_from_p2l(start_p2l[l], E, g) for l in range(L)])
     if method == "local_search":
@@ -499,6 +569,13 @@ def place_experts(
         for l in range(L):
             up = _repair(_mask_from_p2l(up_p2l[l], E, g), mean[l], node_of, per)
             masks[l] = _local_search([masks[l], up], counts[idx, l], cost, node_of, ls_evals)
+    if method == "exhaustive":
+        price = 0.0 if move_cost is None else move_cost
+        for l in range(L):
+            old = None if not budgeted else _mask_from_p2l(prev[l], E, g)
+            forced = 0 if old is None else per * g - int(old.sum())
+            masks[l] = _exhaustive(old, counts[idx, l], cost, E, g, per, forced + budget, price)
+        return _maps(masks, per) if prev is None else _maps_keeping(masks, prev, per)
     if prev is None:
         return _maps(masks, per)
     if budgeted:

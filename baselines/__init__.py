@@ -14,5 +14,13 @@ from . import (
 from .eplb import rebalance_experts
 from .flashlb import flashlb_rebalance
 from .tokens import TokenLayout, token_layout
+from .vllm_eplb import preserve_intragpu_slots, vllm_rebalance_experts
 
-__all__: list[str] = ["rebalance_experts", "flashlb_rebalance", "TokenLayout", "token_layout"]
+__all__: list[str] = [
+    "rebalance_experts",
+    "flashlb_rebalance",
+    "TokenLayout",
+    "token_layout",
+    "preserve_intragpu_slots",
+    "vllm_rebalance_experts",
+]

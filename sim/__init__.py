@@ -3,6 +3,7 @@
 from .drift import drifting_windows
 from .phase_diagram import PhaseDiagram, phase_diagram
 from .prefix import PrefixBlocks, load_prefix_blocks
+from .rebalance import RebalanceFrontier, rebalance_frontier, tempo_makespan
 from .simulator import (
     DEFAULT_PREFILL,
     DEFAULT_STEP_TIME,
@@ -43,6 +44,9 @@ __all__: list[str] = [
     "sample_counts",
     "zipf_popularity",
     "drifting_windows",
+    "rebalance_frontier",
+    "RebalanceFrontier",
+    "tempo_makespan",
     "simulate",
     "SimReport",
     "DEFAULT_STEP_TIME",

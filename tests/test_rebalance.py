@@ -194,3 +194,70 @@ def test_drifting_windows_keep_the_skew_and_drift():
             n_windows=1, window=1, n_layers=1, n_experts=8, n_tokens=8, top_k=2, skew=1.0,
             drift=1.5,
         )  # fmt: skip
+
+
+# ---------------------------------------------------------------- vLLM's rule, the frontier
+
+
+def test_preserve_intragpu_slots_by_hand():
+    from straggler.baselines.vllm_eplb import preserve_intragpu_slots
+
+    # GPU 0: new [2, 1], old [1, 4]: 1 keeps slot 0, 2 fills slot 1. GPU 1: new [0, 3],
+    # old [3, 5]: 3 keeps slot 2, 0 fills slot 3.
+    assert preserve_intragpu_slots([[2, 1, 0, 3]], 2, [[1, 4, 3, 5]]).tolist() == [[1, 2, 3, 0]]
+    # duplicates: the old slots' order decides which copy is kept where
+    assert preserve_intragpu_slots([[0, 0, 1]], 1, [[1, 2, 0]]).tolist() == [[1, 0, 0]]
+    with pytest.raises(InvalidInputError):
+        preserve_intragpu_slots([[0, 1, 2]], 2, [[0, 1, 2]])
+
+
+def test_vllm_rule_keeps_eplb_sets_and_moves_fewer():
+    from straggler.baselines.vllm_eplb import vllm_rebalance_experts
+
+    w, prev = _drifted()
+    mean = w[1].mean(axis=0)
+    plain = rebalance_experts(mean, 40, 1, 1, 4, version="vllm")[0]
+    kept, l2p, cnt = vllm_rebalance_experts(mean, 40, 1, 1, 4, previous=prev)
+    for l in range(2):
+        for h in range(4):
+            sl = slice(10 * h, 10 * h + 10)
+            assert sorted(kept[l, sl].tolist()) == sorted(plain[l, sl].tolist())
+        for e in range(32):
+            phys = l2p[l, e][l2p[l, e] >= 0]
+            assert phys.size == cnt[l, e] and (kept[l, phys] == e).all()
+    assert moved_replicas(prev, kept).sum() < moved_replicas(prev, plain).sum()
+
+
+def test_frontier_spans_zero_moves_to_eplb_and_is_measured():
+    from straggler.sim import rebalance_frontier, tempo_makespan
+
+    w, prev = _drifted()
+    fr = rebalance_frontier(w[1], prev, 40, 1, 1, 4, cost=COST, score_on=w[1], budgets=[0, 1, 4])
+    assert fr.moves[0] == 0 and fr.makespan[0] == pytest.approx(fr.points["previous"][1])
+    assert (np.diff(fr.moves) >= 0).all()
+    assert fr.makespan[-1] < fr.makespan[0]  # moves buy makespan on this drifted window
+    assert fr.points["vllm_eplb"][0] <= fr.points["eplb"][0]
+    assert fr.points["vllm_eplb"][1] == pytest.approx(fr.points["eplb"][1])  # same GPU sets
+    assert fr.points["eplb"][1] == pytest.approx(
+        tempo_makespan(w[1], rebalance_experts(w[1].mean(axis=0), 40, 1, 1, 4)[0], 4, COST)
+    )
+    assert 0 < fr.gain_captured(int(fr.moves[-1])) <= 10
+    default = rebalance_frontier(w[1][:4], prev, 40, 1, 1, 4, cost=COST)
+    assert (
+        default.budgets[0] == 0
+        and default.budgets[-1]
+        == moved_replicas(prev, rebalance_experts(w[1][:4].mean(axis=0), 40, 1, 1, 4)[0]).max()
+    )
+
+
+def test_frontier_plot():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from straggler.sim import rebalance_frontier
+
+    w, prev = _drifted()
+    fr = rebalance_frontier(w[1][:4], prev, 40, 1, 1, 4, cost=COST, budgets=[0, 2])
+    ax = fr.plot()
+    assert len(ax.lines) == 1 + len(fr.points)

@@ -295,21 +295,37 @@ def _local_search(starts, samples, cost, node_of, max_evals):
     return mask
 
 
-def _toward(mask, target, samples, node_of, limit=24):
-    """Replica moves toward ``target`` (the plan without a move limit), one per GPU where
-    they differ: on GPU ``h`` the expert of ``target`` missing there with the highest peak
-    load per replica takes the slot of the expert ``target`` drops there with the lowest
-    (one that keeps a replica elsewhere). GPUs in increasing order, at most ``limit``."""
+def _toward(mask, target, samples, node_of, limit=32):
+    """Replica moves toward ``target`` (the plan without a move limit), at most one per GPU
+    where they differ (GPUs in increasing order, at most ``limit``). On GPU ``h`` the
+    expert of ``target`` missing there with the highest peak load per replica, ``u``, takes
+    the slot of the expert ``target`` drops there with the lowest, ``d``, if ``d`` keeps a
+    replica elsewhere; if every dropped expert is the last replica of its expert, ``d``
+    (the lowest) also moves to a GPU ``h2`` where ``target`` has it (the first), taking the
+    slot of an expert ``target`` drops on ``h2`` that keeps a replica (the lowest): two moved
+    replicas."""
     count = mask.sum(axis=1)
     peak = samples.max(axis=0) / np.maximum(count, 1)
+    add_all = target & ~mask
+    drop_all = mask & ~target
     out = []
     for h in range(mask.shape[1]):
-        add = np.flatnonzero(target[:, h] & ~mask[:, h])
-        drop = np.flatnonzero(mask[:, h] & ~target[:, h] & (count >= 2))
-        if add.size and drop.size:
-            u = add[np.argmax(peak[add])]
+        add = np.flatnonzero(add_all[:, h])
+        drop = np.flatnonzero(drop_all[:, h])
+        if not add.size or not drop.size:
+            continue
+        u = add[np.argmax(peak[add])]
+        spare = drop[count[drop] >= 2]
+        if spare.size:
+            out.append([(spare[np.argmin(peak[spare])], h, False), (u, h, True)])
+        else:
             d = drop[np.argmin(peak[drop])]
-            out.append([(d, h, False), (u, h, True)])
+            for h2 in np.flatnonzero(add_all[d]):
+                d2s = [x for x in np.flatnonzero(drop_all[:, h2]) if count[x] >= 2 and x != u]
+                if d2s:
+                    d2 = min(d2s, key=lambda x: peak[x])
+                    out.append([(d, h, False), (u, h, True), (d2, h2, False), (d, h2, True)])
+                    break
         if len(out) >= limit:
             break
     return out
@@ -326,10 +342,12 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
         return int((m & ~prev).sum())
 
     mask = start.copy()
-    best = scorer(mask) + move_cost * moves(mask)
+    cur = scorer(mask) + move_cost * moves(mask)
+    best_mask, best = mask, cur
     while scorer.evals < max_evals:
-        choice, choice_s = None, best * (1 - 1e-12)
-        for move in _toward(mask, target, samples, node_of) + _candidates(mask, samples, node_of):
+        toward = _toward(mask, target, samples, node_of)
+        choice, choice_s, choice_toward = None, np.inf, False
+        for i, move in enumerate(toward + _candidates(mask, samples, node_of)):
             if scorer.evals >= max_evals:
                 break
             trial = mask.copy()
@@ -340,10 +358,15 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
                 continue
             t = scorer(trial) + move_cost * k
             if t < choice_s:
-                choice, choice_s = trial, t
-        if choice is None:
+                choice, choice_s, choice_toward = trial, t, i < len(toward)
+        # an improving move, or else a step toward the target (the bound is a maximum over
+        # GPUs, so single moves often change nothing until the last GPU is relieved)
+        if choice is None or (choice_s >= cur * (1 - 1e-12) and not choice_toward):
             break
-        mask, best = choice, choice_s
+        mask, cur = choice, choice_s
+        if cur < best * (1 - 1e-12):
+            best_mask, best = mask, cur
+    mask = best_mask
     if not np.array_equal(mask, start):
         a = scorer.tempo(mask) + move_cost * moves(mask)
         if a >= scorer.tempo(start) + move_cost * moves(start):

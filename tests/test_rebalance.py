@@ -50,7 +50,7 @@ def _objective(hist, mask, prev_mask, price, n_samples):
 
 
 def _drifted(seed=0):
-    w = _window(seed=seed, drift=0.6, windows=2, skew=1.4, tokens=4096)
+    w = _window(seed=seed, drift=3.0, windows=2, skew=1.4, tokens=4096)
     prev = place_experts(w[0], 40, 1, 1, 4, cost=COST, method="eplb")[0]
     return w, prev
 
@@ -175,7 +175,7 @@ def test_moved_replicas_counts_changed_slots():
 def test_drifting_windows_keep_the_skew_and_drift():
     w = drifting_windows(
         n_windows=3, window=40, n_layers=1, n_experts=64, n_tokens=2048, top_k=4, skew=1.0,
-        drift=0.5, kappa=None, rng=1,
+        drift=1.0, kappa=None, rng=1,
     )  # fmt: skip
     assert (w.sum(axis=3) == 2048 * 4).all()
     means = w.mean(axis=1)[:, 0]
@@ -192,7 +192,7 @@ def test_drifting_windows_keep_the_skew_and_drift():
     with pytest.raises(InvalidInputError):
         drifting_windows(
             n_windows=1, window=1, n_layers=1, n_experts=8, n_tokens=8, top_k=2, skew=1.0,
-            drift=1.5,
+            drift=-0.5,
         )  # fmt: skip
 
 

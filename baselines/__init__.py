@@ -1,5 +1,6 @@
 """The policies production deploys, one interface each (registered by name on import)."""
 
+from ..solvers.eplb import rebalance_experts
 from . import (
     dynamic,  # noqa: F401
     llep,  # noqa: F401
@@ -11,7 +12,6 @@ from . import (
     uniform,  # noqa: F401
     vllm_ep,  # noqa: F401
 )
-from .eplb import rebalance_experts
 from .flashlb import flashlb_rebalance
 from .tokens import TokenLayout, token_layout
 from .vllm_eplb import preserve_intragpu_slots, vllm_rebalance_experts

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128, help="decode tokens per GPU")
     ap.add_argument("--skew", type=float, default=0.85)
-    ap.add_argument("--drift", type=float, default=0.1)
+    ap.add_argument("--drift", type=float, default=0.3)
     ap.add_argument("--cost", default="dsv3_a_offline")
     ap.add_argument("--out", default=str(RESULTS / "rebalance.json"))
     args = ap.parse_args(argv)

@@ -9,7 +9,7 @@
    expert loads per recorded batch and layer. ``--holdout F`` keeps the last fraction
    ``F`` of the batches out of the plan and scores on them (the public EPLB benchmark's
    "place on one window, score on the next"); by default the plan is scored in-sample.
-2. **Place**: ``--placement eplb`` (default; DeepSeek EPLB, :func:`straggler.baselines.eplb.
+2. **Place**: ``--placement eplb`` (default; DeepSeek EPLB, :func:`straggler.solvers.eplb.
    rebalance_experts`, on the summed loads, ``--groups``/``--nodes`` for its hierarchical
    policy), ``place_experts`` (:func:`straggler.solvers.place_experts`: a placement chosen
    for tempo's dispatch on the planning batches, never two replicas on one GPU) or
@@ -58,7 +58,6 @@ import time
 
 import numpy as np
 
-from ..baselines.eplb import rebalance_experts
 from ..formulations.cost import PRESETS, CostModel
 from ..formulations.dispatch import DispatchProblem, evaluate, logical_to_physical
 from ..formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
@@ -79,6 +78,7 @@ from ..formulations.validation import (
 )
 from ..solvers.calibration import CalibrationResult, fit_cost_model, read_calibration_log
 from ..solvers.dispatch import solve_dispatch
+from ..solvers.eplb import rebalance_experts
 from ..solvers.placement import moved_replicas, place_experts
 from .engines import ENGINES, EngineLog, read_engine_log
 from .engines.eplb import write_eplb_maps

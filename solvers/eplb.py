@@ -10,6 +10,12 @@ dispatch problem takes as given. ``version="vllm"`` is vLLM's numpy port
 replica and pack loads). An opt-in ``distinct=True`` variant forbids two replicas of one
 expert on one GPU (upstream allows it; its report of it stays open).
 
+EPLB is a baseline, yet it lives here, in ``solvers``: :func:`~straggler.solvers.place_experts`
+and its rebalance from the placement in force start from it, and the layering
+(``formulations`` <- ``solvers`` <- ``baselines``) forbids a solver to import a baseline.
+``straggler.baselines`` re-exports :func:`rebalance_experts` under its baseline name; there
+is no second module.
+
 The algorithm (ANCHORS.md, "DeepSeek EPLB"):
 
 * *balanced packing* of ``n`` weighted items into ``m`` packs of exactly ``n / m`` items:

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from straggler.baselines import eplb
-from straggler.baselines.eplb import rebalance_experts
 from straggler.formulations import DispatchProblem, InvalidInputError
+from straggler.solvers import eplb
+from straggler.solvers.eplb import rebalance_experts
 
 README_WEIGHT = [
     [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

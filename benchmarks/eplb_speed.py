@@ -2,7 +2,7 @@
 
 DeepSeek-V3 shape: 58 layers, 256 experts, 288 slots, 32 GPUs, 4 nodes, 8 groups, loads
 from a window of drifting synthetic batches (:func:`straggler.sim.drifting_windows`). Each
-algorithm runs ``--repeat`` times, the four interleaved round by round (one process, same
+algorithm runs ``--repeat`` times, all interleaved round by round (one process, same
 load: the shared machine's noise hits all of them alike; report ratios). Ours is timed
 after a first call that loads or compiles its kernels (that first call is reported apart).
 Also reported: whether our maps equal SGLang ``deepseek``'s (exact DeepSeek output; on the
@@ -11,7 +11,9 @@ orders ties its own way while ours is stable, see ``rebalance_experts``' Notes) 
 placement's balancedness (mean over max GPU load, EPLB's metric, each expert's window load
 split evenly over its replicas).
 
-SGLang's code is loaded from its installed files (``--sglang-dir``, the
+torch runs on one thread by default (``--torch-threads``; ours is single-threaded too): on a
+shared machine torch's default thread pool oversubscribes the cores. SGLang's code is loaded
+from its installed files (``--sglang-dir``, the
 ``eplb_algorithms`` folder of SGLang 0.5.23; needs torch), never copied here.
 
 Usage::
@@ -60,11 +62,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sglang-dir", default=DEFAULT_DIR)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch's threads (0: its default)")
     ap.add_argument("--out", default=str(RESULTS / "eplb_speed.json"))
     args = ap.parse_args(argv)
     import torch
 
-    torch.set_num_threads(1)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     d = pathlib.Path(args.sglang_dir)
     ds = _load(d / "deepseek.py", "sglang_deepseek")
     vec = _load(d / "deepseek_vec.py", "sglang_deepseek_vec")
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
                 "machine": platform.platform(),
                 "note": "shared 2-core machine; medians of interleaved runs in one process",
                 "shape": dict(layers=L, experts=E, slots=P, gpus=g, nodes=N, groups=G),
-                "torch_threads": 1,
+                "torch_threads": torch.get_num_threads(),
                 "repeat": args.repeat,
                 "median_s": med,
                 "first_call_s": first_call,

@@ -158,7 +158,12 @@ def rebalance_frontier(
     elif isinstance(cost, str):
         cost = CostModel.preset(cost)
     h = check_array(history, "history", _FUNC, ndim=3, kind="int", lo=0)
-    prev = check_array(previous, "previous", _FUNC, ndim=2, kind="int", lo=0)
+    P = check_int(num_replicas, "num_replicas", _FUNC, lo=1)
+    prev = check_array(
+        previous, "previous", _FUNC, ndim=2, kind="int", lo=0, hi=h.shape[2] - 1,
+        shape=(h.shape[1], P),
+        expected=f"the placement in force: an ({h.shape[1]}, {P}) array of experts",
+    )  # fmt: skip
     held = (
         h
         if score_on is None

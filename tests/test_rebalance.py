@@ -261,3 +261,17 @@ def test_frontier_plot():
     fr = rebalance_frontier(w[1][:4], prev, 40, 1, 1, 4, cost=COST, budgets=[0, 2])
     ax = fr.plot()
     assert len(ax.lines) == 1 + len(fr.points)
+
+
+def test_frontier_refuses_bad_input_by_name():
+    from straggler.sim import rebalance_frontier
+
+    w, prev = _drifted()
+    for kw, name in (
+        (dict(budgets=[-1]), "budgets"),
+        (dict(score_on=np.zeros((2, 3))), "score_on"),
+    ):
+        with pytest.raises(InvalidInputError, match=name):
+            rebalance_frontier(w[1][:4], prev, 40, 1, 1, 4, cost=COST, **kw)
+    with pytest.raises(InvalidInputError, match="previous"):
+        rebalance_frontier(w[1][:4], prev[:, :39], 40, 1, 1, 4, cost=COST)

@@ -16,7 +16,7 @@ and its rebalance from the placement in force start from it, and the layering
 ``straggler.baselines`` re-exports :func:`rebalance_experts` under its baseline name; there
 is no second module.
 
-The algorithm (ANCHORS.md, "DeepSeek EPLB"):
+The algorithm (deepseek-ai/EPLB ``eplb.py``):
 
 * *balanced packing* of ``n`` weighted items into ``m`` packs of exactly ``n / m`` items:
   items by descending weight, each into the lightest pack that still has room;
@@ -356,8 +356,9 @@ def rebalance_experts(
     tie-free expert weights (no effect downstream: the same slots hold the same experts).
     Ties between different experts (equal loads) can change the placement itself. This
     function fixes the stable order (descending weight, ties by increasing index), with
-    which it matches upstream exactly (0 of 2,500 random inputs differ, issue 11's check
-    against torch with a stable sort). ``torch.max`` and Python's ``min`` take the first
+    which it matches upstream exactly (0 of 2,500 random inputs differ against torch with a
+    stable sort; on tie-free loads the maps equal SGLang's ``deepseek.py``,
+    ``benchmarks/eplb_speed.py``). ``torch.max`` and Python's ``min`` take the first
     extremum, as here.
 
     *Arithmetic.* Replica loads ``w / count`` are float32 divisions, pack loads float32
@@ -375,7 +376,7 @@ def rebalance_experts(
 
     References
     ----------
-    deepseek-ai/EPLB ``eplb.py``; ANCHORS.md ("DeepSeek EPLB").
+    deepseek-ai/EPLB ``eplb.py``; SGLang ``python/sglang/srt/eplb/eplb_algorithms/deepseek.py``.
 
     Examples
     --------

@@ -18,7 +18,8 @@ Reported per method and summed over the scored windows: tempo's mean makespan pe
 (summed over layers), EPLB's balancedness (mean over max GPU load, each expert's load of
 window i + 1 split evenly over its replicas, mean over layers and windows), replicas moved,
 and the share of the full EPLB rebalance's gain (keep - eplb) captured. Planning times are
-side by side in one run (shared 2-core machine: ratios). The frontier of the last window is
+side by side in one run (shared 2-core machine: ratios). The frontier of the last window
+(budgets up to 60 replicas per layer; EPLB's own point, ~270 per layer, on the same axes) is
 plotted to ``results/rebalance_frontier.png`` when matplotlib is installed.
 
 Usage::
@@ -136,7 +137,10 @@ def main(argv=None) -> int:
             f"{m:<22} {t['makespan']:>10.1f} {t['balancedness']:>9.4f} {t['moves']:>6d} "
             f"{share:>12} {t['time_s'] / max(tot['eplb']['time_s'], 1e-12):>9.1f}"
         )
-    frontier = rebalance_frontier(W[-2], prev, *lay, cost=cost, score_on=W[-1])
+    # budgets per layer up to 60 (the curve is flat well before; EPLB moves ~270 per layer)
+    frontier = rebalance_frontier(
+        W[-2], prev, *lay, cost=cost, score_on=W[-1], budgets=[0, 2, 5, 10, 15, 20, 28, 40, 60]
+    )
     front = dict(
         budgets=frontier.budgets.tolist(),
         moves=frontier.moves.tolist(),

@@ -14,13 +14,10 @@ from . import (
 )
 from .flashlb import flashlb_rebalance
 from .tokens import TokenLayout, token_layout
-from .vllm_eplb import preserve_intragpu_slots, vllm_rebalance_experts
 
 __all__: list[str] = [
     "rebalance_experts",
     "flashlb_rebalance",
     "TokenLayout",
     "token_layout",
-    "preserve_intragpu_slots",
-    "vllm_rebalance_experts",
 ]

@@ -38,7 +38,6 @@ import time
 
 import numpy as np
 from straggler.baselines.flashlb import flashlb_rebalance
-from straggler.baselines.vllm_eplb import vllm_rebalance_experts
 from straggler.formulations import CostModel
 from straggler.sim import drifting_windows, rebalance_frontier, tempo_makespan
 from straggler.solvers import place_experts
@@ -65,7 +64,9 @@ def _rebalancers(prev, plan, cost, lay, budgets):
     runs = {
         "keep": lambda: prev,
         "eplb": lambda: rebalance_experts(mean, *lay)[0],
-        "vllm_eplb": lambda: vllm_rebalance_experts(mean, *lay, previous=prev)[0],
+        "vllm_eplb": lambda: rebalance_experts(
+            mean, *lay, version="vllm", old_physical_to_logical=prev
+        )[0],
         "flashlb": lambda: flashlb_rebalance(plan, P, G_GPUS, previous=prev)[0],
         "place_experts": lambda: place_experts(plan, *lay, cost=cost, previous=prev)[0],
     }

@@ -9,8 +9,9 @@ each scored by tempo's mean makespan on the scoring batches; and, on the same ax
 upstream's rebalancers land from the same placement:
 
 * ``"eplb"``: DeepSeek's EPLB on the window, every changed slot copied (SGLang, DeepSeek);
-* ``"vllm_eplb"``: vLLM's ``DefaultEplbPolicy`` (EPLB, then ``preserve_intragpu_slots``,
-  :func:`~straggler.baselines.vllm_eplb.vllm_rebalance_experts`);
+* ``"vllm_eplb"``: vLLM's ``DefaultEplbPolicy`` (EPLB, then ``preserve_intragpu_slots``:
+  :func:`~straggler.solvers.eplb.rebalance_experts` with ``version="vllm"`` and
+  ``old_physical_to_logical``);
 * ``"flashlb"``: FlashLB's update from the previous placement (minimum-move matching, at
   most 16 layers, :func:`~straggler.baselines.flashlb.flashlb_rebalance`);
 * ``"place_experts"``: the placement from scratch with its slots kept where they can be;
@@ -24,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..baselines.flashlb import flashlb_rebalance
-from ..baselines.vllm_eplb import vllm_rebalance_experts
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_array, check_int
@@ -173,7 +173,7 @@ def rebalance_frontier(
     args = (num_replicas, num_groups, num_nodes, g)
     mean = h.mean(axis=0)
     eplb = rebalance_experts(mean, *args)[0]
-    vllm = vllm_rebalance_experts(mean, *args, previous=prev)[0]
+    vllm = rebalance_experts(mean, *args, version="vllm", old_physical_to_logical=prev)[0]
     flash = flashlb_rebalance(h, num_replicas, g, previous=prev)[0] if h.shape[0] >= 2 else eplb
     fresh = place_experts(h, *args, cost=cost, n_samples=n_samples, previous=prev)[0]
     points = {}

@@ -200,24 +200,24 @@ def test_drifting_windows_keep_the_skew_and_drift():
 
 
 def test_preserve_intragpu_slots_by_hand():
-    from straggler.baselines.vllm_eplb import preserve_intragpu_slots
+    from straggler.solvers.eplb import _preserve_intragpu_slots
 
     # GPU 0: new [2, 1], old [1, 4]: 1 keeps slot 0, 2 fills slot 1. GPU 1: new [0, 3],
     # old [3, 5]: 3 keeps slot 2, 0 fills slot 3.
-    assert preserve_intragpu_slots([[2, 1, 0, 3]], 2, [[1, 4, 3, 5]]).tolist() == [[1, 2, 3, 0]]
+    out = _preserve_intragpu_slots(np.array([[2, 1, 0, 3]]), np.array([[1, 4, 3, 5]]), 2)
+    assert out.tolist() == [[1, 2, 3, 0]]
     # duplicates: the old slots' order decides which copy is kept where
-    assert preserve_intragpu_slots([[0, 0, 1]], 1, [[1, 2, 0]]).tolist() == [[1, 0, 0]]
-    with pytest.raises(InvalidInputError):
-        preserve_intragpu_slots([[0, 1, 2]], 2, [[0, 1, 2]])
+    out = _preserve_intragpu_slots(np.array([[0, 0, 1]]), np.array([[1, 2, 0]]), 1)
+    assert out.tolist() == [[1, 0, 0]]
 
 
 def test_vllm_rule_keeps_eplb_sets_and_moves_fewer():
-    from straggler.baselines.vllm_eplb import vllm_rebalance_experts
-
     w, prev = _drifted()
     mean = w[1].mean(axis=0)
     plain = rebalance_experts(mean, 40, 1, 1, 4, version="vllm")[0]
-    kept, l2p, cnt = vllm_rebalance_experts(mean, 40, 1, 1, 4, previous=prev)
+    kept, l2p, cnt = rebalance_experts(
+        mean, 40, 1, 1, 4, version="vllm", old_physical_to_logical=prev
+    )
     for l in range(2):
         for h in range(4):
             sl = slice(10 * h, 10 * h + 10)

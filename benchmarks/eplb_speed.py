@@ -5,9 +5,11 @@ from a window of drifting synthetic batches (:func:`straggler.sim.drifting_windo
 algorithm runs ``--repeat`` times, all interleaved round by round (one process, same
 load: the shared machine's noise hits all of them alike; report ratios). Ours is timed
 after a first call that loads or compiles its kernels (that first call is reported apart).
-Also reported: whether our maps equal SGLang ``deepseek``'s (exact DeepSeek output; on the
-same loads made tie-free, since on equal loads torch's CPU sort, unstable beyond 16 items,
-orders ties its own way while ours is stable, see ``rebalance_experts``' Notes) and each
+``ours_sglang`` is ``version="sglang"`` (torch's tie order), compared map for map with
+SGLang on the raw loads. Also reported: whether our maps equal SGLang ``deepseek``'s (exact
+DeepSeek output; on the same loads made tie-free, since on equal loads torch's CPU sort,
+unstable beyond 16 items, orders ties its own way while ours is stable, see
+``rebalance_experts``' Notes) and each
 placement's balancedness (mean over max GPU load, EPLB's metric, each expert's window load
 split evenly over its replicas).
 
@@ -88,6 +90,8 @@ def main(argv=None) -> int:
     runs = {
         "ours_hierarchical": lambda: rebalance_experts(weight, P, G, N, g),
         "ours_global": lambda: rebalance_experts(weight, P, 1, 1, g),
+        "ours_sglang_hierarchical": lambda: rebalance_experts(weight, P, G, N, g, version="sglang"),
+        "ours_sglang_global": lambda: rebalance_experts(weight, P, 1, 1, g, version="sglang"),
         "sglang_deepseek_hierarchical": lambda: ds.rebalance_experts(tw, P, G, N, g, True),
         "sglang_deepseek_global": lambda: ds.rebalance_experts(tw, P, G, N, g, False),
         "sglang_deepseek_vec_hierarchical": lambda: vec.rebalance_experts(th, *hv),
@@ -124,6 +128,14 @@ def main(argv=None) -> int:
         mode: bool(np.array_equal(p2l[f"ours_{mode}"], p2l[f"sglang_deepseek_{mode}"]))
         for mode in ("hierarchical", "global")
     }
+    # version="sglang" (torch's tie order): the three maps on the raw loads, ties included
+    sglang_equal = {
+        mode: all(
+            np.array_equal(np.asarray(a), np.asarray(b))
+            for a, b in zip(outs[f"ours_sglang_{mode}"], outs[f"sglang_deepseek_{mode}"])
+        )
+        for mode in ("hierarchical", "global")
+    }
     bal = {k: balancedness(weight, v, g) for k, v in p2l.items()}
     ratio = {
         mode: med[f"ours_{mode}"] / med[f"sglang_deepseek_vec_{mode}"]
@@ -135,6 +147,7 @@ def main(argv=None) -> int:
     print(f"ours first call (kernel load or compile): {1e3 * first_call:.1f} ms")
     print(f"identical to SGLang deepseek on tie-free loads: {identical}")
     print(f"identical on the raw integer loads (ties ordered by torch's sort): {raw_equal}")
+    print(f"version='sglang', all three maps identical on the raw loads: {sglang_equal}")
     print("ours / deepseek_vec: " + ", ".join(f"{m} {r:.3f}x" for m, r in ratio.items()))
     pathlib.Path(args.out).write_text(
         json.dumps(
@@ -149,6 +162,7 @@ def main(argv=None) -> int:
                 "first_call_s": first_call,
                 "identical_to_sglang_deepseek_tie_free": identical,
                 "identical_to_sglang_deepseek_raw": raw_equal,
+                "version_sglang_identical_maps_raw": sglang_equal,
                 "balancedness": bal,
                 "ours_over_deepseek_vec": ratio,
             },

@@ -16,12 +16,12 @@ from ..formulations.dispatch import (
 from ..formulations.errors import InfeasibleSharesError, StragglerError
 from ..formulations.results import DispatchResult, Status, worst_status
 from ..formulations.validation import check_rng, check_time_limit, check_type
+from ._backend import FEASIBLE, reference_seconds
 from ._compile import JitTimer
-from ._feasibility import feasible_kernel
 from .bounds import certified_lower_bound
 from .registry import LayerSolution, make_method
 
-__all__ = ["solve_dispatch", "DEFAULT_METHOD"]
+__all__ = ["solve_dispatch", "solve_layers", "DEFAULT_METHOD"]
 
 #: The method used when none is named: tempo_fast (TEMPO §4.2, ``straggler.solvers.tempo``).
 DEFAULT_METHOD = "tempo"
@@ -71,15 +71,13 @@ def _reporting_problem(problem: DispatchProblem, masks) -> DispatchProblem:
 
 
 def _layer_bound(problem, cost, sol: LayerSolution, own_mask: bool) -> float:
-    """The certified bound combined with the method's own (reusing the exact semi-matching
-    and token-LP values a method like ``tempo`` computed with the library's kernels, on the
-    problem's own mask)."""
-    lb = certified_lower_bound(
-        problem,
-        cost,
-        semi_matching_value=sol.extras.get("semi_matching_value") if own_mask else None,
-        token_lp_value=sol.extras.get("token_lp_value") if own_mask else None,
-    )
+    """The certified bound combined with the method's own: the method's
+    :class:`~straggler.solvers.registry.Certificate` when it computed one on the problem's
+    own mask (``tempo`` does), else :func:`certified_lower_bound` computed here."""
+    if own_mask and sol.certificate is not None:
+        lb = sol.certificate.bound
+    else:
+        lb = certified_lower_bound(problem, cost)
     return max(lb, float(sol.lower_bound))
 
 
@@ -162,16 +160,35 @@ def solve_dispatch(
         name, solver, time_limit, gen = _solve_dispatch_iv(
             problem, cost, method, time_limit, rng, options
         )
-        layers = list(problem.layers())
-        t0 = time.perf_counter()
-        if hasattr(solver, "solve_stack") and problem.is_stack:
-            sols = solver.solve_stack(layers, cost, time_limit=time_limit, rng=gen)
-        else:
-            sols = [solver.solve(p, cost, time_limit=time_limit, rng=gen) for p in layers]
-        t1 = time.perf_counter()
-        fields = _score(problem, cost, name, solver, sols)
+        fields, (t0, t1, ref) = solve_layers(problem, cost, name, solver, time_limit, gen)
     runtime = max(t1 - t0 - jit.jit_within(t0, t1), 0.0)
-    return DispatchResult(method=name, runtime_s=runtime, compile_s=jit.jit_s, **fields)
+    return DispatchResult(
+        method=name, runtime_s=runtime, compile_s=jit.jit_s, reference_s=ref, **fields
+    )
+
+
+def solve_layers(problem: DispatchProblem, cost: CostModel, name: str, solver, time_limit, rng):
+    """The layer loop of :func:`solve_dispatch` on validated input: the method's layers
+    (``solve_stack`` when it has one and ``problem`` is a stack), then the independent
+    checks and scoring of :func:`_score`.
+
+    For callers that validated once and solve many windows with one method instance
+    (:class:`~straggler.runtime.SolverWorker`). ``solver`` is a method instance
+    (``registry.make_method``), ``rng`` a Generator. Returns the fields of the
+    :class:`DispatchResult` but ``method``, ``runtime_s``, ``compile_s`` and
+    ``reference_s``, and ``(t0, t1, reference_s)``: the ``perf_counter`` readings around the
+    method's own work and the seconds plain-Python references ran inside it.
+    """
+    layers = list(problem.layers())
+    r0 = reference_seconds()
+    t0 = time.perf_counter()
+    if hasattr(solver, "solve_stack") and problem.is_stack:
+        sols = solver.solve_stack(layers, cost, time_limit=time_limit, rng=rng)
+    else:
+        sols = [solver.solve(p, cost, time_limit=time_limit, rng=rng) for p in layers]
+    t1 = time.perf_counter()
+    ref = reference_seconds() - r0
+    return _score(problem, cost, name, solver, sols), (t0, t1, ref)
 
 
 def _feasible(problem: DispatchProblem, x: np.ndarray) -> bool:
@@ -179,7 +196,7 @@ def _feasible(problem: DispatchProblem, x: np.ndarray) -> bool:
     ``check_shares`` itself for the message when this says no."""
     g = problem.n_gpus
     return bool(
-        feasible_kernel(
+        FEASIBLE(
             x.reshape(-1, g),
             problem.replicas.reshape(-1, g),
             problem.counts.reshape(-1),

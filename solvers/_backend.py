@@ -40,8 +40,8 @@ from contextlib import contextmanager
 from ..formulations.validation import check_choice
 from ._bounds import lower_bound_kernel, lower_bound_reference
 from ._compile import is_cached
-from ._feasibility import feasible_kernel, feasible_reference
 from ._round_robin import round_robin_kernel, round_robin_reference
+from ._score import score_kernel, score_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
 from ._tempo import tempo_kernel, tempo_reference
 from ._token_lp_fast import (
@@ -66,7 +66,7 @@ __all__ = [
     "LOWER_BOUND",
     "SUPPORT_REBALANCE",
     "ROUND_ROBIN",
-    "FEASIBLE",
+    "SCORE",
 ]
 
 #: The modes of :func:`kernel_mode` (module docstring).
@@ -205,20 +205,12 @@ SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
 SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0)
 ROUND_ROBIN = Pair(round_robin_kernel, round_robin_reference, 0.6)
-FEASIBLE = Pair(feasible_kernel, feasible_reference, 0.5)
+SCORE = Pair(score_kernel, score_reference, 0.5)
 
 #: Every pair, by the kernel's ``module.name``.
 PAIRS = {
     p.name: p
-    for p in (
-        TEMPO,
-        TOKEN_LP,
-        SEMI_MATCHING,
-        LOWER_BOUND,
-        SUPPORT_REBALANCE,
-        ROUND_ROBIN,
-        FEASIBLE,
-    )  # fmt: skip
+    for p in (TEMPO, TOKEN_LP, SEMI_MATCHING, LOWER_BOUND, SUPPORT_REBALANCE, ROUND_ROBIN, SCORE)
 }
 
 
@@ -259,8 +251,8 @@ def kernel_mode(mode: str):
     --------
     >>> import numpy as np
     >>> with kernel_mode("reference"):
-    ...     FEASIBLE(np.ones((1, 2)), np.ones((1, 2), bool), np.array([2]), 1e-9)
-    True
+    ...     ROUND_ROBIN(np.array([3, 1]), np.ones((2, 2), bool), True).tolist()
+    [[3, 0], [0, 1]]
     >>> get_kernel_mode()
     'auto'
     """

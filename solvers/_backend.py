@@ -136,16 +136,15 @@ class Pair:
     def uses_kernel(self) -> bool:
         """Whether a call made now from this thread would run the kernel."""
         mode = _MODE[0]
-        if mode == "kernel" or self._ready:
-            return True
-        if mode == "reference":
-            return False
+        if mode != "auto":
+            return mode == "kernel"
         return self.ready() or not _can_interrupt() or self.reference_s >= self.budget_s
 
     def __call__(self, *args):
-        if _MODE[0] == "kernel" or self._ready:  # the steady state: one branch
+        mode = _MODE[0]
+        if mode == "kernel" or (self._ready and mode == "auto"):  # the steady state
             return self.kernel(*args)
-        if _MODE[0] == "reference":
+        if mode == "reference":
             return self._reference(args, math.inf)
         if self.uses_kernel():
             return self.kernel(*args)

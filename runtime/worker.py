@@ -271,7 +271,11 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
     place_seq = int(hdr[H_PLACE_SEQ])
     place_version = int(hdr[H_PLACE_VERSION])
     solver = _Solver(cfg, p2l)
-    # Warm up (JIT compile or cache load) on the real placement before declaring ready.
+    # Warm up (JIT compile or cache load) on the real placement before declaring ready: a
+    # server compiles its kernels up front, never runs their plain-Python references
+    from ..solvers._backend import set_kernel_mode
+
+    set_kernel_mode("kernel")
     solver.solve(solver.replicas.any(axis=-1).astype(np.int64))
     hdr[H_READY] = 1
     last_window, due = -1, 0.0

@@ -96,8 +96,7 @@ cost model.
    meets the certified bound (nothing can be lower). ``extras["makespan_stage4"]`` is the
    makespan before it and ``extras["rebalanced"]`` says whether it applied.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
-   makespan is more than ``repair_gap`` (relative) above the certified lower bound (the
-   cheap one first, then the full :func:`~straggler.solvers.certified_lower_bound`), at
+   makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
    first) go to the layer's MILP warm-started with tempo's shares
    (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
@@ -122,7 +121,15 @@ The token-LP candidate is the integral token-optimal dispatch of :func:`token_lp
 on tiny instances, where one token matters, tempo can be above a fractional OPT by the
 cost of about one token per GPU. ``lower_bound`` is the certified bound of
 :func:`~straggler.solvers.certified_lower_bound` (with :func:`tempo_layer_bound` inside
-it), raised by the repair's MILP dual bound when one ran.
+it), raised by the repair's MILP dual bound when one ran. It is computed once per layer,
+before stage 3 (which stops there), from the semi-matching and token-LP values tempo
+computes anyway, and handed to ``solve_dispatch`` as the layer's
+:class:`~straggler.solvers.registry.Certificate`, so the entry point does not compute it
+again.
+
+Each kernel is called through its kernel/reference pair
+(:mod:`straggler.solvers._backend`): on a cold numba cache the plain-Python references
+serve (same results) until the kernels are compiled or their time budget is spent.
 """
 
 from __future__ import annotations

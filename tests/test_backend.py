@@ -144,3 +144,29 @@ def test_compare_runs_the_references_on_a_cold_cache_and_says_so(monkeypatch, ca
     compare_mod.main(["--methods", "round_robin", "--gpus", "2", "--tokens-per-gpu", "4"])
     out = capsys.readouterr().out
     assert "kernels not compiled" not in out and "^" not in out
+
+
+def test_method_instances_are_shared_only_when_frozen(monkeypatch):
+    import dataclasses
+
+    from straggler.solvers import registry
+    from straggler.solvers.registry import LayerSolution
+
+    assert dispatch_mod._method("tempo", {}, "f") is dispatch_mod._method("tempo", {}, "f")
+    assert dispatch_mod._method("tempo", {"tau": 0.0}, "f").tau == 0.0
+
+    @dataclasses.dataclass
+    class Counting:  # mutable: each call must get its own instance
+        calls: int = 0
+
+        def solve(self, problem, cost, *, time_limit, rng):
+            self.calls += 1
+            x = np.zeros((problem.n_experts, problem.n_gpus))
+            x[:, 0] = problem.counts
+            return LayerSolution(shares=x, extras={"calls": self.calls})
+
+    monkeypatch.setitem(registry._DISPATCH, "counting", Counting)
+    p = DispatchProblem(counts=[3, 1], replicas=[[1, 0], [1, 1]])
+    cost = CostModel(a=0, b=1, c=0, beta=0)
+    for _ in range(3):
+        assert solve_dispatch(p, cost, method="counting").extras["calls"] == 1

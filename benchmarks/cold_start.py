@@ -18,7 +18,8 @@ Every measurement runs in a fresh subprocess (nothing compiled in memory). Scena
   dependencies: the package itself, built in pip's isolated build environment and
   installed, apart from downloading numpy, numba and HiGHS), then, each in a new process
   with an empty ``NUMBA_CACHE_DIR``: ``straggler-compare`` (defaults), ``straggler-compare
-  --layers 61``, and a notebook's first cell (``solve_dispatch`` on the default instance,
+  --layers 61``, ``straggler-plan`` on ``plan_demo.py``'s vLLM recording, and a notebook's
+  first cell (``solve_dispatch`` on the default instance,
   then on 61 layers generated beforehand). Goal: the first ``straggler-compare`` in <= 15
   s, everything it compiles included. Whether the plain-Python references served
   (``straggler.solvers._backend``) is read from the command's output.
@@ -165,9 +166,23 @@ def first_command(tmp: str) -> dict:
     install_s = time.perf_counter() - t
     out = {"venv_s": venv_s, "install_s": install_s}
     bin_ = os.path.join(venv, "bin")
+    from straggler.proofs.engine_strategies import write_demo_dumps
+
+    dumps = write_demo_dumps(pathlib.Path(tmp, "dumps"))  # plan_demo.py's recording
     runs = {
         "compare": [os.path.join(bin_, "straggler-compare")],
         "compare_61_layers": [os.path.join(bin_, "straggler-compare"), "--layers", "61"],
+        "plan": [
+            os.path.join(bin_, "straggler-plan"),
+            dumps["vllm"],
+            "--gpus",
+            "8",
+            "--slots",
+            "80",
+            "--holdout",
+            "0.5",
+            "--no-progress",
+        ],  # fmt: skip
         "notebook_first_cell": [os.path.join(bin_, "python"), "-c", _NOTEBOOK_CELL],
     }
     for name, cmd in runs.items():
@@ -177,7 +192,8 @@ def first_command(tmp: str) -> dict:
         wall = time.perf_counter() - t
         if proc.returncode:
             raise RuntimeError(f"{name} failed:\n{proc.stderr[-4000:]}")
-        row = {"wall_s": wall, "references": "plain-Python references" in proc.stdout}
+        said = proc.stdout + proc.stderr
+        row = {"wall_s": wall, "references": "plain-Python references" in said}
         if name == "notebook_first_cell":
             prep, a, b, ref1, ref61, comp61 = (float(v) for v in proc.stdout.split())
             row.update(imports_and_problems_s=prep, first_call_s=a, stack_61_s=b,
@@ -196,7 +212,7 @@ def format_first_command(r: dict) -> str:
         f"fresh install (package only, dependencies present): venv {r['venv_s']:.1f} s, "
         f"pip install {r['install_s']:.1f} s",
     ]
-    for name in ("compare", "compare_61_layers", "notebook_first_cell"):
+    for name in ("compare", "compare_61_layers", "plan", "notebook_first_cell"):
         row = r[name]
         how = "references served" if row["references"] else "kernels"
         lines.append(f"  first {name:22s} {row['wall_s']:7.1f} s wall, empty cache ({how})")

@@ -168,7 +168,8 @@ def first_command(tmp: str) -> dict:
     bin_ = os.path.join(venv, "bin")
     from straggler.proofs.engine_strategies import write_demo_dumps
 
-    dumps = write_demo_dumps(pathlib.Path(tmp, "dumps"))  # plan_demo.py's recording
+    # plan_demo.py's recording, as vLLM writes it (JSON: no torch needed)
+    dumps = write_demo_dumps(pathlib.Path(tmp, "dumps"), engines=("vllm",))
     runs = {
         "compare": [os.path.join(bin_, "straggler-compare")],
         "compare_61_layers": [os.path.join(bin_, "straggler-compare"), "--layers", "61"],

@@ -20,7 +20,6 @@ Run ``straggler-compare --help`` for the flags.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -28,6 +27,7 @@ import time
 
 import numpy as np
 
+from ..formulations._io import OneLineParser
 from ..formulations.cost import PRESETS, CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import BackendUnavailableError, StragglerError
@@ -50,8 +50,13 @@ DEFAULT_PRESETS = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+#: Most physical slots ``straggler-compare`` generates (``--replication`` times the experts,
+#: rounded to the GPUs): a bound checked before anything is allocated.
+MAX_COMPARE_SLOTS = 2**20
+
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(
         prog="straggler-compare",
         description="Compare every registered EP dispatch method on a generated decode batch.",
     )
@@ -250,12 +255,20 @@ def main(argv=None) -> int:
     preset = args.preset or DEFAULT_PRESETS[args.shape]
     cost = CostModel.preset(preset)
     methods = None
-    if args.methods:
+    if args.methods is not None:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        if not methods:
+            parser.error(f"--methods must name at least one method; got {args.methods!r}")
         unknown = sorted(set(methods) - set(dispatch_methods()))
         if unknown:
             parser.error(f"unknown method(s) {unknown}; registered: {dispatch_methods()}")
     try:
+        slots = num_physical_slots(SHAPES[args.shape].n_experts, args.gpus, args.replication)
+        if slots > MAX_COMPARE_SLOTS:
+            parser.error(
+                f"--replication {args.replication:g} on {args.gpus} GPUs gives {slots:,} physical "
+                f"slots; at most {MAX_COMPARE_SLOTS:,}"
+            )
         problem = make_decode_problem(
             args.shape,
             n_gpus=args.gpus,

@@ -61,7 +61,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -137,23 +136,18 @@ def _progress(iterable, total, enabled: bool, desc: str):
         yield x
 
 
-def _warm_up(cost: CostModel, notify) -> float:
-    """Compile (or load from the cache) the kernels tempo uses, on a tiny layer, apart from
-    the timed work; tells the user when it compiles. Returns the seconds spent."""
-    from ..solvers._tempo import tempo_kernel
+def _first_run_notice(notify) -> None:
+    """Say on one line, on a first run (a dispatch kernel neither compiled nor in numba's
+    disk cache), that the kernels' plain-Python references serve first: nothing is
+    compiled up front, and a plan that outruns the references' budget compiles the
+    kernels once, then runs them (``straggler.solvers._backend``)."""
+    from ..sim.warmup import needs_compile
 
-    fresh = not tempo_kernel.signatures
-    if fresh:
-        notify("preparing tempo's Numba kernels (compiled on first use, then cached) ...")
-    t0 = time.perf_counter()
-    p = DispatchProblem(counts=[[3, 1], [2, 2]], replicas=np.ones((2, 2, 2), bool))
-    solve_dispatch(p, cost, method="tempo")
-    dt = time.perf_counter() - t0
-    if fresh:
-        misses = sum(tempo_kernel.stats.cache_misses.values())
-        how = "compiled" if misses else "loaded from the cache"
-        notify(f"kernels {how} in {dt:.1f} s (not counted in the timings below)")
-    return dt
+    if needs_compile():
+        notify(
+            "tempo's kernels are not compiled yet: their plain-Python references run first "
+            "(same results); a long plan compiles them once (straggler-warmup does it ahead)"
+        )
 
 
 def _cost_from(args) -> tuple[CostModel, str]:
@@ -898,7 +892,7 @@ def main(argv=None) -> int:
                 "EPLB maps with their weight)."
             )
         previous = _read_previous(args.previous) if args.previous else None
-        _warm_up(cost, notify)
+        _first_run_notice(notify)
         result = plan(
             log,
             n_gpus=args.gpus,

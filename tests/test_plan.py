@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-import straggler.solvers._tempo as tempo_mod
+import straggler.sim.warmup as warmup_mod
 from straggler.formulations import CostModel, DispatchProblem, evaluate
 from straggler.proofs.engine_strategies import write_demo_dumps
 from straggler.runtime.engines import (
@@ -151,18 +151,16 @@ def test_plot_progress_and_compile_notice(dumps, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "tempo" in err  # a progress bar (tqdm) or the plain counter
 
-    class Fresh:  # a kernel that has not been compiled in this process
-        signatures: list = []
-
-        class stats:  # noqa: N801 - mirrors numba's attribute
-            cache_misses = {"sig": 1}
-
-    monkeypatch.setattr(tempo_mod, "tempo_kernel", Fresh)
+    # a first run (kernels neither compiled nor cached): one line says the references run
+    monkeypatch.setattr(warmup_mod, "needs_compile", lambda: True)
     monkeypatch.setitem(__import__("sys").modules, "tqdm", None)  # no tqdm: plain counter
     assert main([dumps["vllm"], "--gpus", "8", "--slots", "80"]) == 0
     err = capsys.readouterr().err
-    assert "Numba kernels" in err and "compiled in" in err
+    assert "kernels are not compiled yet: their plain-Python references run first" in err
     assert "tempo: layer 4/4" in err
+    monkeypatch.setattr(warmup_mod, "needs_compile", lambda: False)
+    assert main([dumps["vllm"], "--gpus", "8", "--slots", "80", "--no-progress"]) == 0
+    assert "not compiled" not in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not HAS_ST, reason="safetensors not installed")

@@ -1,12 +1,12 @@
 """straggler-plan: logs in, placement and tables out, in every engine's layout."""
 
+import importlib
 import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
-import straggler.sim.warmup as warmup_mod
 from straggler.formulations import CostModel, DispatchProblem, evaluate
 from straggler.proofs.engine_strategies import write_demo_dumps
 from straggler.runtime.engines import (
@@ -20,6 +20,8 @@ from straggler.runtime.plan import _table_split, main, plan
 from straggler.solvers import fit_cost_model
 from straggler.solvers.calibration import write_calibration_log
 
+# the module, not the function straggler.sim re-exports under the same name
+warmup_mod = importlib.import_module("straggler.sim.warmup")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_ST = importlib.util.find_spec("safetensors") is not None
 ENGINES = tuple(e for e, ok in (("sglang", HAS_TORCH), ("vllm", True), ("trtllm", HAS_ST)) if ok)

@@ -1,5 +1,6 @@
 """The policies production deploys, one interface each (registered by name on import)."""
 
+from ..solvers.eplb import rebalance_experts
 from . import (
     dynamic,  # noqa: F401
     llep,  # noqa: F401
@@ -11,8 +12,12 @@ from . import (
     uniform,  # noqa: F401
     vllm_ep,  # noqa: F401
 )
-from .eplb import rebalance_experts
 from .flashlb import flashlb_rebalance
 from .tokens import TokenLayout, token_layout
 
-__all__: list[str] = ["rebalance_experts", "flashlb_rebalance", "TokenLayout", "token_layout"]
+__all__: list[str] = [
+    "rebalance_experts",
+    "flashlb_rebalance",
+    "TokenLayout",
+    "token_layout",
+]

@@ -88,7 +88,8 @@ class WorkerTables:
     active: np.ndarray
     """``[L, E]`` bool: experts with tokens in the window (the rows to publish)."""
     makespan: np.ndarray
-    """``[L]`` modeled makespan per layer (us) as the method reports it (NaN if it does not)."""
+    """``[L]`` modeled makespan per layer (us), from the independent evaluator (the one
+    ``solve_dispatch`` scores every method with)."""
     window: int
     """Id of the window solved (what ``submit`` returned)."""
     placement: int
@@ -228,24 +229,21 @@ class _Solver:
 
     def solve(self, counts: np.ndarray):
         """Tables ``[L, E, width]`` float32 and per-layer makespans for one window."""
+        from ..solvers.dispatch import solve_layers
+
         cfg = self.cfg
         problem = DispatchProblem(counts=counts, replicas=self.replicas, gpu_node=self.gpu_node)
-        layers = list(problem.layers())
-        if hasattr(self.method, "solve_stack"):
-            sols = self.method.solve_stack(
-                layers, cfg.cost, time_limit=cfg.time_limit, rng=self.rng
-            )
-        else:
-            sols = [
-                self.method.solve(p, cfg.cost, time_limit=cfg.time_limit, rng=self.rng)
-                for p in layers
-            ]
+        # solve_dispatch's own layer loop: every method's shares checked and scored by the
+        # independent evaluator, the certified bound checked against the makespan
+        fields, _ = solve_layers(
+            problem, cfg.cost, cfg.method, self.method, cfg.time_limit, self.rng
+        )
         t1 = time.perf_counter()
-        shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
+        shares = fields["shares"].reshape(problem.counts.shape + (cfg.n_gpus,))
         _, _, prob = problem.to_tables(shares, self.p2l)
         probs = np.zeros((cfg.n_layers, cfg.n_experts, cfg.width), dtype=np.float32)
         probs[..., : prob.shape[-1]] = prob
-        makespan = np.array([float(s.extras.get("makespan", np.nan)) for s in sols])
+        makespan = np.atleast_1d(np.asarray(fields["makespan"], dtype=np.float64))
         return probs, makespan, t1
 
 
@@ -296,7 +294,11 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
     place_seq = int(hdr[H_PLACE_SEQ])
     place_version = int(hdr[H_PLACE_VERSION])
     solver = _Solver(cfg, p2l)
-    # Warm up (JIT compile or cache load) on the real placement before declaring ready.
+    # Warm up (JIT compile or cache load) on the real placement before declaring ready: a
+    # server compiles its kernels up front, never runs their plain-Python references
+    from ..solvers._backend import set_kernel_mode
+
+    set_kernel_mode("kernel")
     solver.solve(solver.replicas.any(axis=-1).astype(np.int64))
     hdr[H_READY] = 1
     last_window, due = -1, 0.0

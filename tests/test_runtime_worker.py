@@ -339,3 +339,18 @@ def test_bad_arguments():
         w.close(timeout=-1)
     with pytest.raises(InvalidInputError, match="counts"):
         w.submit([[1, 2]])
+
+
+@pytest.mark.parametrize("method", ["tempo", "uniform", "metro", "static"])
+def test_worker_solves_through_solve_dispatch_layer_loop(method):
+    """The worker's solve is solve_dispatch's layer loop: every method reports the
+    evaluator's makespan per layer (not only methods that put one in their extras)."""
+    rng = np.random.default_rng(5)
+    L, E, G = 3, 8, 2
+    p2l = _placement(rng, L, E, G, per_gpu=5)
+    w = SolverWorker(p2l, G, COST, method=method)  # not started: its solver runs here
+    counts = rng.integers(0, 60, (L, E))
+    probs, makespan, _ = _Solver(w._cfg, p2l).solve(counts)
+    ref = solve_dispatch(DispatchProblem.from_placement(counts, p2l, n_gpus=G), COST, method=method)
+    assert makespan.shape == (L,) and np.isfinite(makespan).all()
+    assert np.array_equal(makespan, ref.makespan)

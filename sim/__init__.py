@@ -1,5 +1,6 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .config import SimConfig
 from .phase_diagram import PhaseDiagram, phase_diagram
 from .prefix import PrefixBlocks, load_prefix_blocks
 from .simulator import (
@@ -10,6 +11,7 @@ from .simulator import (
     SimReport,
     bootstrap_rooms,
     decode_capacity,
+    engine_inputs,
     offered_load,
     simulate,
 )
@@ -35,6 +37,8 @@ from .workload import (
 )
 
 __all__: list[str] = [
+    "SimConfig",
+    "engine_inputs",
     "SHAPES",
     "SKEWS",
     "eplb_placement",

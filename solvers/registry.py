@@ -58,10 +58,17 @@ class LayerSolution:
     replicas: np.ndarray | None = None
 
 
-def _table() -> dict[str, type]:
-    from ..baselines.tables import DISPATCH_METHODS  # the table sees every layer (docstring)
+_TABLE: dict = {}
 
-    return DISPATCH_METHODS
+
+def _table() -> dict[str, type]:
+    """The name table of :mod:`straggler.baselines.tables` (it sees every layer, so it is
+    imported on first use; module docstring)."""
+    if not _TABLE:
+        from ..baselines.tables import DISPATCH_METHODS
+
+        _TABLE.update(DISPATCH_METHODS)
+    return _TABLE
 
 
 def register_dispatch_method(name: str):

@@ -227,12 +227,11 @@ def _entry(pol, args):
     first call with a policy compiles that policy's kernel, not every policy's. The arguments
     are normalized by :func:`_route_batch_iv` (C-contiguous writeable float64/int64 arrays,
     the registry's records), so one compiled version per policy serves every call."""
-    f = _ENTRIES.get(pol.name)
-    if f is None:
-        f = _ENTRIES[pol.name] = literal_entry(
-            route_batch_kernel, pol.name, args, depends=kernel_modules()
-        )
-    return f
+    hit = _ENTRIES.get(id(pol))
+    if hit is None:  # keyed by the policy object (kept alive here), not its name
+        f = literal_entry(route_batch_kernel, pol.name, args, depends=kernel_modules())
+        hit = _ENTRIES[id(pol)] = (pol, f)
+    return hit[1]
 
 
 def _raise_bad(code: int, index: int, arrays) -> None:

@@ -380,10 +380,17 @@ def routing_policy(
     )
 
 
-def _table() -> dict[str, RoutingPolicy]:
-    from ..baselines.tables import ROUTING_POLICIES  # the table sees every layer (docstring)
+_TABLE: dict = {}
 
-    return ROUTING_POLICIES
+
+def _table() -> dict[str, RoutingPolicy]:
+    """The name table of :mod:`straggler.baselines.tables` (it sees every layer, so it is
+    imported on first use; module docstring)."""
+    if not _TABLE:
+        from ..baselines.tables import ROUTING_POLICIES
+
+        _TABLE.update(ROUTING_POLICIES)
+    return _TABLE
 
 
 def kernel_modules() -> tuple:

@@ -4,8 +4,13 @@
 callable objects). :mod:`.tables` names them for the entry points; importing a module
 registers nothing."""
 
-from .eplb import rebalance_experts
+from ..solvers.eplb import rebalance_experts
 from .flashlb import flashlb_rebalance
 from .tokens import TokenLayout, token_layout
 
-__all__: list[str] = ["rebalance_experts", "flashlb_rebalance", "TokenLayout", "token_layout"]
+__all__: list[str] = [
+    "rebalance_experts",
+    "flashlb_rebalance",
+    "TokenLayout",
+    "token_layout",
+]

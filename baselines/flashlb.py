@@ -24,7 +24,7 @@ packs a *risk*: over a window of ``T`` recorded batches it estimates every exper
    Hungarian method), experts kept on a GPU stay in their old slots, and only the layers
    that improve, best first (at most 16 per call), are updated.
 
-:func:`flashlb_rebalance` returns the three maps :func:`~straggler.baselines.eplb.
+:func:`flashlb_rebalance` returns the three maps :func:`~straggler.solvers.eplb.
 rebalance_experts` returns. Deviations, all at the level of rounding or of inputs upstream
 cannot take: float64 statistics (upstream stores float32 and compiles with fastmath); stable
 sorts where upstream's ``argsort`` is unstable (ties only); a GPU variance that rounds below

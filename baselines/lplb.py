@@ -39,8 +39,8 @@ from scipy.optimize import linprog
 from ..formulations.dispatch import DispatchProblem, evaluate
 from ..formulations.errors import InvalidInputError, InvalidOptionError, StragglerError
 from ..formulations.validation import check_array, check_choice, check_int
+from ..solvers.eplb import rebalance_experts
 from ..solvers.registry import LayerSolution
-from .eplb import rebalance_experts
 from .tokens import token_layout
 
 __all__ = [

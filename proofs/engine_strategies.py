@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from ..baselines.eplb import rebalance_experts
 from ..sim.workload import zipf_popularity
+from ..solvers.eplb import rebalance_experts
 
 __all__ = [
     "synthetic_recording",

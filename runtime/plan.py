@@ -9,7 +9,7 @@
    expert loads per recorded batch and layer. ``--holdout F`` keeps the last fraction
    ``F`` of the batches out of the plan and scores on them (the public EPLB benchmark's
    "place on one window, score on the next"); by default the plan is scored in-sample.
-2. **Place**: ``--placement eplb`` (default; DeepSeek EPLB, :func:`straggler.baselines.eplb.
+2. **Place**: ``--placement eplb`` (default; DeepSeek EPLB, :func:`straggler.solvers.eplb.
    rebalance_experts`, on the summed loads, ``--groups``/``--nodes`` for its hierarchical
    policy), ``place_experts`` (:func:`straggler.solvers.place_experts`: a placement chosen
    for tempo's dispatch on the planning batches, never two replicas on one GPU) or
@@ -64,7 +64,6 @@ import tempfile
 
 import numpy as np
 
-from ..baselines.eplb import rebalance_experts
 from ..formulations._io import OneLineParser, atomic_path, check_output_dir, check_output_file
 from ..formulations.cost import PRESETS, CostModel
 from ..formulations.dispatch import DispatchProblem, evaluate, logical_to_physical
@@ -77,6 +76,7 @@ from ..formulations.metrics import (
     vllm_balancedness,
 )
 from ..formulations.validation import (
+    check_array,
     check_bool,
     check_choice,
     check_int,
@@ -85,14 +85,23 @@ from ..formulations.validation import (
 )
 from ..solvers.calibration import CalibrationResult, fit_cost_model, read_calibration_log
 from ..solvers.dispatch import solve_dispatch
-from ..solvers.placement import place_experts
+from ..solvers.eplb import rebalance_experts
+from ..solvers.placement import moved_replicas, place_experts
 from .engines import ENGINES, EngineLog, read_engine_log
 from .engines.eplb import write_eplb_maps
 from .engines.sglang import write_sglang_init_location
 from .engines.trtllm import write_moe_load_balancer
 from .engines.vllm import vllm_maps, write_vllm_state
 
-__all__ = ["main", "plan", "Plan", "DEFAULT_COST", "PLACEMENTS", "format_report"]
+__all__ = [
+    "main",
+    "plan",
+    "Plan",
+    "DEFAULT_COST",
+    "PLACEMENTS",
+    "format_report",
+    "rebalance_verdict",
+]
 
 #: Cost preset when neither ``--cost`` nor ``--calibration`` is given (DeepSeek-V3 shape,
 #: the EP32 / 288-slot example's model; TEMPO Table 6).
@@ -247,6 +256,8 @@ def plan(
     max_batches: int = 32,
     progress: bool = False,
     seed: int = 0,
+    previous=None,
+    max_moves: int | None = None,
 ) -> Plan:
     """Placement, tables and report for an :class:`~straggler.runtime.engines.EngineLog`
     (the work of ``straggler-plan``, without the files; see the module docstring).
@@ -256,7 +267,17 @@ def plan(
     Plan
         ``layers`` (one dict per layer), ``summary``, ``tables`` (arrays), ``gpu_time``
         (mean modeled time per layer and GPU, ``even`` and ``table``), ``placement``
-        (``physical_to_logical``, and ``log2phy``/``logcnt`` for EPLB), ``meta``.
+        (``physical_to_logical``, and ``log2phy``/``logcnt`` for EPLB), ``meta``; with
+        ``previous``, ``rebalance`` (:func:`rebalance_verdict`).
+
+    Other parameters
+    ----------------
+    previous : array_like of int, shape (n_layers, P), optional
+        The placement in force (``physical_to_logical``). With ``placement="place_experts"``
+        the plan starts from it (:func:`straggler.solvers.place_experts`, ``previous=``);
+        with any placement the report says whether to rebalance.
+    max_moves : int, optional
+        Replicas moved per layer at most (``placement="place_experts"`` and ``previous``).
 
     Raises
     ------
@@ -267,6 +288,12 @@ def plan(
     """
     _plan_iv(log, n_gpus, n_slots, n_nodes, n_groups, cost, placement, distinct, holdout,
              max_batches, progress, seed)  # fmt: skip
+    if max_moves is not None and (previous is None or placement != "place_experts"):
+        raise InvalidInputError(
+            "The 'max_moves' parameter of plan needs previous (the placement in force) and "
+            f"placement='place_experts'. Got placement={placement!r} and "
+            f"previous={'None' if previous is None else 'a placement'} instead."
+        )
     counts = log.counts
     B, L, E = counts.shape
     fit_idx, score_idx, held = _split(B, holdout)
@@ -289,10 +316,11 @@ def plan(
     elif placement == "place_experts":
         # placement that knows tempo dispatches (straggler.solvers.place_experts), built on
         # the same planning batches as EPLB's loads; it never puts two replicas on one GPU
-        P = n_slots if n_slots is not None else E
+        P = n_slots if n_slots is not None else (E if previous is None else np.shape(previous)[1])
         p2l, log2phy, logcnt = place_experts(
-            counts[fit_idx], P, n_groups, n_nodes, n_gpus, cost=cost
-        )
+            counts[fit_idx], P, n_groups, n_nodes, n_gpus, cost=cost, previous=previous,
+            max_moves=max_moves,
+        )  # fmt: skip
         extra_maps = {"log2phy": log2phy, "logcnt": logcnt}
     else:
         P = n_slots if n_slots is not None else E
@@ -426,7 +454,14 @@ def plan(
         "placement": placement,
         "cost": {k: v for k, v in vars(cost).items() if v is not None},
     }
+    verdict = {}
+    if previous is not None:
+        verdict["rebalance"] = rebalance_verdict(
+            counts[score_idx], previous, p2l, n_gpus, cost, held=held, seed=seed,
+            max_moves=max_moves, after_us=sums["tempo_us"], gpu_node=gpu_node,
+        )  # fmt: skip
     return Plan(
+        **verdict,
         layers=rows,
         summary=summary,
         tables={
@@ -442,6 +477,41 @@ def plan(
         loads=loads,
         meta=meta,
     )
+
+
+def rebalance_verdict(batches, previous, physical_to_logical, n_gpus, cost, *, held, seed=0,
+                      max_moves=None, after_us=None, gpu_node=None) -> dict:  # fmt: skip
+    """Rebalance or not: tempo's mean time per step (summed over layers) on ``batches`` under
+    the placement in force and under the new one, against the replicas the change moves
+    (:func:`straggler.solvers.placement.moved_replicas`). ``after_us`` reuses the new
+    placement's figure when already computed. Returns the figures and the report ``line``;
+    ``rebalance`` is True when the new placement is faster and moves something."""
+    prev = check_array(
+        previous, "previous", "plan", ndim=2, kind="int", lo=0,
+        shape=physical_to_logical.shape,
+    )  # fmt: skip
+    before, after = 0.0, 0.0
+    for l in range(prev.shape[0]):
+        maps = [prev[l]] + ([] if after_us is not None else [physical_to_logical[l]])
+        for i, m in enumerate(maps):
+            p = DispatchProblem.from_placement(batches[:, l], m, n_gpus, gpu_node=gpu_node)
+            t = float(np.mean(solve_dispatch(p, cost, method="tempo", rng=seed).makespan))
+            before, after = (before + t, after) if i == 0 else (before, after + t)
+    after = after if after_us is None else float(after_us)
+    moves = int(moved_replicas(prev, physical_to_logical).sum())
+    gain = before - after
+    yes = gain > 0 and moves > 0
+    where = "held-out" if held else "planning (in-sample)"
+    cap = "" if max_moves is None else f", at most {max_moves}"
+    line = (
+        f"rebalance: {'yes' if yes else 'no, keep the placement in force'}: tempo "
+        f"{before:.1f} -> {after:.1f} us per step on the {where} batches ({-gain:+.1f} us, "
+        f"{-100 * gain / before if before else 0.0:+.2f}%) for {moves} replicas moved "
+        f"({moves / prev.shape[0]:.1f} per layer{cap})"
+        + (f", {gain / moves:.3f} us per step per moved replica" if yes else "")
+    )
+    return {"rebalance": yes, "before_us": before, "after_us": after, "gain_us": gain,
+            "moved_replicas": moves, "held_out": held, "line": line}  # fmt: skip
 
 
 def format_report(result: Plan, *, worst: int = 5, cost_note: str = "") -> str:
@@ -534,6 +604,8 @@ def format_report(result: Plan, *, worst: int = 5, cost_note: str = "") -> str:
         f"solve time: tempo {1e3 * solve['tempo']:.1f} ms, token LP (HiGHS) "
         f"{1e3 * solve['token_lp']:.1f} ms, all layers (machine-dependent)"
     )
+    if "rebalance" in result:
+        out.append(result["rebalance"]["line"])
     return "\n".join(out)
 
 
@@ -621,7 +693,8 @@ def _write_staged(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> li
     files.append(tables)
     report = os.path.join(out_dir, "report.json")
     with open(report, "w") as f:
-        json.dump({k: result[k] for k in ("meta", "summary", "layers")}, f, indent=1)
+        keys = ("meta", "summary", "layers", "rebalance")
+        json.dump({k: result[k] for k in keys if k in result}, f, indent=1)
     files.append(report)
     return files
 
@@ -740,7 +813,30 @@ def _parser() -> OneLineParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--previous",
+        default=None,
+        help="the placement in force (a file any engine wrote, read like LOGS): report whether "
+        "to rebalance; with --placement place_experts, plan from it",
+    )
+    p.add_argument(
+        "--max-moves",
+        type=int,
+        default=None,
+        help="replicas moved per layer at most (needs --previous; implies place_experts)",
+    )
     return p
+
+
+def _read_previous(path: str) -> np.ndarray:
+    """The ``physical_to_logical`` map of the placement file ``--previous`` names."""
+    log = read_engine_log(path)
+    if log.physical_to_logical is None:
+        raise InvalidInputError(
+            f"The --previous file must hold a placement (physical_to_logical). Got "
+            f"{log.summary()} instead."
+        )
+    return np.asarray(log.physical_to_logical)
 
 
 def main(argv=None) -> int:
@@ -756,6 +852,12 @@ def main(argv=None) -> int:
         parser.error(f"--gpus {args.gpus} is not a multiple of --nodes {args.nodes}")
     if not (0 <= args.holdout < 1):
         parser.error("--holdout must be in [0, 1)")
+    if args.max_moves is not None:
+        if args.previous is None or args.max_moves < 0:
+            parser.error("--max-moves needs --previous and a count of at least 0")
+        if args.placement == "recorded":
+            parser.error("--max-moves plans from --previous: not with --placement recorded")
+        args.placement = "place_experts"
     if args.worst < 0:
         parser.error("--worst must be at least 0")
     if args.seed < 0:
@@ -789,6 +891,7 @@ def main(argv=None) -> int:
                 "(an SGLang recorder dump, vLLM load windows, TensorRT-LLM statistics, or "
                 "EPLB maps with their weight)."
             )
+        previous = _read_previous(args.previous) if args.previous else None
         _first_run_notice(notify)
         result = plan(
             log,
@@ -803,6 +906,8 @@ def main(argv=None) -> int:
             max_batches=args.max_batches,
             progress=not args.no_progress,
             seed=args.seed,
+            previous=previous,
+            max_moves=args.max_moves,
         )
     except (StragglerError, ValueError, OSError) as exc:
         print(f"straggler-plan: error: {exc}", file=sys.stderr)
@@ -820,7 +925,8 @@ def main(argv=None) -> int:
     if args.json:
         print(
             json.dumps(
-                {k: result[k] for k in ("meta", "summary", "layers")} | {"written": written},
+                {k: result[k] for k in ("meta", "summary", "layers", "rebalance") if k in result}
+                | {"written": written},
                 indent=1,
             )
         )

@@ -1,8 +1,10 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
 from .config import SimConfig
+from .drift import drifting_windows
 from .phase_diagram import PhaseDiagram, phase_diagram
 from .prefix import PrefixBlocks, load_prefix_blocks
+from .rebalance import RebalanceFrontier, rebalance_frontier, tempo_makespan
 from .simulator import (
     DEFAULT_PREFILL,
     DEFAULT_STEP_TIME,
@@ -45,6 +47,10 @@ __all__: list[str] = [
     "make_decode_problem",
     "sample_counts",
     "zipf_popularity",
+    "drifting_windows",
+    "rebalance_frontier",
+    "RebalanceFrontier",
+    "tempo_makespan",
     "simulate",
     "SimReport",
     "DEFAULT_STEP_TIME",

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..baselines.eplb import rebalance_experts
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import (
@@ -45,6 +44,7 @@ from ..formulations.validation import (
     check_rng,
     describe,
 )
+from ..solvers.eplb import rebalance_experts
 
 __all__ = [
     "ModelShape",
@@ -276,7 +276,7 @@ def eplb_placement(
     """EPLB's ``physical_to_logical [L, P]`` for long-run average ``loads [L, E]``.
 
     ``P = num_physical_slots(E, n_gpus, replication)``; see
-    :func:`~straggler.baselines.eplb.rebalance_experts` for the algorithm and ``distinct``.
+    :func:`~straggler.solvers.eplb.rebalance_experts` for the algorithm and ``distinct``.
 
     Examples
     --------

@@ -15,7 +15,13 @@ map is given (``old_physical_to_logical``, as vLLM's ``EplbState`` always passes
 opt-in ``distinct=True`` variant forbids two replicas of one
 expert on one GPU (upstream allows it; its report of it stays open).
 
-The algorithm (ANCHORS.md, "DeepSeek EPLB"):
+EPLB is a baseline, yet it lives here, in ``solvers``: :func:`~straggler.solvers.place_experts`
+and its rebalance from the placement in force start from it, and the layering
+(``formulations`` <- ``solvers`` <- ``baselines``) forbids a solver to import a baseline.
+``straggler.baselines`` re-exports :func:`rebalance_experts` under its baseline name; there
+is no second module.
+
+The algorithm (deepseek-ai/EPLB ``eplb.py``):
 
 * *balanced packing* of ``n`` weighted items into ``m`` packs of exactly ``n / m`` items:
   items by descending weight, each into the lightest pack that still has room;
@@ -33,6 +39,7 @@ import numpy as np
 
 from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
 from ..formulations.validation import check_array, check_bool, check_choice, check_int
+from ._eplb_kernels import packing_kernel, replicate_kernel
 from ._eplb_vec import rebalance_experts_vec
 from ._torch_order import torch_sort_descending
 
@@ -71,29 +78,18 @@ def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
     sglang = _version == "sglang"
     w = np.asarray(weight) if vllm else np.asarray(weight, dtype=np.float32)
     n_rows, n_items = w.shape
-    per_pack = n_items // num_packs
-    if per_pack == 1:
+    if n_items // num_packs == 1:
         pack_index = np.broadcast_to(np.arange(n_items, dtype=np.int64), w.shape).copy()
         return pack_index, np.zeros(w.shape, dtype=np.int64)
     # vLLM: numpy's default (unstable) argsort and float64 pack loads; SGLang: torch's sort
     # order and float64 pack loads (Python floats of its ``weight.tolist()``)
     if sglang:
-        order = [torch_sort_descending(row) for row in w]
+        order = np.array([torch_sort_descending(row) for row in w], dtype=np.int64)
+        order = order.reshape(w.shape)
     else:
         order = np.argsort(-w, axis=-1) if vllm else np.argsort(-w, axis=-1, kind="stable")
-    zero = np.float64(0) if vllm or sglang else np.float32(0)
-    pack_index = np.full(w.shape, -1, dtype=np.int64)
-    rank_in_pack = np.full(w.shape, -1, dtype=np.int64)
-    for i in range(n_rows):
-        loads = [zero] * num_packs
-        items = [0] * num_packs
-        for item in order[i]:
-            pack = min((p for p in range(num_packs) if items[p] < per_pack), key=loads.__getitem__)
-            pack_index[i, item] = pack
-            rank_in_pack[i, item] = items[pack]
-            loads[pack] = loads[pack] + w[i, item]
-            items[pack] += 1
-    return pack_index, rank_in_pack
+    loads0 = np.zeros(num_packs, dtype=np.float64 if vllm or sglang else np.float32)
+    return packing_kernel(np.ascontiguousarray(w), order, int(num_packs), loads0)
 
 
 def _balanced_packing_distinct(weight, labels, num_packs: int):
@@ -180,22 +176,10 @@ def replicate_experts(
     >>> p2l.tolist(), rank.tolist(), cnt.tolist()
     ([[0, 1, 2, 0, 0]], [[0, 0, 0, 1, 2]], [[3, 1, 1]])
     """
-    w = np.asarray(weight, dtype=np.float32)
-    n_rows, num_log = w.shape
-    phy2log = np.tile(np.arange(num_phy, dtype=np.int64), (n_rows, 1))
-    rank = np.zeros((n_rows, num_phy), dtype=np.int64)
-    logcnt = np.ones((n_rows, num_log), dtype=np.int64)
-    rows = np.arange(n_rows)
-    for i in range(num_log, num_phy):
-        # vLLM: float32 / int64 is a float64 division in numpy
-        ratio = w / logcnt if _version == "vllm" else w / logcnt.astype(np.float32)
-        if max_count is not None:
-            ratio = np.where(logcnt < max_count, ratio, -np.inf)
-        idx = np.argmax(ratio, axis=-1)
-        phy2log[:, i] = idx
-        rank[:, i] = logcnt[rows, idx]
-        logcnt[rows, idx] += 1
-    return phy2log, rank, logcnt
+    w = np.ascontiguousarray(weight, dtype=np.float32)
+    # vLLM: float32 / int64 is a float64 division in numpy
+    ones = np.ones(w.shape[1], dtype=np.float64 if _version == "vllm" else np.float32)
+    return replicate_kernel(w, int(num_phy), 0 if max_count is None else int(max_count), ones)
 
 
 def _inverse(perm: np.ndarray) -> np.ndarray:
@@ -458,7 +442,8 @@ def rebalance_experts(
     its nearest-replica rule read that order, so its dispatch differs too. Ties between
     different experts (equal loads) can change the placement itself. ``"deepseek"`` fixes
     the stable order (descending weight, ties by increasing index), with which it matches
-    upstream run with a stable sort exactly; ``"sglang"`` reproduces torch's order and
+    upstream run with a stable sort exactly (and SGLang's ``deepseek.py`` on tie-free loads,
+    ``benchmarks/eplb_speed.py``); ``"sglang"`` reproduces torch's order and
     matches SGLang 0.5.23 map for map, replica order included (``tests/conformance``).
     ``torch.max`` and Python's ``min`` take the first extremum, as here.
 
@@ -472,11 +457,12 @@ def rebalance_experts(
     decided within nodes after group packing, so a globally hot expert may stay
     unreplicated. The global policy is the hierarchical code with one group and one node
     (upstream's current version; its first release replicated without packing).
-    ``O(L * P * num_gpus)`` Python steps.
+    ``O(L * P * num_gpus)`` steps, in the compiled loops of
+    :mod:`straggler.solvers._eplb_kernels`.
 
     References
     ----------
-    deepseek-ai/EPLB ``eplb.py``; ANCHORS.md ("DeepSeek EPLB").
+    deepseek-ai/EPLB ``eplb.py``; SGLang ``python/sglang/srt/eplb/eplb_algorithms/deepseek.py``.
 
     Examples
     --------

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from straggler.baselines.eplb import rebalance_experts
 from straggler.formulations import InvalidInputError
 from straggler.proofs.engine_strategies import (
     file_bytes_mutations,
@@ -38,6 +37,7 @@ from straggler.runtime.engines import (
     write_vllm_state,
 )
 from straggler.runtime.engines._yaml import dump_yaml, parse_yaml
+from straggler.solvers.eplb import rebalance_experts
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_ST = importlib.util.find_spec("safetensors") is not None

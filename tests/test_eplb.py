@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from straggler.baselines import eplb
-from straggler.baselines.eplb import rebalance_experts
 from straggler.formulations import DispatchProblem, InvalidInputError, InvalidOptionError
+from straggler.solvers import eplb
+from straggler.solvers.eplb import rebalance_experts
 
 README_WEIGHT = [
     [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -276,6 +276,47 @@ def test_upstream_duplicates_do_occur():
 def test_invalid_input(args, param):
     with pytest.raises(InvalidInputError, match=f"'{param}'"):
         rebalance_experts(*args)
+
+
+@given(
+    st.integers(1, 3),
+    st.integers(2, 30),
+    st.integers(0, 30),
+    st.integers(0, 4),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_compiled_loops_equal_their_references(L, E, extra, cap, f64, seed):
+    # kernel == its py_func == the plain reference (upstream's loop as written), bit for bit,
+    # on integer loads (ties) and on real ones, for both accumulation dtypes
+    from straggler.solvers import _eplb_kernels as k
+
+    rng = np.random.default_rng(seed)
+    P = E + extra
+    dt = np.float64 if f64 else np.float32
+    w = rng.integers(0, 20, size=(L, E)).astype(np.float32)
+    if seed % 2:
+        w = (rng.random((L, E)) * 50).astype(np.float32)
+    cap = cap if cap * E >= P else 0
+    ones = np.ones(E, dt)
+    rk, pk = k.replicate_kernel, k.packing_kernel
+    outs = [
+        f(w, P, cap, ones)
+        for f in (rk, getattr(rk, "py_func", rk), k.replicate_reference)
+    ]  # fmt: skip
+    for other in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
+    packs = [d for d in range(1, P + 1) if P % d == 0]
+    m = packs[seed % len(packs)]
+    ww = np.round(rng.random((L, P)) * 8).astype(np.float32)
+    order = np.argsort(-ww, axis=-1, kind="stable")
+    z = np.zeros(m, dt)
+    outs = [
+        f(ww, order, m, z)
+        for f in (pk, getattr(pk, "py_func", pk), k.packing_reference)
+    ]  # fmt: skip
+    for other in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
 
 
 # --- vLLM's preserve_intragpu_slots (old_physical_to_logical) ------------------------------

@@ -63,7 +63,7 @@ def test_eplb_method_is_eplb_distinct():
 def test_never_worse_than_start_on_its_window(seed):
     cost = CostModel.preset("qwen3_30b_a_offline")
     hist = _window(seed=seed, tokens=512)
-    kw = dict(cost=cost, n_samples=len(hist))
+    kw = dict(cost=cost, n_samples=len(hist), n_resamples=0)
     ls = place_experts(hist, 40, 1, 1, 4, **kw)[0]
     ep = place_experts(hist, 40, 1, 1, 4, method="eplb", **kw)[0]
     assert _tempo_mean(hist, ls, 4, cost) <= _tempo_mean(hist, ep, 4, cost) + 1e-9
@@ -122,7 +122,7 @@ def test_never_worse_than_repaired_upstream_on_its_window():
 
     cost = CostModel.preset("qwen3_30b_a_offline")
     hist = _window(seed=4, tokens=512, skew=1.5)
-    ls = place_experts(hist, 40, 1, 1, 4, cost=cost, n_samples=len(hist))[0]
+    ls = place_experts(hist, 40, 1, 1, 4, cost=cost, n_samples=len(hist), n_resamples=0)[0]
     up, _, _ = rebalance_experts(hist.mean(axis=0), 40, 1, 1, 4)
     masks = np.stack(
         [
@@ -132,3 +132,25 @@ def test_never_worse_than_repaired_upstream_on_its_window():
     )
     rep = _maps(masks, 10)[0]
     assert _tempo_mean(hist, ls, 4, cost) <= _tempo_mean(hist, rep, 4, cost) + 1e-9
+
+
+def test_resampled_batches_are_scored_and_guarded():
+    """The search also scores batches resampled expert by expert from the window; with them
+    the placement is never worse than its start under tempo on the window plus them."""
+    from straggler.solvers.placement import _resample
+
+    cost = CostModel.preset("qwen3_30b_a_offline")
+    hist = _window(seed=4, tokens=512, skew=1.5)
+    extra = _resample(hist[:, 0], 32, 0)
+    assert extra.shape == (32, 32)
+    for e in range(32):  # every count is one the expert had in some batch of the window
+        assert np.isin(extra[:, e], hist[:, 0, e]).all()
+    np.testing.assert_array_equal(extra, _resample(hist[:, 0], 32, 0))
+    kw = dict(cost=cost, n_samples=len(hist))
+    ls = place_experts(hist[:, :1], 40, 1, 1, 4, **kw)[0]
+    ep = place_experts(hist[:, :1], 40, 1, 1, 4, method="eplb", **kw)[0]
+    scored = np.concatenate([hist[:, :1], extra[:, None]])
+    assert _tempo_mean(scored, ls, 4, cost) <= _tempo_mean(scored, ep, 4, cost) + 1e-9
+    other = _window(seed=2, tokens=1024, skew=1.5)  # where the resamples change the result
+    alone = place_experts(other, 40, 1, 1, 4, n_resamples=0, cost=cost)[0]
+    assert not np.array_equal(alone, place_experts(other, 40, 1, 1, 4, cost=cost)[0])

@@ -1,12 +1,12 @@
 """straggler-plan: logs in, placement and tables out, in every engine's layout."""
 
+import importlib
 import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
-import straggler.sim.warmup as warmup_mod
 from straggler.formulations import CostModel, DispatchProblem, evaluate
 from straggler.proofs.engine_strategies import write_demo_dumps
 from straggler.runtime.engines import (
@@ -20,6 +20,8 @@ from straggler.runtime.plan import _table_split, main, plan
 from straggler.solvers import fit_cost_model
 from straggler.solvers.calibration import write_calibration_log
 
+# the module, not the function straggler.sim re-exports under the same name
+warmup_mod = importlib.import_module("straggler.sim.warmup")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_ST = importlib.util.find_spec("safetensors") is not None
 ENGINES = tuple(e for e, ok in (("sglang", HAS_TORCH), ("vllm", True), ("trtllm", HAS_ST)) if ok)
@@ -219,6 +221,49 @@ def test_place_experts_placement(dumps, tmp_path):
     per_gpu = p2l.reshape(p2l.shape[0], 8, -1)
     for row in per_gpu.reshape(-1, per_gpu.shape[-1]):
         assert len(set(row.tolist())) == row.size
+
+
+def test_previous_max_moves_and_the_rebalance_line(dumps, tmp_path, capsys):
+    """``--previous MAP --max-moves K``: plans from the placement in force with at most K
+    replicas moved per layer, and reports whether to rebalance on the held-out batches."""
+    from straggler.solvers import place_experts
+    from straggler.solvers.placement import moved_replicas
+
+    first = tmp_path / "first"
+    assert main([dumps["vllm"], *ARGS, "--out", str(first), "--format", "eplb"]) == 0
+    prev_file = first / "eplb_maps.json"
+    prev = np.asarray(json.loads(prev_file.read_text())["phy2log"])
+    capsys.readouterr()
+    out = tmp_path / "moved"
+    args = [dumps["vllm"], *ARGS, "--previous", str(prev_file), "--max-moves", "3"]
+    assert main([*args, "--holdout", "0.5", "--out", str(out), "--format", "eplb"]) == 0
+    text = capsys.readouterr().out
+    line = [x for x in text.splitlines() if x.startswith("rebalance: ")]
+    assert len(line) == 1 and "held-out batches" in line[0] and "at most 3" in line[0]
+    p2l = np.asarray(json.loads((out / "eplb_maps.json").read_text())["phy2log"])
+    assert (moved_replicas(prev, p2l) <= 3).all()
+    log = read_engine_log(dumps["vllm"])
+    want = place_experts(log.counts[:8], 80, 1, 1, 8, cost="dsv3_a_offline", previous=prev,
+                         max_moves=3)[0]  # fmt: skip
+    np.testing.assert_array_equal(p2l, want)
+    report = json.loads((out / "report.json").read_text())
+    r = report["rebalance"]
+    assert r["moved_replicas"] == int(moved_replicas(prev, p2l).sum())
+    assert r["rebalance"] == (r["gain_us"] > 0 and r["moved_replicas"] > 0)
+    # the verdict alone, for a full EPLB plan from the same placement: no move, no rebalance
+    res = plan(log, n_gpus=8, n_slots=80, cost=CostModel.preset("dsv3_a_offline"),
+               previous=prev)  # fmt: skip
+    assert res["rebalance"]["moved_replicas"] == 0 and not res["rebalance"]["rebalance"]
+    assert "no, keep the placement in force" in res["rebalance"]["line"]
+    # usage errors exit 2 with one line
+    for bad in (["--max-moves", "3"], ["--previous", str(prev_file), "--max-moves", "-1"],
+                [*args[1:], "--placement", "recorded"]):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            main([dumps["vllm"], *ARGS, *bad])
+        assert e.value.code == 2
+    assert main([dumps["vllm"], *ARGS, "--previous", str(tmp_path / "missing.json")]) == 2
+    with pytest.raises(Exception, match="max_moves"):
+        plan(log, n_gpus=8, n_slots=80, cost=CostModel.preset("dsv3_a_offline"), max_moves=2)
 
 
 def _one_line(err: str) -> str:

@@ -7,7 +7,6 @@ import random
 import numpy as np
 import pytest
 from straggler.baselines.dynamic import sglang_dynamic_choice, sglang_dynamic_lists
-from straggler.baselines.eplb import rebalance_experts
 from straggler.baselines.flashlb import (
     FLASHLB_Z,
     _flash_tree,
@@ -48,6 +47,7 @@ from straggler.formulations import (
 )
 from straggler.sim.workload import make_decode_problem
 from straggler.solvers import solve_dispatch, solve_token_lp
+from straggler.solvers.eplb import rebalance_experts
 
 COST = CostModel(a=0, b=15, c=0, beta=0.1)
 

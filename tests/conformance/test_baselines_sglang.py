@@ -4,7 +4,7 @@ Each test builds random instances, runs the released function (imported from the
 ``sglang`` package) and ours on the same input, and compares every output:
 
 * EPLB: ``sglang.srt.eplb.eplb_algorithms.rebalance_experts`` (``deepseek`` and
-  ``deepseek_hierarchical``) against :func:`straggler.baselines.eplb.rebalance_experts`.
+  ``deepseek_hierarchical``) against :func:`straggler.solvers.eplb.rebalance_experts`.
 * Static dispatch: SGLang's table (``expert_location.compute_logical_to_rank_dispatch_physical_map``
   via ``ExpertLocationMetadata._init_raw``, on lists from ``_compute_logical_to_all_physical_map``
   or from SGLang's EPLB) against :func:`straggler.baselines.static.sglang_static_table`.
@@ -28,8 +28,8 @@ eplb_algorithms = pytest.importorskip("sglang.srt.eplb.eplb_algorithms")
 expert_location = pytest.importorskip("sglang.srt.eplb.expert_location")
 
 from straggler.baselines.dynamic import sglang_dynamic_choice, sglang_dynamic_lists  # noqa: E402
-from straggler.baselines.eplb import rebalance_experts  # noqa: E402
 from straggler.baselines.static import sglang_static_table  # noqa: E402
+from straggler.solvers.eplb import rebalance_experts  # noqa: E402
 
 N_CASES = 200
 

@@ -1,10 +1,12 @@
 """``vllm_ep``: vLLM's EPLB replica choice, token by token.
 
-Upstream: vllm-project/vllm, ``eplb_map_to_physical_and_record`` (since 2026 in
-``vllm/model_executor/layers/fused_moe/router/base_router.py`` and the EPLB platform
-backend, a Triton kernel): every entry of a rank's ``topk_ids [n_tokens, k]`` (its local
-batch) maps logical expert ``e`` to ``logical_to_physical_map[e, i]`` with replica index
-``i`` chosen by
+Upstream: vllm-project/vllm, ``eplb_map_to_physical_and_record`` (in vLLM CPU 0.32.0:
+``vllm/model_executor/layers/fused_moe/router/base_router.py``, the Triton kernel
+``_eplb_map_and_record_i32_kernel``, defined on CUDA-like platforms; the ``hash`` rule
+below equals that kernel run under Triton's interpreter, ``tests/conformance/
+test_vllm.py``): every entry of a rank's ``topk_ids [n_tokens, k]`` (its local batch) maps
+logical expert ``e`` to ``logical_to_physical_map[e, i]`` with replica index ``i`` chosen
+by
 
 * ``version="hash"`` (default, current): since PR #40810 (opened 2026-04-24, "Fix replica
   selection bias in fused_moe router"), ``i = ((t * 2654435769) & 0xFFFFFFFF) % count[e]``

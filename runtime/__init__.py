@@ -8,6 +8,8 @@
 - :class:`SolverWorker`: tempo (or any dispatch method) in a spawned process, fed count
   windows through shared memory, posting tables at a refresh period; the engine never waits.
 - :mod:`straggler.runtime.converters`: the tables in SGLang's ``lp`` and vLLM's layouts.
+- :class:`TableSolver`: stands in for SGLang's per-layer ``LPLBSolver`` and serves the
+  publisher's live table.
 - :mod:`straggler.runtime.engines`: readers and writers of the engines' files
   (:func:`read_engine_log`, :func:`detect_format`, :class:`EngineLog`).
 
@@ -20,6 +22,7 @@ straggler.runtime`` works without them.
 from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
 from .engines import EngineLog, detect_format, read_engine_log
 from .publisher import TablePublisher, normalize_table, uniform_table
+from .table_solver import TableSolver, install_table_solvers
 from .worker import SolverWorker, WorkerStatus, WorkerTables, window_delta
 
 __all__ = [
@@ -30,6 +33,8 @@ __all__ = [
     "TablePublisher",
     "normalize_table",
     "uniform_table",
+    "TableSolver",
+    "install_table_solvers",
     "SolverWorker",
     "WorkerStatus",
     "WorkerTables",

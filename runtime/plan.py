@@ -13,7 +13,9 @@
    rebalance_experts`, on the summed loads, ``--groups``/``--nodes`` for its hierarchical
    policy), ``place_experts`` (:func:`straggler.solvers.place_experts`: a placement chosen
    for tempo's dispatch on the planning batches, never two replicas on one GPU) or
-   ``recorded`` (keep the placement the log was recorded under).
+   ``recorded`` (keep the placement the log was recorded under), or a TensorRT-LLM
+   ``moe_load_balancer.yaml`` file: the placement slot-id statistics were recorded under,
+   which folds them to experts and is kept.
 3. **Dispatch**: tempo (:func:`straggler.solvers.solve_dispatch`) under the cost model
    (``--cost`` preset, or ``--calibration``: a :class:`~straggler.solvers.CalibrationResult`
    JSON or a raw ``G,N,t_us`` log, fitted here), on each layer's recorded batches. A
@@ -665,7 +667,7 @@ def _write_staged(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> li
                 )
             )
     elif fmt == "vllm":
-        maps = vllm_maps(p2l, E)
+        maps = vllm_maps(p2l, E, width=None)  # compact: vLLM rebuilds its 1024-wide map
         files.append(write_vllm_state(os.path.join(out_dir, "eplb_state.json"), maps))
         if torch_twins:
             files.append(write_vllm_state(os.path.join(out_dir, "eplb_state.pt"), maps))
@@ -769,9 +771,11 @@ def _parser() -> OneLineParser:
     p.add_argument("--distinct", action="store_true", help="EPLB without two replicas on one GPU")
     p.add_argument(
         "--placement",
-        choices=PLACEMENTS,
         default="eplb",
-        help="eplb (rebuild), place_experts (placement for tempo) or recorded (keep the log's)",
+        metavar="{eplb,place_experts,recorded,FILE}",
+        help="eplb (rebuild), place_experts (placement for tempo), recorded (keep the log's), "
+        "or a TensorRT-LLM moe_load_balancer.yaml the statistics were recorded under (slot "
+        "ids folded through it; kept as the placement)",
     )
     cost = p.add_mutually_exclusive_group()
     cost.add_argument(
@@ -884,7 +888,10 @@ def main(argv=None) -> int:
 
     try:
         cost, cost_note = _cost_from(args)
-        log = read_engine_log(args.logs, format=args.input_format)
+        placement, placement_file = args.placement, None
+        if placement not in PLACEMENTS:  # a file: the placement the statistics were recorded under
+            placement, placement_file = "recorded", args.placement
+        log = read_engine_log(args.logs, format=args.input_format, placement=placement_file)
         if not log.has_loads:
             raise StragglerError(
                 f"{log.summary()}: a placement only. straggler-plan needs recorded loads "
@@ -900,7 +907,7 @@ def main(argv=None) -> int:
             n_nodes=args.nodes,
             n_groups=args.groups,
             cost=cost,
-            placement=args.placement,
+            placement=placement,
             distinct=args.distinct,
             holdout=args.holdout,
             max_batches=args.max_batches,

@@ -118,7 +118,11 @@ def test_trtllm_writer_refuses_ids_that_would_drop_data(tmp_path, kw, match):
         write_trtllm_statistics(tmp_path / "d", counts, **{"top_k": 2, **kw})
     assert not (tmp_path / "d").exists()
     with pytest.raises(InvalidInputError, match="counts"):
-        write_trtllm_statistics(tmp_path / "d", counts * 2**31, layer_ids=[3, 4], top_k=2)
+        # int64, as torch.bincount writes them: 2**31 is stored exactly, 2**63 cannot be
+        write_trtllm_statistics(
+            tmp_path / "d", counts.astype(object) * 2**63, layer_ids=[3, 4], top_k=2
+        )
+    write_trtllm_statistics(tmp_path / "e", counts * 2**31, layer_ids=[3, 4], top_k=2)
 
 
 def test_placement_writers_refuse_fractional_ids(tmp_path):

@@ -259,8 +259,11 @@ def test_vllm_maps_must_agree(tmp_path, rec):
 
 
 def test_vllm_maps_layout():
-    m = vllm_maps([[0, 1, 2, 3, 0, 1], [0, 2, 0, 1, 0, 3]], 4)
+    m = vllm_maps([[0, 1, 2, 3, 0, 1], [0, 2, 0, 1, 0, 3]], 4, width=None)
     assert m["logical_to_physical_map"].shape == (2, 4, 3)  # num_redundant_experts + 1
+    wide = vllm_maps([[0, 1, 2, 3, 0, 1], [0, 2, 0, 1, 0, 3]], 4)["logical_to_physical_map"]
+    assert wide.shape == (2, 4, 1024) and (wide[..., 3:] == -1).all()  # vLLM's tensor
+    assert np.array_equal(wide[..., :3], m["logical_to_physical_map"])
     assert m["logical_to_physical_map"][0].tolist() == [
         [0, 4, -1],
         [1, 5, -1],

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from straggler.formulations import DispatchProblem, InvalidInputError
 from straggler.runtime.converters import (
     reorder_columns,
+    sglang_logical_to_all_physical,
     to_sglang_lp,
     to_vllm_replica_map,
     to_vllm_replica_order,
@@ -67,23 +68,33 @@ def test_reorder_refuses_unknown_slots_and_lost_mass():
 
 @given(_tables())
 def test_sglang_lp_layout(case):
-    """Per layer [E, X_l], X_l = the layer's largest replica count, in the engine's columns;
-    SGLang's own rule (mask -1 columns, zero-sum rows to uniform, normalise) reproduces it."""
+    """[L, E, P] in the engine's columns; SGLang's rule (mask -1 columns, zero-sum rows to
+    uniform, normalise) reproduces it."""
     l2p, probs, eng = case
-    for cols in (None, eng):
-        out = to_sglang_lp(l2p, probs, cols)
-        ref_cols = l2p if cols is None else eng
-        assert len(out) == l2p.shape[0]
-        for l, t in enumerate(out):
-            n_valid = (ref_cols[l] >= 0).sum(axis=-1)
-            assert t.dtype == np.float32 and t.shape == (l2p.shape[1], max(1, n_valid.max()))
-            valid = ref_cols[l, :, : t.shape[1]] >= 0
-            want = reorder_columns(l2p, probs, ref_cols)[l, :, : t.shape[1]] * valid
-            zero = want.sum(axis=-1) <= 0
-            want[zero] = valid[zero]
-            tot = want.sum(axis=-1, keepdims=True)
-            want = np.divide(want, tot, out=np.zeros_like(want), where=tot > 0)  # no replica: 0
-            assert np.allclose(t, want, atol=1e-6) and (t[~valid] == 0).all()
+    out = to_sglang_lp(l2p, probs, eng)
+    valid = eng >= 0
+    assert out.dtype == np.float32 and out.shape == eng.shape
+    want = reorder_columns(l2p, probs, eng) * valid
+    zero = want.sum(axis=-1) <= 0
+    want[zero] = valid[zero]
+    tot = want.sum(axis=-1, keepdims=True)
+    want = np.divide(want, tot, out=np.zeros_like(want), where=tot > 0)  # no replica: 0
+    assert np.allclose(out, want, atol=1e-6) and (out[~valid] == 0).all()
+
+
+def test_sglang_lp_needs_the_engine_columns():
+    l2p, probs = [[[0, 2], [1, -1]]], [[[3.0, 1.0], [1.0, 0.0]]]
+    with pytest.raises(InvalidInputError, match="exactly one"):
+        to_sglang_lp(l2p, probs)
+    with pytest.raises(InvalidInputError, match="exactly one"):
+        to_sglang_lp(l2p, probs, [[[0, 2, -1], [1, -1, -1]]], physical_to_logical=[[0, 1, 0]])
+    out = to_sglang_lp(l2p, probs, physical_to_logical=[[0, 1, 0]])
+    assert out.tolist() == [[[0.75, 0.25, 0.0], [1.0, 0.0, 0.0]]]
+    assert sglang_logical_to_all_physical([[1, 0, 1, 1]]).tolist() == [
+        [[1, -1, -1, -1], [0, 2, 3, -1]]
+    ]
+    with pytest.raises(InvalidInputError, match="physical_to_logical"):
+        sglang_logical_to_all_physical([[0, -1]])
 
 
 @given(_tables(), st.integers(1, 17))
@@ -108,15 +119,25 @@ def test_vllm_replica_map_multiplicities(case, width):
 
 
 def test_vllm_rule_on_the_map_realises_the_shares():
-    """vLLM's replica choice (flat position modulo the count) over the map splits a large
-    batch in the published proportions."""
+    """vLLM's replica choice over the map (the Knuth hash of the token index, vllm_ep's
+    rule, which tests/conformance checks against vLLM's kernel; and the older position
+    modulo the count) splits a batch in the published proportions: exactly for a width
+    that is a power of two, within a token per block of ``width`` tokens otherwise."""
+    from straggler.baselines.vllm_ep import vllm_replica_choice
+
     l2p = np.array([[[10, 11, 12]]])
     probs = np.array([[[0.5, 0.25, 0.25]]])
     m, cnt = to_vllm_replica_map(l2p, probs, 8)
-    pos = np.arange(8000)
-    phys = m[0, 0][pos % cnt[0, 0]]
-    share = [(phys == s).mean() for s in (10, 11, 12)]
-    assert share == [0.5, 0.25, 0.25]
+    topk = np.zeros((8000, 1), dtype=np.int64)  # every token's expert 0, one rank
+    for version in ("hash", "modulo"):
+        phys = vllm_replica_choice(topk, np.zeros(8000, int), m[0], version=version)
+        share = [(phys == s).mean() for s in (10, 11, 12)]
+        assert share == [0.5, 0.25, 0.25], version
+    m6, _ = to_vllm_replica_map(l2p, probs, 6)
+    phys = vllm_replica_choice(topk[:6000], np.zeros(6000, int), m6[0], version="hash")
+    got = np.array([(phys == s).sum() for s in (10, 11, 12)])
+    want = np.array([(m6[0, 0] == s).sum() for s in (10, 11, 12)]) * 1000
+    assert np.abs(got - want).max() <= 1000  # within a token per block of 6
     with pytest.raises(InvalidInputError, match="width"):
         to_vllm_replica_map(l2p, probs, 0)
 

@@ -33,7 +33,15 @@ from .trtllm import (
     write_moe_load_balancer,
     write_trtllm_statistics,
 )
-from .vllm import VLLM_FIELDS, read_vllm_state, vllm_maps, write_vllm_state
+from .vllm import (
+    VLLM_DUMP_FORMAT,
+    VLLM_FIELDS,
+    VLLM_MAP_WIDTH,
+    dump_vllm_eplb_state,
+    read_vllm_state,
+    vllm_maps,
+    write_vllm_state,
+)
 
 __all__ = [
     "EngineLog",
@@ -56,5 +64,8 @@ __all__ = [
     "VLLM_FIELDS",
     "read_vllm_state",
     "vllm_maps",
+    "VLLM_DUMP_FORMAT",
+    "VLLM_MAP_WIDTH",
+    "dump_vllm_eplb_state",
     "write_vllm_state",
 ]

@@ -139,7 +139,7 @@ def _check_options(engine, kind, path, physical_to_logical, n_experts) -> None:
     where = path[:60] if isinstance(path, str) else os.fspath(path)
     p2l_ok = engine == "vllm" or (engine == "sglang" and kind in (None, "recorder", "recorder_dir"))
     e_ok = (engine == "sglang" and kind in (None, "recorder", "recorder_dir")) or (
-        engine == "trtllm" and kind in (None, "config")
+        engine == "trtllm" and kind in (None, "config", "statistics_dir")
     )
     for name, given, ok in (
         ("physical_to_logical", physical_to_logical is not None, p2l_ok),
@@ -199,7 +199,7 @@ def detect_format(path) -> str:
 
 
 def read_engine_log(
-    path, *, format: str | None = None, physical_to_logical=None, n_experts=None
+    path, *, format: str | None = None, physical_to_logical=None, n_experts=None, placement=None
 ) -> EngineLog:
     """Read whatever an engine recorded at ``path`` (detected unless ``format`` is given).
 
@@ -216,7 +216,12 @@ def read_engine_log(
         (SGLang per-pass/per-token: one map or ``{first_forward_pass_id: map}``; vLLM: one
         map). Default: the map saved with the counts.
     n_experts : int, optional
-        Logical experts, where the files do not say (SGLang per-pass/per-token).
+        Logical experts, where the files do not say (SGLang per-pass/per-token), or the
+        model's, to have TensorRT-LLM slot-id statistics without a placement refused.
+    placement : path, optional
+        TensorRT-LLM statistics only: the ``moe_load_balancer.yaml`` they were recorded
+        under, which folds slot ids to experts (default: the one in the directory);
+        see :func:`~straggler.runtime.engines.read_trtllm_statistics`.
 
     Returns
     -------
@@ -236,6 +241,11 @@ def read_engine_log(
     engine, kind, obj = _classify(path)
     _check_options(engine, kind, path, physical_to_logical, n_experts)
     p = path if isinstance(path, str) else os.fspath(path)
+    if placement is not None and (engine, kind) != ("trtllm", "statistics_dir"):
+        raise InvalidInputError(
+            f"A placement file folds TensorRT-LLM statistics only. Got {engine} {kind} "
+            f"({p if len(p) < 80 else p[:80]}) instead."
+        )
     if engine == "sglang":
         if kind == "init_inline":
             return read_sglang_init_location(p)
@@ -254,5 +264,5 @@ def read_engine_log(
         if kind == "config":
             return read_moe_load_balancer(obj if isinstance(obj, str) else p, n_experts=n_experts)
         d = p if os.path.isdir(p) else os.path.dirname(p) or "."
-        return read_trtllm_statistics(d)
+        return read_trtllm_statistics(d, placement=placement, n_experts=n_experts)
     return parse_eplb_maps(obj, p)

@@ -1,14 +1,22 @@
 """TensorRT-LLM's offline EP load balancer: expert statistics in, ``moe_load_balancer.yaml`` out.
 
-Statistics (``tensorrt_llm/tools/.../expert_statistic.py``, enabled by
+Statistics (``tensorrt_llm/_torch/expert_statistic.py`` at TensorRT-LLM commit
+``0fccc5b97dd7b23c438e740b3bf4dcde607266c4``, enabled by
 ``EXPERT_STATISTIC_ITER_RANGE=start-stop``, written to ``EXPERT_STATISTIC_PATH`` when the
-iteration reaches ``stop``): rank 0 writes ``meta_info.json`` = ``{"num_experts": E,
-"num_experts_per_token": k}``; every rank writes ``rank{r}.safetensors`` whose tensor
-``"{iter}_{layer}"`` is the int32 ``[E]`` bincount of the rank's ``token_selected_experts``
-(logical expert ids) in that iteration and MoE layer (DeepSeek's MoE layers are 3..60).
-Other files beside them (``cooccurrence_rank*``, ``token_selected_experts_rank*``,
-``*_raw.safetensors``) are not statistics. The example scripts
-(``examples/wide_ep/ep_load_balancer/utils.py``) sum the ranks key by key.
+iteration reaches ``stop``): rank 0 writes ``meta_info.json`` = ``{"num_experts": N,
+"num_experts_per_token": k}`` (``null`` when nothing was recorded); every rank writes
+``rank{r}.safetensors`` whose tensor ``"{iter}_{layer}"`` is the ``torch.bincount`` (int64)
+``[N]`` of the ids the rank routed in that iteration and MoE layer (DeepSeek's MoE layers
+are 3..60). The MoE modules call ``ExpertStatistic.maybe_add_info(self.num_slots,
+token_selected_slots)``: with the MoE load balancer off ``num_slots`` is the number of
+experts and the ids are expert ids; with it on, the ids are the **slot ids** chosen by the
+balancer's routing, and ``N`` is ``num_slots``. Slot-id statistics are folded back to
+logical experts through the placement they were recorded under
+(``initial_global_assignments``, slot ``s`` of layer ``l`` holding expert
+``assignments[l][s]``): the ``moe_load_balancer.yaml`` in the statistics directory, or the
+one passed as ``placement``. Other files beside them (``cooccurrence_rank*``,
+``token_selected_experts_rank*``, ``*_raw.safetensors``) are not statistics. The example
+scripts (``examples/wide_ep/ep_load_balancer/utils.py``) sum the ranks key by key.
 
 The plan (``generate_eplb_config.py``; read by ``MoeLoadBalancerConfig``, a strict
 pydantic model with exactly these fields): ``num_slots``, ``initial_global_assignments``
@@ -39,6 +47,7 @@ from ._common import (
     field_array,
     field_error,
     field_int,
+    fold_physical_counts,
     load_json,
     load_safetensors,
     read_error,
@@ -91,8 +100,9 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     ----------
     directory : path
         ``EXPERT_STATISTIC_PATH`` (created if missing).
-    counts : array_like of int, shape (n_ranks, n_iters, n_layers, n_experts)
-        Each rank's routed tokens per logical expert.
+    counts : array_like of int, shape (n_ranks, n_iters, n_layers, n_ids)
+        Each rank's routed tokens per id: per expert (load balancer off) or per slot (on;
+        ``n_ids`` is then ``num_slots``). Written as int64, as ``torch.bincount`` returns.
     layer_ids : sequence of int, length n_layers
         The MoE layer indices (``"{iter}_{layer}"`` keys).
     iter_ids : sequence of int, optional
@@ -106,7 +116,7 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     """
     func = "write_trtllm_statistics"
     d = check_path(directory, "directory", func)
-    c = exact_ints(counts, "counts", func, np.int32, ndim=4)
+    c = exact_ints(counts, "counts", func, np.int64, ndim=4)  # torch.bincount's dtype
     R, I, L, E = c.shape
     if min(R, I, L, E) < 1:
         raise InvalidInputError(
@@ -133,25 +143,129 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     return files
 
 
-def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> EngineLog:
+def _placement_in(d: str):
+    """The ``moe_load_balancer`` YAML files of a statistics directory that hold a placement
+    (``initial_global_assignments``)."""
+    found = []
+    for f in sorted(glob.glob(os.path.join(glob.escape(d), "*.y*ml"))):
+        if not f.endswith((".yaml", ".yml")):
+            continue
+        try:
+            with open(f, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if "initial_global_assignments" in text:
+            found.append(f)
+    return found
+
+
+def _slot_placement(placement, d: str, n_ids: int, layers, n_experts, meta_path: str):
+    """``(physical_to_logical [L, num_slots], source)`` that folds slot-id statistics, or
+    ``None`` where the ids are expert ids; see :func:`read_trtllm_statistics`."""
+    if placement is None:
+        found = _placement_in(d)
+        if len(found) > 1:
+            raise InvalidInputError(
+                f"{d} holds several placements {[os.path.basename(f) for f in found]}: pass "
+                "the one the statistics were recorded under as 'placement'."
+            )
+        placement = found[0] if found else None
+    if placement is None:
+        if n_experts is not None and int(n_experts) != n_ids:
+            raise field_error(
+                meta_path,
+                "num_experts",
+                f"the model's {int(n_experts)} experts, or the num_slots of the placement the "
+                "statistics were recorded under (TensorRT-LLM records slot ids when its MoE "
+                "load balancer is on: pass its moe_load_balancer.yaml as 'placement', or put "
+                "it in the statistics directory)",
+                f"{n_ids} and no placement",
+            )
+        return None
+    cfg = placement if isinstance(placement, EngineLog) else None
+    if cfg is None:
+        cfg = read_moe_load_balancer(placement, n_experts=n_experts)
+    src = cfg.sources[0]
+    if cfg.kind != "trtllm_config":
+        raise InvalidInputError(
+            f"The 'placement' parameter of read_trtllm_statistics must be a TensorRT-LLM "
+            f"moe_load_balancer.yaml. Got a {cfg.kind} log ({src}) instead."
+        )
+    if cfg.extras.get("layer_updates_per_iter", 0) != 0:
+        raise field_error(
+            src,
+            "layer_updates_per_iter",
+            "0 to fold slot-id statistics (the online balancer moves experts between slots "
+            "after the first update, so initial_global_assignments no longer says which "
+            "expert a slot held)",
+            str(cfg.extras["layer_updates_per_iter"]),
+        )
+    slots = cfg.physical_to_logical.shape[1]
+    if slots != n_ids:
+        raise field_error(
+            meta_path,
+            "num_experts",
+            f"the num_slots={slots} of the placement {src} (slot-id statistics record one "
+            "count per slot)",
+            str(n_ids),
+        )
+    rows = {int(layer): i for i, layer in enumerate(cfg.layer_ids)}
+    missing = [layer for layer in layers if layer not in rows]
+    if missing:
+        raise field_error(
+            src,
+            "initial_global_assignments",
+            f"a row for every recorded layer {list(layers)[:8]}",
+            f"no row for layer {missing[0]}",
+        )
+    return cfg.physical_to_logical[[rows[layer] for layer in layers]], src, cfg.n_experts
+
+
+def read_trtllm_statistics(
+    directory, *, iter_start=None, iter_stop=None, placement=None, n_experts=None
+) -> EngineLog:
     """Read ``EXPERT_STATISTIC_PATH``: ``meta_info.json`` and every ``rank<r>.safetensors``.
 
     Counts are summed over ranks key by key (as TensorRT-LLM's scripts do); iterations in
     ``[iter_start, iter_stop)`` are kept (default: all). Every rank file must hold the same
-    keys, every iteration every layer, each tensor ``[num_experts]``.
+    keys, every iteration every layer, each tensor ``[num_experts]`` (int32 or int64).
+
+    With the MoE load balancer on, TensorRT-LLM counts **slot ids** (``meta_info.json``'s
+    ``num_experts`` is then ``num_slots``): they are folded to logical experts through
+    ``initial_global_assignments`` of ``placement``, or of the one ``moe_load_balancer``
+    YAML in the directory that holds a placement. Without a placement the ids are taken as
+    expert ids (what TensorRT-LLM records with the balancer off), and ``n_experts``, if
+    given, must then equal ``num_experts``.
+
+    Parameters
+    ----------
+    directory : path
+    iter_start, iter_stop : int, optional
+    placement : path or EngineLog, optional
+        The ``moe_load_balancer.yaml`` the statistics were recorded under (default: the one
+        in ``directory``, if any). Its ``layer_updates_per_iter`` must be 0: the online
+        balancer moves experts after its first update.
+    n_experts : int, optional
+        The model's logical experts.
 
     Returns
     -------
     EngineLog
         kind ``"trtllm_statistics"``; ``layer_ids`` are TensorRT-LLM's layer indices,
-        ``batch_ids`` the iterations, ``n_ranks`` the rank files found.
+        ``batch_ids`` the iterations, ``n_ranks`` the rank files found; for slot-id
+        statistics ``physical_to_logical`` is the recorded placement and
+        ``extras["recorded_ids"]`` is ``"slots"`` (else ``"experts"``).
 
     Raises
     ------
     InvalidInputError
         A missing or malformed ``meta_info.json``, no rank file, unreadable files, keys
         not ``"{iter}_{layer}"``, wrong shapes, ranks holding different keys, an
-        incomplete (iteration x layer) grid.
+        incomplete (iteration x layer) grid; ``num_experts`` that matches neither the
+        model (``n_experts``) nor the placement's ``num_slots``; a placement without a row
+        for a recorded layer, or with ``layer_updates_per_iter > 0``; several placements in
+        the directory.
     BackendUnavailableError
         safetensors is not installed.
     """
@@ -241,16 +355,25 @@ def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> Eng
         )
     counts = np.stack([np.stack([total[(it, layer)] for layer in layers]) for it in keep])
     check_count_total(counts, d, "statistics")
+    folded = _slot_placement(placement, d, E, layers, n_experts, meta_path)
+    p2l, extras, sources = None, {"recorded_ids": "experts"}, [meta_path] + [f for _, f in files]
+    if folded is not None:
+        p2l, src, E = folded
+        counts = fold_physical_counts(counts, p2l, E, source=meta_path, name="num_experts")
+        extras = {"recorded_ids": "slots", "placement": src}
+        sources.append(src)
     return EngineLog(
         engine="trtllm",
         kind="trtllm_statistics",
-        sources=[meta_path] + [f for _, f in files],
+        sources=sources,
         n_experts=E,
         counts=counts,
+        physical_to_logical=p2l,
         layer_ids=np.array(layers),
         batch_ids=np.array(keep),
         n_ranks=len(files),
         top_k=k,
+        extras=extras,
     )
 
 

@@ -14,20 +14,30 @@ The fields (``vllm/distributed/eplb/eplb_state.py``, one state per EP rank):
   the last ``window_size`` passes (1000 by default), written at
   ``expert_load_window_step``, which wraps.
 
-vLLM keeps these in memory only (its rearrangement folds the window through the current
-``physical_to_logical_map`` and sums the ranks). To plan from them, dump each rank's
-state with the field names as keys, e.g. from a hook on ``EplbState.step``::
+vLLM (CPU build 0.32.0, ``vllm/distributed/eplb/eplb_state.py``) keeps these in memory
+only: ``EPLBConfig`` has no option that writes them, and the tensors live on one
+``EplbModelState`` per model under ``EplbState.model_states`` (the main model, and a
+speculative drafter as a second entry), with ``expert_load_window_step`` on the
+``EplbState``. ``logical_to_physical_map`` is ``MAX_EXPERT_REDUNDANCY + 1 = 1024`` columns
+wide; 0.32.0 lists each expert's slots in increasing slot id (``compute_logical_maps``,
+also after a rearrangement). Each rank's window counts the tokens the rank routed, on
+every slot; with an all-to-all that gathers every DP rank's tokens before routing
+(``allgather_reducescatter``, the default, and the removed ``naive``), every rank routes
+all of them, so the recorded load is ``dp_size`` times the true one (the
+``EplbModelState.expert_load_window`` docstring).
 
-    torch.save({k: getattr(state, k).cpu() for k in VLLM_FIELDS}
-               | {"expert_load_window_step": state.expert_load_window_step},
-               f"eplb_state_rank{ep_rank}.pt")
-
-:func:`write_vllm_state` writes exactly that (``.pt``, or ``.safetensors`` / ``.json``
-with the same keys); :func:`read_vllm_state` reads the files of every rank, checks that
-they agree, puts the window in time order (from ``expert_load_window_step`` when saved),
-drops all-zero steps (unfilled, or dummy), places ``P_local`` windows at their rank's
-slots or sums ``P``-wide ones over ranks, and folds them to logical experts through the
-map in force (the saved ``physical_to_logical_map``, or ``physical_to_logical=``).
+The file format is therefore **ours** (:data:`VLLM_DUMP_FORMAT`): :func:`dump_vllm_eplb_state`
+is the hook to call on a live ``EplbState`` (for instance after ``EplbState.step`` on every
+EP rank); it writes one file per model state and rank, ``eplb_m{model}_rank{rank}.pt``,
+holding the fields above under their vLLM names, ``expert_load_window_step``, ``rank``,
+``model_index``, ``model_name``, ``dp_size``, ``all2all_backend`` and ``load_divisor``
+(``dp_size`` for the gathering all-to-alls, else 1). :func:`write_vllm_state` writes the
+same keys (``.pt``, ``.safetensors`` or ``.json``); :func:`read_vllm_state` reads the files
+of every rank of one model, checks that they agree, puts the window in time order (from
+``expert_load_window_step``), drops all-zero steps (unfilled, or dummy), places ``P_local``
+windows at their rank's slots or sums ``P``-wide ones over ranks, divides by
+``load_divisor``, and folds them to logical experts through the map in force (the saved
+``physical_to_logical_map``, or ``physical_to_logical=``).
 """
 
 from __future__ import annotations
@@ -58,9 +68,13 @@ from ._common import (
     save_pt,
     save_safetensors,
     source_name,
+    to_numpy,
 )
 
 __all__ = [
+    "VLLM_DUMP_FORMAT",
+    "VLLM_MAP_WIDTH",
+    "dump_vllm_eplb_state",
     "VLLM_FIELDS",
     "VLLM_MAP_FIELDS",
     "vllm_maps",
@@ -73,20 +87,29 @@ __all__ = [
 VLLM_MAP_FIELDS = ("physical_to_logical_map", "logical_to_physical_map", "logical_replica_count")
 VLLM_FIELDS = VLLM_MAP_FIELDS + ("expert_load_pass", "expert_load_window")
 _EXTS = (".pt", ".safetensors", ".json")
+#: ``format`` field of the files :func:`dump_vllm_eplb_state` writes (vLLM has no such file).
+VLLM_DUMP_FORMAT = "straggler.vllm_eplb_dump/1"
+#: Columns of vLLM's ``logical_to_physical_map``: ``MAX_EXPERT_REDUNDANCY + 1``.
+VLLM_MAP_WIDTH = 1024
+#: All-to-all backends that give every rank every DP rank's tokens before routing.
+_GATHERING_A2A = ("allgather_reducescatter", "naive")
+_META = ("expert_load_window_step", "rank", "model_index", "load_divisor", "dp_size")
+_TEXT_META = ("format", "model_name", "all2all_backend")
 
 
-def vllm_maps(physical_to_logical, n_experts: int) -> dict:
-    """The three ``EplbState`` maps of a placement, in vLLM's layout.
+def vllm_maps(physical_to_logical, n_experts: int, *, width: int | None = VLLM_MAP_WIDTH) -> dict:
+    """The three ``EplbModelState`` maps of a placement, in vLLM's layout.
 
     ``logical_to_physical_map`` lists each expert's slots in slot order (as
-    ``EplbState.build`` fills it), padded with ``-1`` to ``num_redundant_experts + 1 =
-    P - n_experts + 1`` columns.
+    ``compute_logical_maps`` fills it), padded with ``-1`` to ``width`` columns: vLLM's
+    ``MAX_EXPERT_REDUNDANCY + 1 = 1024`` by default, ``None`` for the narrowest
+    (``P - n_experts + 1``, enough for any placement).
 
     Examples
     --------
     vLLM's docstring example (6 slots, 4 experts, 3 ranks):
 
-    >>> m = vllm_maps([[0, 1, 2, 3, 0, 1], [0, 2, 0, 1, 0, 3]], 4)
+    >>> m = vllm_maps([[0, 1, 2, 3, 0, 1], [0, 2, 0, 1, 0, 3]], 4, width=None)
     >>> m["logical_to_physical_map"][1].tolist()
     [[0, 2, 4], [3, -1, -1], [1, -1, -1], [5, -1, -1]]
     >>> m["logical_replica_count"].tolist()
@@ -101,7 +124,13 @@ def vllm_maps(physical_to_logical, n_experts: int) -> dict:
     # would size the maps by it)
     check_int(n_experts, "n_experts", "vllm_maps", lo=1, hi=P)
     l2p, count = logical_to_physical(p2l, n_experts)
-    width = max(P - n_experts + 1, l2p.shape[2])
+    need = max(P - n_experts + 1, l2p.shape[2])
+    width = need if width is None else int(width)
+    if width < l2p.shape[2]:
+        raise InvalidInputError(
+            f"The 'width' parameter of vllm_maps must be at least {l2p.shape[2]} (the most "
+            f"replicas of an expert). Got {width} instead."
+        )
     pad = np.full((L, n_experts, width), -1, dtype=np.int64)
     pad[:, :, : l2p.shape[2]] = l2p
     return {
@@ -128,18 +157,26 @@ def write_vllm_state(path, state: dict) -> str:
             out[k] = exact_ints(v, k, func, np.int64, lo=-1)
         elif k in ("expert_load_pass", "expert_load_window"):
             out[k] = exact_ints(v, k, func, np.int32)
-        elif k in ("expert_load_window_step", "rank"):
+        elif k in _META:
             out[k] = check_int(v, k, func, lo=0)
+        elif k in _TEXT_META:
+            out[k] = str(v)
         else:
             raise InvalidInputError(
                 f"write_vllm_state got an unknown field {k!r}; it writes {list(VLLM_FIELDS)}, "
-                "'expert_load_window_step' and 'rank'."
+                f"{list(_META)} and {list(_TEXT_META)}."
             )
     if p.endswith(".pt"):
         save_pt(out, p)
     elif p.endswith(".json"):
         save_json(out, p)
     elif p.endswith(".safetensors"):
+        text = [k for k in out if k in _TEXT_META]
+        if text:
+            raise InvalidInputError(
+                f"write_vllm_state cannot store the text fields {text} in {p}: safetensors "
+                "holds tensors only (write .pt or .json)."
+            )
         save_safetensors(
             {
                 k: np.asarray(v, dtype=np.int64 if isinstance(v, int) else None)
@@ -153,6 +190,68 @@ def write_vllm_state(path, state: dict) -> str:
             f"Got {p!r} instead."
         )
     return p
+
+
+def dump_vllm_eplb_state(state, directory, *, rank: int, fmt: str = ".pt") -> list:
+    """Write one rank's live vLLM ``EplbState``: one file per model state (needs torch).
+
+    Parameters
+    ----------
+    state : vllm.distributed.eplb.eplb_state.EplbState
+        The rank's state (``model_states``: the main model, and a drafter when speculative
+        decoding has one); its ``parallel_config`` gives ``dp_size`` and the all-to-all.
+    directory : path
+        Created if missing; files ``eplb_m{model}_rank{rank}{fmt}`` (model ``0`` is the
+        first model state added, the main model).
+    rank : int
+        The EP rank (``get_ep_group().rank_in_group``).
+    fmt : {".pt", ".json"}
+
+    Returns
+    -------
+    list of str : the files written.
+
+    Examples
+    --------
+    A hook after each step, on every EP rank::
+
+        dump_vllm_eplb_state(engine_eplb_state, "/data/eplb", rank=ep_rank)
+    """
+    if fmt not in (".pt", ".json"):
+        raise InvalidInputError(
+            "The 'fmt' parameter of dump_vllm_eplb_state must be '.pt' or '.json'. Got "
+            f"{fmt!r} instead."
+        )
+    rank = field_int(rank, "dump_vllm_eplb_state", "rank", lo=0)
+    models = getattr(state, "model_states", None)
+    if not isinstance(models, dict) or not models:
+        raise InvalidInputError(
+            "The 'state' parameter of dump_vllm_eplb_state must be a vLLM EplbState with at "
+            f"least one model state (model_states). Got {type(state).__name__} instead."
+        )
+    pc = getattr(state, "parallel_config", None)
+    dp = int(getattr(pc, "data_parallel_size", 1) or 1)
+    a2a = str(getattr(pc, "all2all_backend", ""))
+    divisor = dp if a2a in _GATHERING_A2A else 1
+    files = []
+    for m, ms in enumerate(models.values()):
+        fields = {k: to_numpy(getattr(ms, k)) for k in VLLM_FIELDS}
+        fields.update(
+            expert_load_window_step=int(state.expert_load_window_step),
+            rank=rank,
+            model_index=m,
+            model_name=str(getattr(ms, "model_name", "")),
+            dp_size=dp,
+            all2all_backend=a2a,
+            load_divisor=divisor,
+            format=VLLM_DUMP_FORMAT,
+        )
+        files.append(
+            write_vllm_state(
+                os.path.join(os.fspath(directory), f"eplb_m{m}_rank{rank}{fmt}"), fields
+            )
+        )
+    return files
 
 
 def is_vllm_state(obj) -> bool:
@@ -250,11 +349,25 @@ def _check_maps(obj, source):
     return p2l, E
 
 
-def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
-    """Interpret the loaded state dumps of the ranks (see the module docstring)."""
+def parse_vllm_states(objs, sources, *, physical_to_logical=None, model: int = 0) -> EngineLog:
+    """Interpret the loaded state dumps of the ranks (see the module docstring); files with
+    a ``model_index`` other than ``model`` (a drafter's, or the main model's) are left out."""
     sources = [source_name(s) for s in sources]
     if not objs:
         raise InvalidInputError("No vLLM EplbState dump was given.")
+    indexed = [
+        field_int(o["model_index"], s, "model_index", lo=0)
+        if isinstance(o, dict) and "model_index" in o
+        else 0
+        for o, s in zip(objs, sources)
+    ]
+    if model not in indexed:
+        raise InvalidInputError(
+            f"The vLLM dumps {sources[:4]} hold model states {sorted(set(indexed))}. Got "
+            f"model={model!r} instead."
+        )
+    keep = [i for i, m in enumerate(indexed) if m == model]
+    objs, sources = [objs[i] for i in keep], [sources[i] for i in keep]
     ranks = []
     for i, (obj, src) in enumerate(zip(objs, sources)):
         if not isinstance(obj, dict):
@@ -388,6 +501,25 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
     else:
         physical = np.concatenate(windows, axis=2)
         layout = "local"
+    divisors = {
+        field_int(o.get("load_divisor", 1), src, "load_divisor", lo=1)
+        for o, src in zip(objs, sources)
+    }
+    if len(divisors) > 1:
+        raise field_error(
+            sources[-1], "load_divisor", "the same on every rank", f"{sorted(divisors)}"
+        )
+    divisor = divisors.pop()
+    if divisor > 1:
+        if np.any(physical % divisor):
+            raise field_error(
+                sources[0],
+                "expert_load_window",
+                f"counts divisible by load_divisor={divisor} (dp_size: every rank routed "
+                "every DP rank's tokens)",
+                "a count that is not",
+            )
+        physical = physical // divisor
     live = physical.any(axis=(1, 2))
     counts = check_count_total(
         fold_physical_counts(
@@ -405,7 +537,7 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
         physical_to_logical=p2l,
         batch_ids=np.flatnonzero(live),
         n_ranks=n_ranks,
-        extras={"window_size": int(W), "load_layout": layout},
+        extras={"window_size": int(W), "load_layout": layout, "load_divisor": divisor},
     )
 
 
@@ -427,13 +559,15 @@ def _state_files(path) -> list[str]:
     return [p]
 
 
-def read_vllm_state(path, *, physical_to_logical=None) -> EngineLog:
+def read_vllm_state(path, *, physical_to_logical=None, model: int = 0) -> EngineLog:
     """Read the ``EplbState`` dumps of every rank: a directory (``*rank<r>.pt``,
     ``.safetensors`` or ``.json``), a list of files, or one file (a single rank).
 
     Returns an :class:`EngineLog` of kind ``"vllm_state"``: the window's steps as batches,
     folded to logical experts, with the saved placement (kind ``"vllm_maps"``, no loads,
     for files holding the maps alone, as ``straggler-plan --format vllm`` writes them).
+    ``model`` picks the model state of :func:`dump_vllm_eplb_state` files (0: the main
+    model, 1: a drafter).
 
     Raises
     ------
@@ -443,5 +577,5 @@ def read_vllm_state(path, *, physical_to_logical=None) -> EngineLog:
     """
     files = _state_files(path)
     return parse_vllm_states(
-        [_load(f) for f in files], files, physical_to_logical=physical_to_logical
+        [_load(f) for f in files], files, physical_to_logical=physical_to_logical, model=model
     )

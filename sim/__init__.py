@@ -1,5 +1,6 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .config import SimConfig
 from .drift import drifting_windows
 from .phase_diagram import PhaseDiagram, phase_diagram
 from .prefix import PrefixBlocks, load_prefix_blocks
@@ -12,6 +13,7 @@ from .simulator import (
     SimReport,
     bootstrap_rooms,
     decode_capacity,
+    engine_inputs,
     offered_load,
     simulate,
 )
@@ -37,6 +39,8 @@ from .workload import (
 )
 
 __all__: list[str] = [
+    "SimConfig",
+    "engine_inputs",
     "SHAPES",
     "SKEWS",
     "eplb_placement",

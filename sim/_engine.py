@@ -1,66 +1,34 @@
 """The lock-step decode step loop: a Numba kernel and, below it, a plain-Python reference.
 
 Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) and return one
-:class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is cached on disk:
-it dispatches on the policy id (``route_tick_kernel``), times the router with an intrinsic
-``clock_gettime`` (no ctypes pointer), and its cache is tied to the files of every jitted
-callee (:func:`~straggler.solvers._jit.cache_depends_on`), so a new process with a warm cache
-does not recompile and an edit in a routing kernel does.
+:class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is one loop over
+phase functions, each a function of ``(inp, st)`` where :class:`EngineState` holds everything
+the loop changes (the pattern of :mod:`straggler.solvers._tempo`). One iteration is one decode
+step of the whole cluster:
 
-Model (one loop iteration = one decode step of the whole cluster)
------------------------------------------------------------------
-1. **Prefill** (finite capacity): a request that arrives (``arrival_t <= clock``), in arrival
-   order, joins the prefill queue. ``prefill_instances`` instances serve it first come, first
-   served, one request at a time each: it starts at ``max(arrival, earliest free instance)``
-   (ties to the lowest instance) and takes ``prefill_base_s + prefill_per_token_s * tokens``
-   seconds. ``prefill_instances = 0`` means unlimited (every prefill starts on arrival).
-2. **Pool**: requests whose prefill is done (``done <= clock``) enter the prompt pool, which is
-   kept in order of age: ``(first time in the pool, index)``. A fresh request joins at the tail;
-   a recomputed (preempted) one returns to its place by age, ahead of every request that came
-   after it (vLLM puts a preempted request back at the front of its waiting queue); its wait
-   counts from its first entry. So the pool is always in non-increasing order of wait.
-3. If nothing runs and nothing waits (pool and engine queues empty), the clock jumps to the
-   next arrival or prefill completion (no step); the loop ends when there is none.
-4. **Preemption** (vLLM-style recompute, before the step, as vLLM schedules its running
-   requests first): while a replica's next step would overflow its KV capacity (``L_g +
-   running_g > kv_cap``: every running request writes one token), its most recently admitted
-   request is preempted: it leaves the replica (``L_g -= prompt + decoded``), keeps its decoded
-   tokens, and goes back through prefill with ``prompt + decoded`` tokens (recompute).
-   ``n_preempt`` counts it. A lone request always fits (``prompt + output <= kv_cap`` is
-   checked by the wrapper).
-5. **Snapshot**: the router's view of step ``k`` (loads ``(G, 1)`` or projected loads
-   ``(G, H+1)``, running counts, prompt tokens) is kept in a ring of ``stale + 1``
-   snapshots.
-6. **Routing tick** (``k % tick == 0`` and a non-empty pool): the router gets the oldest
-   ``max_pool`` pool requests (``PoolState``: tokens ``prompt + decoded``, ticks waited in the
-   pool, the request's bootstrap room as key, and, for a policy that reads it, the prompt
-   tokens of each cached on each replica) and a ``ReplicaState`` built from the view of step
-   ``k - stale`` (step 0's for ``k < stale``): loads, running counts, prompt tokens and the
-   engines' queues (lengths, tokens) of that step plus, when ``optimistic``, what it sent at
-   steps ``k - stale .. k - 1`` (pool mode: tokens on every horizon column, running counts,
-   prompt tokens; queue mode: queue lengths and tokens); ``kv_usage`` = seen current load /
-   ``kv_cap``. Pool mode: free slots exact, ``n_waiting`` = 0 (a request is only sent to a
-   replica with a free slot, so engines keep no queue); the assignment is applied in pool
-   order: a request is admitted when its replica has a free slot and ``L_g + tokens +
-   running_g + 1 <= kv_cap`` (its KV and the next step's token of every request fit),
-   otherwise it stays in the pool. Queue mode: every replica shows ``P`` free slots (a queue
-   takes every request) and each assigned request joins the tail of its replica's queue. The
-   policy's ``carry`` is kept from tick to tick.
-6b. **Queue admission** (queue mode, every step): each replica admits from the head of its
-   queue while the head passes the same slot and KV test (FCFS: a head that does not fit blocks
-   the rest). An admitted request takes the lowest free slot index of its replica; with prefix
-   caches, its cached prefix is read (``cache_hit`` at its first admission) and then its
-   prompt blocks enter the replica's LRU cache, in order.
-7. **Step**: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step (with
-   ``ctx_cost > 0``: ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``, ``C_g`` the tokens of the
-   requests ``g`` admitted at this step less their cached prefix); every running request gains
-   one token (``L_g += 1`` each); a request whose decoded count reaches its output length
-   leaves at ``clock + dt``. If nothing runs (the router held every request back), the
-   iteration is an idle step of ``t0`` (or, with ``t0 = 0``, a jump to the next event).
-   Records per step (:data:`SERIES`): start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``,
-   running requests, requests waiting for a slot (pool and queues), requests in prefill,
-   preemptions, ``max_g C_g``, and ``mean_g P_g / max_g P_g`` with ``P_g = C_g`` plus the
-   requests generating (1 when all are 0).
+1. :func:`_arrivals`: arrivals (``arrival_t <= clock``) join the prefill queue; ``prefill_
+   instances`` instances serve it first come, first served (``0``: unlimited), a prefill
+   taking ``prefill_base_s + prefill_per_token_s * tokens``.
+2. :func:`_prefill_to_pool`: done prefills enter the pool, kept in order of age (a recomputed
+   request returns to its place by first entry, as vLLM puts a preempted request back at the
+   front of its waiting queue).
+3. With nothing running or waiting the clock jumps to the next event.
+4. :func:`_preempt`: while a replica's next step would overflow its KV capacity (``L_g +
+   running_g > kv_cap``), its most recently admitted request goes back through prefill with
+   ``prompt + decoded`` tokens (vLLM's recompute preemption).
+5. :func:`_snapshot`: the router's view of this step into a ring of ``stale + 1`` views.
+6. :func:`_route` (``k % tick == 0``, non-empty pool): the policy (by name,
+   :func:`~straggler.solvers._routing_core.route_tick`) routes the oldest ``max_pool``
+   requests on the view of step ``k - stale`` (plus, when optimistic, what it sent since);
+   pool mode admits in pool order what fits (:func:`_fits`: a free slot and ``L_g + tokens +
+   running_g + 1 <= kv_cap``), queue mode appends to each replica's FIFO queue;
+   :func:`_admit_queues` (queue mode) admits from each queue's head while it fits. Both admit
+   through :func:`_admit` (lowest free slot; the prefix cache read, then filled, LRU).
+7. :func:`step_time`: ``dt = t0 + kappa * max_g L_g`` (with ``ctx_cost``: ``t0 + max_g (kappa
+   * L_g + ctx_cost * C_g)``); the one place a step is priced. An idle step costs ``t0`` (or,
+   with ``t0 = 0``, jumps to the next event).
+8. :func:`_record` (one row of :data:`SERIES`), :func:`_decode` (every running request gains a
+   token; one reaching its output length leaves at ``clock + dt``).
 
 Projection (``pred_kind > 0``, BR-H), as :func:`straggler.solvers.routing.project_loads`:
 ``L_{g,h} = sum_{i on g} w_ih * (s_i + a_i + h) + (1 - w_ih) * rf``, ``w_ih = clip(c_i - h,
@@ -95,23 +63,29 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, typed, types
+from numba import literally, njit, typed, types
 
-from ..solvers import _jit, _routing_kernels, predictors
-from ..solvers._jit import NJIT, cache_depends_on
-from ..solvers._routing_kernels import (
+from ..solvers import predictors
+from ..solvers._jit import NJIT, NJIT_INLINE
+from ..solvers._routing_core import (
     PoolState,
     ReplicaState,
+    RouterCarry,
+    RouterOptions,
     monotonic_ns,
-    route_tick_kernel,
+    route_tick,
 )
 from ..solvers.predictors import EXP_CAP
 
 __all__ = [
     "EngineInputs",
     "EngineOutput",
+    "EngineState",
+    "step_time",
     "SERIES",
     "run_engine",
+    "engine_entry",
+    "engine_depends",
     "run_engine_reference",
     "project_view",
     "two_stage_predict",
@@ -142,7 +116,7 @@ class EngineInputs(NamedTuple):
     """Everything the step loop reads (arrays are C-contiguous; requests in arrival order).
 
     ``arrival_t`` float64 sorted, ``prompt``/``output`` int64, ``group`` int64 (prompt-hash
-    group, -1 none) of the ``n`` requests; ``params``/``carry``: the policy's (registry);
+    group, -1 none) of the ``n`` requests; ``options``/``carry``: the policy's (registry);
     ``pred_kind``: a :class:`~straggler.solvers.predictors.PredictorKind` value; ``ts_*``: the
     two-stage models (see the module docstring); ``queue_mode``: route on arrival to the
     engines' own queues; ``room`` int64: each request's bootstrap room (the pool key);
@@ -152,9 +126,8 @@ class EngineInputs(NamedTuple):
     router (``PoolState.cached``); ``ctx_cost``: seconds per token of a context phase run
     inside the step of the replica that admits the request (0: prefill elsewhere)."""
 
-    policy_id: int
-    params: np.ndarray
-    carry: np.ndarray
+    options: RouterOptions
+    carry: RouterCarry
     arrival_t: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
@@ -475,502 +448,687 @@ def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
     return float(min(c * blk_tokens, prompt_i))
 
 
-@njit(**NJIT)
-def _admit_cache(D, tg, th, ts, T, hp, sz, cache_hit, inp, i, g, G):
-    """Request ``i`` is admitted on ``g``: its cached prompt tokens there (recorded in
-    ``cache_hit[i]`` at its first admission), then its prompt blocks enter ``g``'s cache.
-    Returns ``(cached tokens, log...)`` as :func:`_cache_touch`."""
-    hit = int(_cached_prefix(D, inp.blk_off, inp.blk_ids, i, g, G, inp.blk_tokens, inp.prompt[i]))
-    if cache_hit[i] < 0:
-        cache_hit[i] = float(hit)
-    for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
-        tg, th, ts, T = _cache_touch(
-            D, tg, th, ts, T, hp, sz, g, inp.blk_ids[b], G, inp.cache_blocks
-        )
-    return hit, tg, th, ts, T
+# Scalars of the step loop, kept in EngineState.cnt (int64) so that phases update them in place
+_K = 0  # steps done
+_NXT = 1  # next arrival not yet queued for prefill
+_POOL_N = 2  # requests in the pool (EngineState.pool[:POOL_N], oldest first)
+_HEAP_N = 3  # requests queued for or in prefill (the heap)
+_PF_SEQ = 4  # prefill queue order (FCFS tie-break of the heap)
+_SEQ = 5  # admission order (preemption takes the most recent)
+_RUN = 6  # running requests, every replica
+_QUEUED = 7  # requests in the engines' own queues (queue mode)
+_TICKS = 8  # routing ticks so far
+_LRU_N = 9  # entries of the prefix caches' touch log
+_N_CNT = 10
 
 
-@njit(**NJIT)
-def run_engine(inp):
-    """Run the step loop on :class:`EngineInputs`; see the module docstring. Returns
-    :class:`EngineOutput`."""
+class EngineState(NamedTuple):
+    """Everything the step loop changes, updated in place by the phases.
+
+    Per request (arrival order): times ``ready_t``, ``start_t``, ``first_t``, ``finish_t``,
+    ``enter_t`` (last entry into the pool), ``pool_wait``; ``replica``, ``n_pre``,
+    ``decoded``, ``adm_seq`` (admission order), ``enter_tick``, ``admit_tick``, ``in_pool``,
+    ``cache_hit`` (-1 until its first admission), ``q_next`` (the engines' queues as linked
+    lists). ``pool``: the pool, oldest first (``pool[:cnt[_POOL_N]]``). Per replica:
+    ``slot_req (G, S)`` (request in each slot, -1 empty), ``load`` (resident KV tokens),
+    ``nrun``, ``ptok`` (running requests' prompt tokens), ``ctx`` / ``ctx_n`` (context-phase
+    tokens and requests admitted in this step), queues ``q_head``, ``q_tail``, ``q_len``,
+    ``q_tok``. The router's views of the last ``stale + 1`` steps, ring-indexed by step:
+    ``view_ring (R, G, H+1)``, ``nrun_ring``, ``ptok_ring``, ``qlen_ring``, ``qtok_ring``, and
+    what it sent at each step (``add_ring`` tokens, ``addn_ring`` requests, ``addp_ring``
+    prompt tokens). Prefill: ``pf_free`` (each instance's next free time) and the heap
+    ``ht/hs/hi`` of ``(done, order) -> request``. ``memo``: the last finished output length per
+    prompt-hash group. Prefix caches: ``cache_d`` (block * G + replica -> stamp), ``c_hp``,
+    ``c_sz`` (see :func:`_cache_touch`). ``cnt``: the loop's counters (``_K`` .. ``_LRU_N``);
+    ``clock`` ``(1,)``: the simulated time.
+    """
+
+    ready_t: np.ndarray
+    start_t: np.ndarray
+    first_t: np.ndarray
+    finish_t: np.ndarray
+    enter_t: np.ndarray
+    pool_wait: np.ndarray
+    replica: np.ndarray
+    n_pre: np.ndarray
+    decoded: np.ndarray
+    adm_seq: np.ndarray
+    enter_tick: np.ndarray
+    admit_tick: np.ndarray
+    in_pool: np.ndarray
+    cache_hit: np.ndarray
+    q_next: np.ndarray
+    pool: np.ndarray
+    slot_req: np.ndarray
+    load: np.ndarray
+    nrun: np.ndarray
+    ptok: np.ndarray
+    ctx: np.ndarray
+    ctx_n: np.ndarray
+    q_head: np.ndarray
+    q_tail: np.ndarray
+    q_len: np.ndarray
+    q_tok: np.ndarray
+    view_ring: np.ndarray
+    nrun_ring: np.ndarray
+    ptok_ring: np.ndarray
+    qlen_ring: np.ndarray
+    qtok_ring: np.ndarray
+    add_ring: np.ndarray
+    addn_ring: np.ndarray
+    addp_ring: np.ndarray
+    pf_free: np.ndarray
+    ht: np.ndarray
+    hs: np.ndarray
+    hi: np.ndarray
+    memo: np.ndarray
+    cache_d: typed.Dict
+    c_hp: np.ndarray
+    c_sz: np.ndarray
+    cnt: np.ndarray
+    clock: np.ndarray
+
+
+class _Logs(NamedTuple):
+    """The loop's growing records (a phase that may grow one returns a new ``_Logs``): the
+    per-step ``series`` rows, per tick ``tick_ns`` and ``tick_pool``, and the prefix caches'
+    touch log ``tg/th/ts`` (replica, block, stamp)."""
+
+    series: np.ndarray
+    tick_ns: np.ndarray
+    tick_pool: np.ndarray
+    tg: np.ndarray
+    th: np.ndarray
+    ts: np.ndarray
+
+
+@njit(**NJIT_INLINE)
+def _new_state(inp):
+    """The state before the first step: nothing arrived, every slot and queue empty."""
     n = inp.arrival_t.shape[0]
-    G = inp.n_replicas
-    S = inp.max_slots
-    H = inp.horizon
-    kv_cap = inp.kv_cap
-    prompt = inp.prompt
-    output = inp.output
-    group = inp.group
-    queue_mode = inp.queue_mode
-    use_cache = inp.use_cache
-    ready_t = np.full(n, np.nan)
-    start_t = np.full(n, np.nan)
-    first_t = np.full(n, np.nan)
-    finish_t = np.full(n, np.nan)
-    replica = np.full(n, -1, dtype=np.int64)
-    n_pre = np.zeros(n, dtype=np.int64)
-    pool_wait = np.zeros(n)
-    decoded = np.zeros(n, dtype=np.int64)
-    adm_seq = np.zeros(n, dtype=np.int64)
-    enter_t = np.zeros(n)
-    enter_tick = np.full(n, -1, dtype=np.int64)
-    in_pool = np.zeros(n, dtype=np.bool_)  # waiting for a slot (in the pool or a queue)
-    slot_req = np.full((G, S), -1, dtype=np.int64)
-    load = np.zeros(G, dtype=np.int64)
-    nrun = np.zeros(G, dtype=np.int64)
-    ptok = np.zeros(G, dtype=np.int64)
-    memo = np.full(max(inp.n_groups, 1), -1, dtype=np.int64)
-    pool = np.empty(n, dtype=np.int64)
-    pool_n = 0
-    admit_tick = np.full(n, -1, dtype=np.int64)
-    # the engines' own FIFO queues (queue mode): linked lists through q_next
-    q_head = np.full(G, -1, dtype=np.int64)
-    q_tail = np.full(G, -1, dtype=np.int64)
-    q_next = np.full(n, -1, dtype=np.int64)
-    q_len = np.zeros(G, dtype=np.int64)
-    q_tok = np.zeros(G, dtype=np.int64)
-    n_queued = 0
-    # the replicas' prefix caches (policies that read PoolState.cached)
-    cache_d = typed.Dict.empty(key_type=types.int64, value_type=types.int64)
-    t_g = np.empty(1024, np.int64)
-    t_h = np.empty(1024, np.int64)
-    t_s = np.empty(1024, np.int64)
-    t_n = 0
-    c_hp = np.zeros(G, dtype=np.int64)
-    c_sz = np.zeros(G, dtype=np.int64)
-    cache_hit = np.full(n, -1.0)
-    ctx = np.zeros(G, dtype=np.int64)  # tokens of the context phases run in this step
-    ctx_n = np.zeros(G, dtype=np.int64)  # requests admitted in this step
-    n_inst = inp.prefill_instances
-    pf_free = np.zeros(max(n_inst, 1))
-    ht = np.empty(n)
-    hs = np.empty(n, dtype=np.int64)
-    hi = np.empty(n, dtype=np.int64)
-    heap_n = 0
-    pf_seq = 0
-    R = inp.stale + 1
-    view_ring = np.zeros((R, G, H + 1))
-    nrun_ring = np.zeros((R, G), dtype=np.int64)
-    ptok_ring = np.zeros((R, G))
-    qlen_ring = np.zeros((R, G), dtype=np.int64)
-    qtok_ring = np.zeros((R, G))
-    add_ring = np.zeros((R, G))
-    addn_ring = np.zeros((R, G), dtype=np.int64)
-    addp_ring = np.zeros((R, G))
-    n_cols = 10
-    series = np.empty((1024, n_cols))
-    tick_ns = np.empty(1024, dtype=np.int64)
-    tick_pool = np.empty(1024, dtype=np.int64)
-    n_ticks = 0
-    carry = inp.carry.copy()
-    par = inp.params
-    kvcap_g = np.full(G, float(kv_cap))
-    two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
-    clock = 0.0
-    k = 0
-    nxt = 0
-    seq = 0
-    total_run = 0
-    while k < inp.max_steps:
-        # 1. arrivals -> prefill queue (FCFS)
-        while nxt < n and inp.arrival_t[nxt] <= clock:
-            done = _prefill_done(
-                pf_free,
-                n_inst,
-                inp.arrival_t[nxt],
-                float(prompt[nxt]),
-                inp.prefill_base_s,
-                inp.prefill_per_token_s,
-            )
-            heap_n = _heap_push(ht, hs, hi, heap_n, done, pf_seq, nxt)
-            pf_seq += 1
-            nxt += 1
-        # 2. prefill done -> pool, kept in order of (first ready time, index): a recomputed
-        # request goes back to its place by age, ahead of everyone who came after it
-        while heap_n > 0 and ht[0] <= clock:
-            t_done, i, heap_n = _heap_pop(ht, hs, hi, heap_n)
-            if np.isnan(ready_t[i]):
-                ready_t[i] = t_done
-                enter_tick[i] = n_ticks
-            enter_t[i] = t_done
-            in_pool[i] = True
-            q = pool_n
-            while q > 0 and (
-                ready_t[pool[q - 1]] > ready_t[i]
-                or (ready_t[pool[q - 1]] == ready_t[i] and pool[q - 1] > i)
-            ):
-                pool[q] = pool[q - 1]
-                q -= 1
-            pool[q] = i
-            pool_n += 1
-        # 3. idle: jump to the next event
-        if total_run == 0 and pool_n == 0 and n_queued == 0:
-            t_next = np.inf
-            if nxt < n:
-                t_next = inp.arrival_t[nxt]
-            if heap_n > 0 and ht[0] < t_next:
-                t_next = ht[0]
-            if t_next == np.inf:
-                break
-            clock = max(clock, t_next)
-            continue
-        # 4. preemption: running requests first (vLLM's schedule order)
-        n_preempted = 0
-        for g in range(G):
-            while load[g] + nrun[g] > kv_cap:
-                v_s = -1
-                for s in range(S):
-                    i = slot_req[g, s]
-                    if i >= 0 and (v_s < 0 or adm_seq[i] > adm_seq[slot_req[g, v_s]]):
-                        v_s = s
-                v = slot_req[g, v_s]
-                slot_req[g, v_s] = -1
-                load[g] -= prompt[v] + decoded[v]
-                ptok[g] -= prompt[v]
-                nrun[g] -= 1
-                total_run -= 1
-                n_pre[v] += 1
-                n_preempted += 1
-                done = _prefill_done(
-                    pf_free,
-                    n_inst,
-                    clock,
-                    float(prompt[v] + decoded[v]),
-                    inp.prefill_base_s,
-                    inp.prefill_per_token_s,
-                )
-                heap_n = _heap_push(ht, hs, hi, heap_n, done, pf_seq, v)
-                pf_seq += 1
-        # 5. snapshot of step k
-        slot = k % R
-        for g in range(G):
-            ctx[g] = 0
-            ctx_n[g] = 0
-            add_ring[slot, g] = 0.0
-            addn_ring[slot, g] = 0
-            addp_ring[slot, g] = 0.0
-            nrun_ring[slot, g] = nrun[g]
-            ptok_ring[slot, g] = ptok[g]
-            qlen_ring[slot, g] = q_len[g]
-            qtok_ring[slot, g] = q_tok[g]
-            for h in range(H + 1):
-                view_ring[slot, g, h] = 0.0
-            view_ring[slot, g, 0] = load[g]
-        if inp.pred_kind > 0:
-            rf = 0.0
-            if inp.refill:
-                P = pool_n if pool_n < inp.max_pool else inp.max_pool
-                for j in range(P):
-                    rf += prompt[pool[j]]
-                rf = rf / P if P > 0 else 0.0
-            view_ring[slot] = project_view(
-                slot_req,
-                decoded,
-                prompt,
-                output,
-                group,
-                memo,
-                inp.surv_p,
-                inp.surv_mu,
-                inp.pred_kind,
-                H,
-                rf,
-                two_stage,
-            )
-        # 6. routing tick
-        if k % inp.tick == 0 and pool_n > 0:
-            P = pool_n if pool_n < inp.max_pool else inp.max_pool
-            prefill = np.empty(P)
-            wait = np.empty(P, dtype=np.int64)
-            key = np.empty(P, dtype=np.int64)
-            for j in range(P):
-                i = pool[j]
-                prefill[j] = prompt[i] + decoded[i]
-                wait[j] = n_ticks - enter_tick[i]
-                key[j] = inp.room[i]
-            cached = np.zeros((P if inp.cache_router else 0, G))
-            if inp.cache_router:
-                for j in range(P):
-                    for g in range(G):
-                        cached[j, g] = _cached_prefix(
-                            cache_d,
-                            inp.blk_off,
-                            inp.blk_ids,
-                            pool[j],
-                            g,
-                            G,
-                            inp.blk_tokens,
-                            prompt[pool[j]],
-                        )
-            old = (k - inp.stale) % R if k >= inp.stale else 0
-            view = view_ring[old].copy()
-            seen_n = nrun_ring[old].copy()
-            seen_p = ptok_ring[old].copy()
-            seen_q = qlen_ring[old].copy()
-            seen_qt = qtok_ring[old].copy()
-            if inp.optimistic:
-                lo = k - inp.stale if k >= inp.stale else 0
-                for kk in range(lo, k):
-                    for g in range(G):
-                        if queue_mode:  # what it sent since then sits in the engines' queues
-                            seen_q[g] += addn_ring[kk % R, g]
-                            seen_qt[g] += add_ring[kk % R, g]
-                        else:
-                            seen_n[g] += addn_ring[kk % R, g]
-                            seen_p[g] += addp_ring[kk % R, g]
-                            for h in range(H + 1):
-                                view[g, h] += add_ring[kk % R, g]
-            free = np.empty(G, dtype=np.int64)
-            usage = np.empty(G)
-            for g in range(G):
-                free[g] = P if queue_mode else S - nrun[g]  # a queue takes every request
-                usage[g] = view[g, 0] / kv_cap
-            pstate = PoolState(prefill, wait, key, cached)
-            rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
-            tick_seed = inp.seed * 1_000_003 + k
-            c0 = monotonic_ns() if inp.time_router else 0
-            assign, carry = route_tick_kernel(inp.policy_id, pstate, rstate, par, carry, tick_seed)
-            c1 = monotonic_ns() if inp.time_router else 0
-            if n_ticks == tick_ns.shape[0]:
-                tn = np.empty(2 * n_ticks, dtype=np.int64)
-                tn[:n_ticks] = tick_ns
-                tick_ns = tn
-                tp = np.empty(2 * n_ticks, dtype=np.int64)
-                tp[:n_ticks] = tick_pool
-                tick_pool = tp
-            tick_ns[n_ticks] = c1 - c0
-            tick_pool[n_ticks] = P
-            n_ticks += 1
-            keep = 0
-            for j in range(pool_n):
-                i = pool[j]
-                g = assign[j] if j < P else -1
-                tok = prompt[i] + decoded[i]
-                if queue_mode and g >= 0:  # to the tail of the engine's own queue
-                    if q_tail[g] < 0:
-                        q_head[g] = i
-                    else:
-                        q_next[q_tail[g]] = i
-                    q_tail[g] = i
-                    q_next[i] = -1
-                    q_len[g] += 1
-                    q_tok[g] += tok
-                    n_queued += 1
-                    add_ring[slot, g] += tok
-                    addn_ring[slot, g] += 1
-                    addp_ring[slot, g] += prompt[i]
-                elif g >= 0 and nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap:
-                    seq = _admit(
-                        i,
-                        g,
-                        clock,
-                        seq,
-                        n_ticks,
-                        slot_req,
-                        nrun,
-                        load,
-                        ptok,
-                        replica,
-                        start_t,
-                        admit_tick,
-                        adm_seq,
-                        pool_wait,
-                        enter_t,
-                        in_pool,
-                        prompt,
-                        decoded,
-                    )
-                    total_run += 1
-                    ctx[g] += tok
-                    ctx_n[g] += 1
-                    add_ring[slot, g] += tok
-                    addn_ring[slot, g] += 1
-                    addp_ring[slot, g] += prompt[i]
-                    if use_cache:
-                        hit, t_g, t_h, t_s, t_n = _admit_cache(
-                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
-                        )
-                        ctx[g] -= hit  # a cached prefix needs no context phase
-                else:
-                    pool[keep] = i
-                    keep += 1
-            pool_n = keep
-        # 6b. queue mode: every engine admits from the head of its queue, FCFS, while the head
-        # has a slot and KV room (the first that does not fit blocks the ones behind it)
-        if queue_mode:
-            for g in range(G):
-                while q_head[g] >= 0:
-                    i = q_head[g]
-                    tok = prompt[i] + decoded[i]
-                    if not (nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap):
-                        break
-                    q_head[g] = q_next[i]
-                    if q_head[g] < 0:
-                        q_tail[g] = -1
-                    q_len[g] -= 1
-                    q_tok[g] -= tok
-                    n_queued -= 1
-                    seq = _admit(
-                        i,
-                        g,
-                        clock,
-                        seq,
-                        n_ticks,
-                        slot_req,
-                        nrun,
-                        load,
-                        ptok,
-                        replica,
-                        start_t,
-                        admit_tick,
-                        adm_seq,
-                        pool_wait,
-                        enter_t,
-                        in_pool,
-                        prompt,
-                        decoded,
-                    )
-                    total_run += 1
-                    ctx[g] += tok
-                    ctx_n[g] += 1
-                    if use_cache:
-                        hit, t_g, t_h, t_s, t_n = _admit_cache(
-                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
-                        )
-                        ctx[g] -= hit  # a cached prefix needs no context phase
-        # 7. one decode step (an idle one when nothing runs)
-        M = 0
-        tot = 0
-        for g in range(G):
-            tot += load[g]
-            if load[g] > M:
-                M = load[g]
-        dt = inp.t0 + inp.kappa * M
-        cmax = 0
-        pmax = 0
-        psum = 0
-        for g in range(G):
-            proc = ctx[g] + nrun[g] - ctx_n[g]  # prompt tokens + one per generating request
-            psum += proc
-            if proc > pmax:
-                pmax = proc
-            if ctx[g] > cmax:
-                cmax = ctx[g]
-        if inp.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
-            worst = 0.0
-            for g in range(G):
-                step_g = inp.kappa * load[g] + inp.ctx_cost * ctx[g]
-                if step_g > worst:
-                    worst = step_g
-            dt = inp.t0 + worst
-        if total_run == 0 and dt <= 0.0:
-            # nothing runs and steps cost nothing: wait for the next event instead
-            t_next = np.inf
-            if nxt < n:
-                t_next = inp.arrival_t[nxt]
-            if heap_n > 0 and ht[0] < t_next:
-                t_next = ht[0]
-            if t_next == np.inf:
-                break
-            dt = max(t_next - clock, 0.0)
-        if k == series.shape[0]:
-            grown = np.empty((2 * k, n_cols))
-            grown[:k] = series[:k]
-            series = grown
-        series[k, 0] = clock
-        series[k, 1] = dt
-        series[k, 2] = M
-        series[k, 3] = tot
-        series[k, 4] = total_run
-        series[k, 5] = pool_n + n_queued
-        series[k, 6] = heap_n
-        series[k, 7] = n_preempted
-        series[k, 8] = cmax
-        series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
-        t_end = clock + dt
-        for g in range(G):
-            for s in range(S):
-                i = slot_req[g, s]
-                if i < 0:
-                    continue
-                decoded[i] += 1
-                load[g] += 1
-                if decoded[i] == 1:
-                    first_t[i] = t_end
-                if decoded[i] == output[i]:
-                    finish_t[i] = t_end
-                    load[g] -= prompt[i] + output[i]
-                    ptok[g] -= prompt[i]
-                    slot_req[g, s] = -1
-                    nrun[g] -= 1
-                    total_run -= 1
-                    if group[i] >= 0:
-                        memo[group[i]] = output[i]
-        clock = t_end
-        k += 1
-    for i in range(n):  # requests still waiting at the end
-        if in_pool[i]:
-            pool_wait[i] += clock - enter_t[i]
-    return EngineOutput(
-        ready_t,
-        start_t,
-        first_t,
-        finish_t,
-        replica,
-        n_pre,
-        pool_wait,
-        enter_tick,
-        admit_tick,
-        series[:k].copy(),
-        tick_ns[:n_ticks].copy(),
-        tick_pool[:n_ticks].copy(),
-        np.maximum(cache_hit, 0.0),
+    G, S, H, R = inp.n_replicas, inp.max_slots, inp.horizon, inp.stale + 1
+    return EngineState(
+        ready_t=np.full(n, np.nan),
+        start_t=np.full(n, np.nan),
+        first_t=np.full(n, np.nan),
+        finish_t=np.full(n, np.nan),
+        enter_t=np.zeros(n),
+        pool_wait=np.zeros(n),
+        replica=np.full(n, -1, dtype=np.int64),
+        n_pre=np.zeros(n, dtype=np.int64),
+        decoded=np.zeros(n, dtype=np.int64),
+        adm_seq=np.zeros(n, dtype=np.int64),
+        enter_tick=np.full(n, -1, dtype=np.int64),
+        admit_tick=np.full(n, -1, dtype=np.int64),
+        in_pool=np.zeros(n, dtype=np.bool_),
+        cache_hit=np.full(n, -1.0),
+        q_next=np.full(n, -1, dtype=np.int64),
+        pool=np.empty(n, dtype=np.int64),
+        slot_req=np.full((G, S), -1, dtype=np.int64),
+        load=np.zeros(G, dtype=np.int64),
+        nrun=np.zeros(G, dtype=np.int64),
+        ptok=np.zeros(G, dtype=np.int64),
+        ctx=np.zeros(G, dtype=np.int64),
+        ctx_n=np.zeros(G, dtype=np.int64),
+        q_head=np.full(G, -1, dtype=np.int64),
+        q_tail=np.full(G, -1, dtype=np.int64),
+        q_len=np.zeros(G, dtype=np.int64),
+        q_tok=np.zeros(G, dtype=np.int64),
+        view_ring=np.zeros((R, G, H + 1)),
+        nrun_ring=np.zeros((R, G), dtype=np.int64),
+        ptok_ring=np.zeros((R, G)),
+        qlen_ring=np.zeros((R, G), dtype=np.int64),
+        qtok_ring=np.zeros((R, G)),
+        add_ring=np.zeros((R, G)),
+        addn_ring=np.zeros((R, G), dtype=np.int64),
+        addp_ring=np.zeros((R, G)),
+        pf_free=np.zeros(max(inp.prefill_instances, 1)),
+        ht=np.empty(n),
+        hs=np.empty(n, dtype=np.int64),
+        hi=np.empty(n, dtype=np.int64),
+        memo=np.full(max(inp.n_groups, 1), -1, dtype=np.int64),
+        cache_d=typed.Dict.empty(key_type=types.int64, value_type=types.int64),
+        c_hp=np.zeros(G, dtype=np.int64),
+        c_sz=np.zeros(G, dtype=np.int64),
+        cnt=np.zeros(_N_CNT, dtype=np.int64),
+        clock=np.zeros(1),
     )
 
 
-@njit(**NJIT)
-def _admit(
-    i,
-    g,
-    clock,
-    seq,
-    n_ticks,
-    slot_req,
-    nrun,
-    load,
-    ptok,
-    replica,
-    start_t,
-    admit_tick,
-    adm_seq,
-    pool_wait,
-    enter_t,
-    in_pool,
-    prompt,
-    decoded,
-):
-    """Start request ``i`` on replica ``g`` in its lowest free slot; returns the next admission
-    sequence number."""
-    S = slot_req.shape[1]
-    for s in range(S):
-        if slot_req[g, s] < 0:
-            slot_req[g, s] = i
+@njit(**NJIT_INLINE)
+def _to_prefill(inp, st, i, t, tokens):
+    """Request ``i`` joins the prefill queue at time ``t`` with ``tokens`` to prefill."""
+    c = st.cnt
+    done = _prefill_done(
+        st.pf_free, inp.prefill_instances, t, tokens, inp.prefill_base_s, inp.prefill_per_token_s
+    )
+    c[_HEAP_N] = _heap_push(st.ht, st.hs, st.hi, c[_HEAP_N], done, c[_PF_SEQ], i)
+    c[_PF_SEQ] += 1
+
+
+@njit(**NJIT_INLINE)
+def _arrivals(inp, st):
+    """Phase 1: the requests that arrived by now join the prefill queue, in arrival order."""
+    c = st.cnt
+    n = inp.arrival_t.shape[0]
+    while c[_NXT] < n and inp.arrival_t[c[_NXT]] <= st.clock[0]:
+        i = c[_NXT]
+        _to_prefill(inp, st, i, inp.arrival_t[i], float(inp.prompt[i]))
+        c[_NXT] += 1
+
+
+@njit(**NJIT_INLINE)
+def _prefill_to_pool(st):
+    """Phase 2: prefills done by now enter the pool, kept in order of (first ready time,
+    index): a recomputed request goes back to its place by age, ahead of later ones."""
+    c = st.cnt
+    pool, ready_t = st.pool, st.ready_t
+    while c[_HEAP_N] > 0 and st.ht[0] <= st.clock[0]:
+        t_done, i, heap_n = _heap_pop(st.ht, st.hs, st.hi, c[_HEAP_N])
+        c[_HEAP_N] = heap_n
+        if np.isnan(ready_t[i]):
+            ready_t[i] = t_done
+            st.enter_tick[i] = c[_TICKS]
+        st.enter_t[i] = t_done
+        st.in_pool[i] = True
+        q = c[_POOL_N]
+        while q > 0 and (
+            ready_t[pool[q - 1]] > ready_t[i]
+            or (ready_t[pool[q - 1]] == ready_t[i] and pool[q - 1] > i)
+        ):
+            pool[q] = pool[q - 1]
+            q -= 1
+        pool[q] = i
+        c[_POOL_N] += 1
+
+
+@njit(**NJIT_INLINE)
+def _next_event(inp, st):
+    """The next arrival or prefill completion (``inf``: none)."""
+    t_next = np.inf
+    if st.cnt[_NXT] < inp.arrival_t.shape[0]:
+        t_next = inp.arrival_t[st.cnt[_NXT]]
+    if st.cnt[_HEAP_N] > 0 and st.ht[0] < t_next:
+        t_next = st.ht[0]
+    return t_next
+
+
+@njit(**NJIT_INLINE)
+def _preempt(inp, st):
+    """Phase 4: while a replica's next step would overflow its KV capacity, its most recently
+    admitted request goes back through prefill with ``prompt + decoded`` tokens. Returns the
+    number of preemptions."""
+    S = inp.max_slots
+    slot_req, load, adm_seq = st.slot_req, st.load, st.adm_seq
+    prompt, decoded = inp.prompt, st.decoded
+    n_preempted = 0
+    for g in range(inp.n_replicas):
+        while load[g] + st.nrun[g] > inp.kv_cap:
+            v_s = -1
+            for s in range(S):
+                i = slot_req[g, s]
+                if i >= 0 and (v_s < 0 or adm_seq[i] > adm_seq[slot_req[g, v_s]]):
+                    v_s = s
+            v = slot_req[g, v_s]
+            slot_req[g, v_s] = -1
+            load[g] -= prompt[v] + decoded[v]
+            st.ptok[g] -= prompt[v]
+            st.nrun[g] -= 1
+            st.cnt[_RUN] -= 1
+            st.n_pre[v] += 1
+            n_preempted += 1
+            _to_prefill(inp, st, v, st.clock[0], float(prompt[v] + decoded[v]))
+    return n_preempted
+
+
+@njit(**NJIT_INLINE)
+def _snapshot(inp, st, two_stage):
+    """Phase 5: the router's view of this step (loads, or projected loads with a predictor,
+    running counts, prompt tokens, queues) into the ring; this step's sent and context
+    counters start at zero."""
+    G, H = inp.n_replicas, inp.horizon
+    slot = st.cnt[_K] % (inp.stale + 1)
+    for g in range(G):
+        st.ctx[g] = 0
+        st.ctx_n[g] = 0
+        st.add_ring[slot, g] = 0.0
+        st.addn_ring[slot, g] = 0
+        st.addp_ring[slot, g] = 0.0
+        st.nrun_ring[slot, g] = st.nrun[g]
+        st.ptok_ring[slot, g] = st.ptok[g]
+        st.qlen_ring[slot, g] = st.q_len[g]
+        st.qtok_ring[slot, g] = st.q_tok[g]
+        for h in range(H + 1):
+            st.view_ring[slot, g, h] = 0.0
+        st.view_ring[slot, g, 0] = st.load[g]
+    if inp.pred_kind > 0:
+        rf = 0.0
+        if inp.refill:
+            pool_n = st.cnt[_POOL_N]
+            P = pool_n if pool_n < inp.max_pool else inp.max_pool
+            for j in range(P):
+                rf += inp.prompt[st.pool[j]]
+            rf = rf / P if P > 0 else 0.0
+        st.view_ring[slot] = project_view(
+            st.slot_req,
+            st.decoded,
+            inp.prompt,
+            inp.output,
+            inp.group,
+            st.memo,
+            inp.surv_p,
+            inp.surv_mu,
+            inp.pred_kind,
+            H,
+            rf,
+            two_stage,
+        )
+
+
+@njit(**NJIT_INLINE)
+def _fits(inp, st, i, g):
+    """Whether replica ``g`` can start request ``i`` now: a free slot, and its tokens plus the
+    next step's token of every request fit the KV capacity."""
+    tok = inp.prompt[i] + st.decoded[i]
+    return st.nrun[g] < inp.max_slots and st.load[g] + tok + st.nrun[g] + 1 <= inp.kv_cap
+
+
+@njit(**NJIT_INLINE)
+def _admit(inp, st, logs, i, g):
+    """Start request ``i`` on replica ``g`` in its lowest free slot (pool and queue mode
+    alike): its tokens join the load and the step's context phase; with prefix caches its
+    cached prefix there is read (and needs no context phase), then its prompt blocks enter
+    the cache. Returns the (possibly grown) logs."""
+    c = st.cnt
+    tok = inp.prompt[i] + st.decoded[i]
+    for s in range(inp.max_slots):
+        if st.slot_req[g, s] < 0:
+            st.slot_req[g, s] = i
             break
-    nrun[g] += 1
-    load[g] += prompt[i] + decoded[i]
-    ptok[g] += prompt[i]
-    replica[i] = g
-    if np.isnan(start_t[i]):
-        start_t[i] = clock
-        admit_tick[i] = n_ticks - 1
-    adm_seq[i] = seq
-    pool_wait[i] += clock - enter_t[i]
-    in_pool[i] = False
-    return seq + 1
+    st.nrun[g] += 1
+    st.load[g] += tok
+    st.ptok[g] += inp.prompt[i]
+    st.replica[i] = g
+    if np.isnan(st.start_t[i]):
+        st.start_t[i] = st.clock[0]
+        st.admit_tick[i] = c[_TICKS] - 1
+    st.adm_seq[i] = c[_SEQ]
+    c[_SEQ] += 1
+    st.pool_wait[i] += st.clock[0] - st.enter_t[i]
+    st.in_pool[i] = False
+    c[_RUN] += 1
+    st.ctx[g] += tok
+    st.ctx_n[g] += 1
+    if inp.use_cache:
+        hit = int(
+            _cached_prefix(
+                st.cache_d,
+                inp.blk_off,
+                inp.blk_ids,
+                i,
+                g,
+                inp.n_replicas,
+                inp.blk_tokens,
+                inp.prompt[i],
+            )
+        )
+        if st.cache_hit[i] < 0:
+            st.cache_hit[i] = float(hit)
+        tg, th, ts = logs.tg, logs.th, logs.ts
+        n_log = c[_LRU_N]
+        for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
+            tg, th, ts, n_log = _cache_touch(
+                st.cache_d, tg, th, ts, n_log, st.c_hp, st.c_sz, g, inp.blk_ids[b],
+                inp.n_replicas, inp.cache_blocks,
+            )  # fmt: skip
+        c[_LRU_N] = n_log
+        st.ctx[g] -= hit  # a cached prefix needs no context phase
+        logs = _Logs(logs.series, logs.tick_ns, logs.tick_pool, tg, th, ts)
+    return logs
 
 
-cache_depends_on(run_engine, _routing_kernels, predictors, _jit)
+@njit(**NJIT_INLINE)
+def _sent(st, slot, g, tok, prompt_i):
+    """Record in the ring what the router sent to ``g`` at this step (the optimistic view of
+    later ticks adds it while the view is older than it)."""
+    st.add_ring[slot, g] += tok
+    st.addn_ring[slot, g] += 1
+    st.addp_ring[slot, g] += prompt_i
+
+
+@njit(**NJIT_INLINE)
+def _router_view(inp, st):
+    """What the router sees at this tick: the view of step ``k - stale`` (step 0's before),
+    plus, when optimistic, what it sent since then (pool mode: tokens on every horizon
+    column, running counts, prompt tokens; queue mode: queue lengths and tokens). Returns
+    ``(loads, n_running, prompt_tokens, n_waiting, waiting_tokens)``."""
+    k, R, G, H = st.cnt[_K], inp.stale + 1, inp.n_replicas, inp.horizon
+    old = (k - inp.stale) % R if k >= inp.stale else 0
+    view = st.view_ring[old].copy()
+    seen_n = st.nrun_ring[old].copy()
+    seen_p = st.ptok_ring[old].copy()
+    seen_q = st.qlen_ring[old].copy()
+    seen_qt = st.qtok_ring[old].copy()
+    if inp.optimistic:
+        lo = k - inp.stale if k >= inp.stale else 0
+        for kk in range(lo, k):
+            for g in range(G):
+                if inp.queue_mode:  # what it sent since then sits in the engines' queues
+                    seen_q[g] += st.addn_ring[kk % R, g]
+                    seen_qt[g] += st.add_ring[kk % R, g]
+                else:
+                    seen_n[g] += st.addn_ring[kk % R, g]
+                    seen_p[g] += st.addp_ring[kk % R, g]
+                    for h in range(H + 1):
+                        view[g, h] += st.add_ring[kk % R, g]
+    return view, seen_n, seen_p, seen_q, seen_qt
+
+
+@njit(**NJIT_INLINE)
+def _tick_state(inp, st, kvcap_g):
+    """What the policy is shown at this tick: the oldest ``max_pool`` pool requests
+    (:class:`PoolState`: tokens ``prompt + decoded``, ticks waited, bootstrap room, and for a
+    policy that reads it the prompt tokens each has cached on each replica) and the replicas'
+    (stale) view (:class:`ReplicaState`, :func:`_router_view`; pool mode: exact free slots,
+    queue mode: every replica takes the whole pool)."""
+    c = st.cnt
+    G = inp.n_replicas
+    prompt, decoded, pool = inp.prompt, st.decoded, st.pool
+    pool_n = c[_POOL_N]
+    P = pool_n if pool_n < inp.max_pool else inp.max_pool
+    prefill = np.empty(P)
+    wait = np.empty(P, dtype=np.int64)
+    key = np.empty(P, dtype=np.int64)
+    for j in range(P):
+        i = pool[j]
+        prefill[j] = prompt[i] + decoded[i]
+        wait[j] = c[_TICKS] - st.enter_tick[i]
+        key[j] = inp.room[i]
+    cached = np.zeros((P if inp.cache_router else 0, G))
+    if inp.cache_router:
+        for j in range(P):
+            for g in range(G):
+                cached[j, g] = _cached_prefix(
+                    st.cache_d,
+                    inp.blk_off,
+                    inp.blk_ids,
+                    pool[j],
+                    g,
+                    G,
+                    inp.blk_tokens,
+                    prompt[pool[j]],
+                )
+    view, seen_n, seen_p, seen_q, seen_qt = _router_view(inp, st)
+    free = np.empty(G, dtype=np.int64)
+    usage = np.empty(G)
+    for g in range(G):
+        free[g] = P if inp.queue_mode else inp.max_slots - st.nrun[g]  # a queue takes all
+        usage[g] = view[g, 0] / inp.kv_cap
+    pstate = PoolState(prefill, wait, key, cached)
+    rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
+    return pstate, rstate
+
+
+@njit(**NJIT_INLINE)
+def _apply_tick(inp, st, logs, assign, P, ns):
+    """The tick's assignment applied in pool order: queue mode, to the tail of the replica's
+    own queue; pool mode, admitted when it fits (:func:`_fits`), otherwise it stays in the
+    pool. Records the router's time ``ns`` and the visible pool ``P``. Returns the logs."""
+    c = st.cnt
+    k = c[_K]
+    prompt, decoded, pool = inp.prompt, st.decoded, st.pool
+    pool_n = c[_POOL_N]
+    n_ticks = c[_TICKS]
+    tick_ns, tick_pool = logs.tick_ns, logs.tick_pool
+    if n_ticks == tick_ns.shape[0]:
+        tn = np.empty(2 * n_ticks, dtype=np.int64)
+        tn[:n_ticks] = tick_ns
+        tick_ns = tn
+        tp = np.empty(2 * n_ticks, dtype=np.int64)
+        tp[:n_ticks] = tick_pool
+        tick_pool = tp
+        logs = _Logs(logs.series, tick_ns, tick_pool, logs.tg, logs.th, logs.ts)
+    tick_ns[n_ticks] = ns
+    tick_pool[n_ticks] = P
+    c[_TICKS] += 1
+    slot = k % (inp.stale + 1)
+    keep = 0
+    for j in range(pool_n):
+        i = pool[j]
+        g = assign[j] if j < P else -1
+        tok = prompt[i] + decoded[i]
+        if inp.queue_mode and g >= 0:  # to the tail of the engine's own queue
+            if st.q_tail[g] < 0:
+                st.q_head[g] = i
+            else:
+                st.q_next[st.q_tail[g]] = i
+            st.q_tail[g] = i
+            st.q_next[i] = -1
+            st.q_len[g] += 1
+            st.q_tok[g] += tok
+            c[_QUEUED] += 1
+            _sent(st, slot, g, tok, prompt[i])
+        elif g >= 0 and _fits(inp, st, i, g):
+            logs = _admit(inp, st, logs, i, g)
+            _sent(st, slot, g, tok, prompt[i])
+        else:
+            pool[keep] = i
+            keep += 1
+    c[_POOL_N] = keep
+    return logs
+
+
+@njit(**NJIT_INLINE)
+def _route(policy, inp, st, logs, carry, kvcap_g):
+    """Phase 6: a routing tick: the policy named ``policy`` (a string literal) routes on
+    :func:`_tick_state`, its time measured around the call, and :func:`_apply_tick` applies
+    its assignment. Returns ``(logs, carry)``.
+
+    The phases are inlined into :func:`run_engine` at numba's IR level (``NJIT_INLINE``):
+    called as functions they received the two records by value, which made the loop several
+    times slower."""
+    pstate, rstate = _tick_state(inp, st, kvcap_g)
+    tick_seed = inp.seed * 1_000_003 + st.cnt[_K]
+    c0 = monotonic_ns() if inp.time_router else 0
+    assign, carry = route_tick(policy, pstate, rstate, inp.options, carry, tick_seed)
+    c1 = monotonic_ns() if inp.time_router else 0
+    logs = _apply_tick(inp, st, logs, assign, pstate.prefill.shape[0], c1 - c0)
+    return logs, carry
+
+
+@njit(**NJIT_INLINE)
+def _admit_queues(inp, st, logs):
+    """Phase 6b (queue mode): each replica admits from the head of its queue while the head
+    fits (:func:`_fits`); the first that does not blocks those behind it (FCFS)."""
+    for g in range(inp.n_replicas):
+        while st.q_head[g] >= 0:
+            i = st.q_head[g]
+            if not _fits(inp, st, i, g):
+                break
+            st.q_head[g] = st.q_next[i]
+            if st.q_head[g] < 0:
+                st.q_tail[g] = -1
+            st.q_len[g] -= 1
+            st.q_tok[g] -= inp.prompt[i] + st.decoded[i]
+            st.cnt[_QUEUED] -= 1
+            logs = _admit(inp, st, logs, i, g)
+    return logs
+
+
+@njit(**NJIT_INLINE)
+def step_time(inp, st):
+    """Phase 7: the duration of this decode step from the loads at its start.
+
+    ``t0 + kappa * max_g L_g`` (the barrier: the most loaded replica sets the pace); with
+    ``ctx_cost > 0`` (aggregated serving) ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``,
+    ``C_g = st.ctx[g]`` the context-phase tokens ``g`` admitted at this step. This is the
+    one place that prices a step: a cost model with more terms (per-layer attention per
+    replica, a barrier, an MoE layer) replaces this function's body.
+    """
+    M = 0
+    for g in range(inp.n_replicas):
+        if st.load[g] > M:
+            M = st.load[g]
+    dt = inp.t0 + inp.kappa * M
+    if inp.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
+        worst = 0.0
+        for g in range(inp.n_replicas):
+            step_g = inp.kappa * st.load[g] + inp.ctx_cost * st.ctx[g]
+            if step_g > worst:
+                worst = step_g
+        dt = inp.t0 + worst
+    return dt
+
+
+@njit(**NJIT_INLINE)
+def _record(inp, st, logs, dt, n_preempted):
+    """Phase 8: the step's row of ``series`` (:data:`SERIES`). Returns the (grown) logs."""
+    G, k = inp.n_replicas, st.cnt[_K]
+    M = 0
+    tot = 0
+    cmax = 0
+    pmax = 0
+    psum = 0
+    for g in range(G):
+        tot += st.load[g]
+        if st.load[g] > M:
+            M = st.load[g]
+        proc = st.ctx[g] + st.nrun[g] - st.ctx_n[g]  # prompt tokens + one per generating one
+        psum += proc
+        if proc > pmax:
+            pmax = proc
+        if st.ctx[g] > cmax:
+            cmax = st.ctx[g]
+    series = logs.series
+    if k == series.shape[0]:
+        grown = np.empty((2 * k, series.shape[1]))
+        grown[:k] = series[:k]
+        series = grown
+        logs = _Logs(series, logs.tick_ns, logs.tick_pool, logs.tg, logs.th, logs.ts)
+    series[k, 0] = st.clock[0]
+    series[k, 1] = dt
+    series[k, 2] = M
+    series[k, 3] = tot
+    series[k, 4] = st.cnt[_RUN]
+    series[k, 5] = st.cnt[_POOL_N] + st.cnt[_QUEUED]
+    series[k, 6] = st.cnt[_HEAP_N]
+    series[k, 7] = n_preempted
+    series[k, 8] = cmax
+    series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
+    return logs
+
+
+@njit(**NJIT_INLINE)
+def _decode(inp, st, t_end):
+    """Phase 9: every running request gains one token; one that reaches its output length
+    leaves at ``t_end`` (and its group's exact-match memo learns its length)."""
+    prompt, output, decoded = inp.prompt, inp.output, st.decoded
+    for g in range(inp.n_replicas):
+        for s in range(inp.max_slots):
+            i = st.slot_req[g, s]
+            if i < 0:
+                continue
+            decoded[i] += 1
+            st.load[g] += 1
+            if decoded[i] == 1:
+                st.first_t[i] = t_end
+            if decoded[i] == output[i]:
+                st.finish_t[i] = t_end
+                st.load[g] -= prompt[i] + output[i]
+                st.ptok[g] -= prompt[i]
+                st.slot_req[g, s] = -1
+                st.nrun[g] -= 1
+                st.cnt[_RUN] -= 1
+                if inp.group[i] >= 0:
+                    st.memo[inp.group[i]] = output[i]
+
+
+@njit(**NJIT)
+def run_engine(policy, inp):
+    """Run the step loop on :class:`EngineInputs` with the routing policy named ``policy`` (a
+    string literal: each policy compiles its own loop, with its kernel alone; see
+    :func:`engine_entry`); see the module docstring. Returns :class:`EngineOutput`.
+
+    One iteration is one decode step, as the phases above in order: arrivals, prefill to
+    pool, (idle: jump to the next event), preemption, snapshot, routing tick, queue
+    admission, :func:`step_time`, record, decode."""
+    policy = literally(policy)
+    st = _new_state(inp)
+    c = st.cnt
+    logs = _Logs(
+        np.empty((1024, len(SERIES))),
+        np.empty(1024, dtype=np.int64),
+        np.empty(1024, dtype=np.int64),
+        np.empty(1024, np.int64),
+        np.empty(1024, np.int64),
+        np.empty(1024, np.int64),
+    )
+    carry = inp.carry
+    kvcap_g = np.full(inp.n_replicas, float(inp.kv_cap))
+    two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
+    while c[_K] < inp.max_steps:
+        _arrivals(inp, st)
+        _prefill_to_pool(st)
+        if c[_RUN] == 0 and c[_POOL_N] == 0 and c[_QUEUED] == 0:  # idle: next event
+            t_next = _next_event(inp, st)
+            if t_next == np.inf:
+                break
+            st.clock[0] = max(st.clock[0], t_next)
+            continue
+        n_preempted = _preempt(inp, st)
+        _snapshot(inp, st, two_stage)
+        if c[_K] % inp.tick == 0 and c[_POOL_N] > 0:
+            logs, carry = _route(policy, inp, st, logs, carry, kvcap_g)
+        if inp.queue_mode:
+            logs = _admit_queues(inp, st, logs)
+        dt = step_time(inp, st)
+        if c[_RUN] == 0 and dt <= 0.0:
+            # nothing runs and steps cost nothing: wait for the next event instead
+            t_next = _next_event(inp, st)
+            if t_next == np.inf:
+                break
+            dt = max(t_next - st.clock[0], 0.0)
+        logs = _record(inp, st, logs, dt, n_preempted)
+        t_end = st.clock[0] + dt
+        _decode(inp, st, t_end)
+        st.clock[0] = t_end
+        c[_K] += 1
+    for i in range(inp.arrival_t.shape[0]):  # requests still waiting at the end
+        if st.in_pool[i]:
+            st.pool_wait[i] += st.clock[0] - st.enter_t[i]
+    k, n_ticks = c[_K], c[_TICKS]
+    return EngineOutput(
+        st.ready_t,
+        st.start_t,
+        st.first_t,
+        st.finish_t,
+        st.replica,
+        st.n_pre,
+        st.pool_wait,
+        st.enter_tick,
+        st.admit_tick,
+        logs.series[:k].copy(),
+        logs.tick_ns[:n_ticks].copy(),
+        logs.tick_pool[:n_ticks].copy(),
+        np.maximum(st.cache_hit, 0.0),
+    )
+
+
+def engine_depends() -> tuple:
+    """The modules whose source the compiled engine includes besides its own (every routing
+    kernel's, the predictors'): :func:`run_engine`'s disk cache is tied to them."""
+    from ..solvers.routing_registry import kernel_modules
+
+    return (*kernel_modules(), predictors)
+
+
+def engine_entry(policy: str, inp):
+    """:func:`run_engine` compiled for ``policy`` and the types of ``inp`` (loaded from
+    numba's disk cache when there; :func:`engine_depends`), as a callable of ``(policy,
+    inp)``."""
+    from ..solvers._jit import literal_entry
+
+    return literal_entry(run_engine, policy, (inp,), depends=engine_depends())
 
 
 def run_engine_reference(inp, router):
@@ -1007,7 +1165,7 @@ def run_engine_reference(inp, router):
         for i in range(n)
     ]
     clock, k, nxt, order, seq, n_ticks = 0.0, 0, 0, 0, 0, 0
-    carry = np.array(inp.carry, dtype=np.float64)
+    carry = inp.carry
     ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = (
         inp.ts_fold,
         inp.ts_knots,
@@ -1201,9 +1359,7 @@ def run_engine_reference(inp, router):
                 np.array([seen[g][0] / kv_cap for g in range(G)]),
                 np.full(G, float(kv_cap)),
             )
-            assign, carry = router(
-                pstate, rstate, inp.params.copy(), carry, inp.seed * 1_000_003 + k
-            )
+            assign, carry = router(pstate, rstate, inp.options, carry, inp.seed * 1_000_003 + k)
             n_ticks += 1
             tick_pool.append(P)
             still = []

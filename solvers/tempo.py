@@ -151,7 +151,7 @@ from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
 from .bounds import layer_bound
-from .registry import Certificate, LayerSolution, register_dispatch_method
+from .registry import Certificate, LayerSolution
 
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
@@ -282,7 +282,6 @@ class _Layer(NamedTuple):
     bound: float
 
 
-@register_dispatch_method("tempo")
 @dataclass(frozen=True)
 class Tempo:
     """tempo_fast (TEMPO §4.2): seed, chains, local search, ensemble; rebalance, repair.

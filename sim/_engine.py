@@ -110,6 +110,8 @@ from ..solvers.predictors import EXP_CAP
 __all__ = [
     "EngineInputs",
     "EngineOutput",
+    "EngineState",
+    "step_time",
     "SERIES",
     "run_engine",
     "run_engine_reference",
@@ -475,499 +477,641 @@ def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
     return float(min(c * blk_tokens, prompt_i))
 
 
+# Scalars of the step loop, kept in EngineState.cnt (int64) so that phases update them in place
+_K = 0  # steps done
+_NXT = 1  # next arrival not yet queued for prefill
+_POOL_N = 2  # requests in the pool (EngineState.pool[:POOL_N], oldest first)
+_HEAP_N = 3  # requests queued for or in prefill (the heap)
+_PF_SEQ = 4  # prefill queue order (FCFS tie-break of the heap)
+_SEQ = 5  # admission order (preemption takes the most recent)
+_RUN = 6  # running requests, every replica
+_QUEUED = 7  # requests in the engines' own queues (queue mode)
+_TICKS = 8  # routing ticks so far
+_LRU_N = 9  # entries of the prefix caches' touch log
+_N_CNT = 10
+
+
+class EngineState(NamedTuple):
+    """Everything the step loop changes, updated in place by the phases.
+
+    Per request (arrival order): times ``ready_t``, ``start_t``, ``first_t``, ``finish_t``,
+    ``enter_t`` (last entry into the pool), ``pool_wait``; ``replica``, ``n_pre``,
+    ``decoded``, ``adm_seq`` (admission order), ``enter_tick``, ``admit_tick``, ``in_pool``,
+    ``cache_hit`` (-1 until its first admission), ``q_next`` (the engines' queues as linked
+    lists). ``pool``: the pool, oldest first (``pool[:cnt[_POOL_N]]``). Per replica:
+    ``slot_req (G, S)`` (request in each slot, -1 empty), ``load`` (resident KV tokens),
+    ``nrun``, ``ptok`` (running requests' prompt tokens), ``ctx`` / ``ctx_n`` (context-phase
+    tokens and requests admitted in this step), queues ``q_head``, ``q_tail``, ``q_len``,
+    ``q_tok``. The router's views of the last ``stale + 1`` steps, ring-indexed by step:
+    ``view_ring (R, G, H+1)``, ``nrun_ring``, ``ptok_ring``, ``qlen_ring``, ``qtok_ring``, and
+    what it sent at each step (``add_ring`` tokens, ``addn_ring`` requests, ``addp_ring``
+    prompt tokens). Prefill: ``pf_free`` (each instance's next free time) and the heap
+    ``ht/hs/hi`` of ``(done, order) -> request``. ``memo``: the last finished output length per
+    prompt-hash group. Prefix caches: ``cache_d`` (block * G + replica -> stamp), ``c_hp``,
+    ``c_sz`` (see :func:`_cache_touch`). ``cnt``: the loop's counters (``_K`` .. ``_LRU_N``);
+    ``clock`` ``(1,)``: the simulated time.
+    """
+
+    ready_t: np.ndarray
+    start_t: np.ndarray
+    first_t: np.ndarray
+    finish_t: np.ndarray
+    enter_t: np.ndarray
+    pool_wait: np.ndarray
+    replica: np.ndarray
+    n_pre: np.ndarray
+    decoded: np.ndarray
+    adm_seq: np.ndarray
+    enter_tick: np.ndarray
+    admit_tick: np.ndarray
+    in_pool: np.ndarray
+    cache_hit: np.ndarray
+    q_next: np.ndarray
+    pool: np.ndarray
+    slot_req: np.ndarray
+    load: np.ndarray
+    nrun: np.ndarray
+    ptok: np.ndarray
+    ctx: np.ndarray
+    ctx_n: np.ndarray
+    q_head: np.ndarray
+    q_tail: np.ndarray
+    q_len: np.ndarray
+    q_tok: np.ndarray
+    view_ring: np.ndarray
+    nrun_ring: np.ndarray
+    ptok_ring: np.ndarray
+    qlen_ring: np.ndarray
+    qtok_ring: np.ndarray
+    add_ring: np.ndarray
+    addn_ring: np.ndarray
+    addp_ring: np.ndarray
+    pf_free: np.ndarray
+    ht: np.ndarray
+    hs: np.ndarray
+    hi: np.ndarray
+    memo: np.ndarray
+    cache_d: typed.Dict
+    c_hp: np.ndarray
+    c_sz: np.ndarray
+    cnt: np.ndarray
+    clock: np.ndarray
+
+
+class _Logs(NamedTuple):
+    """The loop's growing records (a phase that may grow one returns a new ``_Logs``): the
+    per-step ``series`` rows, per tick ``tick_ns`` and ``tick_pool``, and the prefix caches'
+    touch log ``tg/th/ts`` (replica, block, stamp)."""
+
+    series: np.ndarray
+    tick_ns: np.ndarray
+    tick_pool: np.ndarray
+    tg: np.ndarray
+    th: np.ndarray
+    ts: np.ndarray
+
+
 @njit(**NJIT)
-def _admit_cache(D, tg, th, ts, T, hp, sz, cache_hit, inp, i, g, G):
-    """Request ``i`` is admitted on ``g``: its cached prompt tokens there (recorded in
-    ``cache_hit[i]`` at its first admission), then its prompt blocks enter ``g``'s cache.
-    Returns ``(cached tokens, log...)`` as :func:`_cache_touch`."""
-    hit = int(_cached_prefix(D, inp.blk_off, inp.blk_ids, i, g, G, inp.blk_tokens, inp.prompt[i]))
-    if cache_hit[i] < 0:
-        cache_hit[i] = float(hit)
-    for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
-        tg, th, ts, T = _cache_touch(
-            D, tg, th, ts, T, hp, sz, g, inp.blk_ids[b], G, inp.cache_blocks
+def _new_state(inp):
+    """The state before the first step: nothing arrived, every slot and queue empty."""
+    n = inp.arrival_t.shape[0]
+    G, S, H, R = inp.n_replicas, inp.max_slots, inp.horizon, inp.stale + 1
+    return EngineState(
+        ready_t=np.full(n, np.nan),
+        start_t=np.full(n, np.nan),
+        first_t=np.full(n, np.nan),
+        finish_t=np.full(n, np.nan),
+        enter_t=np.zeros(n),
+        pool_wait=np.zeros(n),
+        replica=np.full(n, -1, dtype=np.int64),
+        n_pre=np.zeros(n, dtype=np.int64),
+        decoded=np.zeros(n, dtype=np.int64),
+        adm_seq=np.zeros(n, dtype=np.int64),
+        enter_tick=np.full(n, -1, dtype=np.int64),
+        admit_tick=np.full(n, -1, dtype=np.int64),
+        in_pool=np.zeros(n, dtype=np.bool_),
+        cache_hit=np.full(n, -1.0),
+        q_next=np.full(n, -1, dtype=np.int64),
+        pool=np.empty(n, dtype=np.int64),
+        slot_req=np.full((G, S), -1, dtype=np.int64),
+        load=np.zeros(G, dtype=np.int64),
+        nrun=np.zeros(G, dtype=np.int64),
+        ptok=np.zeros(G, dtype=np.int64),
+        ctx=np.zeros(G, dtype=np.int64),
+        ctx_n=np.zeros(G, dtype=np.int64),
+        q_head=np.full(G, -1, dtype=np.int64),
+        q_tail=np.full(G, -1, dtype=np.int64),
+        q_len=np.zeros(G, dtype=np.int64),
+        q_tok=np.zeros(G, dtype=np.int64),
+        view_ring=np.zeros((R, G, H + 1)),
+        nrun_ring=np.zeros((R, G), dtype=np.int64),
+        ptok_ring=np.zeros((R, G)),
+        qlen_ring=np.zeros((R, G), dtype=np.int64),
+        qtok_ring=np.zeros((R, G)),
+        add_ring=np.zeros((R, G)),
+        addn_ring=np.zeros((R, G), dtype=np.int64),
+        addp_ring=np.zeros((R, G)),
+        pf_free=np.zeros(max(inp.prefill_instances, 1)),
+        ht=np.empty(n),
+        hs=np.empty(n, dtype=np.int64),
+        hi=np.empty(n, dtype=np.int64),
+        memo=np.full(max(inp.n_groups, 1), -1, dtype=np.int64),
+        cache_d=typed.Dict.empty(key_type=types.int64, value_type=types.int64),
+        c_hp=np.zeros(G, dtype=np.int64),
+        c_sz=np.zeros(G, dtype=np.int64),
+        cnt=np.zeros(_N_CNT, dtype=np.int64),
+        clock=np.zeros(1),
+    )
+
+
+@njit(**NJIT)
+def _to_prefill(inp, st, i, t, tokens):
+    """Request ``i`` joins the prefill queue at time ``t`` with ``tokens`` to prefill."""
+    c = st.cnt
+    done = _prefill_done(
+        st.pf_free, inp.prefill_instances, t, tokens, inp.prefill_base_s, inp.prefill_per_token_s
+    )
+    c[_HEAP_N] = _heap_push(st.ht, st.hs, st.hi, c[_HEAP_N], done, c[_PF_SEQ], i)
+    c[_PF_SEQ] += 1
+
+
+@njit(**NJIT)
+def _arrivals(inp, st):
+    """Phase 1: the requests that arrived by now join the prefill queue, in arrival order."""
+    c = st.cnt
+    n = inp.arrival_t.shape[0]
+    while c[_NXT] < n and inp.arrival_t[c[_NXT]] <= st.clock[0]:
+        i = c[_NXT]
+        _to_prefill(inp, st, i, inp.arrival_t[i], float(inp.prompt[i]))
+        c[_NXT] += 1
+
+
+@njit(**NJIT)
+def _prefill_to_pool(st):
+    """Phase 2: prefills done by now enter the pool, kept in order of (first ready time,
+    index): a recomputed request goes back to its place by age, ahead of later ones."""
+    c = st.cnt
+    pool, ready_t = st.pool, st.ready_t
+    while c[_HEAP_N] > 0 and st.ht[0] <= st.clock[0]:
+        t_done, i, heap_n = _heap_pop(st.ht, st.hs, st.hi, c[_HEAP_N])
+        c[_HEAP_N] = heap_n
+        if np.isnan(ready_t[i]):
+            ready_t[i] = t_done
+            st.enter_tick[i] = c[_TICKS]
+        st.enter_t[i] = t_done
+        st.in_pool[i] = True
+        q = c[_POOL_N]
+        while q > 0 and (
+            ready_t[pool[q - 1]] > ready_t[i]
+            or (ready_t[pool[q - 1]] == ready_t[i] and pool[q - 1] > i)
+        ):
+            pool[q] = pool[q - 1]
+            q -= 1
+        pool[q] = i
+        c[_POOL_N] += 1
+
+
+@njit(**NJIT)
+def _next_event(inp, st):
+    """The next arrival or prefill completion (``inf``: none)."""
+    t_next = np.inf
+    if st.cnt[_NXT] < inp.arrival_t.shape[0]:
+        t_next = inp.arrival_t[st.cnt[_NXT]]
+    if st.cnt[_HEAP_N] > 0 and st.ht[0] < t_next:
+        t_next = st.ht[0]
+    return t_next
+
+
+@njit(**NJIT)
+def _preempt(inp, st):
+    """Phase 4: while a replica's next step would overflow its KV capacity, its most recently
+    admitted request goes back through prefill with ``prompt + decoded`` tokens. Returns the
+    number of preemptions."""
+    S = inp.max_slots
+    slot_req, load, adm_seq = st.slot_req, st.load, st.adm_seq
+    prompt, decoded = inp.prompt, st.decoded
+    n_preempted = 0
+    for g in range(inp.n_replicas):
+        while load[g] + st.nrun[g] > inp.kv_cap:
+            v_s = -1
+            for s in range(S):
+                i = slot_req[g, s]
+                if i >= 0 and (v_s < 0 or adm_seq[i] > adm_seq[slot_req[g, v_s]]):
+                    v_s = s
+            v = slot_req[g, v_s]
+            slot_req[g, v_s] = -1
+            load[g] -= prompt[v] + decoded[v]
+            st.ptok[g] -= prompt[v]
+            st.nrun[g] -= 1
+            st.cnt[_RUN] -= 1
+            st.n_pre[v] += 1
+            n_preempted += 1
+            _to_prefill(inp, st, v, st.clock[0], float(prompt[v] + decoded[v]))
+    return n_preempted
+
+
+@njit(**NJIT)
+def _snapshot(inp, st, two_stage):
+    """Phase 5: the router's view of this step (loads, or projected loads with a predictor,
+    running counts, prompt tokens, queues) into the ring; this step's sent and context
+    counters start at zero."""
+    G, H = inp.n_replicas, inp.horizon
+    slot = st.cnt[_K] % (inp.stale + 1)
+    for g in range(G):
+        st.ctx[g] = 0
+        st.ctx_n[g] = 0
+        st.add_ring[slot, g] = 0.0
+        st.addn_ring[slot, g] = 0
+        st.addp_ring[slot, g] = 0.0
+        st.nrun_ring[slot, g] = st.nrun[g]
+        st.ptok_ring[slot, g] = st.ptok[g]
+        st.qlen_ring[slot, g] = st.q_len[g]
+        st.qtok_ring[slot, g] = st.q_tok[g]
+        for h in range(H + 1):
+            st.view_ring[slot, g, h] = 0.0
+        st.view_ring[slot, g, 0] = st.load[g]
+    if inp.pred_kind > 0:
+        rf = 0.0
+        if inp.refill:
+            pool_n = st.cnt[_POOL_N]
+            P = pool_n if pool_n < inp.max_pool else inp.max_pool
+            for j in range(P):
+                rf += inp.prompt[st.pool[j]]
+            rf = rf / P if P > 0 else 0.0
+        st.view_ring[slot] = project_view(
+            st.slot_req,
+            st.decoded,
+            inp.prompt,
+            inp.output,
+            inp.group,
+            st.memo,
+            inp.surv_p,
+            inp.surv_mu,
+            inp.pred_kind,
+            H,
+            rf,
+            two_stage,
         )
-    return hit, tg, th, ts, T
+
+
+@njit(**NJIT)
+def _fits(inp, st, i, g):
+    """Whether replica ``g`` can start request ``i`` now: a free slot, and its tokens plus the
+    next step's token of every request fit the KV capacity."""
+    tok = inp.prompt[i] + st.decoded[i]
+    return st.nrun[g] < inp.max_slots and st.load[g] + tok + st.nrun[g] + 1 <= inp.kv_cap
+
+
+@njit(**NJIT)
+def _admit(inp, st, logs, i, g):
+    """Start request ``i`` on replica ``g`` in its lowest free slot (pool and queue mode
+    alike): its tokens join the load and the step's context phase; with prefix caches its
+    cached prefix there is read (and needs no context phase), then its prompt blocks enter
+    the cache. Returns the (possibly grown) logs."""
+    c = st.cnt
+    tok = inp.prompt[i] + st.decoded[i]
+    for s in range(inp.max_slots):
+        if st.slot_req[g, s] < 0:
+            st.slot_req[g, s] = i
+            break
+    st.nrun[g] += 1
+    st.load[g] += tok
+    st.ptok[g] += inp.prompt[i]
+    st.replica[i] = g
+    if np.isnan(st.start_t[i]):
+        st.start_t[i] = st.clock[0]
+        st.admit_tick[i] = c[_TICKS] - 1
+    st.adm_seq[i] = c[_SEQ]
+    c[_SEQ] += 1
+    st.pool_wait[i] += st.clock[0] - st.enter_t[i]
+    st.in_pool[i] = False
+    c[_RUN] += 1
+    st.ctx[g] += tok
+    st.ctx_n[g] += 1
+    if inp.use_cache:
+        hit = int(
+            _cached_prefix(
+                st.cache_d,
+                inp.blk_off,
+                inp.blk_ids,
+                i,
+                g,
+                inp.n_replicas,
+                inp.blk_tokens,
+                inp.prompt[i],
+            )
+        )
+        if st.cache_hit[i] < 0:
+            st.cache_hit[i] = float(hit)
+        tg, th, ts = logs.tg, logs.th, logs.ts
+        n_log = c[_LRU_N]
+        for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
+            tg, th, ts, n_log = _cache_touch(
+                st.cache_d, tg, th, ts, n_log, st.c_hp, st.c_sz, g, inp.blk_ids[b],
+                inp.n_replicas, inp.cache_blocks,
+            )  # fmt: skip
+        c[_LRU_N] = n_log
+        st.ctx[g] -= hit  # a cached prefix needs no context phase
+        logs = _Logs(logs.series, logs.tick_ns, logs.tick_pool, tg, th, ts)
+    return logs
+
+
+@njit(**NJIT)
+def _sent(st, slot, g, tok, prompt_i):
+    """Record in the ring what the router sent to ``g`` at this step (the optimistic view of
+    later ticks adds it while the view is older than it)."""
+    st.add_ring[slot, g] += tok
+    st.addn_ring[slot, g] += 1
+    st.addp_ring[slot, g] += prompt_i
+
+
+@njit(**NJIT)
+def _router_view(inp, st):
+    """What the router sees at this tick: the view of step ``k - stale`` (step 0's before),
+    plus, when optimistic, what it sent since then (pool mode: tokens on every horizon
+    column, running counts, prompt tokens; queue mode: queue lengths and tokens). Returns
+    ``(loads, n_running, prompt_tokens, n_waiting, waiting_tokens)``."""
+    k, R, G, H = st.cnt[_K], inp.stale + 1, inp.n_replicas, inp.horizon
+    old = (k - inp.stale) % R if k >= inp.stale else 0
+    view = st.view_ring[old].copy()
+    seen_n = st.nrun_ring[old].copy()
+    seen_p = st.ptok_ring[old].copy()
+    seen_q = st.qlen_ring[old].copy()
+    seen_qt = st.qtok_ring[old].copy()
+    if inp.optimistic:
+        lo = k - inp.stale if k >= inp.stale else 0
+        for kk in range(lo, k):
+            for g in range(G):
+                if inp.queue_mode:  # what it sent since then sits in the engines' queues
+                    seen_q[g] += st.addn_ring[kk % R, g]
+                    seen_qt[g] += st.add_ring[kk % R, g]
+                else:
+                    seen_n[g] += st.addn_ring[kk % R, g]
+                    seen_p[g] += st.addp_ring[kk % R, g]
+                    for h in range(H + 1):
+                        view[g, h] += st.add_ring[kk % R, g]
+    return view, seen_n, seen_p, seen_q, seen_qt
+
+
+@njit(**NJIT)
+def _route(inp, st, logs, carry, kvcap_g):
+    """Phase 6: a routing tick. The policy sees the oldest ``max_pool`` pool requests and the
+    (stale) view of the replicas; its assignment is applied in pool order: queue mode, to
+    the tail of the replica's own queue; pool mode, admitted when it fits
+    (:func:`_fits`), otherwise it stays in the pool. Returns ``(logs, carry)``."""
+    c = st.cnt
+    G, k = inp.n_replicas, c[_K]
+    prompt, decoded, pool = inp.prompt, st.decoded, st.pool
+    pool_n = c[_POOL_N]
+    P = pool_n if pool_n < inp.max_pool else inp.max_pool
+    prefill = np.empty(P)
+    wait = np.empty(P, dtype=np.int64)
+    key = np.empty(P, dtype=np.int64)
+    for j in range(P):
+        i = pool[j]
+        prefill[j] = prompt[i] + decoded[i]
+        wait[j] = c[_TICKS] - st.enter_tick[i]
+        key[j] = inp.room[i]
+    cached = np.zeros((P if inp.cache_router else 0, G))
+    if inp.cache_router:
+        for j in range(P):
+            for g in range(G):
+                cached[j, g] = _cached_prefix(
+                    st.cache_d,
+                    inp.blk_off,
+                    inp.blk_ids,
+                    pool[j],
+                    g,
+                    G,
+                    inp.blk_tokens,
+                    prompt[pool[j]],
+                )
+    view, seen_n, seen_p, seen_q, seen_qt = _router_view(inp, st)
+    free = np.empty(G, dtype=np.int64)
+    usage = np.empty(G)
+    for g in range(G):
+        free[g] = P if inp.queue_mode else inp.max_slots - st.nrun[g]  # a queue takes all
+        usage[g] = view[g, 0] / inp.kv_cap
+    pstate = PoolState(prefill, wait, key, cached)
+    rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
+    tick_seed = inp.seed * 1_000_003 + k
+    c0 = monotonic_ns() if inp.time_router else 0
+    assign, carry = route_tick_kernel(inp.policy_id, pstate, rstate, inp.params, carry, tick_seed)
+    c1 = monotonic_ns() if inp.time_router else 0
+    n_ticks = c[_TICKS]
+    tick_ns, tick_pool = logs.tick_ns, logs.tick_pool
+    if n_ticks == tick_ns.shape[0]:
+        tn = np.empty(2 * n_ticks, dtype=np.int64)
+        tn[:n_ticks] = tick_ns
+        tick_ns = tn
+        tp = np.empty(2 * n_ticks, dtype=np.int64)
+        tp[:n_ticks] = tick_pool
+        tick_pool = tp
+        logs = _Logs(logs.series, tick_ns, tick_pool, logs.tg, logs.th, logs.ts)
+    tick_ns[n_ticks] = c1 - c0
+    tick_pool[n_ticks] = P
+    c[_TICKS] += 1
+    slot = k % (inp.stale + 1)
+    keep = 0
+    for j in range(pool_n):
+        i = pool[j]
+        g = assign[j] if j < P else -1
+        tok = prompt[i] + decoded[i]
+        if inp.queue_mode and g >= 0:  # to the tail of the engine's own queue
+            if st.q_tail[g] < 0:
+                st.q_head[g] = i
+            else:
+                st.q_next[st.q_tail[g]] = i
+            st.q_tail[g] = i
+            st.q_next[i] = -1
+            st.q_len[g] += 1
+            st.q_tok[g] += tok
+            c[_QUEUED] += 1
+            _sent(st, slot, g, tok, prompt[i])
+        elif g >= 0 and _fits(inp, st, i, g):
+            logs = _admit(inp, st, logs, i, g)
+            _sent(st, slot, g, tok, prompt[i])
+        else:
+            pool[keep] = i
+            keep += 1
+    c[_POOL_N] = keep
+    return logs, carry
+
+
+@njit(**NJIT)
+def _admit_queues(inp, st, logs):
+    """Phase 6b (queue mode): each replica admits from the head of its queue while the head
+    fits (:func:`_fits`); the first that does not blocks those behind it (FCFS)."""
+    for g in range(inp.n_replicas):
+        while st.q_head[g] >= 0:
+            i = st.q_head[g]
+            if not _fits(inp, st, i, g):
+                break
+            st.q_head[g] = st.q_next[i]
+            if st.q_head[g] < 0:
+                st.q_tail[g] = -1
+            st.q_len[g] -= 1
+            st.q_tok[g] -= inp.prompt[i] + st.decoded[i]
+            st.cnt[_QUEUED] -= 1
+            logs = _admit(inp, st, logs, i, g)
+    return logs
+
+
+@njit(**NJIT)
+def step_time(inp, st):
+    """Phase 7: the duration of this decode step from the loads at its start.
+
+    ``t0 + kappa * max_g L_g`` (the barrier: the most loaded replica sets the pace); with
+    ``ctx_cost > 0`` (aggregated serving) ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``,
+    ``C_g = st.ctx[g]`` the context-phase tokens ``g`` admitted at this step. This is the
+    one place that prices a step: a cost model with more terms (per-layer attention per
+    replica, a barrier, an MoE layer) replaces this function's body.
+    """
+    M = 0
+    for g in range(inp.n_replicas):
+        if st.load[g] > M:
+            M = st.load[g]
+    dt = inp.t0 + inp.kappa * M
+    if inp.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
+        worst = 0.0
+        for g in range(inp.n_replicas):
+            step_g = inp.kappa * st.load[g] + inp.ctx_cost * st.ctx[g]
+            if step_g > worst:
+                worst = step_g
+        dt = inp.t0 + worst
+    return dt
+
+
+@njit(**NJIT)
+def _record(inp, st, logs, dt, n_preempted):
+    """Phase 8: the step's row of ``series`` (:data:`SERIES`). Returns the (grown) logs."""
+    G, k = inp.n_replicas, st.cnt[_K]
+    M = 0
+    tot = 0
+    cmax = 0
+    pmax = 0
+    psum = 0
+    for g in range(G):
+        tot += st.load[g]
+        if st.load[g] > M:
+            M = st.load[g]
+        proc = st.ctx[g] + st.nrun[g] - st.ctx_n[g]  # prompt tokens + one per generating one
+        psum += proc
+        if proc > pmax:
+            pmax = proc
+        if st.ctx[g] > cmax:
+            cmax = st.ctx[g]
+    series = logs.series
+    if k == series.shape[0]:
+        grown = np.empty((2 * k, series.shape[1]))
+        grown[:k] = series[:k]
+        series = grown
+        logs = _Logs(series, logs.tick_ns, logs.tick_pool, logs.tg, logs.th, logs.ts)
+    series[k, 0] = st.clock[0]
+    series[k, 1] = dt
+    series[k, 2] = M
+    series[k, 3] = tot
+    series[k, 4] = st.cnt[_RUN]
+    series[k, 5] = st.cnt[_POOL_N] + st.cnt[_QUEUED]
+    series[k, 6] = st.cnt[_HEAP_N]
+    series[k, 7] = n_preempted
+    series[k, 8] = cmax
+    series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
+    return logs
+
+
+@njit(**NJIT)
+def _decode(inp, st, t_end):
+    """Phase 9: every running request gains one token; one that reaches its output length
+    leaves at ``t_end`` (and its group's exact-match memo learns its length)."""
+    prompt, output, decoded = inp.prompt, inp.output, st.decoded
+    for g in range(inp.n_replicas):
+        for s in range(inp.max_slots):
+            i = st.slot_req[g, s]
+            if i < 0:
+                continue
+            decoded[i] += 1
+            st.load[g] += 1
+            if decoded[i] == 1:
+                st.first_t[i] = t_end
+            if decoded[i] == output[i]:
+                st.finish_t[i] = t_end
+                st.load[g] -= prompt[i] + output[i]
+                st.ptok[g] -= prompt[i]
+                st.slot_req[g, s] = -1
+                st.nrun[g] -= 1
+                st.cnt[_RUN] -= 1
+                if inp.group[i] >= 0:
+                    st.memo[inp.group[i]] = output[i]
 
 
 @njit(**NJIT)
 def run_engine(inp):
     """Run the step loop on :class:`EngineInputs`; see the module docstring. Returns
-    :class:`EngineOutput`."""
-    n = inp.arrival_t.shape[0]
-    G = inp.n_replicas
-    S = inp.max_slots
-    H = inp.horizon
-    kv_cap = inp.kv_cap
-    prompt = inp.prompt
-    output = inp.output
-    group = inp.group
-    queue_mode = inp.queue_mode
-    use_cache = inp.use_cache
-    ready_t = np.full(n, np.nan)
-    start_t = np.full(n, np.nan)
-    first_t = np.full(n, np.nan)
-    finish_t = np.full(n, np.nan)
-    replica = np.full(n, -1, dtype=np.int64)
-    n_pre = np.zeros(n, dtype=np.int64)
-    pool_wait = np.zeros(n)
-    decoded = np.zeros(n, dtype=np.int64)
-    adm_seq = np.zeros(n, dtype=np.int64)
-    enter_t = np.zeros(n)
-    enter_tick = np.full(n, -1, dtype=np.int64)
-    in_pool = np.zeros(n, dtype=np.bool_)  # waiting for a slot (in the pool or a queue)
-    slot_req = np.full((G, S), -1, dtype=np.int64)
-    load = np.zeros(G, dtype=np.int64)
-    nrun = np.zeros(G, dtype=np.int64)
-    ptok = np.zeros(G, dtype=np.int64)
-    memo = np.full(max(inp.n_groups, 1), -1, dtype=np.int64)
-    pool = np.empty(n, dtype=np.int64)
-    pool_n = 0
-    admit_tick = np.full(n, -1, dtype=np.int64)
-    # the engines' own FIFO queues (queue mode): linked lists through q_next
-    q_head = np.full(G, -1, dtype=np.int64)
-    q_tail = np.full(G, -1, dtype=np.int64)
-    q_next = np.full(n, -1, dtype=np.int64)
-    q_len = np.zeros(G, dtype=np.int64)
-    q_tok = np.zeros(G, dtype=np.int64)
-    n_queued = 0
-    # the replicas' prefix caches (policies that read PoolState.cached)
-    cache_d = typed.Dict.empty(key_type=types.int64, value_type=types.int64)
-    t_g = np.empty(1024, np.int64)
-    t_h = np.empty(1024, np.int64)
-    t_s = np.empty(1024, np.int64)
-    t_n = 0
-    c_hp = np.zeros(G, dtype=np.int64)
-    c_sz = np.zeros(G, dtype=np.int64)
-    cache_hit = np.full(n, -1.0)
-    ctx = np.zeros(G, dtype=np.int64)  # tokens of the context phases run in this step
-    ctx_n = np.zeros(G, dtype=np.int64)  # requests admitted in this step
-    n_inst = inp.prefill_instances
-    pf_free = np.zeros(max(n_inst, 1))
-    ht = np.empty(n)
-    hs = np.empty(n, dtype=np.int64)
-    hi = np.empty(n, dtype=np.int64)
-    heap_n = 0
-    pf_seq = 0
-    R = inp.stale + 1
-    view_ring = np.zeros((R, G, H + 1))
-    nrun_ring = np.zeros((R, G), dtype=np.int64)
-    ptok_ring = np.zeros((R, G))
-    qlen_ring = np.zeros((R, G), dtype=np.int64)
-    qtok_ring = np.zeros((R, G))
-    add_ring = np.zeros((R, G))
-    addn_ring = np.zeros((R, G), dtype=np.int64)
-    addp_ring = np.zeros((R, G))
-    n_cols = 10
-    series = np.empty((1024, n_cols))
-    tick_ns = np.empty(1024, dtype=np.int64)
-    tick_pool = np.empty(1024, dtype=np.int64)
-    n_ticks = 0
-    carry = inp.carry.copy()
-    par = inp.params
-    kvcap_g = np.full(G, float(kv_cap))
-    two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
-    clock = 0.0
-    k = 0
-    nxt = 0
-    seq = 0
-    total_run = 0
-    while k < inp.max_steps:
-        # 1. arrivals -> prefill queue (FCFS)
-        while nxt < n and inp.arrival_t[nxt] <= clock:
-            done = _prefill_done(
-                pf_free,
-                n_inst,
-                inp.arrival_t[nxt],
-                float(prompt[nxt]),
-                inp.prefill_base_s,
-                inp.prefill_per_token_s,
-            )
-            heap_n = _heap_push(ht, hs, hi, heap_n, done, pf_seq, nxt)
-            pf_seq += 1
-            nxt += 1
-        # 2. prefill done -> pool, kept in order of (first ready time, index): a recomputed
-        # request goes back to its place by age, ahead of everyone who came after it
-        while heap_n > 0 and ht[0] <= clock:
-            t_done, i, heap_n = _heap_pop(ht, hs, hi, heap_n)
-            if np.isnan(ready_t[i]):
-                ready_t[i] = t_done
-                enter_tick[i] = n_ticks
-            enter_t[i] = t_done
-            in_pool[i] = True
-            q = pool_n
-            while q > 0 and (
-                ready_t[pool[q - 1]] > ready_t[i]
-                or (ready_t[pool[q - 1]] == ready_t[i] and pool[q - 1] > i)
-            ):
-                pool[q] = pool[q - 1]
-                q -= 1
-            pool[q] = i
-            pool_n += 1
-        # 3. idle: jump to the next event
-        if total_run == 0 and pool_n == 0 and n_queued == 0:
-            t_next = np.inf
-            if nxt < n:
-                t_next = inp.arrival_t[nxt]
-            if heap_n > 0 and ht[0] < t_next:
-                t_next = ht[0]
-            if t_next == np.inf:
-                break
-            clock = max(clock, t_next)
-            continue
-        # 4. preemption: running requests first (vLLM's schedule order)
-        n_preempted = 0
-        for g in range(G):
-            while load[g] + nrun[g] > kv_cap:
-                v_s = -1
-                for s in range(S):
-                    i = slot_req[g, s]
-                    if i >= 0 and (v_s < 0 or adm_seq[i] > adm_seq[slot_req[g, v_s]]):
-                        v_s = s
-                v = slot_req[g, v_s]
-                slot_req[g, v_s] = -1
-                load[g] -= prompt[v] + decoded[v]
-                ptok[g] -= prompt[v]
-                nrun[g] -= 1
-                total_run -= 1
-                n_pre[v] += 1
-                n_preempted += 1
-                done = _prefill_done(
-                    pf_free,
-                    n_inst,
-                    clock,
-                    float(prompt[v] + decoded[v]),
-                    inp.prefill_base_s,
-                    inp.prefill_per_token_s,
-                )
-                heap_n = _heap_push(ht, hs, hi, heap_n, done, pf_seq, v)
-                pf_seq += 1
-        # 5. snapshot of step k
-        slot = k % R
-        for g in range(G):
-            ctx[g] = 0
-            ctx_n[g] = 0
-            add_ring[slot, g] = 0.0
-            addn_ring[slot, g] = 0
-            addp_ring[slot, g] = 0.0
-            nrun_ring[slot, g] = nrun[g]
-            ptok_ring[slot, g] = ptok[g]
-            qlen_ring[slot, g] = q_len[g]
-            qtok_ring[slot, g] = q_tok[g]
-            for h in range(H + 1):
-                view_ring[slot, g, h] = 0.0
-            view_ring[slot, g, 0] = load[g]
-        if inp.pred_kind > 0:
-            rf = 0.0
-            if inp.refill:
-                P = pool_n if pool_n < inp.max_pool else inp.max_pool
-                for j in range(P):
-                    rf += prompt[pool[j]]
-                rf = rf / P if P > 0 else 0.0
-            view_ring[slot] = project_view(
-                slot_req,
-                decoded,
-                prompt,
-                output,
-                group,
-                memo,
-                inp.surv_p,
-                inp.surv_mu,
-                inp.pred_kind,
-                H,
-                rf,
-                two_stage,
-            )
-        # 6. routing tick
-        if k % inp.tick == 0 and pool_n > 0:
-            P = pool_n if pool_n < inp.max_pool else inp.max_pool
-            prefill = np.empty(P)
-            wait = np.empty(P, dtype=np.int64)
-            key = np.empty(P, dtype=np.int64)
-            for j in range(P):
-                i = pool[j]
-                prefill[j] = prompt[i] + decoded[i]
-                wait[j] = n_ticks - enter_tick[i]
-                key[j] = inp.room[i]
-            cached = np.zeros((P if inp.cache_router else 0, G))
-            if inp.cache_router:
-                for j in range(P):
-                    for g in range(G):
-                        cached[j, g] = _cached_prefix(
-                            cache_d,
-                            inp.blk_off,
-                            inp.blk_ids,
-                            pool[j],
-                            g,
-                            G,
-                            inp.blk_tokens,
-                            prompt[pool[j]],
-                        )
-            old = (k - inp.stale) % R if k >= inp.stale else 0
-            view = view_ring[old].copy()
-            seen_n = nrun_ring[old].copy()
-            seen_p = ptok_ring[old].copy()
-            seen_q = qlen_ring[old].copy()
-            seen_qt = qtok_ring[old].copy()
-            if inp.optimistic:
-                lo = k - inp.stale if k >= inp.stale else 0
-                for kk in range(lo, k):
-                    for g in range(G):
-                        if queue_mode:  # what it sent since then sits in the engines' queues
-                            seen_q[g] += addn_ring[kk % R, g]
-                            seen_qt[g] += add_ring[kk % R, g]
-                        else:
-                            seen_n[g] += addn_ring[kk % R, g]
-                            seen_p[g] += addp_ring[kk % R, g]
-                            for h in range(H + 1):
-                                view[g, h] += add_ring[kk % R, g]
-            free = np.empty(G, dtype=np.int64)
-            usage = np.empty(G)
-            for g in range(G):
-                free[g] = P if queue_mode else S - nrun[g]  # a queue takes every request
-                usage[g] = view[g, 0] / kv_cap
-            pstate = PoolState(prefill, wait, key, cached)
-            rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
-            tick_seed = inp.seed * 1_000_003 + k
-            c0 = monotonic_ns() if inp.time_router else 0
-            assign, carry = route_tick_kernel(inp.policy_id, pstate, rstate, par, carry, tick_seed)
-            c1 = monotonic_ns() if inp.time_router else 0
-            if n_ticks == tick_ns.shape[0]:
-                tn = np.empty(2 * n_ticks, dtype=np.int64)
-                tn[:n_ticks] = tick_ns
-                tick_ns = tn
-                tp = np.empty(2 * n_ticks, dtype=np.int64)
-                tp[:n_ticks] = tick_pool
-                tick_pool = tp
-            tick_ns[n_ticks] = c1 - c0
-            tick_pool[n_ticks] = P
-            n_ticks += 1
-            keep = 0
-            for j in range(pool_n):
-                i = pool[j]
-                g = assign[j] if j < P else -1
-                tok = prompt[i] + decoded[i]
-                if queue_mode and g >= 0:  # to the tail of the engine's own queue
-                    if q_tail[g] < 0:
-                        q_head[g] = i
-                    else:
-                        q_next[q_tail[g]] = i
-                    q_tail[g] = i
-                    q_next[i] = -1
-                    q_len[g] += 1
-                    q_tok[g] += tok
-                    n_queued += 1
-                    add_ring[slot, g] += tok
-                    addn_ring[slot, g] += 1
-                    addp_ring[slot, g] += prompt[i]
-                elif g >= 0 and nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap:
-                    seq = _admit(
-                        i,
-                        g,
-                        clock,
-                        seq,
-                        n_ticks,
-                        slot_req,
-                        nrun,
-                        load,
-                        ptok,
-                        replica,
-                        start_t,
-                        admit_tick,
-                        adm_seq,
-                        pool_wait,
-                        enter_t,
-                        in_pool,
-                        prompt,
-                        decoded,
-                    )
-                    total_run += 1
-                    ctx[g] += tok
-                    ctx_n[g] += 1
-                    add_ring[slot, g] += tok
-                    addn_ring[slot, g] += 1
-                    addp_ring[slot, g] += prompt[i]
-                    if use_cache:
-                        hit, t_g, t_h, t_s, t_n = _admit_cache(
-                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
-                        )
-                        ctx[g] -= hit  # a cached prefix needs no context phase
-                else:
-                    pool[keep] = i
-                    keep += 1
-            pool_n = keep
-        # 6b. queue mode: every engine admits from the head of its queue, FCFS, while the head
-        # has a slot and KV room (the first that does not fit blocks the ones behind it)
-        if queue_mode:
-            for g in range(G):
-                while q_head[g] >= 0:
-                    i = q_head[g]
-                    tok = prompt[i] + decoded[i]
-                    if not (nrun[g] < S and load[g] + tok + nrun[g] + 1 <= kv_cap):
-                        break
-                    q_head[g] = q_next[i]
-                    if q_head[g] < 0:
-                        q_tail[g] = -1
-                    q_len[g] -= 1
-                    q_tok[g] -= tok
-                    n_queued -= 1
-                    seq = _admit(
-                        i,
-                        g,
-                        clock,
-                        seq,
-                        n_ticks,
-                        slot_req,
-                        nrun,
-                        load,
-                        ptok,
-                        replica,
-                        start_t,
-                        admit_tick,
-                        adm_seq,
-                        pool_wait,
-                        enter_t,
-                        in_pool,
-                        prompt,
-                        decoded,
-                    )
-                    total_run += 1
-                    ctx[g] += tok
-                    ctx_n[g] += 1
-                    if use_cache:
-                        hit, t_g, t_h, t_s, t_n = _admit_cache(
-                            cache_d, t_g, t_h, t_s, t_n, c_hp, c_sz, cache_hit, inp, i, g, G
-                        )
-                        ctx[g] -= hit  # a cached prefix needs no context phase
-        # 7. one decode step (an idle one when nothing runs)
-        M = 0
-        tot = 0
-        for g in range(G):
-            tot += load[g]
-            if load[g] > M:
-                M = load[g]
-        dt = inp.t0 + inp.kappa * M
-        cmax = 0
-        pmax = 0
-        psum = 0
-        for g in range(G):
-            proc = ctx[g] + nrun[g] - ctx_n[g]  # prompt tokens + one per generating request
-            psum += proc
-            if proc > pmax:
-                pmax = proc
-            if ctx[g] > cmax:
-                cmax = ctx[g]
-        if inp.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
-            worst = 0.0
-            for g in range(G):
-                step_g = inp.kappa * load[g] + inp.ctx_cost * ctx[g]
-                if step_g > worst:
-                    worst = step_g
-            dt = inp.t0 + worst
-        if total_run == 0 and dt <= 0.0:
-            # nothing runs and steps cost nothing: wait for the next event instead
-            t_next = np.inf
-            if nxt < n:
-                t_next = inp.arrival_t[nxt]
-            if heap_n > 0 and ht[0] < t_next:
-                t_next = ht[0]
-            if t_next == np.inf:
-                break
-            dt = max(t_next - clock, 0.0)
-        if k == series.shape[0]:
-            grown = np.empty((2 * k, n_cols))
-            grown[:k] = series[:k]
-            series = grown
-        series[k, 0] = clock
-        series[k, 1] = dt
-        series[k, 2] = M
-        series[k, 3] = tot
-        series[k, 4] = total_run
-        series[k, 5] = pool_n + n_queued
-        series[k, 6] = heap_n
-        series[k, 7] = n_preempted
-        series[k, 8] = cmax
-        series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
-        t_end = clock + dt
-        for g in range(G):
-            for s in range(S):
-                i = slot_req[g, s]
-                if i < 0:
-                    continue
-                decoded[i] += 1
-                load[g] += 1
-                if decoded[i] == 1:
-                    first_t[i] = t_end
-                if decoded[i] == output[i]:
-                    finish_t[i] = t_end
-                    load[g] -= prompt[i] + output[i]
-                    ptok[g] -= prompt[i]
-                    slot_req[g, s] = -1
-                    nrun[g] -= 1
-                    total_run -= 1
-                    if group[i] >= 0:
-                        memo[group[i]] = output[i]
-        clock = t_end
-        k += 1
-    for i in range(n):  # requests still waiting at the end
-        if in_pool[i]:
-            pool_wait[i] += clock - enter_t[i]
-    return EngineOutput(
-        ready_t,
-        start_t,
-        first_t,
-        finish_t,
-        replica,
-        n_pre,
-        pool_wait,
-        enter_tick,
-        admit_tick,
-        series[:k].copy(),
-        tick_ns[:n_ticks].copy(),
-        tick_pool[:n_ticks].copy(),
-        np.maximum(cache_hit, 0.0),
+    :class:`EngineOutput`.
+
+    One iteration is one decode step, as the phases above in order: arrivals, prefill to
+    pool, (idle: jump to the next event), preemption, snapshot, routing tick, queue
+    admission, :func:`step_time`, record, decode."""
+    st = _new_state(inp)
+    c = st.cnt
+    logs = _Logs(
+        np.empty((1024, len(SERIES))),
+        np.empty(1024, dtype=np.int64),
+        np.empty(1024, dtype=np.int64),
+        np.empty(1024, np.int64),
+        np.empty(1024, np.int64),
+        np.empty(1024, np.int64),
     )
-
-
-@njit(**NJIT)
-def _admit(
-    i,
-    g,
-    clock,
-    seq,
-    n_ticks,
-    slot_req,
-    nrun,
-    load,
-    ptok,
-    replica,
-    start_t,
-    admit_tick,
-    adm_seq,
-    pool_wait,
-    enter_t,
-    in_pool,
-    prompt,
-    decoded,
-):
-    """Start request ``i`` on replica ``g`` in its lowest free slot; returns the next admission
-    sequence number."""
-    S = slot_req.shape[1]
-    for s in range(S):
-        if slot_req[g, s] < 0:
-            slot_req[g, s] = i
-            break
-    nrun[g] += 1
-    load[g] += prompt[i] + decoded[i]
-    ptok[g] += prompt[i]
-    replica[i] = g
-    if np.isnan(start_t[i]):
-        start_t[i] = clock
-        admit_tick[i] = n_ticks - 1
-    adm_seq[i] = seq
-    pool_wait[i] += clock - enter_t[i]
-    in_pool[i] = False
-    return seq + 1
+    carry = inp.carry.copy()
+    kvcap_g = np.full(inp.n_replicas, float(inp.kv_cap))
+    two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
+    while c[_K] < inp.max_steps:
+        _arrivals(inp, st)
+        _prefill_to_pool(st)
+        if c[_RUN] == 0 and c[_POOL_N] == 0 and c[_QUEUED] == 0:  # idle: next event
+            t_next = _next_event(inp, st)
+            if t_next == np.inf:
+                break
+            st.clock[0] = max(st.clock[0], t_next)
+            continue
+        n_preempted = _preempt(inp, st)
+        _snapshot(inp, st, two_stage)
+        if c[_K] % inp.tick == 0 and c[_POOL_N] > 0:
+            logs, carry = _route(inp, st, logs, carry, kvcap_g)
+        if inp.queue_mode:
+            logs = _admit_queues(inp, st, logs)
+        dt = step_time(inp, st)
+        if c[_RUN] == 0 and dt <= 0.0:
+            # nothing runs and steps cost nothing: wait for the next event instead
+            t_next = _next_event(inp, st)
+            if t_next == np.inf:
+                break
+            dt = max(t_next - st.clock[0], 0.0)
+        logs = _record(inp, st, logs, dt, n_preempted)
+        t_end = st.clock[0] + dt
+        _decode(inp, st, t_end)
+        st.clock[0] = t_end
+        c[_K] += 1
+    for i in range(inp.arrival_t.shape[0]):  # requests still waiting at the end
+        if st.in_pool[i]:
+            st.pool_wait[i] += st.clock[0] - st.enter_t[i]
+    k, n_ticks = c[_K], c[_TICKS]
+    return EngineOutput(
+        st.ready_t,
+        st.start_t,
+        st.first_t,
+        st.finish_t,
+        st.replica,
+        st.n_pre,
+        st.pool_wait,
+        st.enter_tick,
+        st.admit_tick,
+        logs.series[:k].copy(),
+        logs.tick_ns[:n_ticks].copy(),
+        logs.tick_pool[:n_ticks].copy(),
+        np.maximum(st.cache_hit, 0.0),
+    )
 
 
 cache_depends_on(run_engine, _routing_kernels, predictors, _jit)

@@ -94,6 +94,8 @@ __all__ = [
     "StepModel",
     "DeploymentRun",
     "simulate_steps",
+    "engine_moe_seconds",
+    "register_step_model",
     "PLACEMENTS",
     "DISPATCHES",
 ]
@@ -541,6 +543,7 @@ class StepModel:
         self._window = np.zeros((cfg.placement_window, L, E), dtype=np.int64)
         self._acc = np.zeros((L, E), dtype=np.int64)
         self._last_refresh = 0.0
+        self.log: list[StepBreakdown] = []
         self._set_placement(self._initial_placement())
 
     # --- placement -----------------------------------------------------------------------
@@ -641,13 +644,15 @@ class StepModel:
     def step(self, kv, requests, now_s: float) -> StepBreakdown:
         """Price one decode step: per-rank resident KV tokens ``kv`` and running
         ``requests`` (``(n_gpus,)`` each), at simulated time ``now_s`` (seconds)."""
-        cfg = self.config
-        pre = cfg.preset
         func = "StepModel.step"
-        G = cfg.n_gpus
+        G = self.config.n_gpus
         kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0)
         req = check_array(requests, "requests", func, kind="int", ndim=1, shape=(G,), lo=0)
-        now_s = check_real(now_s, "now_s", func)
+        return self._price(kv, req, check_real(now_s, "now_s", func))
+
+    def _price(self, kv: np.ndarray, req: np.ndarray, now_s: float) -> StepBreakdown:
+        cfg = self.config
+        pre = cfg.preset
         att = pre.attention.time(kv, req)
         n_dense = pre.n_layers - pre.n_moe_layers
         dense = n_dense * pre.dense_ffn_us
@@ -669,6 +674,15 @@ class StepModel:
         self.n_steps += 1
         return StepBreakdown(dense_us=dense, total_us=total, **out)
 
+    def engine_step(self, load, nrun, now_s: float) -> float:
+        """The MoE layers' time of one step of the simulator's engine, in seconds; the
+        step's :class:`StepBreakdown` (attention from the same loads) is appended to
+        :attr:`log`. The engine has validated its state: no checks here."""
+        req = np.asarray(nrun, dtype=np.int64)
+        b = self._price(np.asarray(load, dtype=float), req, now_s)
+        self.log.append(b)
+        return b.moe_us * 1e-6
+
     def _observe(self, counts: np.ndarray, now_s: float) -> None:
         """Record a batch's counts; refresh tables and rebuild placement when due."""
         cfg = self.config
@@ -682,6 +696,27 @@ class StepModel:
             w = self._window[: min(done, cfg.placement_window)]
             self._set_placement(self._place(w.mean(axis=0), w))
             self._acc[:] = 0
+
+
+#: Step models the simulator's engine is running, by key (see :func:`engine_moe_seconds`).
+_ACTIVE: dict[int, StepModel] = {}
+
+
+def register_step_model(model: StepModel | None, key: int | None = None) -> int:
+    """Register ``model`` for the engine under a new key (returned), or, with ``model=None``,
+    drop ``key``. The engine's ``EngineInputs.moe_key`` names it."""
+    if model is None:
+        _ACTIVE.pop(key, None)
+        return -1 if key is None else key
+    key = max(_ACTIVE, default=-1) + 1
+    _ACTIVE[key] = model
+    return key
+
+
+def engine_moe_seconds(key: int, load, nrun, clock: float) -> float:
+    """Called by the engine's step (in object mode) to price the MoE layers of a step:
+    :meth:`StepModel.engine_step` of the model registered under ``key``."""
+    return _ACTIVE[int(key)].engine_step(load, nrun, float(clock))
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ tokens per replica) run at ~45-55 ms, where the barrier costs little.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -111,7 +112,12 @@ from typing import Any
 
 import numpy as np
 
-from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
+from ..formulations.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    StragglerError,
+    param_error,
+)
 from ..formulations.validation import (
     check_bool,
     check_choice,
@@ -129,6 +135,7 @@ from ..solvers.predictors import (
 from ..solvers.routing import new_request_presence
 from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, resolve_options
 from ._engine import SERIES, EngineInputs, no_two_stage, run_engine, run_engine_reference
+from .deployment import DeploymentConfig, StepBreakdown, StepModel, register_step_model
 from .prefix import PrefixBlocks
 from .traces import Trace, generate_trace
 
@@ -253,6 +260,13 @@ class SimReport:
         Every setting of the run.
     wall_s : float
         Host time of the simulation (engine call).
+    step_breakdown : dict
+        With a ``deployment``: the mean step decomposed, microseconds per step
+        (:class:`~straggler.sim.deployment.StepBreakdown`: ``attention_us``,
+        ``attention_straggler_us``, ``moe_us``, ``moe_straggler_us``, ``comm_us``,
+        ``dense_us``, ``total_us``, ``cross_node_tokens``), ``layers_simulated``,
+        ``layer_scale``, ``placements``, ``table_refreshes``; the per-step values are in
+        ``series`` under the same names. Empty without.
     """
 
     policy: str
@@ -293,6 +307,7 @@ class SimReport:
     window: tuple[int, int]
     config: dict[str, Any] = field(repr=False)
     wall_s: float
+    step_breakdown: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | str | int]:
         """The scalar fields as a plain dict (for JSON)."""
@@ -742,6 +757,7 @@ def simulate(
     dispatch: str = "pool",
     prefix_blocks: PrefixBlocks | None = None,
     ctx_cost: float = 0.0,
+    deployment: DeploymentConfig | None = None,
     **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
@@ -860,6 +876,14 @@ def simulate(
         e.g. TensorRT-LLM attention DP without disaggregation; pair it with
         ``prefill_instances=0, prefill_base_s=0, prefill_tokens_per_s=inf`` so requests are
         ready on arrival). Default 0: PD disaggregation, prefill elsewhere.
+    deployment : DeploymentConfig, optional
+        Price every step with the deployment step model (:mod:`straggler.sim.deployment`):
+        ``n_layers`` times the slowest rank's attention ``a + b L_g + c R_g`` (plus its
+        context tokens at ``ctx_cost / n_layers`` per layer), the MoE layers (placement,
+        dispatch, routing model of the config) and the dense layers; ``t0`` and ``kappa``
+        are then replaced by the preset's attention, and ``load`` is measured against the
+        deployment's full-batch step (``max_slots`` requests per rank). Its ``n_gpus`` must
+        equal ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
     **options
         The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`: ``r_max``,
         ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
@@ -917,14 +941,78 @@ def simulate(
         prefix_blocks=prefix_blocks,
         ctx_cost=ctx_cost,
     )
+    model = None
+    if deployment is not None:
+        model, kw["t0"], kw["kappa"] = _deployment_setup(deployment, n_replicas, max_slots)
     inp, pol, trace, cfg, label = _engine_inputs(trace, policy, kw, options)
+    key = -1
+    if model is not None:
+        pre = deployment.preset
+        key = register_step_model(model) if deployment.moe else -1
+        fixed = (pre.n_layers - pre.n_moe_layers) * pre.dense_ffn_us
+        if deployment.moe:
+            fixed += pre.n_moe_layers * pre.shared_expert_us
+        inp = inp._replace(
+            deploy=True,
+            t0=pre.attention.a / 1e6,
+            kappa=pre.attention.b / 1e6,
+            att_c=pre.attention.c / 1e6,
+            n_layers=pre.n_layers,
+            fixed_s=fixed / 1e6,
+            moe_key=key,
+            ctx_cost=inp.ctx_cost / pre.n_layers,
+        )
+        cfg["deployment"] = repr(deployment)
     w0 = time.perf_counter()
-    if cfg["engine"] == "numba":
-        out = run_engine(inp)
-    else:
-        out = run_engine_reference(inp, pol.reference)
+    try:
+        if cfg["engine"] == "numba":
+            out = run_engine(inp)
+        else:
+            out = run_engine_reference(inp, pol.reference)
+    finally:
+        if key >= 0:
+            register_step_model(None, key)
     wall = time.perf_counter() - w0
-    return _report(trace, out, cfg, label, wall)
+    report = _report(trace, out, cfg, label, wall)
+    if model is not None and deployment.moe:
+        _add_breakdown(report, model)
+    return report
+
+
+def _deployment_setup(deployment, n_replicas, max_slots):
+    """The step model of a deployment, and the linear step ``(t0, kappa)`` the offered load is
+    measured against: ``kappa = n_layers * b`` per KV token of the busiest rank, ``t0`` the
+    mean of 8 steps of a copy of the model with ``max_slots`` requests on every rank and no KV
+    (attention's fixed and per-request parts, the MoE layers of a full batch, dense layers)."""
+    check_type(deployment, "deployment", _FUNC, DeploymentConfig, "None or a DeploymentConfig")
+    if deployment.n_gpus != n_replicas:
+        raise param_error(
+            "deployment", _FUNC, f"a DeploymentConfig with n_gpus = n_replicas = {n_replicas}",
+            f"n_gpus={deployment.n_gpus}",
+        )  # fmt: skip
+    model = StepModel(deployment)
+    probe = copy.deepcopy(model)
+    full = np.full(n_replicas, int(max_slots))
+    t0 = float(np.mean([probe.step(full * 0, full, 0.0).total_us for _ in range(8)])) * 1e-6
+    return model, t0, deployment.preset.n_layers * deployment.preset.attention.b * 1e-6
+
+
+def _add_breakdown(report: SimReport, model: StepModel) -> None:
+    """Per-step decomposition into ``report.series`` and its means into
+    ``report.step_breakdown`` (microseconds per step)."""
+    log = model.log
+    if len(log) != report.n_steps:  # the engine prices every step once
+        raise StragglerError(f"step model priced {len(log)} steps of {report.n_steps}")
+    for name in StepBreakdown._fields:
+        report.series[name] = np.array([getattr(b, name) for b in log], dtype=float)
+    report.step_breakdown.update(
+        {name: float(report.series[name].mean()) if log else 0.0 for name in StepBreakdown._fields}
+    )
+    cfg = model.config
+    report.step_breakdown["layers_simulated"] = cfg.n_sim_layers
+    report.step_breakdown["layer_scale"] = cfg.layer_scale
+    report.step_breakdown["placements"] = model.n_placements
+    report.step_breakdown["table_refreshes"] = model.n_refreshes
 
 
 def engine_cache_is_warm() -> bool:

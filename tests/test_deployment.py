@@ -212,3 +212,71 @@ def test_step_and_recorded_validation():
         RoutingModel.recorded(np.ones((2, 3)), top_k=1)
     kept = RoutingModel.recorded(np.ones((5, 10, 16), dtype=np.int64), top_k=2, layers=3)
     assert kept.n_layers == 3 and kept.n_experts == 16
+
+
+# --- the deployment step inside the simulator's one engine --------------------------------
+
+
+def _trace(n=120, seed=0):
+    from straggler.sim.traces import Trace
+
+    rng = np.random.default_rng(seed)
+    return Trace(
+        arrival_s=np.sort(rng.random(n) * 10),
+        prompt_len=rng.integers(50, 2000, n),
+        output_len=rng.integers(2, 120, n),
+    )
+
+
+@pytest.mark.parametrize("engine", ["numba", "python"])
+@pytest.mark.parametrize("policy, dispatch", [("jsq", "pool"), ("br0", "pool"), ("vllm", "queue")])
+def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, dispatch):
+    import dataclasses
+
+    from straggler.sim import simulate
+
+    t0, kappa = 0.03, 2e-7
+    pre = dataclasses.replace(
+        MODEL_PRESETS["qwen3_235b"], n_layers=1, n_moe_layers=1,
+        attention=AttentionCost(a=t0 * 1e6, b=kappa * 1e6, c=0.0),
+    )  # fmt: skip
+    assert pre.attention.a / 1e6 == t0 and pre.attention.b / 1e6 == kappa
+    kw = dict(n_replicas=4, max_slots=8, t0=t0, kappa=kappa, engine=engine, dispatch=dispatch)
+    tr = _trace()
+    base = simulate(tr, policy, **kw)
+    dep = DeploymentConfig(preset=pre, n_gpus=4, moe=False, layers=1)
+    r = simulate(tr, policy, deployment=dep, **kw)
+    assert r.n_steps == base.n_steps
+    for k in base.series:
+        assert np.array_equal(r.series[k], base.series[k], equal_nan=True), k
+    for k in base.requests:
+        assert np.array_equal(r.requests[k], base.requests[k], equal_nan=True), k
+
+
+def test_engine_with_moe_kernel_equals_reference_and_decomposes_the_step():
+    from straggler.sim import simulate
+
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=2, dispatch="tempo", seed=3)
+    kw = dict(n_replicas=4, max_slots=8, deployment=dep)
+    tr = _trace(80, 1)
+    a = simulate(tr, "jsq", engine="numba", **kw)
+    b = simulate(tr, "jsq", engine="python", **kw)
+    for k in a.series:
+        assert np.array_equal(a.series[k], b.series[k], equal_nan=True), k
+    assert a.step_breakdown == b.step_breakdown
+    bd = a.step_breakdown
+    assert bd["layers_simulated"] == 2 and bd["layer_scale"] == 47.0
+    assert bd["table_refreshes"] > 0 and bd["moe_us"] > bd["moe_straggler_us"] >= 0
+    # the engine's step is the decomposition's total (attention priced in seconds there)
+    np.testing.assert_allclose(a.series["step_s"], a.series["total_us"] / 1e6, rtol=1e-9)
+
+
+def test_deployment_must_match_the_cluster():
+    from straggler.sim import simulate
+
+    with pytest.raises(InvalidInputError, match="'deployment'"):
+        simulate(
+            _trace(5), "jsq", n_replicas=4, deployment=DeploymentConfig(preset="dsv3", n_gpus=8)
+        )
+    with pytest.raises(InvalidInputError, match="'deployment'"):
+        simulate(_trace(5), "jsq", n_replicas=4, deployment="dsv3")

@@ -147,10 +147,15 @@ __all__ = [
     "DEFAULT_STEP_TIME",
     "DEFAULT_PREFILL",
     "decode_capacity",
+    "prefill_capacity",
     "offered_load",
+    "LOAD_BASES",
     "bootstrap_rooms",
     "DISPATCH_MODES",
 ]
+
+#: Values of ``simulate(load_basis=...)``: the capacity ``load`` is a multiple of.
+LOAD_BASES = ("decode", "binding", "prefill")
 
 #: Values of ``simulate(dispatch=...)``.
 DISPATCH_MODES = ("pool", "queue")
@@ -267,6 +272,19 @@ class SimReport:
         ``dense_us``, ``total_us``, ``cross_node_tokens``), ``layers_simulated``,
         ``layer_scale``, ``placements``, ``table_refreshes``; the per-step values are in
         ``series`` under the same names. Empty without.
+    offered_decode_load, offered_prefill_load : float
+        The arrival rate over :func:`decode_capacity` and over :func:`prefill_capacity`
+        (``offered_load`` is one of them, or their max, by ``load_basis``).
+    binding_stage : str
+        ``"prefill"`` when the prefill instances complete fewer requests per second than the
+        decode cluster (they bind first as load grows), else ``"decode"``.
+    prefill_utilisation : float
+        Measured over the arrival window (first to last arrival): the prefill instances'
+        busy time there (first prefills, ``prefill_base_s + prompt / rate`` ending when the
+        request reached the pool; recomputes not counted) over ``prefill_instances`` times
+        the window (NaN with unlimited instances).
+    decode_utilisation : float
+        Measured over the same window: ``window_slot_utilisation``.
     """
 
     policy: str
@@ -308,6 +326,11 @@ class SimReport:
     config: dict[str, Any] = field(repr=False)
     wall_s: float
     step_breakdown: dict[str, float] = field(default_factory=dict)
+    offered_decode_load: float = float("nan")
+    offered_prefill_load: float = float("nan")
+    binding_stage: str = ""
+    prefill_utilisation: float = float("nan")
+    decode_utilisation: float = float("nan")
 
     def summary(self) -> dict[str, float | str | int]:
         """The scalar fields as a plain dict (for JSON)."""
@@ -354,6 +377,29 @@ def decode_capacity(
         "rate_per_s": rate,
         "tokens_per_s": n_replicas * c / step,
     }
+
+
+def prefill_capacity(
+    trace: Trace,
+    *,
+    prefill_instances: int,
+    prefill_tokens_per_s: float = DEFAULT_PREFILL[0],
+    prefill_base_s: float = DEFAULT_PREFILL[1],
+) -> float:
+    """Requests per second the prefill instances complete for ``trace``'s prompts:
+    ``prefill_instances / (prefill_base_s + mean(prompt) / prefill_tokens_per_s)`` (``inf``
+    for unlimited instances or prefills that take no time).
+
+    Examples
+    --------
+    >>> tr = Trace(arrival_s=[0, 1], prompt_len=[1000, 3000], output_len=[10, 10])
+    >>> prefill_capacity(tr, prefill_instances=2, prefill_tokens_per_s=1000, prefill_base_s=0)
+    1.0
+    """
+    per = prefill_base_s + float(np.mean(trace.prompt_len)) / prefill_tokens_per_s
+    if prefill_instances == 0 or per <= 0:
+        return math.inf
+    return prefill_instances / per
 
 
 def offered_load(trace: Trace, **capacity) -> float:
@@ -625,7 +671,22 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
     )
     if load is None and cfg["saturated"]:
         load = cfg["overload"]
-    own = offered_load(trace, **cap)
+    pf = dict(
+        prefill_instances=cfg["prefill_instances"],
+        prefill_tokens_per_s=cfg["prefill_tokens_per_s"],
+        prefill_base_s=cfg["prefill_base_s"],
+    )
+    cfg["load_basis"] = basis = check_choice(kw["load_basis"], "load_basis", f, LOAD_BASES)
+    own_decode = offered_load(trace, **cap)
+    ratio = decode_capacity(trace, **cap)["rate_per_s"] / prefill_capacity(trace, **pf)
+    # the basis capacity over the decode capacity: offered loads convert by this factor
+    if basis == "prefill" and ratio == 0.0:
+        raise param_error(
+            "load_basis", f, "'decode' or 'binding' with unlimited prefill (no prefill "
+            "capacity to measure against)", repr(basis),
+        )  # fmt: skip
+    scale = {"decode": 1.0, "prefill": ratio, "binding": max(1.0, ratio)}[basis]
+    own = own_decode * scale
     if load is not None:
         if not math.isfinite(own):
             raise param_error(
@@ -640,8 +701,12 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
             name=trace.name,
             meta={**trace.meta, "load": load},
         )
-    cfg["offered_load"] = offered_load(trace, **cap) if load is None else load
+    cfg["offered_load"] = offered_load(trace, **cap) * scale if load is None else load
     cfg["capacity"] = decode_capacity(trace, **cap)
+    decode_load = cfg["offered_load"] / scale
+    cfg["offered_decode_load"] = decode_load
+    cfg["offered_prefill_load"] = decode_load * ratio
+    cfg["binding_stage"] = "prefill" if ratio > 1.0 else "decode"
     cfg["prefix_cache"] = blocks is not None
     cfg["prefix_cache_router"] = bool(pol.prefix_cache and blocks is not None)
     return trace, pol, cfg, params, carry, pred_kind, H, label, blocks
@@ -758,6 +823,7 @@ def simulate(
     prefix_blocks: PrefixBlocks | None = None,
     ctx_cost: float = 0.0,
     deployment: DeploymentConfig | None = None,
+    load_basis: str = "decode",
     **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
@@ -884,6 +950,11 @@ def simulate(
         are then replaced by the preset's attention, and ``load`` is measured against the
         deployment's full-batch step (``max_slots`` requests per rank). Its ``n_gpus`` must
         equal ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
+    load_basis : {"decode", "binding", "prefill"}, default "decode"
+        The capacity ``load`` (and ``SimReport.offered_load``) is a multiple of: the decode
+        cluster's (:func:`decode_capacity`, the default, as before), the prefill instances'
+        (:func:`prefill_capacity`), or whichever of the two is smaller (``"binding"``).
+        ``SimReport`` gives the offered load against both and the binding stage either way.
     **options
         The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`: ``r_max``,
         ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
@@ -940,6 +1011,7 @@ def simulate(
         dispatch=dispatch,
         prefix_blocks=prefix_blocks,
         ctx_cost=ctx_cost,
+        load_basis=load_basis,
     )
     model = None
     if deployment is not None:
@@ -1096,6 +1168,14 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
     timed = cfg["engine"] == "numba" and cfg["time_router"]
     series_out = dict(cols)
     series_out["imbalance"] = imb
+    n_inst, rate = cfg["prefill_instances"], cfg["prefill_tokens_per_s"]
+    a0, a1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
+    pf_util = float("nan")
+    if n_inst > 0 and a1 > a0:  # first prefills' busy time inside the arrival window
+        end = out.ready_t[reached]
+        begin = end - (cfg["prefill_base_s"] + trace.prompt_len[reached] / rate)
+        busy = np.clip(np.minimum(end, a1) - np.maximum(begin, a0), 0.0, None).sum()
+        pf_util = float(busy / (n_inst * (a1 - a0)))
     return SimReport(
         policy=label,
         trace=trace.name,
@@ -1149,4 +1229,9 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
         window=(0, hi),
         config=cfg,
         wall_s=wall,
+        offered_decode_load=float(cfg["offered_decode_load"]),
+        offered_prefill_load=float(cfg["offered_prefill_load"]),
+        binding_stage=cfg["binding_stage"],
+        prefill_utilisation=pf_util,
+        decode_utilisation=win["util"],
     )

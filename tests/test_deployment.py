@@ -280,3 +280,34 @@ def test_deployment_must_match_the_cluster():
         )
     with pytest.raises(InvalidInputError, match="'deployment'"):
         simulate(_trace(5), "jsq", n_replicas=4, deployment="dsv3")
+
+
+# --- offered load against the binding stage -----------------------------------------------
+
+
+def test_load_basis_and_binding_stage():
+    from straggler.sim import simulate
+    from straggler.sim.simulator import decode_capacity, prefill_capacity
+
+    tr = _trace(200, 2)
+    kw = dict(n_replicas=4, max_slots=8, prefill_instances=1, prefill_tokens_per_s=5_000.0)
+    dec = simulate(tr, "jsq", load=0.8, **kw)
+    cap = decode_capacity(tr, n_replicas=4, max_slots=8, kv_capacity=500_000)
+    pf = prefill_capacity(tr, prefill_instances=1, prefill_tokens_per_s=5_000.0)
+    assert cap["rate_per_s"] > pf  # one slow prefill instance binds
+    assert dec.binding_stage == "prefill" and dec.offered_load == 0.8
+    assert dec.offered_decode_load == pytest.approx(0.8)
+    assert dec.offered_prefill_load == pytest.approx(0.8 * cap["rate_per_s"] / pf)
+    bind = simulate(tr, "jsq", load=0.8, load_basis="binding", **kw)
+    assert bind.offered_prefill_load == pytest.approx(0.8)
+    assert bind.offered_decode_load == pytest.approx(0.8 * pf / cap["rate_per_s"])
+    # measured: prefill near its offered share, decode slots far from full
+    assert 0.5 < bind.prefill_utilisation <= 1.0 + 1e-9
+    assert bind.decode_utilisation < bind.prefill_utilisation
+    assert bind.decode_utilisation == bind.window_slot_utilisation
+    unl = simulate(tr, "jsq", load=0.8, n_replicas=4, max_slots=8, prefill_instances=0)
+    assert unl.binding_stage == "decode" and np.isnan(unl.prefill_utilisation)
+    with pytest.raises(InvalidInputError, match="'load_basis'"):
+        simulate(tr, "jsq", load=0.8, load_basis="prefill", n_replicas=4, prefill_instances=0)
+    with pytest.raises(InvalidInputError, match="'load_basis'"):
+        simulate(tr, "jsq", load_basis="tokens", n_replicas=4)

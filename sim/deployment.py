@@ -98,6 +98,7 @@ __all__ = [
     "register_step_model",
     "PLACEMENTS",
     "DISPATCHES",
+    "METHOD_OPTIONS",
 ]
 
 #: Values of ``DeploymentConfig.placement``.
@@ -106,6 +107,10 @@ PLACEMENTS = ("eplb", "place_experts", "fixed")
 DISPATCHES = ("even", "tempo", "token_lp", "static", "lp", "per_batch")
 #: Table dispatches and the registered method each solves with.
 _TABLE_METHODS = {"tempo": "tempo", "token_lp": "token_lp"}
+#: Options of a method when the step model solves with it: tempo_fast as the paper has it,
+#: its exact repair off (the repair's HiGHS stops on wall-clock time: a run must be
+#: deterministic, and the repair is most of a refresh's cost).
+METHOD_OPTIONS = {"tempo": {"repair_budget_s": 0.0}}
 #: Per-batch dispatches (the engines' own per-batch rules) and their registered methods.
 _BATCH_METHODS = {"lp": "sglang_lp"}
 
@@ -597,9 +602,9 @@ class StepModel:
     # --- dispatch ------------------------------------------------------------------------
     def _solve(self, counts: np.ndarray, method: str) -> np.ndarray:
         problem = DispatchProblem(counts=counts, replicas=self._replicas)
-        return np.asarray(
-            solve_dispatch(problem, self.config.cost, method=method, rng=self._gen).shares
-        )
+        opts = METHOD_OPTIONS.get(method, {})
+        res = solve_dispatch(problem, self.config.cost, method=method, rng=self._gen, **opts)
+        return np.asarray(res.shares)
 
     def _refresh(self) -> None:
         """New tables from the counts seen since the last refresh (experts without tokens

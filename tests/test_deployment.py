@@ -8,6 +8,7 @@ import pytest
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError, evaluate
 from straggler.sim import _deployment_kernels as K
 from straggler.sim.deployment import (
+    METHOD_OPTIONS,
     MODEL_PRESETS,
     AttentionCost,
     DeploymentConfig,
@@ -80,7 +81,7 @@ def test_per_batch_moe_time_is_solve_dispatch_makespan(method):
     m = StepModel(cfg)
     src, rows = m.moe_layers(np.arange(10, 90, 10))
     problem = DispatchProblem(counts=src.sum(axis=1), replicas=m._replicas)
-    ref = solve_dispatch(problem, cfg.cost, method=method, rng=0)
+    ref = solve_dispatch(problem, cfg.cost, method=method, rng=0, **METHOD_OPTIONS.get(method, {}))
     assert np.array_equal(rows[:, 1], np.asarray(ref.makespan))
     assert np.array_equal(rows[:, 0], rows[:, 1])  # no inter-node term
 
@@ -96,7 +97,9 @@ def test_tables_applied_to_the_batch_they_were_solved_on_give_its_makespan(dispa
     assert m.n_refreshes == 1
     counts = m._window[0]
     problem = DispatchProblem(counts=counts, replicas=m._replicas)
-    ref = solve_dispatch(problem, cfg.cost, method=dispatch, rng=0)
+    ref = solve_dispatch(
+        problem, cfg.cost, method=dispatch, rng=0, **METHOD_OPTIONS.get(dispatch, {})
+    )
     x = counts[:, :, None] * m.tables
     got = evaluate(problem, cfg.cost, x).makespan
     np.testing.assert_allclose(got, ref.makespan, rtol=1e-9)

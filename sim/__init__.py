@@ -1,5 +1,7 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .deployment import MODEL_PRESETS, DeploymentConfig, ModelPreset, StepModel
+from .levers import LeversTable, levers
 from .phase_diagram import PhaseDiagram, phase_diagram
 from .prefix import PrefixBlocks, load_prefix_blocks
 from .simulator import (
@@ -11,6 +13,7 @@ from .simulator import (
     bootstrap_rooms,
     decode_capacity,
     offered_load,
+    prefill_capacity,
     simulate,
 )
 from .sweep import SweepTable, sweep
@@ -46,6 +49,7 @@ __all__: list[str] = [
     "DEFAULT_STEP_TIME",
     "DEFAULT_PREFILL",
     "decode_capacity",
+    "prefill_capacity",
     "offered_load",
     "PREDICTORS",
     "DISPATCH_MODES",
@@ -66,4 +70,10 @@ __all__: list[str] = [
     "SweepTable",
     "phase_diagram",
     "PhaseDiagram",
+    "DeploymentConfig",
+    "ModelPreset",
+    "MODEL_PRESETS",
+    "StepModel",
+    "levers",
+    "LeversTable",
 ]

@@ -314,3 +314,43 @@ def test_load_basis_and_binding_stage():
         simulate(tr, "jsq", load=0.8, load_basis="prefill", n_replicas=4, prefill_instances=0)
     with pytest.raises(InvalidInputError, match="'load_basis'"):
         simulate(tr, "jsq", load_basis="tokens", n_replicas=4)
+
+
+# --- the levers table and its command -----------------------------------------------------
+
+
+def test_levers_table_cells_and_labels():
+    from straggler.sim.levers import DEFAULT_CELL, levers
+
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=1, seed=1)
+    table = levers(
+        _trace(60, 3), dep, routings=("jsq", "br0"), dispatches=("even", "token_lp"),
+        placements=("eplb",), max_slots=8,
+    )  # fmt: skip
+    cells = [(r["routing"], r["dispatch"], r["placement"]) for r in table.rows]
+    assert cells[0] == DEFAULT_CELL and len(cells) == 4 == len(set(cells))
+    assert table.rows[0]["levers"] == "default" and table.rows[0]["throughput_gain_pct"] == 0.0
+    labels = {c: r["levers"] for c, r in zip(cells, table.rows)}
+    assert labels[("br0", "even", "eplb")] == "routing"
+    assert labels[("jsq", "token_lp", "eplb")] == "dispatch"
+    assert labels[("br0", "token_lp", "eplb")] == "routing+dispatch"
+    for c, r in zip(cells, table.rows):
+        rep = table.reports[c]
+        assert r["moe_ms"] == rep.step_breakdown["moe_us"] / 1e3
+        assert rep.config["deployment"].count(f"dispatch='{c[1]}'") == 1
+    text = table.format()
+    assert "tput %" in text and "MoE strag ms" in text
+    with pytest.raises(InvalidInputError, match="'dispatches'"):
+        levers(_trace(5), dep, dispatches=("fast",))
+
+
+def test_simulate_command_prints_the_levers_table(capsys):
+    from straggler.sim.simulate_cmd import main
+
+    args = ["bursty", "--moe", "qwen3_235b", "--ep", "4", "--requests", "40", "--layers", "1"]
+    rc = main(args + ["--routings", "jsq", "--dispatches", "even,tempo", "--placements",
+                      "eplb", "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0 and "qwen3_235b, EP = DP = 4" in out and "dispatch" in out
+    assert main(["bursty", "--moe", "llama", "--requests", "5", "--no-progress"]) == 2
+    assert "'preset'" in capsys.readouterr().err

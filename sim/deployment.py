@@ -347,11 +347,10 @@ class RoutingModel:
         p = self._popularity
         if self._kappa is None:
             return p.copy()
-        q = np.empty_like(p)
-        for l in range(p.shape[0]):
-            q[l] = gen.dirichlet(self._kappa * p[l])
-        # a draw can underflow to 0 for tiny concentrations; keep every expert reachable
-        return np.maximum(q, np.finfo(float).tiny)
+        # Dirichlet(kappa * p) per layer as independent gammas normalized by row (one draw
+        # for every layer); a draw can underflow to 0: keep every expert reachable
+        g = gen.standard_gamma(self._kappa * p)
+        return np.maximum(g / g.sum(axis=1, keepdims=True), np.finfo(float).tiny)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -354,3 +354,12 @@ def test_simulate_command_prints_the_levers_table(capsys):
     assert rc == 0 and "qwen3_235b, EP = DP = 4" in out and "dispatch" in out
     assert main(["bursty", "--moe", "llama", "--requests", "5", "--no-progress"]) == 2
     assert "'preset'" in capsys.readouterr().err
+
+
+def test_load_sweep_cells_say_which_stage_binds():
+    from straggler.sim.load_sweep import load_sweep_cell
+
+    cell = load_sweep_cell("generated", 2, 1.0, "jsq", n_requests=150, prefill="default")
+    assert cell["binding_stage"] in ("prefill", "decode")
+    assert (cell["binding_stage"] == "prefill") == (cell["offered_prefill_load"] > 1.0)
+    assert 0.0 <= cell["decode_utilisation"] <= 1.0

@@ -101,6 +101,9 @@ __all__ = [
     "METHOD_OPTIONS",
 ]
 
+#: Steps of the routing stream (popularity and sampling seed) drawn at once.
+_BLOCK = 256
+
 #: Values of ``DeploymentConfig.placement``.
 PLACEMENTS = ("eplb", "place_experts", "fixed")
 #: Values of ``DeploymentConfig.dispatch``.
@@ -342,15 +345,19 @@ class RoutingModel:
 
     def batch_popularity(self, gen: np.random.Generator) -> np.ndarray:
         """One step's popularity ``(n_layers, n_experts)`` (non-negative, unnormalized)."""
+        return self.batch_popularities(gen, 1)[0]
+
+    def batch_popularities(self, gen: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` steps' popularities ``(n, n_layers, n_experts)``, drawn at once."""
         if self._recorded is not None:
-            return self._recorded[gen.integers(self._recorded.shape[0])].astype(float)
+            return self._recorded[gen.integers(self._recorded.shape[0], size=n)].astype(float)
         p = self._popularity
         if self._kappa is None:
-            return p.copy()
-        # Dirichlet(kappa * p) per layer as independent gammas normalized by row (one draw
-        # for every layer); a draw can underflow to 0: keep every expert reachable
-        g = gen.standard_gamma(self._kappa * p)
-        return np.maximum(g / g.sum(axis=1, keepdims=True), np.finfo(float).tiny)
+            return np.broadcast_to(p, (n,) + p.shape).copy()
+        # Dirichlet(kappa * p) per layer as independent gammas normalized by row; a draw can
+        # underflow to 0: keep every expert reachable
+        g = gen.standard_gamma(self._kappa * p, size=(n,) + p.shape)
+        return np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -548,6 +555,9 @@ class StepModel:
         self._acc = np.zeros((L, E), dtype=np.int64)
         self._last_refresh = 0.0
         self.log: list[StepBreakdown] = []
+        self._pops = np.zeros((0, L, E))
+        self._seeds = np.zeros(0, dtype=np.int64)
+        self._next = 0
         self._set_placement(self._initial_placement())
 
     # --- placement -----------------------------------------------------------------------
@@ -638,8 +648,12 @@ class StepModel:
         rows (L, len(LAYER_COLUMNS)))``. Advances the routing stream, not the windows."""
         cfg = self.config
         tokens = np.ascontiguousarray(requests, dtype=np.int64)
-        q = self.routing.batch_popularity(self._gen)
-        seed = int(self._gen.integers(2**62))
+        if self._next == len(self._seeds):  # draw the routing stream in blocks of steps
+            self._pops = self.routing.batch_popularities(self._gen, _BLOCK)
+            self._seeds = self._gen.integers(2**62, size=_BLOCK)
+            self._next = 0
+        q, seed = self._pops[self._next], int(self._seeds[self._next])
+        self._next += 1
         src = sample_choices_kernel(q, tokens, cfg.preset.top_k, seed)
         x = np.ascontiguousarray(self.dispatch(src), dtype=float)
         rows = layer_times_kernel(x, src, self.node, self._cost_arr, cfg.internode_us_per_token)

@@ -266,7 +266,7 @@ class SimReport:
     wall_s : float
         Host time of the simulation (engine call).
     step_breakdown : dict
-        With a ``deployment``: the mean step decomposed, microseconds per step
+        With a ``deployment`` (MoE term on): the mean step decomposed, microseconds per step
         (:class:`~straggler.sim.deployment.StepBreakdown`: ``attention_us``,
         ``attention_straggler_us``, ``moe_us``, ``moe_straggler_us``, ``comm_us``,
         ``dense_us``, ``total_us``, ``cross_node_tokens``), ``layers_simulated``,

@@ -1,16 +1,9 @@
-"""The policies production deploys, one interface each (registered by name on import)."""
+"""The policies production deploys, each pinned to its upstream: the EP dispatch baselines
+(one module per system) and the DP routers (``sglang_routers``, ``vllm_router``,
+``trtllm_routers``, ``dynamo_router``, ``random_router``; :mod:`.routers` wraps them as
+callable objects). :mod:`.tables` names them for the entry points; importing a module
+registers nothing."""
 
-from . import (
-    dynamic,  # noqa: F401
-    llep,  # noqa: F401
-    lplb,  # noqa: F401
-    metro,  # noqa: F401
-    moonep,  # noqa: F401
-    static,  # noqa: F401
-    token_lp,  # noqa: F401
-    uniform,  # noqa: F401
-    vllm_ep,  # noqa: F401
-)
 from .eplb import rebalance_experts
 from .flashlb import flashlb_rebalance
 from .tokens import TokenLayout, token_layout

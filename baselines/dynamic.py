@@ -24,7 +24,7 @@ import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_array, check_choice, check_int, check_rng
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 from .static import _nearest_replica
 from .tokens import _mask_candidates, _shares_from_slots, token_layout
 
@@ -139,7 +139,6 @@ def _dynamic_iv(method) -> None:
     check_int(method.layout_seed, "layout_seed", func, lo=0)
 
 
-@register_dispatch_method("sglang_dynamic")
 @dataclass(frozen=True, kw_only=True)
 class SGLangDynamic:
     """SGLang's dynamic dispatch: a uniformly random candidate replica for every token.

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_array, check_int, check_real
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 
 __all__ = ["LLEP", "llep_plan", "native_imbalance", "LLEP_THRESHOLD"]
 
@@ -172,7 +172,6 @@ def _llep_iv(method) -> None:
         check_real(method.threshold, "threshold", func, lo=0)
 
 
-@register_dispatch_method("llep")
 @dataclass(frozen=True, kw_only=True)
 class LLEP:
     """Least-loaded spill over existing replicas with a token cap (LLEP-R), behind its gate.

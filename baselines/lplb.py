@@ -39,7 +39,7 @@ from scipy.optimize import linprog
 from ..formulations.dispatch import DispatchProblem, evaluate
 from ..formulations.errors import InvalidInputError, InvalidOptionError, StragglerError
 from ..formulations.validation import check_array, check_choice, check_int
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 from .eplb import rebalance_experts
 from .tokens import token_layout
 
@@ -547,7 +547,6 @@ def _lplb_iv(method) -> None:
     check_int(method.layout_seed, "layout_seed", func, lo=0)
 
 
-@register_dispatch_method("lplb")
 @dataclass(frozen=True, kw_only=True)
 class LPLB:
     """LPLB end to end: its placement, its shared-ratio LP, its token map (module docstring).

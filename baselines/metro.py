@@ -25,7 +25,7 @@ import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_bool, check_choice
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 
 __all__ = ["Metro", "METRO_ORDERS", "metro_greedy", "metro_exact"]
 
@@ -136,7 +136,6 @@ def metro_exact(counts, replicas, *, order: str = "tokens") -> np.ndarray:
     return best
 
 
-@register_dispatch_method("metro")
 @dataclass(frozen=True, kw_only=True)
 class Metro:
     """Whole experts, one replica each, balancing activated experts per GPU (METRO).

@@ -32,7 +32,7 @@ import numpy as np
 from ..formulations.dispatch import DispatchProblem, evaluate
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_real
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 
 __all__ = ["MoonEP", "moonep_plan"]
 
@@ -132,7 +132,6 @@ def _moonep_plan_iv(counts, replicas):
     return counts, replicas
 
 
-@register_dispatch_method("moonep")
 @dataclass(frozen=True, kw_only=True)
 class MoonEP:
     """MoonEP's perfect token balance by moving weights, replayed under the cost model.

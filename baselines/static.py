@@ -33,7 +33,7 @@ import numpy as np
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_choice, check_int
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 from .tokens import _mask_candidates, token_layout
 
 __all__ = [
@@ -189,7 +189,6 @@ def _static_iv(method) -> None:
     check_int(method.layout_seed, "layout_seed", func, lo=0)
 
 
-@register_dispatch_method("static")
 @dataclass(frozen=True, kw_only=True)
 class StaticDispatch:
     """Send each source GPU's tokens of an expert to one fixed replica (no per-batch decision).

@@ -28,7 +28,7 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.results import Status
 from ..formulations.validation import check_choice, check_rng
 from ..solvers.exact import solve_token_lp
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 from .lplb import TOPOLOGIES, topology_r2o
 
 __all__ = ["TokenLP", "SGLangLP", "TOPOLOGIES", "topology_r2o", "restrict_to_topology"]
@@ -72,7 +72,6 @@ def _token_lp_iv(method) -> None:
         check_choice(method.topology, "topology", "solve_dispatch(method='token_lp')", TOPOLOGIES)
 
 
-@register_dispatch_method("token_lp")
 @dataclass(frozen=True)
 class TokenLP:
     """The token LP ``min max_g N_g`` (Lemma 1), exactly, shares as solved.
@@ -139,7 +138,6 @@ def sglang_lp_sample(counts, lp_shares, rng) -> np.ndarray:
     return out
 
 
-@register_dispatch_method("sglang_lp")
 @dataclass(frozen=True)
 class SGLangLP:
     """SGLang's ``lp`` dispatch: the token LP's optimum, realised by per-token sampling.

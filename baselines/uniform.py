@@ -16,7 +16,7 @@ import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_bool
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 
 __all__ = ["UniformSplit", "even_integer_split"]
 
@@ -40,7 +40,6 @@ def even_integer_split(n: int, k: int) -> np.ndarray:
     return out
 
 
-@register_dispatch_method("uniform")
 @dataclass(frozen=True, kw_only=True)
 class UniformSplit:
     """Split every expert's tokens evenly over all GPUs holding one of its replicas.

@@ -27,7 +27,7 @@ import numpy as np
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_choice, check_int, check_rng
-from ..solvers.registry import LayerSolution, register_dispatch_method
+from ..solvers.registry import LayerSolution
 from .tokens import _local_positions, _mask_candidates, _shares_from_slots, token_layout
 
 __all__ = ["VllmEP", "VLLM_EP_VERSIONS", "KNUTH_MULTIPLIER", "vllm_replica_choice"]
@@ -112,7 +112,6 @@ def _vllm_iv(method) -> None:
     check_int(method.layout_seed, "layout_seed", func, lo=0)
 
 
-@register_dispatch_method("vllm_ep")
 @dataclass(frozen=True, kw_only=True)
 class VllmEP:
     """vLLM's EPLB replica choice (hash of the token index, or the older modulo / random).

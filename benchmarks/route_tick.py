@@ -32,9 +32,10 @@ import platform
 import time
 
 import numpy as np
-from straggler.solvers import _routing_kernels as K
-from straggler.solvers.routing import make_params, route_batch
-from straggler.solvers.routing_registry import OPTIONS
+from straggler.solvers import _balanceroute as B
+from straggler.solvers import _routing_core as K
+from straggler.solvers.routing import route_batch
+from straggler.solvers.routing_registry import OPTIONS, router_options
 
 PATIENCE = int(OPTIONS["patience"].default)  # BR-S's backlog threshold (ticks)
 
@@ -78,7 +79,7 @@ def kernel_state(s, L, f):
         np.full(G, np.inf),
     )
     pool = K.PoolState(s, np.zeros(n, np.int64), np.arange(n), np.zeros((0, G)))
-    return pool, reps, np.zeros(K.N_CARRY)
+    return pool, reps, K.RouterCarry(0, 0, 0, 0, False)
 
 
 def _summary(t, reps):
@@ -130,7 +131,7 @@ def main(argv=None) -> dict:
     for G, n in grid:
         for stage in (1, 2):
             states = make_states(G, n, stage, draw, rng)
-            p = make_params(r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))
+            p = router_options(G, r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))[0]
             kstates = [kernel_state(s, L, f) for s, L, f in states]
             ref_reps = max(3, min(200, 200_000 // (n * n)))
             # BR-H on (G, 81) projected loads (H = 80, the paper's horizon), gamma = 0.98
@@ -157,12 +158,12 @@ def main(argv=None) -> dict:
                 args.reps,
             )
             res["br0_kernel"] = timeit(
-                lambda pool, reps, c, p=p: K.br0_kernel(pool, reps, p, c, 0),
+                lambda pool, reps, c, p=p: B.br0_kernel(pool, reps, p, c, 0),
                 kstates,
                 args.reps,
             )
             res["br0_reference"] = timeit(
-                lambda pool, reps, c, p=p: K.br0_reference(pool, reps, p, c, 0),
+                lambda pool, reps, c, p=p: B.br0_reference(pool, reps, p, c, 0),
                 kstates,
                 ref_reps,
             )

@@ -2,7 +2,8 @@
 
 ``routing_instances()`` draws the arguments of the common kernel signature of
 :mod:`straggler.solvers.routing_registry` as a dict: ``pool`` (a ``PoolState``), ``reps`` (a
-``ReplicaState`` with loads ``(G, H+1)``), ``params`` (via ``make_params``), ``carry`` and
+``ReplicaState`` with loads ``(G, H+1)``), ``options`` (a ``RouterOptions`` filled by the
+registry: each option its default or a drawn value), ``carry`` (a ``RouterCarry``) and
 ``seed``. Values are small integers so that every float sum is exact and ties are frequent.
 """
 
@@ -31,11 +32,11 @@ def routing_instances(
     ``fractional=True`` adds quarter-token fractions to the loads (as projected loads have).
     Every field of the replica and pool states is drawn (counts, prompt tokens, KV usage and
     capacity, waits, keys, and a prefix-cache matrix half of the time), and so are the
-    baselines' options and carried counters; ``params[P_VERSION]`` is 0 (the tests set each
+    baselines' options and carried counters; ``options.version`` is 0 (the tests set each
     version in turn).
     """
-    from straggler.solvers._routing_kernels import N_CARRY, PoolState, ReplicaState
-    from straggler.solvers.routing import make_params
+    from straggler.solvers._routing_core import PoolState, ReplicaState, RouterCarry
+    from straggler.solvers.routing_registry import router_options
 
     G = draw(st.integers(1, max_replicas))
     n = draw(st.integers(0, max_pool))
@@ -71,38 +72,49 @@ def routing_instances(
         key=np.arange(n, dtype=np.int64) * 7 + draw(st.integers(0, 100)),
         cached=cached,
     )
+
+    # every option drawn from the values users get (None: the registry's default) and a few
+    # others that move the decisions
+    def opt(*values):
+        return draw(st.sampled_from((None, *values)))
+
     r_max = draw(st.integers(1, max_r))
-    params = make_params(
+    options, _ = router_options(
+        G,
+        H,
         r_max=r_max,
-        s_greedy=draw(st.sampled_from([0, 2, 4, 8, G * r_max, 1000])),
-        alpha=draw(st.sampled_from([1.0, 0.5, 2.0])),
-        beta=draw(st.sampled_from([float(G), 0.0, 1.0, 2.0 * G])),
-        gamma=draw(st.sampled_from([1.0, 0.5, 0.9])),
-        optimistic=draw(st.booleans()),
-        age_window=draw(st.sampled_from([0, 1, 3, 32])),
-        window=draw(st.sampled_from([0, 1, 2])),
-        patience=draw(st.sampled_from([0, 0, 2])),
-        age_fraction=draw(st.sampled_from([1.0, 0.5, 0.0])),
-        safe=draw(st.booleans()),
-        kv_weight=draw(st.sampled_from([0.15, 0.0, 1.0])),
-        throughput=draw(st.sampled_from([2000.0, 7.0])),
-        block_size=draw(st.sampled_from([16, 1, 4])),
-        overlap_weight=draw(st.sampled_from([1.0, 0.0, 2.0])),
-        timeout_iters=draw(st.sampled_from([50, 0, 1, 2])),
-        batching_wait_iters=draw(st.sampled_from([10, 0, 1])),
+        s_greedy=opt(0, 2, 4, 8, 1000),
+        alpha=opt(0.5, 2.0),
+        beta=opt(0.0, 1.0, 2.0 * G),
+        gamma=opt(0.5, 0.9),
+        optimistic=opt(False),
+        age_window=opt(0, 1, 3, 32),
+        window=opt(0, 1, 2),
+        patience=opt(0, 2),
+        age_fraction=opt(1.0, 0.5, 0.0),
+        safe=opt(False),
+        kv_weight=opt(0.0, 1.0),
+        throughput=opt(7.0),
+        block_size=opt(1, 4),
+        overlap_weight=opt(0.0, 2.0),
+        timeout_iters=opt(0, 1, 2),
+        batching_wait_iters=opt(0, 1),
     )
-    carry = np.zeros(N_CARRY)
-    carry[0] = draw(st.integers(0, G))  # round-robin's cursor
-    carry[1] = draw(st.integers(0, G))  # vLLM's start index
-    carry[2] = draw(st.integers(0, 3))  # TensorRT-LLM's hold-back counters
-    carry[3] = draw(st.integers(0, 3))
-    carry[4] = draw(st.integers(0, 1))  # BR-S's backlog flag
-    return dict(pool=pool, reps=reps, params=params, carry=carry, seed=draw(st.integers(0, 2**40)))
+    carry = RouterCarry(
+        cursor=draw(st.integers(0, G)),
+        vllm_start=draw(st.integers(0, G)),
+        adp_wait=draw(st.integers(0, 3)),  # TensorRT-LLM's hold-back counters
+        adp_batch=draw(st.integers(0, 3)),
+        brs_backlog=draw(st.booleans()),
+    )
+    return dict(
+        pool=pool, reps=reps, options=options, carry=carry, seed=draw(st.integers(0, 2**40))
+    )
 
 
 def kernel_args(inst: dict) -> tuple:
     """The positional arguments of the common kernel signature, in order."""
-    return (inst["pool"], inst["reps"], inst["params"], inst["carry"], inst["seed"])
+    return (inst["pool"], inst["reps"], inst["options"], inst["carry"], inst["seed"])
 
 
 def best_tick_imbalance(prefill, loads, free_slots) -> float:

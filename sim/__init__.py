@@ -1,5 +1,6 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
+from .config import SimConfig
 from .deployment import MODEL_PRESETS, DeploymentConfig, ModelPreset, StepModel
 from .levers import LeversTable, levers
 from .phase_diagram import PhaseDiagram, phase_diagram
@@ -12,6 +13,7 @@ from .simulator import (
     SimReport,
     bootstrap_rooms,
     decode_capacity,
+    engine_inputs,
     offered_load,
     prefill_capacity,
     simulate,
@@ -38,6 +40,8 @@ from .workload import (
 )
 
 __all__: list[str] = [
+    "SimConfig",
+    "engine_inputs",
     "SHAPES",
     "SKEWS",
     "eplb_placement",

@@ -1,66 +1,34 @@
 """The lock-step decode step loop: a Numba kernel and, below it, a plain-Python reference.
 
 Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) and return one
-:class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is cached on disk:
-it dispatches on the policy id (``route_tick_kernel``), times the router with an intrinsic
-``clock_gettime`` (no ctypes pointer), and its cache is tied to the files of every jitted
-callee (:func:`~straggler.solvers._jit.cache_depends_on`), so a new process with a warm cache
-does not recompile and an edit in a routing kernel does.
+:class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is one loop over
+phase functions, each a function of ``(inp, st)`` where :class:`EngineState` holds everything
+the loop changes (the pattern of :mod:`straggler.solvers._tempo`). One iteration is one decode
+step of the whole cluster:
 
-Model (one loop iteration = one decode step of the whole cluster)
------------------------------------------------------------------
-1. **Prefill** (finite capacity): a request that arrives (``arrival_t <= clock``), in arrival
-   order, joins the prefill queue. ``prefill_instances`` instances serve it first come, first
-   served, one request at a time each: it starts at ``max(arrival, earliest free instance)``
-   (ties to the lowest instance) and takes ``prefill_base_s + prefill_per_token_s * tokens``
-   seconds. ``prefill_instances = 0`` means unlimited (every prefill starts on arrival).
-2. **Pool**: requests whose prefill is done (``done <= clock``) enter the prompt pool, which is
-   kept in order of age: ``(first time in the pool, index)``. A fresh request joins at the tail;
-   a recomputed (preempted) one returns to its place by age, ahead of every request that came
-   after it (vLLM puts a preempted request back at the front of its waiting queue); its wait
-   counts from its first entry. So the pool is always in non-increasing order of wait.
-3. If nothing runs and nothing waits (pool and engine queues empty), the clock jumps to the
-   next arrival or prefill completion (no step); the loop ends when there is none.
-4. **Preemption** (vLLM-style recompute, before the step, as vLLM schedules its running
-   requests first): while a replica's next step would overflow its KV capacity (``L_g +
-   running_g > kv_cap``: every running request writes one token), its most recently admitted
-   request is preempted: it leaves the replica (``L_g -= prompt + decoded``), keeps its decoded
-   tokens, and goes back through prefill with ``prompt + decoded`` tokens (recompute).
-   ``n_preempt`` counts it. A lone request always fits (``prompt + output <= kv_cap`` is
-   checked by the wrapper).
-5. **Snapshot**: the router's view of step ``k`` (loads ``(G, 1)`` or projected loads
-   ``(G, H+1)``, running counts, prompt tokens) is kept in a ring of ``stale + 1``
-   snapshots.
-6. **Routing tick** (``k % tick == 0`` and a non-empty pool): the router gets the oldest
-   ``max_pool`` pool requests (``PoolState``: tokens ``prompt + decoded``, ticks waited in the
-   pool, the request's bootstrap room as key, and, for a policy that reads it, the prompt
-   tokens of each cached on each replica) and a ``ReplicaState`` built from the view of step
-   ``k - stale`` (step 0's for ``k < stale``): loads, running counts, prompt tokens and the
-   engines' queues (lengths, tokens) of that step plus, when ``optimistic``, what it sent at
-   steps ``k - stale .. k - 1`` (pool mode: tokens on every horizon column, running counts,
-   prompt tokens; queue mode: queue lengths and tokens); ``kv_usage`` = seen current load /
-   ``kv_cap``. Pool mode: free slots exact, ``n_waiting`` = 0 (a request is only sent to a
-   replica with a free slot, so engines keep no queue); the assignment is applied in pool
-   order: a request is admitted when its replica has a free slot and ``L_g + tokens +
-   running_g + 1 <= kv_cap`` (its KV and the next step's token of every request fit),
-   otherwise it stays in the pool. Queue mode: every replica shows ``P`` free slots (a queue
-   takes every request) and each assigned request joins the tail of its replica's queue. The
-   policy's ``carry`` is kept from tick to tick.
-6b. **Queue admission** (queue mode, every step): each replica admits from the head of its
-   queue while the head passes the same slot and KV test (FCFS: a head that does not fit blocks
-   the rest). An admitted request takes the lowest free slot index of its replica; with prefix
-   caches, its cached prefix is read (``cache_hit`` at its first admission) and then its
-   prompt blocks enter the replica's LRU cache, in order.
-7. **Step**: ``dt = t0 + kappa * max_g L_g`` with the loads at the start of the step (with
-   ``ctx_cost > 0``: ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``, ``C_g`` the tokens of the
-   requests ``g`` admitted at this step less their cached prefix); every running request gains
-   one token (``L_g += 1`` each); a request whose decoded count reaches its output length
-   leaves at ``clock + dt``. If nothing runs (the router held every request back), the
-   iteration is an idle step of ``t0`` (or, with ``t0 = 0``, a jump to the next event).
-   Records per step (:data:`SERIES`): start clock, ``dt``, ``max_g L_g``, ``sum_g L_g``,
-   running requests, requests waiting for a slot (pool and queues), requests in prefill,
-   preemptions, ``max_g C_g``, and ``mean_g P_g / max_g P_g`` with ``P_g = C_g`` plus the
-   requests generating (1 when all are 0).
+1. :func:`_arrivals`: arrivals (``arrival_t <= clock``) join the prefill queue; ``prefill_
+   instances`` instances serve it first come, first served (``0``: unlimited), a prefill
+   taking ``prefill_base_s + prefill_per_token_s * tokens``.
+2. :func:`_prefill_to_pool`: done prefills enter the pool, kept in order of age (a recomputed
+   request returns to its place by first entry, as vLLM puts a preempted request back at the
+   front of its waiting queue).
+3. With nothing running or waiting the clock jumps to the next event.
+4. :func:`_preempt`: while a replica's next step would overflow its KV capacity (``L_g +
+   running_g > kv_cap``), its most recently admitted request goes back through prefill with
+   ``prompt + decoded`` tokens (vLLM's recompute preemption).
+5. :func:`_snapshot`: the router's view of this step into a ring of ``stale + 1`` views.
+6. :func:`_route` (``k % tick == 0``, non-empty pool): the policy (by name,
+   :func:`~straggler.solvers._routing_core.route_tick`) routes the oldest ``max_pool``
+   requests on the view of step ``k - stale`` (plus, when optimistic, what it sent since);
+   pool mode admits in pool order what fits (:func:`_fits`: a free slot and ``L_g + tokens +
+   running_g + 1 <= kv_cap``), queue mode appends to each replica's FIFO queue;
+   :func:`_admit_queues` (queue mode) admits from each queue's head while it fits. Both admit
+   through :func:`_admit` (lowest free slot; the prefix cache read, then filled, LRU).
+7. :func:`step_time`: ``dt = t0 + kappa * max_g L_g`` (with ``ctx_cost``: ``t0 + max_g (kappa
+   * L_g + ctx_cost * C_g)``); the one place a step is priced. An idle step costs ``t0`` (or,
+   with ``t0 = 0``, jumps to the next event).
+8. :func:`_record` (one row of :data:`SERIES`), :func:`_decode` (every running request gains a
+   token; one reaching its output length leaves at ``clock + dt``).
 
 Projection (``pred_kind > 0``, BR-H), as :func:`straggler.solvers.routing.project_loads`:
 ``L_{g,h} = sum_{i on g} w_ih * (s_i + a_i + h) + (1 - w_ih) * rf``, ``w_ih = clip(c_i - h,
@@ -95,15 +63,17 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, objmode, typed, types
+from numba import literally, njit, objmode, typed, types
 
-from ..solvers import _jit, _routing_kernels, predictors
-from ..solvers._jit import NJIT, cache_depends_on
-from ..solvers._routing_kernels import (
+from ..solvers import predictors
+from ..solvers._jit import NJIT
+from ..solvers._routing_core import (
     PoolState,
     ReplicaState,
+    RouterCarry,
+    RouterOptions,
     monotonic_ns,
-    route_tick_kernel,
+    route_tick,
 )
 from ..solvers.predictors import EXP_CAP
 from .deployment import engine_moe_seconds
@@ -115,6 +85,8 @@ __all__ = [
     "step_time",
     "SERIES",
     "run_engine",
+    "engine_entry",
+    "engine_depends",
     "run_engine_reference",
     "project_view",
     "two_stage_predict",
@@ -145,7 +117,7 @@ class EngineInputs(NamedTuple):
     """Everything the step loop reads (arrays are C-contiguous; requests in arrival order).
 
     ``arrival_t`` float64 sorted, ``prompt``/``output`` int64, ``group`` int64 (prompt-hash
-    group, -1 none) of the ``n`` requests; ``params``/``carry``: the policy's (registry);
+    group, -1 none) of the ``n`` requests; ``options``/``carry``: the policy's (registry);
     ``pred_kind``: a :class:`~straggler.solvers.predictors.PredictorKind` value; ``ts_*``: the
     two-stage models (see the module docstring); ``queue_mode``: route on arrival to the
     engines' own queues; ``room`` int64: each request's bootstrap room (the pool key);
@@ -161,9 +133,8 @@ class EngineInputs(NamedTuple):
     step (dense FFN layers, shared experts), ``moe_key`` the registered
     :class:`~straggler.sim.deployment.StepModel` that prices the MoE layers (-1: none)."""
 
-    policy_id: int
-    params: np.ndarray
-    carry: np.ndarray
+    options: RouterOptions
+    carry: RouterCarry
     arrival_t: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
@@ -866,13 +837,14 @@ def _router_view(inp, st):
 
 
 @njit(**NJIT)
-def _route(inp, st, logs, carry, kvcap_g):
-    """Phase 6: a routing tick. The policy sees the oldest ``max_pool`` pool requests and the
-    (stale) view of the replicas; its assignment is applied in pool order: queue mode, to
-    the tail of the replica's own queue; pool mode, admitted when it fits
-    (:func:`_fits`), otherwise it stays in the pool. Returns ``(logs, carry)``."""
+def _tick_state(inp, st, kvcap_g):
+    """What the policy is shown at this tick: the oldest ``max_pool`` pool requests
+    (:class:`PoolState`: tokens ``prompt + decoded``, ticks waited, bootstrap room, and for a
+    policy that reads it the prompt tokens each has cached on each replica) and the replicas'
+    (stale) view (:class:`ReplicaState`, :func:`_router_view`; pool mode: exact free slots,
+    queue mode: every replica takes the whole pool)."""
     c = st.cnt
-    G, k = inp.n_replicas, c[_K]
+    G = inp.n_replicas
     prompt, decoded, pool = inp.prompt, st.decoded, st.pool
     pool_n = c[_POOL_N]
     P = pool_n if pool_n < inp.max_pool else inp.max_pool
@@ -906,10 +878,18 @@ def _route(inp, st, logs, carry, kvcap_g):
         usage[g] = view[g, 0] / inp.kv_cap
     pstate = PoolState(prefill, wait, key, cached)
     rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
-    tick_seed = inp.seed * 1_000_003 + k
-    c0 = monotonic_ns() if inp.time_router else 0
-    assign, carry = route_tick_kernel(inp.policy_id, pstate, rstate, inp.params, carry, tick_seed)
-    c1 = monotonic_ns() if inp.time_router else 0
+    return pstate, rstate
+
+
+@njit(**NJIT)
+def _apply_tick(inp, st, logs, assign, P, ns):
+    """The tick's assignment applied in pool order: queue mode, to the tail of the replica's
+    own queue; pool mode, admitted when it fits (:func:`_fits`), otherwise it stays in the
+    pool. Records the router's time ``ns`` and the visible pool ``P``. Returns the logs."""
+    c = st.cnt
+    k = c[_K]
+    prompt, decoded, pool = inp.prompt, st.decoded, st.pool
+    pool_n = c[_POOL_N]
     n_ticks = c[_TICKS]
     tick_ns, tick_pool = logs.tick_ns, logs.tick_pool
     if n_ticks == tick_ns.shape[0]:
@@ -920,7 +900,7 @@ def _route(inp, st, logs, carry, kvcap_g):
         tp[:n_ticks] = tick_pool
         tick_pool = tp
         logs = _Logs(logs.series, tick_ns, tick_pool, logs.tg, logs.th, logs.ts)
-    tick_ns[n_ticks] = c1 - c0
+    tick_ns[n_ticks] = ns
     tick_pool[n_ticks] = P
     c[_TICKS] += 1
     slot = k % (inp.stale + 1)
@@ -947,6 +927,20 @@ def _route(inp, st, logs, carry, kvcap_g):
             pool[keep] = i
             keep += 1
     c[_POOL_N] = keep
+    return logs
+
+
+@njit(**NJIT)
+def _route(policy, inp, st, logs, carry, kvcap_g):
+    """Phase 6: a routing tick: the policy named ``policy`` (a string literal) routes on
+    :func:`_tick_state`, its time measured around the call, and :func:`_apply_tick` applies
+    its assignment. The only phase compiled per policy. Returns ``(logs, carry)``."""
+    pstate, rstate = _tick_state(inp, st, kvcap_g)
+    tick_seed = inp.seed * 1_000_003 + st.cnt[_K]
+    c0 = monotonic_ns() if inp.time_router else 0
+    assign, carry = route_tick(policy, pstate, rstate, inp.options, carry, tick_seed)
+    c1 = monotonic_ns() if inp.time_router else 0
+    logs = _apply_tick(inp, st, logs, assign, pstate.prefill.shape[0], c1 - c0)
     return logs, carry
 
 
@@ -1085,13 +1079,15 @@ def _decode(inp, st, t_end):
 
 
 @njit(**NJIT)
-def run_engine(inp):
-    """Run the step loop on :class:`EngineInputs`; see the module docstring. Returns
-    :class:`EngineOutput`.
+def run_engine(policy, inp):
+    """Run the step loop on :class:`EngineInputs` with the routing policy named ``policy`` (a
+    string literal: each policy compiles its own loop, with its kernel alone; see
+    :func:`engine_entry`); see the module docstring. Returns :class:`EngineOutput`.
 
     One iteration is one decode step, as the phases above in order: arrivals, prefill to
     pool, (idle: jump to the next event), preemption, snapshot, routing tick, queue
     admission, :func:`step_time`, record, decode."""
+    policy = literally(policy)
     st = _new_state(inp)
     c = st.cnt
     logs = _Logs(
@@ -1102,7 +1098,7 @@ def run_engine(inp):
         np.empty(1024, np.int64),
         np.empty(1024, np.int64),
     )
-    carry = inp.carry.copy()
+    carry = inp.carry
     kvcap_g = np.full(inp.n_replicas, float(inp.kv_cap))
     two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
     while c[_K] < inp.max_steps:
@@ -1117,7 +1113,7 @@ def run_engine(inp):
         n_preempted = _preempt(inp, st)
         _snapshot(inp, st, two_stage)
         if c[_K] % inp.tick == 0 and c[_POOL_N] > 0:
-            logs, carry = _route(inp, st, logs, carry, kvcap_g)
+            logs, carry = _route(policy, inp, st, logs, carry, kvcap_g)
         if inp.queue_mode:
             logs = _admit_queues(inp, st, logs)
         dt = step_time(inp, st)
@@ -1153,7 +1149,21 @@ def run_engine(inp):
     )
 
 
-cache_depends_on(run_engine, _routing_kernels, predictors, _jit)
+def engine_depends() -> tuple:
+    """The modules whose source the compiled engine includes besides its own (every routing
+    kernel's, the predictors'): :func:`run_engine`'s disk cache is tied to them."""
+    from ..solvers.routing_registry import kernel_modules
+
+    return (*kernel_modules(), predictors)
+
+
+def engine_entry(policy: str, inp):
+    """:func:`run_engine` compiled for ``policy`` and the types of ``inp`` (loaded from
+    numba's disk cache when there; :func:`engine_depends`), as a callable of ``(policy,
+    inp)``."""
+    from ..solvers._jit import literal_entry
+
+    return literal_entry(run_engine, policy, (inp,), depends=engine_depends())
 
 
 def run_engine_reference(inp, router):
@@ -1190,7 +1200,7 @@ def run_engine_reference(inp, router):
         for i in range(n)
     ]
     clock, k, nxt, order, seq, n_ticks = 0.0, 0, 0, 0, 0, 0
-    carry = np.array(inp.carry, dtype=np.float64)
+    carry = inp.carry
     ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = (
         inp.ts_fold,
         inp.ts_knots,
@@ -1384,9 +1394,7 @@ def run_engine_reference(inp, router):
                 np.array([seen[g][0] / kv_cap for g in range(G)]),
                 np.full(G, float(kv_cap)),
             )
-            assign, carry = router(
-                pstate, rstate, inp.params.copy(), carry, inp.seed * 1_000_003 + k
-            )
+            assign, carry = router(pstate, rstate, inp.options, carry, inp.seed * 1_000_003 + k)
             n_ticks += 1
             tick_pool.append(P)
             still = []

@@ -254,10 +254,11 @@ def main(argv=None) -> int:
             blocks = load_prefix_blocks(args.trace)
             if len(blocks) > len(trace):  # --requests kept the first N
                 blocks = blocks.subset([i < len(trace) for i in range(len(blocks))])
-        warm = engine_cache_is_warm()
+        names = sorted({p.partition(":")[0] for p in policies})
+        warm = engine_cache_is_warm(names)
         if not warm:
             print("compiling kernels (first run only) ...", end="", file=sys.stderr, flush=True)
-        seconds, compiled = warm_engine()
+        seconds, compiled = warm_engine(names)
         if not warm:
             print(f" {seconds:.1f} s", file=sys.stderr)
         elif compiled:

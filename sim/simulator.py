@@ -1,8 +1,9 @@
 """Lock-step decode-cluster simulator: replay a trace under a routing policy, report metrics.
 
-``simulate(trace, policy)`` runs the step loop of :mod:`straggler.sim._engine` (Numba, cached
-on disk) with a registered routing policy (:mod:`straggler.solvers.routing_registry`) called by
-id at every routing tick, and summarises the run in a :class:`SimReport`.
+``simulate(trace, policy, **settings)`` validates its settings into one
+:class:`~straggler.sim.config.SimConfig`, runs the step loop of :mod:`straggler.sim._engine`
+(Numba, on numba's disk cache, compiled for the one policy it routes with) and summarises the
+run in a :class:`SimReport`.
 
 The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives and queues for one
 of ``prefill_instances`` prefill instances (first come, first served; a prefill takes
@@ -61,50 +62,14 @@ rescales the arrival times (their order and gaps' shape kept) so that it is ``X`
 slots are not all busy (the real utilisation is in ``SimReport.slot_utilisation``, lower than
 the load because emptier replicas also step faster); above it the pool grows.
 
-Default prefill capacity
-------------------------
-``prefill_instances = ceil(G / 2)`` (the paper's 4P1D topology: four prefill instances for
-eight decode replicas) at ``prefill_tokens_per_s = 50,000`` each (an H800-class node of a
-large MoE; DeepSeek reports 73.7k input tokens/s per node with its prefix-cache hits, which
-the simulator does not model), plus ``prefill_base_s = 20 ms``. In requests per second this is,
-as a multiple of the decode capacity below (at every ``G``): Azure conversation 6.8x, Azure
-code 0.68x (28-token outputs: prefill-bound from load 0.68), Mooncake conversation 3.4x,
-Mooncake synthetic 1.34x, ShareGPT 10x, arXiv 6.3x, the generated workload 6.7x. A cluster
-built for a prefill-heavy mix needs more: ``straggler.sim.load_sweep`` sizes it to twice the
-decode capacity. ``prefill_instances=0`` restores unlimited prefill.
-
-Default step time (derived from the paper's tables)
----------------------------------------------------
-The load-independent part of a step cancels between two policies at the same cluster size, so
-each pair (JSQ, BR-H oracle) of the paper gives ``kappa = delta TPOT_P95 / delta (M - mean L)``
-with ``M - mean L = I / G``:
-
-=======================  ===================================  ===========  ===============
-table row                 delta I / G (tokens)                 delta TPOT   kappa (us/tok)
-=======================  ===================================  ===========  ===============
-proprietary, G = 4        (75,326 - 6,576) / 4 = 17,188        3.93 ms      0.229
-proprietary, G = 8        (215,110 - 23,577) / 8 = 23,942      5.16 ms      0.216
-proprietary, G = 16       (675,607 - 117,067) / 16 = 34,909    5.36 ms      0.154
-Azure-2024, G = 8         (104,737 - 35,301) / 8 = 8,680       12.0 ms      1.38
-=======================  ===================================  ===========  ===============
-
-* ``kappa = 0.22e-6`` s/token: the median of the four (0.22 us; the Azure pair is the outlier,
-  its TPOT gap is larger than its token gap explains).
-* ``t0 = 0.040`` s: by Little's law JSQ at G = 8 (proprietary) runs ``843 tok/s * 0.0832 s
-  ~= 70`` requests, 8.8 per replica; at the paper's "hundreds of thousands of tokens" of
-  load (our reading: ~175k mean, ~20k resident tokens per long-context request) ``M ~= 175k +
-  215,110 / 8 ~= 202k`` and ``t0 = 83.2 ms - 0.22 us * 202k ~= 39 ms``.
-
-So a step costs ~85 ms at ~200k tokens on the slowest replica (the paper's TPOT scale). In
-saturated replays at 16 slots per replica, the Mooncake conversation trace (12k-token prompts)
-is in that regime (TPOT P95 ~100-130 ms); the Azure-2023 traces (1-2k-token prompts, ~20k
-tokens per replica) run at ~45-55 ms, where the barrier costs little.
-``benchmarks/routing_table.py --kappa 1.38e-6`` reruns the table with the Azure-pair slope.
+The defaults (prefill capacity, step time) and their derivations: :mod:`straggler.sim.config`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -119,13 +84,9 @@ from ..formulations.errors import (
     param_error,
 )
 from ..formulations.validation import (
-    check_bool,
-    check_choice,
-    check_int,
-    check_real,
     check_type,
-    describe,
 )
+from ..solvers._jit import cache_depends_on
 from ..solvers.predictors import (
     PredictorKind,
     TwoStagePredictor,
@@ -133,14 +94,24 @@ from ..solvers.predictors import (
     termination_samples,
 )
 from ..solvers.routing import new_request_presence
-from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, resolve_options
-from ._engine import SERIES, EngineInputs, no_two_stage, run_engine, run_engine_reference
+from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy
+from ._engine import (
+    SERIES,
+    EngineInputs,
+    engine_depends,
+    engine_entry,
+    no_two_stage,
+    run_engine,
+    run_engine_reference,
+)
+from .config import DEFAULT_PREFILL, DEFAULT_STEP_TIME, DISPATCH_MODES, LOAD_BASES, SimConfig
 from .deployment import DeploymentConfig, StepBreakdown, StepModel, register_step_model
 from .prefix import PrefixBlocks
 from .traces import Trace, generate_trace
 
 __all__ = [
     "simulate",
+    "engine_inputs",
     "warm_engine",
     "SimReport",
     "PREDICTORS",
@@ -153,12 +124,6 @@ __all__ = [
     "bootstrap_rooms",
     "DISPATCH_MODES",
 ]
-
-#: Values of ``simulate(load_basis=...)``: the capacity ``load`` is a multiple of.
-LOAD_BASES = ("decode", "binding", "prefill")
-
-#: Values of ``simulate(dispatch=...)``.
-DISPATCH_MODES = ("pool", "queue")
 
 
 def bootstrap_rooms(n: int, seed: int) -> np.ndarray:
@@ -177,20 +142,10 @@ def bootstrap_rooms(n: int, seed: int) -> np.ndarray:
     return rng.integers(0, 2**63 - 1, size=int(n), dtype=np.int64, endpoint=True)
 
 
-#: ``(t0 seconds, kappa seconds per token)``; derivation in the module docstring.
-DEFAULT_STEP_TIME = (0.040, 0.22e-6)
-
-#: ``(tokens per second per instance, fixed seconds per prefill)``; the number of instances
-#: defaults to ``ceil(G / 2)`` (module docstring).
-DEFAULT_PREFILL = (50_000.0, 0.02)
-
 #: Predictors BR-H can use inside the simulator (:class:`PredictorKind` labels).
 PREDICTORS = tuple(PredictorKind.names())
 
 _FUNC = "simulate"
-#: Largest ``n_replicas`` and ``max_slots`` simulate accepts (the engine keeps per-slot state).
-MAX_REPLICAS = 65_536
-MAX_SLOTS = 65_536
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -533,101 +488,18 @@ def _groups(prefix_hash: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
     return g, int(uniq.size)
 
 
-def _simulate_iv(trace, policy, kw: dict, options: dict):
-    """Every check of :func:`simulate`, once: returns ``(trace, pol, cfg, params, carry,
-    pred_kind, H, label)`` with the trace filtered and rescaled."""
+def _prepare(trace, config: SimConfig):
+    """The run-time checks that need the trace (its type, the prefix blocks' alignment, the
+    KV capacity against the longest request), then the trace as simulated (the
+    ``min_output`` filter, the load's rescaling); returns ``(trace, blocks, cfg)`` with
+    ``cfg`` the report's record of every setting."""
     f = _FUNC
-    pol = get_routing_policy(DEFAULT_POLICY if policy is None else policy, f)
-    # upper bounds keep the engine's (G, max_slots) state arrays allocatable and every integer
-    # in int64 (a larger value once reached numba as uint64 and failed to type)
-    G = check_int(kw["n_replicas"], "n_replicas", f, lo=1, hi=MAX_REPLICAS)
-    cfg = dict(
-        policy=pol.name,
-        n_replicas=G,
-        max_slots=check_int(kw["max_slots"], "max_slots", f, lo=1, hi=MAX_SLOTS),
-        kv_capacity=check_int(kw["kv_capacity"], "kv_capacity", f, lo=1, hi=2**53),
-        t0=check_real(kw["t0"], "t0", f, lo=0),
-        kappa=check_real(kw["kappa"], "kappa", f, lo=0),
-        prefill_tokens_per_s=check_real(
-            kw["prefill_tokens_per_s"], "prefill_tokens_per_s", f, lo=0, lo_open=True, finite=False
-        ),
-        prefill_base_s=check_real(kw["prefill_base_s"], "prefill_base_s", f, lo=0),
-        tick=check_int(kw["tick"], "tick", f, lo=1, hi=2**31),
-        stale=check_int(kw["stale"], "stale", f, lo=0, hi=2**31),
-        optimistic=check_bool(kw["optimistic"], "optimistic", f),
-        max_pool=check_int(kw["max_pool"], "max_pool", f, lo=1, hi=2**31),
-        saturated=check_bool(kw["saturated"], "saturated", f),
-        min_output=check_int(kw["min_output"], "min_output", f, lo=0, hi=2**53),
-        overload=check_real(kw["overload"], "overload", f, lo=0, lo_open=True),
-        seed=check_int(kw["seed"], "seed", f, lo=0, hi=2**40),
-        engine=check_choice(kw["engine"], "engine", f, ["numba", "python"]),
-        time_router=check_bool(kw["time_router"], "time_router", f),
-        refill=check_bool(kw["refill"], "refill", f),
-        new_presence=check_bool(kw["new_presence"], "new_presence", f),
-        dispatch=check_choice(kw["dispatch"], "dispatch", f, list(DISPATCH_MODES)),
-        ctx_cost=check_real(kw["ctx_cost"], "ctx_cost", f, lo=0),
-    )
-    pi = kw["prefill_instances"]
-    cfg["prefill_instances"] = (
-        math.ceil(G / 2) if pi is None else check_int(pi, "prefill_instances", f, lo=0)
-    )
-    if cfg["t0"] == 0 and cfg["kappa"] == 0:
-        raise param_error("t0", f, "positive when kappa is 0 (steps must take time)", "0")
-    load = kw["load"]
-    if load is not None:
-        load = check_real(load, "load", f, lo=0, lo_open=True)
-    # projection settings: only for a policy that reads projected loads
-    if pol.horizon:
-        pred_kind = PredictorKind.from_name(
-            "survival" if kw["predictor"] is None else kw["predictor"]
-        )
-        H = 80 if kw["horizon"] is None else check_int(kw["horizon"], "horizon", f, lo=0)
-        label = f"{pol.name}:{pred_kind.label}"
-    else:
-        for name in ("predictor", "horizon", "predictor_fit"):
-            if kw[name] is not None:
-                raise param_error(
-                    name,
-                    f,
-                    f"None for policy {pol.name!r} (it reads no projected loads)",
-                    describe(kw[name]),
-                    InvalidOptionError,
-                )
-        for name in ("refill", "new_presence"):
-            if cfg[name]:
-                raise param_error(
-                    name,
-                    f,
-                    f"False for policy {pol.name!r} (it reads no projected loads)",
-                    "True",
-                    InvalidOptionError,
-                )
-        pred_kind, H, label = PredictorKind.NONE, 0, pol.name
-    if kw["predictor_fit"] is not None and pred_kind != PredictorKind.TWO_STAGE:
-        raise param_error(
-            "predictor_fit",
-            f,
-            'None unless the predictor is "two_stage"',
-            describe(kw["predictor_fit"]),
-            InvalidOptionError,
-        )
-    cfg.update(predictor=pred_kind.label if pol.horizon else None, horizon=H, label=label)
-    opts = dict(options)
-    if "new_presence" in opts:
-        raise param_error(
-            "new_presence", f, "a bool (simulate computes the weights from the trace)", "an array"
-        )
-    if "optimistic" in pol.options:
-        opts["optimistic"] = cfg["optimistic"]
-    params, carry, resolved = resolve_options(pol, opts, G, H, f)
-    cfg["options"] = {k: v for k, v in resolved.items() if k != "new_presence"}
-
+    cfg = config.as_dict()
     if isinstance(trace, str):
         trace = generate_trace(trace)
     check_type(trace, "trace", f, Trace, "a Trace or a generator preset name")
-    blocks = kw["prefix_blocks"]
+    blocks = config.prefix_cache.blocks
     if blocks is not None:
-        check_type(blocks, "prefix_blocks", f, PrefixBlocks, "a PrefixBlocks (or None)")
         if len(blocks) != len(trace):
             raise param_error(
                 "prefix_blocks",
@@ -663,12 +535,13 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
             f"{cfg['kv_capacity']} < {longest}",
         )
     cap = dict(
-        n_replicas=G,
+        n_replicas=cfg["n_replicas"],
         max_slots=cfg["max_slots"],
         kv_capacity=float(cfg["kv_capacity"]),
         t0=cfg["t0"],
         kappa=cfg["kappa"],
     )
+    load = config.run.load
     if load is None and cfg["saturated"]:
         load = cfg["overload"]
     pf = dict(
@@ -676,7 +549,7 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
         prefill_tokens_per_s=cfg["prefill_tokens_per_s"],
         prefill_base_s=cfg["prefill_base_s"],
     )
-    cfg["load_basis"] = basis = check_choice(kw["load_basis"], "load_basis", f, LOAD_BASES)
+    basis = cfg["load_basis"]
     own_decode = offered_load(trace, **cap)
     ratio = decode_capacity(trace, **cap)["rate_per_s"] / prefill_capacity(trace, **pf)
     # the basis capacity over the decode capacity: offered loads convert by this factor
@@ -708,16 +581,21 @@ def _simulate_iv(trace, policy, kw: dict, options: dict):
     cfg["offered_prefill_load"] = decode_load * ratio
     cfg["binding_stage"] = "prefill" if ratio > 1.0 else "decode"
     cfg["prefix_cache"] = blocks is not None
-    cfg["prefix_cache_router"] = bool(pol.prefix_cache and blocks is not None)
-    return trace, pol, cfg, params, carry, pred_kind, H, label, blocks
-
-
-def _engine_inputs(trace, policy, kw: dict, options: dict):
-    """:func:`simulate` up to the engine call: ``(EngineInputs, policy, trace, cfg, label)``
-    with the trace as simulated (filtered, rescaled)."""
-    trace, pol, cfg, params, carry, pred_kind, H, label, blocks = _simulate_iv(
-        trace, policy, kw, options
+    cfg["prefix_cache_router"] = bool(
+        get_routing_policy(config.policy).prefix_cache and blocks is not None
     )
+    return trace, blocks, cfg
+
+
+def engine_inputs(trace, config: SimConfig):
+    """:func:`simulate` up to the engine call: ``(EngineInputs, policy, trace, cfg)`` with
+    the trace as simulated (filtered, rescaled) and ``cfg`` the report's record of the
+    settings (for checks of the engine against its plain-Python reference)."""
+    check_type(config, "config", _FUNC, SimConfig, "a SimConfig")
+    trace, blocks, cfg = _prepare(trace, config)
+    pol = get_routing_policy(config.policy)
+    pred_kind, H = config.pred_kind, config.horizon
+    ropts = config.router_options
     n = len(trace)
     prompt = np.array(trace.prompt_len, dtype=np.int64)  # writable copies: one engine signature
     output = np.array(trace.output_len, dtype=np.int64)
@@ -727,15 +605,15 @@ def _engine_inputs(trace, policy, kw: dict, options: dict):
     else:
         surv_p, surv_mu = np.zeros(1), np.ones(1)
     if pred_kind == PredictorKind.TWO_STAGE:
-        two_stage, cfg["two_stage"] = _two_stage(trace, H, kw["predictor_fit"])
+        two_stage, cfg["two_stage"] = _two_stage(trace, H, config.predictor.fit)
     else:
         two_stage = no_two_stage()
     if cfg["new_presence"]:
-        params = np.concatenate([params, new_request_presence(trace.output_len, H)])
-    max_steps = kw["max_steps"]
+        pi = new_request_presence(trace.output_len, H)
+        ropts = ropts._replace(new_presence=np.ascontiguousarray(pi, dtype=np.float64))
+    max_steps = config.run.max_steps
     if max_steps is None:
         max_steps = int(output.sum()) + 11 * n + 1000
-    max_steps = check_int(max_steps, "max_steps", _FUNC, lo=1)
     cfg["max_steps"] = max_steps
     blk_off, blk_ids, blk_tokens = np.zeros(n + 1, dtype=np.int64), np.zeros(0, np.int64), 1
     if cfg["prefix_cache"]:  # dense ids, so that id * G + replica is a unique int64 key
@@ -744,9 +622,8 @@ def _engine_inputs(trace, policy, kw: dict, options: dict):
         blk_tokens = int(blocks.block_tokens)
     rate = cfg["prefill_tokens_per_s"]
     inp = EngineInputs(
-        policy_id=int(pol.policy_id),
-        params=np.ascontiguousarray(params, dtype=np.float64),
-        carry=np.ascontiguousarray(carry, dtype=np.float64),
+        options=ropts,
+        carry=config.router_carry,
         arrival_t=np.array(trace.arrival_s, dtype=np.float64),
         prompt=prompt,
         output=output,
@@ -787,7 +664,7 @@ def _engine_inputs(trace, policy, kw: dict, options: dict):
         cache_blocks=int(cfg["kv_capacity"]) // blk_tokens,
         ctx_cost=float(cfg["ctx_cost"]),
     )
-    return inp, pol, trace, cfg, label
+    return inp, pol, trace, cfg
 
 
 def simulate(
@@ -824,6 +701,7 @@ def simulate(
     ctx_cost: float = 0.0,
     deployment: DeploymentConfig | None = None,
     load_basis: str = "decode",
+    config: SimConfig | None = None,
     **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
@@ -955,6 +833,10 @@ def simulate(
         cluster's (:func:`decode_capacity`, the default, as before), the prefill instances'
         (:func:`prefill_capacity`), or whichever of the two is smaller (``"binding"``).
         ``SimReport`` gives the offered load against both and the binding stage either way.
+    config : SimConfig, optional
+        Every setting as one record (:class:`~straggler.sim.config.SimConfig`); the other
+        keywords are then ignored, and ``policy`` and options must not be given. By default
+        one is built from the keywords (``SimConfig.from_settings``).
     **options
         The policy's options (:data:`~straggler.solvers.routing_registry.OPTIONS`: ``r_max``,
         ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
@@ -982,7 +864,7 @@ def simulate(
     >>> r.n_finished, r.n_steps, r.series["max_load"].tolist(), r.mean_imbalance
     (3, 2, [100.0, 102.0], 0.5)
     """
-    kw = dict(
+    settings = dict(
         n_replicas=n_replicas,
         max_slots=max_slots,
         kv_capacity=kv_capacity,
@@ -1012,11 +894,28 @@ def simulate(
         prefix_blocks=prefix_blocks,
         ctx_cost=ctx_cost,
         load_basis=load_basis,
+        deployment=deployment,
     )
+    if config is None:
+        config = SimConfig.from_settings(policy, **settings, **options)
+    else:
+        own = [k for k, v in settings.items() if not _is_default(k, v)]
+        if policy is not None or options or own:
+            given = ["policy"] * (policy is not None) + sorted(options) + own
+            raise param_error(
+                "config",
+                _FUNC,
+                "the only setting when given (a SimConfig holds the policy, its options and "
+                "every other setting)",
+                f"also {', '.join(given)}",
+            )
+    deployment = config.run.deployment
     model = None
-    if deployment is not None:
-        model, kw["t0"], kw["kappa"] = _deployment_setup(deployment, n_replicas, max_slots)
-    inp, pol, trace, cfg, label = _engine_inputs(trace, policy, kw, options)
+    if deployment is not None:  # the offered load is measured against its full-batch step
+        cl = config.cluster
+        model, t0, kappa = _deployment_setup(deployment, cl.n_replicas, cl.max_slots)
+        config = dataclasses.replace(config, cluster=dataclasses.replace(cl, t0=t0, kappa=kappa))
+    inp, pol, trace, cfg = engine_inputs(trace, config)
     key = -1
     if model is not None:
         pre = deployment.preset
@@ -1038,14 +937,14 @@ def simulate(
     w0 = time.perf_counter()
     try:
         if cfg["engine"] == "numba":
-            out = run_engine(inp)
+            out = engine_entry(pol.name, inp)(pol.name, inp)
         else:
             out = run_engine_reference(inp, pol.reference)
     finally:
         if key >= 0:
             register_step_model(None, key)
     wall = time.perf_counter() - w0
-    report = _report(trace, out, cfg, label, wall)
+    report = _report(trace, out, cfg, config.label, wall)
     if model is not None and deployment.moe:
         _add_breakdown(report, model)
     return report
@@ -1087,30 +986,40 @@ def _add_breakdown(report: SimReport, model: StepModel) -> None:
     report.step_breakdown["table_refreshes"] = model.n_refreshes
 
 
-def engine_cache_is_warm() -> bool:
-    """Whether the step loop's disk cache holds a compiled engine for the current sources (a
-    quick look at numba's index; False when it cannot tell)."""
+def _is_default(name: str, value) -> bool:
+    d = inspect.signature(simulate).parameters[name].default
+    return value is d or (isinstance(value, (int, float, str)) and value == d)
+
+
+def engine_cache_is_warm(policies=(DEFAULT_POLICY,)) -> bool:
+    """Whether the step loop's disk cache holds a compiled engine for each of ``policies``
+    (names) and the current sources (a quick look at numba's index; False when it cannot
+    tell)."""
     try:
-        return bool(run_engine._cache._cache_file._load_index())
+        cache_depends_on(run_engine, *engine_depends())
+        index = run_engine._cache._cache_file._load_index()
+        have = {getattr(key[0][0], "literal_value", None) for key in index}
+        return all(p in have for p in policies)
     except Exception:  # noqa: BLE001 - numba internals: any failure means "do not know"
         return False
 
 
-def warm_engine() -> tuple[float, bool]:
-    """Load (or compile, the first time) the jitted step loop with every routing kernel;
-    returns ``(seconds, compiled)``, ``compiled`` True when it had to compile (no usable disk
+def warm_engine(policies=(DEFAULT_POLICY,)) -> tuple[float, bool]:
+    """Load (or compile, the first time) the jitted step loop of each of ``policies`` (names);
+    returns ``(seconds, compiled)``, ``compiled`` True when one had to compile (no usable disk
     cache). A command calls it first so the compile is announced and not charged to a run.
 
     Examples
     --------
-    >>> seconds, compiled = warm_engine()
+    >>> seconds, compiled = warm_engine(["jsq"])
     >>> seconds >= 0.0 and isinstance(compiled, bool)
     True
     """
     before = sum(run_engine.stats.cache_misses.values())
     t0 = time.perf_counter()
     tr = Trace(arrival_s=[0.0, 0.0], prompt_len=[5, 5], output_len=[2, 2])
-    simulate(tr, "jsq", n_replicas=2, max_slots=2)
+    for p in policies:
+        simulate(tr, p, n_replicas=2, max_slots=2)
     return time.perf_counter() - t0, sum(run_engine.stats.cache_misses.values()) > before
 
 

@@ -17,6 +17,7 @@ from .routing_registry import (
     get_routing_policy,
     register_routing_policy,
     routing_policies,
+    routing_policy,
 )
 from .semi_matching import SemiMatching, semi_matching
 from .tempo import Tempo, TokenLP, token_lp_fast
@@ -29,6 +30,7 @@ __all__ = [
     "routing_policies",
     "get_routing_policy",
     "register_routing_policy",
+    "routing_policy",
     "project_loads",
     "route_batch",
     "certified_lower_bound",

@@ -17,7 +17,14 @@ NJIT_PARALLEL = dict(nogil=True, cache=True, fastmath=False, error_model="numpy"
 #: adds a pass over everything below it (this keeps tempo's cold compile down).
 NJIT_INLINE = dict(NJIT, inline="always")
 
-__all__ = ["NJIT", "NJIT_INLINE", "NJIT_PARALLEL", "cache_depends_on", "source_digest"]
+__all__ = [
+    "NJIT",
+    "NJIT_INLINE",
+    "NJIT_PARALLEL",
+    "cache_depends_on",
+    "literal_entry",
+    "source_digest",
+]
 
 
 def source_digest(*modules) -> str:
@@ -55,5 +62,30 @@ def cache_depends_on(dispatcher, *modules) -> bool:
 
         dispatcher._cache = NullCache()
         return False
-    index._source_stamp = (index._source_stamp, source_digest(*modules))
+    base = getattr(index, "_own_stamp", None)
+    if base is None:  # the function's own stamp, kept so that a later call replaces the digest
+        base = index._own_stamp = index._source_stamp
+    index._source_stamp = (base, source_digest(*modules))
     return True
+
+
+def literal_entry(dispatcher, literal: str, args: tuple, depends=()):
+    """``dispatcher`` compiled for the string literal ``literal`` as its first argument and the
+    types of ``args`` after it (loaded from numba's disk cache when there), as a callable of
+    ``(literal, *args)``.
+
+    A jitted function that specializes on a literal (``numba.literally``) compiles one version
+    per value, but numba's dispatcher cannot select it from a Python call (a ``str`` argument
+    types as a plain string), so each call would be typed afresh (milliseconds); the compiled
+    version called directly costs what any jitted call does. ``depends``: modules whose source
+    the compiled code includes (:func:`cache_depends_on`, applied first). With
+    ``NUMBA_DISABLE_JIT=1``, the Python function itself.
+    """
+    compile_ = getattr(dispatcher, "compile", None)
+    if compile_ is None:
+        return dispatcher
+    from numba import typeof, types
+
+    if depends:
+        cache_depends_on(dispatcher, *depends)
+    return compile_((types.literal(literal), *(typeof(a) for a in args)))

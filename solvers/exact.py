@@ -31,7 +31,6 @@ from .registry import (
     LayerSolution,
     dispatch_methods,
     make_method,
-    register_dispatch_method,
 )
 
 __all__ = ["MilpDispatch", "solve_token_lp", "TokenLPSolution", "whole_expert_greedy"]
@@ -87,7 +86,6 @@ def _uniform_split(problem: DispatchProblem) -> np.ndarray:
     return np.where(cnt > 0, rep * problem.counts[:, None] / np.maximum(cnt, 1), 0.0)
 
 
-@register_dispatch_method("milp")
 @dataclass(frozen=True)
 class MilpDispatch:
     """Exact dispatch: the MILP of TEMPO Appendix A, solved to a proven gap.

@@ -1,21 +1,22 @@
-"""Registry of dispatch methods by stable name.
+"""Dispatch methods by stable name.
 
-A method is a small frozen dataclass of hyperparameters, registered with
-:func:`register_dispatch_method`, whose ``solve(problem, cost, *, time_limit, rng)`` takes
-one validated single-layer :class:`~straggler.formulations.DispatchProblem` and returns a
-:class:`LayerSolution`. :func:`~straggler.solvers.solve_dispatch` does everything else
-once, for every method alike: validation, the layer loop, scoring by the independent
-evaluator, the certified lower bound, status, timing.
+A method is a small frozen dataclass of hyperparameters whose ``solve(problem, cost, *,
+time_limit, rng)`` takes one validated single-layer
+:class:`~straggler.formulations.DispatchProblem` and returns a :class:`LayerSolution`.
+:func:`~straggler.solvers.solve_dispatch` does everything else once, for every method alike:
+validation, the layer loop, scoring by the independent evaluator, the certified lower bound,
+status, timing.
 
-Baselines live in ``straggler.baselines`` (a higher layer); they register themselves when
-that package is imported, which :func:`load_plugins` does by name on first use, so this
-module never imports upward.
+The names are the literal table :data:`straggler.baselines.tables.DISPATCH_METHODS` (this
+library's methods and the upstream baselines; it lives in ``baselines``, the higher layer,
+and is read here on first use, so no module imports upward at import time and no import
+registers anything), plus the methods a user registers at run time with
+:func:`register_dispatch_method`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,12 +29,10 @@ __all__ = [
     "register_dispatch_method",
     "get_dispatch_method",
     "dispatch_methods",
-    "load_plugins",
 ]
 
+#: Methods registered at run time (:func:`register_dispatch_method`), beside the table.
 _DISPATCH: dict[str, type] = {}
-_PLUGINS = ("straggler.baselines",)
-_loaded = False
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -59,40 +58,43 @@ class LayerSolution:
     replicas: np.ndarray | None = None
 
 
+_TABLE: dict = {}
+
+
+def _table() -> dict[str, type]:
+    """The name table of :mod:`straggler.baselines.tables` (it sees every layer, so it is
+    imported on first use; module docstring)."""
+    if not _TABLE:
+        from ..baselines.tables import DISPATCH_METHODS
+
+        _TABLE.update(DISPATCH_METHODS)
+    return _TABLE
+
+
 def register_dispatch_method(name: str):
-    """Class decorator: register a frozen dataclass as dispatch method ``name``."""
+    """Class decorator: make a frozen dataclass known as dispatch method ``name`` for this
+    process, beside the library's table (a name already known raises ``RuntimeError``)."""
 
     def deco(cls):
-        if name in _DISPATCH and _DISPATCH[name] is not cls:
+        if name in _table() or (name in _DISPATCH and _DISPATCH[name] is not cls):
             raise RuntimeError(f"dispatch method {name!r} registered twice")
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"dispatch method {name!r} must be a dataclass")
-        cls.method_name = name
         _DISPATCH[name] = cls
         return cls
 
     return deco
 
 
-def load_plugins() -> None:
-    """Import the packages that register methods (``straggler.baselines``), once."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for mod in _PLUGINS:
-            importlib.import_module(mod)
-
-
 def dispatch_methods() -> list[str]:
-    """Names of every registered dispatch method, sorted."""
-    load_plugins()
-    return sorted(_DISPATCH)
+    """Names of every dispatch method (the table's and those registered at run time), sorted."""
+    return sorted([*_table(), *_DISPATCH])
 
 
 def get_dispatch_method(name: str, func: str = "solve_dispatch"):
     """The class registered as ``name``; :class:`InvalidOptionError` if there is none."""
-    load_plugins()
-    return _DISPATCH[check_choice(name, "method", func, sorted(_DISPATCH))]
+    name = check_choice(name, "method", func, dispatch_methods())
+    return _table().get(name) or _DISPATCH[name]
 
 
 def make_method(name: str, options: dict, func: str = "solve_dispatch"):

@@ -20,7 +20,7 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_choice, check_type
 from ._round_robin import round_robin_kernel
-from .registry import LayerSolution, register_dispatch_method
+from .registry import LayerSolution
 
 __all__ = [
     "round_robin_shares",
@@ -187,7 +187,6 @@ def a3_bound(problem: DispatchProblem, cost: CostModel) -> float:
     return float(term + gap / problem.n_gpus)
 
 
-@register_dispatch_method("round_robin")
 @dataclass(frozen=True)
 class RoundRobin:
     """Whole experts by A3 round-robin (full replication) or the fewest-experts variant.

@@ -25,42 +25,19 @@ from ..formulations.validation import (
     describe,
     rng_seed,
 )
-from ._routing_kernels import (
-    BAD_INPUT,
-    C_CURSOR,
-    MAX_TOKENS,
-    N_PARAMS,
-    P_AGE_FRACTION,
-    P_AGE_WINDOW,
-    P_ALPHA,
-    P_BATCHING_WAIT_ITERS,
-    P_BETA,
-    P_BLOCK_SIZE,
-    P_GAMMA,
-    P_KV_WEIGHT,
-    P_OPTIMISTIC,
-    P_OVERLAP_WEIGHT,
-    P_PATIENCE,
-    P_R_MAX,
-    P_S_GREEDY,
-    P_SAFE,
-    P_THROUGHPUT,
-    P_TIMEOUT_ITERS,
-    P_VERSION,
-    P_WINDOW,
-    project_loads_kernel,
-    route_batch_kernel,
-)
+from ._balanceroute import project_loads_kernel
+from ._jit import literal_entry
+from ._routing_core import BAD_INPUT, MAX_TOKENS, RouterCarry, route_batch_kernel
 from .routing_registry import (
     DEFAULT_POLICY,
     default_s_greedy,
     get_routing_policy,
+    kernel_modules,
     resolve_options,
 )
 
 __all__ = [
     "route_batch",
-    "make_params",
     "default_s_greedy",
     "project_loads",
     "presence_from_prediction",
@@ -70,74 +47,22 @@ __all__ = [
 _FUNC = "route_batch"
 
 
-def make_params(
-    *,
-    r_max: int = 4,
-    s_greedy: float = 0.0,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    gamma: float = 1.0,
-    optimistic: bool = True,
-    age_window: int = 32,
-    window: int = 0,
-    patience: int = 0,
-    age_fraction: float = 1.0,
-    safe: bool = True,
-    new_presence=None,
-    version: int = 0,
-    kv_weight: float = 0.15,
-    throughput: float = 2000.0,
-    block_size: int = 16,
-    overlap_weight: float = 1.0,
-    timeout_iters: int = 50,
-    batching_wait_iters: int = 10,
-) -> np.ndarray:
-    """The ``params`` vector of the kernels, unvalidated (tests and benchmarks that call a kernel
-    directly; :func:`route_batch` validates through the registry).
-
-    ``new_presence`` (BR-H, optional): the ``H+1`` presence weights ``pi_h`` appended after
-    the ``N_PARAMS`` scalars (see :func:`new_request_presence`). ``version`` is the index of a
-    baseline's upstream version (0 = current; the registry maps names to it).
-
-    Examples
-    --------
-    >>> make_params(r_max=4, s_greedy=32, beta=8)[:11].tolist()
-    [4.0, 32.0, 1.0, 8.0, 1.0, 1.0, 32.0, 1.0, 0.0, 0.0, 1.0]
-    >>> make_params(new_presence=[1.0, 0.5]).size - N_PARAMS
-    2
-    """
-    w = () if new_presence is None else np.asarray(new_presence, dtype=np.float64).ravel()
-    p = np.zeros(N_PARAMS + len(w))
-    p[N_PARAMS:] = w
-    p[P_R_MAX] = r_max
-    p[P_S_GREEDY] = s_greedy
-    p[P_ALPHA] = alpha
-    p[P_BETA] = beta
-    p[P_GAMMA] = gamma
-    p[P_OPTIMISTIC] = 1.0 if optimistic else 0.0
-    p[P_AGE_WINDOW] = age_window
-    p[P_SAFE] = 1.0 if safe else 0.0
-    p[P_WINDOW] = window
-    p[P_PATIENCE] = patience
-    p[P_AGE_FRACTION] = age_fraction
-    p[P_VERSION] = version
-    p[P_KV_WEIGHT] = kv_weight
-    p[P_THROUGHPUT] = throughput
-    p[P_BLOCK_SIZE] = block_size
-    p[P_OVERLAP_WEIGHT] = overlap_weight
-    p[P_TIMEOUT_ITERS] = timeout_iters
-    p[P_BATCHING_WAIT_ITERS] = batching_wait_iters
-    return p
-
-
 def _arr(x, name, kind, ndim, length=None, what=""):
     """``x`` as a C-contiguous float64/int64 array with ``ndim`` dimensions (and ``length``
     rows), types and shapes checked here, values in the kernel's jitted pass."""
     dtype = np.float64 if kind == "real" else np.int64
-    if type(x) is np.ndarray and x.dtype == dtype and x.ndim in ndim and x.flags.c_contiguous:
+    if (
+        type(x) is np.ndarray
+        and x.dtype == dtype
+        and x.ndim in ndim
+        and x.flags.c_contiguous
+        and x.flags.writeable
+    ):
         a = x  # the fast path: nothing to convert
     else:
         a = check_array(x, name, _FUNC, kind=kind, ndim=ndim, values=False)
+        if not a.flags.writeable:  # one array type per kernel argument (_entry)
+            a = a.copy()
     if length is not None and a.shape[0] != length:
         raise param_error(name, _FUNC, f"an array of length {length} ({what})", f"shape {a.shape}")
     return a
@@ -173,9 +98,9 @@ def _defaults(G: int, n: int):
     return hit
 
 
-#: Resolved ``(params, carry, resolved)`` of recent option sets, keyed by the policy, ``G``,
-#: ``H`` and the options' exact types and values (``1``, ``1.0`` and ``True`` differ); the
-#: kernels never write to ``params``, so one vector serves every call with the same options.
+#: Resolved ``(RouterOptions, RouterCarry, resolved)`` of recent option sets, keyed by the
+#: policy, ``G``, ``H`` and the options' exact types and values (``1``, ``1.0`` and ``True``
+#: differ); the records are immutable, so one serves every call with the same options.
 _OPTIONS_CACHE: dict = {}
 
 
@@ -192,6 +117,14 @@ def _options(pol, options, G, H):
                 _OPTIONS_CACHE.clear()
             _OPTIONS_CACHE[key] = hit
     return hit
+
+
+def _carry(c) -> RouterCarry:
+    """A policy's memory passed back in (``extras["carry"]`` of the previous tick), with its
+    fields' types as the kernels read them."""
+    check_type(c, "carry", _FUNC, RouterCarry, 'a RouterCarry (extras["carry"] of a result)')
+    counts = [check_int(v, "carry", _FUNC, lo=0, hi=2**52) for v in c[:4]]
+    return RouterCarry(*counts, bool(c.brs_backlog))
 
 
 def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, options, rng):
@@ -241,18 +174,18 @@ def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, options, 
                     f"an array of shape (n_pool, G) = ({n}, {G})",
                     f"shape {cached.shape}",
                 )
-    params, carry, resolved = _options(pol, options, G, L.shape[1] - 1)
+    opts, carry, resolved = _options(pol, options, G, L.shape[1] - 1)
     if state.get("carry") is not None:
-        carry = _arr(state["carry"], "carry", "real", (1,), carry.shape[0], "N_CARRY").copy()
+        carry = _carry(state["carry"])
         if options and "cursor" in options:
-            carry[C_CURSOR] = resolved["cursor"]
+            carry = carry._replace(cursor=resolved["cursor"])
     seed = 0
     if pol.seeded:
         seed = rng_seed(rng, _FUNC)
     elif rng is not None and not isinstance(rng, np.random.Generator):
         check_rng(rng, _FUNC)  # an unused rng is still a valid one
     arrays = (s, wait, key, cached, L, free, n_run, n_wait, prompt, wtok, usage, cap)
-    return pol, arrays, params, carry, seed, resolved
+    return pol, arrays, opts, carry, seed, resolved
 
 
 _EXPECTED = {
@@ -283,6 +216,22 @@ _ARG_OF = {
     "kv_usage": 10,
     "kv_capacity": 11,
 }
+
+
+#: The compiled ``route_batch_kernel`` of each policy used so far (:func:`_entry`).
+_ENTRIES: dict = {}
+
+
+def _entry(pol, args):
+    """``route_batch_kernel`` compiled for ``pol`` alone (or loaded from the disk cache): the
+    first call with a policy compiles that policy's kernel, not every policy's. The arguments
+    are normalized by :func:`_route_batch_iv` (C-contiguous writeable float64/int64 arrays,
+    the registry's records), so one compiled version per policy serves every call."""
+    hit = _ENTRIES.get(id(pol))
+    if hit is None:  # keyed by the policy object (kept alive here), not its name
+        f = literal_entry(route_batch_kernel, pol.name, args, depends=kernel_modules())
+        hit = _ENTRIES[id(pol)] = (pol, f)
+    return hit[1]
 
 
 def _raise_bad(code: int, index: int, arrays) -> None:
@@ -322,7 +271,7 @@ def route_batch(
     paper): JSQ's decision while there is no backlog. A backlog starts at the tick where some
     visible request has waited ``patience`` ticks (default 128: longer than the bursts below
     saturation, see ``benchmarks/routing_load_sweep.py``) and lasts, through
-    ``carry[C_BRS_BACKLOG]`` (pass ``extras["carry"]`` back), until a tick whose visible pool
+    ``RouterCarry.brs_backlog`` (pass ``extras["carry"]`` back), until a tick whose visible pool
     fits in the free slots (that tick is still routed as a backlog one). In a backlog: when
     every visible request has a slot, longest first onto JSQ's replica; when slots are
     scarce, the replica with the largest margin takes, from an age window, the request with
@@ -422,7 +371,7 @@ def route_batch(
         room for ``follow_bootstrap_room``.
     pool_cached : array, shape (n_pool, G), optional
         Prompt tokens of request ``i`` already in replica ``g``'s prefix cache.
-    carry : array, shape (N_CARRY,), optional
+    carry : RouterCarry, optional
         The policy's memory: ``extras["carry"]`` of the previous tick's result.
     rng : None, int or numpy Generator
         Seed of ``random``, ``p2c`` and ``dynamo``'s ties (a Generator is drawn from once).
@@ -469,7 +418,9 @@ def route_batch(
 
     References
     ----------
-    BalanceRoute (arXiv 2605.06113) 关键设计 1-3; ANCHORS.md "DP routers".
+    BalanceRoute (arXiv 2605.06113) 关键设计 1-3; the upstream routers: the module docstrings of
+    :mod:`straggler.baselines.sglang_routers`, ``vllm_router``, ``trtllm_routers``,
+    ``dynamo_router``.
 
     Examples
     --------
@@ -500,11 +451,12 @@ def route_batch(
         pool_cached=pool_cached,
         carry=carry,
     )
-    pol, arrays, params, carry0, seed, resolved = _route_batch_iv(
+    pol, arrays, opts, carry0, seed, resolved = _route_batch_iv(
         prefill_lengths, loads, free_slots, policy, state, options, rng
     )
-    code, index, out, new_carry, before, after, loads_after, placed, s_tot, ns = route_batch_kernel(
-        pol.policy_id, *arrays, params, carry0, seed
+    args = (*arrays, opts, carry0, seed)
+    code, index, out, new_carry, before, after, loads_after, placed, s_tot, ns = _entry(pol, args)(
+        pol.name, *args
     )
     if code:
         _raise_bad(code, index, arrays)
@@ -514,7 +466,7 @@ def route_batch(
         stage = 1 if s_tot > resolved["s_greedy"] else 2
         extras["s_greedy"] = resolved["s_greedy"]
     if "cursor" in pol.options:
-        extras["next_cursor"] = int(new_carry[C_CURSOR])
+        extras["next_cursor"] = int(new_carry.cursor)
     return RoutingResult(
         assignment=out,
         imbalance=float(after),

@@ -1,57 +1,33 @@
-"""Registry of routing policies by stable name: one place where a policy is written down.
+"""The routing policies by name, their options and defaults: the one place a policy's options
+are written down.
 
-:func:`~straggler.solvers.route_batch`, :func:`~straggler.sim.simulate`, the benchmarks and the
-``straggler-simulate`` command all read this table; nothing else lists the policies. A policy is
-a :class:`RoutingPolicy`: its Numba kernel and the plain-Python reference beside it (both in
-:mod:`straggler.solvers._routing_kernels`), a stable integer id (the jitted simulator calls the
-kernel by id through ``route_tick_kernel``), the options it accepts (:data:`OPTIONS`), and its
-documentation (a one-line rule and the upstream system or paper section it follows).
+A policy is a :class:`RoutingPolicy` (its Numba kernel and plain-Python reference, the options
+it accepts, its documentation and upstream versions), built with :func:`routing_policy` in the
+module of its family, beside its kernel: :mod:`straggler.solvers._balanceroute` (BR-0, BR-H,
+BR-S) and, for the upstream routers, the modules of :mod:`straggler.baselines`. The names
+``route_batch``, ``simulate``, the command and the benchmarks accept are the literal table
+:data:`straggler.baselines.tables.ROUTING_POLICIES`, plus any policy a user registers at run
+time (:func:`register_routing_policy`).
 
-The kernel interface
---------------------
-Every kernel has one signature, ``kernel(pool, reps, params, carry, seed) -> (assignment,
-carry_out)``, where ``reps`` is a :class:`ReplicaState` and ``pool`` a :class:`PoolState`
-(NamedTuples of arrays; every field is always present, filled by ``route_batch`` from its
-keyword arguments and by the simulator from its state):
+Layering (formulations <- solvers <- baselines): no module imports upward at import time and
+no import registers anything. The table sees both layers, so it lives in ``baselines``;
+:func:`get_routing_policy` reads it on first use (a function-level import), which is how
+``route_batch`` in ``solvers`` reaches SGLang's router in ``baselines``.
 
-* ``ReplicaState`` (per replica, length ``G``): ``loads`` float64 ``(G, H+1)`` (column 0:
-  resident KV tokens; columns 1..H: projected loads, BR-H), ``free_slots`` int64,
-  ``n_running`` int64, ``n_waiting`` int64 (requests queued inside the replica's engine; 0 in
-  the simulator's central-pool model), ``prompt_tokens`` float64 (sum of the running requests'
-  original prompt lengths: TensorRT-LLM's metric), ``waiting_tokens`` float64 (prompt tokens of
-  the ``n_waiting`` requests: SGLang adds them), ``kv_usage`` float64 (fraction of the KV
-  capacity in use: vLLM's newest score), ``kv_capacity`` float64 (tokens, ``inf`` when
-  unbounded).
-* ``PoolState`` (per visible pool request, length ``n``, oldest first): ``prefill`` float64
-  (tokens it brings), ``wait`` int64 (routing ticks already spent in the pool), ``key`` int64 (a
-  stable request id, e.g. SGLang's bootstrap room), ``cached`` float64 ``(n, G)`` (prompt
-  tokens already in replica ``g``'s prefix cache) or ``(0, G)`` when unknown.
-* ``params`` float64: the options at the ``P_*`` indices of the kernels module (BR-H may append
-  ``H+1`` presence weights); ``carry`` float64 ``(N_CARRY,)``: the policy's memory from its
-  previous tick (round-robin's cursor at ``C_CURSOR``, vLLM's scan start at ``C_VLLM_START``,
-  TensorRT-LLM's hold-back counters at ``C_ADP_WAIT``/``C_ADP_BATCH``), returned updated as
-  ``carry_out``; ``seed`` int64: the tick's random seed (random, p2c, dynamo's ties).
+Options (:data:`OPTIONS`): each has one check, one default (a value, or a rule of the number
+of replicas ``G`` such as ``s_greedy = G * r_max``) and one line of documentation;
+:func:`resolve_options` fills a :class:`~straggler.solvers._routing_core.RouterOptions` and
+the first tick's :class:`~straggler.solvers._routing_core.RouterCarry` from them, and nothing
+else does.
 
-Kernels never mutate their inputs and only place a request on a replica with a free slot.
-
-Adding a policy
----------------
-1. In :mod:`straggler.solvers._routing_kernels`: ``<name>_kernel`` (``@njit(**NJIT)``) and
-   ``<name>_reference`` right below it (plain Python, sharing no helper with the kernel), a new
-   ``ID_<NAME>`` constant and one ``elif`` branch in ``route_tick_kernel``; new options take new
-   ``P_*`` indices (raise ``N_PARAMS``), new memory new ``C_*`` indices (within ``N_CARRY``).
-2. Here: its options in :data:`OPTIONS` (if new) and one :func:`register_routing_policy` call at
-   the bottom of this module. A baseline with upstream versions passes ``versions=((name,
-   upstream change), ...)``, the current behaviour first: it then accepts ``version=`` and its
-   kernel reads the version's index at ``params[P_VERSION]``. ``prefix_cache=True`` marks a
-   policy that reads ``PoolState.cached`` (the simulator then shows it the replicas' caches).
-3. Nothing else: ``route_batch``, ``simulate``, the command and the benchmarks find it by name;
-   ``tests/test_routing.py`` runs every registered policy through kernel == py_func ==
-   reference and the independent checker.
+Adding a policy: its kernel, reference and :func:`routing_policy` in one module (a new
+option: one :class:`PolicyOption` here and one field of ``RouterOptions``), and one line in
+the table.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,17 +44,21 @@ from ..formulations.validation import (
     check_real,
     describe,
 )
-from . import _routing_kernels as K
-from ._routing_kernels import PoolState, ReplicaState
+from ._routing_core import PoolState, ReplicaState, RouterCarry, RouterOptions
 
 __all__ = [
     "ReplicaState",
     "PoolState",
+    "RouterOptions",
+    "RouterCarry",
+    "router_options",
     "PolicyOption",
     "RoutingPolicy",
     "OPTIONS",
     "DEFAULT_POLICY",
+    "routing_policy",
     "register_routing_policy",
+    "kernel_modules",
     "routing_policies",
     "get_routing_policy",
     "resolve_options",
@@ -89,7 +69,8 @@ __all__ = [
 #: What ``route_batch`` and ``simulate`` use when no policy is given.
 DEFAULT_POLICY = "brs"
 
-_POLICIES: dict[str, RoutingPolicy] = {}
+#: Policies registered at run time (:func:`register_routing_policy`), beside the table.
+_USER: dict[str, RoutingPolicy] = {}
 _BIG = 1e300  # alpha and beta must be finite
 
 
@@ -130,16 +111,17 @@ class PolicyOption:
 
     ``check(value, func)`` returns the normalized value or raises naming the option;
     ``default`` is a value or ``default(G, resolved)`` of the number of replicas and the
-    options resolved before it (in :data:`OPTIONS` order); ``slot`` says where it goes:
-    ``("params", P_*)``, ``("carry", C_*)`` or ``("tail",)`` (an array appended to params).
-    A value of ``None`` means "the default".
+    options resolved before it (in :data:`OPTIONS` order): the one place each default is
+    written. The value goes to the :class:`RouterOptions` field of the same name, or, with
+    ``carry=True``, to that :class:`RouterCarry` field (the policy's memory at the first
+    tick). A value of ``None`` means "the default".
     """
 
     name: str
     check: Callable[[Any, str], Any]
     default: Any
-    slot: tuple
     doc: str
+    carry: bool = False
 
 
 def _r_max(v, func):
@@ -222,40 +204,32 @@ def _batching_wait_iters(v, func):
 OPTIONS: dict[str, PolicyOption] = {
     o.name: o
     for o in (
-        PolicyOption("r_max", _r_max, 4, ("params", K.P_R_MAX), "Stage-2 candidates R_max, 1..16"),
+        PolicyOption("r_max", _r_max, 4, "Stage-2 candidates R_max, 1..16"),
         PolicyOption(
             "s_greedy",
             _s_greedy,
             lambda G, r: float(default_s_greedy(G, r["r_max"])),
-            ("params", K.P_S_GREEDY),
             "Stage 1 runs while the total free slots exceed it (default G * r_max)",
         ),
-        PolicyOption("alpha", _alpha, 1.0, ("params", K.P_ALPHA), "BR-H gain weight (> 0)"),
+        PolicyOption("alpha", _alpha, 1.0, "BR-H gain weight (> 0)"),
         PolicyOption(
             "beta",
             _beta,
             lambda G, r: float(G),
-            ("params", K.P_BETA),
             "BR-H overflow weight (default G)",
         ),
-        PolicyOption(
-            "gamma", _gamma, 1.0, ("params", K.P_GAMMA), "BR-H discount per step, in (0, 1]"
-        ),
+        PolicyOption("gamma", _gamma, 1.0, "BR-H discount per step, in (0, 1]"),
         PolicyOption(
             "optimistic",
             _optimistic,
             True,
-            ("params", K.P_OPTIMISTIC),
             "update the local copy of the metric after each placement",
         ),
-        PolicyOption(
-            "cursor", _cursor, 0, ("carry", K.C_CURSOR), "round-robin: the replica to try first"
-        ),
+        PolicyOption("cursor", _cursor, 0, "round-robin: the replica to try first", carry=True),
         PolicyOption(
             "age_window",
             _age_window,
             lambda G, r: default_age_window(G),
-            ("params", K.P_AGE_WINDOW),
             "BR-S: place a request only if it entered the pool at most this many ticks after "
             "the oldest request still waiting (the bound on overtaking)",
         ),
@@ -263,7 +237,6 @@ OPTIONS: dict[str, PolicyOption] = {
             "window",
             _window,
             8,
-            ("params", K.P_WINDOW),
             "BR-S: candidates per free slot (the window holds the k * S_tot oldest requests; "
             "0: no count limit)",
         ),
@@ -271,7 +244,6 @@ OPTIONS: dict[str, PolicyOption] = {
             "patience",
             _patience,
             128,
-            ("params", K.P_PATIENCE),
             "BR-S: route as JSQ until some visible request has waited this many ticks (a "
             "backlog, not a burst); the backlog lasts until the visible pool fits the free "
             "slots",
@@ -280,7 +252,6 @@ OPTIONS: dict[str, PolicyOption] = {
             "age_fraction",
             _age_fraction,
             0.1,
-            ("params", K.P_AGE_FRACTION),
             "BR-S: the window spans this fraction of the oldest request's wait (at most "
             "age_window ticks)",
         ),
@@ -288,63 +259,54 @@ OPTIONS: dict[str, PolicyOption] = {
             "safe",
             _safe,
             True,
-            ("params", K.P_SAFE),
             "BR-S: keep JSQ's decision whenever it leaves no larger one-tick imbalance",
         ),
         PolicyOption(
             "new_presence",
             _new_presence,
             None,
-            ("tail",),
             "BR-H: H+1 weights pi_h in [0, 1] of the new requests' presence (default none)",
         ),
         PolicyOption(
             "version",
             None,  # checked against the policy's own versions (resolve_options)
             None,
-            ("params", K.P_VERSION),
             "baselines: the upstream version (RoutingPolicy.versions; default the current one)",
         ),
         PolicyOption(
             "kv_weight",
             _kv_weight,
             0.15,
-            ("params", K.P_KV_WEIGHT),
             "p2c expected_wait: seconds of the KV barrier u/(1-u) (the gateway's 0.15)",
         ),
         PolicyOption(
             "throughput",
             _throughput,
             2000.0,
-            ("params", K.P_THROUGHPUT),
             "p2c expected_wait: tokens/s that turn queued tokens into seconds (gateway: 2000)",
         ),
         PolicyOption(
             "block_size",
             _block_size,
             16,
-            ("params", K.P_BLOCK_SIZE),
             "dynamo: KV block size in tokens (default 16)",
         ),
         PolicyOption(
             "overlap_weight",
             _overlap_weight,
             1.0,
-            ("params", K.P_OVERLAP_WEIGHT),
             "dynamo: weight of the prefill blocks (kv_overlap_score_weight, default 1)",
         ),
         PolicyOption(
             "timeout_iters",
             _timeout_iters,
             50,
-            ("params", K.P_TIMEOUT_ITERS),
             "trtllm_balance: ticks new requests wait for every rank to take some (default 50)",
         ),
         PolicyOption(
             "batching_wait_iters",
             _batching_wait_iters,
             10,
-            ("params", K.P_BATCHING_WAIT_ITERS),
             "trtllm_balance: extra ticks of batching once every rank can take some (default 10)",
         ),
     )
@@ -353,13 +315,15 @@ OPTIONS: dict[str, PolicyOption] = {
 
 @dataclass(frozen=True)
 class RoutingPolicy:
-    """A registered routing policy (see the module docstring)."""
+    """A routing policy (built by :func:`routing_policy`)."""
 
     name: str
-    policy_id: int
     kernel: Any
+    """The Numba kernel, ``kernel(pool, reps, opts, carry, seed) -> (assignment, carry)``."""
     reference: Callable
+    """The plain-Python reference, same signature, same decisions."""
     options: tuple[str, ...]
+    """The options it accepts (names of :data:`OPTIONS`, in that order)."""
     summary: str
     source: str
     horizon: bool = False
@@ -376,10 +340,9 @@ class RoutingPolicy:
     """Reads ``PoolState.cached`` (the simulator then tracks each replica's prefix cache)."""
 
 
-def register_routing_policy(
+def routing_policy(
     name: str,
     *,
-    policy_id: int,
     kernel,
     reference: Callable,
     options: tuple[str, ...] = ("optimistic",),
@@ -391,23 +354,18 @@ def register_routing_policy(
     versions: tuple[tuple[str, str], ...] = (),
     prefix_cache: bool = False,
 ) -> RoutingPolicy:
-    """Register a policy under ``name`` (once; ids and names are unique).
+    """A :class:`RoutingPolicy` (registers nothing).
 
     ``versions``: ``(name, upstream change)`` pairs, the current upstream behaviour first; the
-    policy then accepts ``version=`` (its kernel reads the index at ``params[P_VERSION]``).
+    policy then accepts ``version=`` (its kernel reads the index as ``opts.version``).
     """
     if versions:
         options = tuple(options) + ("version",)
-    if name in _POLICIES:
-        raise RuntimeError(f"routing policy {name!r} registered twice")
-    if any(p.policy_id == policy_id for p in _POLICIES.values()):
-        raise RuntimeError(f"routing policy id {policy_id} registered twice")
     unknown = [o for o in options if o not in OPTIONS]
     if unknown:
-        raise RuntimeError(f"routing policy {name!r}: unknown option(s) {unknown}")
-    pol = RoutingPolicy(
+        raise ValueError(f"routing policy {name!r}: unknown option(s) {unknown}")
+    return RoutingPolicy(
         name=name,
-        policy_id=int(policy_id),
         kernel=kernel,
         reference=reference,
         options=tuple(o for o in OPTIONS if o in options),
@@ -420,241 +378,160 @@ def register_routing_policy(
         version_sources=tuple(src for _, src in versions),
         prefix_cache=prefix_cache,
     )
-    _POLICIES[name] = pol
-    return pol
+
+
+_TABLE: dict = {}
+
+
+def _table() -> dict[str, RoutingPolicy]:
+    """The name table of :mod:`straggler.baselines.tables` (it sees every layer, so it is
+    imported on first use; module docstring)."""
+    if not _TABLE:
+        from ..baselines.tables import ROUTING_POLICIES
+
+        _TABLE.update(ROUTING_POLICIES)
+    return _TABLE
+
+
+def kernel_modules() -> tuple:
+    """The modules whose source a compiled call of any policy's kernel includes (every
+    policy's kernel module and the common ground), for the disk cache of the jitted callers
+    (:func:`~straggler.solvers._jit.cache_depends_on`)."""
+    from . import _jit, _routing_core
+
+    names = {_routing_core.__name__, _jit.__name__}
+    for pol in [*_table().values(), *_USER.values()]:
+        names.add(getattr(pol.kernel, "py_func", pol.kernel).__module__)
+    return tuple(sys.modules[n] for n in sorted(names))
+
+
+def register_routing_policy(policy: RoutingPolicy) -> RoutingPolicy:
+    """Make ``policy`` (from :func:`routing_policy`) known by its name for this process, beside
+    the library's table; a name already known raises ``ValueError``."""
+    if not isinstance(policy, RoutingPolicy):
+        raise TypeError("register_routing_policy takes a RoutingPolicy (see routing_policy)")
+    if policy.name in _table() or policy.name in _USER:
+        raise ValueError(f"routing policy {policy.name!r} registered twice")
+    _USER[policy.name] = policy
+    return policy
 
 
 def routing_policies() -> list[str]:
-    """Names of every registered routing policy, sorted.
+    """Names of every routing policy (the table's and those registered at run time), sorted.
 
     Examples
     --------
     >>> "jsq" in routing_policies() and DEFAULT_POLICY in routing_policies()
     True
     """
-    return sorted(_POLICIES)
+    return sorted([*_table(), *_USER])
 
 
 def get_routing_policy(name, func: str = "route_batch") -> RoutingPolicy:
-    """The policy registered as ``name``; :class:`InvalidOptionError` naming ``policy`` if none."""
-    if not isinstance(name, str) or name not in _POLICIES:
+    """The policy named ``name``; :class:`InvalidOptionError` naming ``policy`` if none."""
+    pol = _table().get(name) if isinstance(name, str) else None
+    if pol is None and isinstance(name, str):
+        pol = _USER.get(name)
+    if pol is None:
         raise param_error(
             "policy", func, f"one of {routing_policies()}", describe(name), InvalidOptionError
         )
-    return _POLICIES[name]
+    return pol
+
+
+#: The options stored as int and bool in RouterOptions (the rest are float).
+_INT = {"r_max", "age_window", "window", "patience", "version", "block_size", "timeout_iters",
+        "batching_wait_iters"}  # fmt: skip
+_BOOL = {"optimistic", "safe"}
+
+
+def _record(values: dict, horizon: int, func: str) -> tuple[RouterOptions, RouterCarry]:
+    """The typed records of resolved ``values`` (every option of :data:`OPTIONS`)."""
+    pi = values["new_presence"]
+    if pi is None:
+        pi = np.zeros(0)
+    elif pi.shape != (horizon + 1,):
+        raise param_error(
+            "new_presence",
+            func,
+            f"H+1 = {horizon + 1} numbers in [0, 1] (one per column of loads)",
+            f"shape {pi.shape}",
+        )
+    fields = {}
+    for name in RouterOptions._fields:
+        if name == "new_presence":
+            continue
+        v = values[name]
+        fields[name] = int(v) if name in _INT else bool(v) if name in _BOOL else float(v)
+    opts = RouterOptions(**fields, new_presence=np.array(pi, dtype=np.float64))
+    return opts, RouterCarry(int(values["cursor"]), 0, 0, 0, False)
+
+
+def router_options(
+    n_replicas: int, horizon: int = 0, *, func: str = "router_options", **options
+) -> tuple[RouterOptions, RouterCarry]:
+    """Every option of :data:`OPTIONS` checked and the rest filled with its default, as the
+    kernels read them: ``(RouterOptions, RouterCarry)`` (for calling a kernel directly; a
+    policy's own options go through :func:`resolve_options`). ``version`` is the index of the
+    upstream version (0: the current one).
+
+    Examples
+    --------
+    >>> o, c = router_options(8, patience=0)
+    >>> o.r_max, o.s_greedy, o.beta, o.patience, o.window, c.cursor
+    (4, 32.0, 8.0, 0, 8, 0)
+    """
+    check_options(options, list(OPTIONS), func)
+    values: dict[str, Any] = {}
+    for name, opt in OPTIONS.items():
+        v = options.get(name)
+        if name == "version":
+            values[name] = 0 if v is None else check_int(v, name, func, lo=0, hi=15)
+            continue
+        if v is None:
+            v = opt.default(n_replicas, values) if callable(opt.default) else opt.default
+        values[name] = None if v is None else opt.check(v, func)
+    return _record(values, horizon, func)
 
 
 def resolve_options(
     policy: RoutingPolicy, options: dict, n_replicas: int, horizon: int, func: str
-) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Validate ``options`` for ``policy``; return ``(params, carry, resolved)``.
+) -> tuple[RouterOptions, RouterCarry, dict]:
+    """Validate ``options`` for ``policy``; return ``(RouterOptions, RouterCarry, resolved)``.
 
-    ``resolved`` maps each option of the policy to its value (defaults filled in). An option
-    the policy does not accept raises :class:`InvalidOptionError` listing those it does;
-    ``new_presence`` must have ``horizon + 1`` entries.
+    ``resolved`` maps each option of the policy to its value (defaults filled in); the options
+    the policy does not read hold their defaults in the record. An option the policy does not
+    accept raises :class:`InvalidOptionError` listing those it does; ``new_presence`` must
+    have ``horizon + 1`` entries.
 
     Examples
     --------
-    >>> p, c, r = resolve_options(get_routing_policy("br0"), {"r_max": 2}, 8, 0, "f")
-    >>> p[:6].tolist(), r["s_greedy"]
-    ([2.0, 16.0, 1.0, 8.0, 1.0, 1.0], 16.0)
+    >>> o, c, r = resolve_options(get_routing_policy("br0"), {"r_max": 2}, 8, 0, "f")
+    >>> o.r_max, o.s_greedy, o.beta, r["s_greedy"]
+    (2, 16.0, 8.0, 16.0)
     """
     if options:
         check_options(options, policy.options, f"{func} (policy {policy.name!r})")
-    params = np.zeros(K.N_PARAMS)
-    params[K.P_ALPHA] = params[K.P_GAMMA] = params[K.P_OPTIMISTIC] = 1.0
-    params[K.P_BETA] = float(n_replicas)  # an option's default even where it is not one
-    carry = np.zeros(K.N_CARRY)
+    values: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
-    tail = None
-    for name in policy.options:
-        opt = OPTIONS[name]
-        v = options.get(name) if options else None
+    for name, opt in OPTIONS.items():
+        v = options.get(name) if options and name in policy.options else None
         if name == "version":  # one option, each policy's own choices
-            v = policy.versions[0] if v is None else check_choice(v, name, func, policy.versions)
-            resolved[name] = v
-            params[opt.slot[1]] = float(policy.versions.index(v))
+            if policy.versions:
+                v = (
+                    policy.versions[0]
+                    if v is None
+                    else check_choice(v, name, func, policy.versions)
+                )
+                resolved[name] = v
+            values[name] = policy.versions.index(v) if policy.versions else 0
             continue
         if v is None:
-            v = opt.default(n_replicas, resolved) if callable(opt.default) else opt.default
+            v = opt.default(n_replicas, values) if callable(opt.default) else opt.default
         if v is not None:
             v = opt.check(v, func)
-        resolved[name] = v
-        if v is None:
-            continue
-        if opt.slot[0] == "params":
-            params[opt.slot[1]] = float(v)
-        elif opt.slot[0] == "carry":
-            carry[opt.slot[1]] = float(v)
-        else:
-            if v.shape != (horizon + 1,):
-                raise param_error(
-                    name,
-                    func,
-                    f"H+1 = {horizon + 1} numbers in [0, 1] (one per column of loads)",
-                    f"shape {v.shape}",
-                )
-            tail = v
-    if tail is not None:
-        params = np.concatenate([params, tail])
-    return params, carry, resolved
-
-
-# ----------------------------------------------------------------------------------------
-# The policies (ids are stable: the simulator's cached engine dispatches on them)
-
-_BR = ("r_max", "s_greedy", "optimistic")
-register_routing_policy(
-    "br0",
-    policy_id=K.ID_BR0,
-    kernel=K.br0_kernel,
-    reference=K.br0_reference,
-    options=_BR,
-    summary="BR-0: two stages on the F-score D - G*(D - m_g)_+ (most free slots first)",
-    source="BalanceRoute (arXiv 2605.06113) 关键设计 1-2",
-    staged=True,
-)
-register_routing_policy(
-    "brh",
-    policy_id=K.ID_BRH,
-    kernel=K.brh_kernel,
-    reference=K.brh_reference,
-    options=_BR + ("alpha", "beta", "gamma", "new_presence"),
-    summary="BR-H: BR-0's stages on the horizon F-score over projected loads",
-    source="BalanceRoute (arXiv 2605.06113) 关键设计 3",
-    horizon=True,
-    staged=True,
-)
-_SGL_DPC = "sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py"
-_VLLM_LB = "vllm-project/vllm vllm/v1/engine/core_client.py (DPLBAsyncMPClient)"
-_SGL_GW = (
-    "SGLang model gateway power_of_two (sgl-project/sglang sgl-router/src/policies/"
-    "power_of_two.rs, now smg-project/smg model_gateway/src/policies/power_of_two.rs)"
-)
-_TRT_ADP = "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor (DefaultADPRouter)"
-register_routing_policy(
-    "round_robin",
-    policy_id=K.ID_ROUND_ROBIN,
-    kernel=K.round_robin_kernel,
-    reference=K.round_robin_reference,
-    options=("cursor",),
-    summary="next replica with a free slot in cyclic order from a cursor",
-    source=f"{_SGL_DPC} round_robin_scheduler",
-)
-register_routing_policy(
-    "random",
-    policy_id=K.ID_RANDOM,
-    kernel=K.random_kernel,
-    reference=K.random_reference,
-    options=(),
-    summary="uniform replica among those with a free slot (MINSTD stream)",
-    source="common baseline",
-    seeded=True,
-)
-register_routing_policy(
-    "jsq",
-    policy_id=K.ID_JSQ,
-    kernel=K.jsq_kernel,
-    reference=K.jsq_reference,
-    summary="fewest loads + waiting tokens, then fewest requests, then lowest index",
-    source=f"{_SGL_DPC} total_tokens (DPBudget.dispatch)",
-    versions=(
-        ("prompt", "sglang #22614 (2026-04): +prompt length and +1 request after each pick"),
-        ("plus_one", "sglang #16258 (2026-01, minimum_tokens renamed total_tokens): +1 only"),
-    ),
-)
-register_routing_policy(
-    "jsq_requests",
-    policy_id=K.ID_JSQ_REQUESTS,
-    kernel=K.jsq_requests_kernel,
-    reference=K.jsq_requests_reference,
-    summary="fewest running + waiting requests, then lowest index; +1 after each pick",
-    source=f"{_SGL_DPC} total_requests (sglang #16258, 2026-01: shortest_queue renamed)",
-)
-register_routing_policy(
-    "vllm",
-    policy_id=K.ID_VLLM,
-    kernel=K.vllm_kernel,
-    reference=K.vllm_reference,
-    summary="first strict minimum of vLLM's score scanning from a start index; waiting += 1",
-    source=_VLLM_LB,
-    versions=(
-        (
-            "current",
-            "vllm #47420 (2026-07-02, start rotates after every pick) + #49204 (2026-07-20, "
-            "max(inflight, waiting + running) + 6*waiting*max(0, kv_usage - 0.5))",
-        ),
-        ("rotate_4w", "vllm #47420 alone: 4*waiting + running, rotating start"),
-        ("legacy", "before vllm #47420: 4*waiting + running from a fixed start (client 0)"),
-    ),
-)
-register_routing_policy(
-    "p2c",
-    policy_id=K.ID_P2C,
-    kernel=K.p2c_kernel,
-    reference=K.p2c_reference,
-    options=("optimistic", "kv_weight", "throughput"),
-    summary="two distinct random replicas, the lower gateway metric wins, ties to the first",
-    source=_SGL_GW,
-    seeded=True,
-    versions=(
-        (
-            "expected_wait",
-            "smg #2187 (2026-08-18): (queued + in-flight tokens) / throughput + 0.15 s * "
-            "u/(1-u), least_load's score on the sampled pair",
-        ),
-        ("token_usage", "smg #554 (2026-02-27): the poll's KV token_usage ratio"),
-        ("tokens", "sgl-router load monitor (2025, sglang #10880): the worker's token load"),
-        ("inflight", "sgl-router's first power_of_two: the router's in-flight requests"),
-    ),
-)
-register_routing_policy(
-    "brs",
-    policy_id=K.ID_BRS,
-    kernel=K.brs_kernel,
-    reference=K.brs_reference,
-    options=("age_window", "age_fraction", "window", "patience", "safe", "optimistic"),
-    summary="BR-S: margin-first F-score within an age window, JSQ's decision kept when it "
-    "leaves no larger imbalance",
-    source="this library (BalanceRoute's F-score, SGLang's total_tokens as the safety net)",
-)
-register_routing_policy(
-    "trtllm",
-    policy_id=K.ID_TRTLLM,
-    kernel=K.trtllm_kernel,
-    reference=K.trtllm_reference,
-    summary="longest prompt first; min-heap on (prompt tokens, requests, rank) with a cap",
-    source=f"{_TRT_ADP}: num_active_tokens = sum of py_orig_prompt_len",
-)
-register_routing_policy(
-    "trtllm_balance",
-    policy_id=K.ID_TRTLLM_BALANCE,
-    kernel=K.trtllm_balance_kernel,
-    reference=K.trtllm_balance_reference,
-    options=("optimistic", "timeout_iters", "batching_wait_iters"),
-    summary="trtllm's assignment, held back until every rank can take a new request "
-    "(timeout_iters), then batching_wait_iters more ticks",
-    source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py "
-    "_balance_adp_requests (attention_dp_config.enable_balance, TensorRT-LLM #6061, 2025-07-15)",
-)
-register_routing_policy(
-    "follow_bootstrap_room",
-    policy_id=K.ID_FOLLOW_BOOTSTRAP_ROOM,
-    kernel=K.follow_bootstrap_room_kernel,
-    reference=K.follow_bootstrap_room_reference,
-    options=(),
-    summary="replica = bootstrap room (the pool key) mod G, waiting for a slot there",
-    source=f"{_SGL_DPC} follow_bootstrap_room_scheduler (PD disaggregation)",
-)
-register_routing_policy(
-    "dynamo",
-    policy_id=K.ID_DYNAMO,
-    kernel=K.dynamo_kernel,
-    reference=K.dynamo_reference,
-    options=("optimistic", "block_size", "overlap_weight"),
-    summary="lowest overlap_weight * new prefill blocks + decode blocks, ties random",
-    source="ai-dynamo/dynamo lib/kv-router/src/scheduling/selector.rs (DefaultWorkerSelector, "
-    "temperature 0)",
-    seeded=True,
-    prefix_cache=True,
-)
+        values[name] = v
+        if name in policy.options:
+            resolved[name] = v
+    opts, carry = _record(values, horizon, func)
+    return opts, carry, resolved

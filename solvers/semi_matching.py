@@ -17,7 +17,7 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_array
 from ._semi_matching import semi_matching_kernel
-from .registry import LayerSolution, register_dispatch_method
+from .registry import LayerSolution
 
 __all__ = ["semi_matching", "semi_matching_witness", "SemiMatching"]
 
@@ -118,7 +118,6 @@ def semi_matching(replicas, live):
     return a, int(v)
 
 
-@register_dispatch_method("semi_matching")
 @dataclass(frozen=True)
 class SemiMatching:
     """Whole experts on the replica chosen by the optimal semi-matching (METRO's exact form).

@@ -146,7 +146,7 @@ from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost, tempo_kern
 from ._tempo_repair import repair_layer
 from ._token_lp_fast import support_rebalance_kernel, token_lp_kernel
 from .bounds import certified_lower_bound, token_lp_bound
-from .registry import LayerSolution, register_dispatch_method
+from .registry import LayerSolution
 
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
@@ -277,7 +277,6 @@ class _Layer(NamedTuple):
     bound: float
 
 
-@register_dispatch_method("tempo")
 @dataclass(frozen=True)
 class Tempo:
     """tempo_fast (TEMPO §4.2): seed, chains, local search, ensemble; rebalance, repair.

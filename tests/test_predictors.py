@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from straggler.formulations import ClusterState, InvalidInputError
-from straggler.solvers import _routing_kernels as K
+from straggler.solvers import _balanceroute as B
 from straggler.solvers.predictors import (
     ExactMatchPredictor,
     OraclePredictor,
@@ -69,18 +69,18 @@ def test_project_loads_kernel_equals_reference(rep, H, data):
     tokens = np.array(data.draw(st.lists(st.integers(0, 99), min_size=n, max_size=n)), float)
     c = np.array(data.draw(st.lists(st.floats(0, 10, width=16), min_size=n, max_size=n)), float)
     r = np.array(rep, dtype=np.int64)
-    a = K.project_loads_kernel(r, tokens, c, 3, H)
-    b = K.project_loads_kernel.py_func(r, tokens, c, 3, H)
-    ref = K.project_loads_reference(r, tokens, c, 3, H)
+    a = B.project_loads_kernel(r, tokens, c, 3, H)
+    b = B.project_loads_kernel.py_func(r, tokens, c, 3, H)
+    ref = B.project_loads_reference(r, tokens, c, 3, H)
     assert np.array_equal(a, b) and np.array_equal(a, ref)
     refill = data.draw(st.sampled_from([0.0, 0.5, 37.0]))
-    a = K.project_loads_kernel(r, tokens, c, 3, H, refill)
-    b = K.project_loads_kernel.py_func(r, tokens, c, 3, H, refill)
-    ref = K.project_loads_reference(r, tokens, c, 3, H, refill)
+    a = B.project_loads_kernel(r, tokens, c, 3, H, refill)
+    b = B.project_loads_kernel.py_func(r, tokens, c, 3, H, refill)
+    ref = B.project_loads_reference(r, tokens, c, 3, H, refill)
     assert np.array_equal(a, b) and np.array_equal(a, ref)
     # each running request's slot holds it or its refill: refill weight 1 - w_ih per request
-    one = K.project_loads_reference(r, tokens, c, 3, H, 1.0)
-    diff = (one - K.project_loads_reference(r, tokens, c, 3, H)).sum(axis=0)
+    one = B.project_loads_reference(r, tokens, c, 3, H, 1.0)
+    diff = (one - B.project_loads_reference(r, tokens, c, 3, H)).sum(axis=0)
     want = (1.0 - np.clip(c[:, None] - np.arange(H + 1), 0.0, 1.0)).sum(axis=0)
     assert np.allclose(diff, want)
 

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
+from straggler.baselines import sglang_routers as SG
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.results import RoutingResult, Status
 from straggler.formulations.routing import (
@@ -19,11 +21,32 @@ from straggler.proofs.routing_strategies import (
     kernel_args,
     routing_instances,
 )
-from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_policies
-from straggler.solvers import _routing_kernels as K
-from straggler.solvers.routing import make_params, route_batch
+from straggler.sim import simulate
+from straggler.sim.traces import Trace
+from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_policies, routing_registry
+from straggler.solvers import _balanceroute as B
+from straggler.solvers import _routing_core as K
+from straggler.solvers.routing import route_batch
+from straggler.solvers.routing_registry import (
+    register_routing_policy,
+    router_options,
+    routing_policy,
+)
 
 POLICIES = routing_policies()
+ZERO = K.RouterCarry(0, 0, 0, 0, False)
+#: The option values the kernel-level tests below are written for (stated, not defaults).
+_BASE = dict(r_max=4, s_greedy=0.0, alpha=1.0, beta=1.0, gamma=1.0, optimistic=True,
+             age_window=32, window=0, patience=0, age_fraction=1.0, safe=True, kv_weight=0.15,
+             throughput=2000.0, block_size=16, overlap_weight=1.0, timeout_iters=50,
+             batching_wait_iters=10)  # fmt: skip
+
+
+def _opts(**kw):
+    """A RouterOptions of ``_BASE`` with ``kw`` (through the registry's checks)."""
+    pi = kw.get("new_presence")
+    H = 0 if pi is None else len(pi) - 1
+    return router_options(1, H, **{**_BASE, **kw})[0]
 
 
 def _state(s, L, free, n_running=None, n_waiting=None, **fields):
@@ -55,13 +78,13 @@ def _state(s, L, free, n_running=None, n_waiting=None, **fields):
 def _run(kernel, s, L, free, p, seed=0, **fields):
     """Assignment of ``kernel`` on a state built by :func:`_state` (zero carry)."""
     pool, reps = _state(s, L, free, **fields)
-    return kernel(pool, reps, p, np.zeros(K.N_CARRY), seed)[0]
+    return kernel(pool, reps, p, ZERO, seed)[0]
 
 
 def _snapshot(inst):
     def cp(v):
         if isinstance(v, tuple):
-            return tuple(x.copy() for x in v)
+            return tuple(x.copy() if isinstance(x, np.ndarray) else x for x in v)
         return v.copy() if isinstance(v, np.ndarray) else v
 
     return {k: cp(v) for k, v in inst.items()}
@@ -69,7 +92,7 @@ def _snapshot(inst):
 
 def _equal(a, b):
     if isinstance(a, tuple):
-        return all(np.array_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
     return np.array_equal(a, b)
 
 
@@ -80,16 +103,16 @@ def test_kernel_equals_py_func_equals_reference(policy, inst):
     untouched, the independent checker passes, and as many requests placed as possible."""
     pol = get_routing_policy(policy)
     for version in range(max(len(pol.versions), 1)):
-        inst["params"][K.P_VERSION] = float(version)
+        inst["options"] = inst["options"]._replace(version=version)
         before = _snapshot(inst)
         a, ca = pol.kernel(*kernel_args(inst))
         b, cb = getattr(pol.kernel, "py_func", pol.kernel)(*kernel_args(inst))
         c, cc = pol.reference(*kernel_args(inst))
         for k, v in before.items():  # inputs not mutated
             assert _equal(v, inst[k]), (policy, k)
-        assert a.dtype == np.int64 and ca.dtype == np.float64 and ca.shape == (K.N_CARRY,)
+        assert a.dtype == np.int64 and isinstance(ca, K.RouterCarry)
         assert a.tolist() == b.tolist() == c.tolist(), (policy, version)
-        assert ca.tolist() == cb.tolist() == cc.tolist(), (policy, version)
+        assert tuple(ca) == tuple(cb) == tuple(cc), (policy, version)
         pool, reps = inst["pool"], inst["reps"]
         placed = check_assignment(a, pool.prefill, reps.free_slots)
         n_max = min(pool.prefill.size, int(reps.free_slots.sum()))
@@ -102,8 +125,6 @@ def test_kernel_equals_py_func_equals_reference(policy, inst):
 
 def test_registry_lists_every_policy_once():
     assert DEFAULT_POLICY in POLICIES
-    ids = [get_routing_policy(p).policy_id for p in POLICIES]
-    assert len(set(ids)) == len(ids)
     for name in POLICIES:
         pol = get_routing_policy(name)
         assert pol.name == name and pol.summary and pol.source
@@ -117,18 +138,16 @@ def test_registry_lists_every_policy_once():
 @given(inst=routing_instances(max_horizon=0))
 def test_brh_with_h0_alpha1_betaG_is_br0(inst):
     """Theorem R3: BR-H with H = 0, alpha = 1, beta = G makes BR-0's decisions."""
-    p = inst["params"].copy()
     G = inst["reps"].loads.shape[0]
-    p[K.P_ALPHA], p[K.P_BETA] = 1.0, float(G)
-    p[K.P_GAMMA] = 0.5  # irrelevant at H = 0
-    inst["params"] = p
+    # gamma is irrelevant at H = 0
+    inst["options"] = inst["options"]._replace(alpha=1.0, beta=float(G), gamma=0.5)
     args = kernel_args(inst)
-    assert K.brh_kernel(*args)[0].tolist() == K.br0_kernel(*args)[0].tolist()
+    assert B.brh_kernel(*args)[0].tolist() == B.br0_kernel(*args)[0].tolist()
 
 
 @given(inst=routing_instances(max_horizon=0))
 def test_route_batch_brh_reduction(inst):
-    kw = dict(r_max=int(inst["params"][K.P_R_MAX]), s_greedy=float(inst["params"][K.P_S_GREEDY]))
+    kw = dict(r_max=inst["options"].r_max, s_greedy=inst["options"].s_greedy)
     pool, reps = inst["pool"], inst["reps"]
     a = route_batch(pool.prefill, reps.loads[:, 0], reps.free_slots, policy="br0", **kw)
     b = route_batch(
@@ -157,7 +176,7 @@ def test_best_subset_is_optimal_among_candidates(s, m, G, q):
     nc = prefill.size
     q = min(q, nc)
     best = np.empty(nc, np.int64)
-    f, k = K.best_subset_kernel(prefill, cand, nc, q, float(m), float(G), best, best.copy())
+    f, k = B.best_subset_kernel(prefill, cand, nc, q, float(m), float(G), best, best.copy())
     brute = max(
         f_score(sum(c), m, G) for size in range(1, q + 1) for c in itertools.combinations(s, size)
     )
@@ -272,36 +291,20 @@ def test_unknown_policy_and_option():
 def test_route_batch_through_public_api_matches_kernel(inst):
     """route_batch fills the kernel's state from its keyword arguments: the same decision as
     the reference on the same state, for every policy."""
-    p, pool, reps = inst["params"], inst["pool"], inst["reps"]
+    p, pool, reps = inst["options"], inst["pool"], inst["reps"]
     G = reps.loads.shape[0]
     for name in POLICIES:
         pol = get_routing_policy(name)
-        opts = dict(
-            r_max=int(p[K.P_R_MAX]),
-            s_greedy=float(p[K.P_S_GREEDY]),
-            alpha=float(p[K.P_ALPHA]),
-            beta=float(p[K.P_BETA]),
-            gamma=float(p[K.P_GAMMA]),
-            optimistic=bool(p[K.P_OPTIMISTIC]),
-            cursor=int(inst["carry"][K.C_CURSOR]),
-            age_window=int(p[K.P_AGE_WINDOW]),
-            window=int(p[K.P_WINDOW]),
-            patience=int(p[K.P_PATIENCE]),
-            age_fraction=float(p[K.P_AGE_FRACTION]),
-            safe=bool(p[K.P_SAFE]),
-            kv_weight=float(p[K.P_KV_WEIGHT]),
-            throughput=float(p[K.P_THROUGHPUT]),
-            block_size=int(p[K.P_BLOCK_SIZE]),
-            overlap_weight=float(p[K.P_OVERLAP_WEIGHT]),
-            timeout_iters=int(p[K.P_TIMEOUT_ITERS]),
-            batching_wait_iters=int(p[K.P_BATCHING_WAIT_ITERS]),
-        )
-        opts = {k: v for k, v in opts.items() if k in pol.options}
+        opts = {k: v for k, v in p._asdict().items() if k in pol.options}
+        opts.pop("version", None)
+        opts.pop("new_presence", None)
+        if "cursor" in pol.options:
+            opts["cursor"] = inst["carry"].cursor
         if pol.versions:
             opts["version"] = pol.versions[-1]
-            p[K.P_VERSION] = float(len(pol.versions) - 1)
+            q = p._replace(version=len(pol.versions) - 1)
         else:
-            p[K.P_VERSION] = 0.0
+            q = p._replace(version=0)
         d = route_batch(
             pool.prefill,
             reps.loads,
@@ -320,24 +323,64 @@ def test_route_batch_through_public_api_matches_kernel(inst):
             rng=inst["seed"],
             **opts,
         )
-        q = p.copy()
         if "beta" not in pol.options:
-            q[K.P_ALPHA], q[K.P_BETA], q[K.P_GAMMA] = 1.0, float(G), 1.0
+            q = q._replace(alpha=1.0, beta=float(G), gamma=1.0)
         ref, carry = pol.reference(pool, reps, q, inst["carry"], inst["seed"] if pol.seeded else 0)
         assert d.assignment.tolist() == ref.tolist(), name
-        assert d.extras["carry"].tolist() == carry.tolist(), name
+        assert tuple(d.extras["carry"]) == tuple(carry), name
 
 
-def test_policy_ids_match_the_kernel_table():
-    """route_tick_kernel dispatches every registered id to that policy's kernel."""
-    pool, reps = _state([5.0, 1.0, 3.0], [[4.0], [0.0]], [2, 2])
-    p = make_params(r_max=2, s_greedy=0, beta=2.0)
-    c = np.zeros(K.N_CARRY)
-    for name in POLICIES:
-        pol = get_routing_policy(name)
-        a, ca = K.route_tick_kernel(pol.policy_id, pool, reps, p, c, 3)
-        b, cb = pol.kernel(pool, reps, p, c, 3)
-        assert a.tolist() == b.tolist() and ca.tolist() == cb.tolist(), name
+@njit
+def last_free_kernel(pool, reps, opts, carry, seed):
+    """A toy policy: each request to the highest-index replica with a free slot."""
+    cap = reps.free_slots.copy()
+    out = np.full(pool.prefill.shape[0], -1, np.int64)
+    for i in range(out.shape[0]):
+        for g in range(cap.shape[0] - 1, -1, -1):
+            if cap[g] > 0:
+                out[i] = g
+                cap[g] -= 1
+                break
+    return out, carry
+
+
+def last_free_reference(pool, reps, opts, carry, seed):
+    cap = [int(c) for c in reps.free_slots]
+    out = []
+    for _ in range(len(pool.prefill)):
+        free = [g for g in range(len(cap)) if cap[g] > 0]
+        out.append(free[-1] if free else -1)
+        if free:
+            cap[free[-1]] -= 1
+    return np.array(out, dtype=np.int64), carry
+
+
+def test_a_new_policy_is_one_definition_and_one_line(monkeypatch):
+    """Adding a policy takes its kernel, its reference and one routing_policy(...) (one module)
+    and one line naming it (the table; here the run-time registration): route_batch and
+    simulate (the jitted engine and the reference engine) then run it by name."""
+    monkeypatch.setattr(routing_registry, "_USER", {})  # this test's registration only
+    toy = routing_policy(
+        "last_free",
+        kernel=last_free_kernel,
+        reference=last_free_reference,
+        options=(),
+        summary="highest-index replica with a free slot",
+        source="a test",
+    )
+    register_routing_policy(toy)
+    assert "last_free" in routing_policies()
+    d = route_batch([5.0, 1.0, 3.0], [4.0, 0.0, 2.0], [1, 0, 2], policy="last_free")
+    assert d.policy == "last_free" and d.assignment.tolist() == [2, 2, 0]
+    with pytest.raises(ValueError, match="registered twice"):
+        register_routing_policy(toy)
+    tr = Trace(arrival_s=[0, 0, 0], prompt_len=[100, 50, 50], output_len=[2, 3, 2])
+    kw = dict(n_replicas=2, max_slots=2, t0=0.01, kappa=0.0, prefill_instances=0)
+    jit = simulate(tr, "last_free", **kw)
+    ref = simulate(tr, "last_free", engine="python", **kw)
+    assert jit.policy == "last_free" and jit.n_finished == 3
+    # prefill order 1, 2, 0 (shorter prompts first): both slots of replica 1, then replica 0
+    assert jit.requests["replica"].tolist() == ref.requests["replica"].tolist() == [0, 1, 1]
 
 
 def test_stage2_not_optimal_beyond_candidates():
@@ -359,7 +402,7 @@ def test_stage2_not_optimal_beyond_candidates():
 def test_brh_long_horizon_kernel_equals_reference(inst):
     """The two-walk ranking of BR-H against the plain scan, with fractional projected loads."""
     args = kernel_args(inst)
-    assert K.brh_kernel(*args)[0].tolist() == K.brh_reference(*args)[0].tolist()
+    assert B.brh_kernel(*args)[0].tolist() == B.brh_reference(*args)[0].tolist()
 
 
 @pytest.mark.parametrize(
@@ -393,7 +436,7 @@ def test_bad_scalar_options(kwargs, param):
 def test_stable_argsort_is_numpy_stable_argsort(x):
     """The radix sort of BR-0 orders by (value, index) exactly as a stable sort."""
     a = np.array(x, dtype=np.float64)
-    assert K._stable_argsort(a).tolist() == np.argsort(a, kind="stable").tolist()
+    assert B._stable_argsort(a).tolist() == np.argsort(a, kind="stable").tolist()
 
 
 @pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 200, 4095, 4096, 4097, 9000])
@@ -401,7 +444,7 @@ def test_live_set_queries_equal_a_plain_scan(n):
     """Two-level bitset of BR-0: next/previous live position against numpy on the live mask,
     with random deletions and whole blocks (empty words and summary words)."""
     rng = np.random.default_rng(n)
-    words, summary = K._live_set(n)
+    words, summary = B._live_set(n)
     live = np.ones(n, bool)
     kills = rng.permutation(n)
     if n > 1000:  # empty whole words and summary words too
@@ -412,7 +455,7 @@ def test_live_set_queries_equal_a_plain_scan(n):
     done = 0
     for step in steps:
         for i in kills[done:step]:
-            K._kill(words, summary, int(i))
+            B._kill(words, summary, int(i))
             live[i] = False
         done = step
         for p in np.unique(np.concatenate([rng.integers(0, n + 1, 40), [0, n - 1, n]])):
@@ -420,10 +463,10 @@ def test_live_set_queries_equal_a_plain_scan(n):
             if p < 0:
                 continue
             after = np.flatnonzero(live[p:])
-            assert K._next_live(words, summary, p, n) == (p + after[0] if after.size else n)
+            assert B._next_live(words, summary, p, n) == (p + after[0] if after.size else n)
             before = np.flatnonzero(live[: p + 1])
-            assert K._prev_live(words, summary, p) == (before[-1] if before.size else -1)
-    assert K._prev_live(words, summary, -1) == -1
+            assert B._prev_live(words, summary, p) == (before[-1] if before.size else -1)
+    assert B._prev_live(words, summary, -1) == -1
 
 
 @settings(max_examples=8)
@@ -443,22 +486,22 @@ def test_br0_large_pool_kernel_equals_py_func_equals_reference(G, n, spread, slo
     L = rng.integers(0, 4 * spread, (G, 1)).astype(np.float64)
     free = rng.integers(slots // 2, slots + 1, G).astype(np.int64)
     s_greedy = {"one": 0, "two": 10**9, "both": int(free.sum()) // 2}[stage]
-    p = make_params(r_max=3, s_greedy=s_greedy, beta=float(G), optimistic=bool(seed % 4))
-    a = _run(K.br0_kernel, s, L, free, p)
-    assert a.tolist() == _run(K.br0_kernel.py_func, s, L, free, p).tolist()
-    assert a.tolist() == _run(K.br0_reference, s, L, free, p).tolist()
+    p = _opts(r_max=3, s_greedy=s_greedy, beta=float(G), optimistic=bool(seed % 4))
+    a = _run(B.br0_kernel, s, L, free, p)
+    assert a.tolist() == _run(B.br0_kernel.py_func, s, L, free, p).tolist()
+    assert a.tolist() == _run(B.br0_reference, s, L, free, p).tolist()
 
 
 def test_stage1_tie_between_the_two_sides_of_the_margin_goes_to_the_lower_index():
     # G = 2, margin of replica 1 = 10: F(8) = 8 = F(12) = 12 - 2*(12 - 10).
-    p = make_params(r_max=2, s_greedy=0, beta=2.0)
+    p = _opts(r_max=2, s_greedy=0, beta=2.0)
     for s, want in (([8.0, 12.0], [1, -1]), ([12.0, 8.0], [1, -1])):
-        for kernel in (K.br0_kernel, K.br0_kernel.py_func, K.br0_reference):
+        for kernel in (B.br0_kernel, B.br0_kernel.py_func, B.br0_reference):
             assert _run(kernel, s, [10.0, 0.0], [0, 1], p).tolist() == want
     # runs of equal lengths, margin 10: F(9) = 9 = F(11) = 11 - 2*1; the lowest index wins,
     # then the margin shrinks and the shortest request is best (F = s - 2*(s - m)).
     for s, want in (([11.0, 9.0, 7.0, 9.0], [1, -1, 1, -1]), ([9.0, 11.0, 9.0], [1, -1, 1])):
-        for kernel in (K.br0_kernel, K.br0_kernel.py_func, K.br0_reference):
+        for kernel in (B.br0_kernel, B.br0_kernel.py_func, B.br0_reference):
             assert _run(kernel, s, [10.0, 0.0], [0, 2], p).tolist() == want
 
 
@@ -466,26 +509,27 @@ def _with_presence(inst, data):
     """The instance with a presence tail ``pi_0..pi_H`` on its params (pi_0 = 1)."""
     H1 = inst["reps"].loads.shape[1]
     tail = data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=H1, max_size=H1))
-    inst["params"] = np.concatenate([inst["params"], [1.0], tail[1:]])
+    pi = np.array([1.0, *tail[1:]])
+    inst["options"] = inst["options"]._replace(new_presence=pi)
     return inst
 
 
 @given(inst=routing_instances(max_horizon=6, fractional=True), data=st.data())
 def test_brh_presence_weights_kernel_equals_py_func_equals_reference(inst, data):
     args = kernel_args(_with_presence(inst, data))
-    a = K.brh_kernel(*args)[0]
-    assert a.tolist() == K.brh_kernel.py_func(*args)[0].tolist()
-    assert a.tolist() == K.brh_reference(*args)[0].tolist()
+    a = B.brh_kernel(*args)[0]
+    assert a.tolist() == B.brh_kernel.py_func(*args)[0].tolist()
+    assert a.tolist() == B.brh_reference(*args)[0].tolist()
 
 
 @given(inst=routing_instances(max_horizon=0), data=st.data())
 def test_brh_presence_weights_h0_alpha1_betaG_is_br0(inst, data):
     """pi_0 = 1: at H = 0 the presence weights change nothing (Theorem R3 still holds)."""
     inst = _with_presence(inst, data)
-    p = inst["params"]
-    p[K.P_ALPHA], p[K.P_BETA], p[K.P_GAMMA] = 1.0, float(inst["reps"].loads.shape[0]), 0.7
+    G = inst["reps"].loads.shape[0]
+    inst["options"] = inst["options"]._replace(alpha=1.0, beta=float(G), gamma=0.7)
     args = kernel_args(inst)
-    assert K.brh_kernel(*args)[0].tolist() == K.br0_kernel(*args)[0].tolist()
+    assert B.brh_kernel(*args)[0].tolist() == B.br0_kernel(*args)[0].tolist()
 
 
 def test_route_batch_new_presence_option():
@@ -497,8 +541,8 @@ def test_route_batch_new_presence_option():
     assert ones.assignment.tolist() == plain.assignment.tolist()
     pi = [1.0, 0.5, 0.0]
     got = route_batch(s, P, free, policy="brh", new_presence=pi, r_max=3)
-    q = make_params(r_max=3, s_greedy=12, beta=3.0, new_presence=pi)
-    assert got.assignment.tolist() == _run(K.brh_reference, s, P, free, q).tolist()
+    q = _opts(r_max=3, s_greedy=12, beta=3.0, new_presence=pi)
+    assert got.assignment.tolist() == _run(B.brh_reference, s, P, free, q).tolist()
     for bad in ([1.0, 1.0], [1.0, 2.0, 0.0], [1.0, np.nan, 0.0], "x"):
         with pytest.raises(InvalidInputError, match="'new_presence'"):
             route_batch(s, P, free, policy="brh", new_presence=bad)
@@ -523,30 +567,29 @@ def test_R7_brs_never_leaves_a_larger_one_tick_imbalance_than_jsq(data, G, n):
     """THEOREMS.md R7, against brute force: OPT <= I(BR-S) <= I(JSQ) on the same state, BR-S
     places as many requests as JSQ (unbounded KV), and an unsaturated tick is JSQ's."""
     pool, reps = _brs_state(data, G, n, 3)
-    p = make_params(
+    p = _opts(
         age_window=data.draw(st.sampled_from([0, 2, 40])),
         window=data.draw(st.sampled_from([0, 1, 8])),
         patience=data.draw(st.sampled_from([0, 5, 100])),
         age_fraction=data.draw(st.sampled_from([0.1, 1.0])),
     )
-    c = np.zeros(K.N_CARRY)
-    c[K.C_BRS_BACKLOG] = float(data.draw(st.booleans()))
-    out, c_out = K.brs_kernel(pool, reps, p, c, 0)
-    jsq = K.jsq_reference(pool, reps, p, c, 0)[0]
+    c = ZERO._replace(brs_backlog=data.draw(st.booleans()))
+    out, c_out = B.brs_kernel(pool, reps, p, c, 0)
+    jsq = SG.jsq_reference(pool, reps, p, c, 0)[0]
     L = reps.loads[:, 0]
     i_brs = imbalance(apply_assignment(L, out, pool.prefill))
     i_jsq = imbalance(apply_assignment(L, jsq, pool.prefill))
     opt = best_tick_imbalance(pool.prefill, L, reps.free_slots)
     assert opt <= i_brs <= i_jsq
     assert (out >= 0).sum() == (jsq >= 0).sum() == min(n, int(reps.free_slots.sum()))
-    calm = n == 0 or pool.wait.max() < p[K.P_PATIENCE]
-    if calm and c[K.C_BRS_BACKLOG] == 0.0:
+    calm = n == 0 or pool.wait.max() < p.patience
+    if calm and not c.brs_backlog:
         assert out.tolist() == jsq.tolist()
     # the backlog flag: cleared when the visible pool fits, set while it is in a backlog
     if n <= reps.free_slots.sum():
-        assert c_out[K.C_BRS_BACKLOG] == 0.0
+        assert not c_out.brs_backlog
     else:
-        assert c_out[K.C_BRS_BACKLOG] == float(not calm or c[K.C_BRS_BACKLOG] != 0.0)
+        assert c_out.brs_backlog == (not calm or c.brs_backlog)
 
 
 @settings(max_examples=80)
@@ -556,14 +599,14 @@ def test_R8_brs_never_places_a_request_far_younger_than_one_it_leaves(data, G, n
     least (wait of any request it leaves) - A, KV limits or not."""
     pool, reps = _brs_state(data, G, n, 3, kv_inf=kv_inf)
     A = data.draw(st.sampled_from([0, 1, 3, 10]))
-    p = make_params(
+    p = _opts(
         age_window=A,
         window=data.draw(st.sampled_from([0, 1, 8])),
         patience=0,
         age_fraction=data.draw(st.sampled_from([0.1, 0.5, 1.0])),
         safe=data.draw(st.booleans()),
     )
-    out = K.brs_kernel(pool, reps, p, np.zeros(K.N_CARRY), 0)[0]
+    out = B.brs_kernel(pool, reps, p, ZERO, 0)[0]
     for o in np.flatnonzero(out < 0):
         for j in np.flatnonzero(out >= 0):
             assert pool.wait[j] >= pool.wait[o] - A, (o, j)
@@ -577,52 +620,51 @@ def test_brs_mechanisms_each_change_the_decision():
     free = [0, 1, 1]
     waits = [12, 11, 3, 0]
     kw = dict(age_window=100, window=0, patience=0, age_fraction=1.0, safe=False)
-    base = _run(K.brs_kernel, s, L, free, make_params(**kw), wait=waits)
+    base = _run(B.brs_kernel, s, L, free, _opts(**kw), wait=waits)
     # margins 9 (replica 1) and 5 (replica 2): the F-score fills both exactly
     assert base.tolist() == [1, -1, 2, -1]
     # an age window of 1 tick: only the two oldest (waits 12 and 11) may be placed
-    aged = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "age_window": 1}), wait=waits)
+    aged = _run(B.brs_kernel, s, L, free, _opts(**{**kw, "age_window": 1}), wait=waits)
     assert aged.tolist() == [1, 2, -1, -1]
     # one candidate per free slot: the window holds the two oldest
-    counted = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "window": 1}), wait=waits)
+    counted = _run(B.brs_kernel, s, L, free, _opts(**{**kw, "window": 1}), wait=waits)
     assert counted.tolist() == [1, 2, -1, -1]
     # patience above every wait: JSQ's decision (the oldest two, in pool order)
-    calm = _run(K.brs_kernel, s, L, free, make_params(**{**kw, "patience": 13}), wait=waits)
-    jsq = _run(K.jsq_kernel, s, L, free, make_params(), wait=waits)
+    calm = _run(B.brs_kernel, s, L, free, _opts(**{**kw, "patience": 13}), wait=waits)
+    jsq = _run(SG.jsq_kernel, s, L, free, _opts(), wait=waits)
     assert calm.tolist() == jsq.tolist() == [1, 2, -1, -1]
     # a backlog carried from the previous tick: the same waits, routed as a backlog tick
-    c = np.zeros(K.N_CARRY)
-    c[K.C_BRS_BACKLOG] = 1.0
+    c = ZERO._replace(brs_backlog=True)
     pool, reps = _state(s, L, free, wait=waits)
-    kept, c_out = K.brs_kernel(pool, reps, make_params(**{**kw, "patience": 13}), c, 0)
-    assert kept.tolist() == base.tolist() and c_out[K.C_BRS_BACKLOG] == 1.0
+    kept, c_out = B.brs_kernel(pool, reps, _opts(**{**kw, "patience": 13}), c, 0)
+    assert kept.tolist() == base.tolist() and c_out.brs_backlog
     # ... and it ends at a tick whose pool fits in the free slots
     pool, reps = _state(s[:2], L, free, wait=waits[:2])
-    _, c_out = K.brs_kernel(pool, reps, make_params(**{**kw, "patience": 13}), c, 0)
-    assert c_out[K.C_BRS_BACKLOG] == 0.0
+    _, c_out = B.brs_kernel(pool, reps, _opts(**{**kw, "patience": 13}), c, 0)
+    assert not c_out.brs_backlog
     # the safety net: margin-first fills replica 1's margin of 1 with the 1-token request and
     # puts 5 on the top replica (I = 5); JSQ's decision leaves I = 3, so it is kept
     s2, L2, free2, w2 = [5.0, 1.0, 6.0], [15.0, 14.0], [1, 1], [4, 2, 1]
     kw2 = dict(age_window=100, window=0, patience=0, age_fraction=1.0)
-    unsafe = _run(K.brs_kernel, s2, L2, free2, make_params(**kw2, safe=False), wait=w2)
-    safe = _run(K.brs_kernel, s2, L2, free2, make_params(**kw2, safe=True), wait=w2)
-    jsq2 = _run(K.jsq_kernel, s2, L2, free2, make_params(), wait=w2)
+    unsafe = _run(B.brs_kernel, s2, L2, free2, _opts(**kw2, safe=False), wait=w2)
+    safe = _run(B.brs_kernel, s2, L2, free2, _opts(**kw2, safe=True), wait=w2)
+    jsq2 = _run(SG.jsq_kernel, s2, L2, free2, _opts(), wait=w2)
     assert unsafe.tolist() == [0, 1, -1] and imbalance(apply_assignment(L2, unsafe, s2)) == 5
     assert safe.tolist() == jsq2.tolist() == [1, 0, -1]
     assert imbalance(apply_assignment(L2, safe, s2)) == 3
 
 
-# Issue 10's defects 4 and 5 and the inputs accepted without complaint, one regression each.
+# Inputs once accepted without complaint (or mishandled), one regression each.
 @pytest.mark.parametrize("policy", ["br0", "brh", "trtllm", "jsq", "brs"])
 def test_free_slots_summing_past_int64_is_refused(policy):
-    """Defect 4: [2**63 - 1, 1, 1, 1] wrapped to a negative total and placed nothing."""
+    """[2**63 - 1, 1, 1, 1] wrapped to a negative total and placed nothing."""
     with pytest.raises(InvalidInputError, match="'free_slots'.*sum exceeds 2\\*\\*63 - 1"):
         route_batch([1.0, 2.0], [0, 0, 0, 0], [2**63 - 1, 1, 1, 1], policy=policy)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_lengths_near_the_float_limit_are_refused(policy):
-    """Defect 5: lengths near 1.7e308 gave a NaN imbalance."""
+    """Lengths near 1.7e308 gave a NaN imbalance."""
     with pytest.raises(InvalidInputError, match="'prefill_lengths'.*1.7e\\+308"):
         route_batch([1.7e308, 1.0], [0.0, 0.0], [1, 1], policy=policy, rng=0)
     with pytest.raises(InvalidInputError, match="'loads'"):

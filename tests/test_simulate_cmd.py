@@ -39,7 +39,7 @@ def test_table_json_and_progress(tmp_path, capsys):
 
 
 def test_compile_notice_when_the_cache_is_cold(monkeypatch, capsys):
-    monkeypatch.setattr(simulate_cmd, "engine_cache_is_warm", lambda: False)
+    monkeypatch.setattr(simulate_cmd, "engine_cache_is_warm", lambda names: False)
     assert (
         simulate_cmd.main(["bursty", "--requests", "50", "--policies", "jsq", "--no-progress"]) == 0
     )

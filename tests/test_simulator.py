@@ -1,7 +1,6 @@
 """The lock-step simulator: kernel == py_func == reference, invariants checked from scratch,
 projection == project_loads, metrics, staleness, saturated mode, validation."""
 
-import inspect
 import pathlib
 import subprocess
 import sys
@@ -10,8 +9,11 @@ import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.routing import ClusterState
+from straggler.sim import SimConfig, engine_inputs
 from straggler.sim._engine import (
     SERIES,
+    engine_depends,
+    engine_entry,
     no_two_stage,
     project_view,
     run_engine,
@@ -21,14 +23,13 @@ from straggler.sim._engine import (
 from straggler.sim.prefix import PrefixBlocks
 from straggler.sim.simulator import (
     SimReport,
-    _engine_inputs,
     _two_stage,
     decode_capacity,
     offered_load,
     simulate,
 )
 from straggler.sim.traces import Trace, generate_trace, load_trace
-from straggler.solvers import _jit, _routing_kernels, predictors, routing_policies
+from straggler.solvers import _jit, _routing_core, get_routing_policy, predictors, routing_policies
 from straggler.solvers._jit import source_digest
 from straggler.solvers.predictors import (
     ExactMatchPredictor,
@@ -51,19 +52,15 @@ def _small_trace(n=60, seed=1, hashes=False):
     return Trace(arrival_s=tr.arrival_s, prompt_len=tr.prompt_len, output_len=out, prefix_hash=h)
 
 
-_DEFAULTS = {
-    k: v.default
-    for k, v in inspect.signature(simulate).parameters.items()
-    if v.kind == v.KEYWORD_ONLY
-}
 #: Unlimited, instant prefill: arrival = ready (the replays from scratch need no queue model).
 INSTANT = dict(prefill_instances=0, prefill_base_s=0.0, prefill_tokens_per_s=np.inf)
 
 
 def _inputs(tr, policy, options=None, **kw):
     """simulate's engine inputs for ``tr`` (small cluster and fast steps unless overridden)."""
-    full = {**_DEFAULTS, **dict(n_replicas=3, max_slots=4, t0=0.01, kappa=1e-5), **kw}
-    return _engine_inputs(tr, policy, full, options or {})
+    full = {**dict(n_replicas=3, max_slots=4, t0=0.01, kappa=1e-5), **kw, **(options or {})}
+    inp, pol, trace, cfg = engine_inputs(tr, SimConfig.from_settings(policy, **full))
+    return inp, pol, trace, cfg, cfg["label"]
 
 
 def _same(a, b):
@@ -105,7 +102,7 @@ CASES = [
     ("brs", dict(load=3.0, tight_kv=True, stale=2), {"patience": 0, "age_window": 4}),
     ("brs", dict(load=2.0), {"patience": 2, "window": 2, "age_fraction": 0.5}),
     ("brs", dict(load=2.0, optimistic=False), {"patience": 1, "safe": False}),
-    # issue 11: the new baselines, the engines' own queues, the replicas' prefix caches
+    # the upstream baselines, the engines' own queues, the replicas' prefix caches
     ("trtllm_balance", dict(load=1.5), {"timeout_iters": 3, "batching_wait_iters": 1}),
     ("trtllm_balance", dict(load=1.5, stale=2), {}),
     ("follow_bootstrap_room", dict(load=1.5, tight_kv=True), {}),
@@ -153,8 +150,8 @@ def _check_engines(policy, kw, options):
     inp, pol, _, cfg, _ = _inputs(tr, policy, options, **kw)
     assert cfg["prefix_cache"] == ("prefix_blocks" in kw)
     assert cfg["prefix_cache_router"] == ("prefix_blocks" in kw and policy == "dynamo")
-    a = run_engine(inp)
-    b = run_engine.py_func(inp)
+    a = engine_entry(pol.name, inp)(pol.name, inp)
+    b = run_engine.py_func(pol.name, inp)
     c = run_engine_reference(inp, pol.reference)
     _same(a, b)
     _same(a, c)
@@ -175,13 +172,20 @@ def test_every_policy_is_covered_by_the_engine_cases():
 
 
 def test_engine_is_cached_with_its_callees():
-    """The engine's disk cache is keyed on every file holding one of its jitted callees."""
+    """The engine's disk cache is keyed on every file holding one of its jitted callees (its
+    own helpers through its globals, every policy's kernel through route_tick)."""
     from numba.core.registry import CPUDispatcher
     from straggler.sim import _engine
 
-    assert run_engine._cache._cache_file._source_stamp[1] == source_digest(
-        _routing_kernels, predictors, _jit
-    )
+    simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
+    deps = engine_depends()
+    assert run_engine._cache._cache_file._source_stamp[1] == source_digest(*deps)
+    kernel_files = {
+        pathlib.Path(get_routing_policy(p).kernel.py_func.__code__.co_filename)
+        for p in routing_policies()
+    }
+    assert kernel_files <= {pathlib.Path(m.__file__) for m in deps}
+    assert _jit in deps and _routing_core in deps and predictors in deps
     seen, files, todo = set(), set(), [run_engine]
     while todo:  # every jitted function the engine reaches through its globals
         d = todo.pop()
@@ -193,9 +197,9 @@ def test_engine_is_cached_with_its_callees():
             obj = d.py_func.__globals__.get(name)
             if isinstance(obj, CPUDispatcher):
                 todo.append(obj)
-    assert len(seen) > 20  # the engine, its helpers and every policy's kernel
-    deps = {pathlib.Path(m.__file__).resolve() for m in (_engine, _routing_kernels)}
-    assert files <= deps, files - deps
+    assert len(seen) > 10  # the engine and its helpers
+    here = {pathlib.Path(m.__file__).resolve() for m in (_engine, _routing_core)}
+    assert files <= here, files - here
 
 
 @pytest.mark.slow
@@ -552,7 +556,7 @@ def test_two_stage_fit_options():
 def test_staleness_without_optimistic_update_herds():
     # Two idle replicas, one request (prompt 100) per step (binary-exact times). With loads 50
     # steps stale and no optimistic update, JSQ sees tokens [0, 0] and requests [0, 0] at every
-    # tick and herds everything onto replica 0 (the ANCHORS.md failure mode).
+    # tick and herds everything onto replica 0 (the stale-metric failure mode).
     n = 6
     tr = Trace(
         arrival_s=np.arange(n) * 0.125, prompt_len=np.full(n, 100), output_len=np.full(n, 200)

@@ -2,16 +2,15 @@
 aggregated serving (context phases inside the step), and their checks."""
 
 import collections
-import inspect
 import pathlib
 
 import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError, InvalidOptionError
-from straggler.sim import simulate
+from straggler.sim import SimConfig, engine_inputs, simulate
 from straggler.sim._engine import _cache_touch, run_engine_reference
 from straggler.sim.prefix import PrefixBlocks, load_prefix_blocks
-from straggler.sim.simulator import _engine_inputs, bootstrap_rooms
+from straggler.sim.simulator import bootstrap_rooms
 from straggler.sim.traces import Trace, generate_trace, load_trace
 from straggler.solvers import get_routing_policy
 
@@ -27,17 +26,9 @@ def _trace(n=60, seed=1):
     )
 
 
-_DEFAULTS = {
-    k: v.default
-    for k, v in inspect.signature(simulate).parameters.items()
-    if v.kind == v.KEYWORD_ONLY
-}
-
-
 def _views(tr, policy, **kw):
     """The ReplicaState of every tick (the Python engine with a spying router)."""
-    full = {**_DEFAULTS, **FAST, **kw}
-    inp, pol, *_ = _engine_inputs(tr, policy, full, {})
+    inp, pol, *_ = engine_inputs(tr, SimConfig.from_settings(policy, **{**FAST, **kw}))
     seen = []
 
     def spy(pool, reps, params, carry, seed):

@@ -1,0 +1,421 @@
+"""The routing kernels' common ground: the state records, the option and memory records, the
+input check, the tick summary and the one dispatch from a policy's name to its kernel.
+
+Every policy's kernel has one signature, ``kernel(pool, reps, opts, carry, seed) ->
+(assignment, carry_out)``: ``pool`` a :class:`PoolState` (the visible requests, oldest
+first), ``reps`` a :class:`ReplicaState` (per replica), ``opts`` a :class:`RouterOptions`
+(filled by the registry, :mod:`straggler.solvers.routing_registry`), ``carry`` a
+:class:`RouterCarry` (the policy's memory from its previous tick), ``seed`` an int64 >= 0
+(MINSTD, for the seeded policies); ``assignment`` int64 ``(n,)``, fresh (-1: stays in the
+pool). Kernels never mutate their inputs and place a request only on a replica with a free
+slot. With ``opts.optimistic`` each policy applies its upstream's local update after each
+placement. The policies themselves live one family per module:
+:mod:`straggler.solvers._balanceroute` (BR-0, BR-H, BR-S) and the upstream routers in
+:mod:`straggler.baselines` (``sglang_routers``, ``vllm_router``, ``trtllm_routers``,
+``dynamo_router``, ``random_router``), each kernel with its plain-Python reference below it.
+
+:func:`route_tick` calls the kernel of a policy named by a string literal: jitted code that
+calls it (``route_batch_kernel`` here, the simulator's step loop) compiles the named policy's
+kernel only, one specialization per policy, each on numba's disk cache.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import numpy as np
+from llvmlite import ir
+from numba import literally, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from ._jit import NJIT
+
+__all__ = [
+    "ReplicaState",
+    "PoolState",
+    "RouterOptions",
+    "RouterCarry",
+    "MAX_TOKENS",
+    "MINSTD_A",
+    "MINSTD_M",
+    "BAD_INPUT",
+    "monotonic_ns",
+    "least_tokens_kernel",
+    "least_tokens_reference",
+    "tick_summary_kernel",
+    "check_inputs_kernel",
+    "route_tick",
+    "route_batch_kernel",
+]
+
+
+class ReplicaState(NamedTuple):
+    """What every kernel knows about each replica: arrays of length ``G``, except ``loads``
+    ``(G, H+1)`` C-contiguous (column 0: resident KV tokens now; columns 1..H: projected loads
+    ``h`` steps ahead, BR-H). ``n_waiting``: requests queued in the replica's own engine (0 in
+    the simulator's pool mode); ``prompt_tokens``: the running requests' original prompt
+    lengths summed (TensorRT-LLM's metric); ``waiting_tokens``: prompt tokens of the
+    ``n_waiting`` requests (SGLang adds them); ``kv_usage``: fraction of the KV capacity in
+    use (vLLM's score); ``kv_capacity``: tokens (``inf``: unbounded)."""
+
+    loads: np.ndarray
+    free_slots: np.ndarray
+    n_running: np.ndarray
+    n_waiting: np.ndarray
+    prompt_tokens: np.ndarray
+    waiting_tokens: np.ndarray
+    kv_usage: np.ndarray
+    kv_capacity: np.ndarray
+
+
+class PoolState(NamedTuple):
+    """What every kernel knows about each visible pool request, oldest first: ``prefill``
+    float64 (tokens it brings: its prompt, or prompt + decoded after a preemption), ``wait``
+    int64 (routing ticks spent in the pool), ``key`` int64 (a stable id: SGLang's bootstrap
+    room), ``cached`` float64 ``(n, G)`` (prompt tokens already in replica ``g``'s prefix
+    cache) or ``(0, G)`` when unknown."""
+
+    prefill: np.ndarray
+    wait: np.ndarray
+    key: np.ndarray
+    cached: np.ndarray
+
+
+class RouterOptions(NamedTuple):
+    """A policy's options as every kernel reads them, one typed field per option.
+
+    Filled only by the registry (:func:`straggler.solvers.routing_registry.router_options`),
+    which holds each option's default, check and documentation
+    (:data:`~straggler.solvers.routing_registry.OPTIONS`); a policy reads the fields it
+    accepts and the others hold their defaults. ``new_presence`` is empty unless given.
+    """
+
+    r_max: int
+    s_greedy: float
+    alpha: float
+    beta: float
+    gamma: float
+    optimistic: bool
+    age_window: int
+    window: int
+    patience: int
+    age_fraction: float
+    safe: bool
+    version: int
+    kv_weight: float
+    throughput: float
+    block_size: int
+    overlap_weight: float
+    timeout_iters: int
+    batching_wait_iters: int
+    new_presence: np.ndarray
+
+
+class RouterCarry(NamedTuple):
+    """A policy's memory from one tick to the next (zeros at the start; a kernel returns it
+    updated, ``RoutingResult.extras["carry"]``)."""
+
+    cursor: int
+    """round_robin: the replica to try first."""
+    vllm_start: int
+    """vllm (rotating versions): where the next scan starts (``eng_start_index``)."""
+    adp_wait: int
+    """trtllm_balance: ticks waited for every rank to have a new request."""
+    adp_batch: int
+    """trtllm_balance: ticks of batching wait spent."""
+    brs_backlog: bool
+    """brs: True while a backlog lasts (entered at ``patience``, left when the pool fits)."""
+
+
+#: Largest token count (length, load) a kernel accepts: float64 holds every integer up to it
+#: exactly, and ``G * (max load + sum of lengths)`` stays finite for any realistic ``G``.
+MAX_TOKENS = float(2**53)
+
+#: MINSTD (``x <- 48271*x mod (2^31-1)``), the generator of the seeded policies (written out
+#: in each kernel and reference, so that both draw the same numbers).
+MINSTD_A = 48271
+MINSTD_M = 2147483647
+
+
+def monotonic_ns() -> int:
+    """``CLOCK_MONOTONIC`` in nanoseconds, in Python and in jitted code.
+
+    Jitted code calls the C library's ``clock_gettime`` directly (:func:`_clock_gettime_ns`,
+    resolved by name when the code is linked, so a function that calls it can be cached on
+    disk, which a ctypes function pointer prevents); Python (a ``py_func``, or
+    ``NUMBA_DISABLE_JIT=1``) reads the same clock through :func:`time.monotonic_ns`.
+    """
+    return time.monotonic_ns()
+
+
+@intrinsic
+def _clock_gettime_ns(typingctx):
+    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (jitted code only)."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        i32 = ir.IntType(32)
+        timespec = ir.LiteralStructType([i64, i64])  # struct timespec on 64-bit Linux
+        fnty = ir.FunctionType(i32, [i32, timespec.as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        ts = cgutils.alloca_once(builder, timespec)
+        builder.call(fn, [ir.Constant(i32, 1), ts])  # CLOCK_MONOTONIC = 1
+        sec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 0))
+        nsec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 1))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+
+    return sig, codegen
+
+
+@overload(monotonic_ns)
+def _monotonic_ns_jit():
+    return lambda: _clock_gettime_ns()
+
+
+# --------------------------------------------------------------------------------------------
+# Join the shortest queue by tokens: SGLang's total_tokens and BR-S's safety net
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def least_tokens_kernel(pool, reps, optimistic, add_tokens):
+    """In pool order, each request to the replica with a free slot and the fewest ``loads +
+    waiting_tokens``, then the fewest ``running + waiting`` requests, then the lowest index.
+    ``optimistic``: after each pick ``requests += 1`` and, with ``add_tokens``, ``tokens +=
+    s``. Returns the assignment."""
+    prefill = pool.prefill
+    loads = reps.loads
+    free_slots = reps.free_slots
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    tok = loads[:, 0] + reps.waiting_tokens
+    req = reps.n_running + reps.n_waiting
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    for i in range(n):
+        g = -1
+        for j in range(G):
+            if cap[j] <= 0:
+                continue
+            if g < 0 or tok[j] < tok[g] or (tok[j] == tok[g] and req[j] < req[g]):
+                g = j
+        if g < 0:
+            break
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            req[g] += 1
+            if add_tokens:
+                tok[g] += prefill[i]
+    return out
+
+
+def least_tokens_reference(pool, reps, optimistic, add_tokens):
+    """The same in plain Python (``min`` over the eligible replicas by a key tuple)."""
+    prefill = pool.prefill
+    tok = [float(row[0]) + float(w) for row, w in zip(reps.loads, reps.waiting_tokens)]
+    req = [int(a) + int(b) for a, b in zip(reps.n_running, reps.n_waiting)]
+    cap = [int(c) for c in reps.free_slots]
+    out = [-1] * len(prefill)
+    for i, s in enumerate(prefill):
+        elig = [j for j in range(len(cap)) if cap[j] > 0]
+        if not elig:
+            break
+        g = min(elig, key=lambda j: (tok[j], req[j], j))
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            req[g] += 1
+            if add_tokens:
+                tok[g] += float(s)
+    return np.array(out, dtype=np.int64)
+
+
+@njit(**NJIT)
+def tick_summary_kernel(loads, prefill, assignment):
+    """``(I_before, I_after, loads_after, n_placed)`` on current loads ``loads[:, 0]``:
+    ``loads_after`` adds each placed request's prefill to its replica (no reference needed: the
+    tests compare it with :func:`straggler.formulations.routing.imbalance`)."""
+    G = loads.shape[0]
+    L = loads[:, 0].copy()
+    before_max = L.max()
+    before = G * before_max - L.sum()
+    placed = 0
+    for i in range(assignment.shape[0]):
+        if assignment[i] >= 0:
+            L[assignment[i]] += prefill[i]
+            placed += 1
+    after = G * L.max() - L.sum()
+    return before, after, L, placed
+
+
+#: Codes of :func:`check_inputs_kernel`: the parameter of ``route_batch`` at fault.
+BAD_INPUT = (
+    "",
+    "prefill_lengths",
+    "loads",
+    "free_slots",
+    "n_running",
+    "n_waiting",
+    "prompt_tokens",
+    "waiting_tokens",
+    "kv_usage",
+    "kv_capacity",
+    "pool_wait",
+    "pool_cached",
+    "pool_key",
+)
+
+
+@njit(**NJIT)
+def _bad_tokens(x):
+    """Flat index of the first value of ``x`` outside ``[0, MAX_TOKENS]`` (NaN included), -1."""
+    v = x.ravel()
+    for i in range(v.shape[0]):
+        if not (v[i] >= 0.0 and v[i] <= MAX_TOKENS):
+            return i
+    return -1
+
+
+@njit(**NJIT)
+def _bad_count(x):
+    """Index of the first negative entry of an int64 vector, -1."""
+    for i in range(x.shape[0]):
+        if x[i] < 0:
+            return i
+    return -1
+
+
+@njit(**NJIT)
+def check_inputs_kernel(pool, reps):
+    """``(code, index)``: ``(0, -1)`` when every value is valid, else the first bad array (its
+    code in :data:`BAD_INPUT`) and the flat index of its first bad value, in one pass.
+
+    Token arrays (prefill, loads, prompt and waiting tokens, cached) must lie in
+    ``[0, MAX_TOKENS]``; counts must be ``>= 0``; the free slots must also sum to at most
+    ``2**63 - 1`` (index: where the running sum would overflow); ``kv_usage`` finite
+    ``>= 0``; ``kv_capacity > 0`` (``inf`` allowed); request keys ``>= 0``.
+    """
+    i = _bad_tokens(pool.prefill)
+    if i >= 0:
+        return 1, i
+    i = _bad_tokens(reps.loads)
+    if i >= 0:
+        return 2, i
+    total = 0
+    free = reps.free_slots
+    for g in range(free.shape[0]):
+        if free[g] < 0 or free[g] > 9223372036854775807 - total:
+            return 3, g
+        total += free[g]
+    i = _bad_count(reps.n_running)
+    if i >= 0:
+        return 4, i
+    i = _bad_count(reps.n_waiting)
+    if i >= 0:
+        return 5, i
+    i = _bad_tokens(reps.prompt_tokens)
+    if i >= 0:
+        return 6, i
+    i = _bad_tokens(reps.waiting_tokens)
+    if i >= 0:
+        return 7, i
+    u = reps.kv_usage
+    for g in range(u.shape[0]):
+        if not (u[g] >= 0.0 and u[g] < np.inf):
+            return 8, g
+    c = reps.kv_capacity
+    for g in range(c.shape[0]):
+        if not (c[g] > 0.0):
+            return 9, g
+    i = _bad_count(pool.wait)
+    if i >= 0:
+        return 10, i
+    i = _bad_tokens(pool.cached)
+    if i >= 0:
+        return 11, i
+    i = _bad_count(pool.key)
+    if i >= 0:
+        return 12, i
+    return 0, -1
+
+
+def route_tick(policy, pool, reps, opts, carry, seed):
+    """The kernel of the routing policy named ``policy``: ``(assignment, carry_out)``.
+
+    In jitted code ``policy`` must be a string literal (a caller passes it through
+    ``numba.literally``), and the call compiles to that policy's kernel alone."""
+    from .routing_registry import get_routing_policy
+
+    return get_routing_policy(policy).kernel(pool, reps, opts, carry, seed)
+
+
+@overload(route_tick, prefer_literal=True)
+def _route_tick_jit(policy, pool, reps, opts, carry, seed):
+    if not isinstance(policy, types.StringLiteral):
+        return None  # numba then types the call again with the literal
+    from .routing_registry import get_routing_policy
+
+    kernel = get_routing_policy(policy.literal_value).kernel
+
+    def impl(policy, pool, reps, opts, carry, seed):
+        return kernel(pool, reps, opts, carry, seed)
+
+    return impl
+
+
+@njit(**NJIT)
+def route_batch_kernel(
+    policy,
+    prefill,
+    wait,
+    key,
+    cached,
+    loads,
+    free_slots,
+    n_running,
+    n_waiting,
+    prompt_tokens,
+    waiting_tokens,
+    kv_usage,
+    kv_capacity,
+    opts,
+    carry,
+    seed,
+):
+    """One call for ``route_batch``: value check, the kernel of ``policy`` (a string literal),
+    the tick summary.
+
+    Takes the fields of :class:`PoolState` and :class:`ReplicaState` as flat arrays (cheaper to
+    pass from Python than two tuples). Returns ``(code, index, assignment, carry_out,
+    I_before, I_after, loads_after, n_placed, S_tot, ns)``; ``(code, index)`` as in
+    :func:`check_inputs_kernel` (nothing is routed when ``code != 0``); ``S_tot`` = total free
+    slots at the start of the tick; ``ns`` the kernel's and the summary's time.
+    """
+    policy = literally(policy)
+    pool = PoolState(prefill, wait, key, cached)
+    reps = ReplicaState(
+        loads,
+        free_slots,
+        n_running,
+        n_waiting,
+        prompt_tokens,
+        waiting_tokens,
+        kv_usage,
+        kv_capacity,
+    )
+    code, index = check_inputs_kernel(pool, reps)
+    if code != 0:
+        empty = np.full(prefill.shape[0], -1, np.int64)
+        return code, index, empty, carry, 0.0, 0.0, loads[:, 0].copy(), 0, 0, 0
+    t0 = monotonic_ns()
+    out, new_carry = route_tick(policy, pool, reps, opts, carry, seed)
+    before, after, loads_after, placed = tick_summary_kernel(loads, prefill, out)
+    ns = monotonic_ns() - t0
+    s_tot = 0
+    for g in range(free_slots.shape[0]):
+        s_tot += free_slots[g]
+    return 0, -1, out, new_carry, before, after, loads_after, placed, s_tot, ns

@@ -8,6 +8,8 @@ to JSQ + EPLB's even split, same seed and trace in every cell):
    dispatch even / token LP / tempo tables (200 ms).
 2. DeepSeek-V3, wide EP (EP32 on 4 nodes; anchor: no balancer gains more than ~1%):
    dispatch even / tempo tables.
+4. ``bound`` (Qwen3-235B EP8): tables (200 ms) against solving every batch
+   (``dispatch="per_batch"``, tempo and token LP): what staleness of the tables costs each.
 3. TensorRT-LLM's attention-DP balance (anchor: balance ratio 54% -> 88%, 1.33x throughput,
    DeepSeek-V3 DP8, aggregated serving): routing jsq / trtllm_balance, with the context phase
    inside the step (``ctx_cost``, aggregated) and without (PD disaggregation).
@@ -20,11 +22,12 @@ Writes ``benchmarks/results/deployment_levers.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import time
 
-from straggler.sim import generate_trace, load_trace
+from straggler.sim import generate_trace, load_trace, simulate
 from straggler.sim.deployment import DeploymentConfig
 from straggler.sim.levers import levers
 
@@ -37,7 +40,7 @@ def main(argv=None):
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--load", type=float, default=1.5)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--studies", default="qwen,dsv3,trtllm")
+    ap.add_argument("--studies", default="qwen,dsv3,trtllm", help="also: bound")
     ap.add_argument(
         "--out", default=str(ROOT / "benchmarks" / "results" / "deployment_levers.json")
     )
@@ -68,8 +71,36 @@ def main(argv=None):
             )
         },
     }  # fmt: skip
-    out = dict(trace=trace.name, n_requests=len(trace), load=args.load, layers=args.layers)
+
+    def bound():
+        base = DeploymentConfig(preset="qwen3_235b", n_gpus=8, layers=args.layers)
+        rows = {}
+        for cell, kw in [
+            ("even", {}),
+            ("tempo_tables", dict(dispatch="tempo")),
+            ("token_lp_tables", dict(dispatch="token_lp")),
+            ("per_batch_tempo", dict(dispatch="per_batch")),
+            ("per_batch_token_lp", dict(dispatch="per_batch", per_batch_method="token_lp")),
+        ]:
+            r = simulate(trace, "jsq", deployment=dataclasses.replace(base, **kw), **common)
+            rows[cell] = dict(
+                throughput_tps=r.throughput_tps,
+                moe_ms=r.step_breakdown["moe_us"] / 1e3,
+                tpot_p99_ms=r.tpot_p99_ms,
+            )
+            print(cell, rows[cell], flush=True)
+        return rows
+
+    path = pathlib.Path(args.out)
+    out = json.loads(path.read_text()) if path.exists() else {}
+    out.update(trace=trace.name, load=args.load, layers=args.layers)
     for name in args.studies.split(","):
+        if name == "bound":
+            t = time.perf_counter()
+            out[f"bound ({len(trace)} requests)"] = bound()
+            print(f"({time.perf_counter() - t:.0f} s)")
+            path.write_text(json.dumps(out, indent=1))
+            continue
         t = time.perf_counter()
         res = studies[name]()
         tables = res if isinstance(res, dict) else {name: res}

@@ -14,6 +14,12 @@ candidate list of the token's rank, ``partial_logical_to_all_physical_map``. Ver
   otherwise the draw is over all replicas.
 * ``version="uniform"`` (PR #5226, opened 2025-04-10, until #10874): the draw is always
   over all replicas, whatever the source.
+
+``rank_invariant=True`` is the dispatch SGLang 0.5.23 uses without an all-to-all backend
+(``--moe-a2a-backend none``, ``ExpertLocationDispatchInfo.rank_invariant``): every EP rank
+runs the MoE over the same tokens, so the lists are not narrowed per rank and the replica
+is the token's row index modulo ``num_valid`` instead of a random draw, identical on every
+rank.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.validation import check_array, check_choice, check_int, check_rng
+from ..formulations.validation import check_array, check_bool, check_choice, check_int, check_rng
 from ..solvers.registry import LayerSolution
 from .static import _nearest_replica
 from .tokens import _mask_candidates, _shares_from_slots, token_layout
@@ -39,7 +45,9 @@ __all__ = [
 SGLANG_DYNAMIC_VERSIONS = ("same_node", "uniform")
 
 
-def sglang_dynamic_lists(logical_to_physical, slot_gpu, gpu_node, *, version="same_node"):
+def sglang_dynamic_lists(
+    logical_to_physical, slot_gpu, gpu_node, *, version="same_node", rank_invariant=False
+):
     """Every rank's candidate lists (``partial_logical_to_all_physical_map`` per rank).
 
     Parameters
@@ -49,6 +57,9 @@ def sglang_dynamic_lists(logical_to_physical, slot_gpu, gpu_node, *, version="sa
     slot_gpu : array_like of int, shape (n_slots,)
     gpu_node : array_like of int, shape (n_gpus,)
     version : {"same_node", "uniform"}
+    rank_invariant : bool, default False
+        No all-to-all backend: SGLang skips the per-rank narrowing (every rank gets the
+        full lists, as ``version="uniform"``).
 
     Returns
     -------
@@ -66,11 +77,12 @@ def sglang_dynamic_lists(logical_to_physical, slot_gpu, gpu_node, *, version="sa
     l2p = check_array(logical_to_physical, "logical_to_physical", func, kind="int", ndim=2, lo=-1)
     gpu_node = check_array(gpu_node, "gpu_node", func, kind="int", ndim=1, lo=0)
     version = check_choice(version, "version", func, SGLANG_DYNAMIC_VERSIONS)
+    rank_invariant = check_bool(rank_invariant, "rank_invariant", func)
     n_gpus = gpu_node.size
     n_experts, width = l2p.shape
     lists = np.broadcast_to(l2p, (n_gpus, n_experts, width)).copy()
     num_valid = np.broadcast_to((l2p != -1).sum(axis=1), (n_gpus, n_experts)).copy()
-    if version == "same_node":
+    if version == "same_node" and not rank_invariant:
         for e in range(n_experts):
             cand = [int(p) for p in l2p[e] if p != -1]
             if not cand:
@@ -84,10 +96,12 @@ def sglang_dynamic_lists(logical_to_physical, slot_gpu, gpu_node, *, version="sa
     return lists, num_valid
 
 
-def sglang_dynamic_choice(topk, source, lists, num_valid, rng) -> np.ndarray:
+def sglang_dynamic_choice(
+    topk, source, lists, num_valid, rng, *, rank_invariant=False
+) -> np.ndarray:
     """The physical slot of every ``(token, top-k)`` entry: ``randint(0, 65536) % num_valid``
     over the token's rank's list (one draw per entry, as upstream; numpy's generator stands
-    for torch's).
+    for torch's), or with ``rank_invariant`` the token's row index ``% num_valid``.
 
     Parameters
     ----------
@@ -98,6 +112,10 @@ def sglang_dynamic_choice(topk, source, lists, num_valid, rng) -> np.ndarray:
     lists, num_valid : see :func:`sglang_dynamic_lists`
     rng : None, int or numpy.random.Generator
         (Anything with numpy's ``integers(low, high, size)`` method is used as it is.)
+        Not drawn from with ``rank_invariant``.
+    rank_invariant : bool, default False
+        SGLang's row-index rule (no all-to-all backend): entry ``(t, j)`` takes list
+        position ``t % num_valid``, the same on every rank.
 
     Returns
     -------
@@ -111,6 +129,9 @@ def sglang_dynamic_choice(topk, source, lists, num_valid, rng) -> np.ndarray:
     ...                               np.random.default_rng(0))
     >>> sorted(set(slots.ravel().tolist())) <= [0, 1]
     True
+    >>> sglang_dynamic_choice(np.zeros((3, 2), int), np.zeros(3, int), lists, nv, None,
+    ...                       rank_invariant=True).tolist()
+    [[0, 0], [1, 1], [0, 0]]
     """
     func = "sglang_dynamic_choice"
     lists = check_array(lists, "lists", func, kind="int", ndim=3, lo=-1)
@@ -122,10 +143,14 @@ def sglang_dynamic_choice(topk, source, lists, num_valid, rng) -> np.ndarray:
     source = check_array(
         source, "source", func, kind="int", ndim=1, lo=0, hi=g - 1, shape=(topk.shape[0],)
     )
-    if not hasattr(rng, "integers"):
-        rng = check_rng(rng, func)
+    rank_invariant = check_bool(rank_invariant, "rank_invariant", func)
     src = np.broadcast_to(source[:, None], topk.shape)
-    draw = np.asarray(rng.integers(0, 65536, size=topk.shape))
+    if rank_invariant:  # upstream: arange(n_entries) // top_k, the row of each entry
+        draw = np.broadcast_to(np.arange(topk.shape[0])[:, None], topk.shape)
+    else:
+        if not hasattr(rng, "integers"):
+            rng = check_rng(rng, func)
+        draw = np.asarray(rng.integers(0, 65536, size=topk.shape))
     live = topk >= 0
     e = np.where(live, topk, 0)
     idx = draw % np.maximum(num_valid[src, e], 1)
@@ -135,6 +160,7 @@ def sglang_dynamic_choice(topk, source, lists, num_valid, rng) -> np.ndarray:
 def _dynamic_iv(method) -> None:
     func = "solve_dispatch(method='sglang_dynamic')"
     check_choice(method.version, "version", func, SGLANG_DYNAMIC_VERSIONS)
+    check_bool(method.rank_invariant, "rank_invariant", func)
     check_int(method.top_k, "top_k", func, lo=1)
     check_int(method.layout_seed, "layout_seed", func, lo=0)
 
@@ -147,6 +173,9 @@ class SGLangDynamic:
     ----------
     version : {"same_node", "uniform"}, default "same_node"
         See the module docstring.
+    rank_invariant : bool, default False
+        SGLang without an all-to-all backend (see the module docstring): full lists on
+        every rank, replica by the token's row index; no random draw.
     top_k, layout_seed : int, default 8 and 0
         Experts per token and seed of the synthetic token order
         (:func:`~straggler.baselines.tokens.token_layout`); the draws come from the
@@ -179,6 +208,7 @@ class SGLangDynamic:
     """
 
     version: str = "same_node"
+    rank_invariant: bool = False
     top_k: int = 8
     layout_seed: int = 0
 
@@ -190,10 +220,17 @@ class SGLangDynamic:
         g = problem.n_gpus
         node = problem.gpu_node if problem.gpu_node is not None else np.zeros(g, np.int64)
         lists, num_valid = sglang_dynamic_lists(
-            _mask_candidates(problem.replicas), np.arange(g), node, version=self.version
+            _mask_candidates(problem.replicas),
+            np.arange(g),
+            node,
+            version=self.version,
+            rank_invariant=self.rank_invariant,
         )
         lay = token_layout(problem.counts, g, top_k=int(self.top_k), seed=int(self.layout_seed))
         gen = check_rng(rng, "solve_dispatch(method='sglang_dynamic')")
-        slots = sglang_dynamic_choice(lay.topk, lay.source, lists, num_valid, gen)
+        slots = sglang_dynamic_choice(
+            lay.topk, lay.source, lists, num_valid, gen, rank_invariant=self.rank_invariant
+        )
         shares = _shares_from_slots(lay.topk, slots, np.arange(g), g, problem.n_experts)
-        return LayerSolution(shares=shares, extras={"version": self.version})
+        extras = {"version": self.version, "rank_invariant": self.rank_invariant}
+        return LayerSolution(shares=shares, extras=extras)

@@ -21,6 +21,15 @@ repeated ``k // r`` times plus ``k % r`` candidates sampled without replacement,
 handed out in rank order. **One** ``random.Random(seed)`` (seed 42) is drawn from across
 all layers, layer by layer, expert by expert: the table of layer 1 depends on every draw
 of layer 0. The table never changes between rebalances, whatever the batch.
+
+Which candidate lists the table is drawn from depends on how SGLang built the placement
+(``expert_location.py``): after ``init_by_eplb`` (an EPLB rebalance) or without an
+all-to-all backend (``--moe-a2a-backend none``) every rank draws from the full lists
+(``per_rank_lists=False``); after ``init_by_mapping`` / ``init_trivial`` with an
+all-to-all backend, rank ``r`` first narrows each list to its own nearest replica
+(``_compute_logical_to_all_physical_map``, PR #10874) and draws its table from those lists
+(``per_rank_lists=True``): its entry is the same where it has a nearest replica, but the
+experts it narrowed consume no draws, so its fair draws differ.
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.errors import param_error
-from ..formulations.validation import check_array, check_choice, check_int
+from ..formulations.errors import InvalidOptionError, param_error
+from ..formulations.validation import check_array, check_bool, check_choice, check_int
 from ..solvers.registry import LayerSolution
 from .tokens import _mask_candidates, token_layout
 
@@ -98,7 +107,7 @@ def _fair_choices(arr: list, k: int, r: random.Random) -> list:
     return out
 
 
-def _sglang_static_table_iv(logical_to_physical, slot_gpu, gpu_node, version, seed):
+def _sglang_static_table_iv(logical_to_physical, slot_gpu, gpu_node, version, seed, per_rank):
     func = "sglang_static_table"
     slot_gpu = check_array(slot_gpu, "slot_gpu", func, kind="int", ndim=1, lo=0)
     if slot_gpu.size == 0:
@@ -120,11 +129,23 @@ def _sglang_static_table_iv(logical_to_physical, slot_gpu, gpu_node, version, se
     gpu_node = check_array(gpu_node, "gpu_node", func, kind="int", ndim=1, lo=0, shape=(n_gpus,))
     version = check_choice(version, "version", func, SGLANG_STATIC_VERSIONS)
     seed = check_int(seed, "seed", func)
-    return l2p, slot_gpu, gpu_node, version, seed
+    per_rank = check_bool(per_rank, "per_rank_lists", func)
+    if per_rank and version != "same_node":
+        raise InvalidOptionError(
+            f"The 'per_rank_lists' option of {func} applies to version='same_node' only "
+            f"(SGLang narrows per rank since PR #10874). Got version={version!r} instead."
+        )
+    return l2p, slot_gpu, gpu_node, version, seed, per_rank
 
 
 def sglang_static_table(
-    logical_to_physical, slot_gpu, gpu_node=None, *, version: str = "same_node", seed: int = 42
+    logical_to_physical,
+    slot_gpu,
+    gpu_node=None,
+    *,
+    version: str = "same_node",
+    seed: int = 42,
+    per_rank_lists: bool = False,
 ) -> np.ndarray:
     """SGLang's static dispatch table for every source rank, layer and expert.
 
@@ -140,6 +161,10 @@ def sglang_static_table(
     version : {"same_node", "same_gpu"}, default "same_node"
     seed : int, default 42
         SGLang's seed; one ``random.Random(seed)`` serves all layers.
+    per_rank_lists : bool, default False
+        Rank ``r``'s row drawn from its own narrowed lists (SGLang's ``init_by_mapping``
+        with an all-to-all backend; see the module docstring); ``version="same_node"``
+        only.
 
     Returns
     -------
@@ -156,9 +181,27 @@ def sglang_static_table(
     >>> t[[0, 2], 0, 0].tolist(), sorted(t[[1, 3], 0, 0].tolist())
     ([0, 2], [0, 2])
     """
-    l2p, slot_gpu, gpu_node, version, seed = _sglang_static_table_iv(
-        logical_to_physical, slot_gpu, gpu_node, version, seed
+    l2p, slot_gpu, gpu_node, version, seed, per_rank = _sglang_static_table_iv(
+        logical_to_physical, slot_gpu, gpu_node, version, seed, per_rank_lists
     )
+    if not per_rank:
+        return _static_table(l2p, slot_gpu, gpu_node, version, seed)
+    n_gpus = gpu_node.size
+    table = np.empty((n_gpus, *l2p.shape[:2]), dtype=np.int64)
+    for rank in range(n_gpus):
+        narrowed = l2p.copy()
+        for layer, e in np.ndindex(*l2p.shape[:2]):
+            cand = [int(p) for p in l2p[layer, e] if p != -1]
+            p = _nearest_replica(cand, slot_gpu, gpu_node, rank, version) if cand else -1
+            if p != -1:
+                narrowed[layer, e] = -1
+                narrowed[layer, e, 0] = p
+        table[rank] = _static_table(narrowed, slot_gpu, gpu_node, version, seed)[rank]
+    return table
+
+
+def _static_table(l2p, slot_gpu, gpu_node, version, seed) -> np.ndarray:
+    """The table of :func:`sglang_static_table` from validated lists (one set for all ranks)."""
     n_gpus = int(slot_gpu.max(initial=-1)) + 1
     n_layers, n_experts, _ = l2p.shape
     table = np.full((n_gpus, n_layers, n_experts), -1, dtype=np.int64)
@@ -185,6 +228,12 @@ def _static_iv(method) -> None:
     check_choice(method.rule, "rule", func, STATIC_RULES)
     check_choice(method.version, "version", func, SGLANG_STATIC_VERSIONS)
     check_int(method.seed, "seed", func)
+    check_bool(method.per_rank_lists, "per_rank_lists", func)
+    if method.per_rank_lists and (method.rule != "sglang" or method.version != "same_node"):
+        raise InvalidOptionError(
+            f"The 'per_rank_lists' option of {func} applies to rule='sglang' with "
+            f"version='same_node' only. Got rule={method.rule!r}, version={method.version!r}."
+        )
     check_int(method.top_k, "top_k", func, lo=1)
     check_int(method.layout_seed, "layout_seed", func, lo=0)
 
@@ -209,6 +258,10 @@ class StaticDispatch:
         SGLang's rule version (``rule="sglang"``), see the module docstring.
     seed : int, default 42
         SGLang's seed (``"sglang"``) or the ``"random"`` rule's seed.
+    per_rank_lists : bool, default False
+        ``rule="sglang"``: every rank draws its row from its own narrowed lists (SGLang's
+        ``init_by_mapping`` with an all-to-all backend, see the module docstring) instead
+        of the full lists (after an EPLB rebalance, or without an all-to-all backend).
     top_k, layout_seed : int, default 8 and 0
         Experts per token and seed of the synthetic token order
         (:func:`~straggler.baselines.tokens.token_layout`).
@@ -221,9 +274,9 @@ class StaticDispatch:
     placement alone. Not modelled: two replicas of one expert on one GPU (the mask merges
     them; SGLang draws slots, so such a GPU would get a double share of the fair draw);
     SGLang's candidate order from ``init_by_eplb`` (replica rank order) where it differs
-    from slot order; the per-rank narrowed candidate lists of the ``init_by_mapping`` path,
-    which give each rank the same rule with different draws; the rank-invariant dispatch
-    of ``--moe-a2a-backend none`` (PR #32962, July 2026). ``O(L * E * g)``.
+    from slot order. Without an all-to-all backend SGLang 0.5.23 changes only the dynamic
+    rule (``rank_invariant``); its static table is then drawn from the full lists
+    (``per_rank_lists=False``). ``O(L * E * g)``, times ``g`` with ``per_rank_lists``.
 
     References
     ----------
@@ -247,6 +300,7 @@ class StaticDispatch:
     rule: str = "sglang"
     version: str = "same_node"
     seed: int = 42
+    per_rank_lists: bool = False
     top_k: int = 8
     layout_seed: int = 0
 
@@ -269,7 +323,12 @@ class StaticDispatch:
             c = _mask_candidates(p.replicas)
             l2p[i, :, : c.shape[1]] = c
         table = sglang_static_table(
-            l2p, np.arange(n_gpus), node, version=self.version, seed=int(self.seed)
+            l2p,
+            np.arange(n_gpus),
+            node,
+            version=self.version,
+            seed=int(self.seed),
+            per_rank_lists=self.per_rank_lists,
         )
         out = []
         for i, p in enumerate(layers):

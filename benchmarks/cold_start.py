@@ -13,6 +13,16 @@ Every measurement runs in a fresh subprocess (nothing compiled in memory). Scena
 * ``cold_first``: a fresh cache again, the first ``solve_dispatch`` on the default instance
   without any warm-up: its wall time, the ``runtime_s`` it reports (which must exclude the
   compile) and its ``compile_s``;
+* ``first_command`` (:func:`first_command`): a new user's first commands. The install
+  (``pip install --no-deps .`` into a fresh virtual environment that sees this one's
+  dependencies: the package itself, built in pip's isolated build environment and
+  installed, apart from downloading numpy, numba and HiGHS), then, each in a new process
+  with an empty ``NUMBA_CACHE_DIR``: ``straggler-compare`` (defaults), ``straggler-compare
+  --layers 61``, ``straggler-plan`` on ``plan_demo.py``'s vLLM recording, and a notebook's
+  first cell (``solve_dispatch`` on the default instance,
+  then on 61 layers generated beforehand). Goal: the first ``straggler-compare`` in <= 15
+  s, everything it compiles included. Whether the plain-Python references served
+  (``straggler.solvers._backend``) is read from the command's output;
 * ``first_route_batch`` and ``first_simulate``: each in its own fresh process on its own empty
   cache, the first ``route_batch(policy="jsq")`` on a 3-request tick (goal <= 10 s) and the
   first ``simulate(policy="brs")`` on the default trace (goal <= 20 s), each beside the next
@@ -24,6 +34,7 @@ apart from run time throughout. Timings depend on the machine's load: say so whe
 
     python benchmarks/cold_start.py              # all scenarios (~3-6 min on 2 busy cores)
     python benchmarks/cold_start.py --skip-cold  # warm cache only (reuses a filled folder)
+    python benchmarks/cold_start.py --first-command-only  # the install and first commands
 """
 
 from __future__ import annotations
@@ -152,6 +163,107 @@ def _run(mode: str, cache: str, repeats: int) -> dict:
     return res
 
 
+_NOTEBOOK_CELL = """
+import time
+t = time.perf_counter()
+from straggler.formulations import CostModel
+from straggler.sim import make_decode_problem
+from straggler.solvers import solve_dispatch
+cost = CostModel.preset("dsv3_a_offline")
+layer, layers = make_decode_problem(n_layers=1), make_decode_problem(n_layers=61)
+t0 = time.perf_counter()
+one = solve_dispatch(layer, cost)
+t1 = time.perf_counter()
+stack = solve_dispatch(layers, cost)
+t2 = time.perf_counter()
+print(t0 - t, t1 - t0, t2 - t1, one.reference_s, stack.reference_s, stack.compile_s)
+"""
+
+
+def first_command(tmp: str) -> dict:
+    """The install and a new user's first commands, each timed in a new process on an
+    empty numba cache (module notes)."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    venv = os.path.join(tmp, "venv")
+    t = time.perf_counter()
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", venv], check=True)
+    site = next(pathlib.Path(venv, "lib").glob("python*/site-packages"))
+    # this environment's dependencies, as a plain path (its editable install is not seen)
+    deps = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    (site / "deps.pth").write_text("\n".join(deps) + "\n")
+    venv_s = time.perf_counter() - t
+    t = time.perf_counter()
+    pip = [os.path.join(venv, "bin", "pip"), "install", "-q", "--no-deps", str(root)]
+    subprocess.run(pip, check=True, cwd=tmp, capture_output=True)
+    install_s = time.perf_counter() - t
+    out = {"venv_s": venv_s, "install_s": install_s}
+    bin_ = os.path.join(venv, "bin")
+    from straggler.proofs.engine_strategies import write_demo_dumps
+
+    # plan_demo.py's recording, as vLLM writes it (JSON: no torch needed)
+    dumps = write_demo_dumps(pathlib.Path(tmp, "dumps"), engines=("vllm",))
+    runs = {
+        "compare": [os.path.join(bin_, "straggler-compare")],
+        "compare_61_layers": [os.path.join(bin_, "straggler-compare"), "--layers", "61"],
+        "plan": [
+            os.path.join(bin_, "straggler-plan"),
+            dumps["vllm"],
+            "--gpus",
+            "8",
+            "--slots",
+            "80",
+            "--holdout",
+            "0.5",
+            "--no-progress",
+        ],  # fmt: skip
+        "notebook_first_cell": [os.path.join(bin_, "python"), "-c", _NOTEBOOK_CELL],
+    }
+    for name, cmd in runs.items():
+        env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, f"cache-{name}"))
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - t
+        if proc.returncode:
+            raise RuntimeError(f"{name} failed:\n{proc.stderr[-4000:]}")
+        said = proc.stdout + proc.stderr
+        row = {"wall_s": wall, "references": "plain-Python references" in said}
+        if name == "notebook_first_cell":
+            prep, a, b, ref1, ref61, comp61 = (float(v) for v in proc.stdout.split())
+            row.update(imports_and_problems_s=prep, first_call_s=a, stack_61_s=b,
+                       reference_s_first=ref1, reference_s_stack=ref61,
+                       compile_s_stack=comp61)  # fmt: skip
+            row["references"] = ref1 > 0
+        out[name] = row
+    out["goal"] = {"compare_s": out["compare"]["wall_s"], "bound_s": 15.0,
+                   "met": out["compare"]["wall_s"] <= 15.0}  # fmt: skip
+    return out
+
+
+def format_first_command(r: dict) -> str:
+    """The rows of :func:`first_command`."""
+    lines = [
+        f"fresh install (package only, dependencies present): venv {r['venv_s']:.1f} s, "
+        f"pip install {r['install_s']:.1f} s",
+    ]
+    for name in ("compare", "compare_61_layers", "plan", "notebook_first_cell"):
+        row = r[name]
+        how = "references served" if row["references"] else "kernels"
+        lines.append(f"  first {name:22s} {row['wall_s']:7.1f} s wall, empty cache ({how})")
+    nb = r["notebook_first_cell"]
+    lines.append(
+        f"  notebook: imports and problems {nb['imports_and_problems_s']:.2f} s, first "
+        f"solve_dispatch {nb['first_call_s']:.2f} s, "
+        f"then 61 layers {nb['stack_61_s']:.2f} s (references {nb['reference_s_stack']:.2f} s, "
+        f"compile {nb['compile_s_stack']:.1f} s)"
+    )
+    g = r["goal"]
+    lines.append(
+        f"first straggler-compare {g['compare_s']:.1f} s (goal <= 15 s, compiles included): "
+        f"{'met' if g['met'] else 'MISSED'}"
+    )
+    return "\n".join(lines)
+
+
 def _goal(first: float, steady: float) -> dict:
     bound = 3 * steady + 1.0
     return {"first_s": first, "steady_s": steady, "bound_s": bound, "met": first <= bound}
@@ -165,9 +277,20 @@ def main(argv=None) -> int:
     p.add_argument("--cache", default=None, help="cache folder to reuse (with --skip-cold)")
     p.add_argument("--routing-only", action="store_true", help="first route_batch and simulate")
     p.add_argument("--out", default=str(RESULTS / "cold_start.json"))
+    p.add_argument("--first-command-only", action="store_true", help="only first_command()")
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args.child, args.repeats)))
+        return 0
+    if args.first_command_only:
+        with tempfile.TemporaryDirectory(prefix="straggler-first-") as tmp:
+            r = first_command(tmp)
+        path = pathlib.Path(args.out)
+        report = json.loads(path.read_text()) if path.exists() else {}
+        report["first_command"] = r
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(format_first_command(r))
         return 0
 
     report = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
@@ -192,6 +315,7 @@ def main(argv=None) -> int:
         }
         if not args.skip_cold:
             report["cold_first"] = _run("cold_first", os.path.join(tmp, "fresh"), args.repeats)
+            report["first_command"] = first_command(tmp)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(format_report(report))
@@ -236,6 +360,8 @@ def format_report(r: dict) -> str:
             f"warm cache, first {name}: {g['first_s']:.3f} s vs steady {g['steady_s']:.4f} s "
             f"(goal <= 3x steady + 1 s = {g['bound_s']:.3f} s): {'met' if g['met'] else 'MISSED'}"
         )
+    if "first_command" in r:
+        lines.append(format_first_command(r["first_command"]))
     if "cold_first" in r:
         d = r["cold_first"]["dispatch_first"]
         lines.append(

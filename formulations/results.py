@@ -87,6 +87,10 @@ class DispatchResult:
         Seconds numba spent compiling kernels, or loading them from its disk cache, during
         the call (0 once the kernels are in memory; see ``straggler.sim.warmup``). Never
         part of ``runtime_s``.
+    reference_s : float
+        Of ``runtime_s``, the seconds the plain-Python references ran in place of kernels
+        not compiled yet (a one-shot call on a cold cache, ``straggler.solvers._backend``:
+        same results, slower); 0 once the kernels are compiled.
     """
 
     shares: np.ndarray
@@ -98,6 +102,7 @@ class DispatchResult:
     runtime_s: float
     extras: dict = field(default_factory=dict)
     compile_s: float = 0.0
+    reference_s: float = 0.0
 
     @property
     def success(self) -> bool:

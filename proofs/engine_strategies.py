@@ -10,10 +10,14 @@ the recording). Everything the writers of :mod:`straggler.runtime.engines` need,
 logical counts a reader must recover.
 
 :func:`malformed_arrays` draws values a field must refuse (wrong rank, wrong length,
-negative, fractional, NaN, strings, ragged lists, None).
+negative, fractional, NaN, strings, ragged lists, None); :func:`engine_files` whole files,
+valid or damaged (a field replaced by :data:`FILE_JUNK`, dropped or added; YAML with
+duplicate keys, deep nesting, bad scalars or indentation; truncation).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 from hypothesis import strategies as st
@@ -27,6 +31,9 @@ __all__ = [
     "file_bytes_mutations",
     "DEMO",
     "write_demo_dumps",
+    "FILE_JUNK",
+    "EngineFile",
+    "engine_files",
 ]
 
 
@@ -225,3 +232,178 @@ def write_demo_dumps(directory, *, engines=("sglang", "vllm", "trtllm"), **overr
         )
         out["trtllm"] = d
     return out
+
+
+# --- whole malformed files ------------------------------------------------------------------
+
+#: Values a malformed file puts where a field belongs (JSON-serialisable): past int64, past
+#: 2**53, negative, fractional, non-finite spelled as huge, strings, nulls, ragged or deep.
+FILE_JUNK = (
+    2**62,
+    2**64,
+    -1,
+    -(2**63),
+    1.5,
+    8.9,
+    1e308,
+    "3",
+    "",
+    None,
+    True,
+    [],
+    {},
+    [[1, 2], [3]],
+    [[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]],
+    {"a": {"b": {"c": 1}}},
+)
+
+
+@dataclass
+class EngineFile:
+    """One drawn file: its name, its bytes, whether it was left valid, and (for a valid one)
+    what a reader must return."""
+
+    name: str
+    data: bytes
+    valid: bool
+    kind: str
+    want: dict = field(default_factory=dict)
+
+    def write(self, directory) -> str:
+        import os
+
+        path = os.path.join(os.fspath(directory), self.name)
+        with open(path, "wb") as f:
+            f.write(self.data)
+        return path
+
+
+def _placement(draw, L: int, E: int, P: int) -> np.ndarray:
+    """A map ``[L, P]`` placing every expert at least once (as the engines require)."""
+    rows = []
+    for _ in range(L):
+        extra = draw(st.lists(st.integers(0, E - 1), min_size=P - E, max_size=P - E))
+        row = list(range(E)) + extra
+        rows.append(draw(st.permutations(row)))
+    return np.array(rows, dtype=np.int64)
+
+
+def _json_mutation(draw, obj: dict) -> tuple[dict, bool]:
+    """``obj`` with one field replaced, dropped or added (or unchanged)."""
+    how = draw(st.sampled_from(["none", "replace", "replace", "entry", "drop", "add"]))
+    out = dict(obj)
+    keys = sorted(out)
+    if how == "none" or not keys:
+        return out, True
+    k = draw(st.sampled_from(keys))
+    if how == "replace":
+        out[k] = draw(st.sampled_from(FILE_JUNK))
+    elif how == "entry":
+        a = np.array(out[k], dtype=object)
+        if a.size:
+            flat = a.reshape(-1)
+            flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from(FILE_JUNK))
+            out[k] = flat.reshape(a.shape).tolist()
+    elif how == "drop":
+        del out[k]
+    else:
+        out[draw(st.sampled_from(["extra", "rank", "weight", "logical_count"]))] = draw(
+            st.sampled_from(FILE_JUNK)
+        )
+    return out, False
+
+
+def _yaml_mutation(draw, text: str) -> tuple[str, bool]:
+    how = draw(
+        st.sampled_from(["none", "dup", "flowdup", "deep", "scalar", "indent", "value", "cut"])
+    )
+    lines = text.splitlines()
+    if how == "none":
+        return text, True
+    if how == "dup":
+        lines.insert(1, lines[1])  # a second row for one layer
+    elif how == "flowdup":
+        lines.append("ep_size: {a: 1, a: 2}")
+    elif how == "deep":
+        n = draw(st.integers(60, 400))
+        lines.append("layer_updates_per_iter: " + "[" * n + "]" * n)
+    elif how == "scalar":
+        lines[-1] = "num_slots: " + draw(
+            st.sampled_from(["0x_", "0b_", "1e999", "~", "'4'", "4.5"])
+        )
+    elif how == "indent":
+        i = draw(st.integers(0, len(lines) - 1))
+        lines[i] = " " * draw(st.integers(1, 5)) + lines[i]
+    elif how == "value":
+        i = draw(st.integers(1, max(1, len(lines) - 3)))
+        key = lines[i].split(":")[0]
+        lines[i] = f"{key}: {draw(st.sampled_from([str(v) for v in FILE_JUNK]))}"
+    else:
+        cut = draw(st.integers(0, len(text)))
+        return text[:cut], cut == len(text)
+    return "\n".join(lines) + "\n", False
+
+
+@st.composite
+def engine_files(draw) -> EngineFile:
+    """A file of one of the formats the readers take without torch (SGLang's
+    ``--init-expert-location`` JSON, a stat dump as JSON, a vLLM state dump, EPLB maps,
+    ``moe_load_balancer.yaml``), valid or with one field replaced by :data:`FILE_JUNK`,
+    dropped or added, or its text damaged (duplicate keys, deep nesting, bad scalars,
+    bad indentation, truncation)."""
+    import json
+
+    from ..runtime.engines import vllm_maps
+    from ..runtime.engines._yaml import dump_yaml
+
+    L = draw(st.integers(1, 3))
+    E = draw(st.integers(1, 5))
+    G = draw(st.integers(1, 3))
+    P = G * draw(st.integers(max(1, -(-E // G)), -(-E // G) + 2))
+    p2l = _placement(draw, L, E, P)
+    kind = draw(st.sampled_from(["sglang_map", "sglang_count", "vllm", "eplb", "trtllm_yaml"]))
+    counts = np.array(
+        draw(st.lists(st.integers(0, 50), min_size=2 * L * E, max_size=2 * L * E)), np.int64
+    ).reshape(2, L, E)
+    if kind == "trtllm_yaml":
+        layers = draw(st.lists(st.integers(0, 64), min_size=L, max_size=L, unique=True))
+        cfg = {
+            "initial_global_assignments": {i: row.tolist() for i, row in zip(layers, p2l)},
+            "layer_updates_per_iter": 0,
+            "num_slots": P,
+        }
+        text, valid = _yaml_mutation(draw, dump_yaml(cfg))
+        order = np.argsort(layers)
+        want = {"physical_to_logical": p2l[order], "n_experts": E}
+        return EngineFile("moe_load_balancer.yaml", text.encode(), valid, kind, want)
+    if kind == "sglang_map":
+        obj = {"physical_to_logical_map": p2l.tolist()}
+        want = {"physical_to_logical": p2l, "n_experts": E}
+        name = "init_expert_location.json"
+    elif kind == "sglang_count":
+        obj = {"logical_count": counts.tolist(), "rank": 0}
+        live = counts.reshape(2, -1).any(axis=1)
+        want = {"counts": counts[live], "n_experts": E}
+        name = "stat_dump.json"
+    elif kind == "vllm":
+        obj = {k: v.tolist() for k, v in vllm_maps(p2l, E).items()}
+        window = np.array(
+            draw(st.lists(st.integers(0, 9), min_size=2 * L * P, max_size=2 * L * P)), np.int64
+        ).reshape(2, L, P)
+        obj["expert_load_window"] = window.tolist()
+        obj["expert_load_window_step"] = 0
+        obj["rank"] = 0
+        live = window.reshape(2, -1).any(axis=1)
+        from ..runtime.engines import fold_physical_counts
+
+        want = {"counts": fold_physical_counts(window[live], p2l, E), "n_experts": E}
+        name = "eplb_state_rank0.json"
+    else:
+        from ..formulations.dispatch import logical_to_physical
+
+        l2p, cnt = logical_to_physical(p2l, E)
+        obj = {"phy2log": p2l.tolist(), "log2phy": l2p.tolist(), "logcnt": cnt.tolist()}
+        want = {"physical_to_logical": p2l, "n_experts": E}
+        name = "eplb_maps.json"
+    obj, valid = _json_mutation(draw, obj)
+    return EngineFile(name, json.dumps(obj).encode(), valid, kind, want)

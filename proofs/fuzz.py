@@ -14,7 +14,10 @@ strategy returns a :class:`Call`: the keyword arguments and the set of parameter
 spoiled (an error must name one of them; with none spoiled the call must succeed).
 
 :func:`trace_files` draws whole trace files as bytes (Azure, Mooncake, BurstGPT and
-length-only, with mutated rows, non-UTF-8 bytes, binary junk and gzip).
+length-only, with mutated rows, non-UTF-8 bytes, binary junk and gzip); :func:`cli_calls`
+invocations of the three commands with absurd flags and unwritable outputs;
+:func:`publisher_ops` and :func:`worker_ops` call sequences of the runtime's stateful
+objects. (Engine files: :func:`straggler.proofs.engine_strategies.engine_files`.)
 
 >>> from hypothesis import given, settings
 >>> @settings(max_examples=5, database=None)
@@ -51,6 +54,11 @@ __all__ = [
     "TraceFile",
     "names_parameter",
     "METHOD_OPTIONS",
+    "FLAG_JUNK",
+    "CliCall",
+    "cli_calls",
+    "publisher_ops",
+    "worker_ops",
 ]
 
 
@@ -521,3 +529,193 @@ def trace_files(draw) -> TraceFile:
     clean = mutation in ("none", "bom") or (mutation == "gzip" and not state.get("cut_gzip"))
     ok = clean and not state["dirty"] and (kind != "mooncake" or n > 0)
     return TraceFile(data=data, kind=kind, n_requests=expected if ok else None)
+
+
+# --- commands ----------------------------------------------------------------------------
+#: Values an absurd or mistyped flag takes.
+FLAG_JUNK = (
+    "0",
+    "-1",
+    "nan",
+    "inf",
+    "-inf",
+    "1e9",
+    "10000000",
+    "2147483648",
+    "99999999999999999999",
+    "1e308",
+    ",",
+    " , ,",
+    "",
+    "abc",
+    "1.5",
+    "0x10",
+)
+
+
+@dataclass
+class CliCall:
+    """One command-line invocation: the command, its argv (with ``{tmp}`` and ``{log}``
+    placeholders for a scratch directory and a small valid log) and the flags spoiled."""
+
+    command: str
+    argv: list
+    spoiled: set = field(default_factory=set)
+
+    def resolve(self, tmp: str, log: str) -> list:
+        return [a.replace("{tmp}", tmp).replace("{log}", log) for a in self.argv]
+
+
+# command -> (fixed argv of a small valid run, {flag: [good values]})
+_CLI = {
+    "plan": (
+        ["{log}", "--gpus", "2", "--no-progress"],
+        {
+            "--gpus": ["2", "4"],
+            "--nodes": ["1", "2"],
+            "--slots": ["4", "8"],
+            "--groups": ["1"],
+            "--holdout": ["0", "0.5"],
+            "--max-batches": ["1", "4"],
+            "--worst": ["1"],
+            "--seed": ["0", "3"],
+            "--format": ["sglang", "vllm", "trtllm", "eplb"],
+            "--input-format": ["sglang"],
+            "--placement": ["eplb", "recorded"],
+            "--out": ["{tmp}/out", "{tmp}"],
+        },
+    ),
+    "simulate": (
+        ["bursty", "--requests", "10", "--no-progress", "--replicas", "2", "--policies", "jsq"],
+        {
+            "--replicas": ["2", "3"],
+            "--max-slots": ["4", "16"],
+            "--kv-capacity": ["100000"],
+            "--requests": ["10", "5"],
+            "--prefill-instances": ["0", "1"],
+            "--load": ["0.5", "1.0"],
+            "--ctx-cost": ["0", "0.0001"],
+            "--seed": ["0", "1"],
+            "--dispatch": ["pool", "queue"],
+            "--policies": ["jsq", "jsq,br0"],
+            "--json": ["{tmp}/r.json"],
+        },
+    ),
+    "compare": (
+        ["--shape", "qwen3_30b", "--gpus", "2", "--tokens-per-gpu", "8", "--methods", "uniform"],
+        {
+            "--gpus": ["2", "4"],
+            "--tokens-per-gpu": ["8", "16"],
+            "--skew": ["0", "1.2"],
+            "--kappa": ["50"],
+            "--replication": ["1.0", "1.5"],
+            "--layers": ["1"],
+            "--nodes": ["1"],
+            "--seed": ["0", "2"],
+            "--time-limit": ["1"],
+            "--methods": ["uniform", "uniform,static"],
+        },
+    ),
+}
+#: Output paths that cannot be written: a file where a directory is wanted and the reverse.
+_BAD_PATHS = {"--out": ["{tmp}/a_file", "{tmp}/a_file/sub"], "--json": ["{tmp}", "{tmp}/a_file/x"]}
+
+
+@st.composite
+def cli_calls(draw, command: str | None = None) -> CliCall:
+    """An invocation of ``straggler-plan``, ``straggler-simulate`` or ``straggler-compare``:
+    a small valid run with up to three flags set, some to :data:`FLAG_JUNK`, unwritable
+    output paths, an unknown flag or a missing value. ``{tmp}/a_file`` is a file."""
+    cmd = command or draw(st.sampled_from(sorted(_CLI)))
+    base, flags = _CLI[cmd]
+    argv = list(base)
+    spoiled = set()
+    for flag in draw(st.lists(st.sampled_from(sorted(flags)), max_size=3, unique=True)):
+        how = draw(st.sampled_from(["good", "good", "junk", "path"]))
+        if how == "junk" and flag in _BAD_PATHS:
+            how = "path"  # an output flag takes a path (junk text would be a file name)
+        if how == "junk":
+            value = draw(st.sampled_from(FLAG_JUNK))
+            spoiled.add(flag)
+        elif how == "path" and flag in _BAD_PATHS:
+            value = draw(st.sampled_from(_BAD_PATHS[flag]))
+            spoiled.add(flag)
+        else:
+            value = draw(st.sampled_from(flags[flag]))
+        argv += [flag, value]
+    tail = draw(st.sampled_from(["none", "none", "none", "unknown", "dangling"]))
+    if tail == "unknown":
+        argv.append("--no-such-flag")
+        spoiled.add("--no-such-flag")
+    elif tail == "dangling":
+        argv.append(draw(st.sampled_from(sorted(flags))))
+        spoiled.add("dangling")
+    return CliCall(cmd, argv, spoiled)
+
+
+# --- stateful runtime objects ------------------------------------------------------------
+@st.composite
+def publisher_ops(draw, shape: tuple, *, max_ops: int = 6) -> list:
+    """A sequence of :class:`~straggler.runtime.TablePublisher` calls on tables of ``shape``
+    ``(L, E, X)``: ``("publish", probs, rows)`` and ``("reset", log2phy, probs)``, each
+    argument valid or :func:`junk` (huge finite weights, zeros, wrong shapes, NaN, -1)."""
+    L, E, X = shape
+    ops = []
+    for _ in range(draw(st.integers(1, max_ops))):
+        op = draw(st.sampled_from(["publish", "publish", "reset"]))
+        weights = st.sampled_from([0.0, 1.0, 0.25, 3.0, 1e-300, 1e308, 1.7e308])
+        probs = np.array(draw(st.lists(weights, min_size=L * E * X, max_size=L * E * X))).reshape(
+            shape
+        )
+        if draw(st.integers(0, 3)) == 0:
+            probs = draw(junk(like=probs))
+        if op == "publish":
+            rows = None
+            if draw(st.booleans()):
+                rows = np.array(
+                    draw(st.lists(st.booleans(), min_size=L * E, max_size=L * E))
+                ).reshape(L, E)
+                if draw(st.integers(0, 4)) == 0:
+                    rows = draw(junk(like=rows))
+            ops.append(("publish", probs, rows))
+        else:
+            slots = np.array(
+                draw(st.lists(st.integers(-1, 7), min_size=L * E * X, max_size=L * E * X))
+            ).reshape(shape)
+            if draw(st.integers(0, 3)) == 0:
+                slots = draw(junk(like=slots))
+            ops.append(("reset", slots, None if draw(st.booleans()) else probs))
+    return ops
+
+
+@st.composite
+def worker_ops(draw, n_layers: int, n_experts: int, n_slots: int, *, max_ops: int = 6) -> list:
+    """A sequence of :class:`~straggler.runtime.SolverWorker` engine-side calls:
+    ``("submit", counts)`` and ``("set_placement", physical_to_logical)``, valid or spoiled
+    (counts past ``2**52``, negative, fractional; maps leaving an expert without a slot,
+    ids out of range, wrong shapes, junk)."""
+    ops = []
+    for _ in range(draw(st.integers(1, max_ops))):
+        if draw(st.booleans()):
+            c = np.array(
+                draw(
+                    st.lists(
+                        st.sampled_from([0, 1, 7, 2**52, 2**52 + 1, 2**62]),
+                        min_size=n_layers * n_experts,
+                        max_size=n_layers * n_experts,
+                    )
+                )
+            ).reshape(n_layers, n_experts)
+            if draw(st.integers(0, 3)) == 0:
+                c = draw(junk(like=c))
+            ops.append(("submit", c))
+        else:
+            rows = [
+                draw(st.lists(st.integers(-1, n_experts), min_size=n_slots, max_size=n_slots))
+                for _ in range(n_layers)
+            ]
+            m = np.array(rows)
+            if draw(st.integers(0, 3)) == 0:
+                m = draw(junk(like=m))
+            ops.append(("set_placement", m))
+    return ops

@@ -37,7 +37,8 @@ __all__ = [
 def dispatch_violations(topk_ids, log2phy, probs, physical_ids, counts) -> list[str]:
     """What ``(physical_ids, counts)`` breaks of the dispatch spec (empty when nothing).
 
-    Checked: counts equal a bincount of the valid ids; padding maps to ``-1``; per expert,
+    Checked: counts equal a bincount of the valid ids (in range, of an expert with a
+    replica); padding maps to ``-1``; per expert,
     each listed replica's realised count is strictly within 1 of its share of the expert's
     tokens, in exact rational arithmetic (weights: the row's finite positive values on listed
     columns, or uniform over the listed replicas when there are none); no token reaches a
@@ -53,6 +54,8 @@ def dispatch_violations(topk_ids, log2phy, probs, physical_ids, counts) -> list[
     E, X = l2p.shape
     bad = []
     valid = (ids >= 0) & (ids < E)
+    placed = (l2p >= 0).any(axis=1)  # an expert without a replica is padding
+    valid &= placed[np.where(valid, ids, 0)]
     if not np.array_equal(counts, np.bincount(ids[valid], minlength=E)):
         bad.append("counts differ from a bincount of the valid ids")
     if (phys[~valid] != -1).any():

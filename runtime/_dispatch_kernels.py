@@ -4,9 +4,11 @@ All three implement one rule, stated once here (see :func:`straggler.runtime.dis
 for the public contract). For the entries of ``topk_ids`` in flat order (token by token, then
 top-k slot by slot), with ``E`` experts and ``X`` columns per table row:
 
-1. **Count.** An entry ``e`` is *valid* when ``0 <= e < E`` and its token row is below
-   ``num_valid_tokens`` (when given); any other entry (``-1`` is the engines' padding; rows
-   past the valid tokens are CUDA-graph padding) is never counted and maps to ``-1``.
+1. **Count.** An entry ``e`` is *valid* when ``0 <= e < E``, row ``e`` of ``log2phy`` lists
+   at least one replica (an entry ``>= 0``) and its token row is below ``num_valid_tokens``
+   (when given); any other entry (``-1`` is the engines' padding; rows past the valid
+   tokens are CUDA-graph padding; an expert without a replica has nowhere to go) is never
+   counted and maps to ``-1``, so the counts are exactly the tokens mapped to a slot.
    ``n[e]`` = valid entries of ``e``.
 2. **Rank.** ``r`` = the number of earlier valid entries (in flat order) with the same ``e``:
    ``0, 1, ..., n[e] - 1``. Deterministic, independent of how the work is split.
@@ -122,6 +124,13 @@ def _dispatch_count_kernel(
             m = offs < n_entries
             e64 = tl.load(ids_ptr + offs, mask=m, other=-1).to(tl.int64)
             valid = m & (offs < limit) & (e64 >= 0) & (e64 < n_experts)
+            cols_a = tl.arange(0, X_PAD)
+            listed_a = tl.load(
+                l2p_ptr + tl.where(valid, e64, 0)[:, None] * X + cols_a[None, :],
+                mask=valid[:, None] & (cols_a[None, :] < X),
+                other=-1,
+            ).to(tl.int64)
+            valid = valid & (tl.max(listed_a, axis=1) >= 0)  # an expert with a replica
             e = tl.where(valid, e64, -1).to(tl.int32)
             onehot = e[:, None] == ar_e[None, :]
             before = tl.sum(tl.where(onehot, acc[None, :], 0), axis=1)
@@ -172,6 +181,7 @@ def _dispatch_count_kernel(
         slot2 = tl.load(l2p_ptr + row, mask=rmask, other=-1).to(tl.int64)
         p2 = tl.load(prob_ptr + row, mask=rmask, other=0.0).to(tl.float64)
         listed2 = slot2 >= 0
+        placed = tl.max(slot2, axis=1) >= 0  # as in phase A: an orphan expert is padding
         w2 = tl.where(listed2 & (p2 > 0) & (p2 - p2 == 0), p2, 0.0)
         s_w = tl.zeros([BLOCK], dtype=tl.float64)
         s_u = tl.zeros([BLOCK], dtype=tl.float64)
@@ -195,7 +205,7 @@ def _dispatch_count_kernel(
             found = found | take
             last = tl.where(w > 0, slot, last)
         phys = tl.where(found, chosen, last)
-        phys = tl.where(valid, phys, -1)
+        phys = tl.where(valid & placed, phys, -1)
         tl.store(out_ptr + offs, phys.to(out_ptr.dtype.element_ty), mask=m)
         t = tl.atomic_add(sync_ptr + 3, 1, sem="relaxed")
 
@@ -311,6 +321,8 @@ def dispatch_torch(topk_ids, log2phy, probs, seed: int = 0, counter=None, num_va
     flat = topk_ids.reshape(-1).to(torch.int64)
     n = flat.numel()
     valid = (flat >= 0) & (flat < E)
+    placed = (log2phy >= 0).any(dim=1)  # experts with a replica; an orphan's entries are padding
+    valid = valid & placed[torch.where(valid, flat, torch.zeros_like(flat))]
     if num_valid_tokens is not None:
         row_len = topk_ids.shape[-1] if topk_ids.dim() == 2 else 1
         limit = num_valid_tokens.reshape(()).to(torch.int64) * row_len
@@ -394,6 +406,9 @@ def dispatch_reference(
         row_len = ids.shape[-1] if ids.ndim == 2 else 1
         for i in range(int(num_valid_tokens) * row_len, len(flat)):
             flat[i] = -1  # rows past the valid tokens are padding
+    for i, e in enumerate(flat):
+        if 0 <= e < E and all(int(v) < 0 for v in l2p[e]):
+            flat[i] = -1  # an expert without a replica has nowhere to go: padding
     counts = [0] * E
     for e in flat:
         if 0 <= e < E:

@@ -310,15 +310,16 @@ def dispatch_and_count(
         to ``-1``. Counting them would fabricate a phantom hot expert (TEMPO §4.4).
     check : bool, default True
         Check values (ids in range, no orphan expert, finite non-negative probs). On CUDA this
-        synchronises the device: pass ``False`` on the hot path, where out-of-range ids are
-        treated as padding and negative or non-finite probabilities as zero.
+        synchronises the device: pass ``False`` on the hot path, where out-of-range ids and
+        entries of an expert without a replica are treated as padding (mapped to ``-1``,
+        not counted) and negative or non-finite probabilities as zero.
 
     Returns
     -------
     physical_ids : same type as ``topk_ids``, same shape
         Physical slot of each entry (``topk_ids``' dtype for tensors, int64 for arrays).
     counts : int64, shape (n_experts,)
-        Valid entries per logical expert.
+        Valid entries per logical expert: exactly the entries mapped to a slot.
 
     Raises
     ------

@@ -44,21 +44,28 @@
    ``logical_to_physical``, ``logical_count``, ``probabilities [L, E, X]``, ``layer_ids``,
    ``n_gpus``) and ``report.json``.
 
-Exit status: 0 on success, 2 on bad arguments or unreadable logs.
+Every output is checked writable before any work, and written atomically: the files go to
+a staging directory inside ``--out`` and are renamed into place only once all of them are
+written, so a failed run leaves ``--out`` as it was.
+
+Exit status: 0 on success, 2 (one line on stderr) on bad arguments, unreadable logs or
+outputs that cannot be written.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
-import time
+import tempfile
 
 import numpy as np
 
 from ..baselines.eplb import rebalance_experts
+from ..formulations._io import OneLineParser, atomic_path, check_output_dir, check_output_file
 from ..formulations.cost import PRESETS, CostModel
 from ..formulations.dispatch import DispatchProblem, evaluate, logical_to_physical
 from ..formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
@@ -90,6 +97,8 @@ __all__ = ["main", "plan", "Plan", "DEFAULT_COST", "PLACEMENTS", "format_report"
 #: Cost preset when neither ``--cost`` nor ``--calibration`` is given (DeepSeek-V3 shape,
 #: the EP32 / 288-slot example's model; TEMPO Table 6).
 DEFAULT_COST = "dsv3_a_offline"
+#: Largest EP degree ``plan`` takes (checked before any work).
+MAX_PLAN_GPUS = 65536
 #: Placements ``--placement`` offers.
 PLACEMENTS = ("eplb", "place_experts", "recorded")
 
@@ -118,23 +127,18 @@ def _progress(iterable, total, enabled: bool, desc: str):
         yield x
 
 
-def _warm_up(cost: CostModel, notify) -> float:
-    """Compile (or load from the cache) the kernels tempo uses, on a tiny layer, apart from
-    the timed work; tells the user when it compiles. Returns the seconds spent."""
-    from ..solvers._tempo import tempo_kernel
+def _first_run_notice(notify) -> None:
+    """Say on one line, on a first run (a dispatch kernel neither compiled nor in numba's
+    disk cache), that the kernels' plain-Python references serve first: nothing is
+    compiled up front, and a plan that outruns the references' budget compiles the
+    kernels once, then runs them (``straggler.solvers._backend``)."""
+    from ..sim.warmup import needs_compile
 
-    fresh = not tempo_kernel.signatures
-    if fresh:
-        notify("preparing tempo's Numba kernels (compiled on first use, then cached) ...")
-    t0 = time.perf_counter()
-    p = DispatchProblem(counts=[[3, 1], [2, 2]], replicas=np.ones((2, 2, 2), bool))
-    solve_dispatch(p, cost, method="tempo")
-    dt = time.perf_counter() - t0
-    if fresh:
-        misses = sum(tempo_kernel.stats.cache_misses.values())
-        how = "compiled" if misses else "loaded from the cache"
-        notify(f"kernels {how} in {dt:.1f} s (not counted in the timings below)")
-    return dt
+    if needs_compile():
+        notify(
+            "tempo's kernels are not compiled yet: their plain-Python references run first "
+            "(same results); a long plan compiles them once (straggler-warmup does it ahead)"
+        )
 
 
 def _cost_from(args) -> tuple[CostModel, str]:
@@ -209,14 +213,16 @@ def _plan_iv(log, n_gpus, n_slots, n_nodes, n_groups, cost, placement, distinct,
             f"The 'log' parameter of plan must hold recorded loads. Got {log.summary()} (a "
             "placement only) instead."
         )
-    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1)
+    n_gpus = check_int(n_gpus, "n_gpus", func, lo=1, hi=MAX_PLAN_GPUS)
     n_nodes = check_int(n_nodes, "n_nodes", func, lo=1)
     if n_gpus % n_nodes:
         raise InvalidInputError(
             f"The 'n_nodes' parameter of plan must divide n_gpus={n_gpus}. Got {n_nodes} instead."
         )
     if n_slots is not None:
-        check_int(n_slots, "n_slots", func, lo=1)
+        # more slots than every expert on every GPU would only hold copies on one GPU; the
+        # bound also keeps an absurd value from running for minutes
+        check_int(n_slots, "n_slots", func, lo=1, hi=n_gpus * log.n_experts)
     check_int(n_groups, "n_groups", func, lo=1)
     check_type(cost, "cost", func, CostModel, "a CostModel")
     check_choice(placement, "placement", func, PLACEMENTS)
@@ -544,7 +550,32 @@ def _sglang_rows(p2l, layer_ids, n_experts: int) -> np.ndarray:
 
 
 def _write_outputs(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> list[str]:
+    """Write every output into a staging directory inside ``out_dir``, then rename each into
+    ``out_dir``; on any failure the staging directory is removed and ``out_dir`` is left as
+    it was."""
+    created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix=".straggler-plan-", dir=out_dir)
+    done = False
+    try:
+        staged = _write_staged(result, stage, fmt, torch_twins)
+        final = []
+        for f in staged:
+            dest = os.path.join(out_dir, os.path.basename(f))
+            if os.path.isdir(dest):
+                raise InvalidInputError(f"Cannot write {dest}: it is a directory.")
+            final.append(dest)
+        for f, dest in zip(staged, final):
+            os.replace(f, dest)
+        done = True
+        return final
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created and not done:
+            shutil.rmtree(out_dir, ignore_errors=True)  # it did not exist before
+
+
+def _write_staged(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> list[str]:
     p2l = result["placement"]["physical_to_logical"]
     E = result["meta"]["n_experts"]
     files = []
@@ -586,7 +617,7 @@ def _write_outputs(result: Plan, out_dir: str, fmt: str, torch_twins: bool) -> l
             )
         )
     tables = os.path.join(out_dir, "dispatch_tables.npz")
-    np.savez(tables, **result["tables"])
+    np.savez(tables, **result["tables"])  # out_dir is the staging directory
     files.append(tables)
     report = os.path.join(out_dir, "report.json")
     with open(report, "w") as f:
@@ -634,12 +665,13 @@ def plot_heatmap(result: Plan, path: str) -> None:
     axes[0].set_yticks(ys, [str(int(ids[y])) for y in ys])
     axes[0].set_ylabel("MoE layer")
     fig.colorbar(im, ax=axes, label="mean modeled time per GPU (us)")
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(fig)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _parser() -> OneLineParser:
+    p = OneLineParser(
         prog="straggler-plan",
         description="Read an engine's recorded expert loads, place experts (EPLB), solve tempo "
         "on the recorded batches, write the placement and dispatch tables in an engine's layout.",
@@ -724,6 +756,26 @@ def main(argv=None) -> int:
         parser.error(f"--gpus {args.gpus} is not a multiple of --nodes {args.nodes}")
     if not (0 <= args.holdout < 1):
         parser.error("--holdout must be in [0, 1)")
+    if args.worst < 0:
+        parser.error("--worst must be at least 0")
+    if args.seed < 0:
+        parser.error("--seed must be at least 0")
+    try:  # outputs checked before any work
+        if args.out:
+            check_output_dir(args.out, "--out")
+        if args.torch and importlib.util.find_spec("torch") is None:
+            raise BackendUnavailableError(
+                "--torch writes .pt files and needs torch: pip install 'straggler[runtime]'."
+            )
+        if args.plot:
+            check_output_file(args.plot, "--plot")
+            if importlib.util.find_spec("matplotlib") is None:
+                raise BackendUnavailableError(
+                    "--plot needs matplotlib: pip install 'straggler[plot]'."
+                )
+    except (InvalidInputError, BackendUnavailableError) as exc:
+        print(f"straggler-plan: error: {exc}", file=sys.stderr)
+        return 2
 
     def notify(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -737,7 +789,7 @@ def main(argv=None) -> int:
                 "(an SGLang recorder dump, vLLM load windows, TensorRT-LLM statistics, or "
                 "EPLB maps with their weight)."
             )
-        _warm_up(cost, notify)
+        _first_run_notice(notify)
         result = plan(
             log,
             n_gpus=args.gpus,
@@ -752,19 +804,19 @@ def main(argv=None) -> int:
             progress=not args.no_progress,
             seed=args.seed,
         )
-    except (StragglerError, ValueError) as exc:
+    except (StragglerError, ValueError, OSError) as exc:
         print(f"straggler-plan: error: {exc}", file=sys.stderr)
         return 2
     written = []
-    if args.out:
-        written = _write_outputs(result, args.out, args.format or log.engine, args.torch)
-    if args.plot:
-        try:
+    try:
+        if args.out:
+            written = _write_outputs(result, args.out, args.format or log.engine, args.torch)
+        if args.plot:
             plot_heatmap(result, args.plot)
-        except BackendUnavailableError as exc:
-            print(f"straggler-plan: error: {exc}", file=sys.stderr)
-            return 2
-        written.append(args.plot)
+            written.append(args.plot)
+    except (StragglerError, ValueError, OSError) as exc:
+        print(f"straggler-plan: error: writing the outputs failed: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(
             json.dumps(

@@ -25,10 +25,22 @@ import threading
 import numpy as np
 
 from ..formulations.errors import param_error
-from ..formulations.validation import check_array
+from ..formulations.validation import check_array, check_int
 from .dispatch import _is_tensor, _require_torch
 
 __all__ = ["TablePublisher", "uniform_table", "normalize_table"]
+
+
+def _log2phy_iv(log2phy, func: str) -> np.ndarray:
+    return check_array(
+        _host(log2phy),
+        "log2phy",
+        func,
+        kind="int",
+        ndim=range(1, 4),
+        lo=-1,
+        expected="an integer array (..., X) with entries >= -1 (-1: padding)",
+    )
 
 
 def uniform_table(log2phy) -> np.ndarray:
@@ -39,7 +51,7 @@ def uniform_table(log2phy) -> np.ndarray:
     >>> uniform_table(np.array([[[0, 2], [1, -1]]])).tolist()
     [[[0.5, 0.5], [1.0, 0.0]]]
     """
-    listed = np.asarray(log2phy) >= 0
+    listed = _log2phy_iv(log2phy, "uniform_table") >= 0
     k = listed.sum(axis=-1, keepdims=True)
     return np.where(listed, 1.0 / np.maximum(k, 1), 0.0).astype(np.float32)
 
@@ -53,9 +65,24 @@ def normalize_table(probs, log2phy) -> np.ndarray:
     >>> normalize_table([[[2.0, 6.0], [0.0, 5.0]]], [[[0, 2], [1, -1]]]).tolist()
     [[[0.25, 0.75], [1.0, 0.0]]]
     """
-    p = np.where(np.asarray(log2phy) >= 0, np.asarray(probs, dtype=np.float64), 0.0)
+    l2p = _log2phy_iv(log2phy, "normalize_table")
+    probs = check_array(
+        _host(probs),
+        "probs",
+        "normalize_table",
+        kind="real",
+        ndim=l2p.ndim,
+        shape=l2p.shape,
+        lo=0,
+        expected=f"an array of finite numbers >= 0 of log2phy's shape {l2p.shape}",
+    )
+    p = np.where(l2p >= 0, probs, 0.0)
+    # Scale each row by its largest entry first: a row of huge finite weights (two 1e308)
+    # would otherwise sum to infinity and normalise to zeros.
+    top = p.max(axis=-1, keepdims=True)
+    p = p / np.where(top > 0, top, 1.0)
     s = p.sum(axis=-1, keepdims=True)
-    uniform = uniform_table(log2phy).astype(np.float64)
+    uniform = uniform_table(l2p).astype(np.float64)
     return np.where(s > 0, p / np.where(s > 0, s, 1.0), uniform)
 
 
@@ -133,8 +160,28 @@ class TablePublisher:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
             device = torch.device(device)
-        except (RuntimeError, TypeError):
+        except (RuntimeError, TypeError, ValueError):
             raise param_error("device", func, "a torch device", repr(device)) from None
+        if device.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n == 0 or (device.index is not None and device.index >= n):
+                raise param_error(
+                    "device",
+                    func,
+                    f"an available device (CUDA devices here: {n})",
+                    repr(str(device)),
+                )
+        elif device.type == "meta":
+            raise param_error(
+                "device", func, "a device that holds data (not 'meta')", repr(str(device))
+            )
+        elif device.type != "cpu":
+            try:
+                torch.empty(1, device=device)
+            except (RuntimeError, ValueError, TypeError, AssertionError):
+                raise param_error(
+                    "device", func, "an available torch device", repr(str(device))
+                ) from None
         self._torch = torch
         self._l2p = l2p
         self._listed = l2p >= 0
@@ -159,6 +206,7 @@ class TablePublisher:
 
     def layer(self, l: int):
         """``(log2phy[l], probs[l])``: the live views :func:`dispatch_and_count` reads."""
+        l = check_int(l, "l", "TablePublisher.layer", lo=0, hi=self.shape[0] - 1)
         return self.log2phy[l], self.probs[l]
 
     def _valid(self, probs, name, func) -> np.ndarray:
@@ -172,7 +220,17 @@ class TablePublisher:
             lo=0,
             expected=f"an array of shape {self._listed.shape} of finite numbers >= 0",
         )
-        return normalize_table(p, self._l2p).astype(np.float32)
+        return self._normalized(p, self._l2p)
+
+    @staticmethod
+    def _normalized(p, l2p) -> np.ndarray:
+        """Rows normalised as float32, each a distribution over its listed columns (rows
+        that float32 rounding would leave without weight become uniform)."""
+        out = normalize_table(p, l2p).astype(np.float32)
+        dead = out.sum(axis=-1) <= 0
+        if dead.any():
+            out[dead] = uniform_table(l2p)[dead]
+        return out
 
     def publish(self, probs, *, rows=None) -> int:
         """Publish a new table with one copy into the live tensor; returns the new version.
@@ -221,13 +279,27 @@ class TablePublisher:
         l2p = check_array(
             _host(log2phy), "log2phy", func, kind="int", ndim=3, shape=self._listed.shape, lo=-1
         )
+        # Everything is checked before anything changes: a bad table leaves the old state.
+        if probs is None:
+            first = uniform_table(l2p)
+        else:
+            p = check_array(
+                _host(probs),
+                "probs",
+                func,
+                kind="real",
+                ndim=3,
+                shape=self._listed.shape,
+                lo=0,
+                expected=f"an array of shape {self._listed.shape} of finite numbers >= 0",
+            )
+            first = self._normalized(p, l2p)
         with self._lock:
             if self._event is not None:
                 self._event.synchronize()
             self._l2p = l2p
             self._listed = l2p >= 0
             self.log2phy.copy_(self._torch.as_tensor(l2p))
-            first = uniform_table(l2p) if probs is None else self._valid(probs, "probs", func)
             self._host_view[...] = first
             self.probs.copy_(self._staged)
             self.version += 1

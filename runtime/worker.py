@@ -27,12 +27,13 @@ import os
 import time
 import weakref
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..formulations.cost import CostModel
-from ..formulations.dispatch import DispatchProblem, logical_to_physical
+from ..formulations.dispatch import MAX_COUNT, DispatchProblem, logical_to_physical
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_array, check_int, check_real, check_type
 
@@ -44,6 +45,7 @@ log = logging.getLogger("straggler.runtime")
 H_STOP, H_REQ_SEQ, H_REQ_WINDOW, H_REQ_CRC = 0, 1, 2, 3
 H_PLACE_SEQ, H_PLACE_VERSION, H_PLACE_CRC = 4, 5, 6
 H_HEARTBEAT, H_READY, H_SOLVES, H_LATEST, H_POSTS, H_ERRORS, H_PID = 7, 8, 9, 10, 11, 12, 13
+H_FAILING = 14  # refreshes failed in a row (0 after a success)
 N_HEADER = 16
 # Response slot meta words (int64).
 M_SEQ, M_POST, M_WINDOW, M_PLACE, M_CRC, M_POSTED, M_READ, M_SOLVE, M_TABLES = range(9)
@@ -86,7 +88,8 @@ class WorkerTables:
     active: np.ndarray
     """``[L, E]`` bool: experts with tokens in the window (the rows to publish)."""
     makespan: np.ndarray
-    """``[L]`` modeled makespan per layer (us) as the method reports it (NaN if it does not)."""
+    """``[L]`` modeled makespan per layer (us), from the independent evaluator (the one
+    ``solve_dispatch`` scores every method with)."""
     window: int
     """Id of the window solved (what ``submit`` returned)."""
     placement: int
@@ -103,12 +106,18 @@ class WorkerStatus:
     alive: bool
     ready: bool
     healthy: bool
-    """Alive, ready and its heartbeat younger than ``stale_after``."""
+    """Alive, ready, its heartbeat younger than ``stale_after`` and its last refresh (solve
+    or placement change) successful."""
     heartbeat_age_s: float
     n_solves: int
     n_errors: int
     last_error: str
     exitcode: int | None
+    reason: str = ""
+    """Why the worker is not healthy (empty when it is): not started, dead, stalled, or its
+    refreshes failing (with the last error)."""
+    n_failing: int = 0
+    """Refreshes that failed in a row since the last success."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,20 @@ def _crc(*arrays) -> int:
     return c
 
 
+def _check_every_expert_placed(p2l: np.ndarray, n_experts: int, func: str) -> None:
+    """Every expert ``0..n_experts-1`` has a slot in every layer (else each window with a
+    token for it would fail in the worker)."""
+    for layer, row in enumerate(p2l):
+        missing = np.setdiff1d(np.arange(n_experts), row)
+        if missing.size:
+            raise param_error(
+                "physical_to_logical",
+                func,
+                f"a slot for every expert 0..{n_experts - 1} in every layer",
+                f"no slot for expert {int(missing[0])} in layer {layer}",
+            )
+
+
 def _padded_log2phy(p2l: np.ndarray, n_experts: int, width: int) -> np.ndarray:
     l2p, _ = logical_to_physical(p2l, n_experts)
     out = np.full((p2l.shape[0], n_experts, width), -1, dtype=np.int64)
@@ -183,6 +206,7 @@ def _write_error(v, msg: str) -> None:
     v["err"][:] = 0
     v["err"][: len(data)] = np.frombuffer(data, dtype=np.uint8)
     v["hdr"][H_ERRORS] += 1
+    v["hdr"][H_FAILING] += 1
 
 
 class _Solver:
@@ -205,24 +229,21 @@ class _Solver:
 
     def solve(self, counts: np.ndarray):
         """Tables ``[L, E, width]`` float32 and per-layer makespans for one window."""
+        from ..solvers.dispatch import solve_layers
+
         cfg = self.cfg
         problem = DispatchProblem(counts=counts, replicas=self.replicas, gpu_node=self.gpu_node)
-        layers = list(problem.layers())
-        if hasattr(self.method, "solve_stack"):
-            sols = self.method.solve_stack(
-                layers, cfg.cost, time_limit=cfg.time_limit, rng=self.rng
-            )
-        else:
-            sols = [
-                self.method.solve(p, cfg.cost, time_limit=cfg.time_limit, rng=self.rng)
-                for p in layers
-            ]
+        # solve_dispatch's own layer loop: every method's shares checked and scored by the
+        # independent evaluator, the certified bound checked against the makespan
+        fields, _ = solve_layers(
+            problem, cfg.cost, cfg.method, self.method, cfg.time_limit, self.rng
+        )
         t1 = time.perf_counter()
-        shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
+        shares = fields["shares"].reshape(problem.counts.shape + (cfg.n_gpus,))
         _, _, prob = problem.to_tables(shares, self.p2l)
         probs = np.zeros((cfg.n_layers, cfg.n_experts, cfg.width), dtype=np.float32)
         probs[..., : prob.shape[-1]] = prob
-        makespan = np.array([float(s.extras.get("makespan", np.nan)) for s in sols])
+        makespan = np.atleast_1d(np.asarray(fields["makespan"], dtype=np.float64))
         return probs, makespan, t1
 
 
@@ -273,7 +294,11 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
     place_seq = int(hdr[H_PLACE_SEQ])
     place_version = int(hdr[H_PLACE_VERSION])
     solver = _Solver(cfg, p2l)
-    # Warm up (JIT compile or cache load) on the real placement before declaring ready.
+    # Warm up (JIT compile or cache load) on the real placement before declaring ready: a
+    # server compiles its kernels up front, never runs their plain-Python references
+    from ..solvers._backend import set_kernel_mode
+
+    set_kernel_mode("kernel")
     solver.solve(solver.replicas.any(axis=-1).astype(np.int64))
     hdr[H_READY] = 1
     last_window, due = -1, 0.0
@@ -291,6 +316,8 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
                     solver.set_placement(p2l)
                 except Exception as exc:  # noqa: BLE001 - reported, the old one stays
                     _write_error(v, f"placement {place_version}: {type(exc).__name__}: {exc}")
+                else:
+                    hdr[H_FAILING] = 0
         window = int(hdr[H_REQ_WINDOW])
         if window != last_window and now >= due:
             t0 = time.perf_counter()
@@ -318,6 +345,7 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
                 (t_read - t0, t_solved - t_read, t_tables - t_solved),
             )
             hdr[H_SOLVES] += 1
+            hdr[H_FAILING] = 0
         time.sleep(cfg.poll)
 
 
@@ -465,10 +493,19 @@ class SolverWorker:
                 f"an (n_layers >= 1, n_slots) array with n_slots divisible by n_gpus={n_gpus}",
                 f"shape {p2l.shape}",
             )
+        # every expert needs a slot, so there are at most P of them (checked before anything
+        # is sized by the number of experts)
+        if p2l.max() >= P:
+            raise param_error(
+                "physical_to_logical",
+                func,
+                f"expert ids below the {P} slots (every expert needs a slot)",
+                f"id {int(p2l.max())}",
+            )
         E = (
             int(p2l.max()) + 1
             if n_experts is None
-            else check_int(n_experts, "n_experts", func, lo=1)
+            else check_int(n_experts, "n_experts", func, lo=1, hi=P)
         )
         if E < 1 or p2l.max() >= E:
             raise param_error(
@@ -477,7 +514,12 @@ class SolverWorker:
                 f"more than the largest expert id {int(p2l.max())}",
                 repr(n_experts),
             )
+        _check_every_expert_placed(p2l, E, func)
         cost = check_type(cost, "cost", func, CostModel, "a CostModel")
+        if options is not None and not isinstance(options, Mapping):
+            raise param_error(
+                "options", func, "a mapping of the method's options", type(options).__name__
+            )
         options = {} if options is None else dict(options)
         make_method(method, options, func)  # unknown method or option: raise here
         period = check_real(period, "period", func, lo=0, lo_open=True)
@@ -492,7 +534,8 @@ class SolverWorker:
         )
         width = int(logical_to_physical(p2l, E)[0].shape[-1])
         if max_replicas is not None:
-            width_cap = check_int(max_replicas, "max_replicas", func, lo=1)
+            # an expert has at most one replica per slot: a larger width is only memory
+            width_cap = check_int(max_replicas, "max_replicas", func, lo=1, hi=P)
             if width_cap < width:
                 raise param_error(
                     "max_replicas",
@@ -564,6 +607,8 @@ class SolverWorker:
     def wait_ready(self, timeout: float = 300.0) -> bool:
         """Wait (this call blocks, use it at start-up) until the worker has warmed up its
         kernels; False when it died or the timeout passed."""
+        timeout = check_real(timeout, "timeout", "SolverWorker.wait_ready", lo=0)
+        self._require_started("SolverWorker.wait_ready")
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self._views["hdr"][H_READY]:
@@ -576,6 +621,7 @@ class SolverWorker:
     def close(self, timeout: float = 5.0) -> int | None:
         """Ask the worker to stop, wait up to ``timeout`` s, then terminate it; free the
         shared memory. Returns the process exit code."""
+        timeout = check_real(timeout, "timeout", "SolverWorker.close", lo=0)
         if self._proc is None:
             return None
         if self._views is not None:
@@ -608,7 +654,17 @@ class SolverWorker:
         """
         func = "SolverWorker.submit"
         L, E = self._cfg.n_layers, self._cfg.n_experts
-        c = check_array(counts, "counts", func, kind="int", ndim=2, shape=(L, E), lo=0)
+        c = check_array(
+            counts,
+            "counts",
+            func,
+            kind="int",
+            ndim=2,
+            shape=(L, E),
+            lo=0,
+            hi=MAX_COUNT,
+            expected=f"an ({L}, {E}) array of non-negative integers at most 2**52",
+        )
         self._require_started(func)
         hdr = self._views["hdr"]
         self._window += 1
@@ -642,8 +698,9 @@ class SolverWorker:
                 f"at most {cfg.width} replicas per expert (max_replicas)",
                 f"{width}",
             )
+        _check_every_expert_placed(p2l, cfg.n_experts, func)
         DispatchProblem.from_placement(
-            np.zeros((cfg.n_layers, cfg.n_experts), np.int64), p2l, cfg.n_gpus
+            np.zeros((cfg.n_layers, cfg.n_experts), np.int64), p2l, cfg.n_gpus, cfg.gpu_node
         )
         self._require_started(func)
         self._place_version += 1
@@ -693,6 +750,9 @@ class SolverWorker:
     def wait_tables(self, window: int, timeout: float = 10.0) -> WorkerTables | None:
         """Poll until tables for ``window`` (or a later one) arrive, or ``timeout`` passes.
         Blocks: for tests, benchmarks and start-up, not the engine's loop."""
+        func = "SolverWorker.wait_tables"
+        window = check_int(window, "window", func, lo=0)
+        timeout = check_real(timeout, "timeout", func, lo=0)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             t = self.poll()
@@ -713,8 +773,19 @@ class SolverWorker:
         ready = bool(hdr[H_READY])
         beat = int(hdr[H_HEARTBEAT])
         age = (time.monotonic_ns() - beat) / 1e9 if beat else float("inf")
-        healthy = alive and ready and age < self.stale_after
+        failing = int(hdr[H_FAILING])
+        healthy = alive and ready and age < self.stale_after and failing == 0
         err = bytes(v["err"]).split(b"\0", 1)[0].decode("utf-8", "replace")
+        if healthy:
+            reason = ""
+        elif not alive:
+            reason = f"the worker process is dead (exit code {self._proc.exitcode})"
+        elif not ready:
+            reason = "the worker is still warming up"
+        elif age >= self.stale_after:
+            reason = f"no heartbeat for {age:.2f} s (stale_after={self.stale_after} s)"
+        else:
+            reason = f"its last {failing} refresh(es) failed: {err}"
         st = WorkerStatus(
             alive=alive,
             ready=ready,
@@ -724,14 +795,24 @@ class SolverWorker:
             n_errors=int(hdr[H_ERRORS]),
             last_error=err,
             exitcode=self._proc.exitcode,
+            reason=reason,
+            n_failing=failing,
         )
         state = (
             "healthy"
             if healthy
-            else ("dead" if not alive else ("starting" if not ready else "stalled"))
+            else (
+                "dead"
+                if not alive
+                else (
+                    "starting"
+                    if not ready
+                    else ("stalled" if age >= self.stale_after else "failing")
+                )
+            )
         )
         if state != self._health:
-            if self._health is not None and state in ("dead", "stalled"):
+            if self._health is not None and state in ("dead", "stalled", "failing"):
                 log.warning(
                     "solver worker %s (heartbeat %.2f s old, exit code %s%s); the "
                     "last tables stay in force",
@@ -740,7 +821,7 @@ class SolverWorker:
                     st.exitcode,
                     f", last error: {err}" if err else "",
                 )
-            elif self._health in ("dead", "stalled"):
+            elif self._health in ("dead", "stalled", "failing"):
                 log.warning("solver worker %s again", state)
             self._health = state
         return st

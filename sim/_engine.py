@@ -66,7 +66,7 @@ import numpy as np
 from numba import literally, njit, objmode, typed, types
 
 from ..solvers import predictors
-from ..solvers._jit import NJIT
+from ..solvers._jit import NJIT, NJIT_INLINE
 from ..solvers._routing_core import (
     PoolState,
     ReplicaState,
@@ -554,7 +554,7 @@ class _Logs(NamedTuple):
     ts: np.ndarray
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _new_state(inp):
     """The state before the first step: nothing arrived, every slot and queue empty."""
     n = inp.arrival_t.shape[0]
@@ -607,7 +607,7 @@ def _new_state(inp):
     )
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _to_prefill(inp, st, i, t, tokens):
     """Request ``i`` joins the prefill queue at time ``t`` with ``tokens`` to prefill."""
     c = st.cnt
@@ -618,7 +618,7 @@ def _to_prefill(inp, st, i, t, tokens):
     c[_PF_SEQ] += 1
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _arrivals(inp, st):
     """Phase 1: the requests that arrived by now join the prefill queue, in arrival order."""
     c = st.cnt
@@ -629,7 +629,7 @@ def _arrivals(inp, st):
         c[_NXT] += 1
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _prefill_to_pool(st):
     """Phase 2: prefills done by now enter the pool, kept in order of (first ready time,
     index): a recomputed request goes back to its place by age, ahead of later ones."""
@@ -654,7 +654,7 @@ def _prefill_to_pool(st):
         c[_POOL_N] += 1
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _next_event(inp, st):
     """The next arrival or prefill completion (``inf``: none)."""
     t_next = np.inf
@@ -665,7 +665,7 @@ def _next_event(inp, st):
     return t_next
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _preempt(inp, st):
     """Phase 4: while a replica's next step would overflow its KV capacity, its most recently
     admitted request goes back through prefill with ``prompt + decoded`` tokens. Returns the
@@ -693,7 +693,7 @@ def _preempt(inp, st):
     return n_preempted
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _snapshot(inp, st, two_stage):
     """Phase 5: the router's view of this step (loads, or projected loads with a predictor,
     running counts, prompt tokens, queues) into the ring; this step's sent and context
@@ -737,7 +737,7 @@ def _snapshot(inp, st, two_stage):
         )
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _fits(inp, st, i, g):
     """Whether replica ``g`` can start request ``i`` now: a free slot, and its tokens plus the
     next step's token of every request fit the KV capacity."""
@@ -745,7 +745,7 @@ def _fits(inp, st, i, g):
     return st.nrun[g] < inp.max_slots and st.load[g] + tok + st.nrun[g] + 1 <= inp.kv_cap
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _admit(inp, st, logs, i, g):
     """Start request ``i`` on replica ``g`` in its lowest free slot (pool and queue mode
     alike): its tokens join the load and the step's context phase; with prefix caches its
@@ -799,7 +799,7 @@ def _admit(inp, st, logs, i, g):
     return logs
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _sent(st, slot, g, tok, prompt_i):
     """Record in the ring what the router sent to ``g`` at this step (the optimistic view of
     later ticks adds it while the view is older than it)."""
@@ -808,7 +808,7 @@ def _sent(st, slot, g, tok, prompt_i):
     st.addp_ring[slot, g] += prompt_i
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _router_view(inp, st):
     """What the router sees at this tick: the view of step ``k - stale`` (step 0's before),
     plus, when optimistic, what it sent since then (pool mode: tokens on every horizon
@@ -836,7 +836,7 @@ def _router_view(inp, st):
     return view, seen_n, seen_p, seen_q, seen_qt
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _tick_state(inp, st, kvcap_g):
     """What the policy is shown at this tick: the oldest ``max_pool`` pool requests
     (:class:`PoolState`: tokens ``prompt + decoded``, ticks waited, bootstrap room, and for a
@@ -881,7 +881,7 @@ def _tick_state(inp, st, kvcap_g):
     return pstate, rstate
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _apply_tick(inp, st, logs, assign, P, ns):
     """The tick's assignment applied in pool order: queue mode, to the tail of the replica's
     own queue; pool mode, admitted when it fits (:func:`_fits`), otherwise it stays in the
@@ -930,11 +930,15 @@ def _apply_tick(inp, st, logs, assign, P, ns):
     return logs
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _route(policy, inp, st, logs, carry, kvcap_g):
     """Phase 6: a routing tick: the policy named ``policy`` (a string literal) routes on
     :func:`_tick_state`, its time measured around the call, and :func:`_apply_tick` applies
-    its assignment. The only phase compiled per policy. Returns ``(logs, carry)``."""
+    its assignment. Returns ``(logs, carry)``.
+
+    The phases are inlined into :func:`run_engine` at numba's IR level (``NJIT_INLINE``):
+    called as functions they received the two records by value, which made the loop several
+    times slower."""
     pstate, rstate = _tick_state(inp, st, kvcap_g)
     tick_seed = inp.seed * 1_000_003 + st.cnt[_K]
     c0 = monotonic_ns() if inp.time_router else 0
@@ -944,7 +948,7 @@ def _route(policy, inp, st, logs, carry, kvcap_g):
     return logs, carry
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _admit_queues(inp, st, logs):
     """Phase 6b (queue mode): each replica admits from the head of its queue while the head
     fits (:func:`_fits`); the first that does not blocks those behind it (FCFS)."""
@@ -971,7 +975,7 @@ def _moe_seconds(key, load, nrun, clock):
     return moe
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def step_time(inp, st):
     """Phase 7: the duration of this decode step from the loads at its start.
 
@@ -1015,7 +1019,7 @@ def step_time(inp, st):
     return dt
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _record(inp, st, logs, dt, n_preempted):
     """Phase 8: the step's row of ``series`` (:data:`SERIES`). Returns the (grown) logs."""
     G, k = inp.n_replicas, st.cnt[_K]
@@ -1053,7 +1057,7 @@ def _record(inp, st, logs, dt, n_preempted):
     return logs
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _decode(inp, st, t_end):
     """Phase 9: every running request gains one token; one that reaches its output length
     leaves at ``t_end`` (and its group's exact-match memo learns its length)."""

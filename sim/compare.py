@@ -20,7 +20,6 @@ Run ``straggler-compare --help`` for the flags.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -28,6 +27,7 @@ import time
 
 import numpy as np
 
+from ..formulations._io import OneLineParser
 from ..formulations.cost import PRESETS, CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import BackendUnavailableError, StragglerError
@@ -35,7 +35,7 @@ from ..formulations.validation import check_choice, check_rng, check_time_limit,
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.registry import dispatch_methods, get_dispatch_method
 from ..solvers.topology import topology_split
-from .warmup import needs_compile, warmup
+from .warmup import needs_compile
 from .workload import DEFAULT_KAPPA, SHAPES, SKEWS, make_decode_problem, num_physical_slots
 
 __all__ = ["main", "compare", "DEFAULT_PRESETS", "format_table"]
@@ -50,8 +50,13 @@ DEFAULT_PRESETS = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+#: Most physical slots ``straggler-compare`` generates (``--replication`` times the experts,
+#: rounded to the GPUs): a bound checked before anything is allocated.
+MAX_COMPARE_SLOTS = 2**20
+
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(
         prog="straggler-compare",
         description="Compare every registered EP dispatch method on a generated decode batch.",
     )
@@ -106,10 +111,12 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
     """Solve ``problem`` with each method; one dict per method (see :func:`main`).
 
     Keys: ``method``, ``makespan_us``, ``lower_bound_us``, ``gap``, ``ratio_vs_best``,
-    ``status``, ``runtime_s``, ``on_mask``, ``note``. Totals over layers for stacks. On more
-    than one node (``problem.gpu_node``) also ``cross_node_flat`` and ``cross_node``: tokens
-    crossing nodes with the flat table and with the same-node-first split of TEMPO §4.3
-    (:func:`~straggler.solvers.topology.topology_split`, node-uniform sources).
+    ``status``, ``runtime_s``, ``compile_s``, ``reference`` (True when a plain-Python
+    reference served a kernel's part of the call, see :mod:`straggler.solvers._backend`:
+    same results, slower ``runtime_s``), ``on_mask``, ``note``. Totals over layers for
+    stacks. On more than one node (``problem.gpu_node``) also ``cross_node_flat`` and
+    ``cross_node``: tokens crossing nodes with the flat table and with the same-node-first
+    split of TEMPO §4.3 (:func:`~straggler.solvers.topology.topology_split`, node-uniform sources).
     ``ratio_vs_best`` divides by the smallest makespan among methods on the replica mask.
 
     Examples
@@ -150,6 +157,8 @@ def compare(problem, cost: CostModel, *, methods=None, time_limit: float = 5.0, 
             gap=(mk - lb) / mk if mk > 0 else 0.0,
             status=res.status.name,
             runtime_s=res.runtime_s,
+            compile_s=res.compile_s,
+            reference=res.reference_s > 0,
         )
         if on_mask and problem.gpu_node is not None and np.unique(problem.gpu_node).size > 1:
             split = topology_split(res.shares, problem.gpu_node)
@@ -190,7 +199,7 @@ def format_table(rows) -> str:
                 f"{r['lower_bound_us']:.1f}",
                 f"{100 * r['gap']:.1f}%",
                 r["status"],
-                f"{r['runtime_s'] * 1e3:.3f}",
+                f"{r['runtime_s'] * 1e3:.3f}" + ("^" if r.get("reference") else ""),
             ]
             if topo:
                 cells.append(_xnode(r))
@@ -204,23 +213,27 @@ def format_table(rows) -> str:
     for cells in lines:
         out.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
     notes = [f"  {r['method']}: {r['note']}" for r in rows if r["note"]]
+    if any(r.get("reference") for r in rows):
+        notes.append(
+            "  ^ runtime of the plain-Python references (kernels not compiled yet; same "
+            "results; straggler-warmup compiles them once)"
+        )
     if notes:
         out.append("notes (* = not on the replica mask, left out of vs_best):")
         out.extend(notes)
     return "\n".join(out)
 
 
-def _compile_kernels(methods, out) -> None:
-    """Warm the dispatch kernels before anything is timed; on a first run (a kernel not in
-    numba's disk cache) say so on one line, with how long compiling took."""
-    cold = needs_compile()
-    if cold:
-        print("compiling kernels (first run only) ...", end=" ", file=out, flush=True)
-    rep = warmup(routing=False, simulator=False, methods=methods)
-    if cold or rep.compile_s >= 0.5:
-        if not cold:
-            print("compiling kernels (first run only) ...", end=" ", file=out)
-        print(f"{rep.compile_s:.1f} s", file=out, flush=True)
+def _notice(out) -> None:
+    """One line on a first run (a dispatch kernel neither compiled nor in numba's disk
+    cache): what runs instead of compiling."""
+    if needs_compile():
+        print(
+            "kernels not compiled yet: their plain-Python references run (same results); "
+            "straggler-warmup compiles them",
+            file=out,
+            flush=True,
+        )
 
 
 def _xnode(r) -> str:
@@ -242,12 +255,20 @@ def main(argv=None) -> int:
     preset = args.preset or DEFAULT_PRESETS[args.shape]
     cost = CostModel.preset(preset)
     methods = None
-    if args.methods:
+    if args.methods is not None:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        if not methods:
+            parser.error(f"--methods must name at least one method; got {args.methods!r}")
         unknown = sorted(set(methods) - set(dispatch_methods()))
         if unknown:
             parser.error(f"unknown method(s) {unknown}; registered: {dispatch_methods()}")
     try:
+        slots = num_physical_slots(SHAPES[args.shape].n_experts, args.gpus, args.replication)
+        if slots > MAX_COMPARE_SLOTS:
+            parser.error(
+                f"--replication {args.replication:g} on {args.gpus} GPUs gives {slots:,} physical "
+                f"slots; at most {MAX_COMPARE_SLOTS:,}"
+            )
         problem = make_decode_problem(
             args.shape,
             n_gpus=args.gpus,
@@ -264,7 +285,8 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if not (args.time_limit > 0):
         parser.error(f"--time-limit must be positive, got {args.time_limit}")
-    _compile_kernels(methods, sys.stderr if args.json else sys.stdout)
+    out = sys.stderr if args.json else sys.stdout
+    _notice(out)
     rows = compare(problem, cost, methods=methods, time_limit=args.time_limit, seed=args.seed)
     shape = SHAPES[args.shape]
     counts = problem.counts
@@ -298,6 +320,9 @@ def main(argv=None) -> int:
         )
         print(f"cost preset {preset}: {instance['cost']}")
         print(format_table(rows))
+    compiled = sum(r.get("compile_s", 0.0) for r in rows)
+    if compiled >= 0.5:  # a method outran its references' budget: its kernels compiled
+        print(f"kernels compiled during the run: {compiled:.1f} s (first run only)", file=out)
     return 1 if any(r["status"] == "ERROR" for r in rows) else 0
 
 

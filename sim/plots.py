@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ..formulations._io import atomic_path
 from ..formulations.errors import BackendUnavailableError, param_error
 
 __all__ = ["smooth_series", "plot_imbalance"]
@@ -101,5 +102,6 @@ def plot_imbalance(
         ax.set_title(title)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        with atomic_path(path) as tmp:  # a failed save leaves no partial file
+            fig.savefig(tmp, dpi=120, format=os.path.splitext(os.fspath(path))[1][1:] or "png")
     return fig

@@ -23,21 +23,28 @@ Run ``straggler-simulate --help`` for the flags.
 
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 import math
 import pathlib
 import sys
 import time
 
-from ..formulations.errors import StragglerError
+from ..formulations._io import OneLineParser, atomic_open, check_output_file
+from ..formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, routing_policies
 from .load_sweep import SWEEP_TRACES, sweep_trace
 from .prefix import load_prefix_blocks
 from .simulator import engine_cache_is_warm, simulate, warm_engine
 from .traces import WORKLOAD_PRESETS, Trace, generate_trace, load_trace
 
-__all__ = ["main", "format_table", "resolve_trace"]
+__all__ = ["main", "format_table", "resolve_trace", "MAX_REPLICAS", "MAX_SLOTS", "MAX_SLOTS_TOTAL"]
+
+#: Bounds of ``--replicas``, ``--max-slots`` and their product: the simulator keeps state per
+#: slot of every replica, so an absurd value would run for minutes before anything is shown.
+MAX_REPLICAS = 4096
+MAX_SLOTS = 65536
+MAX_SLOTS_TOTAL = 2**22
 
 #: Table columns: (header, SimReport field, scale, format, ratio to JSQ's).
 COLUMNS = (
@@ -61,8 +68,8 @@ def resolve_trace(spec: str, *, rate: float | None, n_requests: int) -> Trace:
     elif spec in WORKLOAD_PRESETS:
         tr = generate_trace(spec)
     else:
-        raise SystemExit(
-            f"straggler-simulate: {spec!r} is neither a file, a shipped trace "
+        raise InvalidInputError(
+            f"{spec!r} is neither a file, a shipped trace "
             f"({', '.join(SWEEP_TRACES)}) nor a generator preset ({', '.join(WORKLOAD_PRESETS)})."
         )
     if n_requests and n_requests < len(tr):
@@ -70,8 +77,8 @@ def resolve_trace(spec: str, *, rate: float | None, n_requests: int) -> Trace:
     return tr
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _parser() -> OneLineParser:
+    p = OneLineParser(
         prog="straggler-simulate",
         description="Replay a trace on lock-step decode replicas under every routing policy.",
     )
@@ -228,7 +235,42 @@ def format_table(reports: dict, baseline: str = "jsq", extra=()) -> str:
     return "\n".join(lines)
 
 
+def _check_args(args) -> None:
+    """Every option's range, before any work (one line and exit 2 otherwise)."""
+    bounds = (
+        ("replicas", 1, MAX_REPLICAS),
+        ("max_slots", 1, MAX_SLOTS),
+        ("kv_capacity", 1, 2**40),
+        ("requests", 0, None),
+        ("prefill_instances", 0, MAX_REPLICAS),
+        ("seed", 0, 2**63 - 1),
+    )
+    for name, lo, hi in bounds:
+        v = getattr(args, name)
+        if v is not None and (v < lo or (hi is not None and v > hi)):
+            flag = "--" + name.replace("_", "-")
+            raise InvalidInputError(
+                f"{flag} must be in [{lo}, {hi if hi is not None else 'inf'}]; got {v}"
+            )
+    if args.replicas * args.max_slots > MAX_SLOTS_TOTAL:
+        raise InvalidInputError(
+            f"--replicas x --max-slots must be at most {MAX_SLOTS_TOTAL:,}; got "
+            f"{args.replicas * args.max_slots:,}"
+        )
+    for name, lo_open in (("load", True), ("rate", True), ("ctx_cost", False)):
+        v = getattr(args, name)
+        if v is not None and (not math.isfinite(v) or v < 0 or (lo_open and v == 0)):
+            flag = "--" + name.replace("_", "-")
+            raise InvalidInputError(
+                f"{flag} must be a finite number {'> 0' if lo_open else '>= 0'}; got {v}"
+            )
+    if args.policies is not None and not [p for p in args.policies.split(",") if p.strip()]:
+        raise InvalidInputError(f"--policies must name at least one policy; got {args.policies!r}")
+
+
 def main(argv=None) -> int:
+    """Console entry point ``straggler-simulate``; returns the exit status (0 ok, 2 bad
+    arguments or input, one line on stderr)."""
     args = _parser().parse_args(argv)
     if args.moe is not None:
         try:
@@ -239,6 +281,15 @@ def main(argv=None) -> int:
             print(f"straggler-simulate: {e}", file=sys.stderr)
             return 2
     try:
+        _check_args(args)
+        if args.json:
+            check_output_file(args.json, "--json")
+        if args.plot:
+            check_output_file(args.plot, "--plot")
+            if importlib.util.find_spec("matplotlib") is None:
+                raise BackendUnavailableError(
+                    "--plot needs matplotlib: pip install 'straggler[plot]'."
+                )
         if args.policies:
             policies = [p.strip() for p in args.policies.split(",") if p.strip()]
             for p in policies:
@@ -250,7 +301,7 @@ def main(argv=None) -> int:
         blocks = None
         if args.prefix_cache:
             if not pathlib.Path(args.trace).is_file():
-                raise SystemExit("straggler-simulate: --prefix-cache needs a Mooncake trace file")
+                raise InvalidInputError("--prefix-cache needs a Mooncake trace file")
             blocks = load_prefix_blocks(args.trace)
             if len(blocks) > len(trace):  # --requests kept the first N
                 blocks = blocks.subset([i < len(trace) for i in range(len(blocks))])
@@ -292,8 +343,8 @@ def main(argv=None) -> int:
                 )
         if bar is not None:
             bar.close()
-    except StragglerError as e:
-        print(f"straggler-simulate: {e}", file=sys.stderr)
+    except (StragglerError, ValueError, OSError) as e:
+        print(f"straggler-simulate: error: {e}", file=sys.stderr)
         return 2
     first = next(iter(reports.values()))
     load = f"{first.offered_load:.2f}x" + (" (as recorded)" if args.load is None else "")
@@ -303,15 +354,22 @@ def main(argv=None) -> int:
         "metrics (* = default policy)"
     )
     print(format_table(reports, extra=COLUMNS_CACHE if blocks is not None else ()))
-    if args.json:
-        out = {pol: r.summary() for pol, r in reports.items()}
-        pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.json}")
-    if args.plot:
-        from .plots import plot_imbalance
+    try:
+        if args.json:
+            out = {pol: r.summary() for pol, r in reports.items()}
+            with atomic_open(args.json, "w") as f:
+                f.write(json.dumps(out, indent=1))
+            print(f"wrote {args.json}")
+        if args.plot:
+            from .plots import plot_imbalance
 
-        plot_imbalance(reports, args.plot, window_only=False, title=f"{trace.name}, load {load}")
-        print(f"wrote {args.plot}")
+            plot_imbalance(
+                reports, args.plot, window_only=False, title=f"{trace.name}, load {load}"
+            )
+            print(f"wrote {args.plot}")
+    except (StragglerError, ValueError, OSError) as e:
+        print(f"straggler-simulate: error: writing the outputs failed: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,13 +11,17 @@ every setting beside its results. The phase diagram and the routing load sweeps 
 * **Backends.** ``"serial"`` runs in this process; ``"process"`` (default) on a local pool
   of ``workers`` processes started with ``spawn`` (a forked child would inherit dead
   thread pools, e.g. tempo's stack solver, and hang on them; a script using it needs the
-  ``if __name__ == "__main__":`` guard, as every spawn-based pool does); ``"ray"`` as Ray tasks
+  ``if __name__ == "__main__":`` guard, as every spawn-based pool does: a script without
+  one, or a ``func`` defined interactively, is refused before any worker starts);
+  ``"ray"`` as Ray tasks
   (optional extra ``straggler[ray]``): a Ray already initialized by the caller is used as
   it is, otherwise ``ray.init(address=address)`` reaches an existing cluster, or, with
   ``address=None``, starts a local one of ``workers`` CPUs that is shut down at the end.
 * **Resumable.** With ``path``, each finished cell is appended (and flushed) to the journal
   ``<path>.cells.jsonl`` as it finishes; a later call with the same ``path`` computes only
   the cells whose settings are not in the journal (``resume=False`` starts afresh). The
+  journal is checked in full before the sweep starts: a torn line (an interrupted write)
+  reruns its cell; a malformed record is an error naming the line. The
   table itself is written to ``path`` at the end: CSV, or Parquet when ``path`` ends in
   ``.parquet`` (needs ``pyarrow``). JSON keeps the journal's types exact, so a resumed
   sweep returns the very table an uninterrupted one does.
@@ -28,20 +32,25 @@ every setting beside its results. The phase diagram and the routing load sweeps 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import itertools
 import json
+import math
 import multiprocessing
 import numbers
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 
+from ..formulations._io import atomic_open, atomic_path, check_output_file
 from ..formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ..formulations.validation import (
     check_bool,
@@ -57,6 +66,8 @@ __all__ = ["sweep", "SweepTable", "SweepError", "grid_cells", "BACKENDS"]
 BACKENDS = ("serial", "process", "ray")
 
 _FUNC = "sweep"
+#: Most cells a grid may expand to (checked before they are built).
+MAX_CELLS = 10_000_000
 
 
 class SweepError(StragglerError):
@@ -113,6 +124,12 @@ def grid_cells(grid, fixed: Mapping | None = None) -> list[dict]:
                     f"sequence. Got {describe(v)} instead."
                 )
             values.append([_scalar(x, f"A value of grid setting {name!r}") for x in v])
+        n_cells = math.prod(len(v) for v in values)
+        if n_cells > MAX_CELLS:  # checked before the cells are built
+            raise InvalidInputError(
+                f"The 'grid' parameter of {_FUNC} must have at most {MAX_CELLS:,} cells. Got "
+                f"{n_cells:,} ({' x '.join(str(len(v)) for v in values)}) instead."
+            )
         cells = [dict(zip(names, combo)) for combo in itertools.product(*values)]
     elif isinstance(grid, Sequence) and not isinstance(grid, (str, bytes)) and len(grid):
         cells = []
@@ -159,11 +176,17 @@ def _run_cell(func, index: int, settings: dict):
     """What a worker runs: one cell, its results as plain scalars."""
     out = func(**settings)
     if not isinstance(out, Mapping):
-        raise TypeError(f"func returned {type(out).__name__}, not a mapping of results")
+        raise InvalidInputError(
+            f"The 'func' parameter of {_FUNC} must return a mapping of result names to "
+            f"scalars. Got {describe(out)} instead."
+        )
     res = {}
     for k, v in out.items():
         if not isinstance(k, str):
-            raise TypeError(f"func returned a result name {k!r} that is not a string")
+            raise InvalidInputError(
+                f"The 'func' parameter of {_FUNC} must return string result names. Got "
+                f"{describe(k)} instead."
+            )
         res[k] = _scalar(v, f"Result {k!r}")
     return index, res
 
@@ -210,23 +233,65 @@ def _ends_in_newline(path: Path) -> bool:
         return fh.read(1) == b"\n"
 
 
+def _read_journal(path: Path, settings_names=()) -> dict[str, dict]:
+    """The finished cells of a journal, every record checked: a line that is not JSON (torn
+    by an interrupted write) is skipped and its cell reruns; a JSON line that is not a
+    ``{"settings": {...}, "result": {...}}`` record of scalars, results whose names differ
+    from the other records' or that are setting names of this grid, is an error naming the
+    file and the line."""
+    done: dict[str, dict] = {}
+    names = None
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInputError(f"Cannot read the sweep journal {path}: {exc.strerror}.") from None
+    with fh:
+        for no, line in enumerate(fh, 1):
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                continue  # a line torn by an interrupted write: that cell reruns
+            where = f"{path}, line {no}"
+
+            def bad(what, where=where):
+                return InvalidInputError(
+                    f'The sweep journal {where} must hold {{"settings": {{name: scalar}}, '
+                    f'"result": {{name: scalar}}}} records. Got {what} instead (move the '
+                    "journal away, or pass resume=False to start afresh)."
+                )
+
+            if not isinstance(rec, dict) or set(rec) != {"settings", "result"}:
+                raise bad(f"{str(rec)[:80]!r}")
+            settings, result = rec["settings"], rec["result"]
+            for part, d in (("settings", settings), ("result", result)):
+                if not isinstance(d, dict) or not d and part == "settings":
+                    raise bad(f"{part} {str(d)[:60]!r}")
+                for k, v in d.items():
+                    if v is not None and not isinstance(v, (bool, int, float, str)):
+                        raise bad(f"{part} {k!r} = {str(v)[:40]!r}")
+            clash = sorted((set(settings) | set(settings_names)) & set(result))
+            if clash:
+                raise bad(f"result names that are settings ({clash})")
+            if names is None:
+                names = set(result)
+            elif set(result) != names:
+                raise bad(f"result names {sorted(result)} (earlier records: {sorted(names)})")
+            done[_key(settings)] = result
+    return done
+
+
 class _Journal:
     """Finished cells, one JSON line each: ``{"settings": {...}, "result": {...}}``."""
 
-    def __init__(self, path: Path | None, resume: bool):
+    def __init__(self, path: Path | None, resume: bool, settings_names=()):
         self.path = path
         self.done: dict[str, dict] = {}
         self.fh = None
         if path is None:
             return
         if resume and path.exists():
-            with path.open(encoding="utf-8") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                        self.done[_key(rec["settings"])] = rec["result"]
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        continue  # a line torn by an interrupted write: that cell reruns
+            # checked in full before anything is written
+            self.done = _read_journal(path, settings_names)
         path.parent.mkdir(parents=True, exist_ok=True)
         torn = resume and path.exists() and path.stat().st_size and not _ends_in_newline(path)
         self.fh = path.open("a" if resume else "w", encoding="utf-8")
@@ -266,6 +331,29 @@ class SweepTable:
     """
 
     def __init__(self, rows: Sequence[Mapping], settings: Sequence[str]):
+        func = "SweepTable"
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, (Sequence, tuple)):
+            raise InvalidInputError(
+                f"The 'rows' parameter of {func} must be a sequence of mappings. Got "
+                f"{describe(rows)} instead."
+            )
+        if isinstance(settings, (str, bytes)) or not all(isinstance(s, str) for s in settings):
+            raise InvalidInputError(
+                f"The 'settings' parameter of {func} must be a sequence of column names. Got "
+                f"{describe(settings)} instead."
+            )
+        for i, r in enumerate(rows):
+            if not isinstance(r, Mapping):
+                raise InvalidInputError(
+                    f"Row {i} of the 'rows' parameter of {func} must be a mapping. Got "
+                    f"{describe(r)} instead."
+                )
+            missing = [s for s in settings if s not in r]
+            if missing:
+                raise InvalidInputError(
+                    f"Row {i} of the 'rows' parameter of {func} must hold every setting "
+                    f"{list(settings)}. Got no {missing[0]!r} in {sorted(map(str, r))[:8]}."
+                )
         self.rows = tuple(dict(r) for r in rows)
         self.settings = tuple(settings)
         cols = list(self.settings)
@@ -303,7 +391,8 @@ class SweepTable:
             w.writerow(["" if r.get(c) is None else _fmt(r[c]) for c in self.columns])
         if path is None:
             return buf.getvalue()
-        Path(path).write_text(buf.getvalue(), encoding="utf-8")
+        with atomic_open(path, "w", encoding="utf-8") as fh:
+            fh.write(buf.getvalue())
         return None
 
     def to_parquet(self, path) -> None:
@@ -318,7 +407,8 @@ class SweepTable:
             ) from None
         table = pa.Table.from_pylist([{c: r.get(c) for c in self.columns} for r in self.rows])
         table = table.replace_schema_metadata({"straggler.settings": json.dumps(self.settings)})
-        pq.write_table(table, str(path))
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
 
     def write(self, path) -> None:
         """CSV or Parquet by the suffix of ``path``."""
@@ -331,8 +421,17 @@ class SweepTable:
     def read_csv(cls, path, settings: Sequence[str] = ()) -> SweepTable:
         """Read a table written by :meth:`to_csv`; each value parsed as int, float, bool,
         None (empty) or left a string, in that order of preference."""
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
+        try:
+            with open(path, newline="", encoding="utf-8") as fh:
+                rows = list(csv.DictReader(fh))
+        except OSError as exc:
+            raise InvalidInputError(
+                f"Cannot read the sweep table {path}: {exc.strerror}."
+            ) from None
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise InvalidInputError(
+                f"The sweep table {path} is not UTF-8 CSV as to_csv writes it: {exc}."
+            ) from None
         return cls([{k: _parse(v) for k, v in r.items()} for r in rows], settings=settings)
 
 
@@ -363,7 +462,12 @@ def _sweep_iv(func, backend, workers, path, resume, progress, address, desc):
         workers = check_int(workers, "workers", _FUNC, lo=1)
     if path is not None:
         check_type(path, "path", _FUNC, (str, os.PathLike), "a file path (str or PathLike)")
-        path = Path(path)
+        path = Path(check_output_file(path, f"The 'path' of {_FUNC}"))
+        if str(path).endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
+            raise BackendUnavailableError(
+                "Writing a sweep table as Parquet needs pyarrow (pip install pyarrow); "
+                "write CSV instead (a path ending in .csv)."
+            )
     resume = check_bool(resume, "resume", _FUNC)
     progress = check_bool(progress, "progress", _FUNC)
     if address is not None:
@@ -445,7 +549,11 @@ def sweep(
     )
     cells = grid_cells(grid, fixed)
     settings_names = list(cells[0])
-    journal = _Journal(None if path is None else Path(str(path) + ".cells.jsonl"), resume)
+    if backend == "process":
+        _check_spawnable(func)
+    journal = _Journal(
+        None if path is None else Path(str(path) + ".cells.jsonl"), resume, settings_names
+    )
     results: list[dict | None] = [journal.done.get(_key(c)) for c in cells]
     todo = [i for i, r in enumerate(results) if r is None]
     bar = _Progress(len(cells), len(cells) - len(todo), desc, progress)
@@ -480,8 +588,14 @@ def sweep(
     return table
 
 
+class _CellInputError(SweepError, InvalidInputError):
+    """A cell failed on bad input or returned what a sweep cannot record: both a
+    :class:`SweepError` (a cell failed) and an ``InvalidInputError``."""
+
+
 def _cell_failed(cell: dict, exc: BaseException) -> SweepError:
-    return SweepError(f"sweep cell {cell} raised {type(exc).__name__}: {exc}")
+    cls = _CellInputError if isinstance(exc, InvalidInputError) else SweepError
+    return cls(f"sweep cell {cell} raised {type(exc).__name__}: {exc}")
 
 
 def _serial(func, cells, todo, finish, workers, address) -> None:
@@ -491,6 +605,38 @@ def _serial(func, cells, todo, finish, workers, address) -> None:
         except Exception as exc:
             raise _cell_failed(cells[i], exc) from exc
         finish(index, res)
+
+
+_GUARD = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.M)
+_NO_GUARD = (
+    "backend='process' starts its workers with spawn, and each re-runs the main script "
+    "{script}, which has no 'if __name__ == \"__main__\":' guard, so every worker would start "
+    "the sweep again. Put the script's top-level code under that guard, or pass "
+    "backend='serial'."
+)
+
+
+def _check_spawnable(func) -> None:
+    """Refuse, before starting anything, what spawned workers cannot run: a ``func`` defined
+    in an interactive session (nothing to import it from), or a main script that has no
+    ``__main__`` guard (each worker would re-run it)."""
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if script is None:
+        if getattr(func, "__module__", None) == "__main__":
+            raise InvalidInputError(
+                f"The 'func' parameter of {_FUNC} is defined in an interactive session, which "
+                "the spawned workers of backend='process' cannot import. Define it in a module "
+                "(a .py file) or pass backend='serial'."
+            )
+        return
+    try:
+        with open(script, encoding="utf-8", errors="replace") as fh:
+            source = fh.read()
+    except OSError:
+        return  # nothing to inspect (a frozen or deleted script): let the pool try
+    if not _GUARD.search(source):
+        raise InvalidInputError(_NO_GUARD.format(script=script))
 
 
 def _process(func, cells, todo, finish, workers, address) -> None:
@@ -505,6 +651,15 @@ def _process(func, cells, todo, finish, workers, address) -> None:
                     i = pending.pop(fut)
                     try:
                         index, res = fut.result()
+                    except BrokenProcessPool:
+                        script = getattr(sys.modules.get("__main__"), "__file__", "(none)")
+                        raise SweepError(
+                            "A worker process of backend='process' died before returning a "
+                            "result (killed, out of memory, or a main script re-run without "
+                            f"its 'if __name__ == \"__main__\":' guard: {script}); no cell "
+                            "failed on its own. Finished cells are journaled; backend='serial' "
+                            "runs without workers."
+                        ) from None
                     except Exception as exc:
                         raise _cell_failed(cells[i], exc) from exc
                     finish(index, res)

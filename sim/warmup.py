@@ -39,9 +39,8 @@ import numpy as np
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.validation import check_bool, check_choice, check_type
-from ..solvers import bounds, round_robin, semi_matching, tempo
-from ..solvers import dispatch as _dispatch
-from ..solvers._compile import JitTimer, is_cached, library_kernels
+from ..solvers._backend import PAIRS, kernel_mode
+from ..solvers._compile import JitTimer, is_cached
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.registry import dispatch_methods
 from ..solvers.routing import route_batch
@@ -50,14 +49,11 @@ from .traces import Trace
 
 __all__ = ["warmup", "WarmupReport", "WarmupStep", "dispatch_kernels", "needs_compile", "main"]
 
-#: The Python modules that call the dispatch side's kernels (``solve_dispatch``'s methods and
-#: its certified bound).
-_DISPATCH_MODULES = (tempo, bounds, semi_matching, round_robin, _dispatch)
-
 
 def dispatch_kernels() -> dict[str, object]:
-    """The kernels ``solve_dispatch`` calls from Python, by ``module.name``."""
-    return library_kernels(_DISPATCH_MODULES, defined_here=False)
+    """The kernels ``solve_dispatch`` calls from Python, by ``module.name`` (each called
+    through its kernel/reference pair, :mod:`straggler.solvers._backend`)."""
+    return {name: pair.kernel for name, pair in PAIRS.items()}
 
 
 @dataclass(frozen=True)
@@ -274,12 +270,13 @@ def warmup(
     if dispatch:
         cases = _dispatch_cases()
         for m in methods:
-            step(
-                f"solve_dispatch[{m}]",
-                lambda m=m: [
-                    solve_dispatch(p, c, method=m, time_limit=5.0, rng=0) for p, c in cases
-                ],
-            )
+            with kernel_mode("kernel"):  # compile: never the references' one-shot path
+                step(
+                    f"solve_dispatch[{m}]",
+                    lambda m=m: [
+                        solve_dispatch(p, c, method=m, time_limit=5.0, rng=0) for p, c in cases
+                    ],
+                )
     if routing:
         for pol in policies:
             step(f"route_batch[{pol}]", lambda pol=pol: _routing_case(pol))

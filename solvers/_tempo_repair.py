@@ -34,7 +34,7 @@ from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem, evaluate
 from ..formulations.dispatch_milp import build_dispatch_milp
 from ..formulations.results import Status
-from ._token_lp_fast import support_rebalance_kernel
+from ._backend import SUPPORT_REBALANCE
 from .highs import solve_milp
 
 __all__ = ["Repair", "repair_layer", "whole_tokens"]
@@ -87,7 +87,7 @@ def whole_tokens(problem: DispatchProblem, cost: CostModel, shares) -> np.ndarra
         elif rem < 0:  # (fractional input summing above n_e)
             for h in np.argsort(-x[e], kind="stable")[:-rem]:
                 x[e, h] -= 1
-    y, _, _ = support_rebalance_kernel(counts, x, cost.as_array())
+    y, _, _ = SUPPORT_REBALANCE(counts, x, cost.as_array())
     return y
 
 

@@ -33,11 +33,9 @@ import math
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
-from ._bounds import lower_bound_kernel
-from ._semi_matching import semi_matching_kernel
-from ._token_lp_fast import token_lp_kernel
+from ._backend import LOWER_BOUND, SEMI_MATCHING, TOKEN_LP
 
-__all__ = ["certified_lower_bound", "token_lp_bound"]
+__all__ = ["certified_lower_bound", "layer_bound", "token_lp_bound"]
 
 
 def certified_lower_bound(
@@ -81,12 +79,29 @@ def certified_lower_bound(
     counts = p.counts
     replicas = p.replicas
     if semi_matching_value is None:
-        _, semi_matching_value, _ = semi_matching_kernel(replicas, counts > 0)
-    best = float(lower_bound_kernel(counts, replicas, cost.as_array(), int(semi_matching_value)))
+        _, semi_matching_value, _ = SEMI_MATCHING(replicas, counts > 0)
     if token_lp_value is None:
-        _, num, den = token_lp_kernel(counts, replicas)
+        _, num, den = TOKEN_LP(counts, replicas)
         token_lp_value = num / den
-    return max(best, token_lp_bound(cost, token_lp_value))
+    return layer_bound(counts, replicas, cost, cost.as_array(), semi_matching_value, token_lp_value)
+
+
+def layer_bound(counts, replicas, cost: CostModel, cost_array, sm: int, lp_value: float) -> float:
+    """:func:`certified_lower_bound` from arrays: ``counts`` int64 ``(n_experts,)``,
+    ``replicas`` bool ``(n_experts, n_gpus)``, ``cost_array = cost.as_array()`` and the
+    layer's exact semi-matching value ``sm`` and token-LP value ``lp_value`` (unchecked: for
+    methods that computed them with this library's kernels, as ``tempo`` does).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    >>> layer_bound(np.array([600] + [30] * 6), np.ones((7, 2), bool), cost,
+    ...             cost.as_array(), 4, 390.0)
+    60.0
+    """
+    best = float(LOWER_BOUND(counts, replicas, cost_array, int(sm)))
+    return max(best, token_lp_bound(cost, lp_value))
 
 
 def token_lp_bound(cost: CostModel, token_lp_value: float) -> float:

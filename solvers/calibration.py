@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
+from ..formulations._io import atomic_open
 from ..formulations.cost import CostModel
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import (
@@ -148,40 +149,54 @@ class CalibrationResult:
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "the calibration") -> CalibrationResult:
-        """Rebuild a result from :meth:`to_dict`'s output (raises on a malformed one)."""
+        """Rebuild a result from :meth:`to_dict`'s output (raises on a malformed one, naming
+        the field)."""
+        if not isinstance(d, dict):
+            raise InvalidInputError(
+                f"{source} must hold a JSON object (what CalibrationResult.save writes). Got "
+                f"{type(d).__name__} instead."
+            )
+        field = "format"
+
+        def get(name):
+            nonlocal field
+            field = name
+            return d[name]
+
         try:
-            if d.get("format") != "straggler-calibration":
-                raise KeyError("format")
-            cost = CostModel(**d["cost"])
-            params = {str(k): float(v) for k, v in d["params"].items()}
-            intervals = {str(k): (float(v[0]), float(v[1])) for k, v in d["intervals"].items()}
+            if get("format") != "straggler-calibration":
+                raise ValueError
+            cost = CostModel(**get("cost"))
+            params = {str(k): float(v) for k, v in get("params").items()}
+            intervals = {str(k): (float(v[0]), float(v[1])) for k, v in get("intervals").items()}
             n_params = len(params)
-            boot = np.asarray(d["bootstrap_params"], dtype=float).reshape(-1, n_params)
+            boot = np.asarray(get("bootstrap_params"), dtype=float).reshape(-1, n_params)
             return cls(
                 cost=cost,
                 params=params,
                 intervals=intervals,
-                level=float(d["level"]),
-                rel_rms=float(d["rel_rms"]),
-                max_rel_error=float(d["max_rel_error"]),
-                n_star=math.inf if d["n_star"] is None else float(d["n_star"]),
-                piece=np.asarray(d["piece"], dtype=np.int64),
+                level=float(get("level")),
+                rel_rms=float(get("rel_rms")),
+                max_rel_error=float(get("max_rel_error")),
+                n_star=math.inf if get("n_star") is None else float(d["n_star"]),
+                piece=np.asarray(get("piece"), dtype=np.int64),
                 bootstrap_params=boot,
-                iterations=int(d["iterations"]),
-                converged=bool(d["converged"]),
-                pieces=int(d["pieces"]),
-                tile=int(d["tile"]),
+                iterations=int(get("iterations")),
+                converged=bool(get("converged")),
+                pieces=int(get("pieces")),
+                tile=int(get("tile")),
                 meta=dict(d.get("meta", {})),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            got = "nothing" if isinstance(exc, KeyError) else repr(d.get(field))[:60]
             raise InvalidInputError(
-                f"{source} is not a straggler calibration (written by CalibrationResult.save): "
-                f"field {exc} is missing or malformed."
+                f"The '{field}' field of {source} must be what CalibrationResult.save writes "
+                f"(a straggler calibration). Got {got} instead."
             ) from None
 
     def save(self, path) -> None:
         """Write the fit as JSON (read back by :meth:`load` and ``straggler-plan``)."""
-        with open(path, "w") as f:
+        with atomic_open(path, "w") as f:
             json.dump(self.to_dict(), f, indent=1)
 
     @classmethod
@@ -190,9 +205,14 @@ class CalibrationResult:
         try:
             with open(path) as f:
                 d = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except OSError as exc:
             raise InvalidInputError(
-                f"Cannot read the calibration {os.fspath(path)!r}: {exc}"
+                f"Cannot read the calibration {os.fspath(path)!r}: {exc.strerror}."
+            ) from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise InvalidInputError(
+                f"The calibration {os.fspath(path)!r} is not JSON (CalibrationResult.save "
+                "writes JSON)."
             ) from None
         if not isinstance(d, dict):
             raise InvalidInputError(f"{os.fspath(path)!r} is not a straggler calibration.")

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 
 import numpy as np
 
 from ..formulations.cost import CostModel
-from ..formulations.dispatch import (
-    CONSERVATION_RTOL,
-    DispatchProblem,
-    check_shares,
-    evaluate_arrays,
-)
+from ..formulations.dispatch import CONSERVATION_RTOL, DispatchProblem, check_shares
 from ..formulations.errors import InfeasibleSharesError, StragglerError
 from ..formulations.results import DispatchResult, Status, worst_status
 from ..formulations.validation import check_rng, check_time_limit, check_type
+from ._backend import SCORE, reference_seconds
 from ._compile import JitTimer
-from ._feasibility import feasible_kernel
 from .bounds import certified_lower_bound
 from .registry import LayerSolution, make_method
 
-__all__ = ["solve_dispatch", "DEFAULT_METHOD"]
+__all__ = ["solve_dispatch", "solve_layers", "DEFAULT_METHOD"]
 
 #: The method used when none is named: tempo_fast (TEMPO §4.2, ``straggler.solvers.tempo``).
 DEFAULT_METHOD = "tempo"
@@ -41,9 +38,44 @@ def _solve_dispatch_iv(problem, cost, method, time_limit, rng, options):
     )  # fmt: skip
     check_type(cost, "cost", func, CostModel, "a CostModel (e.g. CostModel.preset(name))")
     time_limit = check_time_limit(time_limit, func)
-    gen = check_rng(rng, func)
+    gen = _entropy() if rng is None else check_rng(rng, func)
     name = DEFAULT_METHOD if method is None else method
-    return name, make_method(name, options, func), time_limit, gen
+    return name, _method(name, options, func), time_limit, gen
+
+
+_ENTROPY: list = []
+_ENTROPY_LOCK = threading.Lock()
+
+
+def _entropy() -> np.random.Generator:
+    """``rng=None``: one Generator seeded from OS entropy once per process (unpredictable,
+    like a fresh one per call, without the ~20 us of seeding each call)."""
+    if not _ENTROPY:
+        with _ENTROPY_LOCK:
+            if not _ENTROPY:
+                _ENTROPY.append(np.random.default_rng())
+    return _ENTROPY[0]
+
+
+def _method(name, options: dict, func: str):
+    """``make_method(name, options)``, one instance per distinct hashable options for
+    methods that are frozen dataclasses (immutable hyperparameters, so sharing is safe;
+    validating and building one costs ~15 us per call otherwise)."""
+    try:
+        key = (name, tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:  # an unhashable name or option value: built (and refused) each call
+        return make_method(name, options, func)
+    solver = _cached_method(key, func)
+    return make_method(name, options, func) if solver is None else solver
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_method(key, func: str):
+    """The shared instance, or None for a method that is not a frozen dataclass."""
+    name, items = key
+    solver = make_method(name, dict(items), func)
+    return solver if type(solver).__dataclass_params__.frozen else None
 
 
 def _own_masks(solver, sols) -> list:
@@ -70,16 +102,14 @@ def _reporting_problem(problem: DispatchProblem, masks) -> DispatchProblem:
     return DispatchProblem(counts=problem.counts, replicas=rep, gpu_node=problem.gpu_node)
 
 
-def _layer_bound(problem, cost, sol: LayerSolution, own_mask: bool) -> float:
-    """The certified bound combined with the method's own (reusing the exact semi-matching
-    and token-LP values a method like ``tempo`` computed with the library's kernels, on the
-    problem's own mask)."""
-    lb = certified_lower_bound(
-        problem,
-        cost,
-        semi_matching_value=sol.extras.get("semi_matching_value") if own_mask else None,
-        token_lp_value=sol.extras.get("token_lp_value") if own_mask else None,
-    )
+def _layer_bound(report: DispatchProblem, l: int, cost, sol: LayerSolution, own_mask) -> float:
+    """The certified bound of layer ``l`` combined with the method's own: the method's
+    :class:`~straggler.solvers.registry.Certificate` when it computed one on the problem's
+    own mask (``tempo`` does), else :func:`certified_lower_bound` computed here."""
+    if own_mask and sol.certificate is not None:
+        lb = sol.certificate.bound
+    else:
+        lb = certified_lower_bound(report.layer(l) if report.is_stack else report, cost)
     return max(lb, float(sol.lower_bound))
 
 
@@ -162,41 +192,70 @@ def solve_dispatch(
         name, solver, time_limit, gen = _solve_dispatch_iv(
             problem, cost, method, time_limit, rng, options
         )
-        layers = list(problem.layers())
-        t0 = time.perf_counter()
-        if hasattr(solver, "solve_stack") and problem.is_stack:
-            sols = solver.solve_stack(layers, cost, time_limit=time_limit, rng=gen)
-        else:
-            sols = [solver.solve(p, cost, time_limit=time_limit, rng=gen) for p in layers]
-        t1 = time.perf_counter()
-        fields = _score(problem, cost, name, solver, sols)
+        fields, (t0, t1, ref) = solve_layers(problem, cost, name, solver, time_limit, gen)
     runtime = max(t1 - t0 - jit.jit_within(t0, t1), 0.0)
-    return DispatchResult(method=name, runtime_s=runtime, compile_s=jit.jit_s, **fields)
-
-
-def _feasible(problem: DispatchProblem, x: np.ndarray) -> bool:
-    """``check_shares``'s rules in one jitted pass (the common case); the caller runs
-    ``check_shares`` itself for the message when this says no."""
-    g = problem.n_gpus
-    return bool(
-        feasible_kernel(
-            x.reshape(-1, g),
-            problem.replicas.reshape(-1, g),
-            problem.counts.reshape(-1),
-            CONSERVATION_RTOL,
-        )
+    return DispatchResult(
+        method=name, runtime_s=runtime, compile_s=jit.jit_s, reference_s=ref, **fields
     )
+
+
+def solve_layers(problem: DispatchProblem, cost: CostModel, name: str, solver, time_limit, rng):
+    """The layer loop of :func:`solve_dispatch` on validated input: the method's layers
+    (``solve_stack`` when it has one and ``problem`` is a stack), then the independent
+    checks and scoring of :func:`_score`.
+
+    For callers that validated once and solve many windows with one method instance
+    (:class:`~straggler.runtime.SolverWorker`). ``solver`` is a method instance
+    (``registry.make_method``), ``rng`` a Generator. Returns the fields of the
+    :class:`DispatchResult` but ``method``, ``runtime_s``, ``compile_s`` and
+    ``reference_s``, and ``(t0, t1, reference_s)``: the ``perf_counter`` readings around the
+    method's own work and the seconds plain-Python references ran inside it.
+    """
+    layers = list(problem.layers())
+    r0 = reference_seconds()
+    t0 = time.perf_counter()
+    if hasattr(solver, "solve_stack") and problem.is_stack:
+        sols = solver.solve_stack(layers, cost, time_limit=time_limit, rng=rng)
+    else:
+        sols = [solver.solve(p, cost, time_limit=time_limit, rng=rng) for p in layers]
+    t1 = time.perf_counter()
+    ref = reference_seconds() - r0
+    return _score(problem, cost, name, solver, sols), (t0, t1, ref)
+
+
+@functools.lru_cache(maxsize=64)
+def _score_cost(cost: CostModel) -> np.ndarray:
+    """``cost.as_array()`` and the traffic flag: :func:`~straggler.solvers._score.score_kernel`'s
+    cost, once per (frozen, hashable) cost model."""
+    return np.append(cost.as_array(), 1.0 if cost.has_traffic else 0.0)
+
+
+def _check_and_evaluate(report: DispatchProblem, cost: CostModel, shares: np.ndarray):
+    """Whether ``shares`` is feasible on ``report``, and the evaluator's per-GPU times
+    ``(L, g)`` (equal to ``evaluate_arrays``'s bit for bit), in one pass over the stack."""
+    g = report.n_gpus
+    E = report.n_experts
+    ok, _, _, _, times = SCORE(
+        shares.reshape(-1, E, g),
+        report.replicas.reshape(-1, E, g),
+        report.counts.reshape(-1, E),
+        _score_cost(cost),
+        CONSERVATION_RTOL,
+    )
+    return bool(ok), times
 
 
 def _score(problem, cost, name, solver, sols) -> dict:
     """The method's layers scored by the independent evaluator on the mask they lie on,
     checked, certified: the fields of the :class:`DispatchResult`."""
-    shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
-    if not problem.is_stack:
-        shares = shares[0]
+    if problem.is_stack:
+        shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
+    else:
+        shares = np.array(sols[0].shares, dtype=float)  # a fresh, writeable copy either way
     masks = _own_masks(solver, sols)
     report = _reporting_problem(problem, masks)
-    if not _feasible(report, shares):
+    ok, times = _check_and_evaluate(report, cost, shares)
+    if not ok:
         try:
             check_shares(report, shares)
         except InfeasibleSharesError as exc:
@@ -204,33 +263,32 @@ def _score(problem, cost, name, solver, sols) -> dict:
                 f"solve_dispatch: the method {name!r} returned an infeasible dispatch ({exc}); "
                 "this is a bug in the method."
             ) from exc
-    bounds = np.array(
-        [_layer_bound(p, cost, s, m is None) for p, s, m in zip(report.layers(), sols, masks)]
-    )
-    ev = evaluate_arrays(report, cost, shares)
-    makespans = np.atleast_1d(ev.makespan)
-    if (bounds > makespans * (1 + OPTIMALITY_RTOL) + 1e-9).any():
-        l = int(np.argmax(bounds - makespans))
-        raise StragglerError(
-            f"solve_dispatch: the certified lower bound {bounds[l]!r} of layer {l} exceeds the "
-            f"makespan {makespans[l]!r} of the method {name!r} on the mask it was scored on; "
-            "a bound is invalid (this is a bug)."
-        )
-    statuses = [_status(s, m, lb) for s, m, lb in zip(sols, makespans, bounds)]
+    bounds = [
+        _layer_bound(report, l, cost, s, m is None) for l, (s, m) in enumerate(zip(sols, masks))
+    ]
+    makespans = times.max(axis=-1)
+    for l, (lb, mk) in enumerate(zip(bounds, makespans.tolist())):
+        if lb > mk * (1 + OPTIMALITY_RTOL) + 1e-9:
+            raise StragglerError(
+                f"solve_dispatch: the certified lower bound {lb!r} of layer {l} exceeds the "
+                f"makespan {mk!r} of the method {name!r} on the mask it was scored on; "
+                "a bound is invalid (this is a bug)."
+            )
+    statuses = [_status(s, m, lb) for s, m, lb in zip(sols, makespans.tolist(), bounds)]
     if not problem.is_stack:
         return dict(
             shares=shares,
-            makespan=float(ev.makespan),
-            gpu_time=ev.times,
-            lower_bound=float(bounds[0]),
+            makespan=float(makespans[0]),
+            gpu_time=times[0],
+            lower_bound=bounds[0],
             status=statuses[0],
             extras=dict(sols[0].extras),
         )
     return dict(
         shares=shares,
         makespan=makespans,
-        gpu_time=ev.times,
-        lower_bound=bounds,
+        gpu_time=times,
+        lower_bound=np.array(bounds),
         status=worst_status(statuses),
         extras={"layers": [s.extras for s in sols], "layer_status": statuses},
     )

@@ -5,9 +5,14 @@ Upstream: deepseek-ai/EPLB ``eplb.py`` (released with DeepSeek's open-infra week
 later revision). The same code ships as SGLang's ``eplb_algorithms/deepseek.py`` and inside
 LPLB (``lplb/eplb.py``). ``rebalance_experts`` returns what upstream returns on the same
 inputs, with a stable sort (``version="deepseek"``, default): the replica sets that the
-dispatch problem takes as given. ``version="vllm"`` is vLLM's numpy port
+dispatch problem takes as given. ``version="sglang"`` is SGLang's copy as released
+(0.5.23), torch's tie order and float64 pack loads included, so that its replica lists
+(whose order SGLang's dispatch tables depend on) come out in SGLang's order.
+``version="vllm"`` is vLLM's numpy port
 (``vllm/distributed/eplb/policy/default.py``: numpy's default, unstable argsort; float64
-replica and pack loads). An opt-in ``distinct=True`` variant forbids two replicas of one
+replica and pack loads), with vLLM's ``preserve_intragpu_slots`` step when the previous slot
+map is given (``old_physical_to_logical``, as vLLM's ``EplbState`` always passes it). An
+opt-in ``distinct=True`` variant forbids two replicas of one
 expert on one GPU (upstream allows it; its report of it stays open).
 
 The algorithm (ANCHORS.md, "DeepSeek EPLB"):
@@ -28,12 +33,14 @@ import numpy as np
 
 from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
 from ..formulations.validation import check_array, check_bool, check_choice, check_int
+from ._eplb_vec import rebalance_experts_vec
+from ._torch_order import torch_sort_descending
 
 __all__ = ["rebalance_experts", "balanced_packing", "replicate_experts", "EPLB_VERSIONS"]
 
 _FUNC = "rebalance_experts"
 #: Accepted values of ``rebalance_experts(version=...)`` (default first).
-EPLB_VERSIONS = ("deepseek", "vllm")
+EPLB_VERSIONS = ("deepseek", "vllm", "sglang", "sglang_vec")
 
 
 def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
@@ -61,15 +68,20 @@ def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
     ([[0, 1, 1, 0]], [[0, 0, 1, 1]])
     """
     vllm = _version == "vllm"
+    sglang = _version == "sglang"
     w = np.asarray(weight) if vllm else np.asarray(weight, dtype=np.float32)
     n_rows, n_items = w.shape
     per_pack = n_items // num_packs
     if per_pack == 1:
         pack_index = np.broadcast_to(np.arange(n_items, dtype=np.int64), w.shape).copy()
         return pack_index, np.zeros(w.shape, dtype=np.int64)
-    # vLLM: numpy's default (unstable) argsort and float64 pack loads
-    order = np.argsort(-w, axis=-1) if vllm else np.argsort(-w, axis=-1, kind="stable")
-    zero = np.float64(0) if vllm else np.float32(0)
+    # vLLM: numpy's default (unstable) argsort and float64 pack loads; SGLang: torch's sort
+    # order and float64 pack loads (Python floats of its ``weight.tolist()``)
+    if sglang:
+        order = [torch_sort_descending(row) for row in w]
+    else:
+        order = np.argsort(-w, axis=-1) if vllm else np.argsort(-w, axis=-1, kind="stable")
+    zero = np.float64(0) if vllm or sglang else np.float32(0)
     pack_index = np.full(w.shape, -1, dtype=np.int64)
     rank_in_pack = np.full(w.shape, -1, dtype=np.int64)
     for i in range(n_rows):
@@ -238,29 +250,63 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct, ve
     return pphy2log, pphyrank, logcnt
 
 
+def _preserve_intragpu_slots(phy2log, old_phy2log, num_gpus):
+    """vLLM's ``DefaultEplbPolicy.preserve_intragpu_slots``, per layer and GPU.
+
+    First pass, old slots in order: slot ``s`` keeps its old expert when the GPU's new
+    slice holds it (the first unused new position holding it is consumed). Second pass:
+    the unused new positions, in order, fill the slots not kept, in order. The GPU's
+    multiset of experts is unchanged; only their slot positions move.
+    """
+    out = phy2log.copy()
+    num_layers, num_physical = phy2log.shape
+    per_gpu = num_physical // num_gpus
+    for layer in range(num_layers):
+        for gpu in range(num_gpus):
+            lo = gpu * per_gpu
+            new = phy2log[layer, lo : lo + per_gpu].tolist()
+            old = old_phy2log[layer, lo : lo + per_gpu].tolist()
+            used = [False] * per_gpu
+            kept = [False] * per_gpu
+            for s in range(per_gpu):
+                j = next((j for j in range(per_gpu) if not used[j] and new[j] == old[s]), -1)
+                if j >= 0:
+                    out[layer, lo + s] = new[j]
+                    used[j] = kept[s] = True
+            rest = [j for j in range(per_gpu) if not used[j]]
+            free = [s for s in range(per_gpu) if not kept[s]]
+            for j, s in zip(rest, free):
+                out[layer, lo + s] = new[j]
+    return out
+
+
 def _rebalance_experts_iv(weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version):
+    version = check_choice(version, "version", _FUNC, EPLB_VERSIONS)
+    vec = version == "sglang_vec"
+    shape = "2-D (n_layers, n_experts) or 3-D (n_steps, n_layers, n_experts)" if vec else "2-D"
     w = check_array(
         weight,
         "weight",
         _FUNC,
         kind="real",
-        ndim=2,
-        expected="a non-empty 2-D (n_layers, n_experts) array of finite numbers",
+        ndim=(2, 3) if vec else 2,
+        expected=f"a non-empty {shape} array of finite numbers",
     )
     if w.size == 0:
-        raise param_error(
-            "weight", _FUNC, "a non-empty 2-D (n_layers, n_experts) array", f"shape {w.shape}"
-        )
-    w = w.astype(np.float32)
+        raise param_error("weight", _FUNC, f"a non-empty {shape} array", f"shape {w.shape}")
+    # SGLang's deepseek_vec keeps integer counts as integers (its global form divides them)
+    integral = vec and bool((w == np.round(w)).all()) and np.abs(w).max() < 2**62
+    w = w.astype(np.int64) if integral else w.astype(np.float32)
     if not np.isfinite(w).all():
         raise param_error("weight", _FUNC, "finite (as float32)", "values beyond float32's range")
+    if vec and w.ndim == 2:
+        w = w[None]
     num_replicas = check_int(num_replicas, "num_replicas", _FUNC, lo=1)
     num_groups = check_int(num_groups, "num_groups", _FUNC, lo=1)
     num_nodes = check_int(num_nodes, "num_nodes", _FUNC, lo=1)
     num_gpus = check_int(num_gpus, "num_gpus", _FUNC, lo=1)
     distinct = check_bool(distinct, "distinct", _FUNC)
-    version = check_choice(version, "version", _FUNC, EPLB_VERSIONS)
-    num_logical = w.shape[1]
+    num_logical = w.shape[-1]
     if num_groups % num_nodes == 0:
         groups, nodes = num_groups, num_nodes
         if num_logical % num_groups:
@@ -305,6 +351,27 @@ def _rebalance_experts_iv(weight, num_replicas, num_groups, num_nodes, num_gpus,
     return w, num_replicas, groups, nodes, num_gpus, distinct, version
 
 
+def _old_map_iv(old, version, shape, num_logical):
+    if old is None:
+        return None
+    if version != "vllm":
+        raise InvalidOptionError(
+            f"The 'old_physical_to_logical' option of {_FUNC} applies to version='vllm' only. "
+            f"Got version={version!r} instead."
+        )
+    return check_array(
+        old,
+        "old_physical_to_logical",
+        _FUNC,
+        kind="int",
+        ndim=2,
+        lo=0,
+        hi=num_logical - 1,
+        shape=shape,
+        expected=f"a {shape} array of logical expert ids (the previous slot map)",
+    )
+
+
 def rebalance_experts(
     weight,
     num_replicas: int,
@@ -314,6 +381,7 @@ def rebalance_experts(
     *,
     distinct: bool = False,
     version: str = "deepseek",
+    old_physical_to_logical=None,
 ):
     """EPLB's expert placement: which logical expert every physical slot holds.
 
@@ -321,7 +389,8 @@ def rebalance_experts(
     ----------
     weight : array_like, shape (n_layers, n_experts)
         Load statistics of every logical expert (e.g. long-run average token counts).
-        Converted to float32, as upstream does (``weight.float()``).
+        Converted to float32, as upstream does (``weight.float()``). ``version="sglang_vec"``
+        also takes ``(n_steps, n_layers, n_experts)`` (SGLang's recorded window).
     num_replicas : int
         Physical slots ``P`` (``>= n_experts``, a multiple of ``num_gpus``); slot ``p``
         lives on GPU ``p // (P / num_gpus)``.
@@ -337,11 +406,26 @@ def rebalance_experts(
         at the GPUs per node; packing with the one-swap repair of
         ``_balanced_packing_distinct``). Needs ``P / num_nodes <= (E / num_nodes) *
         (num_gpus / num_nodes)``; ``version="deepseek"`` only.
-    version : {"deepseek", "vllm"}, default "deepseek"
+    version : {"deepseek", "vllm", "sglang", "sglang_vec"}, default "deepseek"
         ``"deepseek"``: upstream's torch code (float32 loads) with a stable sort.
+        ``"sglang"``: SGLang's copy (``eplb_algorithms/deepseek.py``, as released in
+        0.5.23): torch's CPU sort order, ties included (``solvers/_torch_order.py``), and
+        pack loads summed as Python floats (float64) from ``weight.tolist()``; replica
+        lists in replica-rank order.
+        ``"sglang_vec"``: SGLang's ``deepseek_vec`` (``deepseek_vec_hierarchical`` when
+        ``num_groups % num_nodes == 0``), another algorithm: replicas chosen against the
+        per-step maxima of ``weight`` given as ``(n_steps, n_layers, n_experts)``, slots
+        dealt to GPUs in a snake (``solvers/_eplb_vec.py``); integer weights stay integers,
+        as upstream divides them.
         ``"vllm"``: vLLM's numpy port: numpy's default argsort (unstable on ties, as
         vLLM's on the same numpy build), float64 replica and pack loads; vLLM returns the
         slot map only and derives the other maps in slot order, as here.
+    old_physical_to_logical : array_like of int, shape (n_layers, P), optional
+        ``version="vllm"`` only: the slot map in service (vLLM's ``EplbState`` passes its
+        ``physical_to_logical_map`` as ``old_global_expert_indices``). vLLM then reorders
+        each GPU's slots so that an expert staying on a GPU keeps its old slot
+        (``DefaultEplbPolicy.preserve_intragpu_slots``): the same experts on every GPU,
+        fewer weight copies.
 
     Returns
     -------
@@ -359,23 +443,24 @@ def rebalance_experts(
         non-positive integers, a weight that is not a non-empty 2-D finite numeric array
         (upstream would fail later or propagate NaN), or an infeasible ``distinct``.
     InvalidOptionError
-        An unknown ``version``, or ``distinct`` with ``version="vllm"``.
+        An unknown ``version``, or ``distinct`` or ``old_physical_to_logical`` with another
+        version than the one they belong to.
 
     Notes
     -----
     *Ties.* Upstream sorts with ``torch.sort(descending=True)``, which promises no order
-    among equal keys; torch's CPU sort is stable only up to 16 items (larger rows take
-    another algorithm). Ties are not rare: in the GPU-packing step the replicas of one
-    expert all weigh ``w / count``, so **they always tie**, and on rows of 17 or more
-    replicas upstream may visit them in another order. Swapping two replicas of one
-    expert leaves ``physical_to_logical`` unchanged but exchanges their replica ranks, so
-    upstream's ``logical_to_physical`` order can differ from this function's even for
-    tie-free expert weights (no effect downstream: the same slots hold the same experts).
-    Ties between different experts (equal loads) can change the placement itself. This
-    function fixes the stable order (descending weight, ties by increasing index), with
-    which it matches upstream exactly (0 of 2,500 random inputs differ, issue 11's check
-    against torch with a stable sort). ``torch.max`` and Python's ``min`` take the first
-    extremum, as here.
+    among equal keys; torch's CPU sort is libstdc++'s ``std::sort`` (insertion sort up to
+    16 items, stable there; introsort beyond). Ties are not rare: in the GPU-packing step
+    the replicas of one expert all weigh ``w / count``, so **they always tie**, and on rows
+    of 17 or more replicas upstream visits them in introsort's order. Swapping two
+    replicas of one expert leaves ``physical_to_logical`` unchanged but exchanges their
+    replica ranks, so the ``logical_to_physical`` order differs; SGLang's static table and
+    its nearest-replica rule read that order, so its dispatch differs too. Ties between
+    different experts (equal loads) can change the placement itself. ``"deepseek"`` fixes
+    the stable order (descending weight, ties by increasing index), with which it matches
+    upstream run with a stable sort exactly; ``"sglang"`` reproduces torch's order and
+    matches SGLang 0.5.23 map for map, replica order included (``tests/conformance``).
+    ``torch.max`` and Python's ``min`` take the first extremum, as here.
 
     *Arithmetic.* Replica loads ``w / count`` are float32 divisions, pack loads float32
     sums, as in torch. Group loads (hierarchical step 1) are float32 sums whose rounding
@@ -409,10 +494,19 @@ def rebalance_experts(
     w, num_replicas, groups, nodes, num_gpus, distinct, version = _rebalance_experts_iv(
         weight, num_replicas, num_groups, num_nodes, num_gpus, distinct, version
     )
-    num_layers, num_logical = w.shape
+    num_layers, num_logical = w.shape[-2:]
+    old = _old_map_iv(old_physical_to_logical, version, (num_layers, num_replicas), num_logical)
+    if version == "sglang_vec":
+        hierarchical = num_groups % num_nodes == 0
+        phy2log, log2phy, logcnt = rebalance_experts_vec(
+            w, num_replicas, num_gpus, groups, nodes, hierarchical
+        )
+        return phy2log, log2phy[..., : int(logcnt.max())].copy(), logcnt
     phy2log, phyrank, logcnt = _hierarchical(
         w, num_replicas, groups, nodes, num_gpus, distinct, version
     )
+    if old is not None:
+        phy2log = _preserve_intragpu_slots(phy2log, old, num_gpus)
     if version == "vllm":  # vLLM derives its maps from the slot map, in slot order
         order = np.argsort(phy2log, axis=-1, kind="stable")
         phyrank = np.empty_like(phyrank)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from ..formulations.results import Status
 from ..formulations.validation import check_choice, check_options
 
 __all__ = [
+    "Certificate",
     "LayerSolution",
     "register_dispatch_method",
     "get_dispatch_method",
@@ -33,6 +35,24 @@ __all__ = [
 
 #: Methods registered at run time (:func:`register_dispatch_method`), beside the table.
 _DISPATCH: dict[str, type] = {}
+
+
+class Certificate(NamedTuple):
+    """A layer's certified lower bound, computed by a method with the library's kernels.
+
+    A method that already computes the optimal semi-matching and the exact token LP of a
+    layer (``tempo`` does, for its own stopping rule) computes the full
+    :func:`~straggler.solvers.certified_lower_bound` from them and hands it over here, so
+    ``solve_dispatch`` does not compute it again. Valid only on the problem's own replica
+    mask.
+    """
+
+    bound: float
+    """``certified_lower_bound(layer, cost)``: B1-B7 of :mod:`straggler.solvers.bounds`."""
+    semi_matching_value: int
+    """The optimal semi-matching value ``SM`` (Lemma 2) of the layer."""
+    token_lp_value: float
+    """The token-LP value ``lambda* = min max_g N_g`` (Lemma 1) of the layer."""
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -49,6 +69,10 @@ class LayerSolution:
     it as ``extras["replicas"]`` instead (``lplb`` with its own placement).
     ``solve_dispatch`` checks the shares against that mask and certifies the lower bound on
     it, so a result can never report a bound above its own makespan.
+
+    ``certificate`` is None unless the method computed the library's certified bound of
+    the layer itself (:class:`Certificate`); ``solve_dispatch`` then uses it instead of
+    computing it again (only when the shares lie on the problem's mask).
     """
 
     shares: np.ndarray
@@ -56,6 +80,7 @@ class LayerSolution:
     lower_bound: float = -np.inf
     extras: dict = field(default_factory=dict)
     replicas: np.ndarray | None = None
+    certificate: Certificate | None = None
 
 
 _TABLE: dict = {}

@@ -19,7 +19,7 @@ from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_choice, check_type
-from ._round_robin import round_robin_kernel
+from ._backend import ROUND_ROBIN
 from .registry import LayerSolution
 
 __all__ = [
@@ -72,7 +72,7 @@ def round_robin_assignment(problem: DispatchProblem, rule: str = "auto") -> np.n
         )
     use_a3 = full if rule == "auto" else rule == "a3"
     counts = np.ascontiguousarray(problem.counts, dtype=np.int64)
-    return round_robin_kernel(counts, np.ascontiguousarray(problem.replicas), use_a3)
+    return ROUND_ROBIN(counts, np.ascontiguousarray(problem.replicas), use_a3)
 
 
 def round_robin_shares(counts, replicas, *, rule: str = "auto") -> np.ndarray:

@@ -16,7 +16,7 @@ from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_array
-from ._semi_matching import semi_matching_kernel
+from ._backend import SEMI_MATCHING
 from .registry import LayerSolution
 
 __all__ = ["semi_matching", "semi_matching_witness", "SemiMatching"]
@@ -62,7 +62,7 @@ def semi_matching_witness(replicas, live):
     ([1, 0, 0, 2], 2, [True, False, False])
     """
     rep, lv = _semi_matching_iv(replicas, live, "semi_matching_witness")
-    a, v, y = semi_matching_kernel(rep, lv)
+    a, v, y = SEMI_MATCHING(rep, lv)
     return a, int(v), y
 
 
@@ -114,7 +114,7 @@ def semi_matching(replicas, live):
     ([1, 0, 0], 2)
     """
     rep, lv = _semi_matching_iv(replicas, live, "semi_matching")
-    a, v, _ = semi_matching_kernel(rep, lv)
+    a, v, _ = SEMI_MATCHING(rep, lv)
     return a, int(v)
 
 
@@ -129,7 +129,7 @@ class SemiMatching:
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng):
         n = np.asarray(problem.counts)
         live = n > 0
-        assign, value, _ = semi_matching_kernel(np.ascontiguousarray(problem.replicas), live)
+        assign, value, _ = SEMI_MATCHING(np.ascontiguousarray(problem.replicas), live)
         shares = np.zeros((problem.n_experts, problem.n_gpus))
         idx = np.flatnonzero(live)
         shares[idx, assign[idx]] = n[idx]

@@ -96,8 +96,7 @@ cost model.
    meets the certified bound (nothing can be lower). ``extras["makespan_stage4"]`` is the
    makespan before it and ``extras["rebalanced"]`` says whether it applied.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
-   makespan is more than ``repair_gap`` (relative) above the certified lower bound (the
-   cheap one first, then the full :func:`~straggler.solvers.certified_lower_bound`), at
+   makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
    first) go to the layer's MILP warm-started with tempo's shares
    (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
@@ -122,7 +121,15 @@ The token-LP candidate is the integral token-optimal dispatch of :func:`token_lp
 on tiny instances, where one token matters, tempo can be above a fractional OPT by the
 cost of about one token per GPU. ``lower_bound`` is the certified bound of
 :func:`~straggler.solvers.certified_lower_bound` (with :func:`tempo_layer_bound` inside
-it), raised by the repair's MILP dual bound when one ran.
+it), raised by the repair's MILP dual bound when one ran. It is computed once per layer,
+before stage 3 (which stops there), from the semi-matching and token-LP values tempo
+computes anyway, and handed to ``solve_dispatch`` as the layer's
+:class:`~straggler.solvers.registry.Certificate`, so the entry point does not compute it
+again.
+
+Each kernel is called through its kernel/reference pair
+(:mod:`straggler.solvers._backend`): on a cold numba cache the plain-Python references
+serve (same results) until the kernels are compiled or their time budget is spent.
 """
 
 from __future__ import annotations
@@ -140,13 +147,11 @@ from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_bool, check_int, check_real, check_type
-from ._bounds import coupling_bound_kernel
-from ._semi_matching import semi_matching_kernel
-from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost, tempo_kernel
+from . import _backend as kernels
+from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
-from ._token_lp_fast import support_rebalance_kernel, token_lp_kernel
-from .bounds import certified_lower_bound, token_lp_bound
-from .registry import LayerSolution
+from .bounds import layer_bound
+from .registry import Certificate, LayerSolution
 
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
@@ -215,7 +220,7 @@ def token_lp_fast(problem: DispatchProblem) -> TokenLP:
     ([[5, 2], [0, 2]], 4.5, (9, 2))
     """
     problem = _token_lp_fast_iv(problem)
-    x, num, den = token_lp_kernel(
+    x, num, den = kernels.TOKEN_LP(
         np.ascontiguousarray(problem.counts, dtype=np.int64), np.ascontiguousarray(problem.replicas)
     )
     return TokenLP(shares=x, value=num / den, num=int(num), den=int(den))
@@ -335,6 +340,7 @@ class Tempo:
 
     def __post_init__(self) -> None:
         _tempo_iv(self)
+        object.__setattr__(self, "_kernel_opts", self._opts())  # built once, not per layer
 
     def _opts(self) -> KernelOptions:
         return KernelOptions(
@@ -350,16 +356,16 @@ class Tempo:
         )
 
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
-        """Token LP, semi-matching, tempo and support-rebalance kernels (nogil), with tempo's
-        cheap bound: B2, B5-B7 of :func:`~straggler.solvers.certified_lower_bound`."""
-        lp, num, den = token_lp_kernel(counts, replicas)
-        assign, sm, _ = semi_matching_kernel(replicas, counts > 0)
-        bound = max(token_lp_bound(cost, num / den), c[0] + c[1] * sm)
-        bound = coupling_bound_kernel(counts, replicas, c, bound)
-        shares, info = tempo_kernel(counts, replicas, kcost, lp, assign, bound, self._opts())
+        """Token LP, semi-matching, the certified bound, tempo and support-rebalance
+        kernels (``nogil``): everything of one layer but the repair."""
+        lp, num, den = kernels.TOKEN_LP(counts, replicas)
+        assign, sm, _ = kernels.SEMI_MATCHING(replicas, counts > 0)
+        # the full certified bound, once: stage 3 stops there, solve_dispatch reports it
+        bound = layer_bound(counts, replicas, cost, c, sm, num / den)
+        shares, info = kernels.TEMPO(counts, replicas, kcost, lp, assign, bound, self._kernel_opts)
         m = info[0]
         if self.rebalance and m > bound:
-            shares, _, m = support_rebalance_kernel(counts, shares, c)
+            shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
         return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound))
 
     def _needs_repair(self, m, bound) -> bool:
@@ -374,8 +380,7 @@ class Tempo:
         extras["choice"] = CHOICES[int(extras["choice"])]
         for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
             extras[k] = int(extras[k])
-        extras["token_lp_value"] = lay.num / lay.den
-        extras["semi_matching_value"] = lay.sm
+        cert = Certificate(lay.bound, lay.sm, lay.num / lay.den)
         shares, m, bound = lay.shares, lay.makespan, lay.bound
         extras["makespan_before_repair"] = m
         extras["repaired"] = False
@@ -383,10 +388,6 @@ class Tempo:
         extras["repair_gain"] = 0.0
         extras["repair_bound_gain"] = 0.0
         extras["repair_runtime_s"] = 0.0
-        if self._needs_repair(m, bound):
-            # the full certified bound (closed GPU sets too) before deciding
-            bound = max(bound, certified_lower_bound(problem, cost, semi_matching_value=lay.sm,
-                                                     token_lp_value=lay.num / lay.den))  # fmt: skip
         budget = self.repair_budget_s if budget is None else budget
         if self._needs_repair(m, bound) and budget <= 0:
             extras["repair_status"] = "budget spent"  # the call's budget went to other layers
@@ -399,7 +400,9 @@ class Tempo:
             extras["repair_runtime_s"] = r.runtime_s
             shares, m, bound = r.shares, r.makespan, max(bound, r.lower_bound)
         extras["makespan"] = float(m)
-        return LayerSolution(shares=shares.astype(np.float64), lower_bound=bound, extras=extras)
+        return LayerSolution(
+            shares=shares.astype(np.float64), lower_bound=bound, extras=extras, certificate=cert
+        )
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
         """One validated layer."""
@@ -415,13 +418,16 @@ class Tempo:
         deterministic and share no state; the repairs, which run after the kernels in
         layer order, are deterministic up to their time limits). Threads:
         ``numba.get_num_threads()``, from a pool kept for the process (made on the first
-        stack solve).
+        stack solve); one (the caller's) while a kernel is not compiled yet and its
+        plain-Python reference serves instead (:mod:`straggler.solvers._backend`).
         """
         problems = list(problems)
         c, kcost = _kernel_params(cost)
         counts = [np.ascontiguousarray(p.counts, dtype=np.int64) for p in problems]
         replicas = [np.ascontiguousarray(p.replicas) for p in problems]
         n_threads = max(1, min(numba.get_num_threads(), len(problems)))
+        if not kernels.all_ready(*_PAIRS):
+            n_threads = 1
 
         def chunk(k):
             return [
@@ -446,6 +452,11 @@ class Tempo:
             out[l] = self._solution(problems[l], cost, layers[l], left)
             left = max(0.0, left - out[l].extras["repair_runtime_s"])
         return out
+
+
+#: The kernels of one layer (:meth:`Tempo._arrays`).
+_PAIRS = (kernels.TOKEN_LP, kernels.SEMI_MATCHING, kernels.LOWER_BOUND, kernels.TEMPO,
+          kernels.SUPPORT_REBALANCE)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:

@@ -24,3 +24,7 @@ def failing_cell(x):
 
 def bad_result_cell(x):
     return {"y": np.zeros(3)}
+
+
+def square_cell(x):
+    return {"y": x * x}

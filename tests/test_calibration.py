@@ -128,7 +128,11 @@ def test_same_seed_same_result_and_json_round_trip(tmp_path):
     np.testing.assert_array_equal(c.piece, a.piece)
     assert "rel RMS" in c.table()
     (tmp_path / "bad.json").write_text('{"format": "straggler-calibration", "cost": {}}')
-    with pytest.raises(InvalidInputError, match="not a straggler calibration"):
+    with pytest.raises(InvalidInputError, match="'cost' field of .*bad.json") as e:
+        CalibrationResult.load(tmp_path / "bad.json")
+    assert "__init__" not in str(e.value)  # one message, not another nested inside it
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(InvalidInputError, match="is not JSON"):
         CalibrationResult.load(tmp_path / "bad.json")
 
 

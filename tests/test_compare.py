@@ -78,9 +78,14 @@ def test_missing_backend_is_skipped_and_failures_reported(capsys, monkeypatch):
         ["--gpus", "6", "--nodes", "4"],
         ["--time-limit", "0"],
         ["--shape", "gpt5"],
+        ["--methods", ","],
+        ["--replication", "1e9"],
+        ["--replication", "nan"],
     ],
 )
 def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*SMALL, *argv])
     assert exc.value.code == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("straggler-compare: error:"), err

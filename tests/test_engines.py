@@ -437,7 +437,9 @@ def test_detection_refuses_the_unknown(tmp_path):
         read_engine_log(tmp_path / "x.json")
     with pytest.raises(InvalidInputError, match="No such"):
         read_engine_log(tmp_path / "missing.pt")
-    with pytest.raises(InvalidInputError, match="written by sglang, not vllm"):
+    with pytest.raises(
+        InvalidInputError, match="SGLang.s --init-expert-location form, not a vllm file"
+    ):
         read_engine_log('{"physical_to_logical_map": [[0]]}', format="vllm")
 
 

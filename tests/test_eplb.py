@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from straggler.baselines import eplb
 from straggler.baselines.eplb import rebalance_experts
-from straggler.formulations import DispatchProblem, InvalidInputError
+from straggler.formulations import DispatchProblem, InvalidInputError, InvalidOptionError
 
 README_WEIGHT = [
     [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -276,3 +276,123 @@ def test_upstream_duplicates_do_occur():
 def test_invalid_input(args, param):
     with pytest.raises(InvalidInputError, match=f"'{param}'"):
         rebalance_experts(*args)
+
+
+# --- vLLM's preserve_intragpu_slots (old_physical_to_logical) ------------------------------
+
+
+def test_vllm_old_map_keeps_slots_by_hand():
+    # one layer, 6 experts on 2 GPUs of 3 slots; the old map is the new one with GPU 0's
+    # slots reversed and GPU 1's first slot holding an expert of GPU 0
+    weight = [[90, 132, 40, 61, 104, 165]]
+    new, _, cnt = rebalance_experts(weight, 6, 1, 1, 2, version="vllm")
+    old = new.copy()
+    old[0, :3] = new[0, 2::-1]
+    old[0, 3] = new[0, 0]
+    got, l2p, cnt2 = rebalance_experts(
+        weight, 6, 1, 1, 2, version="vllm", old_physical_to_logical=old
+    )
+    assert not np.array_equal(new, got)
+    assert got[0, :3].tolist() == old[0, :3].tolist()  # all three kept, in their old slots
+    assert got[0, 3:].tolist() == new[0, 3:].tolist()  # the newcomer takes the freed slot
+    assert np.array_equal(cnt, cnt2)
+    for e in range(6):  # the derived maps follow the reordered slots (slot order)
+        assert l2p[0, e][l2p[0, e] >= 0].tolist() == np.flatnonzero(got[0] == e).tolist()
+
+
+def test_vllm_old_map_rule():
+    from straggler.solvers.eplb import _preserve_intragpu_slots
+
+    # slot 0's old expert 3 left the GPU; 1 and 2 stay in their slots; 4 fills slot 0
+    new = np.array([[1, 2, 4, 5, 5, 6]])
+    old = np.array([[3, 1, 2, 6, 5, 0]])
+    out = _preserve_intragpu_slots(new, old, 2)
+    # GPU 1: old 6 -> new position 2, old 5 -> position 0; the second 5 fills slot 2
+    assert out.tolist() == [[4, 1, 2, 6, 5, 5]]
+
+
+@given(eplb_inputs(), st.integers(0, 2**32 - 1))
+def test_vllm_old_map_only_permutes_within_gpus(args, seed):
+    weight, P, groups, nodes, gpus = args
+    if groups % nodes == 0 and (weight.shape[1] % groups or gpus % nodes):
+        return
+    new, _, cnt = rebalance_experts(weight, P, groups, nodes, gpus, version="vllm")
+    rng = np.random.default_rng(seed)
+    old = rng.integers(0, weight.shape[1], size=new.shape)
+    got, l2p, cnt2 = rebalance_experts(
+        weight, P, groups, nodes, gpus, version="vllm", old_physical_to_logical=old
+    )
+    assert np.array_equal(cnt, cnt2)
+    per = P // gpus
+    for layer in range(weight.shape[0]):
+        for g in range(gpus):
+            sl = slice(g * per, (g + 1) * per)
+            assert sorted(got[layer, sl].tolist()) == sorted(new[layer, sl].tolist())
+            # an old expert that stays on the GPU is in one of its old slots
+            for e in set(old[layer, sl].tolist()) & set(new[layer, sl].tolist()):
+                kept = min((old[layer, sl] == e).sum(), (new[layer, sl] == e).sum())
+                assert ((got[layer, sl] == e) & (old[layer, sl] == e)).sum() == kept
+    _check_tables(weight, got, l2p, cnt2, P, gpus)
+
+
+def test_vllm_old_map_refused_where_it_does_not_apply():
+    w = [[4, 3, 2, 1]]
+    with pytest.raises(InvalidOptionError, match="old_physical_to_logical"):
+        rebalance_experts(w, 4, 1, 1, 2, old_physical_to_logical=[[0, 1, 2, 3]])
+    with pytest.raises(InvalidInputError, match="'old_physical_to_logical'.*Got"):
+        rebalance_experts(w, 4, 1, 1, 2, version="vllm", old_physical_to_logical=[[0, 1, 2]])
+    with pytest.raises(InvalidInputError, match="'old_physical_to_logical'"):
+        rebalance_experts(w, 4, 1, 1, 2, version="vllm", old_physical_to_logical=[[0, 1, 2, 4]])
+
+
+# --- SGLang's copy: torch's tie order ------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 5), max_size=80))
+def test_torch_sort_order_is_a_descending_permutation(keys):
+    from straggler.solvers._torch_order import torch_sort_descending
+
+    order = torch_sort_descending(keys)
+    assert sorted(order) == list(range(len(keys)))
+    assert [keys[i] for i in order] == sorted(keys, reverse=True)
+    if len(keys) <= 16:  # insertion sort only: stable
+        assert order == sorted(range(len(keys)), key=lambda i: -keys[i])
+
+
+def test_sglang_version_orders_tied_replicas_as_torch():
+    # one expert with 20 replicas on 20 GPUs: the 20 tied replicas are packed in torch's
+    # order (introsort beyond 16 items), not in slot order as with a stable sort
+    w = [[1000, 1]]
+    p2l, l2p, cnt = rebalance_experts(w, 40, 1, 1, 20, version="sglang")
+    p2l_d, l2p_d, cnt_d = rebalance_experts(w, 40, 1, 1, 20)
+    assert np.array_equal(cnt, cnt_d) and cnt[0].tolist() == [39, 1]
+    assert sorted(l2p[0, 0].tolist()) == sorted(l2p_d[0, 0].tolist())
+    assert l2p[0, 0].tolist() != l2p_d[0, 0].tolist()
+    _check_tables(np.array(w), p2l, l2p, cnt, 40, 20)
+
+
+# --- SGLang's deepseek_vec ----------------------------------------------------------------
+
+
+def test_sglang_vec_by_hand():
+    # two recorded steps whose hot expert alternates (0, then 1); summed, expert 2 is the
+    # hottest. DeepSeek's EPLB replicates 2 and then 0 (the summed loads); deepseek_vec
+    # replicates 1 then 2 (each lowers one step's maximum; 1e-4 * e breaks 0 vs 1).
+    # Expected maps: SGLang 0.5.23's eplb_algorithms.rebalance_experts on the same input.
+    w = [[[40, 10, 30, 20]], [[10, 40, 30, 20]]]
+    p2l, l2p, cnt = rebalance_experts(w, 6, 1, 1, 2, version="sglang_vec")
+    assert p2l.tolist() == [[0, 2, 1, 3, 2, 1]] and cnt.tolist() == [[1, 2, 2, 1]]
+    assert l2p.tolist() == [[[0, -1], [2, 5], [4, 1], [3, -1]]]
+    assert rebalance_experts(np.sum(w, axis=0), 6, 1, 1, 2)[2].tolist() == [[2, 1, 2, 1]]
+    # hierarchical: groups {0..3} and {4..7} on two nodes of 3 GPUs, 2 slots per GPU
+    w = [[[40, 10, 30, 20, 5, 5, 1, 1]], [[10, 40, 30, 20, 1, 1, 5, 5]]]
+    p2l, l2p, cnt = rebalance_experts(w, 12, 2, 2, 6, version="sglang_vec")
+    assert p2l.tolist() == [[0, 1, 3, 1, 2, 2, 6, 4, 7, 5, 4, 5]]
+    assert cnt.tolist() == [[1, 2, 2, 1, 2, 2, 1, 1]]
+    _check_tables(np.sum(w, axis=0), p2l, l2p, cnt, 12, 6)
+    # a 2-D weight is one step; 3-D weights belong to this version only
+    a = rebalance_experts(np.sum(w, axis=0), 12, 2, 2, 6, version="sglang_vec")
+    b = rebalance_experts(np.sum(w, axis=0)[None], 12, 2, 2, 6, version="sglang_vec")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(InvalidInputError, match="'weight'"):
+        rebalance_experts(w, 12, 2, 2, 6)

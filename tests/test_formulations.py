@@ -269,40 +269,64 @@ def test_stack_result_is_stacked():
         assert np.array_equal(single.shares, r.shares[l])
 
 
-def test_feasibility_kernel_equals_reference_and_check_shares():
-    """solve_dispatch's one-pass check: kernel == py_func == reference == check_shares."""
-    from straggler.solvers._feasibility import feasible_kernel, feasible_reference
+def test_score_kernel_equals_reference_check_shares_and_the_evaluator():
+    """solve_dispatch's one-pass check and evaluation: kernel == py_func == reference, the
+    feasibility answer is check_shares's, and G, N, T, times equal evaluate_arrays's bit for
+    bit (fractional shares, tiles, the traffic piece, stacks)."""
+    from straggler.formulations.dispatch import evaluate_arrays
+    from straggler.solvers._score import score_kernel, score_reference
 
     rng = np.random.default_rng(11)
+    costs = [
+        CostModel.preset("dsv3_a_offline"),
+        CostModel.preset("qwen3_235b_b_tile").replace(tile=4),
+        CostModel.preset("dsv2_lite_a_serving"),
+    ]
     seen = {True: 0, False: 0}
     for _ in range(300):
-        E, g = int(rng.integers(1, 6)), int(rng.integers(1, 4))
-        rep = rng.random((E, g)) < 0.6
-        rep[np.arange(E), rng.integers(0, g, E)] = True
-        counts = rng.integers(0, 20, E)
+        L, E, g = int(rng.integers(1, 4)), int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        rep = rng.random((L, E, g)) < 0.6
+        for l in range(L):
+            rep[l, np.arange(E), rng.integers(0, g, E)] = True
+        counts = rng.integers(0, 20, (L, E))
         p = DispatchProblem(counts=counts, replicas=rep)
-        x = np.zeros((E, g))
-        for e in range(E):
-            gs = np.flatnonzero(rep[e])
-            x[e, gs] = rng.multinomial(counts[e], np.ones(gs.size) / gs.size)
+        x = np.zeros((L, E, g))
+        for l in range(L):
+            for e in range(E):
+                gs = np.flatnonzero(rep[l, e])
+                w = rng.dirichlet(np.ones(gs.size)) if rng.random() < 0.3 else None
+                x[l, e, gs] = (
+                    counts[l, e] * w
+                    if w is not None
+                    else rng.multinomial(counts[l, e], np.ones(gs.size) / gs.size)
+                )
         kind = rng.integers(0, 6)
         if kind == 1:
-            x[rng.integers(E), rng.integers(g)] += 0.5  # breaks conservation (or adds off-mask)
+            x[rng.integers(L), rng.integers(E), rng.integers(g)] += 0.5  # conservation / mask
         elif kind == 2:
             x.flat[rng.integers(x.size)] = -1.0
         elif kind == 3:
             x.flat[rng.integers(x.size)] = rng.choice([np.nan, np.inf])
         elif kind == 4 and (~rep).any():
-            e, h = np.argwhere(~rep)[0]
-            x[e, h] = 1.0
-        args = (x, p.replicas, p.counts, 1e-9)
-        want = feasible_reference(*args)
-        assert feasible_kernel(*args) == feasible_kernel.py_func(*args) == want
+            l, e, h = np.argwhere(~rep)[0]
+            x[l, e, h] = 1.0
+        cost = costs[int(rng.integers(len(costs)))]
+        c = np.append(cost.as_array(), 1.0 if cost.has_traffic else 0.0)
+        args = (x, p.replicas, p.counts, c, 1e-9)
+        want = score_reference(*args)
+        for got in (score_kernel(*args), score_kernel.py_func(*args)):
+            assert got[0] == want[0]
+            for a, b in zip(got[1:], want[1:]):
+                assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
         try:
             check_shares(p, x)
             ok = True
         except InfeasibleSharesError:
             ok = False
-        assert ok == want
-        seen[want] += 1
+        assert ok == want[0]
+        seen[ok] += 1
+        if ok:
+            ev = evaluate_arrays(p, cost, x)
+            assert np.array_equal(ev.G, want[1]) and np.array_equal(ev.N, want[2])
+            assert np.array_equal(ev.T, want[3]) and np.array_equal(ev.times, want[4])
     assert min(seen.values()) > 50  # both answers exercised

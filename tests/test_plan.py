@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-import straggler.solvers._tempo as tempo_mod
+import straggler.sim.warmup as warmup_mod
 from straggler.formulations import CostModel, DispatchProblem, evaluate
 from straggler.proofs.engine_strategies import write_demo_dumps
 from straggler.runtime.engines import (
@@ -151,18 +151,16 @@ def test_plot_progress_and_compile_notice(dumps, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "tempo" in err  # a progress bar (tqdm) or the plain counter
 
-    class Fresh:  # a kernel that has not been compiled in this process
-        signatures: list = []
-
-        class stats:  # noqa: N801 - mirrors numba's attribute
-            cache_misses = {"sig": 1}
-
-    monkeypatch.setattr(tempo_mod, "tempo_kernel", Fresh)
+    # a first run (kernels neither compiled nor cached): one line says the references run
+    monkeypatch.setattr(warmup_mod, "needs_compile", lambda: True)
     monkeypatch.setitem(__import__("sys").modules, "tqdm", None)  # no tqdm: plain counter
     assert main([dumps["vllm"], "--gpus", "8", "--slots", "80"]) == 0
     err = capsys.readouterr().err
-    assert "Numba kernels" in err and "compiled in" in err
+    assert "kernels are not compiled yet: their plain-Python references run first" in err
     assert "tempo: layer 4/4" in err
+    monkeypatch.setattr(warmup_mod, "needs_compile", lambda: False)
+    assert main([dumps["vllm"], "--gpus", "8", "--slots", "80", "--no-progress"]) == 0
+    assert "not compiled" not in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not HAS_ST, reason="safetensors not installed")
@@ -221,3 +219,92 @@ def test_place_experts_placement(dumps, tmp_path):
     per_gpu = p2l.reshape(p2l.shape[0], 8, -1)
     for row in per_gpu.reshape(-1, per_gpu.shape[-1]):
         assert len(set(row.tolist())) == row.size
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_outputs_checked_before_the_work_and_usage_errors_are_one_line(
+    dumps, tmp_path, capsys, monkeypatch
+):
+    called = []
+    monkeypatch.setattr("straggler.runtime.plan.plan", lambda *a, **k: called.append(1))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for bad in (
+        ["--out", str(a_file)],
+        ["--out", str(a_file / "sub")],
+        ["--plot", str(tmp_path)],
+        ["--plot", str(a_file / "x.png")],
+    ):
+        assert main([dumps["vllm"], *ARGS, *bad]) == 2
+        assert "--" in _one_line(capsys.readouterr().err)
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        assert main([dumps["vllm"], *ARGS, "--out", str(ro / "out")]) == 2
+        assert "not writable" in _one_line(capsys.readouterr().err)
+    assert called == []  # refused before any work
+    for bad in (["--gpus", "x"], ["--holdout", "1.5"], ["--bogus"], ["--worst", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            main([dumps["vllm"], "--gpus", "8", *bad])
+        assert e.value.code == 2
+        assert _one_line(capsys.readouterr().err).startswith("straggler-plan: error:")
+
+
+def test_a_failed_write_leaves_the_output_directory_as_it_was(dumps, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text("old")
+    import straggler.runtime.plan as plan_mod
+
+    def fail(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plan_mod.np, "savez", fail)
+    assert main([dumps["vllm"], *ARGS, "--out", str(out), "--format", "vllm"]) == 2
+    assert "No space left" in _one_line(capsys.readouterr().err)
+    assert sorted(os.listdir(out)) == ["report.json"]
+    assert (out / "report.json").read_text() == "old"
+    assert main([dumps["vllm"], *ARGS, "--out", str(tmp_path / "new"), "--format", "vllm"]) == 2
+    assert not (tmp_path / "new").exists()
+
+
+def test_input_format_skips_detection(dumps, tmp_path, capsys):
+    import shutil
+
+    from straggler.runtime.engines import detect_format
+
+    d = tmp_path / "mixed"
+    shutil.copytree(dumps["vllm"], d)
+    (d / "expert_distribution_recorder_1.0_0.pt").write_bytes(b"a stray SGLang dump")
+    assert detect_format(d) == "sglang"  # detection takes the stray file
+    log = read_engine_log(d, format="vllm")  # forced: the stray file is never read
+    assert log.engine == "vllm" and log.has_loads
+    assert main([str(d), *ARGS, "--input-format", "vllm", "--json"]) == 0
+
+
+def test_absurd_slot_counts_are_refused_before_any_work(dumps, capsys):
+    assert main([dumps["vllm"], "--gpus", "8", "--slots", str(10**7), "--no-progress"]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "'n_slots'" in err and "[1, 512]" in err  # 8 GPUs x 64 experts
+
+
+def test_torch_twins_without_torch_are_refused_before_any_work(
+    dumps, tmp_path, capsys, monkeypatch
+):
+    import importlib.util as iu
+
+    real = iu.find_spec
+    monkeypatch.setattr(
+        iu, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    monkeypatch.setattr("straggler.runtime.plan.plan", lambda *a, **k: pytest.fail("ran"))
+    assert main([dumps["vllm"], *ARGS, "--out", str(tmp_path / "o"), "--torch"]) == 2
+    assert "--torch" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()

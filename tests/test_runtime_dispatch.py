@@ -165,6 +165,23 @@ def test_unchecked_padding_rule():
     assert phys.tolist() == [[-1, -1, 4]] and counts.tolist() == [1]  # torn row: uniform
 
 
+def test_unchecked_orphan_expert_is_padding_not_counted():
+    """check=False: an expert whose row lists no replica maps to -1 and is not counted
+    (the counts are exactly the entries sent to a slot)."""
+    ids = np.array([[0, 1], [1, 2], [1, -1]])
+    l2p = np.array([[4, 5], [-1, -1], [7, -1]])
+    probs = np.array([[0.5, 0.5], [0.3, 0.7], [1.0, 0.0]])
+    want_phys = [[4, -1], [-1, 7], [-1, -1]]
+    phys, counts = dispatch_and_count(ids, l2p, probs, check=False)
+    assert phys.tolist() == want_phys and counts.tolist() == [1, 0, 1]
+    if HAS_TORCH:
+        tensors = [torch.as_tensor(a) for a in (ids, l2p, probs)]
+        c = torch.zeros(3, dtype=torch.int64)
+        tphys, tcounts = dispatch_and_count(*tensors, check=False, backend="torch", counter=c)
+        assert tphys.tolist() == want_phys and tcounts.tolist() == [1, 0, 1]
+        assert c.tolist() == [1, 0, 1]
+
+
 # --- torch reference == plain reference ------------------------------------------------
 
 
@@ -294,6 +311,15 @@ ADVERSARIAL = {
     ),
     "single replica": (np.array([[0, 1, 2]] * 11), [[0], [1], [2]], [[1.0], [0.0], [0.3]]),
     "zero-prob replica": (np.zeros((33, 1), np.int64), [[1, 2, 3]], [[0.5, 0.0, 0.5]]),
+    "orphan expert": (
+        np.array([[0, 1], [1, 2], [2, 1]] * 7),
+        [[4, 5], [-1, -1], [7, -1]],
+        [
+            [0.5, 0.5],
+            [0.3, 0.7],
+            [1.0, 0.0],
+        ],
+    ),
 }
 
 

@@ -203,3 +203,50 @@ def test_writer_thread_racing_a_reader():
         thread.join(timeout=10)
     assert not errors, errors
     assert reads == 100 and pub.version > 0
+
+
+@needs_torch
+def test_a_failed_reset_changes_nothing():
+    l2p = np.array([[[0, 2], [1, -1]]])
+    pub = TablePublisher(l2p, device="cpu")
+    pub.publish([[[3.0, 1.0], [1.0, 0.0]]])
+    before = (pub.log2phy.clone(), pub.snapshot(), pub.version)
+    new = np.array([[[0, -1], [1, 2]]])
+    for bad in ([[[1.0, 1.0], [-1.0, 0.0]]], np.ones((1, 2, 3)), [[[np.nan, 1], [1, 1]]]):
+        with pytest.raises(InvalidInputError, match="probs"):
+            pub.reset(new, probs=bad)
+        assert torch.equal(pub.log2phy, before[0])
+        assert np.array_equal(pub.snapshot(), before[1]) and pub.version == before[2]
+
+
+@needs_torch
+def test_huge_finite_weights_normalise_instead_of_overflowing():
+    l2p = np.array([[[0, 2], [1, -1]]])
+    pub = TablePublisher(l2p, device="cpu")
+    pub.publish([[[1e308, 1e308], [5.0, 0.0]]])
+    assert pub.snapshot()[0].tolist() == [[0.5, 0.5], [1.0, 0.0]]
+    pub.publish([[[1e308, 1e-300], [1e308, 7.0]]])
+    row = pub.snapshot()[0]
+    assert row[0].tolist() == [1.0, 0.0] and row[1].tolist() == [1.0, 0.0]
+    # a weight that underflows float32 still yields a distribution over the listed replicas
+    pub.publish([[[1e-45, 0.0], [1.0, 0.0]]])
+    assert abs(float(pub.snapshot()[0, 0].sum()) - 1) < 1e-6
+    assert np.allclose(normalize_table([[[1e308, 1e308]]], [[[0, 1]]]), 0.5)
+
+
+@needs_torch
+@pytest.mark.skipif(HAS_TORCH and torch.cuda.is_available(), reason="a CUDA device is present")
+def test_unavailable_devices_are_refused_clearly():
+    l2p = np.array([[[0, 2], [1, -1]]])
+    for device in ("cuda", "cuda:7", "meta", "nonsense"):
+        with pytest.raises(InvalidInputError, match="'device' parameter of TablePublisher"):
+            TablePublisher(l2p, device=device)
+
+
+@needs_torch
+def test_layer_index_is_checked():
+    pub = TablePublisher(np.array([[[0, 2], [1, -1]]]), device="cpu")
+    assert pub.layer(0)[0].tolist() == [[0, 2], [1, -1]]
+    for bad in (1, -1, "0", 0.0):
+        with pytest.raises(InvalidInputError, match="'l' parameter"):
+            pub.layer(bad)

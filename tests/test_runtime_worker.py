@@ -266,20 +266,33 @@ def test_placement_change_errors_and_clean_shutdown():
         assert np.array_equal(w.log2phy[..., : l2p.shape[-1]], l2p)
         t = w.wait_tables(w.submit(np.full((L, E), 7)), timeout=30)
         assert t is not None and t.placement == 1
-        # A window the placement cannot serve is reported; the worker carries on.
         with pytest.raises(InvalidInputError, match="physical_to_logical"):
             w.set_placement(np.zeros((L, 2 * G), np.int64))
-        w.set_placement(p2l_hole)
+        # A placement leaving an expert without a slot is refused before anything changes.
+        with pytest.raises(InvalidInputError, match=f"no slot for expert {E - 1}"):
+            w.set_placement(p2l_hole)
+        assert np.array_equal(w.log2phy[..., : l2p.shape[-1]], l2p) and w._place_version == 1
+        with pytest.raises(InvalidInputError, match="counts"):
+            w.submit(np.full((L, E), 2**52 + 1))
+        assert w.status().healthy and w.status().reason == ""
+        # A refresh that fails in the worker (a placement written behind the checks, as a
+        # corrupted block would be) is reported: unhealthy, with the reason; it carries on.
+        w._place_version += 1
+        w._write_placement(p2l_hole)
         bad = w.submit(np.ones((L, E), np.int64))
         deadline = time.monotonic() + 30
         while w.status().n_errors == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         st = w.status()
         assert st.n_errors >= 1 and f"window {bad}" in st.last_error and st.alive
+        assert not st.healthy and st.n_failing >= 1
+        assert "refresh" in st.reason and f"window {bad}" in st.reason
         counts = np.ones((L, E), np.int64)
         counts[:, E - 1] = 0
         t = w.wait_tables(w.submit(counts), timeout=30)
         assert t is not None and t.placement == 2
+        st = w.status()
+        assert st.healthy and st.n_failing == 0 and st.reason == ""
     finally:
         code = w.close()
     assert code == 0
@@ -301,10 +314,43 @@ def test_bad_arguments():
         SolverWorker(p2l, 2, "dsv3")
     with pytest.raises(InvalidInputError, match="max_replicas"):
         SolverWorker(p2l, 2, COST, max_replicas=1)
+    with pytest.raises(InvalidInputError, match="max_replicas"):
+        SolverWorker(p2l, 2, COST, max_replicas=10**9)  # would size shared memory by it
     with pytest.raises(InvalidInputError, match="n_experts"):
         SolverWorker(p2l, 2, COST, n_experts=2)
+    with pytest.raises(InvalidInputError, match="no slot for expert 3"):
+        SolverWorker(p2l, 2, COST, n_experts=4)
+    with pytest.raises(InvalidInputError, match="n_experts"):
+        SolverWorker(p2l, 2, COST, n_experts=10**12)  # would size arrays by it
+    with pytest.raises(InvalidInputError, match="below the 4 slots"):
+        SolverWorker([[0, 1, 0, 10**9]], 2, COST)
+    with pytest.raises(InvalidInputError, match="'options'"):
+        SolverWorker(p2l, 2, COST, options=[1])
     w = SolverWorker(p2l, 2, COST)
     with pytest.raises(InvalidInputError, match="start"):
         w.poll()
+    with pytest.raises(InvalidInputError, match="'timeout'"):
+        w.wait_ready(timeout="x")
+    with pytest.raises(InvalidInputError, match="start"):
+        w.wait_ready(timeout=1)
+    with pytest.raises(InvalidInputError, match="'window'"):
+        w.wait_tables(None)
+    with pytest.raises(InvalidInputError, match="'timeout'"):
+        w.close(timeout=-1)
     with pytest.raises(InvalidInputError, match="counts"):
         w.submit([[1, 2]])
+
+
+@pytest.mark.parametrize("method", ["tempo", "uniform", "metro", "static"])
+def test_worker_solves_through_solve_dispatch_layer_loop(method):
+    """The worker's solve is solve_dispatch's layer loop: every method reports the
+    evaluator's makespan per layer (not only methods that put one in their extras)."""
+    rng = np.random.default_rng(5)
+    L, E, G = 3, 8, 2
+    p2l = _placement(rng, L, E, G, per_gpu=5)
+    w = SolverWorker(p2l, G, COST, method=method)  # not started: its solver runs here
+    counts = rng.integers(0, 60, (L, E))
+    probs, makespan, _ = _Solver(w._cfg, p2l).solve(counts)
+    ref = solve_dispatch(DispatchProblem.from_placement(counts, p2l, n_gpus=G), COST, method=method)
+    assert makespan.shape == (L,) and np.isfinite(makespan).all()
+    assert np.array_equal(makespan, ref.makespan)

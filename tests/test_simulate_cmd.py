@@ -71,8 +71,8 @@ def test_plot(tmp_path, capsys):
 def test_bad_input(capsys):
     assert simulate_cmd.main(["bursty", "--requests", "20", "--policies", "nope"]) == 2
     assert "'policy'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        simulate_cmd.main(["no_such_trace_or_preset"])
+    assert simulate_cmd.main(["no_such_trace_or_preset"]) == 2
+    assert "neither a file" in _one_line(capsys.readouterr().err)
     assert simulate_cmd.main(["bursty", "--requests", "20", "--load", "-1"]) == 2
 
 
@@ -94,3 +94,41 @@ def test_versions_dispatch_and_prefix_cache(tmp_path, capsys):
     assert all(0 <= r["prefix_hit_rate"] <= 1 for r in runs.values())
     assert simulate_cmd.main(["bursty", "--requests", "20", "--policies", "vllm:nope"]) == 2
     assert "'version'" in capsys.readouterr().err
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--policies", ","], "--policies"),
+        (["--policies", " , ,"], "--policies"),
+        (["--max-slots", str(10**7)], "--max-slots"),
+        (["--replicas", "0"], "--replicas"),
+        (["--replicas", "4096", "--max-slots", "4096"], "--replicas x --max-slots"),
+        (["--rate", "nan"], "--rate"),
+        (["--ctx-cost", "-1"], "--ctx-cost"),
+        (["--requests", "-3"], "--requests"),
+    ],
+)
+def test_absurd_arguments_are_one_line_before_any_work(argv, match, capsys, monkeypatch):
+    monkeypatch.setattr(simulate_cmd, "simulate", lambda *a, **k: pytest.fail("ran"))
+    assert simulate_cmd.main(["bursty", "--requests", "20", *argv]) == 2
+    assert match in _one_line(capsys.readouterr().err)
+
+
+def test_outputs_checked_before_the_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(simulate_cmd, "simulate", lambda *a, **k: pytest.fail("ran"))
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    for bad in (["--json", str(tmp_path)], ["--json", str(a_file / "x.json")]):
+        assert simulate_cmd.main(["bursty", "--requests", "20", *bad]) == 2
+        assert "--json" in _one_line(capsys.readouterr().err)
+    with pytest.raises(SystemExit) as e:
+        simulate_cmd.main(["bursty", "--replicas", "two"])
+    assert e.value.code == 2
+    assert "--replicas" in _one_line(capsys.readouterr().err)

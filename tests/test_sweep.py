@@ -152,6 +152,10 @@ def test_bad_results():
         sweep(sweep_cells.bad_result_cell, {"x": [1]}, backend="serial", progress=False)
     with pytest.raises(InvalidInputError, match="must not reuse setting names"):
         sweep(lambda x: {"x": 1}, {"x": [1]}, backend="serial", progress=False)
+    for bad in (lambda x: None, lambda x: {1: 2}):
+        with pytest.raises(InvalidInputError, match="'func' parameter") as e:
+            sweep(bad, {"x": [1]}, backend="serial", progress=False)
+        assert isinstance(e.value, SweepError) and "{'x': 1}" in str(e.value)
 
 
 def test_grid_as_cell_list():
@@ -159,3 +163,86 @@ def test_grid_as_cell_list():
     assert cells == [{"a": 1, "b": "u", "s": 0.5}, {"a": 2, "b": "v", "s": 0.5}]
     with pytest.raises(InvalidInputError, match="same setting"):
         grid_cells([{"a": 1}, {"b": 2}])
+
+
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ('{"settings": {"x": 1}, "result": [1, 2]}', "result"),
+        ('{"settings": {"x": 1}, "result": {"y": [1]}}', "'y'"),
+        ('{"settings": {"x": 1}, "result": {"x": 3}}', "names that are settings"),
+        ('{"settings": {"x": 2}, "result": {"z": 3}}', "result names"),
+        ('{"settings": {"x": 1}}', "settings"),
+        ("[1, 2, 3]", "line 2"),
+    ],
+)
+def test_a_bad_journal_is_refused_before_anything_changes(tmp_path, line, match):
+    path = tmp_path / "j.csv"
+    journal = Path(str(path) + ".cells.jsonl")
+    journal.write_text('{"settings": {"x": 0}, "result": {"y": 0}}\n' + line + "\n")
+    before = journal.read_bytes()
+    with pytest.raises(InvalidInputError, match=match) as e:
+        sweep(sweep_cells.square_cell, {"x": [0, 1, 2]}, backend="serial", path=path)
+    assert str(journal) in str(e.value) and "resume=False" in str(e.value)
+    assert journal.read_bytes() == before and not path.exists()
+    t = sweep(sweep_cells.square_cell, {"x": [0, 1, 2]}, backend="serial", path=path, resume=False)
+    assert t.column("y").tolist() == [0, 1, 4]
+
+
+def test_process_backend_in_a_script_without_main_guard(tmp_path):
+    import subprocess
+
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {HERE!r})\n"
+        "import sweep_cells\n"
+        "from straggler.sim.sweep import sweep\n"
+        "try:\n"
+        "    sweep(sweep_cells.square_cell, {'x': [1, 2]}, progress=False, workers=2)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("InvalidInputError"), out.stdout
+    assert "__main__" in out.stdout and "backend='serial'" in out.stdout
+
+
+def test_output_path_checked_before_any_cell_runs(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for bad in (tmp_path, tmp_path / "f" / "t.csv"):
+        with pytest.raises(InvalidInputError, match="path"):
+            sweep(sweep_cells.failing_cell, {"x": [2]}, backend="serial", path=bad)
+
+
+def test_grid_size_bounded_before_the_cells_are_built():
+    grid = {f"k{i}": list(range(10)) for i in range(12)}  # 10**12 cells: tens of GiB
+    with pytest.raises(InvalidInputError, match="at most 10,000,000 cells"):
+        grid_cells(grid)
+
+
+def test_sweep_table_checks_rows_and_files(tmp_path):
+    with pytest.raises(InvalidInputError, match="Row 0"):
+        SweepTable([1, 2], settings=["a"])
+    with pytest.raises(InvalidInputError, match="'z'"):
+        SweepTable([{"a": 1}], settings=["z"])
+    with pytest.raises(InvalidInputError, match="'rows'"):
+        SweepTable({"a": 1}, settings=["a"])
+    t = SweepTable([{"a": 1, "y": 2.5}, {"a": 2}], settings=["a"])  # a missing result: None
+    assert t.column("y").tolist() == [2.5, None]
+    with pytest.raises(InvalidInputError, match="directory"):
+        t.to_csv(tmp_path)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InvalidInputError, match="is a file"):
+        t.to_csv(tmp_path / "f" / "t.csv")
+    with pytest.raises(InvalidInputError, match="Cannot read"):
+        SweepTable.read_csv(tmp_path / "missing.csv")
+    (tmp_path / "b.csv").write_bytes(b"\xff\xfe\x00a")
+    with pytest.raises(InvalidInputError, match="not UTF-8 CSV"):
+        SweepTable.read_csv(tmp_path / "b.csv")
+    t.to_csv(tmp_path / "t.csv")
+    back = SweepTable.read_csv(tmp_path / "t.csv", settings=["a"])
+    assert back.column("y").tolist() == [2.5, None]

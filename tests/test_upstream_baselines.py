@@ -210,6 +210,31 @@ def test_sglang_static_table_equals_the_loop_reference(seed):
         assert np.array_equal(got, _ref_static(l2p, per_gpu, g, per_node, version)), version
 
 
+def test_sglang_static_per_rank_lists_draw_from_narrowed_lists():
+    # 6 GPUs on one node; expert e on GPUs 2e and 2e + 1. With the full lists expert 0's
+    # draw (ranks 2..5) comes first, then expert 1's (ranks 0, 1, 4, 5). With rank 0's
+    # narrowed lists expert 0 is [0] (no draw): expert 1's draw starts the stream.
+    l2p = np.array([[[0, 1], [2, 3], [4, 5]]])
+    full = sglang_static_table(l2p, np.arange(6))
+    mine = sglang_static_table(l2p, np.arange(6), per_rank_lists=True)
+    r = random.Random(42)
+    first = [0, 1] * 2
+    r.shuffle(first)
+    second = [2, 3] * 2
+    r.shuffle(second)
+    assert full[2:, 0, 0].tolist() == first and full[[0, 1, 4, 5], 0, 1].tolist() == second
+    fresh = [2, 3] * 2
+    random.Random(42).shuffle(fresh)
+    assert mine[0, 0, 1] == fresh[0] != full[0, 0, 1]  # rank 0's row: its own stream
+    assert mine[2, 0, 0] == full[2, 0, 0] == first[0]  # rank 2 narrows only later experts
+    assert (mine[np.arange(6), 0, np.arange(6) // 2] == np.arange(6)).all()  # same GPU
+    p = DispatchProblem(counts=[1], replicas=[[1]])
+    with pytest.raises(InvalidOptionError, match="per_rank_lists"):
+        sglang_static_table(l2p, np.arange(6), version="same_gpu", per_rank_lists=True)
+    with pytest.raises(InvalidOptionError, match="per_rank_lists"):
+        solve_dispatch(p, COST, method="static", rule="first", per_rank_lists=True)
+
+
 def test_static_realises_the_table_on_the_source_tokens():
     p = make_decode_problem("qwen3_30b", n_gpus=4, tokens_per_gpu=16, n_layers=2, seed=3)
     res = solve_dispatch(p, COST, method="static")
@@ -282,6 +307,26 @@ def test_sglang_dynamic_choice_is_randint_mod_num_valid():
     src = np.array([3, 3, 3, 3])
     slots = sglang_dynamic_choice(topk, src, lists, nv, _FixedDraws([0, 1, 5, 65535]))
     assert slots.ravel().tolist() == [0, 1, 2, 0]  # 65535 % 3 == 0
+
+
+def test_sglang_dynamic_rank_invariant_uses_the_row_index_on_full_lists():
+    node = np.array([0, 0, 1, 1])
+    lists, nv = sglang_dynamic_lists([[0, 2], [1, -1]], np.arange(4), node, rank_invariant=True)
+    assert nv[:, 0].tolist() == [2, 2, 2, 2]  # not narrowed, whatever the version
+    topk = np.array([[0, 1], [0, -1], [1, 0]])
+    src = np.array([0, 3, 2])  # ignored: every rank picks the same replica
+    slots = sglang_dynamic_choice(topk, src, lists, nv, None, rank_invariant=True)
+    assert slots.tolist() == [[0, 1], [2, -1], [1, 0]]  # row t -> list[t % num_valid]
+    p = DispatchProblem(counts=[3000, 1000], replicas=[[1, 1, 1, 0], [0, 0, 0, 1]])
+    a, b = (
+        solve_dispatch(p, COST, method="sglang_dynamic", rank_invariant=True, rng=s) for s in (0, 1)
+    )
+    assert np.array_equal(a.shares, b.shares)  # no random draw
+    lay = token_layout(p.counts, 4)
+    rows = np.flatnonzero((lay.topk == 0).any(axis=1))
+    assert a.shares[0].tolist() == np.bincount(rows % 3, minlength=4).tolist()
+    with pytest.raises(InvalidInputError, match="'rank_invariant'"):
+        solve_dispatch(p, COST, method="sglang_dynamic", rank_invariant="yes")
 
 
 def test_sglang_dynamic_uniform_version_splits_evenly_in_expectation():

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from numba import njit
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError
-from straggler.sim import compare as compare_mod
 from straggler.sim.warmup import dispatch_kernels, main, needs_compile, warmup
 from straggler.solvers import registry, solve_dispatch
 from straggler.solvers._compile import JitTimer, merged_length
@@ -101,16 +100,3 @@ def test_warmup_validates_and_the_cli_reports(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in out["steps"]] == ["solve_dispatch[round_robin]"]
     assert {"total_s", "jit_s", "compile_s", "kernels", "cache_dir"} <= set(out)
-
-
-def test_compare_prints_the_compile_notice_on_a_first_run(monkeypatch, capsys):
-    monkeypatch.setattr(compare_mod, "needs_compile", lambda: True)
-    assert (
-        compare_mod.main(["--methods", "round_robin", "--gpus", "2", "--tokens-per-gpu", "4"]) == 0
-    )
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("compiling kernels (first run only) ... ")
-    assert lines[0].endswith(" s")
-    monkeypatch.setattr(compare_mod, "needs_compile", lambda: False)
-    compare_mod.main(["--methods", "round_robin", "--gpus", "2", "--tokens-per-gpu", "4"])
-    assert "compiling kernels" not in capsys.readouterr().out  # warm: no notice

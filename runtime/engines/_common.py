@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...formulations.errors import BackendUnavailableError, InvalidInputError
-from ...formulations.validation import check_array
+from ...formulations._io import atomic_open, atomic_path
+from ...formulations.errors import BackendUnavailableError, InvalidInputError, param_error
+from ...formulations.validation import MAX_EXACT_INT, check_array, check_int
 
 __all__ = [
     "EngineLog",
@@ -33,18 +35,117 @@ __all__ = [
     "to_numpy",
     "source_name",
     "rank_of",
+    "exact_ints",
+    "checked_sum",
+    "check_count_total",
+    "check_path",
+    "read_error",
+    "require_file",
 ]
-
-
-def _parent(path) -> None:
-    d = os.path.dirname(os.fspath(path))
-    if d:
-        os.makedirs(d, exist_ok=True)
 
 
 def source_name(path) -> str:
     """How a file is named in messages (its path as given)."""
     return os.fspath(path) if not isinstance(path, str) else path
+
+
+def check_path(path, name: str, func: str) -> str:
+    """``path`` as a string: a ``str`` or ``os.PathLike``, else an error naming the
+    parameter."""
+    if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)):
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a path (str or os.PathLike). Got "
+            f"{type(path).__name__} {repr(path)[:60]} instead."
+        )
+    p = os.fspath(path)
+    if not p or "\0" in p:
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a non-empty path. Got {p[:60]!r} instead."
+        )
+    return p
+
+
+def read_error(path, exc: OSError) -> InvalidInputError:
+    """One clear error for a file that cannot be opened (missing, a directory, a symlink
+    loop, no permission, ...)."""
+    src = source_name(path)
+    if isinstance(exc, FileNotFoundError):
+        return InvalidInputError(f"No such file: {src}.")
+    if isinstance(exc, IsADirectoryError) or os.path.isdir(src):
+        return InvalidInputError(f"{src} is a directory, not a file.")
+    reason = exc.strerror or type(exc).__name__
+    return InvalidInputError(f"Cannot read {src}: {reason}.")
+
+
+def require_file(path) -> str:
+    """``path`` when it is a regular file (following symbolic links); otherwise one clear
+    error. A FIFO or a device would block or never end, a directory cannot be read."""
+    src = source_name(path)
+    try:
+        st = os.stat(src)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and os.path.islink(src):
+            raise InvalidInputError(
+                f"{src} is a broken symbolic link or a symbolic-link loop."
+            ) from None
+        raise read_error(src, exc) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidInputError(f"{src} is a directory, not a file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInputError(f"{src} is not a regular file (a FIFO, socket or device).")
+    return src
+
+
+def exact_ints(value, name: str, func: str, dtype=np.int64, *, ndim=None, lo=0) -> np.ndarray:
+    """``value`` as an array of ``dtype`` when every entry is an integer that ``dtype``
+    stores exactly, else an error naming the parameter (never a silent cast: ``2**32``
+    does not become 0 in int32, nor ``2.9`` become 2).
+
+    >>> exact_ints([[1, 2.0]], "counts", "f", np.int32).dtype
+    dtype('int32')
+    >>> exact_ints([2**31], "counts", "f", np.int32)
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InvalidInputError: ... Got value 2147483648 at index 0 instead.
+    """
+    info = np.iinfo(dtype)
+    hi = int(info.max)
+    a = check_array(
+        value,
+        name,
+        func,
+        kind="int",
+        ndim=range(0, 33) if ndim is None else ndim,
+        lo=lo,
+        hi=hi,
+        expected=f"an array of integers in [{lo if lo is not None else info.min}, {hi}] "
+        f"({np.dtype(dtype).name}, what the file stores)",
+    )
+    return a.astype(dtype)
+
+
+def checked_sum(a, axis, source: str, name: str) -> np.ndarray:
+    """``a.sum(axis)`` of non-negative int64 counts, or an error naming the file and the
+    field when a total would exceed ``2**53`` (where int64 sums may overflow and float64
+    solvers stop being exact)."""
+    a = np.asarray(a, dtype=np.int64)
+    total = a.astype(np.float64).sum(axis=axis)
+    if np.size(total) and float(np.max(total)) > MAX_EXACT_INT:
+        raise field_error(
+            source,
+            name,
+            f"counts whose totals are at most 2**53 = {MAX_EXACT_INT}",
+            f"a total of {float(np.max(total)):.4g} tokens",
+        )
+    return a.sum(axis=axis)
+
+
+def check_count_total(a, source: str, name: str) -> np.ndarray:
+    """``a`` unchanged when the sum of all its entries stays below ``2**53`` (so every
+    partial sum a reader or a solver takes of it is exact), else an error naming the file
+    and the field."""
+    checked_sum(np.asarray(a).reshape(-1), None, source, name)
+    return a
 
 
 def field_error(source: str, field_name: str, expected: str, got: str) -> InvalidInputError:
@@ -110,21 +211,64 @@ class EngineLog:
     extras: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("counts", "physical_to_logical", "layer_ids", "batch_ids"):
+        func = "EngineLog"
+        for name in ("engine", "kind"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidInputError(
+                    f"The '{name}' parameter of {func} must be a string. Got "
+                    f"{getattr(self, name)!r} instead."
+                )
+        E = check_int(self.n_experts, "n_experts", func, lo=1)
+        object.__setattr__(self, "n_experts", E)
+        if self.counts is None and self.physical_to_logical is None:
+            raise InvalidInputError(
+                f"{func} needs 'counts' or 'physical_to_logical' (or both). Got neither."
+            )
+        arrays = {
+            "counts": dict(
+                ndim=3,
+                lo=0,
+                expected=f"an (n_batches, n_layers, {E}) array of non-negative integers",
+            ),
+            "physical_to_logical": dict(
+                ndim=2,
+                lo=-1,
+                hi=E - 1,
+                expected=f"an (n_layers, P) array of expert ids in [-1, {E - 1}]",
+            ),
+            "layer_ids": dict(ndim=1, expected="a 1-D array of integers (one per layer)"),
+            "batch_ids": dict(ndim=1, expected="a 1-D array of integers (one per batch)"),
+        }
+        for name, kw in arrays.items():
             v = getattr(self, name)
             if v is not None:
-                v = np.array(v, dtype=np.int64, copy=True)
-                v.setflags(write=False)
+                v = check_array(v, name, func, kind="int", copy=True, readonly=True, **kw)
                 object.__setattr__(self, name, v)
-        if self.layer_ids is None:
-            L = (
-                self.counts.shape[1]
-                if self.counts is not None
-                else self.physical_to_logical.shape[0]
+        c, m = self.counts, self.physical_to_logical
+        if c is not None:
+            if c.shape[2] != E:
+                raise param_error("counts", func, f"{E} columns (n_experts)", f"shape {c.shape}")
+            check_count_total(c, func, "counts")
+        L = c.shape[1] if c is not None else m.shape[0]
+        if m is not None and m.shape[0] != L:
+            raise param_error(
+                "physical_to_logical", func, f"{L} rows (the layers of counts)", f"shape {m.shape}"
             )
+        if self.layer_ids is None:
             ids = np.arange(L, dtype=np.int64)
             ids.setflags(write=False)
             object.__setattr__(self, "layer_ids", ids)
+        elif self.layer_ids.size != L or np.unique(self.layer_ids).size != L:
+            raise param_error(
+                "layer_ids", func, f"{L} distinct layer ids", f"{self.layer_ids.tolist()[:8]}"
+            )
+        if self.batch_ids is not None and (c is None or self.batch_ids.size != c.shape[0]):
+            raise param_error(
+                "batch_ids",
+                func,
+                "one id per batch of counts",
+                f"{self.batch_ids.size} ids for {0 if c is None else c.shape[0]} batches",
+            )
         object.__setattr__(self, "sources", tuple(self.sources))
 
     @property
@@ -179,10 +323,46 @@ def _torch(purpose: str):
     return torch
 
 
+def _tensor_numpy(x):
+    if getattr(x, "is_nested", False):
+        raise InvalidInputError(
+            "A nested (ragged) tensor was found where a dense tensor was expected: the "
+            "engines save dense tensors."
+        )
+    if getattr(getattr(x, "device", None), "type", None) == "meta":
+        raise InvalidInputError(
+            f"A tensor on the 'meta' device (shape {tuple(x.shape)}) holds no data."
+        )
+    if getattr(x, "is_sparse", False) or str(getattr(x, "layout", "")) != "torch.strided":
+        raise InvalidInputError(
+            f"A {x.layout} tensor (shape {tuple(x.shape)}) was found where a dense tensor was "
+            "expected: the engines save dense tensors (convert it with .to_dense())."
+        )
+    try:
+        x = x.detach().cpu()
+    except Exception as exc:  # noqa: BLE001 - torch's tensor kinds are open-ended
+        raise InvalidInputError(
+            f"A {type(x).__name__} of dtype {x.dtype} cannot be read as numbers: {str(exc)[:120]}."
+        ) from None
+    name = str(x.dtype)
+    if "bfloat16" in name or "float8" in name or "float16" in name:
+        x = x.float()  # numpy has no bfloat16 / float8; float32 holds every value exactly
+    try:
+        return x.numpy()
+    except Exception as exc:  # noqa: BLE001 - torch's tensor kinds are open-ended
+        raise InvalidInputError(
+            f"A tensor of dtype {x.dtype} (shape {tuple(x.shape)}) cannot be read as numbers: "
+            f"{str(exc)[:120]}."
+        ) from None
+
+
 def to_numpy(x):
-    """torch tensors (any device) to numpy, recursively through dicts, lists and tuples."""
+    """torch tensors (any device) to numpy, recursively through dicts, lists and tuples.
+
+    bfloat16, float16 and float8 tensors become float32 (exact); sparse or other
+    non-strided tensors are refused."""
     if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
+        return _tensor_numpy(x)
     if isinstance(x, dict):
         return {k: to_numpy(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -197,20 +377,25 @@ def load_pt(path):
     (not a torch file, truncated, a disallowed pickle global) is one InvalidInputError.
     """
     torch = _torch(f"Reading {source_name(path)}")
+    require_file(path)
     try:
         obj = torch.load(path, weights_only=True, map_location="cpu")
-    except FileNotFoundError:
-        raise InvalidInputError(f"No such file: {source_name(path)}.") from None
+    except OSError as exc:
+        raise read_error(path, exc) from None
     except Exception as exc:  # noqa: BLE001 - torch's failure modes are open-ended
         raise InvalidInputError(
             f"{source_name(path)} is not a readable torch file "
             f"(torch.load(weights_only=True) failed: {type(exc).__name__}: {str(exc)[:200]})."
         ) from None
-    return to_numpy(obj)
+    try:
+        return to_numpy(obj)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{source_name(path)}: {exc}") from None
 
 
 def save_pt(obj, path) -> None:
-    """``torch.save`` with numpy arrays (recursively) turned into tensors first."""
+    """``torch.save`` with numpy arrays (recursively) turned into tensors first (atomic:
+    a temporary file renamed over ``path``)."""
     torch = _torch(f"Writing {source_name(path)}")
 
     def conv(x):
@@ -222,8 +407,9 @@ def save_pt(obj, path) -> None:
             return type(x)(conv(v) for v in x)
         return x
 
-    _parent(path)
-    torch.save(conv(obj), path)
+    data = conv(obj)
+    with atomic_path(path) as tmp:
+        torch.save(data, tmp)
 
 
 def load_json(path_or_text, *, inline: bool = False):
@@ -232,16 +418,18 @@ def load_json(path_or_text, *, inline: bool = False):
     try:
         if inline:
             return json.loads(path_or_text)
+        require_file(path_or_text)
         with open(path_or_text, encoding="utf-8") as f:
             return json.load(f)
-    except FileNotFoundError:
-        raise InvalidInputError(f"No such file: {where}.") from None
+    except OSError as exc:
+        raise read_error(path_or_text, exc) from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise InvalidInputError(f"{where} is not valid JSON: {str(exc)[:200]}.") from None
 
 
 def save_json(obj, path) -> None:
-    """JSON with numpy arrays as nested lists."""
+    """JSON with numpy arrays as nested lists (atomic; NaN and infinities refused, since
+    JSON cannot store them)."""
 
     def conv(x):
         if isinstance(x, np.ndarray):
@@ -254,9 +442,14 @@ def save_json(obj, path) -> None:
             return [conv(v) for v in x]
         return x
 
-    _parent(path)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(conv(obj), f)
+    try:
+        text = json.dumps(conv(obj), allow_nan=False)
+    except ValueError:
+        raise InvalidInputError(
+            f"Cannot write {source_name(path)}: JSON cannot store NaN or infinite values."
+        ) from None
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _safetensors(purpose: str):
@@ -273,11 +466,12 @@ def _safetensors(purpose: str):
 def load_safetensors(path) -> dict:
     """A safetensors file as ``{name: ndarray}`` (no torch needed)."""
     stn = _safetensors(f"Reading {source_name(path)}")
+    require_file(path)
     try:
         with open(path, "rb") as f:
             data = f.read()
-    except FileNotFoundError:
-        raise InvalidInputError(f"No such file: {source_name(path)}.") from None
+    except OSError as exc:
+        raise read_error(path, exc) from None
     try:
         return dict(stn.load(data))
     except Exception as exc:  # noqa: BLE001 - SafetensorError and friends
@@ -288,10 +482,12 @@ def load_safetensors(path) -> dict:
 
 
 def save_safetensors(tensors: dict, path) -> None:
-    """``{name: ndarray}`` as a safetensors file (the bytes ``safetensors.torch`` writes)."""
+    """``{name: ndarray}`` as a safetensors file (the bytes ``safetensors.torch`` writes;
+    atomic)."""
     stn = _safetensors(f"Writing {source_name(path)}")
-    _parent(path)
-    stn.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path)
+    data = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        stn.save_file(data, tmp)
 
 
 def load_by_extension(path, unknown: str):
@@ -395,7 +591,7 @@ def fold_physical_counts(
     physical_to_logical,
     n_experts: int,
     *,
-    source: str = "the counts",
+    source: str = "fold_physical_counts",
     name: str = "counts",
 ) -> np.ndarray:
     """Fold per-slot counts ``[..., L, P]`` into per-expert counts ``[..., L, E]``.
@@ -410,9 +606,35 @@ def fold_physical_counts(
     >>> fold_physical_counts([[5, 1, 2, 0]], [[0, 1, 0, -1]], 2).tolist()
     [[7, 1]]
     """
-    c = np.asarray(physical_counts, dtype=np.int64)
-    m = np.asarray(physical_to_logical, dtype=np.int64)
+    if isinstance(n_experts, (bool, np.bool_)) or not isinstance(n_experts, (int, np.integer)):
+        raise InvalidInputError(
+            "The 'n_experts' parameter of fold_physical_counts must be an integer >= 1. Got "
+            f"{n_experts!r} instead."
+        )
+    n_experts = int(n_experts)
+    if n_experts < 1:
+        raise InvalidInputError(
+            "The 'n_experts' parameter of fold_physical_counts must be an integer >= 1. Got "
+            f"{n_experts} instead."
+        )
+    m = check_physical_to_logical(physical_to_logical, source, "physical_to_logical")
     L, P = m.shape
+    if m.max() >= n_experts:
+        raise field_error(
+            source,
+            "physical_to_logical",
+            f"expert ids below n_experts={n_experts}",
+            f"id {int(m.max())}",
+        )
+    c = field_array(
+        physical_counts,
+        source,
+        name,
+        ndim=range(2, 33),
+        lo=0,
+        expected=f"a non-negative integer array of shape (..., {L}, {P})",
+    )
+    check_count_total(c, source, name)
     if c.shape[-2:] != (L, P):
         raise field_error(
             source,
@@ -432,7 +654,7 @@ def fold_physical_counts(
     return out
 
 
-_RANK_RE = re.compile(r"rank[_-]?(\d+)")
+_RANK_RE = re.compile(r"rank[_-]?([0-9]+)", re.ASCII)
 
 
 def rank_of(path) -> int | None:

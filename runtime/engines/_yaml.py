@@ -34,6 +34,9 @@ _FLOAT_RE = re.compile(
 _TRUE = ("yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON")
 _FALSE = ("no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF")
 _PLAIN_SAFE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+#: Deepest nesting of collections read (TensorRT-LLM's files nest 2 deep): deeper input is
+#: refused with its line instead of exhausting Python's recursion limit.
+MAX_DEPTH = 64
 
 
 def _scalar_text(v) -> str:
@@ -112,6 +115,8 @@ def _resolve(text: str):
             sign = -1 if t[0] == "-" else 1
             digits = t.lstrip("+-")
             digits = digits[2:] if base in (2, 16) else digits[1:]
+            if not digits:
+                raise ValueError(f"no digits in the integer {text!r}")
             return sign * int(digits, base)
     if _FLOAT_RE.match(text):
         return float(text.replace("_", ""))
@@ -145,6 +150,7 @@ class _Parser:
             indent = len(content) - len(content.lstrip(" "))
             self.lines.append((no, indent, content.strip()))
         self.i = 0
+        self.depth = 0
 
     def fail(self, no, what):
         raise InvalidInputError(
@@ -197,9 +203,24 @@ class _Parser:
                 self.fail(no, "a malformed double-quoted string")
         if ": " in t or t.endswith(":"):
             self.fail(no, f"a mapping where a value was expected ({t[:20]!r})")
-        return _resolve(t)
+        try:
+            return _resolve(t)
+        except ValueError as exc:
+            self.fail(no, f"a malformed scalar ({exc})")
+
+    def nest(self, no: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            self.fail(no, f"collections nested more than {MAX_DEPTH} deep")
 
     def flow(self, text: str, j: int, no: int):
+        self.nest(no)
+        try:
+            return self._flow(text, j, no)
+        finally:
+            self.depth -= 1
+
+    def _flow(self, text: str, j: int, no: int):
         """Parse a flow collection starting at ``text[j]``; returns (value, rest)."""
         opening = text[j]
         closing = "]" if opening == "[" else "}"
@@ -219,6 +240,8 @@ class _Parser:
                 if isinstance(key, (list, dict)):
                     self.fail(no, "a collection as a mapping key")
                 value, j = self.flow_item(text, j + 1, ",}", no)
+                if key in mapping:
+                    self.fail(no, f"the duplicate key {key!r}")
                 mapping[key] = value
             else:
                 item, j = self.flow_item(text, j, ",]", no)
@@ -252,6 +275,14 @@ class _Parser:
 
     # --- blocks ------------------------------------------------------------------------
     def block(self, indent: int):
+        no, ind, content = self.lines[self.i]
+        self.nest(no)
+        try:
+            return self._block(indent)
+        finally:
+            self.depth -= 1
+
+    def _block(self, indent: int):
         no, ind, content = self.lines[self.i]
         if ind != indent:
             self.fail(no, "unexpected indentation")

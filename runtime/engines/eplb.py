@@ -12,14 +12,15 @@ checks on reading that the three agree.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ...formulations.errors import InvalidInputError
+from ...formulations.validation import MAX_EXACT_INT, check_array
 from ._common import (
     EngineLog,
+    check_path,
     check_physical_to_logical,
+    exact_ints,
     field_array,
     field_error,
     get_field,
@@ -27,7 +28,6 @@ from ._common import (
     load_pt,
     save_json,
     save_pt,
-    source_name,
 )
 
 __all__ = ["write_eplb_maps", "read_eplb_maps", "parse_eplb_maps", "is_eplb_maps"]
@@ -40,15 +40,16 @@ def is_eplb_maps(obj) -> bool:
 
 def write_eplb_maps(path, phy2log, log2phy, logcnt, *, weight=None) -> str:
     """Write EPLB's three maps (and optionally the weight) as ``.json`` or ``.pt``."""
+    func = "write_eplb_maps"
+    p = check_path(path, "path", func)
     obj = {
-        "phy2log": np.asarray(phy2log, dtype=np.int64),
-        "log2phy": np.asarray(log2phy, dtype=np.int64),
-        "logcnt": np.asarray(logcnt, dtype=np.int64),
+        "phy2log": exact_ints(phy2log, "phy2log", func, lo=-1),
+        "log2phy": exact_ints(log2phy, "log2phy", func, lo=-1),
+        "logcnt": exact_ints(logcnt, "logcnt", func),
     }
     if weight is not None:
-        obj["weight"] = np.asarray(weight)
-    parse_eplb_maps(obj, "write_eplb_maps")  # never write maps that do not agree
-    p = os.fspath(path)
+        obj["weight"] = check_array(weight, "weight", func, kind="real", ndim=2, lo=0)
+    parse_eplb_maps(obj, func)  # never write maps that do not agree
     if p.endswith(".json"):
         save_json(obj, p)
     elif p.endswith(".pt"):
@@ -136,6 +137,13 @@ def parse_eplb_maps(obj, source: str) -> EngineLog:
             expected=f"a non-negative array of shape ({L}, {E})",
         )
         if np.all(w == np.round(w)):
+            if float(w.sum()) > MAX_EXACT_INT:
+                raise field_error(
+                    source,
+                    "weight",
+                    f"loads whose total stays below 2**53 = {MAX_EXACT_INT}",
+                    f"a total of {float(w.sum()):.4g}",
+                )
             counts = w.astype(np.int64)[None]
         else:
             extras["weight"] = w
@@ -153,6 +161,6 @@ def parse_eplb_maps(obj, source: str) -> EngineLog:
 
 def read_eplb_maps(path) -> EngineLog:
     """Read maps written by :func:`write_eplb_maps` (``.json`` or ``.pt``)."""
-    p = source_name(path)
+    p = check_path(path, "path", "read_eplb_maps")
     obj = load_pt(p) if p.endswith(".pt") else load_json(p)
     return parse_eplb_maps(obj, p)

@@ -44,9 +44,14 @@ import time
 import numpy as np
 
 from ...formulations.errors import InvalidInputError
+from ...formulations.validation import check_int, check_real
 from ._common import (
     EngineLog,
+    check_count_total,
+    check_path,
     check_physical_to_logical,
+    checked_sum,
+    exact_ints,
     field_array,
     field_error,
     field_int,
@@ -75,14 +80,21 @@ __all__ = [
 RECORDER_PREFIX = "expert_distribution_recorder_"
 #: Columns of SGLang's per-token ``topk_ids_of_layer`` buffer (``_TOP_K_NUM = 8``).
 SGLANG_TOPK_COLUMNS = 8
-_NAME_RE = re.compile(r"^expert_distribution_recorder_(?P<ts>[0-9.eE+-]+?)(?:_(?P<rank>\d+))?\.pt$")
+_NAME_RE = re.compile(
+    r"^expert_distribution_recorder_(?P<ts>[0-9.eE+-]+?)(?:_(?P<rank>[0-9]+))?\.pt$", re.ASCII
+)
 
 
 # --- writers (what SGLang writes) -----------------------------------------------------------
 
 
 def _dump_name(timestamp, rank=None) -> str:
-    ts = time.time() if timestamp is None else timestamp
+    # a number, as SGLang's time.time(): anything else could carry a path into the name
+    ts = (
+        time.time()
+        if timestamp is None
+        else check_real(timestamp, "timestamp", "SGLang dump", lo=0)
+    )
     return f"{RECORDER_PREFIX}{ts}" + ("" if rank is None else f"_{rank}") + ".pt"
 
 
@@ -104,9 +116,14 @@ def write_sglang_stat_dump(
     -------
     str : the file written.
     """
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, _dump_name(timestamp))
-    count = np.asarray(logical_count, dtype=np.int32)
+    func = "write_sglang_stat_dump"
+    count = exact_ints(logical_count, "logical_count", func, np.int32, ndim=3)
+    rank = check_int(rank, "rank", func, lo=0)
+    if average_utilization_rate is not None:
+        average_utilization_rate = float(
+            check_real(average_utilization_rate, "average_utilization_rate", func)
+        )
+    path = os.path.join(check_path(directory, "directory", func), _dump_name(timestamp))
     save_pt(
         {
             "rank": int(rank),
@@ -127,8 +144,29 @@ def sglang_per_token_record(
     ``-1`` to SGLang's 8 columns; ``global_physical_count`` is its per-layer bincount, as
     ``_convert_per_token_to_global_physical_count`` computes it.
     """
-    ids = np.asarray(topk_ids_of_layer, dtype=np.int32)
+    func = "sglang_per_token_record"
+    n_physical = check_int(n_physical, "n_physical", func, lo=1, hi=2**31 - 1)
+    ids = exact_ints(topk_ids_of_layer, "topk_ids_of_layer", func, np.int32, ndim=3, lo=-1)
+    if ids.size and ids.max() >= n_physical:
+        raise InvalidInputError(
+            f"The 'topk_ids_of_layer' parameter of {func} must hold slot ids below "
+            f"n_physical={n_physical}. Got id {int(ids.max())} instead."
+        )
+    if ids.shape[2] > SGLANG_TOPK_COLUMNS:
+        raise InvalidInputError(
+            f"The 'topk_ids_of_layer' parameter of {func} must have at most "
+            f"{SGLANG_TOPK_COLUMNS} columns (SGLang's buffer). Got shape {ids.shape} instead."
+        )
     L, n_tok, k = ids.shape
+    pid = check_int(forward_pass_id, "forward_pass_id", func)
+    for name, given in (("input_ids", input_ids), ("positions", positions)):
+        if given is not None and (
+            isinstance(given, (str, bytes)) or not hasattr(given, "__len__") or len(given) != n_tok
+        ):
+            raise InvalidInputError(
+                f"The '{name}' parameter of {func} must hold one entry per token ({n_tok}). "
+                f"Got {repr(given)[:60]} instead."
+            )
     if k < SGLANG_TOPK_COLUMNS:
         ids = np.concatenate([ids, np.full((L, n_tok, SGLANG_TOPK_COLUMNS - k), -1, np.int32)], 2)
     gpc = np.zeros((L, n_physical), dtype=np.int32)
@@ -137,7 +175,7 @@ def sglang_per_token_record(
         row = row[row >= 0]
         gpc[layer] = np.bincount(row, minlength=n_physical)[:n_physical]
     return {
-        "forward_pass_id": int(forward_pass_id),
+        "forward_pass_id": pid,
         "input_ids": list(range(n_tok)) if input_ids is None else list(input_ids),
         "positions": list(range(n_tok)) if positions is None else list(positions),
         "extend_seq_lens": None,
@@ -157,27 +195,41 @@ def write_sglang_detail_dump(
     P]`` (per-pass), or :func:`sglang_per_token_record` dicts (per-token); ``rank`` and
     ``gatherer_key`` are filled in as SGLang does. Needs torch.
     """
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, _dump_name(timestamp, rank))
+    func = "write_sglang_detail_dump"
+    rank = check_int(rank, "rank", func, lo=0)
+    last = check_physical_to_logical(
+        last_physical_to_logical_map, func, "last_physical_to_logical_map"
+    )
+    if isinstance(records, (str, bytes, dict)) or not hasattr(records, "__iter__"):
+        raise InvalidInputError(
+            f"The 'records' parameter of {func} must be a list of record dicts. Got "
+            f"{type(records).__name__} instead."
+        )
     out = []
-    for rec in records:
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or not {"forward_pass_id", "global_physical_count"} <= set(
+            rec
+        ):
+            raise InvalidInputError(
+                f"Record {i} of the 'records' parameter of {func} must be a dict with "
+                f"'forward_pass_id' and 'global_physical_count'. Got {repr(rec)[:60]} instead."
+            )
         r = {
-            "forward_pass_id": int(rec["forward_pass_id"]),
-            "rank": int(rank),
+            "forward_pass_id": check_int(rec["forward_pass_id"], "forward_pass_id", func),
+            "rank": rank,
             "gatherer_key": "primary",
         }
         r.update({k: v for k, v in rec.items() if k not in r})
-        r["global_physical_count"] = np.asarray(rec["global_physical_count"], dtype=np.int32)
+        gpc = exact_ints(rec["global_physical_count"], "global_physical_count", func, np.int32)
+        if gpc.shape != last.shape:
+            raise InvalidInputError(
+                f"The 'global_physical_count' of record {i} passed to {func} must have the "
+                f"map's shape {last.shape}. Got shape {gpc.shape} instead."
+            )
+        r["global_physical_count"] = gpc
         out.append(r)
-    save_pt(
-        {
-            "records": out,
-            "last_physical_to_logical_map": np.asarray(
-                last_physical_to_logical_map, dtype=np.int64
-            ),
-        },
-        path,
-    )
+    path = os.path.join(check_path(directory, "directory", func), _dump_name(timestamp, rank))
+    save_pt({"records": out, "last_physical_to_logical_map": last}, path)
     return path
 
 
@@ -203,7 +255,8 @@ def _counts_3d(value, source, name):
 
 def _stat_log(obj, source, kind):
     count = _counts_3d(get_field(obj, "logical_count", source), source, "logical_count")
-    live = count.reshape(count.shape[0], -1).any(axis=1)
+    check_count_total(count, source, "logical_count")
+    live = count.any(axis=(1, 2))
     rate = obj.get("average_utilization_rate_over_window")
     extras = {"buffer_steps": int(count.shape[0])}
     if rate is not None:
@@ -242,6 +295,11 @@ def _map_for(physical_to_logical, pass_id, file_map, source):
 def _override_iv(physical_to_logical, n_experts):
     if physical_to_logical is None:
         return None
+    if isinstance(physical_to_logical, (str, bytes)):
+        raise InvalidInputError(
+            "The 'physical_to_logical' parameter must be a map (n_layers, P) or a dict "
+            f"{{first_forward_pass_id: map}}. Got the string {physical_to_logical[:40]!r} instead."
+        )
     what = "the physical_to_logical argument"
     if isinstance(physical_to_logical, dict):
         out = {}
@@ -255,6 +313,23 @@ def _override_iv(physical_to_logical, n_experts):
     return check_physical_to_logical(
         physical_to_logical, what, "physical_to_logical", n_experts=n_experts
     )
+
+
+def _n_experts_iv(n_experts, maps, source) -> int:
+    """Logical experts: the argument, or the largest id in the maps + 1; never more than
+    the slots of a map (SGLang gives every logical expert a slot)."""
+    P = min(m.shape[1] for m in maps)
+    top = int(max(m.max() for m in maps)) + 1
+    if n_experts is None:
+        if top > P:
+            raise field_error(
+                source,
+                "physical_to_logical",
+                f"expert ids below the {P} physical slots (SGLang places every expert)",
+                f"id {top - 1}",
+            )
+        return top
+    return check_int(n_experts, "n_experts", "read_sglang_recorder", lo=max(top, 1), hi=P)
 
 
 def _detail_records(obj, source):
@@ -330,6 +405,12 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
         raise InvalidInputError("No SGLang expert-distribution dump was given.")
     is_stat = ["logical_count" in o if isinstance(o, dict) else False for o in objs]
     if all(is_stat):
+        if physical_to_logical is not None or n_experts is not None:
+            raise InvalidInputError(
+                f"{sources[0]} is a stat-mode dump, already folded to logical experts by SGLang: "
+                "the 'physical_to_logical' and 'n_experts' options apply to per-pass and "
+                "per-token dumps only."
+            )
         parts = [_stat_log(o, s, "sglang_stat") for o, s in zip(objs, sources)]
         E = {p["n_experts"] for p in parts}
         L = {p["counts"].shape[1] for p in parts}
@@ -340,7 +421,9 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
                 "the same (n_layers, n_experts) in every dump",
                 f"shapes {sorted((p['counts'].shape[1:]) for p in parts)}",
             )
-        counts = np.concatenate([p["counts"] for p in parts])
+        counts = check_count_total(
+            np.concatenate([p["counts"] for p in parts]), sources[-1], "logical_count"
+        )
         # buffer positions, offset past the earlier dumps' buffers
         offsets = np.cumsum([0] + [p["extras"]["buffer_steps"] for p in parts[:-1]])
         ids = np.concatenate([p["batch_ids"] + o for p, o in zip(parts, offsets)])
@@ -398,7 +481,7 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
         all_maps = list(override.values())
     else:
         all_maps = [override]
-    E = int(n_experts) if n_experts is not None else int(max(m.max() for m in all_maps)) + 1
+    E = _n_experts_iv(n_experts, all_maps, sources[0])
     passes = sorted(by_pass)
     counts = []
     for pid in passes:
@@ -412,7 +495,6 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
                 f"recording ({sorted({v[3] for v in slot.values()})})."
             )
         m0 = next(iter(slot.values()))[1]
-        total = np.zeros_like(m0)
         for _rank, (gpc, m, _, src) in sorted(slot.items()):
             if m.shape != m0.shape or not np.array_equal(m, m0):
                 raise field_error(
@@ -425,7 +507,9 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
                 raise field_error(
                     src, "global_physical_count", f"shape {m.shape}", f"shape {gpc.shape}"
                 )
-            total = total + gpc
+        total = checked_sum(
+            [v[0] for _, v in sorted(slot.items())], 0, sources[0], "global_physical_count"
+        )
         if m0.max() >= E:
             raise field_error(
                 sources[0],
@@ -450,7 +534,7 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
         kind="sglang_per_token" if per_token else "sglang_per_pass",
         sources=sources,
         n_experts=E,
-        counts=np.stack(counts),
+        counts=check_count_total(np.stack(counts), sources[0], "global_physical_count"),
         physical_to_logical=next(iter(by_pass[passes[-1]].values()))[1],
         batch_ids=np.array(passes),
         n_ranks=len(ranks),
@@ -503,7 +587,7 @@ def read_sglang_recorder(path, *, physical_to_logical=None, n_experts=None) -> E
     BackendUnavailableError
         torch is not installed (``.pt`` files are torch pickles).
     """
-    files = _recorder_files(path)
+    files = _recorder_files(check_path(path, "path", "read_sglang_recorder"))
     objs = [load_pt(f) for f in files]
     return parse_sglang_dump(
         objs, files, physical_to_logical=physical_to_logical, n_experts=n_experts
@@ -540,6 +624,13 @@ def parse_sglang_init_location(obj, source: str) -> EngineLog:
                 "expert ids >= 0 (SGLang has no empty slots)",
                 "-1",
             )
+        if m.max() >= m.shape[1]:
+            raise field_error(
+                source,
+                "physical_to_logical_map",
+                f"expert ids below the {m.shape[1]} slots (SGLang places every expert)",
+                f"id {int(m.max())}",
+            )
         return EngineLog(
             engine="sglang",
             kind="sglang_init_mapping",
@@ -559,7 +650,7 @@ def read_sglang_init_location(arg) -> EngineLog:
     """Read what ``--init-expert-location`` accepts: a ``.pt`` file, a ``.json`` file, or
     inline JSON (any other string, as SGLang parses it). ``trivial`` needs the model's
     shape and is refused."""
-    text = os.fspath(arg)
+    text = check_path(arg, "arg", "read_sglang_init_location")
     if text == "trivial":
         raise InvalidInputError(
             "--init-expert-location trivial (logical expert p % E in slot p) holds no data: "
@@ -595,10 +686,12 @@ def write_sglang_init_location(path, *, physical_to_logical=None, logical_count=
     else:
         obj = {
             "logical_count": _counts_3d(
-                logical_count, "write_sglang_init_location", "logical_count"
+                exact_ints(logical_count, "logical_count", "write_sglang_init_location"),
+                "write_sglang_init_location",
+                "logical_count",
             )
         }
-    p = os.fspath(path)
+    p = check_path(path, "path", "write_sglang_init_location")
     if p.endswith(".pt"):
         save_pt(obj, p)
     elif p.endswith(".json"):

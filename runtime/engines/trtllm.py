@@ -21,23 +21,30 @@ needed here (:mod:`straggler.runtime.engines._yaml`).
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 
 import numpy as np
 
+from ...formulations._io import atomic_open
 from ...formulations.errors import InvalidInputError
+from ...formulations.validation import check_int
 from ._common import (
     EngineLog,
+    check_count_total,
+    check_path,
     check_physical_to_logical,
+    checked_sum,
+    exact_ints,
     field_array,
     field_error,
     field_int,
     load_json,
     load_safetensors,
+    read_error,
+    require_file,
+    save_json,
     save_safetensors,
-    source_name,
 )
 from ._yaml import dump_yaml, parse_yaml
 
@@ -50,10 +57,31 @@ __all__ = [
     "TRTLLM_CONFIG_FIELDS",
 ]
 
-_KEY_RE = re.compile(r"^(\d+)_(\d+)$")
-_RANK_FILE_RE = re.compile(r"^rank(\d+)\.safetensors$")
+# ASCII digits, no leading zeros: one (iteration, layer) has one key ("01_3" and "1_3" would
+# be two tensors summed into one cell).
+_KEY_RE = re.compile(r"^(0|[1-9][0-9]*)_(0|[1-9][0-9]*)$", re.ASCII)
+#: Largest MoE layer index read or written (DeepSeek's are 3..60): a bound checked before
+#: anything is allocated per layer index.
+MAX_LAYER_ID = 65535
+_RANK_FILE_RE = re.compile(r"^rank(0|[1-9][0-9]*)\.safetensors$", re.ASCII)
 #: The fields ``MoeLoadBalancerConfig`` accepts (it forbids others).
 TRTLLM_CONFIG_FIELDS = ("initial_global_assignments", "layer_updates_per_iter", "num_slots")
+
+
+def _distinct_ids(ids, n: int, name: str, func: str, hi=None) -> list:
+    """``n`` distinct integer ids >= 0 (a short or repeated list would drop data)."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a sequence of {n} distinct integers. "
+            f"Got {type(ids).__name__} instead."
+        )
+    out = [check_int(i, name, func, lo=0, hi=hi) for i in ids]
+    if len(out) != n or len(set(out)) != n:
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be {n} distinct integers (one per row of "
+            f"counts). Got {out[:8]}{' ...' if len(out) > 8 else ''} ({len(out)}) instead."
+        )
+    return out
 
 
 def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_k: int) -> list:
@@ -76,19 +104,20 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     -------
     list of str : the files written.
     """
-    c = np.asarray(counts, dtype=np.int32)
-    if c.ndim != 4:
-        raise InvalidInputError(
-            "The 'counts' parameter of write_trtllm_statistics must be a 4-D (n_ranks, n_iters, "
-            f"n_layers, n_experts) array. Got shape {c.shape} instead."
-        )
+    func = "write_trtllm_statistics"
+    d = check_path(directory, "directory", func)
+    c = exact_ints(counts, "counts", func, np.int32, ndim=4)
     R, I, L, E = c.shape
-    iters = list(range(I)) if iter_ids is None else [int(i) for i in iter_ids]
-    layers = [int(x) for x in layer_ids]
-    os.makedirs(directory, exist_ok=True)
-    meta = os.path.join(directory, "meta_info.json")
-    with open(meta, "w") as f:
-        json.dump({"num_experts": int(E), "num_experts_per_token": int(top_k)}, f)
+    if min(R, I, L, E) < 1:
+        raise InvalidInputError(
+            f"The 'counts' parameter of {func} must be a non-empty (n_ranks, n_iters, n_layers, "
+            f"n_experts) array. Got shape {c.shape} instead."
+        )
+    iters = _distinct_ids(range(I) if iter_ids is None else iter_ids, I, "iter_ids", func)
+    layers = _distinct_ids(layer_ids, L, "layer_ids", func, hi=MAX_LAYER_ID)
+    top_k = check_int(top_k, "top_k", func, lo=1, hi=E)
+    meta = os.path.join(d, "meta_info.json")
+    save_json({"num_experts": int(E), "num_experts_per_token": top_k}, meta)
     files = [meta]
     for r in range(R):
         path = os.path.join(directory, f"rank{r}.safetensors")
@@ -126,7 +155,11 @@ def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> Eng
     BackendUnavailableError
         safetensors is not installed.
     """
-    d = os.fspath(directory)
+    func = "read_trtllm_statistics"
+    d = check_path(directory, "directory", func)
+    for name, v in (("iter_start", iter_start), ("iter_stop", iter_stop)):
+        if v is not None:
+            check_int(v, name, func)
     meta_path = os.path.join(d, "meta_info.json")
     if not os.path.isfile(meta_path):
         raise InvalidInputError(f"{d} has no meta_info.json (TensorRT-LLM expert statistics).")
@@ -162,8 +195,8 @@ def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> Eng
             m = _KEY_RE.match(key)
             if m is None:
                 raise InvalidInputError(
-                    f"{path} must hold tensors keyed '{{iter}}_{{layer}}'. Got the key {key!r} "
-                    "instead."
+                    f"{path} must hold tensors keyed '{{iter}}_{{layer}}' (decimal integers "
+                    f"without leading zeros). Got the key {key!r} instead."
                 )
             it, layer = int(m.group(1)), int(m.group(2))
             v = field_array(
@@ -176,7 +209,7 @@ def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> Eng
                 expected=f"a non-negative integer array of shape ({E},) (num_experts)",
             )
             keys.add((it, layer))
-            total[(it, layer)] = total.get((it, layer), 0) + v
+            total[(it, layer)] = checked_sum([total.get((it, layer), 0 * v), v], 0, path, key)
         if keys0 is None:
             keys0 = keys
         elif keys != keys0:
@@ -185,6 +218,10 @@ def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> Eng
                 f"{path} must hold the same '{{iter}}_{{layer}}' keys as {files[0][1]}. They "
                 f"differ at {[f'{a}_{b}' for a, b in missing]}."
             )
+    if not total:
+        raise InvalidInputError(
+            f"The rank files of {d} hold no '{{iter}}_{{layer}}' tensor (nothing was recorded)."
+        )
     iters = sorted({it for it, _ in total})
     layers = sorted({layer for _, layer in total})
     if len(total) != len(iters) * len(layers):
@@ -203,6 +240,7 @@ def read_trtllm_statistics(directory, *, iter_start=None, iter_stop=None) -> Eng
             f"No iteration of {d} ({iters[0]}..{iters[-1]}) lies in [{iter_start}, {iter_stop})."
         )
     counts = np.stack([np.stack([total[(it, layer)] for layer in layers]) for it in keep])
+    check_count_total(counts, d, "statistics")
     return EngineLog(
         engine="trtllm",
         kind="trtllm_statistics",
@@ -243,28 +281,35 @@ def write_moe_load_balancer(
     layer_updates_per_iter: 0
     num_slots: 4
     """
+    func = "write_moe_load_balancer"
+    p = check_path(path, "path", func)
     m = check_physical_to_logical(
-        physical_to_logical, "write_moe_load_balancer", "physical_to_logical"
+        exact_ints(physical_to_logical, "physical_to_logical", func, lo=-1),
+        func,
+        "physical_to_logical",
     )
     if (m < 0).any():
         raise InvalidInputError(
             "TensorRT-LLM has no empty slots: every entry of the "
             "'physical_to_logical' parameter must be an expert id >= 0."
         )
-    ids = list(range(m.shape[0])) if layer_ids is None else [int(x) for x in layer_ids]
-    if len(ids) != m.shape[0] or len(set(ids)) != len(ids):
-        raise InvalidInputError(
-            f"The 'layer_ids' parameter of write_moe_load_balancer must be {m.shape[0]} distinct "
-            f"layer indices. Got {ids[:8]} instead."
-        )
+    ids = _distinct_ids(
+        range(m.shape[0]) if layer_ids is None else layer_ids,
+        m.shape[0],
+        "layer_ids",
+        func,
+        hi=MAX_LAYER_ID,
+    )
     cfg = {
         "initial_global_assignments": {i: [int(x) for x in row] for i, row in zip(ids, m)},
-        "layer_updates_per_iter": int(layer_updates_per_iter),
+        "layer_updates_per_iter": check_int(
+            layer_updates_per_iter, "layer_updates_per_iter", func, lo=0
+        ),
         "num_slots": int(m.shape[1]),
     }
-    with open(path, "w") as f:
+    with atomic_open(p, "w", encoding="utf-8") as f:
         f.write(dump_yaml(cfg))
-    return os.fspath(path)
+    return p
 
 
 def parse_moe_load_balancer(cfg, source: str, *, n_experts=None) -> EngineLog:
@@ -293,10 +338,29 @@ def parse_moe_load_balancer(cfg, source: str, *, n_experts=None) -> EngineLog:
         )
     layers = []
     for key in assign:
-        layers.append(field_int(key, source, "initial_global_assignments key (layer)", lo=0))
-    layers_sorted = sorted(layers)
+        if isinstance(key, str):  # PyYAML reads '3' as a string; TensorRT-LLM int(...)s keys
+            key = int(key) if re.fullmatch(r"0|[1-9][0-9]{0,8}", key, re.ASCII) else key
+        v = field_int(key, source, "initial_global_assignments key (layer)", lo=0)
+        if v > MAX_LAYER_ID:
+            raise field_error(
+                source,
+                "initial_global_assignments key (layer)",
+                f"a layer index at most {MAX_LAYER_ID}",
+                str(v),
+            )
+        layers.append(v)
+    if len(set(layers)) != len(layers):
+        raise field_error(
+            source,
+            "initial_global_assignments",
+            "one row per layer",
+            f"two keys for layer {next(x for x in layers if layers.count(x) > 1)}",
+        )
+    order = np.argsort(layers, kind="stable")
+    layers_sorted = [layers[i] for i in order]
+    keys = list(assign)
     slots = cfg.get("num_slots")
-    rows = [assign[k] for k in sorted(assign, key=lambda x: int(x))]
+    rows = [assign[keys[i]] for i in order]
     n_slots = None if slots is None else field_int(slots, source, "num_slots", lo=1)
     m = field_array(
         rows,
@@ -307,7 +371,20 @@ def parse_moe_load_balancer(cfg, source: str, *, n_experts=None) -> EngineLog:
         shape=(None, n_slots),
         expected=f"one list of {n_slots or 'num_slots'} expert ids >= 0 per layer",
     )
-    E = int(m.max()) + 1 if n_experts is None else int(n_experts)
+    if m.shape[0] == 0 or m.shape[1] == 0:
+        raise field_error(source, "initial_global_assignments", "non-empty rows", "empty ones")
+    if m.max() >= m.shape[1]:
+        raise field_error(
+            source,
+            "initial_global_assignments",
+            f"expert ids below num_slots={m.shape[1]} (every expert needs a slot)",
+            f"id {int(m.max())}",
+        )
+    E = (
+        int(m.max()) + 1
+        if n_experts is None
+        else check_int(n_experts, "n_experts", "read_moe_load_balancer", lo=1, hi=m.shape[1])
+    )
     for i, row in enumerate(m):
         missing = np.setdiff1d(np.arange(E), row)
         if missing.size:
@@ -352,12 +429,12 @@ def read_moe_load_balancer(path, *, n_experts=None) -> EngineLog:
         Unreadable text, YAML outside the subset TensorRT-LLM writes, fields the strict
         config rejects, rows that are not ``num_slots`` long, an expert without a slot.
     """
-    src = source_name(path)
+    src = require_file(check_path(path, "path", "read_moe_load_balancer"))
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(src, encoding="utf-8") as f:
             text = f.read()
-    except FileNotFoundError:
-        raise InvalidInputError(f"No such file: {src}.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"Cannot read {src} as text: {exc}.") from None
+    except OSError as exc:
+        raise read_error(src, exc) from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"Cannot read {src} as UTF-8 text: {exc}.") from None
     return parse_moe_load_balancer(parse_yaml(text, src), src, n_experts=n_experts)

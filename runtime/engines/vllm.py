@@ -39,9 +39,14 @@ import numpy as np
 
 from ...formulations.dispatch import logical_to_physical
 from ...formulations.errors import InvalidInputError
+from ...formulations.validation import check_int
 from ._common import (
     EngineLog,
+    check_count_total,
+    check_path,
     check_physical_to_logical,
+    checked_sum,
+    exact_ints,
     field_array,
     field_error,
     field_int,
@@ -87,10 +92,14 @@ def vllm_maps(physical_to_logical, n_experts: int) -> dict:
     >>> m["logical_replica_count"].tolist()
     [[2, 2, 1, 1], [3, 1, 1, 1]]
     """
+    n_experts = check_int(n_experts, "n_experts", "vllm_maps", lo=1)
     p2l = check_physical_to_logical(
         physical_to_logical, "vllm_maps", "physical_to_logical", n_experts=n_experts
     )
     L, P = p2l.shape
+    # vLLM gives every expert a slot: more experts than slots is a wrong n_experts (and
+    # would size the maps by it)
+    check_int(n_experts, "n_experts", "vllm_maps", lo=1, hi=P)
     l2p, count = logical_to_physical(p2l, n_experts)
     width = max(P - n_experts + 1, l2p.shape[2])
     pad = np.full((L, n_experts, width), -1, dtype=np.int64)
@@ -106,20 +115,26 @@ def write_vllm_state(path, state: dict) -> str:
     """Write one rank's ``EplbState`` fields (a dict keyed by :data:`VLLM_FIELDS`, plus
     optionally ``expert_load_window_step`` and ``rank``) as ``.pt``, ``.safetensors`` or
     ``.json``. Maps are int64, loads int32 (vLLM's dtypes)."""
+    func = "write_vllm_state"
+    if not isinstance(state, dict):
+        raise InvalidInputError(
+            f"The 'state' parameter of {func} must be a dict of EplbState fields. Got "
+            f"{type(state).__name__} instead."
+        )
+    p = check_path(path, "path", func)
     out = {}
     for k, v in state.items():
         if k in VLLM_MAP_FIELDS:
-            out[k] = np.asarray(v, dtype=np.int64)
+            out[k] = exact_ints(v, k, func, np.int64, lo=-1)
         elif k in ("expert_load_pass", "expert_load_window"):
-            out[k] = np.asarray(v, dtype=np.int32)
+            out[k] = exact_ints(v, k, func, np.int32)
         elif k in ("expert_load_window_step", "rank"):
-            out[k] = int(v)
+            out[k] = check_int(v, k, func, lo=0)
         else:
             raise InvalidInputError(
                 f"write_vllm_state got an unknown field {k!r}; it writes {list(VLLM_FIELDS)}, "
                 "'expert_load_window_step' and 'rank'."
             )
-    p = os.fspath(path)
     if p.endswith(".pt"):
         save_pt(out, p)
     elif p.endswith(".json"):
@@ -163,6 +178,13 @@ def _check_maps(obj, source):
         get_field(obj, "physical_to_logical_map", source), source, "physical_to_logical_map"
     )
     L, P = p2l.shape
+    if p2l.max() >= P:
+        raise field_error(
+            source,
+            "physical_to_logical_map",
+            f"expert ids below the {P} slots (vLLM gives every expert a slot)",
+            f"id {int(p2l.max())}",
+        )
     E = None
     if "logical_replica_count" in obj:
         cnt = field_array(
@@ -175,6 +197,13 @@ def _check_maps(obj, source):
             expected=f"a non-negative integer array of shape ({L}, n_experts)",
         )
         E = cnt.shape[1]
+        if E > P:
+            raise field_error(
+                source,
+                "logical_replica_count",
+                f"at most {P} experts (one slot each at least)",
+                f"shape {cnt.shape}",
+            )
     if "logical_to_physical_map" in obj:
         l2p = field_array(
             obj["logical_to_physical_map"],
@@ -266,6 +295,11 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
         )
     fold_map = p2l
     if physical_to_logical is not None:
+        if isinstance(physical_to_logical, (str, bytes, dict)):
+            raise InvalidInputError(
+                "The 'physical_to_logical' parameter of read_vllm_state must be one map of "
+                f"shape {p2l.shape}. Got {type(physical_to_logical).__name__} instead."
+            )
         fold_map = check_physical_to_logical(
             physical_to_logical,
             "the physical_to_logical argument",
@@ -346,15 +380,21 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
             f"shapes {[w.shape for w in windows]}",
         )
     W = windows[0].shape[0]
+    for w, src in zip(windows, sources):
+        check_count_total(w, src, "expert_load_window")
     if windows[0].shape[2] == P:
-        physical = np.sum(windows, axis=0)
+        physical = checked_sum(np.stack(windows), 0, sources[0], "expert_load_window")
         layout = "global"
     else:
         physical = np.concatenate(windows, axis=2)
         layout = "local"
-    live = physical.reshape(W, -1).any(axis=1)
-    counts = fold_physical_counts(
-        physical[live], fold_map, E, source=sources[0], name="expert_load_window"
+    live = physical.any(axis=(1, 2))
+    counts = check_count_total(
+        fold_physical_counts(
+            physical[live], fold_map, E, source=sources[0], name="expert_load_window"
+        ),
+        sources[0],
+        "expert_load_window",
     )
     return EngineLog(
         engine="vllm",
@@ -371,8 +411,10 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None) -> EngineLog:
 
 def _state_files(path) -> list[str]:
     if isinstance(path, (list, tuple)):
-        return [os.fspath(p) for p in path]
-    p = os.fspath(path)
+        if not path:
+            raise InvalidInputError("The 'path' parameter of read_vllm_state got no file.")
+        return [check_path(p, "path", "read_vllm_state") for p in path]
+    p = check_path(path, "path", "read_vllm_state")
     if os.path.isdir(p):
         files = sorted(
             f for ext in _EXTS for f in glob.glob(os.path.join(glob.escape(p), f"*rank*{ext}"))

@@ -1,7 +1,9 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
 from .config import SimConfig
+from .deployment import MODEL_PRESETS, DeploymentConfig, ModelPreset, StepModel
 from .drift import drifting_windows
+from .levers import LeversTable, levers
 from .phase_diagram import PhaseDiagram, phase_diagram
 from .prefix import PrefixBlocks, load_prefix_blocks
 from .rebalance import RebalanceFrontier, rebalance_frontier, tempo_makespan
@@ -15,6 +17,7 @@ from .simulator import (
     decode_capacity,
     engine_inputs,
     offered_load,
+    prefill_capacity,
     simulate,
 )
 from .sweep import SweepTable, sweep
@@ -56,6 +59,7 @@ __all__: list[str] = [
     "DEFAULT_STEP_TIME",
     "DEFAULT_PREFILL",
     "decode_capacity",
+    "prefill_capacity",
     "offered_load",
     "PREDICTORS",
     "DISPATCH_MODES",
@@ -76,4 +80,10 @@ __all__: list[str] = [
     "SweepTable",
     "phase_diagram",
     "PhaseDiagram",
+    "DeploymentConfig",
+    "ModelPreset",
+    "MODEL_PRESETS",
+    "StepModel",
+    "levers",
+    "LeversTable",
 ]

@@ -63,7 +63,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import literally, njit, typed, types
+from numba import literally, njit, objmode, typed, types
 
 from ..solvers import predictors
 from ..solvers._jit import NJIT, NJIT_INLINE
@@ -76,6 +76,7 @@ from ..solvers._routing_core import (
     route_tick,
 )
 from ..solvers.predictors import EXP_CAP
+from .deployment import engine_moe_seconds
 
 __all__ = [
     "EngineInputs",
@@ -124,7 +125,13 @@ class EngineInputs(NamedTuple):
     (dense ids ``>= 0``): each request's prompt blocks of ``blk_tokens`` tokens;
     ``cache_blocks``: each replica's capacity in blocks); ``cache_router``: show them to the
     router (``PoolState.cached``); ``ctx_cost``: seconds per token of a context phase run
-    inside the step of the replica that admits the request (0: prefill elsewhere)."""
+    inside the step of the replica that admits the request (0: prefill elsewhere).
+
+    The deployment step (``deploy``, :mod:`straggler.sim.deployment`): ``t0``, ``kappa`` and
+    ``att_c`` are one layer's attention time per rank (seconds: fixed, per KV token, per
+    running request), ``n_layers`` the layers, ``fixed_s`` the load-independent rest of a
+    step (dense FFN layers, shared experts), ``moe_key`` the registered
+    :class:`~straggler.sim.deployment.StepModel` that prices the MoE layers (-1: none)."""
 
     options: RouterOptions
     carry: RouterCarry
@@ -167,6 +174,11 @@ class EngineInputs(NamedTuple):
     blk_tokens: int
     cache_blocks: int
     ctx_cost: float
+    deploy: bool = False
+    n_layers: int = 1
+    att_c: float = 0.0
+    fixed_s: float = 0.0
+    moe_key: int = -1
 
 
 class EngineOutput(NamedTuple):
@@ -955,6 +967,14 @@ def _admit_queues(inp, st, logs):
     return logs
 
 
+@njit(**dict(NJIT, nogil=False))  # object mode holds the GIL
+def _moe_seconds(key, load, nrun, clock):
+    """The MoE layers' seconds of this step from the registered step model (object mode)."""
+    with objmode(moe="float64"):
+        moe = engine_moe_seconds(key, load, nrun, clock)
+    return moe
+
+
 @njit(**NJIT_INLINE)
 def step_time(inp, st):
     """Phase 7: the duration of this decode step from the loads at its start.
@@ -964,7 +984,26 @@ def step_time(inp, st):
     ``C_g = st.ctx[g]`` the context-phase tokens ``g`` admitted at this step. This is the
     one place that prices a step: a cost model with more terms (per-layer attention per
     replica, a barrier, an MoE layer) replaces this function's body.
+
+    With ``deploy`` (the deployment step model): ``n_layers * max_g (t0 + kappa * L_g +
+    att_c * R_g + ctx_cost * C_g) + fixed_s`` (attention per layer and its barrier, ``R_g``
+    the running requests), plus, with ``moe_key >= 0``, the MoE layers' time from the
+    registered step model (:func:`~straggler.sim.deployment.engine_moe_seconds`, called in
+    object mode with the ranks' running requests and the clock). One layer, ``att_c = 0``,
+    no context cost and no MoE term give ``t0 + kappa * max_g L_g`` exactly.
     """
+    if inp.deploy:
+        worst = 0.0
+        for g in range(inp.n_replicas):
+            att = inp.t0 + inp.kappa * st.load[g] + inp.att_c * st.nrun[g]
+            if inp.ctx_cost > 0.0:
+                att += inp.ctx_cost * st.ctx[g]
+            if att > worst:
+                worst = att
+        dt = inp.n_layers * worst + inp.fixed_s
+        if inp.moe_key >= 0:
+            dt += _moe_seconds(inp.moe_key, st.load, st.nrun, st.clock[0])
+        return dt
     M = 0
     for g in range(inp.n_replicas):
         if st.load[g] > M:
@@ -1385,6 +1424,17 @@ def run_engine_reference(inp, router):
         dt = inp.t0 + inp.kappa * M
         if inp.ctx_cost > 0.0:
             dt = inp.t0 + max(inp.kappa * L[g] + inp.ctx_cost * ctx[g] for g in range(G))
+        if inp.deploy:  # the deployment step: attention per layer, barrier, MoE layers
+            worst = 0.0
+            for g in range(G):
+                att = inp.t0 + inp.kappa * L[g] + inp.att_c * running(g)
+                if inp.ctx_cost > 0.0:
+                    att += inp.ctx_cost * ctx[g]
+                worst = max(worst, att)
+            dt = inp.n_layers * worst + inp.fixed_s
+            if inp.moe_key >= 0:
+                nrun = np.array([running(g) for g in range(G)], dtype=np.int64)
+                dt += engine_moe_seconds(inp.moe_key, np.array(L, dtype=np.int64), nrun, clock)
         proc = [ctx[g] + running(g) - ctx_n[g] for g in range(G)]
         balance = sum(proc) / G / max(proc) if max(proc) > 0 else 1.0
         if n_run == 0 and dt <= 0.0:

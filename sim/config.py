@@ -70,6 +70,7 @@ from .prefix import PrefixBlocks
 from .traces import Trace
 
 __all__ = [
+    "LOAD_BASES",
     "SimConfig",
     "ClusterConfig",
     "PrefillConfig",
@@ -93,6 +94,10 @@ DEFAULT_PREFILL = (50_000.0, 0.02)
 
 #: Values of ``dispatch``.
 DISPATCH_MODES = ("pool", "queue")
+
+#: Values of ``RunConfig.load_basis`` (``simulate(load_basis=...)``): the capacity ``load``
+#: is a multiple of (see :func:`straggler.sim.simulator.simulate`).
+LOAD_BASES = ("decode", "binding", "prefill")
 
 #: Upper bounds that keep the engine's ``(G, max_slots)`` arrays allocatable and every integer
 #: in int64 (a larger value once reached numba as uint64 and failed to type).
@@ -203,9 +208,10 @@ class PrefixCacheConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """The offered load (a multiple of the decode capacity; ``saturated``: ``overload``
-    unless given), the ``min_output`` filter, the seed, the step limit, the engine and the
-    router's timer."""
+    """The offered load (a multiple of the capacity named by ``load_basis``, the decode
+    cluster's by default; ``saturated``: ``overload`` unless given), the ``min_output``
+    filter, the seed, the step limit, the engine, the router's timer, and the deployment step
+    model (:class:`~straggler.sim.deployment.DeploymentConfig`, or None)."""
 
     load: float | None = None
     saturated: bool = False
@@ -215,8 +221,17 @@ class RunConfig:
     max_steps: int | None = None
     engine: str = "numba"
     time_router: bool = True
+    load_basis: str = "decode"
+    deployment: Any = None
 
     def __post_init__(self):
+        _set(self, "load_basis", check_choice(self.load_basis, "load_basis", _F, LOAD_BASES))
+        if self.deployment is not None:
+            from .deployment import DeploymentConfig
+
+            check_type(
+                self.deployment, "deployment", _F, DeploymentConfig, "None or a DeploymentConfig"
+            )
         _set(self, "saturated", check_bool(self.saturated, "saturated", _F))
         _set(self, "min_output", check_int(self.min_output, "min_output", _F, lo=0, hi=2**53))
         _set(self, "overload", check_real(self.overload, "overload", _F, lo=0, lo_open=True))
@@ -259,6 +274,8 @@ _FLAT = {
     "max_steps": ("run", "max_steps"),
     "engine": ("run", "engine"),
     "time_router": ("run", "time_router"),
+    "load_basis": ("run", "load_basis"),
+    "deployment": ("run", "deployment"),
 }
 _GROUPS = {
     "cluster": ClusterConfig,
@@ -395,6 +412,7 @@ class SimConfig:
                 "horizon",
                 "load",
                 "max_steps",
+                "deployment",
             ):
                 continue
             out[flat] = getattr(getattr(self, g), name)

@@ -142,7 +142,9 @@ def load_sweep_cell(
     """One sweep cell: ``simulate`` ``n_requests`` of ``trace`` (from request ``first``) at
     ``load`` on ``n_replicas`` replicas under ``policy`` (defaults otherwise; BR-H with the
     survival predictor; ``options``: the policy's options as a JSON object, for ablations);
-    returns :data:`SWEEP_METRICS` and the prefill instances used."""
+    returns :data:`SWEEP_METRICS`, the prefill instances used, and which stage binds: the
+    cell's ``binding_stage`` (``"prefill"`` labels a prefill-bound cell), its offered prefill
+    load and the measured prefill and decode utilisation (see :class:`SimReport`)."""
     f = "load_sweep_cell"
     opts = json.loads(options) if options else {}
     check_type(opts, "options", f, dict, "a JSON object of policy options")
@@ -156,4 +158,7 @@ def load_sweep_cell(
     r = simulate(tr, policy, n_replicas=G, load=load, prefill_instances=inst, seed=seed, **opts)
     out = {k: getattr(r, k) for k in SWEEP_METRICS}
     out["prefill_instances"] = int(r.config["prefill_instances"])
+    out["binding_stage"] = r.binding_stage
+    for k in ("offered_prefill_load", "prefill_utilisation", "decode_utilisation"):
+        out[k] = getattr(r, k)
     return {k: (float(v) if isinstance(v, float) else v) for k, v in out.items()}

@@ -3,6 +3,12 @@
 ``straggler-simulate TRACE [--load X] [--replicas G] [--policies a,b:version,...]
 [--dispatch pool|queue] [--prefix-cache] [--ctx-cost S] [--plot PNG]``
 
+``straggler-simulate TRACE --moe PRESET --ep G [--layers K] [--nodes N] [--routings ...]
+[--dispatches ...] [--placements ...] [--table-period S]`` prices every step with the
+deployment step model (DP attention + EP MoE, :mod:`straggler.sim.deployment`) and prints
+the levers table (:func:`~straggler.sim.levers.levers`): routing x dispatch x placement,
+each cell relative to JSQ + EPLB's even split; ``--plot`` then draws the step decomposition.
+
 ``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
 :func:`~straggler.sim.traces.load_trace`), a name of
 :data:`~straggler.sim.load_sweep.SWEEP_TRACES` (the shipped traces, read from
@@ -123,7 +129,62 @@ def _parser() -> OneLineParser:
     p.add_argument("--plot", default=None, help="write a PNG of the imbalance over time")
     p.add_argument("--json", default=None, help="write the metrics of every run as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("deployment (DP attention + EP MoE): the levers table")
+    g.add_argument("--moe", default=None, help="model preset (qwen3_235b, dsv3): levers table")
+    g.add_argument("--ep", type=int, default=None, help="EP = DP width G (default --replicas)")
+    g.add_argument("--nodes", type=int, default=1, help="nodes of the EP group (default 1)")
+    g.add_argument(
+        "--layers", type=int, default=4, help="MoE layers simulated, scaled to depth (default 4)"
+    )
+    g.add_argument(
+        "--table-period", type=float, default=0.2, help="simulated s between table refreshes"
+    )
+    g.add_argument("--routings", default=None, help="routing policies (default jsq,brs,br0,"
+                   "trtllm_balance)")  # fmt: skip
+    g.add_argument("--dispatches", default=None, help="dispatches (default even,token_lp,tempo)")
+    g.add_argument("--placements", default=None, help="placements (default eplb,place_experts)")
     return p
+
+
+def _levers_main(args, trace) -> int:
+    """``--moe``: the levers table on ``trace``."""
+    from .deployment import DeploymentConfig
+    from .levers import LEVER_DISPATCHES, LEVER_PLACEMENTS, ROUTINGS, levers
+
+    def names(text, default):
+        return default if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+    G = args.ep if args.ep is not None else args.replicas
+    dep = DeploymentConfig(
+        preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
+        dispatch_period_s=args.table_period, seed=args.seed,
+    )  # fmt: skip
+    warm = engine_cache_is_warm()
+    if not warm:
+        print("compiling kernels (first run only) ...", end="", file=sys.stderr, flush=True)
+        seconds, _ = warm_engine()
+        print(f" {seconds:.1f} s", file=sys.stderr)
+    table = levers(
+        trace, dep,
+        routings=names(args.routings, ROUTINGS),
+        dispatches=names(args.dispatches, LEVER_DISPATCHES),
+        placements=names(args.placements, LEVER_PLACEMENTS),
+        progress=not args.no_progress,
+        max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
+        prefill_instances=args.prefill_instances, dispatch=args.dispatch,
+        ctx_cost=args.ctx_cost, seed=args.seed,
+    )  # fmt: skip
+    print(f"{trace.name}: {len(trace):,} requests, {args.max_slots} slots per rank")
+    print(table.format())
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(table.rows, indent=1))
+        print(f"wrote {args.json}")
+    if args.plot:
+        from .levers import plot_step_decomposition
+
+        plot_step_decomposition(table, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
 
 
 def _progress(total: int, enabled: bool):
@@ -211,6 +272,14 @@ def main(argv=None) -> int:
     """Console entry point ``straggler-simulate``; returns the exit status (0 ok, 2 bad
     arguments or input, one line on stderr)."""
     args = _parser().parse_args(argv)
+    if args.moe is not None:
+        try:
+            return _levers_main(
+                args, resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+            )
+        except StragglerError as e:
+            print(f"straggler-simulate: {e}", file=sys.stderr)
+            return 2
     try:
         _check_args(args)
         if args.json:

@@ -67,6 +67,8 @@ The defaults (prefill capacity, step time) and their derivations: :mod:`straggle
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import inspect
 import math
 import time
@@ -75,7 +77,12 @@ from typing import Any
 
 import numpy as np
 
-from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
+from ..formulations.errors import (
+    InvalidInputError,
+    InvalidOptionError,
+    StragglerError,
+    param_error,
+)
 from ..formulations.validation import (
     check_type,
 )
@@ -97,7 +104,8 @@ from ._engine import (
     run_engine,
     run_engine_reference,
 )
-from .config import DEFAULT_PREFILL, DEFAULT_STEP_TIME, DISPATCH_MODES, SimConfig
+from .config import DEFAULT_PREFILL, DEFAULT_STEP_TIME, DISPATCH_MODES, LOAD_BASES, SimConfig
+from .deployment import DeploymentConfig, StepBreakdown, StepModel, register_step_model
 from .prefix import PrefixBlocks
 from .traces import Trace, generate_trace
 
@@ -110,7 +118,9 @@ __all__ = [
     "DEFAULT_STEP_TIME",
     "DEFAULT_PREFILL",
     "decode_capacity",
+    "prefill_capacity",
     "offered_load",
+    "LOAD_BASES",
     "bootstrap_rooms",
     "DISPATCH_MODES",
 ]
@@ -210,6 +220,26 @@ class SimReport:
         Every setting of the run.
     wall_s : float
         Host time of the simulation (engine call).
+    step_breakdown : dict
+        With a ``deployment`` (MoE term on): the mean step decomposed, microseconds per step
+        (:class:`~straggler.sim.deployment.StepBreakdown`: ``attention_us``,
+        ``attention_straggler_us``, ``moe_us``, ``moe_straggler_us``, ``comm_us``,
+        ``dense_us``, ``total_us``, ``cross_node_tokens``), ``layers_simulated``,
+        ``layer_scale``, ``placements``, ``table_refreshes``; the per-step values are in
+        ``series`` under the same names. Empty without.
+    offered_decode_load, offered_prefill_load : float
+        The arrival rate over :func:`decode_capacity` and over :func:`prefill_capacity`
+        (``offered_load`` is one of them, or their max, by ``load_basis``).
+    binding_stage : str
+        ``"prefill"`` when the prefill instances complete fewer requests per second than the
+        decode cluster (they bind first as load grows), else ``"decode"``.
+    prefill_utilisation : float
+        Measured over the arrival window (first to last arrival): the prefill instances'
+        busy time there (first prefills, ``prefill_base_s + prompt / rate`` ending when the
+        request reached the pool; recomputes not counted) over ``prefill_instances`` times
+        the window (NaN with unlimited instances).
+    decode_utilisation : float
+        Measured over the same window: ``window_slot_utilisation``.
     """
 
     policy: str
@@ -250,6 +280,12 @@ class SimReport:
     window: tuple[int, int]
     config: dict[str, Any] = field(repr=False)
     wall_s: float
+    step_breakdown: dict[str, float] = field(default_factory=dict)
+    offered_decode_load: float = float("nan")
+    offered_prefill_load: float = float("nan")
+    binding_stage: str = ""
+    prefill_utilisation: float = float("nan")
+    decode_utilisation: float = float("nan")
 
     def summary(self) -> dict[str, float | str | int]:
         """The scalar fields as a plain dict (for JSON)."""
@@ -296,6 +332,29 @@ def decode_capacity(
         "rate_per_s": rate,
         "tokens_per_s": n_replicas * c / step,
     }
+
+
+def prefill_capacity(
+    trace: Trace,
+    *,
+    prefill_instances: int,
+    prefill_tokens_per_s: float = DEFAULT_PREFILL[0],
+    prefill_base_s: float = DEFAULT_PREFILL[1],
+) -> float:
+    """Requests per second the prefill instances complete for ``trace``'s prompts:
+    ``prefill_instances / (prefill_base_s + mean(prompt) / prefill_tokens_per_s)`` (``inf``
+    for unlimited instances or prefills that take no time).
+
+    Examples
+    --------
+    >>> tr = Trace(arrival_s=[0, 1], prompt_len=[1000, 3000], output_len=[10, 10])
+    >>> prefill_capacity(tr, prefill_instances=2, prefill_tokens_per_s=1000, prefill_base_s=0)
+    1.0
+    """
+    per = prefill_base_s + float(np.mean(trace.prompt_len)) / prefill_tokens_per_s
+    if prefill_instances == 0 or per <= 0:
+        return math.inf
+    return prefill_instances / per
 
 
 def offered_load(trace: Trace, **capacity) -> float:
@@ -485,7 +544,22 @@ def _prepare(trace, config: SimConfig):
     load = config.run.load
     if load is None and cfg["saturated"]:
         load = cfg["overload"]
-    own = offered_load(trace, **cap)
+    pf = dict(
+        prefill_instances=cfg["prefill_instances"],
+        prefill_tokens_per_s=cfg["prefill_tokens_per_s"],
+        prefill_base_s=cfg["prefill_base_s"],
+    )
+    basis = cfg["load_basis"]
+    own_decode = offered_load(trace, **cap)
+    ratio = decode_capacity(trace, **cap)["rate_per_s"] / prefill_capacity(trace, **pf)
+    # the basis capacity over the decode capacity: offered loads convert by this factor
+    if basis == "prefill" and ratio == 0.0:
+        raise param_error(
+            "load_basis", f, "'decode' or 'binding' with unlimited prefill (no prefill "
+            "capacity to measure against)", repr(basis),
+        )  # fmt: skip
+    scale = {"decode": 1.0, "prefill": ratio, "binding": max(1.0, ratio)}[basis]
+    own = own_decode * scale
     if load is not None:
         if not math.isfinite(own):
             raise param_error(
@@ -500,8 +574,12 @@ def _prepare(trace, config: SimConfig):
             name=trace.name,
             meta={**trace.meta, "load": load},
         )
-    cfg["offered_load"] = offered_load(trace, **cap) if load is None else load
+    cfg["offered_load"] = offered_load(trace, **cap) * scale if load is None else load
     cfg["capacity"] = decode_capacity(trace, **cap)
+    decode_load = cfg["offered_load"] / scale
+    cfg["offered_decode_load"] = decode_load
+    cfg["offered_prefill_load"] = decode_load * ratio
+    cfg["binding_stage"] = "prefill" if ratio > 1.0 else "decode"
     cfg["prefix_cache"] = blocks is not None
     cfg["prefix_cache_router"] = bool(
         get_routing_policy(config.policy).prefix_cache and blocks is not None
@@ -621,6 +699,8 @@ def simulate(
     dispatch: str = "pool",
     prefix_blocks: PrefixBlocks | None = None,
     ctx_cost: float = 0.0,
+    deployment: DeploymentConfig | None = None,
+    load_basis: str = "decode",
     config: SimConfig | None = None,
     **options,
 ) -> SimReport:
@@ -740,6 +820,19 @@ def simulate(
         e.g. TensorRT-LLM attention DP without disaggregation; pair it with
         ``prefill_instances=0, prefill_base_s=0, prefill_tokens_per_s=inf`` so requests are
         ready on arrival). Default 0: PD disaggregation, prefill elsewhere.
+    deployment : DeploymentConfig, optional
+        Price every step with the deployment step model (:mod:`straggler.sim.deployment`):
+        ``n_layers`` times the slowest rank's attention ``a + b L_g + c R_g`` (plus its
+        context tokens at ``ctx_cost / n_layers`` per layer), the MoE layers (placement,
+        dispatch, routing model of the config) and the dense layers; ``t0`` and ``kappa``
+        are then replaced by the preset's attention, and ``load`` is measured against the
+        deployment's full-batch step (``max_slots`` requests per rank). Its ``n_gpus`` must
+        equal ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
+    load_basis : {"decode", "binding", "prefill"}, default "decode"
+        The capacity ``load`` (and ``SimReport.offered_load``) is a multiple of: the decode
+        cluster's (:func:`decode_capacity`, the default, as before), the prefill instances'
+        (:func:`prefill_capacity`), or whichever of the two is smaller (``"binding"``).
+        ``SimReport`` gives the offered load against both and the binding stage either way.
     config : SimConfig, optional
         Every setting as one record (:class:`~straggler.sim.config.SimConfig`); the other
         keywords are then ignored, and ``policy`` and options must not be given. By default
@@ -800,6 +893,8 @@ def simulate(
         dispatch=dispatch,
         prefix_blocks=prefix_blocks,
         ctx_cost=ctx_cost,
+        load_basis=load_basis,
+        deployment=deployment,
     )
     if config is None:
         config = SimConfig.from_settings(policy, **settings, **options)
@@ -814,14 +909,81 @@ def simulate(
                 "every other setting)",
                 f"also {', '.join(given)}",
             )
+    deployment = config.run.deployment
+    model = None
+    if deployment is not None:  # the offered load is measured against its full-batch step
+        cl = config.cluster
+        model, t0, kappa = _deployment_setup(deployment, cl.n_replicas, cl.max_slots)
+        config = dataclasses.replace(config, cluster=dataclasses.replace(cl, t0=t0, kappa=kappa))
     inp, pol, trace, cfg = engine_inputs(trace, config)
+    key = -1
+    if model is not None:
+        pre = deployment.preset
+        key = register_step_model(model) if deployment.moe else -1
+        fixed = (pre.n_layers - pre.n_moe_layers) * pre.dense_ffn_us
+        if deployment.moe:
+            fixed += pre.n_moe_layers * pre.shared_expert_us
+        inp = inp._replace(
+            deploy=True,
+            t0=pre.attention.a / 1e6,
+            kappa=pre.attention.b / 1e6,
+            att_c=pre.attention.c / 1e6,
+            n_layers=pre.n_layers,
+            fixed_s=fixed / 1e6,
+            moe_key=key,
+            ctx_cost=inp.ctx_cost / pre.n_layers,
+        )
+        cfg["deployment"] = repr(deployment)
     w0 = time.perf_counter()
-    if cfg["engine"] == "numba":
-        out = engine_entry(pol.name, inp)(pol.name, inp)
-    else:
-        out = run_engine_reference(inp, pol.reference)
+    try:
+        if cfg["engine"] == "numba":
+            out = engine_entry(pol.name, inp)(pol.name, inp)
+        else:
+            out = run_engine_reference(inp, pol.reference)
+    finally:
+        if key >= 0:
+            register_step_model(None, key)
     wall = time.perf_counter() - w0
-    return _report(trace, out, cfg, config.label, wall)
+    report = _report(trace, out, cfg, config.label, wall)
+    if model is not None and deployment.moe:
+        _add_breakdown(report, model)
+    return report
+
+
+def _deployment_setup(deployment, n_replicas, max_slots):
+    """The step model of a deployment, and the linear step ``(t0, kappa)`` the offered load is
+    measured against: ``kappa = n_layers * b`` per KV token of the busiest rank, ``t0`` the
+    mean of 8 steps of a copy of the model with ``max_slots`` requests on every rank and no KV
+    (attention's fixed and per-request parts, the MoE layers of a full batch, dense layers)."""
+    check_type(deployment, "deployment", _FUNC, DeploymentConfig, "None or a DeploymentConfig")
+    if deployment.n_gpus != n_replicas:
+        raise param_error(
+            "deployment", _FUNC, f"a DeploymentConfig with n_gpus = n_replicas = {n_replicas}",
+            f"n_gpus={deployment.n_gpus}",
+        )  # fmt: skip
+    model = StepModel(deployment)
+    probe = copy.deepcopy(model)
+    full = np.full(n_replicas, int(max_slots))
+    t0 = float(np.mean([probe.step(full * 0, full, 0.0).total_us for _ in range(8)])) * 1e-6
+    return model, t0, deployment.preset.n_layers * deployment.preset.attention.b * 1e-6
+
+
+def _add_breakdown(report: SimReport, model: StepModel) -> None:
+    """Per-step decomposition into ``report.series`` and its means into
+    ``report.step_breakdown`` (microseconds per step)."""
+    log = model.log
+    if len(log) != report.n_steps:  # the engine prices every step once
+        raise StragglerError(f"step model priced {len(log)} steps of {report.n_steps}")
+    for name in StepBreakdown._fields:
+        report.series[name] = np.array([getattr(b, name) for b in log], dtype=float)
+    report.step_breakdown.update(
+        {name: float(report.series[name].mean()) if log else 0.0 for name in StepBreakdown._fields}
+    )
+    cfg = model.config
+    report.step_breakdown["layers_simulated"] = cfg.n_sim_layers
+    report.step_breakdown["layer_scale"] = cfg.layer_scale
+    report.step_breakdown["placements"] = model.n_placements
+    report.step_breakdown["table_refreshes"] = model.n_refreshes
 
 
 def _is_default(name: str, value) -> bool:
@@ -915,6 +1077,14 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
     timed = cfg["engine"] == "numba" and cfg["time_router"]
     series_out = dict(cols)
     series_out["imbalance"] = imb
+    n_inst, rate = cfg["prefill_instances"], cfg["prefill_tokens_per_s"]
+    a0, a1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
+    pf_util = float("nan")
+    if n_inst > 0 and a1 > a0:  # first prefills' busy time inside the arrival window
+        end = out.ready_t[reached]
+        begin = end - (cfg["prefill_base_s"] + trace.prompt_len[reached] / rate)
+        busy = np.clip(np.minimum(end, a1) - np.maximum(begin, a0), 0.0, None).sum()
+        pf_util = float(busy / (n_inst * (a1 - a0)))
     return SimReport(
         policy=label,
         trace=trace.name,
@@ -968,4 +1138,9 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
         window=(0, hi),
         config=cfg,
         wall_s=wall,
+        offered_decode_load=float(cfg["offered_decode_load"]),
+        offered_prefill_load=float(cfg["offered_prefill_load"]),
+        binding_stage=cfg["binding_stage"],
+        prefill_utilisation=pf_util,
+        decode_utilisation=win["util"],
     )

@@ -1,0 +1,119 @@
+"""The deployment simulator against its anchors (TEMPO §5.10, TensorRT-LLM's ADP balance).
+
+Three studies on the first ``--requests`` requests of the Azure conversation trace (one
+generated hour when absent), each a :func:`~straggler.sim.levers.levers` table (gains relative
+to JSQ + EPLB's even split, same seed and trace in every cell):
+
+1. Qwen3-235B, EP8 (inside TEMPO's win region; anchor: +4-6% throughput, p99 -15.6%):
+   dispatch even / token LP / tempo tables (200 ms).
+2. DeepSeek-V3, wide EP (EP32 on 4 nodes; anchor: no balancer gains more than ~1%):
+   dispatch even / tempo tables.
+4. ``bound`` (Qwen3-235B EP8): tables (200 ms) against solving every batch
+   (``dispatch="per_batch"``, tempo and token LP): what staleness of the tables costs each.
+3. TensorRT-LLM's attention-DP balance (anchor: balance ratio 54% -> 88%, 1.33x throughput,
+   DeepSeek-V3 DP8, aggregated serving): routing jsq / trtllm_balance, with the context phase
+   inside the step (``ctx_cost``, aggregated) and without (PD disaggregation).
+
+Runs at ``load`` (default 1.5, over the deployment's full-batch capacity) so that step time
+sets throughput. ``python benchmarks/deployment_levers.py [--requests 3000] [--load 1.5]``.
+Writes ``benchmarks/results/deployment_levers.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import time
+
+from straggler.sim import generate_trace, load_trace, simulate
+from straggler.sim.deployment import DeploymentConfig
+from straggler.sim.levers import levers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRACE = ROOT / ".." / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--load", type=float, default=1.5)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--studies", default="qwen,dsv3,trtllm", help="also: bound")
+    ap.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / "deployment_levers.json")
+    )
+    args = ap.parse_args(argv)
+    trace = load_trace(TRACE) if TRACE.exists() else generate_trace("azure_conv", duration_s=3600)
+    trace = trace.subset(list(range(min(args.requests, len(trace)))))
+    common = dict(load=args.load, max_slots=16)
+    studies = {
+        "qwen": lambda: levers(
+            trace, DeploymentConfig(preset="qwen3_235b", n_gpus=8, layers=args.layers),
+            routings=("jsq",), dispatches=("even", "token_lp", "tempo"), placements=("eplb",),
+            **common,
+        ),
+        "dsv3": lambda: levers(
+            trace, DeploymentConfig(preset="dsv3", n_gpus=32, n_nodes=4, layers=args.layers),
+            routings=("jsq",), dispatches=("even", "tempo"), placements=("eplb",), **common,
+        ),
+        "trtllm": lambda: {
+            name: levers(
+                trace, DeploymentConfig(preset="dsv3", n_gpus=8, layers=args.layers),
+                routings=("jsq", "trtllm_balance"), dispatches=("even",), placements=("eplb",),
+                **common, **kw,
+            )
+            for name, kw in (
+                ("pd_disaggregated", {}),
+                ("aggregated", dict(ctx_cost=2e-5, prefill_instances=0, prefill_base_s=0.0,
+                                    prefill_tokens_per_s=float("inf"))),
+            )
+        },
+    }  # fmt: skip
+
+    def bound():
+        base = DeploymentConfig(preset="qwen3_235b", n_gpus=8, layers=args.layers)
+        rows = {}
+        for cell, kw in [
+            ("even", {}),
+            ("tempo_tables", dict(dispatch="tempo")),
+            ("token_lp_tables", dict(dispatch="token_lp")),
+            ("per_batch_tempo", dict(dispatch="per_batch")),
+            ("per_batch_token_lp", dict(dispatch="per_batch", per_batch_method="token_lp")),
+        ]:
+            r = simulate(trace, "jsq", deployment=dataclasses.replace(base, **kw), **common)
+            rows[cell] = dict(
+                throughput_tps=r.throughput_tps,
+                moe_ms=r.step_breakdown["moe_us"] / 1e3,
+                tpot_p99_ms=r.tpot_p99_ms,
+            )
+            print(cell, rows[cell], flush=True)
+        return rows
+
+    path = pathlib.Path(args.out)
+    out = json.loads(path.read_text()) if path.exists() else {}
+    out.update(trace=trace.name, load=args.load, layers=args.layers)
+    for name in args.studies.split(","):
+        if name == "bound":
+            t = time.perf_counter()
+            out[f"bound ({len(trace)} requests)"] = bound()
+            print(f"({time.perf_counter() - t:.0f} s)")
+            path.write_text(json.dumps(out, indent=1))
+            continue
+        t = time.perf_counter()
+        res = studies[name]()
+        tables = res if isinstance(res, dict) else {name: res}
+        for sub, table in tables.items():
+            print(f"\n== {name} / {sub} ==")
+            print(table.format())
+            for row, rep in zip(table.rows, table.reports.values()):
+                row["token_balance"] = rep.token_balance
+            out[f"{name}/{sub}" if sub != name else name] = dict(note=table.note, rows=table.rows)
+        print(f"({time.perf_counter() - t:.0f} s)")
+        pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

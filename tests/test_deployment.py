@@ -1,0 +1,365 @@
+"""The deployment step model: kernels against references, exactness against solve_dispatch,
+scaling, placement and table cadence, validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from straggler.formulations import CostModel, DispatchProblem, InvalidInputError, evaluate
+from straggler.sim import _deployment_kernels as K
+from straggler.sim.deployment import (
+    METHOD_OPTIONS,
+    MODEL_PRESETS,
+    AttentionCost,
+    DeploymentConfig,
+    RoutingModel,
+    StepModel,
+    simulate_steps,
+)
+from straggler.solvers import solve_dispatch
+
+
+def _three(fn_kernel, fn_ref, *args):
+    """kernel, its py_func and the reference on the same arguments (overflow is SplitMix64's
+    intended uint64 wrap-around when the kernel runs as Python)."""
+    with np.errstate(over="ignore"):
+        return (
+            fn_kernel(*args),
+            getattr(fn_kernel, "py_func", fn_kernel)(*args),
+            fn_ref(*args),
+        )
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_sample_choices_kernel_matches_reference(case):
+    rng = np.random.default_rng(case)
+    E = int(rng.integers(2, 10))
+    k = int(rng.integers(1, E + 1))
+    q = rng.dirichlet(np.full(E, 0.3), size=2) + 1e-3
+    if case % 3 == 0:  # zero-mass experts, and one huge mass: rejections and the fallback
+        q[:, : max(0, E - k - 1)] = 0.0
+        q[:, -1] = 1e6
+    tokens = rng.integers(0, 6, size=int(rng.integers(1, 4)))
+    a, b, c = _three(K.sample_choices_kernel, K.sample_choices_reference, q, tokens, k, case)
+    assert np.array_equal(a, b) and np.array_equal(a, c)
+    # every token picks k distinct experts of positive mass
+    assert (a.sum(axis=2) == tokens[None, :] * k).all()
+    assert (a <= tokens[None, :, None]).all()
+    assert (a[np.broadcast_to(q[:, None, :] == 0, a.shape)] == 0).all()
+
+
+def test_sample_choices_first_pick_follows_the_popularity():
+    q = np.array([[8.0, 4.0, 2.0, 1.0, 1.0]])
+    n = 40_000
+    c = K.sample_choices_kernel(q, np.array([n]), 1, 7)[0, 0]
+    p = q[0] / q[0].sum()
+    sd = np.sqrt(n * p * (1 - p))
+    assert (np.abs(c - n * p) < 5 * sd).all()
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_layer_times_kernel_matches_reference(case):
+    rng = np.random.default_rng(100 + case)
+    L, E, G = 2, int(rng.integers(1, 9)), int(rng.choice([1, 2, 4]))
+    src = rng.integers(0, 30, size=(L, G, E))
+    frac = rng.random((L, E, G)) * (rng.random((L, E, G)) < 0.6)
+    frac[..., 0] += 1e-9
+    frac /= frac.sum(axis=2, keepdims=True)
+    x = src.sum(axis=1)[:, :, None] * frac
+    node = np.arange(G) // max(1, G // 2)
+    cost = CostModel.preset(["qwen3_235b_b_tile", "dsv3_a_offline"][case % 2]).as_array()
+    a, b, c = _three(K.layer_times_kernel, K.layer_times_reference, x, src, node, cost, 0.3)
+    assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("method", ["tempo", "uniform", "token_lp", "metro"])
+def test_per_batch_moe_time_is_solve_dispatch_makespan(method):
+    pre = MODEL_PRESETS["qwen3_235b"]
+    cfg = DeploymentConfig(
+        preset=pre, n_gpus=8, layers=3, dispatch="per_batch", per_batch_method=method, seed=2
+    )
+    m = StepModel(cfg)
+    src, rows = m.moe_layers(np.arange(10, 90, 10))
+    problem = DispatchProblem(counts=src.sum(axis=1), replicas=m._replicas)
+    ref = solve_dispatch(problem, cfg.cost, method=method, rng=0, **METHOD_OPTIONS.get(method, {}))
+    assert np.array_equal(rows[:, 1], np.asarray(ref.makespan))
+    assert np.array_equal(rows[:, 0], rows[:, 1])  # no inter-node term
+
+
+@pytest.mark.parametrize("dispatch", ["tempo", "token_lp"])
+def test_tables_applied_to_the_batch_they_were_solved_on_give_its_makespan(dispatch):
+    pre = MODEL_PRESETS["qwen3_235b"]
+    cfg = DeploymentConfig(
+        preset=pre, n_gpus=8, layers=2, dispatch=dispatch, dispatch_period_s=0.0, seed=5
+    )
+    m = StepModel(cfg)
+    m.step(np.full(8, 50_000), np.full(8, 40), now_s=0.0)  # refreshes on this step's counts
+    assert m.n_refreshes == 1
+    counts = m._window[0]
+    problem = DispatchProblem(counts=counts, replicas=m._replicas)
+    ref = solve_dispatch(
+        problem, cfg.cost, method=dispatch, rng=0, **METHOD_OPTIONS.get(dispatch, {})
+    )
+    x = counts[:, :, None] * m.tables
+    got = evaluate(problem, cfg.cost, x).makespan
+    np.testing.assert_allclose(got, ref.makespan, rtol=1e-9)
+
+
+def test_moe_off_is_attention_and_dense_only():
+    pre = MODEL_PRESETS["dsv3"]
+    m = StepModel(DeploymentConfig(preset=pre, n_gpus=4, moe=False))
+    kv, req = np.array([1000, 4000, 0, 2000]), np.array([2, 8, 0, 4])
+    s = m.step(kv, req, 0.0)
+    att = pre.attention.a + pre.attention.b * kv + pre.attention.c * req
+    assert s.attention_us == pre.n_layers * att.max()
+    assert s.attention_straggler_us == pytest.approx(pre.n_layers * (att.max() - att.mean()))
+    assert s.moe_us == s.moe_straggler_us == s.comm_us == 0.0
+    assert s.dense_us == (pre.n_layers - pre.n_moe_layers) * pre.dense_ffn_us
+    assert s.total_us == s.attention_us + s.dense_us
+
+
+def test_representative_layers_scale_to_depth():
+    pre = MODEL_PRESETS["qwen3_235b"]
+    cfg = DeploymentConfig(preset=pre, n_gpus=4, layers=2, seed=1)
+    m = StepModel(cfg)
+    src, rows = StepModel(cfg).moe_layers(np.full(4, 16))
+    s = m.step(np.full(4, 100), np.full(4, 16), 0.0)
+    assert cfg.layer_scale == 47.0
+    assert s.moe_us == pytest.approx(47.0 * rows[:, 0].sum(), rel=1e-12)
+
+
+def test_straggler_shares_vanish_when_balanced_and_appear_when_not():
+    pre = MODEL_PRESETS["qwen3_235b"]
+    m = StepModel(DeploymentConfig(preset=pre, n_gpus=4, layers=1))
+    s = m.step(np.full(4, 5000), np.full(4, 10), 0.0)
+    assert s.attention_straggler_us == 0.0
+    s = m.step(np.array([5000, 20000, 5000, 5000]), np.full(4, 10), 0.0)
+    assert s.attention_straggler_us > 0.0
+    assert s.moe_straggler_us >= 0.0 and s.moe_us >= s.moe_straggler_us
+
+
+def test_placement_rebuilds_and_table_refreshes_on_their_periods():
+    pre = MODEL_PRESETS["qwen3_235b"]
+    kv, req = np.full((12, 4), 3000), np.full((12, 4), 12)
+    kw = dict(preset=pre, n_gpus=4, layers=1, placement_period=5, placement_window=3, seed=0)
+    assert simulate_steps(DeploymentConfig(**kw), kv, req).n_placements == 3
+    assert simulate_steps(DeploymentConfig(**kw, placement="fixed"), kv, req).n_placements == 1
+    run = simulate_steps(
+        DeploymentConfig(**kw, dispatch="token_lp", dispatch_period_s=0.0), kv, req
+    )
+    assert run.n_refreshes == 12
+    run = simulate_steps(
+        DeploymentConfig(**kw, dispatch="token_lp", dispatch_period_s=1e9), kv, req
+    )
+    assert run.n_refreshes == 0
+
+
+def test_cross_node_traffic_and_internode_term():
+    pre = MODEL_PRESETS["dsv3"]
+    kw = dict(preset=pre, n_gpus=8, layers=1, seed=4)
+    kv, req = np.full((2, 8), 1000), np.full((2, 8), 32)
+    one = simulate_steps(DeploymentConfig(**kw), kv, req)
+    assert (one.steps["cross_node_tokens"] == 0).all()
+    two = simulate_steps(DeploymentConfig(**kw, n_nodes=2), kv, req)
+    assert (two.steps["cross_node_tokens"] > 0).all()
+    priced = simulate_steps(DeploymentConfig(**kw, n_nodes=2, internode_us_per_token=0.1), kv, req)
+    extra = priced.steps["moe_us"] - two.steps["moe_us"]
+    np.testing.assert_allclose(extra, 58 * 0.1 * two.steps["cross_node_tokens"], rtol=1e-9)
+
+
+def test_same_seed_same_run_and_static_keeps_tokens_local():
+    kw = dict(preset="qwen3_235b", n_gpus=8, layers=2, seed=9)
+    kv, req = np.full((3, 8), 2000), np.full((3, 8), 24)
+    a = simulate_steps(DeploymentConfig(**kw, dispatch="static"), kv, req)
+    b = simulate_steps(DeploymentConfig(**kw, dispatch="static"), kv, req)
+    assert all(np.array_equal(a.steps[k], b.steps[k]) for k in a.steps)
+
+
+def test_attention_cost_and_presets():
+    assert AttentionCost(a=1, b=0.5, c=2).time([2], [1]).tolist() == [4.0]
+    for pre in MODEL_PRESETS.values():
+        assert pre.n_moe_layers <= pre.n_layers and pre.source
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(preset="llama"), "preset"),
+        (dict(n_gpus=8, n_nodes=3), "n_nodes"),
+        (dict(dispatch="fast"), "dispatch"),
+        (dict(placement="random"), "placement"),
+        (dict(layers=0), "layers"),
+        (dict(layers=95), "layers"),
+        (dict(dispatch_period_s=-1), "dispatch_period_s"),
+        (dict(per_batch_method="nope"), "per_batch_method"),
+        (dict(routing=RoutingModel.zipf(64, 0.5, rng=0)), "routing"),
+    ],
+)
+def test_config_validation_names_the_parameter(kw, name):
+    base = dict(preset="qwen3_235b", n_gpus=8)
+    with pytest.raises(InvalidInputError, match=f"'{name}'"):
+        DeploymentConfig(**{**base, **kw})
+
+
+def test_step_and_recorded_validation():
+    m = StepModel(DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=1))
+    with pytest.raises(InvalidInputError, match="'kv'"):
+        m.step([1, 2, 3], [1, 1, 1, 1], 0.0)
+    with pytest.raises(InvalidInputError, match="'requests'"):
+        m.step([1, 2, 3, 4], [1, -1, 1, 1], 0.0)
+    n = m.n_steps
+    assert n == 0  # a failed call changes nothing
+    with pytest.raises(InvalidInputError, match="'counts'"):
+        RoutingModel.recorded(np.ones((2, 3, 4), dtype=np.int64), top_k=8)
+    with pytest.raises(InvalidInputError, match="'counts'"):
+        RoutingModel.recorded(np.ones((2, 3)), top_k=1)
+    kept = RoutingModel.recorded(np.ones((5, 10, 16), dtype=np.int64), top_k=2, layers=3)
+    assert kept.n_layers == 3 and kept.n_experts == 16
+
+
+# --- the deployment step inside the simulator's one engine --------------------------------
+
+
+def _trace(n=120, seed=0):
+    from straggler.sim.traces import Trace
+
+    rng = np.random.default_rng(seed)
+    return Trace(
+        arrival_s=np.sort(rng.random(n) * 10),
+        prompt_len=rng.integers(50, 2000, n),
+        output_len=rng.integers(2, 120, n),
+    )
+
+
+@pytest.mark.parametrize("engine", ["numba", "python"])
+@pytest.mark.parametrize("policy, dispatch", [("jsq", "pool"), ("br0", "pool"), ("vllm", "queue")])
+def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, dispatch):
+    import dataclasses
+
+    from straggler.sim import simulate
+
+    t0, kappa = 0.03, 2e-7
+    pre = dataclasses.replace(
+        MODEL_PRESETS["qwen3_235b"], n_layers=1, n_moe_layers=1,
+        attention=AttentionCost(a=t0 * 1e6, b=kappa * 1e6, c=0.0),
+    )  # fmt: skip
+    assert pre.attention.a / 1e6 == t0 and pre.attention.b / 1e6 == kappa
+    kw = dict(n_replicas=4, max_slots=8, t0=t0, kappa=kappa, engine=engine, dispatch=dispatch)
+    tr = _trace()
+    base = simulate(tr, policy, **kw)
+    dep = DeploymentConfig(preset=pre, n_gpus=4, moe=False, layers=1)
+    r = simulate(tr, policy, deployment=dep, **kw)
+    assert r.n_steps == base.n_steps
+    for k in base.series:
+        assert np.array_equal(r.series[k], base.series[k], equal_nan=True), k
+    for k in base.requests:
+        assert np.array_equal(r.requests[k], base.requests[k], equal_nan=True), k
+
+
+def test_engine_with_moe_kernel_equals_reference_and_decomposes_the_step():
+    from straggler.sim import simulate
+
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=2, dispatch="tempo", seed=3)
+    kw = dict(n_replicas=4, max_slots=8, deployment=dep)
+    tr = _trace(80, 1)
+    a = simulate(tr, "jsq", engine="numba", **kw)
+    b = simulate(tr, "jsq", engine="python", **kw)
+    for k in a.series:
+        assert np.array_equal(a.series[k], b.series[k], equal_nan=True), k
+    assert a.step_breakdown == b.step_breakdown
+    bd = a.step_breakdown
+    assert bd["layers_simulated"] == 2 and bd["layer_scale"] == 47.0
+    assert bd["table_refreshes"] > 0 and bd["moe_us"] > bd["moe_straggler_us"] >= 0
+    # the engine's step is the decomposition's total (attention priced in seconds there)
+    np.testing.assert_allclose(a.series["step_s"], a.series["total_us"] / 1e6, rtol=1e-9)
+
+
+def test_deployment_must_match_the_cluster():
+    from straggler.sim import simulate
+
+    with pytest.raises(InvalidInputError, match="'deployment'"):
+        simulate(
+            _trace(5), "jsq", n_replicas=4, deployment=DeploymentConfig(preset="dsv3", n_gpus=8)
+        )
+    with pytest.raises(InvalidInputError, match="'deployment'"):
+        simulate(_trace(5), "jsq", n_replicas=4, deployment="dsv3")
+
+
+# --- offered load against the binding stage -----------------------------------------------
+
+
+def test_load_basis_and_binding_stage():
+    from straggler.sim import simulate
+    from straggler.sim.simulator import decode_capacity, prefill_capacity
+
+    tr = _trace(200, 2)
+    kw = dict(n_replicas=4, max_slots=8, prefill_instances=1, prefill_tokens_per_s=5_000.0)
+    dec = simulate(tr, "jsq", load=0.8, **kw)
+    cap = decode_capacity(tr, n_replicas=4, max_slots=8, kv_capacity=500_000)
+    pf = prefill_capacity(tr, prefill_instances=1, prefill_tokens_per_s=5_000.0)
+    assert cap["rate_per_s"] > pf  # one slow prefill instance binds
+    assert dec.binding_stage == "prefill" and dec.offered_load == 0.8
+    assert dec.offered_decode_load == pytest.approx(0.8)
+    assert dec.offered_prefill_load == pytest.approx(0.8 * cap["rate_per_s"] / pf)
+    bind = simulate(tr, "jsq", load=0.8, load_basis="binding", **kw)
+    assert bind.offered_prefill_load == pytest.approx(0.8)
+    assert bind.offered_decode_load == pytest.approx(0.8 * pf / cap["rate_per_s"])
+    # measured: prefill near its offered share, decode slots far from full
+    assert 0.5 < bind.prefill_utilisation <= 1.0 + 1e-9
+    assert bind.decode_utilisation < bind.prefill_utilisation
+    assert bind.decode_utilisation == bind.window_slot_utilisation
+    unl = simulate(tr, "jsq", load=0.8, n_replicas=4, max_slots=8, prefill_instances=0)
+    assert unl.binding_stage == "decode" and np.isnan(unl.prefill_utilisation)
+    with pytest.raises(InvalidInputError, match="'load_basis'"):
+        simulate(tr, "jsq", load=0.8, load_basis="prefill", n_replicas=4, prefill_instances=0)
+    with pytest.raises(InvalidInputError, match="'load_basis'"):
+        simulate(tr, "jsq", load_basis="tokens", n_replicas=4)
+
+
+# --- the levers table and its command -----------------------------------------------------
+
+
+def test_levers_table_cells_and_labels():
+    from straggler.sim.levers import DEFAULT_CELL, levers
+
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=1, seed=1)
+    table = levers(
+        _trace(60, 3), dep, routings=("jsq", "br0"), dispatches=("even", "token_lp"),
+        placements=("eplb",), max_slots=8,
+    )  # fmt: skip
+    cells = [(r["routing"], r["dispatch"], r["placement"]) for r in table.rows]
+    assert cells[0] == DEFAULT_CELL and len(cells) == 4 == len(set(cells))
+    assert table.rows[0]["levers"] == "default" and table.rows[0]["throughput_gain_pct"] == 0.0
+    labels = {c: r["levers"] for c, r in zip(cells, table.rows)}
+    assert labels[("br0", "even", "eplb")] == "routing"
+    assert labels[("jsq", "token_lp", "eplb")] == "dispatch"
+    assert labels[("br0", "token_lp", "eplb")] == "routing+dispatch"
+    for c, r in zip(cells, table.rows):
+        rep = table.reports[c]
+        assert r["moe_ms"] == rep.step_breakdown["moe_us"] / 1e3
+        assert rep.config["deployment"].count(f"dispatch='{c[1]}'") == 1
+    text = table.format()
+    assert "tput %" in text and "MoE strag ms" in text
+    with pytest.raises(InvalidInputError, match="'dispatches'"):
+        levers(_trace(5), dep, dispatches=("fast",))
+
+
+def test_simulate_command_prints_the_levers_table(capsys):
+    from straggler.sim.simulate_cmd import main
+
+    args = ["bursty", "--moe", "qwen3_235b", "--ep", "4", "--requests", "40", "--layers", "1"]
+    rc = main(args + ["--routings", "jsq", "--dispatches", "even,tempo", "--placements",
+                      "eplb", "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0 and "qwen3_235b, EP = DP = 4" in out and "dispatch" in out
+    assert main(["bursty", "--moe", "llama", "--requests", "5", "--no-progress"]) == 2
+    assert "'preset'" in capsys.readouterr().err
+
+
+def test_load_sweep_cells_say_which_stage_binds():
+    from straggler.sim.load_sweep import load_sweep_cell
+
+    cell = load_sweep_cell("generated", 2, 1.0, "jsq", n_requests=150, prefill="default")
+    assert cell["binding_stage"] in ("prefill", "decode")
+    assert (cell["binding_stage"] == "prefill") == (cell["offered_prefill_load"] > 1.0)
+    assert 0.0 <= cell["decode_utilisation"] <= 1.0

@@ -607,42 +607,87 @@ def _new_state(inp):
     )
 
 
+class _Cfg(NamedTuple):
+    """The scalars of :class:`EngineInputs` the phases read, taken once before the loop: a
+    record of scalars only, so binding it in a phase costs nothing (a record holding arrays
+    costs a reference-count update per array at every binding)."""
+
+    n_replicas: int
+    max_slots: int
+    kv_cap: int
+    t0: float
+    kappa: float
+    prefill_instances: int
+    prefill_base_s: float
+    prefill_per_token_s: float
+    stale: int
+    optimistic: bool
+    max_pool: int
+    horizon: int
+    pred_kind: int
+    refill: bool
+    seed: int
+    time_router: bool
+    queue_mode: bool
+    use_cache: bool
+    cache_router: bool
+    blk_tokens: int
+    cache_blocks: int
+    ctx_cost: float
+    deploy: bool
+    n_layers: int
+    att_c: float
+    fixed_s: float
+    moe_key: int
+
+
 @njit(**NJIT_INLINE)
-def _to_prefill(inp, st, i, t, tokens):
-    """Request ``i`` joins the prefill queue at time ``t`` with ``tokens`` to prefill."""
-    c = st.cnt
+def _cfg(inp):
+    """The :class:`_Cfg` of ``inp``."""
+    return _Cfg(
+        inp.n_replicas, inp.max_slots, inp.kv_cap, inp.t0, inp.kappa, inp.prefill_instances,
+        inp.prefill_base_s, inp.prefill_per_token_s, inp.stale, inp.optimistic, inp.max_pool,
+        inp.horizon, inp.pred_kind, inp.refill, inp.seed, inp.time_router, inp.queue_mode,
+        inp.use_cache, inp.cache_router, inp.blk_tokens, inp.cache_blocks, inp.ctx_cost,
+        inp.deploy, inp.n_layers, inp.att_c, inp.fixed_s, inp.moe_key,
+    )  # fmt: skip
+
+
+@njit(**NJIT_INLINE)
+def _to_prefill(cfg, c, pq, i, t, tokens):
+    """Request ``i`` joins the prefill queue ``pq = (pf_free, ht, hs, hi)`` at time ``t``
+    with ``tokens`` to prefill."""
+    pf_free, ht, hs, hi = pq
     done = _prefill_done(
-        st.pf_free, inp.prefill_instances, t, tokens, inp.prefill_base_s, inp.prefill_per_token_s
+        pf_free, cfg.prefill_instances, t, tokens, cfg.prefill_base_s, cfg.prefill_per_token_s
     )
-    c[_HEAP_N] = _heap_push(st.ht, st.hs, st.hi, c[_HEAP_N], done, c[_PF_SEQ], i)
+    c[_HEAP_N] = _heap_push(ht, hs, hi, c[_HEAP_N], done, c[_PF_SEQ], i)
     c[_PF_SEQ] += 1
 
 
 @njit(**NJIT_INLINE)
-def _arrivals(inp, st):
+def _arrivals(cfg, arrival_t, prompt, c, clock, pq):
     """Phase 1: the requests that arrived by now join the prefill queue, in arrival order."""
-    c = st.cnt
-    n = inp.arrival_t.shape[0]
-    while c[_NXT] < n and inp.arrival_t[c[_NXT]] <= st.clock[0]:
+    n = arrival_t.shape[0]
+    while c[_NXT] < n and arrival_t[c[_NXT]] <= clock[0]:
         i = c[_NXT]
-        _to_prefill(inp, st, i, inp.arrival_t[i], float(inp.prompt[i]))
+        _to_prefill(cfg, c, pq, i, arrival_t[i], float(prompt[i]))
         c[_NXT] += 1
 
 
 @njit(**NJIT_INLINE)
-def _prefill_to_pool(st):
+def _prefill_to_pool(c, clock, pq, pool, ready_t, enter_t, enter_tick, in_pool):
     """Phase 2: prefills done by now enter the pool, kept in order of (first ready time,
     index): a recomputed request goes back to its place by age, ahead of later ones."""
-    c = st.cnt
-    pool, ready_t = st.pool, st.ready_t
-    while c[_HEAP_N] > 0 and st.ht[0] <= st.clock[0]:
-        t_done, i, heap_n = _heap_pop(st.ht, st.hs, st.hi, c[_HEAP_N])
+    _, ht, hs, hi = pq
+    while c[_HEAP_N] > 0 and ht[0] <= clock[0]:
+        t_done, i, heap_n = _heap_pop(ht, hs, hi, c[_HEAP_N])
         c[_HEAP_N] = heap_n
         if np.isnan(ready_t[i]):
             ready_t[i] = t_done
-            st.enter_tick[i] = c[_TICKS]
-        st.enter_t[i] = t_done
-        st.in_pool[i] = True
+            enter_tick[i] = c[_TICKS]
+        enter_t[i] = t_done
+        in_pool[i] = True
         q = c[_POOL_N]
         while q > 0 and (
             ready_t[pool[q - 1]] > ready_t[i]
@@ -655,240 +700,236 @@ def _prefill_to_pool(st):
 
 
 @njit(**NJIT_INLINE)
-def _next_event(inp, st):
+def _next_event(arrival_t, c, ht):
     """The next arrival or prefill completion (``inf``: none)."""
     t_next = np.inf
-    if st.cnt[_NXT] < inp.arrival_t.shape[0]:
-        t_next = inp.arrival_t[st.cnt[_NXT]]
-    if st.cnt[_HEAP_N] > 0 and st.ht[0] < t_next:
-        t_next = st.ht[0]
+    if c[_NXT] < arrival_t.shape[0]:
+        t_next = arrival_t[c[_NXT]]
+    if c[_HEAP_N] > 0 and ht[0] < t_next:
+        t_next = ht[0]
     return t_next
 
 
 @njit(**NJIT_INLINE)
-def _preempt(inp, st):
+def _preempt(cfg, c, clock, rep, pq, prompt, decoded, adm_seq, n_pre):
     """Phase 4: while a replica's next step would overflow its KV capacity, its most recently
-    admitted request goes back through prefill with ``prompt + decoded`` tokens. Returns the
-    number of preemptions."""
-    S = inp.max_slots
-    slot_req, load, adm_seq = st.slot_req, st.load, st.adm_seq
-    prompt, decoded = inp.prompt, st.decoded
+    admitted request goes back through prefill with ``prompt + decoded`` tokens. ``rep``:
+    the replicas' ``(slot_req, load, nrun, ptok, ctx, ctx_n)``. Returns the number of
+    preemptions."""
+    slot_req, load, nrun, ptok, _, _ = rep
     n_preempted = 0
-    for g in range(inp.n_replicas):
-        while load[g] + st.nrun[g] > inp.kv_cap:
+    for g in range(cfg.n_replicas):
+        while load[g] + nrun[g] > cfg.kv_cap:
             v_s = -1
-            for s in range(S):
+            for s in range(cfg.max_slots):
                 i = slot_req[g, s]
                 if i >= 0 and (v_s < 0 or adm_seq[i] > adm_seq[slot_req[g, v_s]]):
                     v_s = s
             v = slot_req[g, v_s]
             slot_req[g, v_s] = -1
             load[g] -= prompt[v] + decoded[v]
-            st.ptok[g] -= prompt[v]
-            st.nrun[g] -= 1
-            st.cnt[_RUN] -= 1
-            st.n_pre[v] += 1
+            ptok[g] -= prompt[v]
+            nrun[g] -= 1
+            c[_RUN] -= 1
+            n_pre[v] += 1
             n_preempted += 1
-            _to_prefill(inp, st, v, st.clock[0], float(prompt[v] + decoded[v]))
+            _to_prefill(cfg, c, pq, v, clock[0], float(prompt[v] + decoded[v]))
     return n_preempted
 
 
 @njit(**NJIT_INLINE)
-def _snapshot(inp, st, two_stage):
-    """Phase 5: the router's view of this step (loads, or projected loads with a predictor,
-    running counts, prompt tokens, queues) into the ring; this step's sent and context
-    counters start at zero."""
-    G, H = inp.n_replicas, inp.horizon
-    slot = st.cnt[_K] % (inp.stale + 1)
-    for g in range(G):
-        st.ctx[g] = 0
-        st.ctx_n[g] = 0
-        st.add_ring[slot, g] = 0.0
-        st.addn_ring[slot, g] = 0
-        st.addp_ring[slot, g] = 0.0
-        st.nrun_ring[slot, g] = st.nrun[g]
-        st.ptok_ring[slot, g] = st.ptok[g]
-        st.qlen_ring[slot, g] = st.q_len[g]
-        st.qtok_ring[slot, g] = st.q_tok[g]
-        for h in range(H + 1):
-            st.view_ring[slot, g, h] = 0.0
-        st.view_ring[slot, g, 0] = st.load[g]
-    if inp.pred_kind > 0:
-        rf = 0.0
-        if inp.refill:
-            pool_n = st.cnt[_POOL_N]
-            P = pool_n if pool_n < inp.max_pool else inp.max_pool
-            for j in range(P):
-                rf += inp.prompt[st.pool[j]]
-            rf = rf / P if P > 0 else 0.0
-        st.view_ring[slot] = project_view(
-            st.slot_req,
-            st.decoded,
-            inp.prompt,
-            inp.output,
-            inp.group,
-            st.memo,
-            inp.surv_p,
-            inp.surv_mu,
-            inp.pred_kind,
-            H,
-            rf,
-            two_stage,
-        )
+def _snapshot(cfg, c, rep, queues, ring):
+    """Phase 5: the router's view of this step (loads, running counts, prompt tokens,
+    queues) into the ring ``(view, nrun, ptok, qlen, qtok, add, addn, addp)``; this step's
+    sent and context counters start at zero. Returns the ring slot."""
+    slot_req, load, nrun, ptok, ctx, ctx_n = rep
+    _, _, _, q_len, q_tok = queues
+    view_ring, nrun_ring, ptok_ring, qlen_ring, qtok_ring, add_ring, addn_ring, addp_ring = ring
+    slot = c[_K] % (cfg.stale + 1)
+    for g in range(cfg.n_replicas):
+        ctx[g] = 0
+        ctx_n[g] = 0
+        add_ring[slot, g] = 0.0
+        addn_ring[slot, g] = 0
+        addp_ring[slot, g] = 0.0
+        nrun_ring[slot, g] = nrun[g]
+        ptok_ring[slot, g] = ptok[g]
+        qlen_ring[slot, g] = q_len[g]
+        qtok_ring[slot, g] = q_tok[g]
+        for h in range(cfg.horizon + 1):
+            view_ring[slot, g, h] = 0.0
+        view_ring[slot, g, 0] = load[g]
+    return slot
 
 
 @njit(**NJIT_INLINE)
-def _fits(inp, st, i, g):
-    """Whether replica ``g`` can start request ``i`` now: a free slot, and its tokens plus the
-    next step's token of every request fit the KV capacity."""
-    tok = inp.prompt[i] + st.decoded[i]
-    return st.nrun[g] < inp.max_slots and st.load[g] + tok + st.nrun[g] + 1 <= inp.kv_cap
+def _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_stage):
+    """Phase 5b (with a predictor): the projected loads of this step into the ring slot
+    ``slot``; ``pred``: ``(prompt, output, group, surv_p, surv_mu)``."""
+    prompt, output, group, surv_p, surv_mu = pred
+    rf = 0.0
+    if cfg.refill:
+        pool_n = c[_POOL_N]
+        P = pool_n if pool_n < cfg.max_pool else cfg.max_pool
+        for j in range(P):
+            rf += prompt[pool[j]]
+        rf = rf / P if P > 0 else 0.0
+    view_ring[slot] = project_view(
+        slot_req,
+        decoded,
+        prompt,
+        output,
+        group,
+        memo,
+        surv_p,
+        surv_mu,
+        cfg.pred_kind,
+        cfg.horizon,
+        rf,
+        two_stage,
+    )
 
 
 @njit(**NJIT_INLINE)
-def _admit(inp, st, logs, i, g):
+def _fits(cfg, nrun, load, tok, g):
+    """Whether replica ``g`` can start a request of ``tok`` tokens now: a free slot, and its
+    tokens plus the next step's token of every request fit the KV capacity."""
+    return nrun[g] < cfg.max_slots and load[g] + tok + nrun[g] + 1 <= cfg.kv_cap
+
+
+@njit(**NJIT_INLINE)
+def _admit(cfg, c, clock, rep, adm, cache, prompt, decoded, logs, i, g):
     """Start request ``i`` on replica ``g`` in its lowest free slot (pool and queue mode
     alike): its tokens join the load and the step's context phase; with prefix caches its
     cached prefix there is read (and needs no context phase), then its prompt blocks enter
-    the cache. Returns the (possibly grown) logs."""
-    c = st.cnt
-    tok = inp.prompt[i] + st.decoded[i]
-    for s in range(inp.max_slots):
-        if st.slot_req[g, s] < 0:
-            st.slot_req[g, s] = i
+    the cache. ``adm``: the per-request ``(replica, start_t, admit_tick, adm_seq, pool_wait,
+    enter_t, in_pool, cache_hit)``; ``cache``: ``(cache_d, c_hp, c_sz, blk_off, blk_ids)``.
+    Returns the (possibly grown) logs."""
+    slot_req, load, nrun, ptok, ctx, ctx_n = rep
+    replica, start_t, admit_tick, adm_seq, pool_wait, enter_t, in_pool, cache_hit = adm
+    tok = prompt[i] + decoded[i]
+    for s in range(cfg.max_slots):
+        if slot_req[g, s] < 0:
+            slot_req[g, s] = i
             break
-    st.nrun[g] += 1
-    st.load[g] += tok
-    st.ptok[g] += inp.prompt[i]
-    st.replica[i] = g
-    if np.isnan(st.start_t[i]):
-        st.start_t[i] = st.clock[0]
-        st.admit_tick[i] = c[_TICKS] - 1
-    st.adm_seq[i] = c[_SEQ]
+    nrun[g] += 1
+    load[g] += tok
+    ptok[g] += prompt[i]
+    replica[i] = g
+    if np.isnan(start_t[i]):
+        start_t[i] = clock[0]
+        admit_tick[i] = c[_TICKS] - 1
+    adm_seq[i] = c[_SEQ]
     c[_SEQ] += 1
-    st.pool_wait[i] += st.clock[0] - st.enter_t[i]
-    st.in_pool[i] = False
+    pool_wait[i] += clock[0] - enter_t[i]
+    in_pool[i] = False
     c[_RUN] += 1
-    st.ctx[g] += tok
-    st.ctx_n[g] += 1
-    if inp.use_cache:
-        hit = int(
-            _cached_prefix(
-                st.cache_d,
-                inp.blk_off,
-                inp.blk_ids,
-                i,
-                g,
-                inp.n_replicas,
-                inp.blk_tokens,
-                inp.prompt[i],
-            )
-        )
-        if st.cache_hit[i] < 0:
-            st.cache_hit[i] = float(hit)
+    ctx[g] += tok
+    ctx_n[g] += 1
+    if cfg.use_cache:
+        cache_d, c_hp, c_sz, blk_off, blk_ids = cache
+        G = cfg.n_replicas
+        hit = int(_cached_prefix(cache_d, blk_off, blk_ids, i, g, G, cfg.blk_tokens, prompt[i]))
+        if cache_hit[i] < 0:
+            cache_hit[i] = float(hit)
         tg, th, ts = logs.tg, logs.th, logs.ts
         n_log = c[_LRU_N]
-        for b in range(inp.blk_off[i], inp.blk_off[i + 1]):
+        for b in range(blk_off[i], blk_off[i + 1]):
             tg, th, ts, n_log = _cache_touch(
-                st.cache_d, tg, th, ts, n_log, st.c_hp, st.c_sz, g, inp.blk_ids[b],
-                inp.n_replicas, inp.cache_blocks,
-            )  # fmt: skip
+                cache_d, tg, th, ts, n_log, c_hp, c_sz, g, blk_ids[b], G, cfg.cache_blocks
+            )
         c[_LRU_N] = n_log
-        st.ctx[g] -= hit  # a cached prefix needs no context phase
+        ctx[g] -= hit  # a cached prefix needs no context phase
         logs = _Logs(logs.series, logs.tick_ns, logs.tick_pool, tg, th, ts)
     return logs
 
 
 @njit(**NJIT_INLINE)
-def _sent(st, slot, g, tok, prompt_i):
+def _sent(ring, slot, g, tok, prompt_i):
     """Record in the ring what the router sent to ``g`` at this step (the optimistic view of
     later ticks adds it while the view is older than it)."""
-    st.add_ring[slot, g] += tok
-    st.addn_ring[slot, g] += 1
-    st.addp_ring[slot, g] += prompt_i
+    ring[5][slot, g] += tok
+    ring[6][slot, g] += 1
+    ring[7][slot, g] += prompt_i
 
 
 @njit(**NJIT_INLINE)
-def _router_view(inp, st):
+def _router_view(cfg, c, ring):
     """What the router sees at this tick: the view of step ``k - stale`` (step 0's before),
     plus, when optimistic, what it sent since then (pool mode: tokens on every horizon
     column, running counts, prompt tokens; queue mode: queue lengths and tokens). Returns
     ``(loads, n_running, prompt_tokens, n_waiting, waiting_tokens)``."""
-    k, R, G, H = st.cnt[_K], inp.stale + 1, inp.n_replicas, inp.horizon
-    old = (k - inp.stale) % R if k >= inp.stale else 0
-    view = st.view_ring[old].copy()
-    seen_n = st.nrun_ring[old].copy()
-    seen_p = st.ptok_ring[old].copy()
-    seen_q = st.qlen_ring[old].copy()
-    seen_qt = st.qtok_ring[old].copy()
-    if inp.optimistic:
-        lo = k - inp.stale if k >= inp.stale else 0
+    view_ring, nrun_ring, ptok_ring, qlen_ring, qtok_ring, add_ring, addn_ring, _ = ring
+    k, R, G, H = c[_K], cfg.stale + 1, cfg.n_replicas, cfg.horizon
+    old = (k - cfg.stale) % R if k >= cfg.stale else 0
+    view = view_ring[old].copy()
+    seen_n = nrun_ring[old].copy()
+    seen_p = ptok_ring[old].copy()
+    seen_q = qlen_ring[old].copy()
+    seen_qt = qtok_ring[old].copy()
+    if cfg.optimistic:
+        addp_ring = ring[7]
+        lo = k - cfg.stale if k >= cfg.stale else 0
         for kk in range(lo, k):
             for g in range(G):
-                if inp.queue_mode:  # what it sent since then sits in the engines' queues
-                    seen_q[g] += st.addn_ring[kk % R, g]
-                    seen_qt[g] += st.add_ring[kk % R, g]
+                if cfg.queue_mode:  # what it sent since then sits in the engines' queues
+                    seen_q[g] += addn_ring[kk % R, g]
+                    seen_qt[g] += add_ring[kk % R, g]
                 else:
-                    seen_n[g] += st.addn_ring[kk % R, g]
-                    seen_p[g] += st.addp_ring[kk % R, g]
+                    seen_n[g] += addn_ring[kk % R, g]
+                    seen_p[g] += addp_ring[kk % R, g]
                     for h in range(H + 1):
-                        view[g, h] += st.add_ring[kk % R, g]
+                        view[g, h] += add_ring[kk % R, g]
     return view, seen_n, seen_p, seen_q, seen_qt
 
 
 @njit(**NJIT_INLINE)
-def _tick_state(inp, st, kvcap_g):
+def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, cache, ring, kvcap_g):
     """What the policy is shown at this tick: the oldest ``max_pool`` pool requests
     (:class:`PoolState`: tokens ``prompt + decoded``, ticks waited, bootstrap room, and for a
     policy that reads it the prompt tokens each has cached on each replica) and the replicas'
     (stale) view (:class:`ReplicaState`, :func:`_router_view`; pool mode: exact free slots,
     queue mode: every replica takes the whole pool)."""
-    c = st.cnt
-    G = inp.n_replicas
-    prompt, decoded, pool = inp.prompt, st.decoded, st.pool
+    G = cfg.n_replicas
     pool_n = c[_POOL_N]
-    P = pool_n if pool_n < inp.max_pool else inp.max_pool
+    P = pool_n if pool_n < cfg.max_pool else cfg.max_pool
     prefill = np.empty(P)
     wait = np.empty(P, dtype=np.int64)
     key = np.empty(P, dtype=np.int64)
     for j in range(P):
         i = pool[j]
         prefill[j] = prompt[i] + decoded[i]
-        wait[j] = c[_TICKS] - st.enter_tick[i]
-        key[j] = inp.room[i]
-    cached = np.zeros((P if inp.cache_router else 0, G))
-    if inp.cache_router:
+        wait[j] = c[_TICKS] - enter_tick[i]
+        key[j] = room[i]
+    cached = np.zeros((P if cfg.cache_router else 0, G))
+    if cfg.cache_router:
+        cache_d, _, _, blk_off, blk_ids = cache
         for j in range(P):
             for g in range(G):
                 cached[j, g] = _cached_prefix(
-                    st.cache_d,
-                    inp.blk_off,
-                    inp.blk_ids,
-                    pool[j],
-                    g,
-                    G,
-                    inp.blk_tokens,
-                    prompt[pool[j]],
+                    cache_d, blk_off, blk_ids, pool[j], g, G, cfg.blk_tokens, prompt[pool[j]]
                 )
-    view, seen_n, seen_p, seen_q, seen_qt = _router_view(inp, st)
+    view, seen_n, seen_p, seen_q, seen_qt = _router_view(cfg, c, ring)
     free = np.empty(G, dtype=np.int64)
     usage = np.empty(G)
     for g in range(G):
-        free[g] = P if inp.queue_mode else inp.max_slots - st.nrun[g]  # a queue takes all
-        usage[g] = view[g, 0] / inp.kv_cap
+        free[g] = P if cfg.queue_mode else cfg.max_slots - nrun[g]  # a queue takes all
+        usage[g] = view[g, 0] / cfg.kv_cap
     pstate = PoolState(prefill, wait, key, cached)
     rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
     return pstate, rstate
 
 
 @njit(**NJIT_INLINE)
-def _apply_tick(inp, st, logs, assign, P, ns):
+def _apply_tick(
+    cfg, c, clock, rep, adm, cache, queues, ring, prompt, decoded, pool, logs, assign, P, ns
+):
     """The tick's assignment applied in pool order: queue mode, to the tail of the replica's
     own queue; pool mode, admitted when it fits (:func:`_fits`), otherwise it stays in the
     pool. Records the router's time ``ns`` and the visible pool ``P``. Returns the logs."""
-    c = st.cnt
+    _, load, nrun, _, _, _ = rep
+    q_head, q_tail, q_next, q_len, q_tok = queues
     k = c[_K]
-    prompt, decoded, pool = inp.prompt, st.decoded, st.pool
     pool_n = c[_POOL_N]
     n_ticks = c[_TICKS]
     tick_ns, tick_pool = logs.tick_ns, logs.tick_pool
@@ -903,26 +944,26 @@ def _apply_tick(inp, st, logs, assign, P, ns):
     tick_ns[n_ticks] = ns
     tick_pool[n_ticks] = P
     c[_TICKS] += 1
-    slot = k % (inp.stale + 1)
+    slot = k % (cfg.stale + 1)
     keep = 0
     for j in range(pool_n):
         i = pool[j]
         g = assign[j] if j < P else -1
         tok = prompt[i] + decoded[i]
-        if inp.queue_mode and g >= 0:  # to the tail of the engine's own queue
-            if st.q_tail[g] < 0:
-                st.q_head[g] = i
+        if cfg.queue_mode and g >= 0:  # to the tail of the engine's own queue
+            if q_tail[g] < 0:
+                q_head[g] = i
             else:
-                st.q_next[st.q_tail[g]] = i
-            st.q_tail[g] = i
-            st.q_next[i] = -1
-            st.q_len[g] += 1
-            st.q_tok[g] += tok
+                q_next[q_tail[g]] = i
+            q_tail[g] = i
+            q_next[i] = -1
+            q_len[g] += 1
+            q_tok[g] += tok
             c[_QUEUED] += 1
-            _sent(st, slot, g, tok, prompt[i])
-        elif g >= 0 and _fits(inp, st, i, g):
-            logs = _admit(inp, st, logs, i, g)
-            _sent(st, slot, g, tok, prompt[i])
+            _sent(ring, slot, g, tok, prompt[i])
+        elif g >= 0 and _fits(cfg, nrun, load, tok, g):
+            logs = _admit(cfg, c, clock, rep, adm, cache, prompt, decoded, logs, i, g)
+            _sent(ring, slot, g, tok, prompt[i])
         else:
             pool[keep] = i
             keep += 1
@@ -931,39 +972,23 @@ def _apply_tick(inp, st, logs, assign, P, ns):
 
 
 @njit(**NJIT_INLINE)
-def _route(policy, inp, st, logs, carry, kvcap_g):
-    """Phase 6: a routing tick: the policy named ``policy`` (a string literal) routes on
-    :func:`_tick_state`, its time measured around the call, and :func:`_apply_tick` applies
-    its assignment. Returns ``(logs, carry)``.
-
-    The phases are inlined into :func:`run_engine` at numba's IR level (``NJIT_INLINE``):
-    called as functions they received the two records by value, which made the loop several
-    times slower."""
-    pstate, rstate = _tick_state(inp, st, kvcap_g)
-    tick_seed = inp.seed * 1_000_003 + st.cnt[_K]
-    c0 = monotonic_ns() if inp.time_router else 0
-    assign, carry = route_tick(policy, pstate, rstate, inp.options, carry, tick_seed)
-    c1 = monotonic_ns() if inp.time_router else 0
-    logs = _apply_tick(inp, st, logs, assign, pstate.prefill.shape[0], c1 - c0)
-    return logs, carry
-
-
-@njit(**NJIT_INLINE)
-def _admit_queues(inp, st, logs):
+def _admit_queues(cfg, c, clock, rep, adm, cache, queues, prompt, decoded, logs):
     """Phase 6b (queue mode): each replica admits from the head of its queue while the head
     fits (:func:`_fits`); the first that does not blocks those behind it (FCFS)."""
-    for g in range(inp.n_replicas):
-        while st.q_head[g] >= 0:
-            i = st.q_head[g]
-            if not _fits(inp, st, i, g):
+    _, load, nrun, _, _, _ = rep
+    q_head, q_tail, q_next, q_len, q_tok = queues
+    for g in range(cfg.n_replicas):
+        while q_head[g] >= 0:
+            i = q_head[g]
+            if not _fits(cfg, nrun, load, prompt[i] + decoded[i], g):
                 break
-            st.q_head[g] = st.q_next[i]
-            if st.q_head[g] < 0:
-                st.q_tail[g] = -1
-            st.q_len[g] -= 1
-            st.q_tok[g] -= inp.prompt[i] + st.decoded[i]
-            st.cnt[_QUEUED] -= 1
-            logs = _admit(inp, st, logs, i, g)
+            q_head[g] = q_next[i]
+            if q_head[g] < 0:
+                q_tail[g] = -1
+            q_len[g] -= 1
+            q_tok[g] -= prompt[i] + decoded[i]
+            c[_QUEUED] -= 1
+            logs = _admit(cfg, c, clock, rep, adm, cache, prompt, decoded, logs, i, g)
     return logs
 
 
@@ -976,12 +1001,13 @@ def _moe_seconds(key, load, nrun, clock):
 
 
 @njit(**NJIT_INLINE)
-def step_time(inp, st):
-    """Phase 7: the duration of this decode step from the loads at its start.
+def step_time(cfg, load, nrun, ctx, clock):
+    """Phase 7: the duration of this decode step from the loads at its start (``cfg``: the
+    engine's scalars, ``load``/``nrun``/``ctx`` per replica, ``clock`` the time now).
 
     ``t0 + kappa * max_g L_g`` (the barrier: the most loaded replica sets the pace); with
     ``ctx_cost > 0`` (aggregated serving) ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``,
-    ``C_g = st.ctx[g]`` the context-phase tokens ``g`` admitted at this step. This is the
+    ``C_g = ctx[g]`` the context-phase tokens ``g`` admitted at this step. This is the
     one place that prices a step: a cost model with more terms (per-layer attention per
     replica, a barrier, an MoE layer) replaces this function's body.
 
@@ -992,65 +1018,66 @@ def step_time(inp, st):
     object mode with the ranks' running requests and the clock). One layer, ``att_c = 0``,
     no context cost and no MoE term give ``t0 + kappa * max_g L_g`` exactly.
     """
-    if inp.deploy:
+    if cfg.deploy:
         worst = 0.0
-        for g in range(inp.n_replicas):
-            att = inp.t0 + inp.kappa * st.load[g] + inp.att_c * st.nrun[g]
-            if inp.ctx_cost > 0.0:
-                att += inp.ctx_cost * st.ctx[g]
+        for g in range(cfg.n_replicas):
+            att = cfg.t0 + cfg.kappa * load[g] + cfg.att_c * nrun[g]
+            if cfg.ctx_cost > 0.0:
+                att += cfg.ctx_cost * ctx[g]
             if att > worst:
                 worst = att
-        dt = inp.n_layers * worst + inp.fixed_s
-        if inp.moe_key >= 0:
-            dt += _moe_seconds(inp.moe_key, st.load, st.nrun, st.clock[0])
+        dt = cfg.n_layers * worst + cfg.fixed_s
+        if cfg.moe_key >= 0:
+            dt += _moe_seconds(cfg.moe_key, load, nrun, clock)
         return dt
     M = 0
-    for g in range(inp.n_replicas):
-        if st.load[g] > M:
-            M = st.load[g]
-    dt = inp.t0 + inp.kappa * M
-    if inp.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
+    for g in range(cfg.n_replicas):
+        if load[g] > M:
+            M = load[g]
+    dt = cfg.t0 + cfg.kappa * M
+    if cfg.ctx_cost > 0.0:  # aggregated serving: the slowest rank's decode + context
         worst = 0.0
-        for g in range(inp.n_replicas):
-            step_g = inp.kappa * st.load[g] + inp.ctx_cost * st.ctx[g]
+        for g in range(cfg.n_replicas):
+            step_g = cfg.kappa * load[g] + cfg.ctx_cost * ctx[g]
             if step_g > worst:
                 worst = step_g
-        dt = inp.t0 + worst
+        dt = cfg.t0 + worst
     return dt
 
 
 @njit(**NJIT_INLINE)
-def _record(inp, st, logs, dt, n_preempted):
+def _record(cfg, c, clock, rep, logs, dt, n_preempted):
     """Phase 8: the step's row of ``series`` (:data:`SERIES`). Returns the (grown) logs."""
-    G, k = inp.n_replicas, st.cnt[_K]
+    _, load, nrun, _, ctx, ctx_n = rep
+    G, k = cfg.n_replicas, c[_K]
     M = 0
     tot = 0
     cmax = 0
     pmax = 0
     psum = 0
     for g in range(G):
-        tot += st.load[g]
-        if st.load[g] > M:
-            M = st.load[g]
-        proc = st.ctx[g] + st.nrun[g] - st.ctx_n[g]  # prompt tokens + one per generating one
+        tot += load[g]
+        if load[g] > M:
+            M = load[g]
+        proc = ctx[g] + nrun[g] - ctx_n[g]  # prompt tokens + one per generating one
         psum += proc
         if proc > pmax:
             pmax = proc
-        if st.ctx[g] > cmax:
-            cmax = st.ctx[g]
+        if ctx[g] > cmax:
+            cmax = ctx[g]
     series = logs.series
     if k == series.shape[0]:
         grown = np.empty((2 * k, series.shape[1]))
         grown[:k] = series[:k]
         series = grown
         logs = _Logs(series, logs.tick_ns, logs.tick_pool, logs.tg, logs.th, logs.ts)
-    series[k, 0] = st.clock[0]
+    series[k, 0] = clock[0]
     series[k, 1] = dt
     series[k, 2] = M
     series[k, 3] = tot
-    series[k, 4] = st.cnt[_RUN]
-    series[k, 5] = st.cnt[_POOL_N] + st.cnt[_QUEUED]
-    series[k, 6] = st.cnt[_HEAP_N]
+    series[k, 4] = c[_RUN]
+    series[k, 5] = c[_POOL_N] + c[_QUEUED]
+    series[k, 6] = c[_HEAP_N]
     series[k, 7] = n_preempted
     series[k, 8] = cmax
     series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
@@ -1058,28 +1085,50 @@ def _record(inp, st, logs, dt, n_preempted):
 
 
 @njit(**NJIT_INLINE)
-def _decode(inp, st, t_end):
+def _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo, t_end):
     """Phase 9: every running request gains one token; one that reaches its output length
     leaves at ``t_end`` (and its group's exact-match memo learns its length)."""
-    prompt, output, decoded = inp.prompt, inp.output, st.decoded
-    for g in range(inp.n_replicas):
-        for s in range(inp.max_slots):
-            i = st.slot_req[g, s]
+    slot_req, load, nrun, ptok, _, _ = rep
+    for g in range(cfg.n_replicas):
+        for s in range(cfg.max_slots):
+            i = slot_req[g, s]
             if i < 0:
                 continue
             decoded[i] += 1
-            st.load[g] += 1
+            load[g] += 1
             if decoded[i] == 1:
-                st.first_t[i] = t_end
+                first_t[i] = t_end
             if decoded[i] == output[i]:
-                st.finish_t[i] = t_end
-                st.load[g] -= prompt[i] + output[i]
-                st.ptok[g] -= prompt[i]
-                st.slot_req[g, s] = -1
-                st.nrun[g] -= 1
-                st.cnt[_RUN] -= 1
-                if inp.group[i] >= 0:
-                    st.memo[inp.group[i]] = output[i]
+                finish_t[i] = t_end
+                load[g] -= prompt[i] + output[i]
+                ptok[g] -= prompt[i]
+                slot_req[g, s] = -1
+                nrun[g] -= 1
+                c[_RUN] -= 1
+                if group[i] >= 0:
+                    memo[group[i]] = output[i]
+
+
+@njit(**NJIT_INLINE)
+def _route(policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g):
+    """Phase 6: a routing tick: the policy named ``policy`` (a string literal) routes on
+    :func:`_tick_state`, its time measured around the call, and :func:`_apply_tick` applies
+    its assignment. ``req``: ``(prompt, room, decoded, pool, enter_tick, options)``. Returns
+    ``(logs, carry)``."""
+    prompt, room, decoded, pool, enter_tick, options = req
+    pstate, rstate = _tick_state(
+        cfg, c, prompt, room, decoded, pool, enter_tick, rep[2], cache, ring, kvcap_g
+    )
+    tick_seed = cfg.seed * 1_000_003 + c[_K]
+    c0 = monotonic_ns() if cfg.time_router else 0
+    assign, carry = route_tick(policy, pstate, rstate, options, carry, tick_seed)
+    c1 = monotonic_ns() if cfg.time_router else 0
+    P = pstate.prefill.shape[0]
+    logs = _apply_tick(
+        cfg, c, clock, rep, adm, cache, queues, ring, prompt, decoded, pool, logs, assign, P,
+        c1 - c0,
+    )  # fmt: skip
+    return logs, carry
 
 
 @njit(**NJIT)
@@ -1090,10 +1139,37 @@ def run_engine(policy, inp):
 
     One iteration is one decode step, as the phases above in order: arrivals, prefill to
     pool, (idle: jump to the next event), preemption, snapshot, routing tick, queue
-    admission, :func:`step_time`, record, decode."""
+    admission, :func:`step_time`, record, decode.
+
+    The phases are inlined at numba's IR level (``NJIT_INLINE``), and each is handed the
+    arrays it uses (bound once, before the loop, alone or in small tuples) and the scalars
+    in :class:`_Cfg`: binding a record of arrays (``inp``, ``st``) in a phase increments
+    and decrements the reference count of every array in it, at every step."""
     policy = literally(policy)
     st = _new_state(inp)
-    c = st.cnt
+    cfg = _cfg(inp)
+    c, clock = st.cnt, st.clock
+    arrival_t, prompt, output, group = inp.arrival_t, inp.prompt, inp.output, inp.group
+    decoded, pool, memo, adm_seq, n_pre = st.decoded, st.pool, st.memo, st.adm_seq, st.n_pre
+    ready_t, enter_t, enter_tick, in_pool = st.ready_t, st.enter_t, st.enter_tick, st.in_pool
+    first_t, finish_t, slot_req = st.first_t, st.finish_t, st.slot_req
+    rep = (slot_req, st.load, st.nrun, st.ptok, st.ctx, st.ctx_n)
+    load, nrun, ctx = st.load, st.nrun, st.ctx
+    pq = (st.pf_free, st.ht, st.hs, st.hi)
+    ht = st.ht
+    queues = (st.q_head, st.q_tail, st.q_next, st.q_len, st.q_tok)
+    ring = (
+        st.view_ring, st.nrun_ring, st.ptok_ring, st.qlen_ring, st.qtok_ring, st.add_ring,
+        st.addn_ring, st.addp_ring,
+    )  # fmt: skip
+    view_ring = st.view_ring
+    adm = (
+        st.replica, st.start_t, st.admit_tick, adm_seq, st.pool_wait, enter_t, in_pool,
+        st.cache_hit,
+    )  # fmt: skip
+    cache = (st.cache_d, st.c_hp, st.c_sz, inp.blk_off, inp.blk_ids)
+    pred = (prompt, output, group, inp.surv_p, inp.surv_mu)
+    req = (prompt, inp.room, decoded, pool, enter_tick, inp.options)
     logs = _Logs(
         np.empty((1024, len(SERIES))),
         np.empty(1024, dtype=np.int64),
@@ -1103,38 +1179,43 @@ def run_engine(policy, inp):
         np.empty(1024, np.int64),
     )
     carry = inp.carry
-    kvcap_g = np.full(inp.n_replicas, float(inp.kv_cap))
+    kvcap_g = np.full(cfg.n_replicas, float(cfg.kv_cap))
     two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
-    while c[_K] < inp.max_steps:
-        _arrivals(inp, st)
-        _prefill_to_pool(st)
+    max_steps, tick = inp.max_steps, inp.tick
+    while c[_K] < max_steps:
+        _arrivals(cfg, arrival_t, prompt, c, clock, pq)
+        _prefill_to_pool(c, clock, pq, pool, ready_t, enter_t, enter_tick, in_pool)
         if c[_RUN] == 0 and c[_POOL_N] == 0 and c[_QUEUED] == 0:  # idle: next event
-            t_next = _next_event(inp, st)
+            t_next = _next_event(arrival_t, c, ht)
             if t_next == np.inf:
                 break
-            st.clock[0] = max(st.clock[0], t_next)
+            clock[0] = max(clock[0], t_next)
             continue
-        n_preempted = _preempt(inp, st)
-        _snapshot(inp, st, two_stage)
-        if c[_K] % inp.tick == 0 and c[_POOL_N] > 0:
-            logs, carry = _route(policy, inp, st, logs, carry, kvcap_g)
-        if inp.queue_mode:
-            logs = _admit_queues(inp, st, logs)
-        dt = step_time(inp, st)
+        n_preempted = _preempt(cfg, c, clock, rep, pq, prompt, decoded, adm_seq, n_pre)
+        slot = _snapshot(cfg, c, rep, queues, ring)
+        if cfg.pred_kind > 0:
+            _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_stage)
+        if c[_K] % tick == 0 and c[_POOL_N] > 0:
+            logs, carry = _route(
+                policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g
+            )
+        if cfg.queue_mode:
+            logs = _admit_queues(cfg, c, clock, rep, adm, cache, queues, prompt, decoded, logs)
+        dt = step_time(cfg, load, nrun, ctx, clock[0])
         if c[_RUN] == 0 and dt <= 0.0:
             # nothing runs and steps cost nothing: wait for the next event instead
-            t_next = _next_event(inp, st)
+            t_next = _next_event(arrival_t, c, ht)
             if t_next == np.inf:
                 break
-            dt = max(t_next - st.clock[0], 0.0)
-        logs = _record(inp, st, logs, dt, n_preempted)
-        t_end = st.clock[0] + dt
-        _decode(inp, st, t_end)
-        st.clock[0] = t_end
+            dt = max(t_next - clock[0], 0.0)
+        logs = _record(cfg, c, clock, rep, logs, dt, n_preempted)
+        t_end = clock[0] + dt
+        _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo, t_end)
+        clock[0] = t_end
         c[_K] += 1
-    for i in range(inp.arrival_t.shape[0]):  # requests still waiting at the end
-        if st.in_pool[i]:
-            st.pool_wait[i] += st.clock[0] - st.enter_t[i]
+    for i in range(arrival_t.shape[0]):  # requests still waiting at the end
+        if in_pool[i]:
+            st.pool_wait[i] += clock[0] - enter_t[i]
     k, n_ticks = c[_K], c[_TICKS]
     return EngineOutput(
         st.ready_t,

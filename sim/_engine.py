@@ -2,8 +2,9 @@
 
 Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) and return one
 :class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is one loop over
-phase functions, each a function of ``(inp, st)`` where :class:`EngineState` holds everything
-the loop changes (the pattern of :mod:`straggler.solvers._tempo`). One iteration is one decode
+phase functions over :class:`EngineState`, which holds everything the loop changes (the
+pattern of :mod:`straggler.solvers._tempo`); each phase is handed the state's arrays it uses
+and the scalars of :class:`_Cfg`, never the records themselves. One iteration is one decode
 step of the whole cluster:
 
 1. :func:`_arrivals`: arrivals (``arrival_t <= clock``) join the prefill queue; ``prefill_

@@ -191,7 +191,7 @@ class SGLangDynamic:
 
     References
     ----------
-    ANCHORS.md ("SGLang static dispatch ... Dynamic").
+    SGLang 0.5.23 ``srt/eplb/expert_location_dispatch.py`` (``topk_ids_logical_to_physical``).
 
     Examples
     --------

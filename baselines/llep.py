@@ -198,7 +198,7 @@ class LLEP:
 
     References
     ----------
-    ANCHORS.md ("LLEP"); TEMPO §6 (related work).
+    The LLEP README (least-loaded EP, lambda = 1.3, 1024-token chunks); TEMPO §6 (related work).
 
     Examples
     --------

@@ -584,7 +584,7 @@ class LPLB:
 
     References
     ----------
-    deepseek-ai/LPLB README ("How LPLB works", "Typical topologies"); ANCHORS.md ("LPLB");
+    deepseek-ai/LPLB README ("How LPLB works", "Typical topologies");
     TEMPO Lemma 1.
 
     Examples

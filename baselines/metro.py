@@ -159,7 +159,7 @@ class Metro:
 
     References
     ----------
-    ANCHORS.md ("METRO"); TEMPO §1, Fig. 1b, Lemma 2.
+    The METRO paper (greedy least-activated GPU); TEMPO §1, Fig. 1b, Lemma 2.
 
     Examples
     --------

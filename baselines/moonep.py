@@ -168,7 +168,7 @@ class MoonEP:
 
     References
     ----------
-    ANCHORS.md ("UltraEP / MoonEP"); TEMPO §5.7, Appendix H.
+    The UltraEP and MoonEP write-ups; TEMPO §5.7, Appendix H.
 
     Examples
     --------

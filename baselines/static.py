@@ -280,7 +280,8 @@ class StaticDispatch:
 
     References
     ----------
-    ANCHORS.md ("SGLang static dispatch"); TEMPO §5 ("static").
+    SGLang 0.5.23 ``srt/eplb/expert_location.py``
+    (``compute_logical_to_rank_dispatch_physical_map``); TEMPO §5 ("static").
 
     Examples
     --------

@@ -152,7 +152,7 @@ class SGLangLP:
 
     References
     ----------
-    ANCHORS.md ("SGLang ... lp (#24515)"); TEMPO §5.9, §5.12.
+    SGLang 0.5.23 ``srt/eplb/lplb_solver.py`` (``--ep-dispatch-algorithm lp``); TEMPO §5.9, §5.12.
 
     Examples
     --------

@@ -137,7 +137,8 @@ class VllmEP:
 
     References
     ----------
-    ANCHORS.md ("vLLM EP replica choice").
+    vLLM CPU 0.32.0 ``model_executor/layers/fused_moe/router/base_router.py``
+    (``eplb_map_to_physical_and_record``).
 
     Examples
     --------

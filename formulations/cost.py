@@ -164,8 +164,8 @@ def _cost_model_iv(m: CostModel) -> dict:
     return out
 
 
-#: Every calibrated parameter set the TEMPO paper reports (Tables 6 and 7) and the H20
-#: figures of ANCHORS.md. Offline fits are kernel-only two-piece models with ``a = c = 0``.
+#: Every calibrated parameter set the TEMPO paper reports (Tables 6 and 7) and a fit to public
+#: H20 grouped-GEMM timings. Offline fits are kernel-only two-piece models with ``a = c = 0``.
 PRESETS: dict[str, dict] = {
     # Table 6: Testbed A, fp8 masked grouped GEMM, offline kernel grid.
     "qwen3_30b_a_offline": dict(a=0.0, b=1.74, c=0.0, beta=0.0108),
@@ -181,6 +181,6 @@ PRESETS: dict[str, dict] = {
     # Table 7: Testbed B tile-aware fits (Eq. 2) with the traffic pair of Eq. 4.
     "dsv3_b_tile": dict(a=37.1, b=8.32, b2=2.65, c=23.4, beta=0.0336, c2=25.0, gamma=0.10),
     "qwen3_235b_b_tile": dict(a=34.9, b=3.95, b2=1.23, c=34.8, beta=0.0154, c2=25.0, gamma=0.10),
-    # ANCHORS.md: H20 grouped GEMM, Qwen3-235B expert shape, bf16 w13 (max-affine fit).
+    # Public H20 grouped-GEMM timings, Qwen3-235B expert shape, bf16 w13 (max-affine fit).
     "qwen3_235b_h20": dict(a=19.0, b=7.1, c=40.0, beta=0.178),
 }

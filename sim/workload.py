@@ -6,9 +6,9 @@ fluctuating from batch to batch as a Dirichlet with concentration ``kappa`` arou
 long-run popularity; every layer has its own random permutation, so the hot experts
 differ by layer. EPLB places replicas from the long-run average loads.
 
-Skew against the real figures of ANCHORS.md (hottest expert's load over the mean load,
-long-run, measured on 400k tokens by ``tests/test_workload.py``; a Zipf exponent alone
-sets it, the top-``k`` distinctness caps it at ``E / k``):
+Skew against published aggregated routing of Qwen3 and Qwen2 MoE models (hottest expert's
+load over the mean load, long-run, measured on 400k tokens by ``tests/test_workload.py``; a
+Zipf exponent alone sets it, the top-``k`` distinctness caps it at ``E / k``):
 
 ======================  =====  =====  ================  =======================
 routing                   E      k    real max/mean     Zipf ``s`` reproducing it
@@ -99,7 +99,7 @@ SHAPES: dict[str, ModelShape] = {
     "qwen2_57b": ModelShape(name="qwen2_57b", n_experts=64, top_k=8, n_groups=1, n_moe_layers=28),
 }
 
-#: Zipf exponents reproducing ANCHORS.md's measured skew (see the module docstring).
+#: Zipf exponents reproducing the published measured skew (see the module docstring).
 SKEWS: dict[str, float] = {
     "qwen3_prover": 0.85,
     "qwen2_chat_median": 0.14,

@@ -81,6 +81,7 @@ in increasing index order.
 from __future__ import annotations
 
 import itertools
+import os as _os
 import math
 
 import numpy as np
@@ -95,6 +96,7 @@ from ..formulations.validation import (
     check_real,
     check_type,
 )
+from ._placement_kernels import hall_score_kernel, placement_search_kernel
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
 from .dispatch import solve_dispatch
@@ -295,6 +297,42 @@ def _resample(window: np.ndarray, n: int, seed) -> np.ndarray | None:
         return None
     pick = np.random.default_rng(seed).integers(0, window.shape[0], size=(n, window.shape[1]))
     return window[pick, np.arange(window.shape[1])]
+
+
+def _slots_of(mask: np.ndarray) -> np.ndarray:
+    """``(g, per)`` experts of each GPU, increasing, of a mask with ``per`` per GPU."""
+    return np.ascontiguousarray(np.stack([np.flatnonzero(col) for col in mask.T]), dtype=np.int64)
+
+
+def _cost_args(cost: CostModel):
+    has3 = bool(cost.has_traffic)
+    return (float(cost.a), float(cost.b), float(cost.c), float(cost.beta),
+            float(cost.c2) if has3 else 0.0, float(cost.gamma) if has3 else 0.0, has3)  # fmt: skip
+
+
+def _hall_search(starts, samples, cost, node_of, max_evals, extra=None, guard="tempo"):
+    batches = samples if extra is None else np.concatenate([samples, extra])
+    batches = np.ascontiguousarray(batches, dtype=np.int64)
+    args = _cost_args(cost)
+    slot_starts = [_slots_of(m) for m in starts]
+    scores = [hall_score_kernel(s, batches, *args) for s in slot_starts]
+    i0 = int(np.argmin(scores))
+    freq = (batches > 0).mean(axis=0)
+    mean = batches.mean(axis=0)
+    peak = batches.max(axis=0).astype(np.float64)
+    slots, _, _ = placement_search_kernel(
+        slot_starts[i0], batches, freq, mean, peak, np.ascontiguousarray(node_of, dtype=np.int64),
+        *args, max_evals,
+    )  # fmt: skip
+    mask = np.zeros_like(starts[0])
+    mask[slots, np.arange(slots.shape[0])[:, None]] = True
+    start = starts[i0]
+    if guard == "none" or np.array_equal(mask, start):
+        return mask
+    scorer = _Scorer(samples if guard == "window" else batches, cost)
+    if guard == "bound":
+        return mask if scorer(mask) < scorer(start) else start
+    return mask if scorer.tempo(mask) < scorer.tempo(start) else start
 
 
 def _local_search(starts, samples, cost, node_of, max_evals, extra=None):
@@ -629,9 +667,15 @@ def place_experts(
         for l in range(L):
             up = _repair(_mask_from_p2l(up_p2l[l], E, g), mean[l], node_of, per)
             extra = _resample(counts[:, l], n_resamples, l)
-            masks[l] = _local_search(
-                [masks[l], up], counts[idx, l], cost, node_of, ls_evals, extra
-            )  # fmt: skip
+            if _os.environ.get("S22", "old") == "old":
+                masks[l] = _local_search(
+                    [masks[l], up], counts[idx, l], cost, node_of, ls_evals, extra
+                )  # fmt: skip
+            else:
+                masks[l] = _hall_search(
+                    [masks[l], up], counts[idx, l], cost, node_of,
+                    int(_os.environ.get("S22E", "2000")), extra, _os.environ.get("S22", "tempo"),
+                )  # fmt: skip
     if method == "exhaustive":
         price = 0.0 if move_cost is None else move_cost
         for l in range(L):

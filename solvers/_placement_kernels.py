@@ -1,0 +1,386 @@
+"""The search of :func:`~straggler.solvers.place_experts` on a cheap bound, kernel and reference.
+
+**Objective: the Hall bound.** For one batch ``n`` (tokens per expert) on a placement (each
+GPU's experts, each expert's replica count ``r``), tempo's layer bound is
+``max(a + b SM, c + beta lambda*, c2 + gamma lambda*)`` with ``SM`` the optimal
+semi-matching value and ``lambda*`` the token-LP value (TEMPO Lemmas 1 and 2). Both are
+maxima over sets ``Y`` of GPUs of what the experts confined to ``Y`` force onto them
+(Hall's condition): ``SM >= ceil(|live experts with all replicas in Y| / |Y|)`` and
+``lambda* >= (tokens of those experts) / |Y|``. The bound here takes ``Y`` among
+
+* all GPUs (``ceil(E_live / g)``, ``N / g``);
+* one GPU ``h``: its single-replica experts (``R_h`` live ones, ``T_h`` tokens);
+* the replica set ``S_e`` of each live expert ``e`` with ``r_e >= 2``: ``e`` and the
+  single-replica experts of ``S_e`` (``1 + sum R_h``, ``n_e + sum T_h`` over ``S_e``);
+
+so it is a lower bound of tempo's layer bound (hence of tempo's makespan), exact when no
+other set binds, and costs ``O(P + E)`` per batch instead of a max-flow and an LP. The score
+of a placement is its mean over the scored batches.
+
+**Search** (first improvement, deterministic). Per round, with ``freq[e]`` (share of the
+scored batches where ``e`` is live), ``mean[e]`` and ``peak[e]`` (mean and largest tokens)
+given, and the *pressure* of GPU ``h`` ``max(a + b F_h, c + beta M_h)`` (``F_h``, ``M_h``:
+sums of ``freq`` and ``mean`` over its single-replica experts, in slot order), the
+candidates are tried in this order and the first that lowers the score (by more than a
+relative ``1e-12``) is applied:
+
+1. *replica moves*: for each receiver ``u`` among the 6 experts of largest
+   ``peak / r`` (ties: lower index) and each donor ``d`` among the 6 experts with ``r >= 2``
+   of smallest ``peak / r``, ``d != u``: the slot of ``d`` on the GPU of least pressure (ties:
+   lower index) among those that hold ``d``, not ``u``, and (several nodes) lie on a node
+   where ``u`` has a replica;
+2. *swaps*: for ``h1`` among the 2 GPUs of largest pressure and ``h2`` among the 3 of
+   smallest (ties: lower index), ``h1 != h2``, same node: ``e1`` among the 4 single-replica
+   experts of ``h1`` not on ``h2`` of largest weight ``w = max(b freq, beta mean) / r``,
+   ``e2`` among the 4 experts of ``h2`` not on ``h1`` of smallest weight (ties: lower
+   index), ``w[e1] > w[e2]``: ``e1`` and ``e2`` trade slots.
+
+A replaced expert's slot takes the new expert in place. The search stops when a round finds
+no improving candidate or after ``max_evals`` scored candidates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._jit import NJIT
+
+__all__ = [
+    "hall_score_kernel",
+    "hall_score_reference",
+    "placement_search_kernel",
+    "placement_search_reference",
+]
+
+_RECEIVERS, _DONORS, _HOT_GPUS, _COLD_GPUS, _HOT_EXPERTS, _COLD_EXPERTS = 6, 6, 2, 3, 4, 4
+
+
+@njit(**NJIT)
+def hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3):
+    """Mean Hall bound (module notes) of ``slots`` (``(g, per)`` experts) over the rows of
+    ``counts`` (``(n_batches, E)`` int64)."""
+    B, E = counts.shape
+    g, per = slots.shape
+    cnt = np.zeros(E, np.int64)
+    for h in range(g):
+        for k in range(per):
+            cnt[slots[h, k]] += 1
+    R = np.zeros(g, np.int64)
+    T = np.zeros(g, np.int64)
+    acc_r = np.zeros(E, np.int64)
+    acc_t = np.zeros(E, np.int64)
+    total = 0.0
+    for t in range(B):
+        live = 0
+        N = 0
+        for e in range(E):
+            acc_r[e] = 0
+            acc_t[e] = 0
+            if counts[t, e] > 0:
+                live += 1
+                N += counts[t, e]
+        sm = (live + g - 1) // g
+        num = N
+        den = g
+        for h in range(g):
+            r = 0
+            s = 0
+            for k in range(per):
+                e = slots[h, k]
+                if cnt[e] == 1 and counts[t, e] > 0:
+                    r += 1
+                    s += counts[t, e]
+            R[h] = r
+            T[h] = s
+            if r > sm:
+                sm = r
+            if s * den > num:
+                num = s
+                den = 1
+        for h in range(g):
+            for k in range(per):
+                e = slots[h, k]
+                if cnt[e] >= 2:
+                    acc_r[e] += R[h]
+                    acc_t[e] += T[h]
+        for e in range(E):
+            if cnt[e] >= 2 and counts[t, e] > 0:
+                q = (acc_r[e] + 1 + cnt[e] - 1) // cnt[e]
+                if q > sm:
+                    sm = q
+                s = acc_t[e] + counts[t, e]
+                if s * den > num * cnt[e]:
+                    num = s
+                    den = cnt[e]
+        lam = num / den
+        v = max(a + b * sm, c + beta * lam)
+        if has3:
+            v = max(v, c2 + gamma * lam)
+        total += v
+    return total / B
+
+
+def hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3):
+    """Plain-Python reference of :func:`hall_score_kernel`: the Hall sets written out."""
+    g = len(slots)
+    E = len(counts[0])
+    holders = [[h for h in range(g) if e in [int(x) for x in slots[h]]] for e in range(E)]
+    total = 0.0
+    for row in counts:
+        n = [int(x) for x in row]
+        live = [e for e in range(E) if n[e] > 0]
+        single = [e for e in live if len(holders[e]) == 1]
+        # (GPUs of Y, live experts confined to Y that the bound counts)
+        sets = [(list(range(g)), live)]
+        sets += [([h], [e for e in single if holders[e] == [h]]) for h in range(g)]
+        sets += [
+            (holders[e], [e] + [x for x in single if holders[x][0] in holders[e]])
+            for e in live
+            if len(holders[e]) >= 2
+        ]
+        sm, frac = 0, (0, 1)
+        for Y, inside in sets:
+            sm = max(sm, -(-len(inside) // len(Y)))
+            tok = sum(n[e] for e in inside)
+            if tok * frac[1] > frac[0] * len(Y):
+                frac = (tok, len(Y))
+        lam = frac[0] / frac[1]
+        v = max(a + b * sm, c + beta * lam)
+        if has3:
+            v = max(v, c2 + gamma * lam)
+        total += v
+    return total / len(counts)
+
+
+@njit(**NJIT)
+def placement_search_kernel(
+    slots0, counts, freq, mean, peak, node_of, a, b, c, beta, c2, gamma, has3, max_evals
+):
+    """First-improvement search (module notes) from ``slots0`` (``(g, per)`` experts, no
+    expert twice on a GPU) on the mean Hall bound over ``counts``; returns
+    ``(slots, score, evals)``."""
+    slots = slots0.copy()
+    g, per = slots.shape
+    E = counts.shape[1]
+    several_nodes = node_of.max() > 0
+    best = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
+    evals = 0
+    cnt = np.zeros(E, np.int64)
+    on = np.zeros((E, g), np.bool_)
+    pressure = np.zeros(g)
+    ratio = np.zeros(E)
+    w = np.zeros(E)
+    recv = np.empty(_RECEIVERS, np.int64)
+    donors = np.empty(_DONORS, np.int64)
+    e1s = np.empty(_HOT_EXPERTS, np.int64)
+    e2s = np.empty(_COLD_EXPERTS, np.int64)
+    while evals < max_evals:
+        cnt[:] = 0
+        on[:, :] = False
+        for h in range(g):
+            for k in range(per):
+                cnt[slots[h, k]] += 1
+                on[slots[h, k], h] = True
+        for h in range(g):
+            f = 0.0
+            m = 0.0
+            for k in range(per):
+                e = slots[h, k]
+                if cnt[e] == 1:
+                    f += freq[e]
+                    m += mean[e]
+            pressure[h] = max(a + b * f, c + beta * m)
+        for e in range(E):
+            ratio[e] = peak[e] / cnt[e]
+            w[e] = max(b * freq[e], beta * mean[e]) / cnt[e]
+        improved = False
+        # 1. replica moves: a donor's slot to a receiver
+        order = np.argsort(-ratio, kind="mergesort")
+        n_recv = 0
+        for i in range(E):
+            if n_recv < _RECEIVERS:
+                recv[n_recv] = order[i]
+                n_recv += 1
+        order = np.argsort(ratio, kind="mergesort")
+        n_don = 0
+        for i in range(E):
+            if n_don < _DONORS and cnt[order[i]] >= 2:
+                donors[n_don] = order[i]
+                n_don += 1
+        for i in range(n_recv):
+            u = recv[i]
+            for j in range(n_don):
+                d = donors[j]
+                if d == u or evals >= max_evals:
+                    continue
+                hb = -1
+                for h in range(g):
+                    if not on[d, h] or on[u, h]:
+                        continue
+                    if several_nodes:
+                        near = False
+                        for x in range(g):
+                            if on[u, x] and node_of[x] == node_of[h]:
+                                near = True
+                        if not near:
+                            continue
+                    if hb < 0 or pressure[h] < pressure[hb]:
+                        hb = h
+                if hb < 0:
+                    continue
+                kb = 0
+                for k in range(per):
+                    if slots[hb, k] == d:
+                        kb = k
+                slots[hb, kb] = u
+                s = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
+                evals += 1
+                if s < best * (1 - 1e-12):
+                    best = s
+                    improved = True
+                    break
+                slots[hb, kb] = d
+            if improved:
+                break
+        if improved:
+            continue
+        # 2. swaps between a GPU of large and one of small pressure
+        hot = np.argsort(-pressure, kind="mergesort")
+        cold = np.argsort(pressure, kind="mergesort")
+        down = np.argsort(-w, kind="mergesort")
+        up = np.argsort(w, kind="mergesort")
+        for i1 in range(min(_HOT_GPUS, g)):
+            h1 = hot[i1]
+            for i2 in range(min(_COLD_GPUS, g)):
+                h2 = cold[i2]
+                if h1 == h2 or node_of[h1] != node_of[h2]:
+                    continue
+                n1 = 0
+                for i in range(E):
+                    e = down[i]
+                    if n1 < _HOT_EXPERTS and cnt[e] == 1 and on[e, h1] and not on[e, h2]:
+                        e1s[n1] = e
+                        n1 += 1
+                n2 = 0
+                for i in range(E):
+                    e = up[i]
+                    if n2 < _COLD_EXPERTS and on[e, h2] and not on[e, h1]:
+                        e2s[n2] = e
+                        n2 += 1
+                for j1 in range(n1):
+                    e1 = e1s[j1]
+                    for j2 in range(n2):
+                        e2 = e2s[j2]
+                        if w[e1] <= w[e2] or evals >= max_evals:
+                            continue
+                        k1 = 0
+                        for k in range(per):
+                            if slots[h1, k] == e1:
+                                k1 = k
+                        k2 = 0
+                        for k in range(per):
+                            if slots[h2, k] == e2:
+                                k2 = k
+                        slots[h1, k1] = e2
+                        slots[h2, k2] = e1
+                        s = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
+                        evals += 1
+                        if s < best * (1 - 1e-12):
+                            best = s
+                            improved = True
+                            break
+                        slots[h1, k1] = e1
+                        slots[h2, k2] = e2
+                    if improved:
+                        break
+                if improved:
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+    return slots, best, evals
+
+
+def placement_search_reference(
+    slots0, counts, freq, mean, peak, node_of, a, b, c, beta, c2, gamma, has3, max_evals
+):
+    """Plain-Python reference of :func:`placement_search_kernel` (lists, sorted keys, and
+    :func:`hall_score_reference`)."""
+    slots = [[int(x) for x in row] for row in slots0]
+    g, E = len(slots), len(counts[0])
+    nodes = [int(x) for x in node_of]
+    freq, mean, peak = [float(x) for x in freq], [float(x) for x in mean], [float(x) for x in peak]
+
+    def score():
+        return hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3)
+
+    best, evals = score(), 0
+    while evals < max_evals:
+        cnt = [sum(row.count(e) for row in slots) for e in range(E)]
+        pressure = []
+        for row in slots:
+            f = m = 0.0
+            for e in row:
+                if cnt[e] == 1:
+                    f += freq[e]
+                    m += mean[e]
+            pressure.append(max(a + b * f, c + beta * m))
+        ratio = [peak[e] / cnt[e] for e in range(E)]
+        w = [max(b * freq[e], beta * mean[e]) / cnt[e] for e in range(E)]
+        recv = sorted(range(E), key=lambda e: -ratio[e])[:_RECEIVERS]
+        donors = [e for e in sorted(range(E), key=lambda e: ratio[e]) if cnt[e] >= 2][:_DONORS]
+        trials = []  # (GPU, slot, new expert) changes of each candidate, in order
+        for u in recv:
+            for d in donors:
+                if d == u:
+                    continue
+                gpus = [
+                    h
+                    for h in range(g)
+                    if d in slots[h]
+                    and u not in slots[h]
+                    and (max(nodes) == 0 or any(u in slots[x] and nodes[x] == nodes[h] for x in range(g)))
+                ]  # fmt: skip
+                if gpus:
+                    h = min(gpus, key=lambda x: pressure[x])
+                    trials.append([(h, slots[h].index(d), u)])
+        n_moves = len(trials)
+        hot = sorted(range(g), key=lambda h: -pressure[h])[:_HOT_GPUS]
+        cold = sorted(range(g), key=lambda h: pressure[h])[:_COLD_GPUS]
+        for h1 in hot:
+            for h2 in cold:
+                if h1 == h2 or nodes[h1] != nodes[h2]:
+                    continue
+                e1s = [
+                    e for e in sorted(range(E), key=lambda e: -w[e])
+                    if cnt[e] == 1 and e in slots[h1] and e not in slots[h2]
+                ][:_HOT_EXPERTS]  # fmt: skip
+                e2s = [
+                    e for e in sorted(range(E), key=lambda e: w[e])
+                    if e in slots[h2] and e not in slots[h1]
+                ][:_COLD_EXPERTS]  # fmt: skip
+                trials += [
+                    [(h1, slots[h1].index(e1), e2), (h2, slots[h2].index(e2), e1)]
+                    for e1 in e1s
+                    for e2 in e2s
+                    if w[e1] > w[e2]
+                ]
+        improved = False
+        for i, trial in enumerate(trials):
+            if evals >= max_evals:
+                break
+            old = [slots[h][k] for h, k, _ in trial]
+            for h, k, e in trial:
+                slots[h][k] = e
+            s = score()
+            evals += 1
+            if s < best * (1 - 1e-12):
+                best, improved = s, True
+                break
+            for (h, k, _), e in zip(trial, old):
+                slots[h][k] = e
+        if not improved:
+            break
+    return np.array(slots, dtype=np.int64), best, evals

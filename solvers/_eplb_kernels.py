@@ -23,6 +23,8 @@ from numba import njit
 from ._jit import NJIT
 
 __all__ = [
+    "packing_distinct_kernel",
+    "packing_distinct_reference",
     "packing_kernel",
     "packing_reference",
     "replicate_kernel",
@@ -126,3 +128,105 @@ def replicate_reference(w, num_phy, max_count, ratio_dtype):
         rank[:, i] = logcnt[rows, idx]
         logcnt[rows, idx] += 1
     return phy2log, rank, logcnt
+
+
+@njit(**NJIT)
+def packing_distinct_kernel(w, order, labels, num_packs):
+    """Balanced packing (items of row ``i`` visited in ``order[i]``, float32 pack loads)
+    that never puts two items with one label in one pack, with the one-swap repair that
+    :func:`~straggler.solvers.eplb._balanced_packing_distinct` states. Returns
+    ``(pack_index, rank_in_pack)``."""
+    n_rows, n_items = w.shape
+    per = n_items // num_packs
+    n_lab = labels.max() + 1
+    pack_index = np.full((n_rows, n_items), -1, dtype=np.int64)
+    rank_in_pack = np.full((n_rows, n_items), -1, dtype=np.int64)
+    loads = np.zeros(num_packs, dtype=np.float32)
+    members = np.empty((num_packs, per), dtype=np.int64)
+    size = np.zeros(num_packs, dtype=np.int64)
+    held = np.zeros((num_packs, n_lab), dtype=np.bool_)
+    for i in range(n_rows):
+        loads[:] = 0
+        size[:] = 0
+        held[:, :] = False
+        for j in range(n_items):
+            item = order[i, j]
+            lab = labels[i, item]
+            pack = -1
+            for p in range(num_packs):
+                if size[p] < per and not held[p, lab] and (pack < 0 or loads[p] < loads[pack]):
+                    pack = p
+            if pack >= 0:
+                members[pack, size[pack]] = item
+                size[pack] += 1
+            else:  # every pack with room holds the label: the one swap
+                p = -1
+                for x in range(num_packs):
+                    if size[x] < per and (p < 0 or loads[x] < loads[p]):
+                        p = x
+                q = -1
+                for x in range(num_packs):
+                    if not held[x, lab] and (q < 0 or loads[x] < loads[q]):
+                        q = x
+                r = -1
+                for k in range(size[q]):
+                    y = members[q, k]
+                    if not held[p, labels[i, y]] and (r < 0 or w[i, y] < w[i, members[q, r]]):
+                        r = k
+                y = members[q, r]
+                members[q, r] = item
+                held[q, labels[i, y]] = False
+                loads[q] = loads[q] - w[i, y]
+                members[p, size[p]] = y
+                size[p] += 1
+                held[p, labels[i, y]] = True
+                loads[p] = loads[p] + w[i, y]
+                pack = q
+            held[pack, lab] = True
+            loads[pack] = loads[pack] + w[i, item]
+        for p in range(num_packs):
+            for r in range(size[p]):
+                pack_index[i, members[p, r]] = p
+                rank_in_pack[i, members[p, r]] = r
+    return pack_index, rank_in_pack
+
+
+def packing_distinct_reference(w, order, labels, num_packs):
+    """Plain-Python reference of :func:`packing_distinct_kernel`: lists and sets, Python's
+    ``min`` (first minimum), the rule as stated."""
+    n_rows, n_items = w.shape
+    per_pack = n_items // num_packs
+    pack_index = np.full(w.shape, -1, dtype=np.int64)
+    rank_in_pack = np.full(w.shape, -1, dtype=np.int64)
+    for i in range(n_rows):
+        loads = [np.float32(0)] * num_packs
+        members: list[list[int]] = [[] for _ in range(num_packs)]  # items by rank
+        held: list[set] = [set() for _ in range(num_packs)]
+        for item in order[i]:
+            lab = labels[i, item]
+            room = [p for p in range(num_packs) if len(members[p]) < per_pack]
+            ok = [p for p in room if lab not in held[p]]
+            if ok:
+                pack = min(ok, key=loads.__getitem__)
+                members[pack].append(item)
+            else:
+                p = min(room, key=loads.__getitem__)
+                full = [q for q in range(num_packs) if lab not in held[q]]
+                q = min(full, key=loads.__getitem__)
+                movable = [y for y in members[q] if labels[i, y] not in held[p]]
+                y = min(movable, key=lambda j: w[i, j])
+                r = members[q].index(y)
+                members[q][r] = item
+                held[q].discard(labels[i, y])
+                loads[q] = loads[q] - w[i, y]
+                members[p].append(y)
+                held[p].add(labels[i, y])
+                loads[p] = loads[p] + w[i, y]
+                pack = q
+            held[pack].add(lab)
+            loads[pack] = loads[pack] + w[i, item]
+        for p in range(num_packs):
+            for r, item in enumerate(members[p]):
+                pack_index[i, item] = p
+                rank_in_pack[i, item] = r
+    return pack_index, rank_in_pack

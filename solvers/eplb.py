@@ -39,7 +39,7 @@ import numpy as np
 
 from ..formulations.errors import InvalidInputError, InvalidOptionError, param_error
 from ..formulations.validation import check_array, check_bool, check_choice, check_int
-from ._eplb_kernels import packing_kernel, replicate_kernel
+from ._eplb_kernels import packing_distinct_kernel, packing_kernel, replicate_kernel
 from ._eplb_vec import rebalance_experts_vec
 from ._torch_order import torch_sort_descending
 
@@ -104,44 +104,10 @@ def _balanced_packing_distinct(weight, labels, num_packs: int):
     label has at most ``num_packs`` items: the label is missing from some pack, which must
     be full, and a full pack holds ``n / m`` distinct labels while ``p`` holds fewer.
     """
-    w = np.asarray(weight, dtype=np.float32)
-    n_rows, n_items = w.shape
-    per_pack = n_items // num_packs
+    w = np.ascontiguousarray(weight, dtype=np.float32)
     order = np.argsort(-w, axis=-1, kind="stable")
-    pack_index = np.full(w.shape, -1, dtype=np.int64)
-    rank_in_pack = np.full(w.shape, -1, dtype=np.int64)
-    for i in range(n_rows):
-        loads = [np.float32(0)] * num_packs
-        members: list[list[int]] = [[] for _ in range(num_packs)]  # items by rank
-        held: list[set] = [set() for _ in range(num_packs)]
-        for item in order[i]:
-            lab = labels[i, item]
-            room = [p for p in range(num_packs) if len(members[p]) < per_pack]
-            ok = [p for p in room if lab not in held[p]]
-            if ok:
-                pack = min(ok, key=loads.__getitem__)
-                members[pack].append(item)
-            else:
-                p = min(room, key=loads.__getitem__)
-                full = [q for q in range(num_packs) if lab not in held[q]]
-                q = min(full, key=loads.__getitem__)
-                movable = [y for y in members[q] if labels[i, y] not in held[p]]
-                y = min(movable, key=lambda j: w[i, j])
-                r = members[q].index(y)
-                members[q][r] = item
-                held[q].discard(labels[i, y])
-                loads[q] = loads[q] - w[i, y]
-                members[p].append(y)
-                held[p].add(labels[i, y])
-                loads[p] = loads[p] + w[i, y]
-                pack = q
-            held[pack].add(lab)
-            loads[pack] = loads[pack] + w[i, item]
-        for p in range(num_packs):
-            for r, item in enumerate(members[p]):
-                pack_index[i, item] = p
-                rank_in_pack[i, item] = r
-    return pack_index, rank_in_pack
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    return packing_distinct_kernel(w, order, labels, int(num_packs))
 
 
 def replicate_experts(

@@ -81,7 +81,6 @@ in increasing index order.
 from __future__ import annotations
 
 import itertools
-import os as _os
 import math
 
 import numpy as np
@@ -310,7 +309,9 @@ def _cost_args(cost: CostModel):
             float(cost.c2) if has3 else 0.0, float(cost.gamma) if has3 else 0.0, has3)  # fmt: skip
 
 
-def _hall_search(starts, samples, cost, node_of, max_evals, extra=None, guard="tempo"):
+def _hall_search(starts, samples, cost, node_of, max_evals, extra=None):
+    """The search from scratch (module notes, steps 1-4) for one layer: ``starts`` are the
+    two EPLB masks, ``samples`` the window's scored batches, ``extra`` the resampled ones."""
     batches = samples if extra is None else np.concatenate([samples, extra])
     batches = np.ascontiguousarray(batches, dtype=np.int64)
     args = _cost_args(cost)
@@ -326,39 +327,10 @@ def _hall_search(starts, samples, cost, node_of, max_evals, extra=None, guard="t
     )  # fmt: skip
     mask = np.zeros_like(starts[0])
     mask[slots, np.arange(slots.shape[0])[:, None]] = True
-    start = starts[i0]
-    if guard == "none" or np.array_equal(mask, start):
-        return mask
-    scorer = _Scorer(samples if guard == "window" else batches, cost)
-    if guard == "bound":
-        return mask if scorer(mask) < scorer(start) else start
-    return mask if scorer.tempo(mask) < scorer.tempo(start) else start
-
-
-def _local_search(starts, samples, cost, node_of, max_evals, extra=None):
-    scorer = _Scorer(samples, cost, extra)
-    # Step 1: the start with the lower tempo makespan on the samples (ties: the first).
-    start = starts[0]
-    if len(starts) > 1 and not np.array_equal(starts[0], starts[1]):
-        start = min(starts, key=scorer.tempo)
-    mask = start.copy()
-    best = scorer(mask)
-    improved = True
-    while improved and scorer.evals < max_evals:
-        improved = False
-        for move in _candidates(mask, samples, node_of):
-            if scorer.evals >= max_evals:
-                break
-            trial = mask.copy()
-            for e, h, v in move:
-                trial[e, h] = v
-            s = scorer(trial)
-            if s < best * (1 - 1e-12):
-                mask, best, improved = trial, s, True
-                break
-    if not np.array_equal(mask, start) and scorer.tempo(mask) >= scorer.tempo(start):
-        return start
-    return mask
+    # Step 4: the guard: the lowest mean exact layer bound over the window's own batches
+    # among the result and the two starts (ties: in that order).
+    scorer = _Scorer(samples, cost)
+    return min([mask, *starts], key=scorer)
 
 
 def _toward(mask, target, samples, node_of, limit=32):
@@ -401,7 +373,8 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
                      max_evals, extra=None):  # fmt: skip
     """Best-improvement search from ``start`` (the placement in force, duplicates refilled)
     for the lowest ``score + move_cost * moves`` with at most ``max_moves`` replicas moved
-    from ``prev``; guarded by tempo itself on the samples, as :func:`_local_search`."""
+    from ``prev``; guarded by tempo itself on the samples (its mean makespan plus the moves'
+    price must be lower than the start's)."""
     scorer = _Scorer(samples, cost, extra)
 
     def moves(m):
@@ -642,7 +615,7 @@ def place_experts(
         move_cost = check_real(move_cost, "move_cost", _FUNC, lo=0.0)
     budgeted = prev is not None and (max_moves is not None or move_cost is not None)
     budget = P if max_moves is None else max_moves
-    ls_evals = 120 if max_evals is None else max_evals
+    ls_evals = 1000 if max_evals is None else max_evals
     move_evals = 40 + 60 * min(budget, P) if max_evals is None else max_evals
     mean = h.mean(axis=0)
     counts = np.rint(h).astype(np.int64)
@@ -667,15 +640,9 @@ def place_experts(
         for l in range(L):
             up = _repair(_mask_from_p2l(up_p2l[l], E, g), mean[l], node_of, per)
             extra = _resample(counts[:, l], n_resamples, l)
-            if _os.environ.get("S22", "old") == "old":
-                masks[l] = _local_search(
-                    [masks[l], up], counts[idx, l], cost, node_of, ls_evals, extra
-                )  # fmt: skip
-            else:
-                masks[l] = _hall_search(
-                    [masks[l], up], counts[idx, l], cost, node_of,
-                    int(_os.environ.get("S22E", "2000")), extra, _os.environ.get("S22", "tempo"),
-                )  # fmt: skip
+            masks[l] = _hall_search(
+                [masks[l], up], counts[idx, l], cost, node_of, ls_evals, extra
+            )  # fmt: skip
     if method == "exhaustive":
         price = 0.0 if move_cost is None else move_cost
         for l in range(L):

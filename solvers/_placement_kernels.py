@@ -336,17 +336,15 @@ def placement_search_reference(
             for d in donors:
                 if d == u:
                     continue
+                near = {nodes[x] for x in range(g) if u in slots[x]}
                 gpus = [
                     h
                     for h in range(g)
-                    if d in slots[h]
-                    and u not in slots[h]
-                    and (max(nodes) == 0 or any(u in slots[x] and nodes[x] == nodes[h] for x in range(g)))
-                ]  # fmt: skip
+                    if d in slots[h] and u not in slots[h] and (max(nodes) == 0 or nodes[h] in near)
+                ]
                 if gpus:
                     h = min(gpus, key=lambda x: pressure[x])
                     trials.append([(h, slots[h].index(d), u)])
-        n_moves = len(trials)
         hot = sorted(range(g), key=lambda h: -pressure[h])[:_HOT_GPUS]
         cold = sorted(range(g), key=lambda h: pressure[h])[:_COLD_GPUS]
         for h1 in hot:
@@ -368,7 +366,7 @@ def placement_search_reference(
                     if w[e1] > w[e2]
                 ]
         improved = False
-        for i, trial in enumerate(trials):
+        for trial in trials:
             if evals >= max_evals:
                 break
             old = [slots[h][k] for h, k, _ in trial]

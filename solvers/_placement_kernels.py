@@ -155,7 +155,7 @@ def hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3):
 
 @njit(**NJIT)
 def placement_search_kernel(
-    slots0, counts, freq, mean, peak, node_of, a, b, c, beta, c2, gamma, has3, max_evals
+    slots0, counts, freq, mean, need, node_of, a, b, c, beta, c2, gamma, has3, max_evals
 ):
     """First-improvement search (module notes) from ``slots0`` (``(g, per)`` experts, no
     expert twice on a GPU) on the mean Hall bound over ``counts``; returns
@@ -192,57 +192,61 @@ def placement_search_kernel(
                     m += mean[e]
             pressure[h] = max(a + b * f, c + beta * m)
         for e in range(E):
-            ratio[e] = peak[e] / cnt[e]
             w[e] = max(b * freq[e], beta * mean[e]) / cnt[e]
         improved = False
-        # 1. replica moves: a donor's slot to a receiver
-        order = np.argsort(-ratio, kind="mergesort")
-        n_recv = 0
-        for i in range(E):
-            if n_recv < _RECEIVERS:
-                recv[n_recv] = order[i]
-                n_recv += 1
-        order = np.argsort(ratio, kind="mergesort")
-        n_don = 0
-        for i in range(E):
-            if n_don < _DONORS and cnt[order[i]] >= 2:
-                donors[n_don] = order[i]
-                n_don += 1
-        for i in range(n_recv):
-            u = recv[i]
-            for j in range(n_don):
-                d = donors[j]
-                if d == u or evals >= max_evals:
-                    continue
-                hb = -1
-                for h in range(g):
-                    if not on[d, h] or on[u, h]:
-                        continue
-                    if several_nodes:
-                        near = False
-                        for x in range(g):
-                            if on[u, x] and node_of[x] == node_of[h]:
-                                near = True
-                        if not near:
-                            continue
-                    if hb < 0 or pressure[h] < pressure[hb]:
-                        hb = h
-                if hb < 0:
-                    continue
-                kb = 0
-                for k in range(per):
-                    if slots[hb, k] == d:
-                        kb = k
-                slots[hb, kb] = u
-                s = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
-                evals += 1
-                if s < best * (1 - 1e-12):
-                    best = s
-                    improved = True
-                    break
-                slots[hb, kb] = d
+        # 1. replica moves: a donor's slot to a receiver, for each criterion in turn
+        for q in range(need.shape[0]):
             if improved:
                 break
+            for e in range(E):
+                ratio[e] = need[q, e] / cnt[e]
+            order = np.argsort(-ratio, kind="mergesort")
+            n_recv = 0
+            for i in range(E):
+                if n_recv < _RECEIVERS:
+                    recv[n_recv] = order[i]
+                    n_recv += 1
+            order = np.argsort(ratio, kind="mergesort")
+            n_don = 0
+            for i in range(E):
+                if n_don < _DONORS and cnt[order[i]] >= 2:
+                    donors[n_don] = order[i]
+                    n_don += 1
+            for i in range(n_recv):
+                u = recv[i]
+                for j in range(n_don):
+                    d = donors[j]
+                    if d == u or evals >= max_evals:
+                        continue
+                    hb = -1
+                    for h in range(g):
+                        if not on[d, h] or on[u, h]:
+                            continue
+                        if several_nodes:
+                            near = False
+                            for x in range(g):
+                                if on[u, x] and node_of[x] == node_of[h]:
+                                    near = True
+                            if not near:
+                                continue
+                        if hb < 0 or pressure[h] < pressure[hb]:
+                            hb = h
+                    if hb < 0:
+                        continue
+                    kb = 0
+                    for k in range(per):
+                        if slots[hb, k] == d:
+                            kb = k
+                    slots[hb, kb] = u
+                    s = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
+                    evals += 1
+                    if s < best * (1 - 1e-12):
+                        best = s
+                        improved = True
+                        break
+                    slots[hb, kb] = d
+                if improved:
+                    break
         if improved:
             continue
         # 2. swaps between a GPU of large and one of small pressure
@@ -304,14 +308,15 @@ def placement_search_kernel(
 
 
 def placement_search_reference(
-    slots0, counts, freq, mean, peak, node_of, a, b, c, beta, c2, gamma, has3, max_evals
+    slots0, counts, freq, mean, need, node_of, a, b, c, beta, c2, gamma, has3, max_evals
 ):
     """Plain-Python reference of :func:`placement_search_kernel` (lists, sorted keys, and
     :func:`hall_score_reference`)."""
     slots = [[int(x) for x in row] for row in slots0]
     g, E = len(slots), len(counts[0])
     nodes = [int(x) for x in node_of]
-    freq, mean, peak = [float(x) for x in freq], [float(x) for x in mean], [float(x) for x in peak]
+    freq, mean = [float(x) for x in freq], [float(x) for x in mean]
+    need = [[float(x) for x in row] for row in need]
 
     def score():
         return hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3)
@@ -327,24 +332,25 @@ def placement_search_reference(
                     f += freq[e]
                     m += mean[e]
             pressure.append(max(a + b * f, c + beta * m))
-        ratio = [peak[e] / cnt[e] for e in range(E)]
         w = [max(b * freq[e], beta * mean[e]) / cnt[e] for e in range(E)]
-        recv = sorted(range(E), key=lambda e: -ratio[e])[:_RECEIVERS]
-        donors = [e for e in sorted(range(E), key=lambda e: ratio[e]) if cnt[e] >= 2][:_DONORS]
         trials = []  # (GPU, slot, new expert) changes of each candidate, in order
-        for u in recv:
-            for d in donors:
-                if d == u:
-                    continue
-                near = {nodes[x] for x in range(g) if u in slots[x]}
-                gpus = [
-                    h
-                    for h in range(g)
-                    if d in slots[h] and u not in slots[h] and (max(nodes) == 0 or nodes[h] in near)
-                ]
-                if gpus:
-                    h = min(gpus, key=lambda x: pressure[x])
-                    trials.append([(h, slots[h].index(d), u)])
+        for row in need:
+            ratio = [row[e] / cnt[e] for e in range(E)]
+            recv = sorted(range(E), key=lambda e: -ratio[e])[:_RECEIVERS]
+            donors = [e for e in sorted(range(E), key=lambda e: ratio[e]) if cnt[e] >= 2]
+            for u in recv:
+                for d in donors[:_DONORS]:
+                    if d == u:
+                        continue
+                    near = {nodes[x] for x in range(g) if u in slots[x]}
+                    gpus = [
+                        h
+                        for h in range(g)
+                        if d in slots[h] and u not in slots[h] and (max(nodes) == 0 or nodes[h] in near)
+                    ]  # fmt: skip
+                    if gpus:
+                        h = min(gpus, key=lambda x: pressure[x])
+                        trials.append([(h, slots[h].index(d), u)])
         hot = sorted(range(g), key=lambda h: -pressure[h])[:_HOT_GPUS]
         cold = sorted(range(g), key=lambda h: pressure[h])[:_COLD_GPUS]
         for h1 in hot:

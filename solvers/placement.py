@@ -320,9 +320,10 @@ def _hall_search(starts, samples, cost, node_of, max_evals, extra=None):
     i0 = int(np.argmin(scores))
     freq = (batches > 0).mean(axis=0)
     mean = batches.mean(axis=0)
-    peak = batches.max(axis=0).astype(np.float64)
+    # receivers and donors of replica moves by peak tokens, then by how often live
+    need = np.stack([batches.max(axis=0).astype(np.float64), freq])
     slots, _, _ = placement_search_kernel(
-        slot_starts[i0], batches, freq, mean, peak, np.ascontiguousarray(node_of, dtype=np.int64),
+        slot_starts[i0], batches, freq, mean, need, np.ascontiguousarray(node_of, dtype=np.int64),
         *args, max_evals,
     )  # fmt: skip
     mask = np.zeros_like(starts[0])

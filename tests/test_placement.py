@@ -216,7 +216,7 @@ def test_search_kernels_equal_their_references(seed):
     scores = [f(slots, counts, *args) for f in (hk, getattr(hk, "py_func", hk))]
     assert scores[0] == scores[1] == pk.hall_score_reference(slots, counts, *args)
     nodes = np.arange(g) // 2 if seed % 2 and g % 2 == 0 else np.zeros(g, np.int64)
-    stats = ((counts > 0).mean(0), counts.mean(0), counts.max(0).astype(float))
+    stats = ((counts > 0).mean(0), counts.mean(0), np.stack([counts.max(0) * 1.0, counts.mean(0)]))
     sk = pk.placement_search_kernel
     outs = [
         f(slots, counts, *stats, nodes, *args, 60)

@@ -154,6 +154,98 @@ def hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3):
 
 
 @njit(**NJIT)
+def _toggle(sign, x, on, cnt, R, T, counts):
+    """Add (``sign = 1``) or remove (``-1``) expert ``x``'s rigid share (live count and
+    tokens, every batch) at its GPU, if it has one replica."""
+    if cnt[x] != 1:
+        return
+    g = on.shape[1]
+    h = 0
+    for y in range(g):
+        if on[x, y]:
+            h = y
+    for t in range(counts.shape[0]):
+        if counts[t, x] > 0:
+            R[t, h] += sign
+            T[t, h] += sign * counts[t, x]
+
+
+@njit(**NJIT)
+def _set_slot(slots, on, cnt, R, T, counts, h, k, new):
+    """Put expert ``new`` in slot ``k`` of GPU ``h``, keeping ``on``, ``cnt`` and the rigid
+    shares ``R``, ``T`` up to date (only the two experts involved change)."""
+    old = slots[h, k]
+    _toggle(-1, old, on, cnt, R, T, counts)
+    _toggle(-1, new, on, cnt, R, T, counts)
+    slots[h, k] = new
+    on[old, h] = False
+    on[new, h] = True
+    cnt[old] -= 1
+    cnt[new] += 1
+    _toggle(1, old, on, cnt, R, T, counts)
+    _toggle(1, new, on, cnt, R, T, counts)
+
+
+@njit(**NJIT)
+def _hall_eval(
+    slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, a, b, c, beta, c2, gamma, has3
+):
+    """:func:`hall_score_kernel` from the maintained rigid shares ``R``, ``T`` (``(B, g)``),
+    per-batch ``ceil(E_live / g)`` and ``N``: ``O(g + sum of replicated sets)`` a batch."""
+    B, E = counts.shape
+    g, per = slots.shape
+    # the replica sets of the experts with >= 2 replicas, as compressed rows
+    n = 0
+    n_rep = 0
+    for e in range(E):
+        ptr[e] = n
+        if cnt[e] >= 2:
+            n += cnt[e]
+            reps[n_rep] = e
+            n_rep += 1
+    ptr[E] = n
+    fill = ptr[:E].copy()
+    for h in range(g):
+        for k in range(per):
+            e = slots[h, k]
+            if cnt[e] >= 2:
+                gpus[fill[e]] = h
+                fill[e] += 1
+    total = 0.0
+    for t in range(B):
+        sm = gfloor[t]
+        num = N[t]
+        den = g
+        for h in range(g):
+            if R[t, h] > sm:
+                sm = R[t, h]
+            if T[t, h] * den > num:
+                num = T[t, h]
+                den = 1
+        for j in range(n_rep):
+            e = reps[j]
+            if counts[t, e] == 0:
+                continue
+            r = 1
+            s = counts[t, e]
+            for i in range(ptr[e], ptr[e + 1]):
+                r += R[t, gpus[i]]
+                s += T[t, gpus[i]]
+            q = (r + cnt[e] - 1) // cnt[e]
+            if q > sm:
+                sm = q
+            if s * den > num * cnt[e]:
+                num = s
+                den = cnt[e]
+        lam = num / den
+        v = max(a + b * sm, c + beta * lam)
+        if has3:
+            v = max(v, c2 + gamma * lam)
+        total += v
+    return total / B
+
+
+@njit(**NJIT)
 def placement_search_kernel(
     slots0, counts, freq, mean, need, node_of, a, b, c, beta, c2, gamma, has3, max_evals
 ):
@@ -163,11 +255,33 @@ def placement_search_kernel(
     slots = slots0.copy()
     g, per = slots.shape
     E = counts.shape[1]
+    B = counts.shape[0]
     several_nodes = node_of.max() > 0
-    best = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
-    evals = 0
     cnt = np.zeros(E, np.int64)
     on = np.zeros((E, g), np.bool_)
+    for h in range(g):
+        for k in range(per):
+            cnt[slots[h, k]] += 1
+            on[slots[h, k], h] = True
+    gfloor = np.zeros(B, np.int64)
+    N = np.zeros(B, np.int64)
+    R = np.zeros((B, g), np.int64)
+    T = np.zeros((B, g), np.int64)
+    for t in range(B):
+        live = 0
+        for e in range(E):
+            if counts[t, e] > 0:
+                live += 1
+                N[t] += counts[t, e]
+        gfloor[t] = (live + g - 1) // g
+    for e in range(E):
+        _toggle(1, e, on, cnt, R, T, counts)
+    ptr = np.zeros(E + 1, np.int64)
+    gpus = np.zeros(g * per, np.int64)
+    reps = np.zeros(E, np.int64)
+    args = (gfloor, N, ptr, gpus, reps, a, b, c, beta, c2, gamma, has3)
+    best = _hall_eval(slots, cnt, R, T, counts, *args)
+    evals = 0
     pressure = np.zeros(g)
     ratio = np.zeros(E)
     w = np.zeros(E)
@@ -176,12 +290,6 @@ def placement_search_kernel(
     e1s = np.empty(_HOT_EXPERTS, np.int64)
     e2s = np.empty(_COLD_EXPERTS, np.int64)
     while evals < max_evals:
-        cnt[:] = 0
-        on[:, :] = False
-        for h in range(g):
-            for k in range(per):
-                cnt[slots[h, k]] += 1
-                on[slots[h, k], h] = True
         for h in range(g):
             f = 0.0
             m = 0.0
@@ -237,14 +345,14 @@ def placement_search_kernel(
                     for k in range(per):
                         if slots[hb, k] == d:
                             kb = k
-                    slots[hb, kb] = u
-                    s = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
+                    _set_slot(slots, on, cnt, R, T, counts, hb, kb, u)
+                    s = _hall_eval(slots, cnt, R, T, counts, *args)
                     evals += 1
                     if s < best * (1 - 1e-12):
                         best = s
                         improved = True
                         break
-                    slots[hb, kb] = d
+                    _set_slot(slots, on, cnt, R, T, counts, hb, kb, d)
                 if improved:
                     break
         if improved:
@@ -286,16 +394,16 @@ def placement_search_kernel(
                         for k in range(per):
                             if slots[h2, k] == e2:
                                 k2 = k
-                        slots[h1, k1] = e2
-                        slots[h2, k2] = e1
-                        s = hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3)
+                        _set_slot(slots, on, cnt, R, T, counts, h1, k1, e2)
+                        _set_slot(slots, on, cnt, R, T, counts, h2, k2, e1)
+                        s = _hall_eval(slots, cnt, R, T, counts, *args)
                         evals += 1
                         if s < best * (1 - 1e-12):
                             best = s
                             improved = True
                             break
-                        slots[h1, k1] = e1
-                        slots[h2, k2] = e2
+                        _set_slot(slots, on, cnt, R, T, counts, h2, k2, e2)
+                        _set_slot(slots, on, cnt, R, T, counts, h1, k1, e1)
                     if improved:
                         break
                 if improved:
@@ -343,11 +451,8 @@ def placement_search_reference(
                     if d == u:
                         continue
                     near = {nodes[x] for x in range(g) if u in slots[x]}
-                    gpus = [
-                        h
-                        for h in range(g)
-                        if d in slots[h] and u not in slots[h] and (max(nodes) == 0 or nodes[h] in near)
-                    ]  # fmt: skip
+                    gpus = [h for h in range(g) if d in slots[h] and u not in slots[h]]
+                    gpus = [h for h in gpus if max(nodes) == 0 or nodes[h] in near]
                     if gpus:
                         h = min(gpus, key=lambda x: pressure[x])
                         trials.append([(h, slots[h].index(d), u)])

@@ -86,7 +86,6 @@ import math
 import numpy as np
 
 from ..formulations.cost import CostModel
-from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import (
     check_array,
@@ -98,7 +97,6 @@ from ..formulations.validation import (
 from ._placement_kernels import hall_score_kernel, placement_search_kernel
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
-from .dispatch import solve_dispatch
 from .eplb import rebalance_experts
 from .tempo import tempo_layer_bound
 
@@ -200,20 +198,15 @@ def moved_replicas(previous, physical_to_logical) -> np.ndarray:
 
 
 class _Scorer:
-    """Mean tempo layer bound, and tempo's mean makespan (the guard), over the sampled
-    batches of one layer and ``extra`` batches (resampled ones)."""
+    """Mean of tempo's exact layer bound (:func:`~straggler.solvers.tempo.tempo_layer_bound`:
+    token-LP and optimal semi-matching values) over the batches of one layer."""
 
-    def __init__(self, samples: np.ndarray, cost: CostModel, extra=None):
-        self.samples = [np.ascontiguousarray(c, dtype=np.int64) for c in samples]
-        bound = self.samples + ([] if extra is None else list(extra))
-        self.bound = [np.ascontiguousarray(c, dtype=np.int64) for c in bound]
+    def __init__(self, samples: np.ndarray, cost: CostModel):
+        self.bound = [np.ascontiguousarray(c, dtype=np.int64) for c in samples]
         self.live = [c > 0 for c in self.bound]
         self.cost = cost
-        self.evals = 0
-        self.memo: dict = {}
 
     def __call__(self, mask: np.ndarray) -> float:
-        self.evals += 1
         rep = np.ascontiguousarray(mask)
         total = 0.0
         for c, live in zip(self.bound, self.live):
@@ -221,17 +214,6 @@ class _Scorer:
             _, sm, _ = semi_matching_kernel(rep, live)
             total += tempo_layer_bound(self.cost, num / den, int(sm))
         return total / len(self.bound)
-
-    def tempo(self, mask: np.ndarray) -> float:
-        """Mean makespan of tempo (default options, exact repair off: a placement must be
-        deterministic, and HiGHS stops on wall-clock time) on the scored batches (memoized: the
-        guard re-scores the start the start selection already scored)."""
-        key = np.packbits(mask).tobytes()
-        if key not in self.memo:
-            problem = DispatchProblem(counts=np.stack(self.bound), replicas=mask)
-            res = solve_dispatch(problem, self.cost, method="tempo", repair_budget_s=0.0)
-            self.memo[key] = float(np.mean(res.makespan))
-        return self.memo[key]
 
 
 def _candidates(mask, samples, node_of):
@@ -300,7 +282,8 @@ def _resample(window: np.ndarray, n: int, seed) -> np.ndarray | None:
 
 def _slots_of(mask: np.ndarray) -> np.ndarray:
     """``(g, per)`` experts of each GPU, increasing, of a mask with ``per`` per GPU."""
-    return np.ascontiguousarray(np.stack([np.flatnonzero(col) for col in mask.T]), dtype=np.int64)
+    g = mask.shape[1]
+    return np.ascontiguousarray(np.nonzero(mask.T)[1].reshape(g, -1), dtype=np.int64)
 
 
 def _cost_args(cost: CostModel):
@@ -373,10 +356,17 @@ def _toward(mask, target, samples, node_of, limit=32):
 def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, move_cost,
                      max_evals, extra=None):  # fmt: skip
     """Best-improvement search from ``start`` (the placement in force, duplicates refilled)
-    for the lowest ``score + move_cost * moves`` with at most ``max_moves`` replicas moved
-    from ``prev``; guarded by tempo itself on the samples (its mean makespan plus the moves'
-    price must be lower than the start's)."""
-    scorer = _Scorer(samples, cost, extra)
+    for the lowest Hall score plus ``move_cost`` per move with at most ``max_moves``
+    replicas moved from ``prev``; guarded by the exact layer bound on the window's own
+    batches (module notes, "Rebalance from the placement in force")."""
+    batches = samples if extra is None else np.concatenate([samples, extra])
+    batches = np.ascontiguousarray(batches, dtype=np.int64)
+    args = _cost_args(cost)
+    evals = [0]
+
+    def scorer(m):
+        evals[0] += 1
+        return hall_score_kernel(_slots_of(m), batches, *args)
 
     def moves(m):
         return int((m & ~prev).sum())
@@ -385,12 +375,12 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
     cur = scorer(mask) + move_cost * moves(mask)
     best_mask, best = mask, cur
     walking = False
-    while scorer.evals < max_evals:
+    while evals[0] < max_evals:
         toward = _toward(mask, target, samples, node_of)
         others = [] if walking else _candidates(mask, samples, node_of)
         choice, choice_s, choice_toward = None, np.inf, False
         for i, move in enumerate(toward + others):
-            if scorer.evals >= max_evals:
+            if evals[0] >= max_evals:
                 break
             trial = mask.copy()
             for e, h, v in move:
@@ -411,8 +401,8 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
             best_mask, best = mask, cur
     mask = best_mask
     if not np.array_equal(mask, start):
-        a = scorer.tempo(mask) + move_cost * moves(mask)
-        if a >= scorer.tempo(start) + move_cost * moves(start):
+        exact = _Scorer(samples, cost)
+        if exact(mask) + move_cost * moves(mask) > exact(start) + move_cost * moves(start):
             return start
     return mask
 

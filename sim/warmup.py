@@ -42,6 +42,7 @@ from ..formulations.validation import check_bool, check_choice, check_type
 from ..solvers._backend import PAIRS, kernel_mode
 from ..solvers._compile import JitTimer, is_cached
 from ..solvers.dispatch import solve_dispatch
+from ..solvers.placement import warm_placement
 from ..solvers.registry import dispatch_methods
 from ..solvers.routing import route_batch
 from ..solvers.routing_registry import routing_policies
@@ -216,6 +217,7 @@ def warmup(
     methods=None,
     policies=None,
     verbose: bool = False,
+    placement: bool = False,
 ) -> WarmupReport:
     """Compile (or load from numba's disk cache) every kernel the chosen entry points use.
 
@@ -235,6 +237,8 @@ def warmup(
         ``straggler.solvers.routing_registry.routing_policies()``).
     verbose : bool, default False
         Print each step as it finishes (to stderr).
+    placement : bool, default False
+        ``place_experts`` and EPLB (:func:`straggler.solvers.placement.warm_placement`).
 
     Returns
     -------
@@ -251,6 +255,7 @@ def warmup(
     dispatch, routing, simulator, methods, policies, verbose = _warmup_iv(
         dispatch, routing, simulator, methods, policies, verbose
     )
+    placement = check_bool(placement, "placement", "warmup")
     steps = []
     t_start = time.perf_counter()
 
@@ -289,6 +294,8 @@ def warmup(
                 f"simulate[{pol}]",
                 lambda pol=pol: simulate(trace, policy=pol, n_replicas=2, max_slots=2),
             )
+    if placement:
+        step("place_experts", warm_placement)
     total = time.perf_counter() - t_start
     missed = ()
     if dispatch:

@@ -9,37 +9,41 @@ places for that.
 
 ``method="local_search"`` (default), per layer:
 
-1. **Start** from the better, under tempo on the scored batches (ties: the first), of
-   two EPLB placements of the window's mean load, neither with two replicas of one expert
-   on one GPU: EPLB with ``distinct=True``, and upstream EPLB with its duplicate replicas
-   collapsed and the freed slots refilled (each to the expert not on that GPU with the
-   largest mean load per replica). Which one places better varies by cell.
-2. **Score** a placement by the mean, over the *scored batches*, of tempo's certified layer
-   bound ``max(a + b SM, c + beta
-   lambda*, c2 + gamma lambda*)`` (:func:`~straggler.solvers.tempo.tempo_layer_bound`:
-   ``lambda*`` the exact token-LP value, ``SM`` the optimal semi-matching value, both by
-   the library's kernels, microseconds each). tempo stays within about 1% of it on decode
-   batches, so it prices the expected tempo makespan at a fraction of tempo's cost, and it
-   is exact in both pure regimes. The scored batches are ``n_samples`` batches of the
-   window (evenly spaced) and ``n_resamples`` batches built expert by expert from it (each
-   expert's count that of a random batch of the window, seeded by the layer index): they
-   keep each expert's distribution and mix which experts are hot together, so the search
-   tunes less to the window's particular batches (on a window of 8 batches, the held-out
-   gain rose by about a third with them).
-3. **Moves**, keeping ``P / n_gpus`` slots per GPU and distinctness: a *replica move* gives
-   the slot of a replica of a donor expert (count >= 2, lowest peak load per replica
-   ``max_b n_b / r`` first) to a receiver expert not on that GPU (highest peak load per
-   replica first); a *swap* exchanges a single-replica expert of the GPU with the most rigid
-   load with a lighter expert of the GPU with the least, rigid load measured two ways: mean
-   tokens of its single-replica experts (the compute piece) and how often they are live in
-   the samples (the floor piece: what the semi-matching must place). Candidates are
-   tried in that order; the first that lowers the score is applied; the search stops when
-   none of the candidates improves or after ``max_evals`` scored candidates. With several
-   nodes, both moves stay inside one node (EPLB's group-to-node packing is kept).
-4. **Guard.** The result is kept only if tempo itself (the dispatcher it is built for)
-   gives a lower mean makespan than the start on the scored batches; else the start is
-   returned. So on the batches it is scored on, the placement is never worse under tempo
-   than either EPLB start (on the window's own batches too with ``n_resamples=0``).
+1. **Batches.** The scored batches are the window's (``n_samples`` of them, evenly spaced)
+   and ``n_resamples`` batches built expert by expert from it (each expert's count that of
+   a random batch of the window, seeded by the layer index): they keep each expert's
+   distribution and mix which experts are hot together, so the search tunes less to the
+   window's particular batches (on the phase grid of ``benchmarks/placement.py``, 8-batch
+   windows, scored on the next window: 32 resamples captured 67% of the headroom, 128 71%,
+   256 75%).
+2. **Score: the Hall bound.** A placement is scored by the mean, over the scored batches,
+   of a lower bound of tempo's layer bound ``max(a + b SM, c + beta lambda*, c2 + gamma
+   lambda*)`` (TEMPO Lemmas 1 and 2) that takes Hall's condition on a few sets of GPUs only
+   (all of them, each GPU with its single-replica experts, each replicated expert's
+   replica set), so that it costs ``O(g + sum of replica sets)`` per batch with the
+   per-GPU rigid loads kept up to date move by move (:mod:`._placement_kernels` states it
+   and proves it a bound; it equals the layer bound when every expert has one replica).
+3. **Start** from the EPLB placement of the window's mean load with the lower score (ties:
+   the first) of two, neither with two replicas of one expert on one GPU: EPLB with
+   ``distinct=True``, and upstream EPLB with its duplicate replicas collapsed and the freed
+   slots refilled (each to the expert not on that GPU with the largest mean load per
+   replica). Which one places better varies by cell.
+4. **Moves** (jitted first-improvement search, kernel and plain reference in
+   :mod:`._placement_kernels`), keeping ``P / n_gpus`` slots per GPU and distinctness: a
+   *replica move* gives the slot of a donor expert (count >= 2, least need per replica
+   first) to a receiver expert not on that GPU (most need per replica first), need
+   measured as peak tokens (the compute piece) and then as how often the expert is live
+   (the floor piece: a replica of an expert live in most batches is what lets the
+   semi-matching even out the GPUs' activated experts); a *swap* exchanges a
+   single-replica expert of a GPU of high rigid pressure with a lighter expert of one of
+   low pressure. The first candidate that lowers the score is applied; the search stops
+   when none does or after ``max_evals`` scored candidates. With several nodes, both moves
+   stay inside one node (EPLB's group-to-node packing is kept).
+5. **Guard.** Of the result and the two starts, the one with the lowest mean exact layer
+   bound (:func:`~straggler.solvers.tempo.tempo_layer_bound`: token-LP and optimal
+   semi-matching values by the library's kernels) on the window's own batches is returned
+   (ties: in that order). So on its window a placement is never worse, under the bound
+   tempo stays within about 1% of, than either EPLB start.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
@@ -55,20 +59,19 @@ changes is one expert's weights copied into it (a *moved replica*,
 3. **Moves**, best improvement: every round scores the replica moves *toward the target*
    (on each GPU where they differ, the target's missing expert with the highest peak load
    per replica takes the slot of the dropped expert with the lowest that keeps a replica
-   elsewhere) and the moves and swaps of step 3 above, and applies the one that lowers the
-   mean tempo layer bound plus ``move_cost`` per moved replica the most, within
-   ``max_moves`` replicas moved from ``previous``. When none lowers it, the round applies
-   the best move toward the target instead (the bound is a maximum over GPUs: single moves
-   often change nothing until the last GPU is relieved) and the next rounds try the moves
-   toward the target only, until one lowers the objective again; it stops when the target
-   is reached, the budget spent or no move is left, and returns the best placement met on
-   the way.
-4. **Guard**, as above: kept only if tempo's mean makespan plus the moves' price is lower
-   than the start's.
+   elsewhere) and the moves and swaps of the search from scratch (peak-token need), and
+   applies the one that lowers the mean Hall bound plus ``move_cost`` per moved replica the
+   most, within ``max_moves`` replicas moved from ``previous``. When none lowers it, the
+   round applies the best move toward the target instead (the bound is a maximum over
+   GPUs: single moves often change nothing until the last GPU is relieved) and the next
+   rounds try the moves toward the target only, until one lowers the objective again; it
+   stops when the target is reached, the budget spent or no move is left, and returns the
+   best placement met on the way.
+4. **Guard**: kept only if its mean exact layer bound on the window's own batches plus the
+   moves' price is no higher than the start's.
 
 The rebalance scores on the same batches as the search from scratch (the window's and the
-resampled ones). On one DeepSeek-V3-sized layer (256 experts, 32 GPUs, 256 tokens per GPU,
-28 moves) ``n_resamples=0`` ran 3.7x faster, and gave a 3.7% higher held-out makespan.
+resampled ones).
 
 Slots keep their experts where they can: an expert staying on a GPU stays in its slot (the
 rule of vLLM's ``preserve_intragpu_slots``, ``vllm/distributed/eplb/policy/default.py``),
@@ -97,11 +100,13 @@ from ..formulations.validation import (
 from ._placement_kernels import hall_score_kernel, placement_search_kernel
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
-from .eplb import rebalance_experts
+from .eplb import EPLB_VERSIONS, rebalance_experts
 from .tempo import tempo_layer_bound
 
 __all__ = [
     "place_experts",
+    "placement_kernels",
+    "warm_placement",
     "moved_replicas",
     "PLACEMENT_METHODS",
     "DEFAULT_PLACEMENT_COST",
@@ -217,7 +222,8 @@ class _Scorer:
 
 
 def _candidates(mask, samples, node_of):
-    """Moves in trial order (module notes, step 3); each a list of (expert, gpu, value)."""
+    """Replica moves and swaps of the rebalance (module notes, rebalance step 3), in trial
+    order; each a list of (expert, gpu, value)."""
     count = mask.sum(axis=1)
     peak = samples.max(axis=0) / np.maximum(count, 1)
     donors = [e for e in np.argsort(peak, kind="stable") if count[e] >= 2][:6]
@@ -504,7 +510,7 @@ def place_experts(
     cost: CostModel | str | None = None,
     method: str = "local_search",
     n_samples: int = 8,
-    n_resamples: int = 32,
+    n_resamples: int = 256,
     max_evals: int | None = None,
     previous=None,
     max_moves: int | None = None,
@@ -532,15 +538,16 @@ def place_experts(
     method : {"local_search", "eplb", "exhaustive"}, default "local_search"
         See the module notes; ``"exhaustive"`` is the exact reference of the searches for
         small layouts (one node, at most :data:`EXHAUSTIVE_LIMIT` placements per layer): the
-        optimum of their objective (the mean tempo layer bound on the sampled batches, plus
-        ``move_cost`` per moved replica, within ``max_moves``) by enumeration.
+        optimum of the objective they approximate (the mean exact tempo layer bound on the
+        window's sampled batches, plus ``move_cost`` per moved replica, within
+        ``max_moves``) by enumeration.
     n_samples : int, default 8
         Batches of the window the local search scores on (evenly spaced).
-    n_resamples : int, default 32
+    n_resamples : int, default 256
         Batches resampled from the window the searches also score on (module notes, step
-        2); 0: none.
+        1); 0: none.
     max_evals : int, optional
-        Scored candidate placements per layer, for each search (its budget); default 120 for
+        Scored candidate placements per layer, for each search (its budget); default 1000 for
         the search from scratch and ``40 + 60 * max_moves`` (``P`` without ``max_moves``) for
         the rebalance from ``previous``.
     previous : array_like of int, shape (n_layers, P), or the three maps, optional
@@ -654,3 +661,37 @@ def place_experts(
                 move_evals, _resample(counts[:, l], n_resamples, l),
             )  # fmt: skip
     return _maps_keeping(masks, prev, per)
+
+
+def placement_kernels() -> dict[str, object]:
+    """The Numba kernels :func:`place_experts` and
+    :func:`~straggler.solvers.eplb.rebalance_experts` call, by ``module.name``."""
+    from . import _eplb_kernels, _placement_kernels
+
+    out = {}
+    for mod, names in (
+        (_placement_kernels, ("hall_score_kernel", "placement_search_kernel")),
+        (_eplb_kernels, ("packing_kernel", "packing_distinct_kernel", "replicate_kernel")),
+    ):
+        for name in names:
+            out[f"{mod.__name__.rsplit('.', 1)[1]}.{name}"] = getattr(mod, name)
+    return out
+
+
+def warm_placement() -> None:
+    """Compile (or load from numba's disk cache) every kernel of :func:`placement_kernels`
+    with the argument types the public calls pass: a tiny window placed from scratch and
+    rebalanced from the placement in force, and EPLB in each version and distinct.
+
+    Examples
+    --------
+    >>> warm_placement()
+    >>> all(k.signatures for k in placement_kernels().values())
+    True
+    """
+    hist = np.random.default_rng(0).poisson([40, 20, 5, 5, 3, 1, 1, 1], size=(4, 1, 8))
+    p2l = place_experts(hist, 12, 1, 1, 4, n_resamples=4)[0]
+    place_experts(hist, 12, 1, 1, 4, n_resamples=4, previous=p2l, max_moves=1)
+    for version in EPLB_VERSIONS:
+        rebalance_experts(hist.mean(axis=0), 12, 1, 1, 4, version=version)
+    rebalance_experts(hist.mean(axis=0), 12, 2, 2, 4, distinct=True)

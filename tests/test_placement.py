@@ -241,3 +241,33 @@ def test_search_kernels_equal_their_references(seed):
         ]  # fmt: skip
         for other in outs[1:]:
             assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
+
+
+def test_warmup_reaches_the_placement_kernels():
+    from straggler.sim.warmup import warmup
+    from straggler.solvers.placement import placement_kernels
+
+    rep = warmup(dispatch=False, routing=False, simulator=False, placement=True)
+    assert [s.name for s in rep.steps] == ["place_experts"]
+    assert len(placement_kernels()) == 5
+    assert all(k.signatures for k in placement_kernels().values())
+    with pytest.raises(InvalidInputError):
+        warmup(placement="yes")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_from_scratch_against_the_exhaustive_optimum(seed):
+    """6 experts, 3 GPUs of 3 slots: the exhaustive reference (the exact layer bound's
+    optimum on the window) is never beaten, and the search never ends above either EPLB
+    start under that bound."""
+    from straggler.solvers.placement import _mask_from_p2l, _Scorer
+
+    rng = np.random.default_rng(seed)
+    hist = rng.poisson(rng.choice([200.0, 60, 20, 5, 1, 0.5], 6, replace=False), (4, 1, 6))
+    score = _Scorer(hist[:, 0], CostModel.preset("qwen3_30b_a_offline"))
+    kw = dict(cost="qwen3_30b_a_offline", n_samples=4)
+    vals = {
+        m: score(_mask_from_p2l(place_experts(hist, 9, 1, 1, 3, method=m, **kw)[0][0], 6, 3))
+        for m in ("exhaustive", "local_search", "eplb")
+    }
+    assert vals["exhaustive"] <= vals["local_search"] <= vals["eplb"]

@@ -56,75 +56,13 @@ __all__ = [
 _RECEIVERS, _DONORS, _HOT_GPUS, _COLD_GPUS, _HOT_EXPERTS, _COLD_EXPERTS = 6, 6, 2, 3, 4, 4
 
 
-@njit(**NJIT)
-def hall_score_kernel(slots, counts, a, b, c, beta, c2, gamma, has3):
-    """Mean Hall bound (module notes) of ``slots`` (``(g, per)`` experts) over the rows of
-    ``counts`` (``(n_batches, E)`` int64)."""
-    B, E = counts.shape
-    g, per = slots.shape
-    cnt = np.zeros(E, np.int64)
-    for h in range(g):
-        for k in range(per):
-            cnt[slots[h, k]] += 1
-    R = np.zeros(g, np.int64)
-    T = np.zeros(g, np.int64)
-    acc_r = np.zeros(E, np.int64)
-    acc_t = np.zeros(E, np.int64)
-    total = 0.0
-    for t in range(B):
-        live = 0
-        N = 0
-        for e in range(E):
-            acc_r[e] = 0
-            acc_t[e] = 0
-            if counts[t, e] > 0:
-                live += 1
-                N += counts[t, e]
-        sm = (live + g - 1) // g
-        num = N
-        den = g
-        for h in range(g):
-            r = 0
-            s = 0
-            for k in range(per):
-                e = slots[h, k]
-                if cnt[e] == 1 and counts[t, e] > 0:
-                    r += 1
-                    s += counts[t, e]
-            R[h] = r
-            T[h] = s
-            if r > sm:
-                sm = r
-            if s * den > num:
-                num = s
-                den = 1
-        for h in range(g):
-            for k in range(per):
-                e = slots[h, k]
-                if cnt[e] >= 2:
-                    acc_r[e] += R[h]
-                    acc_t[e] += T[h]
-        for e in range(E):
-            if cnt[e] >= 2 and counts[t, e] > 0:
-                q = (acc_r[e] + 1 + cnt[e] - 1) // cnt[e]
-                if q > sm:
-                    sm = q
-                s = acc_t[e] + counts[t, e]
-                if s * den > num * cnt[e]:
-                    num = s
-                    den = cnt[e]
-        lam = num / den
-        v = max(a + b * sm, c + beta * lam)
-        if has3:
-            v = max(v, c2 + gamma * lam)
-        total += v
-    return total / B
-
-
-def hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3):
-    """Plain-Python reference of :func:`hall_score_kernel`: the Hall sets written out."""
+def hall_score_reference(slots, counts, mean, w, a, b, c, beta, c2, gamma, has3):
+    """Plain-Python reference of :func:`hall_score_kernel`: the Hall sets and the greedy
+    dispatch written out."""
     g = len(slots)
     E = len(counts[0])
+    cost = (a, b, c, beta, c2, gamma, has3)
+    mean = [float(x) for x in mean]
     holders = [[h for h in range(g) if e in [int(x) for x in slots[h]]] for e in range(E)]
     total = 0.0
     for row in counts:
@@ -149,8 +87,41 @@ def hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3):
         v = max(a + b * sm, c + beta * lam)
         if has3:
             v = max(v, c2 + gamma * lam)
+        if w > 0:
+            v = (1 - w) * v + w * _greedy_reference(holders, single, live, n, mean, g, cost)
         total += v
     return total / len(counts)
+
+
+def _greedy_reference(holders, single, live, n, mean, g, cost):
+    """Makespan of the greedy dispatch (module notes) of one batch."""
+    a, b, c, beta, c2, gamma, has3 = cost
+
+    def time(G, N):
+        x = max(a + b * G, c + beta * N)
+        return max(x, c2 + gamma * N) if has3 else x
+
+    G = [0.0] * g
+    N = [0.0] * g
+    for e in single:
+        G[holders[e][0]] += 1
+        N[holders[e][0]] += n[e]
+    replicated = [e for e in range(len(n)) if len(holders[e]) >= 2]
+    for e in sorted(replicated, key=lambda e: -mean[e]):
+        if n[e] == 0:
+            continue
+        part = n[e] / len(holders[e])
+        whole = [time(G[h] + 1, N[h] + n[e]) for h in holders[e]]
+        split = max(time(G[h] + 1, N[h] + part) for h in holders[e])
+        if split < min(whole):
+            for h in holders[e]:
+                G[h] += 1
+                N[h] += part
+        else:
+            h = holders[e][whole.index(min(whole))]
+            G[h] += 1
+            N[h] += n[e]
+    return max(time(G[h], N[h]) for h in range(g))
 
 
 @njit(**NJIT)
@@ -188,7 +159,7 @@ def _set_slot(slots, on, cnt, R, T, counts, h, k, new):
 
 @njit(**NJIT)
 def _hall_eval(
-    slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, a, b, c, beta, c2, gamma, has3
+    slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, mean, w, a, b, c, beta, c2, gamma, has3
 ):
     """:func:`hall_score_kernel` from the maintained rigid shares ``R``, ``T`` (``(B, g)``),
     per-batch ``ceil(E_live / g)`` and ``N``: ``O(g + sum of replicated sets)`` a batch."""
@@ -211,6 +182,9 @@ def _hall_eval(
             if cnt[e] >= 2:
                 gpus[fill[e]] = h
                 fill[e] += 1
+    order = reps[:n_rep][np.argsort(-mean[reps[:n_rep]], kind="mergesort")]
+    Gw = np.zeros(g)
+    Nw = np.zeros(g)
     total = 0.0
     for t in range(B):
         sm = gfloor[t]
@@ -241,28 +215,76 @@ def _hall_eval(
         v = max(a + b * sm, c + beta * lam)
         if has3:
             v = max(v, c2 + gamma * lam)
+        if w > 0:
+            # the greedy dispatch: rigid shares, then each live replicated expert whole on
+            # the replica GPU that ends lowest, or split evenly over its replicas if lower
+            for h in range(g):
+                Gw[h] = R[t, h]
+                Nw[h] = T[t, h]
+            for j in range(n_rep):
+                e = order[j]
+                n = counts[t, e]
+                if n == 0:
+                    continue
+                part = n / cnt[e]
+                hb = -1
+                vb = 0.0
+                vs = 0.0
+                for i in range(ptr[e], ptr[e + 1]):
+                    h = gpus[i]
+                    x = max(a + b * (Gw[h] + 1), c + beta * (Nw[h] + n))
+                    y = max(a + b * (Gw[h] + 1), c + beta * (Nw[h] + part))
+                    if has3:
+                        x = max(x, c2 + gamma * (Nw[h] + n))
+                        y = max(y, c2 + gamma * (Nw[h] + part))
+                    if hb < 0 or x < vb:
+                        hb = h
+                        vb = x
+                    vs = max(vs, y)
+                if vs < vb:
+                    for i in range(ptr[e], ptr[e + 1]):
+                        Gw[gpus[i]] += 1
+                        Nw[gpus[i]] += part
+                else:
+                    Gw[hb] += 1
+                    Nw[hb] += n
+            u = 0.0
+            for h in range(g):
+                x = max(a + b * Gw[h], c + beta * Nw[h])
+                if has3:
+                    x = max(x, c2 + gamma * Nw[h])
+                u = max(u, x)
+            v = (1 - w) * v + w * u
         total += v
     return total / B
 
 
 @njit(**NJIT)
-def placement_search_kernel(
-    slots0, counts, freq, mean, need, node_of, a, b, c, beta, c2, gamma, has3, max_evals
-):
-    """First-improvement search (module notes) from ``slots0`` (``(g, per)`` experts, no
-    expert twice on a GPU) on the mean Hall bound over ``counts``; returns
-    ``(slots, score, evals)``."""
-    slots = slots0.copy()
-    g, per = slots.shape
+def hall_score_kernel(slots, counts, mean, w, a, b, c, beta, c2, gamma, has3):
+    """Mean score (module notes) of ``slots`` (``(g, per)`` experts) over the rows of
+    ``counts`` (``(n_batches, E)`` int64): the Hall bound, mixed with weight ``w`` with the
+    greedy dispatch's makespan (replicated experts by decreasing ``mean``)."""
     E = counts.shape[1]
-    B = counts.shape[0]
-    several_nodes = node_of.max() > 0
+    g, per = slots.shape
     cnt = np.zeros(E, np.int64)
     on = np.zeros((E, g), np.bool_)
     for h in range(g):
         for k in range(per):
             cnt[slots[h, k]] += 1
             on[slots[h, k], h] = True
+    gfloor, N, R, T = _batch_state(on, cnt, counts)
+    ptr = np.zeros(E + 1, np.int64)
+    gpus = np.zeros(g * per, np.int64)
+    reps = np.zeros(E, np.int64)
+    cost = (a, b, c, beta, c2, gamma, has3)
+    return _hall_eval(slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, mean, w, *cost)
+
+
+@njit(**NJIT)
+def _batch_state(on, cnt, counts):
+    """Per batch ``ceil(E_live / g)`` and ``N``, and the rigid shares ``R``, ``T``."""
+    B, E = counts.shape
+    g = on.shape[1]
     gfloor = np.zeros(B, np.int64)
     N = np.zeros(B, np.int64)
     R = np.zeros((B, g), np.int64)
@@ -276,15 +298,36 @@ def placement_search_kernel(
         gfloor[t] = (live + g - 1) // g
     for e in range(E):
         _toggle(1, e, on, cnt, R, T, counts)
+    return gfloor, N, R, T
+
+
+@njit(**NJIT)
+def placement_search_kernel(
+    slots0, counts, freq, mean, need, node_of, w, a, b, c, beta, c2, gamma, has3, max_evals
+):
+    """First-improvement search (module notes) from ``slots0`` (``(g, per)`` experts, no
+    expert twice on a GPU) on the mean Hall bound over ``counts``; returns
+    ``(slots, score, evals)``."""
+    slots = slots0.copy()
+    g, per = slots.shape
+    E = counts.shape[1]
+    several_nodes = node_of.max() > 0
+    cnt = np.zeros(E, np.int64)
+    on = np.zeros((E, g), np.bool_)
+    for h in range(g):
+        for k in range(per):
+            cnt[slots[h, k]] += 1
+            on[slots[h, k], h] = True
+    gfloor, N, R, T = _batch_state(on, cnt, counts)
     ptr = np.zeros(E + 1, np.int64)
     gpus = np.zeros(g * per, np.int64)
     reps = np.zeros(E, np.int64)
-    args = (gfloor, N, ptr, gpus, reps, a, b, c, beta, c2, gamma, has3)
+    args = (gfloor, N, ptr, gpus, reps, mean, w, a, b, c, beta, c2, gamma, has3)
     best = _hall_eval(slots, cnt, R, T, counts, *args)
     evals = 0
     pressure = np.zeros(g)
     ratio = np.zeros(E)
-    w = np.zeros(E)
+    wt = np.zeros(E)
     recv = np.empty(_RECEIVERS, np.int64)
     donors = np.empty(_DONORS, np.int64)
     e1s = np.empty(_HOT_EXPERTS, np.int64)
@@ -300,7 +343,7 @@ def placement_search_kernel(
                     m += mean[e]
             pressure[h] = max(a + b * f, c + beta * m)
         for e in range(E):
-            w[e] = max(b * freq[e], beta * mean[e]) / cnt[e]
+            wt[e] = max(b * freq[e], beta * mean[e]) / cnt[e]
         improved = False
         # 1. replica moves: a donor's slot to a receiver, for each criterion in turn
         for q in range(need.shape[0]):
@@ -360,8 +403,8 @@ def placement_search_kernel(
         # 2. swaps between a GPU of large and one of small pressure
         hot = np.argsort(-pressure, kind="mergesort")
         cold = np.argsort(pressure, kind="mergesort")
-        down = np.argsort(-w, kind="mergesort")
-        up = np.argsort(w, kind="mergesort")
+        down = np.argsort(-wt, kind="mergesort")
+        up = np.argsort(wt, kind="mergesort")
         for i1 in range(min(_HOT_GPUS, g)):
             h1 = hot[i1]
             for i2 in range(min(_COLD_GPUS, g)):
@@ -384,7 +427,7 @@ def placement_search_kernel(
                     e1 = e1s[j1]
                     for j2 in range(n2):
                         e2 = e2s[j2]
-                        if w[e1] <= w[e2] or evals >= max_evals:
+                        if wt[e1] <= wt[e2] or evals >= max_evals:
                             continue
                         k1 = 0
                         for k in range(per):
@@ -416,7 +459,7 @@ def placement_search_kernel(
 
 
 def placement_search_reference(
-    slots0, counts, freq, mean, need, node_of, a, b, c, beta, c2, gamma, has3, max_evals
+    slots0, counts, freq, mean, need, node_of, w, a, b, c, beta, c2, gamma, has3, max_evals
 ):
     """Plain-Python reference of :func:`placement_search_kernel` (lists, sorted keys, and
     :func:`hall_score_reference`)."""
@@ -427,7 +470,7 @@ def placement_search_reference(
     need = [[float(x) for x in row] for row in need]
 
     def score():
-        return hall_score_reference(slots, counts, a, b, c, beta, c2, gamma, has3)
+        return hall_score_reference(slots, counts, mean, w, a, b, c, beta, c2, gamma, has3)
 
     best, evals = score(), 0
     while evals < max_evals:
@@ -440,7 +483,7 @@ def placement_search_reference(
                     f += freq[e]
                     m += mean[e]
             pressure.append(max(a + b * f, c + beta * m))
-        w = [max(b * freq[e], beta * mean[e]) / cnt[e] for e in range(E)]
+        wt = [max(b * freq[e], beta * mean[e]) / cnt[e] for e in range(E)]
         trials = []  # (GPU, slot, new expert) changes of each candidate, in order
         for row in need:
             ratio = [row[e] / cnt[e] for e in range(E)]
@@ -463,18 +506,18 @@ def placement_search_reference(
                 if h1 == h2 or nodes[h1] != nodes[h2]:
                     continue
                 e1s = [
-                    e for e in sorted(range(E), key=lambda e: -w[e])
+                    e for e in sorted(range(E), key=lambda e: -wt[e])
                     if cnt[e] == 1 and e in slots[h1] and e not in slots[h2]
                 ][:_HOT_EXPERTS]  # fmt: skip
                 e2s = [
-                    e for e in sorted(range(E), key=lambda e: w[e])
+                    e for e in sorted(range(E), key=lambda e: wt[e])
                     if e in slots[h2] and e not in slots[h1]
                 ][:_COLD_EXPERTS]  # fmt: skip
                 trials += [
                     [(h1, slots[h1].index(e1), e2), (h2, slots[h2].index(e2), e1)]
                     for e1 in e1s
                     for e2 in e2s
-                    if w[e1] > w[e2]
+                    if wt[e1] > wt[e2]
                 ]
         improved = False
         for trial in trials:

@@ -292,6 +292,10 @@ def _slots_of(mask: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.nonzero(mask.T)[1].reshape(g, -1), dtype=np.int64)
 
 
+#: Weight of the greedy dispatch's makespan in the search's score (module notes, step 2).
+_GREEDY_WEIGHT = 0.5
+
+
 def _cost_args(cost: CostModel):
     has3 = bool(cost.has_traffic)
     return (float(cost.a), float(cost.b), float(cost.c), float(cost.beta),
@@ -303,18 +307,18 @@ def _hall_search(starts, samples, cost, node_of, max_evals, extra=None):
     two EPLB masks, ``samples`` the window's scored batches, ``extra`` the resampled ones."""
     batches = samples if extra is None else np.concatenate([samples, extra])
     batches = np.ascontiguousarray(batches, dtype=np.int64)
-    args = _cost_args(cost)
-    slot_starts = [_slots_of(m) for m in starts]
-    scores = [hall_score_kernel(s, batches, *args) for s in slot_starts]
-    i0 = int(np.argmin(scores))
     freq = (batches > 0).mean(axis=0)
     mean = batches.mean(axis=0)
+    args = (_GREEDY_WEIGHT, *_cost_args(cost))
+    slot_starts = [_slots_of(m) for m in starts]
+    scores = [hall_score_kernel(s, batches, mean, *args) for s in slot_starts]
+    i0 = int(np.argmin(scores))
     # receivers and donors of replica moves by peak tokens, then by how often live
     need = np.stack([batches.max(axis=0).astype(np.float64), freq])
+    nodes = np.ascontiguousarray(node_of, dtype=np.int64)
     slots, _, _ = placement_search_kernel(
-        slot_starts[i0], batches, freq, mean, need, np.ascontiguousarray(node_of, dtype=np.int64),
-        *args, max_evals,
-    )  # fmt: skip
+        slot_starts[i0], batches, freq, mean, need, nodes, *args, max_evals
+    )
     mask = np.zeros_like(starts[0])
     mask[slots, np.arange(slots.shape[0])[:, None]] = True
     # Step 4: the guard: the lowest mean exact layer bound over the window's own batches
@@ -367,7 +371,7 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
     batches (module notes, "Rebalance from the placement in force")."""
     batches = samples if extra is None else np.concatenate([samples, extra])
     batches = np.ascontiguousarray(batches, dtype=np.int64)
-    args = _cost_args(cost)
+    args = (batches.mean(axis=0), _GREEDY_WEIGHT, *_cost_args(cost))
     evals = [0]
 
     def scorer(m):

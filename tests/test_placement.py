@@ -193,7 +193,7 @@ def test_hall_score_bounds_tempos_layer_bound(seed):
     cost = _COSTS[seed % 3]
     mask = np.zeros((counts.shape[1], slots.shape[0]), bool)
     mask[slots, np.arange(slots.shape[0])[:, None]] = True
-    hall = hall_score_kernel(slots, counts, *_cost_args(cost))
+    hall = hall_score_kernel(slots, counts, counts.mean(0), 0.0, *_cost_args(cost))
     exact = _Scorer(counts, cost)(mask)
     assert hall <= exact * (1 + 1e-12)
     if (mask.sum(axis=1) == 1).all():
@@ -210,7 +210,7 @@ def test_search_kernels_equal_their_references(seed):
 
     rng = np.random.default_rng(seed)
     slots, counts = _random_layout(rng)
-    args = _cost_args(_COSTS[seed % 3])
+    args = (counts.mean(0), [0.0, 0.5, 1.0][seed % 3], *_cost_args(_COSTS[seed % 3]))
     g = slots.shape[0]
     hk = pk.hall_score_kernel
     scores = [f(slots, counts, *args) for f in (hk, getattr(hk, "py_func", hk))]
@@ -219,7 +219,7 @@ def test_search_kernels_equal_their_references(seed):
     stats = ((counts > 0).mean(0), counts.mean(0), np.stack([counts.max(0) * 1.0, counts.mean(0)]))
     sk = pk.placement_search_kernel
     outs = [
-        f(slots, counts, *stats, nodes, *args, 60)
+        f(slots, counts, *stats, nodes, *args[1:], 60)
         for f in (sk, getattr(sk, "py_func", sk), pk.placement_search_reference)
     ]  # fmt: skip
     for other in outs[1:]:

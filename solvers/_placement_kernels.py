@@ -1,7 +1,7 @@
-"""The search of :func:`~straggler.solvers.place_experts` on a cheap bound, kernel and reference.
+"""The search of :func:`~straggler.solvers.place_experts` on a cheap score, kernel and reference.
 
-**Objective: the Hall bound.** For one batch ``n`` (tokens per expert) on a placement (each
-GPU's experts, each expert's replica count ``r``), tempo's layer bound is
+**The Hall bound.** For one batch ``n`` (tokens per expert) on a placement (each GPU's
+experts, each expert's replica count ``r``), tempo's layer bound is
 ``max(a + b SM, c + beta lambda*, c2 + gamma lambda*)`` with ``SM`` the optimal
 semi-matching value and ``lambda*`` the token-LP value (TEMPO Lemmas 1 and 2). Both are
 maxima over sets ``Y`` of GPUs of what the experts confined to ``Y`` force onto them
@@ -13,22 +13,34 @@ maxima over sets ``Y`` of GPUs of what the experts confined to ``Y`` force onto 
 * the replica set ``S_e`` of each live expert ``e`` with ``r_e >= 2``: ``e`` and the
   single-replica experts of ``S_e`` (``1 + sum R_h``, ``n_e + sum T_h`` over ``S_e``);
 
-so it is a lower bound of tempo's layer bound (hence of tempo's makespan), exact when no
-other set binds, and costs ``O(P + E)`` per batch instead of a max-flow and an LP. The score
-of a placement is its mean over the scored batches.
+so it is a lower bound of tempo's layer bound (hence of tempo's makespan), equal to it when
+every expert has one replica, and costs ``O(g + sum of replica sets)`` per batch once
+``R_h`` and ``T_h`` are known, instead of a max-flow and an LP.
+
+**The greedy dispatch.** The bound prices activations and tokens apart; a GPU must carry
+both at once (when every GPU must activate its share of the live experts, the tokens of
+those experts are no longer free to move). The greedy dispatch of a batch puts every
+single-replica expert on its GPU, then each live replicated expert, by decreasing mean
+tokens (``mean``, ties: lower index), whole on the replica GPU where
+``max(a + b G_h, c + beta N_h, c2 + gamma N_h)`` ends lowest (ties: lower index), or split
+evenly over all its replicas if that ends lower; its makespan is the largest GPU time, a
+feasible dispatch's (an upper bound of the optimum tempo approximates).
+
+**Score.** The mean over the scored batches of ``(1 - w) * Hall + w * greedy`` (``w = 0``:
+the bound alone).
 
 **Search** (first improvement, deterministic). Per round, with ``freq[e]`` (share of the
-scored batches where ``e`` is live), ``mean[e]`` and ``peak[e]`` (mean and largest tokens)
-given, and the *pressure* of GPU ``h`` ``max(a + b F_h, c + beta M_h)`` (``F_h``, ``M_h``:
-sums of ``freq`` and ``mean`` over its single-replica experts, in slot order), the
-candidates are tried in this order and the first that lowers the score (by more than a
-relative ``1e-12``) is applied:
+scored batches where ``e`` is live) and ``mean[e]`` given, the *pressure* of GPU ``h``
+``max(a + b F_h, c + beta M_h)`` (``F_h``, ``M_h``: sums of ``freq`` and ``mean`` over its
+single-replica experts, in slot order), and each row ``peak`` of ``need`` a criterion of
+how much an expert needs replicas, the candidates are tried in this order and the first
+that lowers the score (by more than a relative ``1e-12``) is applied:
 
-1. *replica moves*: for each receiver ``u`` among the 6 experts of largest
-   ``peak / r`` (ties: lower index) and each donor ``d`` among the 6 experts with ``r >= 2``
-   of smallest ``peak / r``, ``d != u``: the slot of ``d`` on the GPU of least pressure (ties:
-   lower index) among those that hold ``d``, not ``u``, and (several nodes) lie on a node
-   where ``u`` has a replica;
+1. *replica moves*, for each row ``peak`` of ``need`` in turn: for each receiver ``u``
+   among the 6 experts of largest ``peak / r`` (ties: lower index) and each donor ``d``
+   among the 6 experts with ``r >= 2`` of smallest ``peak / r``, ``d != u``: the slot of
+   ``d`` on the GPU of least pressure (ties: lower index) among those that hold ``d``, not
+   ``u``, and (several nodes) lie on a node where ``u`` has a replica;
 2. *swaps*: for ``h1`` among the 2 GPUs of largest pressure and ``h2`` among the 3 of
    smallest (ties: lower index), ``h1 != h2``, same node: ``e1`` among the 4 single-replica
    experts of ``h1`` not on ``h2`` of largest weight ``w = max(b freq, beta mean) / r``,
@@ -36,7 +48,10 @@ relative ``1e-12``) is applied:
    index), ``w[e1] > w[e2]``: ``e1`` and ``e2`` trade slots.
 
 A replaced expert's slot takes the new expert in place. The search stops when a round finds
-no improving candidate or after ``max_evals`` scored candidates.
+no improving candidate or after ``max_evals`` scored candidates. The kernel keeps ``R_h``
+and ``T_h`` of every batch up to date slot change by slot change (only the two experts
+involved change), so a candidate costs the score's pass over the batches and no rebuild;
+the reference rebuilds everything from the slots.
 """
 
 from __future__ import annotations

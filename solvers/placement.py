@@ -14,15 +14,19 @@ places for that.
    a random batch of the window, seeded by the layer index): they keep each expert's
    distribution and mix which experts are hot together, so the search tunes less to the
    window's particular batches (on the phase grid of ``benchmarks/placement.py``, 8-batch
-   windows, scored on the next window: 32 resamples captured 67% of the headroom, 128 71%,
-   256 75%).
-2. **Score: the Hall bound.** A placement is scored by the mean, over the scored batches,
-   of a lower bound of tempo's layer bound ``max(a + b SM, c + beta lambda*, c2 + gamma
-   lambda*)`` (TEMPO Lemmas 1 and 2) that takes Hall's condition on a few sets of GPUs only
-   (all of them, each GPU with its single-replica experts, each replicated expert's
-   replica set), so that it costs ``O(g + sum of replica sets)`` per batch with the
-   per-GPU rigid loads kept up to date move by move (:mod:`._placement_kernels` states it
-   and proves it a bound; it equals the layer bound when every expert has one replica).
+   windows, scored on the next window, with the Hall bound alone as the score: 32
+   resamples captured 67% of the headroom, 128 71%, 256 75%).
+2. **Score.** A placement is scored by the mean, over the scored batches, of the mean of
+   two cheap estimates of tempo's makespan (:mod:`._placement_kernels` states both): the
+   *Hall bound*, a lower bound of tempo's layer bound ``max(a + b SM, c + beta lambda*,
+   c2 + gamma lambda*)`` (TEMPO Lemmas 1 and 2) that takes Hall's condition on a few sets
+   of GPUs only (all of them, each GPU with its single-replica experts, each replicated
+   expert's replica set), and the makespan of a *greedy dispatch* (replicated experts by
+   decreasing mean load, each whole on its best replica or split evenly), a feasible
+   dispatch's, which sees what the bound cannot: that a GPU carries activations and tokens
+   at once. Both cost ``O(g + sum of replica sets)`` per batch with the per-GPU rigid loads
+   kept up to date move by move. On the phase grid above (256 resamples) the bound alone
+   captured 75% of the headroom, the mix 84%.
 3. **Start** from the EPLB placement of the window's mean load with the lower score (ties:
    the first) of two, neither with two replicas of one expert on one GPU: EPLB with
    ``distinct=True``, and upstream EPLB with its duplicate replicas collapsed and the freed
@@ -60,8 +64,8 @@ changes is one expert's weights copied into it (a *moved replica*,
    (on each GPU where they differ, the target's missing expert with the highest peak load
    per replica takes the slot of the dropped expert with the lowest that keeps a replica
    elsewhere) and the moves and swaps of the search from scratch (peak-token need), and
-   applies the one that lowers the mean Hall bound plus ``move_cost`` per moved replica the
-   most, within ``max_moves`` replicas moved from ``previous``. When none lowers it, the
+   applies the one that lowers the mean score (step 2 above) plus ``move_cost`` per moved
+   replica the most, within ``max_moves`` replicas moved from ``previous``. When none lowers it, the
    round applies the best move toward the target instead (the bound is a maximum over
    GPUs: single moves often change nothing until the last GPU is relieved) and the next
    rounds try the moves toward the target only, until one lowers the objective again; it
@@ -366,7 +370,7 @@ def _toward(mask, target, samples, node_of, limit=32):
 def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, move_cost,
                      max_evals, extra=None):  # fmt: skip
     """Best-improvement search from ``start`` (the placement in force, duplicates refilled)
-    for the lowest Hall score plus ``move_cost`` per move with at most ``max_moves``
+    for the lowest score plus ``move_cost`` per move with at most ``max_moves``
     replicas moved from ``prev``; guarded by the exact layer bound on the window's own
     batches (module notes, "Rebalance from the placement in force")."""
     batches = samples if extra is None else np.concatenate([samples, extra])

@@ -271,3 +271,18 @@ def test_search_from_scratch_against_the_exhaustive_optimum(seed):
         for m in ("exhaustive", "local_search", "eplb")
     }
     assert vals["exhaustive"] <= vals["local_search"] <= vals["eplb"]
+
+
+def test_score_by_hand():
+    """Two GPUs, expert 0 on both, 1 on GPU 0, 2 on GPU 1, time = max(G, N), batch
+    (4, 3, 1). Hall bound: max(ceil(3 / 2), (4 + 3 + 1) / 2) = 4. Greedy dispatch: rigid
+    loads G = (1, 1), N = (3, 1); expert 0 whole ends at max(2, 7) = 7 on GPU 0, max(2, 5)
+    = 5 on GPU 1, split (2 + 2) at max(5, 3) = 5, not lower: whole on GPU 1, makespan 5."""
+    from straggler.solvers import _placement_kernels as pk
+
+    slots = np.array([[0, 1], [0, 2]], np.int64)
+    counts = np.array([[4, 3, 1]], np.int64)
+    cost = (0.0, 1.0, 0.0, 1.0, 0.0, 0.0, False)
+    for w, want in ((0.0, 4.0), (1.0, 5.0), (0.5, 4.5)):
+        for f in (pk.hall_score_kernel, pk.hall_score_reference):
+            assert f(slots, counts, np.array([4.0, 3, 1]), w, *cost) == want

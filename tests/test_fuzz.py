@@ -364,14 +364,15 @@ def test_trace_and_generators(data):
     t = contract(lambda: Trace(**call.kwargs), call, ("arrival_s", "prompt_len", "output_len"))
     if t is not None:
         assert len(t) == np.asarray(call.kwargs["arrival_s"]).size
-    gen = data.draw(
-        spoil({"n_requests": data.draw(st.integers(0, 20)), "rate": 3.0, "rng": 0}, at_most=1)
-    )
+    base = {"n_requests": data.draw(st.integers(0, 20)), "rate": 3.0, "rng": 0, "duration_s": 4.0}
+    gen = data.draw(spoil(base, at_most=1))
     from straggler.sim import generate_trace
 
     tr = contract(lambda: generate_trace("azure_conv", **gen.kwargs), gen)
     if tr is not None:
-        assert len(tr) == gen.kwargs["n_requests"]
+        # junk can be a valid value: n_requests=None is the default, rate * duration_s requests
+        n_req = gen.kwargs["n_requests"]
+        assert len(tr) == (round(3.0 * 4.0) if n_req is None else n_req)
     mk = data.draw(
         spoil({"n_gpus": 2, "tokens_per_gpu": 4, "n_layers": 1, "n_history": 1, "seed": 0})
     )

@@ -154,10 +154,6 @@ def _carry(c) -> RouterCarry:
     return RouterCarry(*counts, bool(c.brs_backlog))
 
 
-def _given(x) -> bool:
-    return x is not None
-
-
 def _state_arrays(state, L, G, n):
     """The per-replica and per-request arrays of ``route_batch`` (its keyword arguments
     ``n_running`` to ``pool_cached``, in that order), defaults filled in."""
@@ -497,19 +493,29 @@ def route_batch(
     >>> d.assignment.tolist(), d.extras["next_cursor"]
     ([2, 0], 1)
     """
-    state = (
-        n_running,
-        n_waiting,
-        prompt_tokens,
-        waiting_tokens,
-        kv_usage,
-        kv_capacity,
-        pool_wait,
-        pool_key,
-        pool_cached,
-    )
-    if not any(map(_given, state)):
-        state = None  # every per-replica and per-request default
+    state = None  # every per-replica and per-request default
+    if not (
+        n_running is None
+        and n_waiting is None
+        and prompt_tokens is None
+        and waiting_tokens is None
+        and kv_usage is None
+        and kv_capacity is None
+        and pool_wait is None
+        and pool_key is None
+        and pool_cached is None
+    ):
+        state = (
+            n_running,
+            n_waiting,
+            prompt_tokens,
+            waiting_tokens,
+            kv_usage,
+            kv_capacity,
+            pool_wait,
+            pool_key,
+            pool_cached,
+        )
     plan, args, resolved = _route_batch_iv(
         prefill_lengths, loads, free_slots, policy, state, carry, options, rng
     )

@@ -2,7 +2,9 @@
 
 Each ``@njit`` kernel has a plain-Python reference directly below it, written from the same
 rules and sharing no helper with it; tests check ``kernel == kernel.py_func == reference``
-exactly. Kernels never mutate their inputs and return fresh arrays.
+exactly. Kernels never mutate their inputs and return fresh arrays, except
+:func:`deployment_step_kernel`, a whole step in one call, which updates the step model's
+preallocated state buffers it is given (named in its docstring).
 
 Randomness: SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
 generators", OOPSLA 2014), written out in both kernel and reference, so that the two draw the
@@ -21,7 +23,11 @@ __all__ = [
     "sample_choices_reference",
     "layer_times_kernel",
     "layer_times_reference",
+    "deployment_step_kernel",
+    "deployment_step_reference",
     "LAYER_COLUMNS",
+    "STEP_COLUMNS",
+    "STEP_PARAMS",
     "MAX_REJECTIONS",
 ]
 
@@ -351,3 +357,191 @@ def layer_times_reference(x, src, node, cost, internode_us):
             ]
         )
     return np.array(rows, dtype=float).reshape(L, 6)
+
+
+#: Columns of :func:`deployment_step_kernel`'s log row (the fields of
+#: :class:`~straggler.sim.deployment.StepBreakdown`, in order).
+STEP_COLUMNS = (
+    "attention_us",
+    "attention_straggler_us",
+    "moe_us",
+    "moe_straggler_us",
+    "comm_us",
+    "dense_us",
+    "total_us",
+    "cross_node_tokens",
+)
+
+#: Entries of :func:`deployment_step_kernel`'s parameter vector ``par``.
+STEP_PARAMS = ("att_a", "att_b", "att_c", "n_layers", "layer_scale", "dense_us", "internode_us")
+
+
+@njit(**NJIT)
+def _pairwise_sum(v, lo, n):
+    """``v[lo:lo + n].sum()`` in numpy's order (``pairwise_sum`` of numpy's
+    ``loops_utils.h.src``: under 8 terms in sequence from -0.0; up to 128 with 8 running sums
+    combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the remainder;
+    above 128 the sum of the two halves, split at half rounded down to a multiple of 8), so
+    a sum here is bit-identical to numpy's. The halving runs on explicit stacks (numba's
+    disk cache does not load recursive functions reliably)."""
+    # tasks (start, length, combine?) and the values of finished parts; depth <= 64 halvings
+    t_lo = np.empty(200, dtype=np.int64)
+    t_n = np.empty(200, dtype=np.int64)
+    vals = np.empty(200)
+    nt = 1
+    nv = 0
+    t_lo[0] = lo
+    t_n[0] = n
+    while nt > 0:
+        nt -= 1
+        a = t_lo[nt]
+        m = t_n[nt]
+        if m < 0:  # combine the two last finished halves (left, then right)
+            nv -= 1
+            vals[nv - 1] = vals[nv - 1] + vals[nv]
+        elif m < 8:
+            res = -0.0
+            for i in range(a, a + m):
+                res += v[i]
+            vals[nv] = res
+            nv += 1
+        elif m <= 128:
+            r0, r1, r2, r3 = v[a], v[a + 1], v[a + 2], v[a + 3]
+            r4, r5, r6, r7 = v[a + 4], v[a + 5], v[a + 6], v[a + 7]
+            i = 8
+            while i < m - m % 8:
+                r0 += v[a + i]
+                r1 += v[a + i + 1]
+                r2 += v[a + i + 2]
+                r3 += v[a + i + 3]
+                r4 += v[a + i + 4]
+                r5 += v[a + i + 5]
+                r6 += v[a + i + 6]
+                r7 += v[a + i + 7]
+                i += 8
+            res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+            while i < m:
+                res += v[a + i]
+                i += 1
+            vals[nv] = res
+            nv += 1
+        else:  # combine after both halves; the left half on top, so it finishes first
+            m2 = m // 2
+            m2 -= m2 % 8
+            t_lo[nt], t_n[nt] = 0, -1
+            t_lo[nt + 1], t_n[nt + 1] = a + m2, m - m2
+            t_lo[nt + 2], t_n[nt + 2] = a, m2
+            nt += 3
+    return vals[0]
+
+
+@njit(**NJIT)
+def deployment_step_kernel(
+    q, seed, kv, req, top_k, tables, static_gpu, node, cost, par, window, slot, acc, log, row
+):
+    """One decode step of the deployment model: choices, dispatch, layer times, the step's
+    decomposition, and the count windows; returns the step's MoE time (us).
+
+    ``q`` (L, E), ``seed``, ``req`` (G,) int64 and ``top_k``: the choices, as
+    :func:`sample_choices_kernel` draws them (tokens are the ranks' running requests).
+    Dispatch: with ``static_gpu`` of shape (G, L, E) (SGLang's static table), every
+    (source, layer, expert) sends its tokens to GPU ``static_gpu[s, l, e]``, added in source
+    order; with ``static_gpu`` of shape (0, L, E), ``x[l, e, g] = n_le * tables[l, e, g]``
+    (the table in force, ``n_le`` the layer's tokens of ``e``). Layer times as
+    :func:`layer_times_kernel` prices them (``node``, ``cost``). ``kv`` (G,) float64 resident
+    KV tokens; ``par`` the vector :data:`STEP_PARAMS`.
+
+    The decomposition (:data:`STEP_COLUMNS`): ``att_g = (a + b kv_g) + c req_g``,
+    ``attention_us = n_layers * max_g att_g``, ``attention_straggler_us = n_layers * (max -
+    mean)``, ``moe_us = scale * sum_l time_l``, ``moe_straggler_us = scale * sum_l (max_l -
+    mean_l)``, ``comm_us = scale * sum_l ((traffic_l + time_l) - max_l)``,
+    ``cross_node_tokens = mean_l cross_l``, ``total_us = (attention + moe) + dense``; every
+    sum and mean in numpy's pairwise order (bit-identical to the numpy expressions of the
+    reference).
+
+    State, updated in place (the one kernel here that writes into its arguments, so that a
+    step is one call on the model's preallocated buffers): ``window[slot] = n``, ``acc +=
+    n`` (``n`` (L, E) int64 the step's tokens per expert), ``log[row]`` the decomposition.
+    """
+    src = sample_choices_kernel(q, req, top_k, seed)
+    L, S, E = src.shape
+    G = tables.shape[2]
+    x = np.zeros((L, E, G))
+    for l in range(L):
+        for e in range(E):
+            n = 0
+            for s in range(S):
+                n += src[l, s, e]
+            window[slot, l, e] = n
+            acc[l, e] += n
+            if static_gpu.shape[0] == 0:
+                for g in range(G):
+                    x[l, e, g] = n * tables[l, e, g]
+    if static_gpu.shape[0] > 0:
+        for s in range(S):
+            for l in range(L):
+                for e in range(E):
+                    x[l, e, static_gpu[s, l, e]] += src[l, s, e]
+    rows = layer_times_kernel(x, src, node, cost, par[6])
+    att = np.empty(G)
+    worst = -np.inf
+    for g in range(G):
+        att[g] = (par[0] + par[1] * kv[g]) + par[2] * float(req[g])
+        if att[g] > worst:
+            worst = att[g]
+    col = np.empty(L)
+    for l in range(L):
+        col[l] = rows[l, 0]
+    moe = par[4] * _pairwise_sum(col, 0, L)
+    for l in range(L):
+        col[l] = rows[l, 1] - rows[l, 2]
+    straggler = par[4] * _pairwise_sum(col, 0, L)
+    for l in range(L):
+        col[l] = (rows[l, 3] + rows[l, 0]) - rows[l, 1]
+    comm = par[4] * _pairwise_sum(col, 0, L)
+    for l in range(L):
+        col[l] = rows[l, 4]
+    attention = par[3] * worst
+    log[row, 0] = attention
+    log[row, 1] = par[3] * (worst - _pairwise_sum(att, 0, G) / G)
+    log[row, 2] = moe
+    log[row, 3] = straggler
+    log[row, 4] = comm
+    log[row, 5] = par[5]
+    log[row, 6] = (attention + moe) + par[5]
+    log[row, 7] = _pairwise_sum(col, 0, L) / L
+    return moe
+
+
+def deployment_step_reference(
+    q, seed, kv, req, top_k, tables, static_gpu, node, cost, par, window, slot, acc, log, row
+):
+    """Plain-Python reference of :func:`deployment_step_kernel` (the step in numpy
+    expressions on the reference choices and layer times; same in-place updates)."""
+    src = sample_choices_reference(q, req, top_k, seed)
+    L, S, E = src.shape
+    counts = src.sum(axis=1)
+    if len(static_gpu):
+        x = np.zeros((L, E, tables.shape[2]))
+        li, ei = np.meshgrid(np.arange(L), np.arange(E), indexing="ij")
+        for s in range(S):
+            np.add.at(x, (li, ei, static_gpu[s]), src[:, s, :])
+    else:
+        x = counts[:, :, None] * tables
+    rows = layer_times_reference(x, src, node, cost, par[6])
+    att = par[0] + par[1] * np.asarray(kv, dtype=float) + par[2] * np.asarray(req, dtype=float)
+    attention = par[3] * float(att.max())
+    moe = par[4] * float(rows[:, 0].sum())
+    window[slot] = counts
+    acc += counts
+    log[row] = [
+        attention,
+        par[3] * float(att.max() - att.mean()),
+        moe,
+        par[4] * float((rows[:, 1] - rows[:, 2]).sum()),
+        par[4] * float((rows[:, 3] + rows[:, 0] - rows[:, 1]).sum()),
+        par[5],
+        attention + moe + par[5],
+        float(rows[:, 4].mean()),
+    ]
+    return moe

@@ -74,7 +74,12 @@ from ..formulations.validation import (
 )
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.placement import place_experts
-from ._deployment_kernels import layer_times_kernel, sample_choices_kernel
+from ._deployment_kernels import (
+    STEP_COLUMNS,
+    deployment_step_kernel,
+    layer_times_kernel,
+    sample_choices_kernel,
+)
 from .workload import (
     DEFAULT_KAPPA,
     SKEWS,
@@ -116,6 +121,8 @@ _TABLE_METHODS = {"tempo": "tempo", "token_lp": "token_lp"}
 METHOD_OPTIONS = {"tempo": {"repair_budget_s": 0.0}}
 #: Per-batch dispatches (the engines' own per-batch rules) and their registered methods.
 _BATCH_METHODS = {"lp": "sglang_lp"}
+#: Dispatches a step prices in one kernel call (tables in force, or SGLang's static table).
+_FUSED = ("even", "tempo", "token_lp", "static")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -554,10 +561,19 @@ class StepModel:
         self._window = np.zeros((cfg.placement_window, L, E), dtype=np.int64)
         self._acc = np.zeros((L, E), dtype=np.int64)
         self._last_refresh = 0.0
-        self.log: list[StepBreakdown] = []
+        self._log = np.zeros((1024, len(StepBreakdown._fields)))
         self._pops = np.zeros((0, L, E))
         self._seeds = np.zeros(0, dtype=np.int64)
         self._next = 0
+        dense = (pre.n_layers - pre.n_moe_layers) * pre.dense_ffn_us
+        if cfg.moe:
+            dense += pre.n_moe_layers * pre.shared_expert_us
+        att = pre.attention
+        self._par = np.array(
+            [att.a, att.b, att.c, pre.n_layers, cfg.layer_scale, dense,
+             cfg.internode_us_per_token],
+        )  # fmt: skip
+        self._no_static = np.zeros((0, L, E), dtype=np.int64)
         self._set_placement(self._initial_placement())
 
     # --- placement -----------------------------------------------------------------------
@@ -643,17 +659,23 @@ class StepModel:
         return counts[:, :, None] * self.tables
 
     # --- one step ------------------------------------------------------------------------
+    def _next_batch(self) -> tuple[np.ndarray, int]:
+        """The next step's popularity ``(L, E)`` and choice seed (the routing stream is drawn
+        in blocks of :data:`_BLOCK` steps)."""
+        if self._next == len(self._seeds):
+            self._pops = self.routing.batch_popularities(self._gen, _BLOCK)
+            self._seeds = self._gen.integers(2**62, size=_BLOCK)
+            self._next = 0
+        k = self._next
+        self._next = k + 1
+        return self._pops[k], int(self._seeds[k])
+
     def moe_layers(self, requests) -> tuple[np.ndarray, np.ndarray]:
         """Route one step's tokens and price every simulated layer: ``(counts (L, G, E),
         rows (L, len(LAYER_COLUMNS)))``. Advances the routing stream, not the windows."""
         cfg = self.config
         tokens = np.ascontiguousarray(requests, dtype=np.int64)
-        if self._next == len(self._seeds):  # draw the routing stream in blocks of steps
-            self._pops = self.routing.batch_popularities(self._gen, _BLOCK)
-            self._seeds = self._gen.integers(2**62, size=_BLOCK)
-            self._next = 0
-        q, seed = self._pops[self._next], int(self._seeds[self._next])
-        self._next += 1
+        q, seed = self._next_batch()
         src = sample_choices_kernel(q, tokens, cfg.preset.top_k, seed)
         x = np.ascontiguousarray(self.dispatch(src), dtype=float)
         rows = layer_times_kernel(x, src, self.node, self._cost_arr, cfg.internode_us_per_token)
@@ -666,9 +688,33 @@ class StepModel:
         G = self.config.n_gpus
         kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0)
         req = check_array(requests, "requests", func, kind="int", ndim=1, shape=(G,), lo=0)
-        return self._price(kv, req, check_real(now_s, "now_s", func))
+        now_s = check_real(now_s, "now_s", func)
+        kv = np.ascontiguousarray(kv, dtype=float)
+        req = np.ascontiguousarray(req, dtype=np.int64)
+        return StepBreakdown(*map(float, self._price(kv, req, now_s)))
 
-    def _price(self, kv: np.ndarray, req: np.ndarray, now_s: float) -> StepBreakdown:
+    def _price(self, kv: np.ndarray, req, now_s: float) -> np.ndarray:
+        """Price and log one step; returns its log row (the :class:`StepBreakdown` fields)."""
+        cfg = self.config
+        n = self.n_steps
+        if n == len(self._log):
+            self._log = np.concatenate([self._log, np.zeros_like(self._log)])
+        if not (cfg.moe and self.fused and cfg.dispatch in _FUSED):
+            self._log[n] = self._price_python(kv, np.asarray(req, dtype=np.int64), now_s)
+        else:
+            q, seed = self._next_batch()
+            static = self._static_gpu if cfg.dispatch == "static" else self._no_static
+            deployment_step_kernel(
+                q, seed, kv, req, cfg.preset.top_k, self.tables, static, self.node,
+                self._cost_arr, self._par, self._window, n % cfg.placement_window, self._acc,
+                self._log, n,
+            )  # fmt: skip
+            self._periodic(now_s)
+        self.n_steps = n + 1
+        return self._log[n]
+
+    def _price_python(self, kv: np.ndarray, req: np.ndarray, now_s: float) -> StepBreakdown:
+        """One step in Python and numpy (see :attr:`fused`)."""
         cfg = self.config
         pre = cfg.preset
         att = pre.attention.time(kv, req)
@@ -689,23 +735,43 @@ class StepModel:
             out["cross_node_tokens"] = float(rows[:, 4].mean())
             self._observe(src.sum(axis=1), now_s)
         total = out["attention_us"] + out["moe_us"] + dense
-        self.n_steps += 1
         return StepBreakdown(dense_us=dense, total_us=total, **out)
+
+    #: Whether a step with a table dispatch (``even``, ``tempo``, ``token_lp``, ``static``)
+    #: runs as one :func:`~straggler.sim._deployment_kernels.deployment_step_kernel` call
+    #: (True) or step by step in Python (:meth:`moe_layers`, numpy, :meth:`_observe`; the
+    #: path per-batch dispatches take). Both give bit-identical results (tested); the
+    #: Python path is kept for per-batch dispatches and for measuring the kernel against it.
+    fused: bool = True
 
     def engine_step(self, load, nrun, now_s: float) -> float:
         """The MoE layers' time of one step of the simulator's engine, in seconds; the
-        step's :class:`StepBreakdown` (attention from the same loads) is appended to
-        :attr:`log`. The engine has validated its state: no checks here."""
-        req = np.asarray(nrun, dtype=np.int64)
-        b = self._price(np.asarray(load, dtype=float), req, now_s)
-        self.log.append(b)
-        return b.moe_us * 1e-6
+        step's :class:`StepBreakdown` (attention from the same loads) is logged
+        (:meth:`breakdowns`). The engine has validated its state: no checks here."""
+        return self._price(np.asarray(load, dtype=float), nrun, now_s)[2] * 1e-6
+
+    def breakdowns(self) -> dict[str, np.ndarray]:
+        """The logged steps' :class:`StepBreakdown` fields, one ``(n_steps,)`` array each
+        (microseconds; a copy)."""
+        log = self._log[: self.n_steps]
+        return {name: log[:, k].copy() for k, name in enumerate(STEP_COLUMNS)}
+
+    @property
+    def log(self) -> list[StepBreakdown]:
+        """The logged steps, one :class:`StepBreakdown` each (built on access)."""
+        return [StepBreakdown(*map(float, r)) for r in self._log[: self.n_steps]]
 
     def _observe(self, counts: np.ndarray, now_s: float) -> None:
         """Record a batch's counts; refresh tables and rebuild placement when due."""
         cfg = self.config
         self._window[self.n_steps % cfg.placement_window] = counts
         self._acc += counts
+        self._periodic(now_s)
+
+    def _periodic(self, now_s: float) -> None:
+        """Refresh the tables and rebuild the placement when due (after a step's counts are
+        recorded)."""
+        cfg = self.config
         if cfg.dispatch in _TABLE_METHODS and now_s - self._last_refresh >= cfg.dispatch_period_s:
             self._refresh()
             self._last_refresh = now_s

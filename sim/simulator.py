@@ -971,13 +971,14 @@ def _deployment_setup(deployment, n_replicas, max_slots):
 def _add_breakdown(report: SimReport, model: StepModel) -> None:
     """Per-step decomposition into ``report.series`` and its means into
     ``report.step_breakdown`` (microseconds per step)."""
-    log = model.log
-    if len(log) != report.n_steps:  # the engine prices every step once
-        raise StragglerError(f"step model priced {len(log)} steps of {report.n_steps}")
-    for name in StepBreakdown._fields:
-        report.series[name] = np.array([getattr(b, name) for b in log], dtype=float)
+    if model.n_steps != report.n_steps:  # the engine prices every step once
+        raise StragglerError(f"step model priced {model.n_steps} steps of {report.n_steps}")
+    report.series.update(model.breakdowns())
     report.step_breakdown.update(
-        {name: float(report.series[name].mean()) if log else 0.0 for name in StepBreakdown._fields}
+        {
+            name: float(report.series[name].mean()) if model.n_steps else 0.0
+            for name in StepBreakdown._fields
+        }
     )
     cfg = model.config
     report.step_breakdown["layers_simulated"] = cfg.n_sim_layers

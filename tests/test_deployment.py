@@ -72,6 +72,94 @@ def test_layer_times_kernel_matches_reference(case):
     assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 15, 16, 17, 94, 127, 128, 129, 130, 300, 1000, 4099])
+def test_pairwise_sum_is_numpys_sum_bit_for_bit(n):
+    rng = np.random.default_rng(n)
+    v = rng.random(n + 3) * 10.0 ** rng.integers(-6, 6, n + 3)
+    got = K._pairwise_sum(v, 2, n), getattr(K._pairwise_sum, "py_func", K._pairwise_sum)(v, 2, n)
+    want = v[2 : 2 + n].sum()
+    assert got[0] == want and got[1] == want  # numpy's pairwise order, not a plain loop
+
+
+def _step_case(case):
+    """Arguments of deployment_step_kernel: random state, tables or SGLang's static table."""
+    rng = np.random.default_rng(200 + case)
+    L, E, G = int(rng.integers(1, 4)), int(rng.integers(8, 20)), int(rng.choice([2, 4, 8]))
+    q = rng.dirichlet(np.full(E, 0.5), size=L) + 1e-4
+    req = rng.integers(0, 9, size=G)
+    kv = rng.integers(0, 90_000, size=G).astype(float)
+    tables = rng.random((L, E, G)) * (rng.random((L, E, G)) < 0.5)
+    tables[..., 0] += 1e-9
+    tables /= tables.sum(axis=2, keepdims=True)
+    static = rng.integers(0, G, size=(G, L, E)) if case % 2 else np.zeros((0, L, E), np.int64)
+    node = np.arange(G) // max(1, G // 2)
+    cost = CostModel.preset(["qwen3_235b_b_tile", "dsv3_a_offline"][case % 2]).as_array()
+    par = np.array([23.8, 6.8e-4, 0.14, 61.0, 14.5, 396.0 * (case % 3), 0.05 * (case % 2)])
+    W = 3
+    state = (rng.integers(0, 5, size=(W, L, E)), rng.integers(0, 50, size=(L, E)),
+             rng.random((5, 8)))  # fmt: skip
+    return (q, case, kv, req, min(3, E), tables, static, node, cost, par), state
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_step_kernel_matches_reference_with_its_state(case):
+    args, state = _step_case(case)
+    fns = (
+        K.deployment_step_kernel,
+        getattr(K.deployment_step_kernel, "py_func", K.deployment_step_kernel),
+        K.deployment_step_reference,
+    )
+    outs = []
+    for fn in fns:
+        window, acc, log = (a.copy() for a in state)
+        with np.errstate(over="ignore"):
+            moe = fn(*args, window, 1, acc, log, 2)
+        outs.append((moe, window, acc, log))
+    for moe, window, acc, log in outs[1:]:
+        assert moe == outs[0][0]
+        for a, b in zip((window, acc, log), outs[0][1:]):
+            assert np.array_equal(a, b)
+    moe, window, acc, log = outs[0]
+    n = window[1]
+    assert np.array_equal(acc, state[1] + n) and (n.sum(axis=1) == args[3].sum() * args[4]).all()
+    assert np.array_equal(np.delete(log, 2, axis=0), np.delete(state[2], 2, axis=0))
+    assert log[2, 2] == moe > 0 and log[2, 6] == log[2, 0] + log[2, 2] + log[2, 5]
+
+
+@pytest.mark.parametrize("dispatch", ["even", "tempo", "token_lp", "static"])
+def test_fused_step_is_the_python_step_bit_for_bit(dispatch, monkeypatch):
+    kw = dict(preset="qwen3_235b", n_gpus=4, layers=2, seed=6, dispatch=dispatch,
+              n_nodes=2, internode_us_per_token=0.02, placement_period=4,
+              placement_window=3, dispatch_period_s=0.01)  # fmt: skip
+    rng = np.random.default_rng(1)
+    kv, req = rng.integers(0, 40_000, size=(11, 4)), rng.integers(0, 12, size=(11, 4))
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(StepModel, "fused", fused)
+        runs.append(simulate_steps(DeploymentConfig(**kw), kv, req))
+    a, b = runs
+    assert a.n_placements == b.n_placements > 1
+    assert dispatch not in ("tempo", "token_lp") or a.n_refreshes == b.n_refreshes > 1
+    assert np.array_equal(a.time_s, b.time_s)
+    for k in a.steps:
+        assert np.array_equal(a.steps[k], b.steps[k]), k
+
+
+def test_fused_engine_run_is_the_python_step_bit_for_bit(monkeypatch):
+    from straggler.sim import simulate
+
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=2, dispatch="tempo", seed=3,
+                           dispatch_period_s=0.05, placement_period=50)  # fmt: skip
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(StepModel, "fused", fused)
+        runs.append(simulate(_trace(60, 4), "jsq", n_replicas=4, max_slots=8, deployment=dep))
+    a, b = runs
+    assert a.step_breakdown == b.step_breakdown and a.step_breakdown["placements"] > 1
+    for k in a.series:
+        assert np.array_equal(a.series[k], b.series[k], equal_nan=True), k
+
+
 @pytest.mark.parametrize("method", ["tempo", "uniform", "token_lp", "metro"])
 def test_per_batch_moe_time_is_solve_dispatch_makespan(method):
     pre = MODEL_PRESETS["qwen3_235b"]

@@ -65,7 +65,7 @@ def main(argv=None):
     rows = {}
     print(f"{trace.name}: {len(trace):,} requests, G = {G}, {args.preset}, {args.layers} layers;"
           f" warm-up (compile + first solves) {compile_s:.1f} s")  # fmt: skip
-    head = f"{"run":18s} | {'wall s':>7s} | {'steps':>7s} | {'us/step':>8s} | "
+    head = f"{'run':18s} | {'wall s':>7s} | {'steps':>7s} | {'us/step':>8s} | "
     print(head + f"{'MoE us/layer/step':>17s} | {'tok/s':>7s} | {'TPOT p99 ms':>11s} | refreshes")
     for name, kw, fused in runs:
         dep = DeploymentConfig(preset=args.preset, n_gpus=G, layers=args.layers, **kw)

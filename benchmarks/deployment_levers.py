@@ -14,8 +14,9 @@ to JSQ + EPLB's even split, same seed and trace in every cell):
    DeepSeek-V3 DP8, aggregated serving): routing jsq / trtllm_balance, with the context phase
    inside the step (``ctx_cost``, aggregated) and without (PD disaggregation).
 
-Runs at ``load`` (default 1.5, over the deployment's full-batch capacity) so that step time
-sets throughput. ``python benchmarks/deployment_levers.py [--requests 3000] [--load 1.5]``.
+Runs at ``load`` (default 1.5, over the deployment's full-batch decode capacity:
+``--load-basis decode``, pinned, as the recorded figures were made) so that step time sets
+throughput. ``python benchmarks/deployment_levers.py [--requests 3000] [--load 1.5]``.
 Writes ``benchmarks/results/deployment_levers.json``.
 """
 
@@ -39,6 +40,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--load", type=float, default=1.5)
+    ap.add_argument(
+        "--load-basis", default="decode", choices=("decode", "binding", "prefill"),
+        help="the capacity --load is a multiple of (default decode, pinned: the recorded "
+        "figures were made so)",
+    )  # fmt: skip
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--studies", default="qwen,dsv3,trtllm", help="also: bound")
     ap.add_argument(
@@ -47,7 +53,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     trace = load_trace(TRACE) if TRACE.exists() else generate_trace("azure_conv", duration_s=3600)
     trace = trace.subset(list(range(min(args.requests, len(trace)))))
-    common = dict(load=args.load, max_slots=16)
+    common = dict(load=args.load, load_basis=args.load_basis, max_slots=16)
     studies = {
         "qwen": lambda: levers(
             trace, DeploymentConfig(preset="qwen3_235b", n_gpus=8, layers=args.layers),
@@ -93,7 +99,7 @@ def main(argv=None):
 
     path = pathlib.Path(args.out)
     out = json.loads(path.read_text()) if path.exists() else {}
-    out.update(trace=trace.name, load=args.load, layers=args.layers)
+    out.update(trace=trace.name, load=args.load, load_basis=args.load_basis, layers=args.layers)
     for name in args.studies.split(","):
         if name == "bound":
             t = time.perf_counter()

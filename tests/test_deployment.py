@@ -382,7 +382,7 @@ def test_load_basis_and_binding_stage():
 
     tr = _trace(200, 2)
     kw = dict(n_replicas=4, max_slots=8, prefill_instances=1, prefill_tokens_per_s=5_000.0)
-    dec = simulate(tr, "jsq", load=0.8, **kw)
+    dec = simulate(tr, "jsq", load=0.8, load_basis="decode", **kw)
     cap = decode_capacity(tr, n_replicas=4, max_slots=8, kv_capacity=500_000)
     pf = prefill_capacity(tr, prefill_instances=1, prefill_tokens_per_s=5_000.0)
     assert cap["rate_per_s"] > pf  # one slow prefill instance binds
@@ -391,6 +391,10 @@ def test_load_basis_and_binding_stage():
     assert dec.offered_prefill_load == pytest.approx(0.8 * cap["rate_per_s"] / pf)
     bind = simulate(tr, "jsq", load=0.8, load_basis="binding", **kw)
     assert bind.offered_prefill_load == pytest.approx(0.8)
+    default = simulate(tr, "jsq", load=0.8, **kw)  # the default basis is the binding stage
+    assert default.offered_load == 0.8 and default.offered_prefill_load == pytest.approx(0.8)
+    assert np.array_equal(default.series["step_s"], bind.series["step_s"])
+    assert default.prefill_utilisation == bind.prefill_utilisation
     assert bind.offered_decode_load == pytest.approx(0.8 * pf / cap["rate_per_s"])
     # measured: prefill near its offered share, decode slots far from full
     assert 0.5 < bind.prefill_utilisation <= 1.0 + 1e-9
@@ -398,6 +402,8 @@ def test_load_basis_and_binding_stage():
     assert bind.decode_utilisation == bind.window_slot_utilisation
     unl = simulate(tr, "jsq", load=0.8, n_replicas=4, max_slots=8, prefill_instances=0)
     assert unl.binding_stage == "decode" and np.isnan(unl.prefill_utilisation)
+    # unlimited prefill: the binding stage is decode, and the default basis is decode's
+    assert unl.offered_decode_load == pytest.approx(0.8)
     with pytest.raises(InvalidInputError, match="'load_basis'"):
         simulate(tr, "jsq", load=0.8, load_basis="prefill", n_replicas=4, prefill_instances=0)
     with pytest.raises(InvalidInputError, match="'load_basis'"):
@@ -445,9 +451,33 @@ def test_simulate_command_prints_the_levers_table(capsys):
 
 
 def test_load_sweep_cells_say_which_stage_binds():
-    from straggler.sim.load_sweep import load_sweep_cell
+    from straggler.sim.load_sweep import load_sweep_cell, traces_dir
 
-    cell = load_sweep_cell("generated", 2, 1.0, "jsq", n_requests=150, prefill="default")
-    assert cell["binding_stage"] in ("prefill", "decode")
-    assert (cell["binding_stage"] == "prefill") == (cell["offered_prefill_load"] > 1.0)
+    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
+        pytest.skip("the shipped Azure code trace is not here")
+    kw = dict(n_requests=150, prefill="default")
+    cell = load_sweep_cell("azure_code", 2, 1.0, "jsq", load_basis="decode", **kw)
+    assert cell["binding_stage"] == "prefill"  # one default prefill instance binds here
+    assert cell["offered_prefill_load"] > 1.0 and cell["offered_load"] == 1.0
     assert 0.0 <= cell["decode_utilisation"] <= 1.0
+    bind = load_sweep_cell("azure_code", 2, 1.0, "jsq", **kw)  # default: the binding stage
+    assert bind["binding_stage"] == "prefill"
+    assert bind["offered_prefill_load"] == pytest.approx(1.0)
+    assert bind["decode_utilisation"] < cell["decode_utilisation"]
+
+
+def test_simulate_command_states_the_load_basis(capsys):
+    from straggler.sim.load_sweep import traces_dir
+    from straggler.sim.simulate_cmd import main
+
+    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
+        pytest.skip("the shipped Azure code trace is not here")
+    args = ["azure_code", "--requests", "60", "--replicas", "2", "--policies", "jsq",
+            "--load", "1.0", "--prefill-instances", "1", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    assert "of the binding (prefill) capacity" in capsys.readouterr().out
+    assert main(args + ["--load-basis", "decode"]) == 0
+    assert "of the decode capacity" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(args + ["--load-basis", "tokens"])
+    assert e.value.code == 2 and "--load-basis" in capsys.readouterr().err

@@ -285,6 +285,15 @@ class RoutingModel:
     or :meth:`recorded` (each step draws one recorded batch uniformly at random and uses its
     counts as the popularity, so the recorded batch-to-batch fluctuation is kept).
 
+    With ``drift > 0`` (:meth:`zipf`), which experts are hot drifts as in
+    :func:`~straggler.sim.drift.drifting_windows`: every ``drift_steps`` steps each expert's
+    log popularity takes an independent Gaussian step of standard deviation ``drift`` and the
+    experts take the Zipf popularities of their new ranks (the skew stays exactly Zipf). The
+    engines' placement, rebuilt from a window of past steps, then lags the routing, and
+    tables refreshed more often than the placement can follow it (TEMPO §5.12: transient
+    skew and stale placement are where dispatch pays). The drift draws its own random stream
+    (:meth:`drift_state`); ``drift=0`` leaves every draw of the model as without it.
+
     Examples
     --------
     >>> m = RoutingModel.zipf(8, 0.85, n_layers=2, rng=0)
@@ -292,18 +301,38 @@ class RoutingModel:
     (2, 8, (2, 8))
     """
 
-    def __init__(self, popularity, kappa, recorded) -> None:
+    def __init__(self, popularity, kappa, recorded, drift=0.0, drift_steps=1) -> None:
         self._popularity = popularity
         self._kappa = kappa
         self._recorded = recorded
+        self.drift = drift
+        self.drift_steps = drift_steps
 
     @classmethod
-    def zipf(cls, n_experts: int, skew, *, n_layers: int = 1, kappa=DEFAULT_KAPPA, rng=None):
-        """Zipf(``skew``) popularity with Dirichlet(``kappa * p``) fluctuation per step."""
+    def zipf(
+        cls, n_experts: int, skew, *, n_layers: int = 1, kappa=DEFAULT_KAPPA, drift=0.0,
+        drift_steps: int = 1000, rng=None,
+    ):  # fmt: skip
+        """Zipf(``skew``) popularity with Dirichlet(``kappa * p``) fluctuation per step; with
+        ``drift > 0``, the hot experts drift every ``drift_steps`` steps (class docstring)."""
+        func = "RoutingModel.zipf"
         p = zipf_popularity(n_experts, skew, n_layers=n_layers, rng=rng)
         if kappa is not None:
-            kappa = check_real(kappa, "kappa", "RoutingModel.zipf", lo=0, lo_open=True)
-        return cls(p, kappa, None)
+            kappa = check_real(kappa, "kappa", func, lo=0, lo_open=True)
+        drift = check_real(drift, "drift", func, lo=0, hi=10)
+        drift_steps = check_int(drift_steps, "drift_steps", func, lo=1)
+        return cls(p, kappa, None, drift, drift_steps)
+
+    def drift_state(self, rng) -> dict | None:
+        """The drift's state for one run (None without drift): the current popularity, the
+        latent log scores, the steps drawn, and the drift's own generator from ``rng``."""
+        if self._recorded is not None or self.drift == 0:
+            return None
+        p = self._popularity
+        return dict(
+            pop=p.copy(), score=np.log(p), weights=-np.sort(-p, axis=1), step=0,
+            gen=np.random.default_rng(rng),
+        )  # fmt: skip
 
     @classmethod
     def recorded(cls, counts, *, top_k: int, layers: int | None = None):
@@ -354,11 +383,28 @@ class RoutingModel:
         """One step's popularity ``(n_layers, n_experts)`` (non-negative, unnormalized)."""
         return self.batch_popularities(gen, 1)[0]
 
-    def batch_popularities(self, gen: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` steps' popularities ``(n, n_layers, n_experts)``, drawn at once."""
+    def batch_popularities(self, gen: np.random.Generator, n: int, drift=None) -> np.ndarray:
+        """``n`` steps' popularities ``(n, n_layers, n_experts)``, drawn at once (``drift``:
+        the run's :meth:`drift_state`, advanced here)."""
         if self._recorded is not None:
             return self._recorded[gen.integers(self._recorded.shape[0], size=n)].astype(float)
         p = self._popularity
+        if drift is not None:  # the long-run popularity of each of the n steps
+            p = np.empty((n,) + p.shape)
+            pop, weights = drift["pop"], drift["weights"]
+            for i in range(n):
+                if drift["step"] and drift["step"] % self.drift_steps == 0:
+                    score = drift["score"]
+                    score = score + self.drift * drift["gen"].standard_normal(score.shape)
+                    drift["score"] = score
+                    for l in range(score.shape[0]):  # re-rank: the Zipf weights by new rank
+                        pop[l, np.argsort(-score[l], kind="stable")] = weights[l]
+                p[i] = pop
+                drift["step"] += 1
+            if self._kappa is None:
+                return p
+            g = gen.standard_gamma(self._kappa * p)
+            return np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
         if self._kappa is None:
             return np.broadcast_to(p, (n,) + p.shape).copy()
         # Dirichlet(kappa * p) per layer as independent gammas normalized by row; a draw can
@@ -387,6 +433,11 @@ class DeploymentConfig:
         None: :meth:`RoutingModel.zipf` with the preset's skew, ``kappa`` and ``seed``.
     kappa : float or None, default 2000
         Dirichlet concentration of the default routing model.
+    drift : float, default 0
+        The default routing model's drift (:class:`RoutingModel`: standard deviation of
+        each expert's log-popularity step; 0: the hot experts never change).
+    drift_steps : int, default 1000
+        Steps between two drift steps.
     placement : {"eplb", "place_experts", "fixed"}, default "eplb"
     placement_period : int, default 3000
         Steps between placement rebuilds.
@@ -395,6 +446,13 @@ class DeploymentConfig:
     dispatch : {"even", "tempo", "token_lp", "static", "lp", "per_batch"}, default "even"
     dispatch_period_s : float, default 0.2
         Simulated seconds between table refreshes (tables only).
+    table_counts : {"mean", "window"}, default "mean"
+        The batch a refresh solves: the mean batch of the steps since the last refresh
+        (their counts summed, divided by their number, rounded half up), the scale of the
+        batches the table then serves; or the window's summed counts (``"window"``: a batch
+        ``steps`` times larger, which the cost model puts in the linear regime where
+        splitting a hot expert pays, while the decode batches served sit in the flat regime
+        where every split adds an activation; TEMPO §2.2).
     per_batch_method : str, default "tempo"
         The registered method ``dispatch="per_batch"`` solves every batch with.
     replication : float or None
@@ -413,11 +471,14 @@ class DeploymentConfig:
     moe: bool = True
     routing: RoutingModel | None = None
     kappa: float | None = DEFAULT_KAPPA
+    drift: float = 0.0
+    drift_steps: int = 1000
     placement: str = "eplb"
     placement_period: int = 3000
     placement_window: int = 1000
     dispatch: str = "even"
     dispatch_period_s: float = 0.2
+    table_counts: str = "mean"
     per_batch_method: str = "tempo"
     replication: float | None = None
     cost: CostModel | None = None
@@ -453,6 +514,10 @@ class DeploymentConfig:
             object.__setattr__(
                 self, "kappa", check_real(self.kappa, "kappa", func, lo=0, lo_open=True)
             )
+        object.__setattr__(self, "drift", check_real(self.drift, "drift", func, lo=0, hi=10))
+        object.__setattr__(
+            self, "drift_steps", check_int(self.drift_steps, "drift_steps", func, lo=1)
+        )
         object.__setattr__(
             self, "placement", check_choice(self.placement, "placement", func, PLACEMENTS)
         )
@@ -464,6 +529,10 @@ class DeploymentConfig:
         object.__setattr__(
             self, "dispatch_period_s",
             check_real(self.dispatch_period_s, "dispatch_period_s", func, lo=0),
+        )  # fmt: skip
+        object.__setattr__(
+            self, "table_counts",
+            check_choice(self.table_counts, "table_counts", func, ("mean", "window")),
         )  # fmt: skip
         from ..solvers import dispatch_methods
 
@@ -549,8 +618,10 @@ class StepModel:
         self._gen = np.random.default_rng([cfg.seed, 0x5EED])
         self.routing = cfg.routing or RoutingModel.zipf(
             pre.n_experts, pre.skew, n_layers=cfg.n_sim_layers, kappa=cfg.kappa,
+            drift=cfg.drift, drift_steps=cfg.drift_steps,
             rng=np.random.default_rng([cfg.seed, 0x21FF]),
         )  # fmt: skip
+        self._drift = self.routing.drift_state([cfg.seed, 0xD81F])
         G = cfg.n_gpus
         self.node = (np.arange(G) // (G // cfg.n_nodes)).astype(np.int64)
         self._cost_arr = cfg.cost.as_array()
@@ -560,6 +631,7 @@ class StepModel:
         L, E = cfg.n_sim_layers, pre.n_experts
         self._window = np.zeros((cfg.placement_window, L, E), dtype=np.int64)
         self._acc = np.zeros((L, E), dtype=np.int64)
+        self._acc_steps = 0  # steps whose counts _acc holds
         self._last_refresh = 0.0
         self._log = np.zeros((1024, len(StepBreakdown._fields)))
         self._pops = np.zeros((0, L, E))
@@ -632,12 +704,17 @@ class StepModel:
         return np.asarray(res.shares)
 
     def _refresh(self) -> None:
-        """New tables from the counts seen since the last refresh (experts without tokens
-        keep the even split)."""
-        shares = self._solve(self._acc, _TABLE_METHODS[self.config.dispatch])
-        n = self._acc[:, :, None].astype(float)
+        """New tables from the counts seen since the last refresh, as their mean batch or
+        their sum (``table_counts``; experts without tokens in it keep the even split)."""
+        counts = self._acc
+        if self.config.table_counts == "mean":
+            k = self._acc_steps
+            counts = (2 * counts + k) // (2 * k)
+        shares = self._solve(counts, _TABLE_METHODS[self.config.dispatch])
+        n = counts[:, :, None].astype(float)
         self.tables = np.where(n > 0, shares / np.where(n > 0, n, 1.0), self._even)
         self._acc[:] = 0
+        self._acc_steps = 0
         self.n_refreshes += 1
 
     def dispatch(self, src: np.ndarray) -> np.ndarray:
@@ -663,7 +740,7 @@ class StepModel:
         """The next step's popularity ``(L, E)`` and choice seed (the routing stream is drawn
         in blocks of :data:`_BLOCK` steps)."""
         if self._next == len(self._seeds):
-            self._pops = self.routing.batch_popularities(self._gen, _BLOCK)
+            self._pops = self.routing.batch_popularities(self._gen, _BLOCK, self._drift)
             self._seeds = self._gen.integers(2**62, size=_BLOCK)
             self._next = 0
         k = self._next
@@ -772,6 +849,7 @@ class StepModel:
         """Refresh the tables and rebuild the placement when due (after a step's counts are
         recorded)."""
         cfg = self.config
+        self._acc_steps += 1
         if cfg.dispatch in _TABLE_METHODS and now_s - self._last_refresh >= cfg.dispatch_period_s:
             self._refresh()
             self._last_refresh = now_s
@@ -780,6 +858,7 @@ class StepModel:
             w = self._window[: min(done, cfg.placement_window)]
             self._set_placement(self._place(w.mean(axis=0), w))
             self._acc[:] = 0
+            self._acc_steps = 0
 
 
 #: Step models the simulator's engine is running, by key (see :func:`engine_moe_seconds`).

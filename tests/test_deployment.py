@@ -193,6 +193,23 @@ def test_tables_applied_to_the_batch_they_were_solved_on_give_its_makespan(dispa
     np.testing.assert_allclose(got, ref.makespan, rtol=1e-9)
 
 
+@pytest.mark.parametrize("table_counts", ["mean", "window"])
+def test_a_refresh_solves_the_mean_batch_or_the_window(table_counts):
+    cfg = DeploymentConfig(preset="qwen3_235b", n_gpus=8, layers=2, dispatch="tempo", seed=5,
+                           dispatch_period_s=0.2, table_counts=table_counts)  # fmt: skip
+    m = StepModel(cfg)
+    for now in (0.0, 0.1, 0.2):  # the third step refreshes, on the three steps' counts
+        m.step(np.full(8, 50_000), np.full(8, 12), now_s=now)
+    assert m.n_refreshes == 1 and not m._acc.any()
+    total = m._window[:3].sum(axis=0)
+    counts = (2 * total + 3) // 6 if table_counts == "mean" else total
+    problem = DispatchProblem(counts=counts, replicas=m._replicas)
+    ref = solve_dispatch(problem, cfg.cost, method="tempo", rng=0, **METHOD_OPTIONS["tempo"])
+    got = evaluate(problem, cfg.cost, counts[:, :, None] * m.tables).makespan
+    np.testing.assert_allclose(got, ref.makespan, rtol=1e-9)
+    assert not np.array_equal((2 * total + 3) // 6, total)  # the two bases differ here
+
+
 def test_moe_off_is_attention_and_dense_only():
     pre = MODEL_PRESETS["dsv3"]
     m = StepModel(DeploymentConfig(preset=pre, n_gpus=4, moe=False))
@@ -261,6 +278,25 @@ def test_same_seed_same_run_and_static_keeps_tokens_local():
     a = simulate_steps(DeploymentConfig(**kw, dispatch="static"), kv, req)
     b = simulate_steps(DeploymentConfig(**kw, dispatch="static"), kv, req)
     assert all(np.array_equal(a.steps[k], b.steps[k]) for k in a.steps)
+
+
+def test_drift_moves_the_hot_experts_and_keeps_the_skew():
+    kw = dict(preset="qwen3_235b", n_gpus=4, layers=2, seed=2, kappa=None)
+    still = StepModel(DeploymentConfig(**kw))
+    moving = StepModel(DeploymentConfig(**kw, drift=1.0, drift_steps=10))
+    a = np.stack([still._next_batch()[0] for _ in range(40)])
+    b = np.stack([moving._next_batch()[0] for _ in range(40)])
+    assert np.array_equal(a[:10], b[:10])  # before the first drift step: the same routing
+    assert (a == a[0]).all() and not np.array_equal(b[10], b[0])  # then the hot experts move
+    assert all(np.array_equal(b[k], b[10 * (k // 10)]) for k in range(40))  # every 10 steps
+    np.testing.assert_array_equal(np.sort(b, axis=2), np.sort(a, axis=2))  # still Zipf
+    with_noise = dict(kw, kappa=2000.0)
+    x = StepModel(DeploymentConfig(**with_noise))._next_batch()[0]
+    y = StepModel(DeploymentConfig(**with_noise, drift=0.5, drift_steps=300))._next_batch()[0]
+    assert np.array_equal(x, y)  # the drift draws its own stream: the batch noise is unchanged
+    for bad, name in ((dict(drift=-1.0), "drift"), (dict(drift_steps=0), "drift_steps")):
+        with pytest.raises(InvalidInputError, match=f"'{name}'"):
+            DeploymentConfig(preset="qwen3_235b", n_gpus=4, **bad)
 
 
 def test_attention_cost_and_presets():

@@ -26,8 +26,9 @@ the most KV: what routing decides), then the MoE layer, which waits for the slow
   (:func:`~straggler.solvers.place_experts`), or ``"fixed"`` (the initial placement, never
   rebuilt). The initial placement is built from the routing model's long-run loads.
 * **Dispatch**: ``"even"`` (EPLB's even split over replicas), tables refreshed every
-  ``dispatch_period_s`` of simulated time from the counts seen since the previous refresh
-  (``"tempo"``, ``"token_lp"``: what a :class:`~straggler.runtime.SolverWorker` deploys; a
+  ``dispatch_period_s`` of simulated time from the mean batch of the counts seen since the
+  previous refresh (``table_counts``; ``"tempo"``, ``"token_lp"``: what a
+  :class:`~straggler.runtime.SolverWorker` deploys; a
   table is each expert's split ``shares / n`` over GPUs and applies from the next step,
   the solve itself off the critical path), the engines' own rules (``"static"``, SGLang's
   static table: each source rank sends each expert's tokens to one replica, its own GPU's

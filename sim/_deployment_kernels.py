@@ -53,6 +53,9 @@ _S27 = np.uint64(27)
 _S31 = np.uint64(31)
 _S11 = np.uint64(11)
 _INV53 = 1.0 / 9007199254740992.0
+#: A node whose ranks send at least this share of what its GPUs receive keeps all of it (a
+#: table's shares sum to the expert's tokens only up to rounding).
+_FULL = 1.0 - 1e-12
 
 
 @njit(**NJIT)
@@ -237,7 +240,7 @@ def sample_choices_reference(q, tokens, top_k, seed):
 
 
 @njit(**NJIT)
-def layer_times_kernel(x, src, node, cost, internode_us):
+def layer_times_kernel(x, src, node, cost, internode_us, node_first):
     """MoE time of each layer from its dispatch and the tokens' sources.
 
     ``x`` (L, E, G) float64: tokens of expert ``e`` sent to GPU ``g`` (rows sum to the
@@ -248,9 +251,20 @@ def layer_times_kernel(x, src, node, cost, internode_us):
 
     Per GPU: ``G_g = #{e: x > 0}``, ``N_g = sum_e x`` (summed in expert order), ``T_g = sum_e
     ceil(x / tile)``, ``t_g = max(a + b G_g + b2 (T_g - G_g), c + beta N_g, c2 + gamma N_g)``
-    (TEMPO Eq. 1, 2, 4; the evaluator of ``solve_dispatch``). Each source's tokens of an
-    expert are split over GPUs in the expert's proportions ``x[e, g] / n_e`` (a flat table).
-    Returns (L, len(LAYER_COLUMNS)) float64, see :data:`LAYER_COLUMNS`.
+    (TEMPO Eq. 1, 2, 4; the evaluator of ``solve_dispatch``).
+
+    Which source sends which token where (the traffic columns only; per-GPU loads are ``x``
+    either way): ``node_first`` False, a flat table: each source's tokens of an expert split
+    over GPUs in the expert's proportions ``x[e, g] / n_e``. ``node_first`` True, the
+    topology-aware split (TEMPO §4.3; SGLang's static table prefers the own GPU's replica
+    too): each GPU first takes the tokens of its own rank (``own_g = min(src_g, x_g)``), then
+    each node keeps ``K_k = min(S_k, D_k)`` of its tokens (``S_k`` from its ranks, ``D_k``
+    sent to its GPUs), the rest of its local supply spread over its GPUs in proportion to
+    their remaining demand (``local_g = own_g + (x_g - own_g) (K_k - O_k) / (D_k - O_k)``,
+    ``O_k`` the node's own sum), and everything else crosses nodes: the fewest inter-node
+    tokens any split of these per-GPU loads has (a node whose ranks send at least
+    ``(1 - 1e-12) D_k`` keeps everything: shares sum to ``n_e`` up to rounding). Returns
+    (L, len(LAYER_COLUMNS)) float64, see :data:`LAYER_COLUMNS`.
     """
     L, E, G = x.shape
     a, b, b2, c, beta, c2, gamma, tile = (
@@ -262,6 +276,8 @@ def layer_times_kernel(x, src, node, cost, internode_us):
         if node[g] + 1 > n_nodes:
             n_nodes = node[g] + 1
     per_node = np.zeros(n_nodes)
+    dem = np.zeros(n_nodes)
+    own_node = np.zeros(n_nodes)
     for l in range(L):
         Gc = np.zeros(G)
         N = np.zeros(G)
@@ -275,14 +291,34 @@ def layer_times_kernel(x, src, node, cost, internode_us):
             for s in range(G):
                 n_e += src[l, s, e]
                 per_node[node[s]] += src[l, s, e]
+            if node_first:
+                for k in range(n_nodes):
+                    dem[k] = 0.0
+                    own_node[k] = 0.0
+                for g in range(G):
+                    v = x[l, e, g]
+                    dem[node[g]] += v
+                    own_node[node[g]] += min(float(src[l, g, e]), v)
             for g in range(G):
                 v = x[l, e, g]
                 if v > 0.0:
                     Gc[g] += 1.0
                     T[g] += np.ceil(v / tile)
-                    f = v / n_e if n_e > 0.0 else 0.0
-                    cross[g] += f * (n_e - per_node[node[g]])
-                    remote[g] += f * (n_e - src[l, g, e])
+                    if node_first:
+                        own = min(float(src[l, g, e]), v)
+                        k = node[g]
+                        keep = min(per_node[k], dem[k])
+                        r = 0.0
+                        if per_node[k] >= dem[k] * _FULL:  # the node's ranks cover it
+                            r = 1.0
+                        elif dem[k] > own_node[k]:
+                            r = (keep - own_node[k]) / (dem[k] - own_node[k])
+                        cross[g] += v - (own + (v - own) * r)
+                        remote[g] += v - own
+                    else:
+                        f = v / n_e if n_e > 0.0 else 0.0
+                        cross[g] += f * (n_e - per_node[node[g]])
+                        remote[g] += f * (n_e - src[l, g, e])
                 N[g] += v
         worst = 0.0
         tsum = 0.0
@@ -308,13 +344,37 @@ def layer_times_kernel(x, src, node, cost, internode_us):
     return out
 
 
-def layer_times_reference(x, src, node, cost, internode_us):
+def layer_times_reference(x, src, node, cost, internode_us, node_first):
     """Plain-Python reference of :func:`layer_times_kernel`."""
     x = np.asarray(x, dtype=float)
     L, E, G = x.shape
     a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
     rows = []
     for l in range(L):
+        if node_first:  # own rank first, then the node, then other nodes (per expert)
+            local = np.zeros((E, G))
+            for e in range(E):
+                for k in set(int(v) for v in node):
+                    gpus = [g for g in range(G) if node[g] == k]
+                    supply = 0.0
+                    for s in range(G):
+                        if node[s] == k:
+                            supply += float(src[l, s, e])
+                    demand = 0.0
+                    own_sum = 0.0
+                    for g in gpus:
+                        demand += float(x[l, e, g])
+                        own_sum += min(float(src[l, g, e]), float(x[l, e, g]))
+                    kept = min(supply, demand)
+                    if supply >= demand * (1.0 - 1e-12):
+                        r = 1.0
+                    elif demand > own_sum:
+                        r = (kept - own_sum) / (demand - own_sum)
+                    else:
+                        r = 0.0
+                    for g in gpus:
+                        own = min(float(src[l, g, e]), float(x[l, e, g]))
+                        local[e, g] = own + (float(x[l, e, g]) - own) * r
         times, Ns, cross, remote = [], [], [], []
         for g in range(G):
             act = 0.0
@@ -334,9 +394,13 @@ def layer_times_reference(x, src, node, cost, internode_us):
                     for s in range(G):
                         if node[s] == node[g]:
                             same_node += float(src[l, s, e])
-                    f = v / n_e if n_e > 0.0 else 0.0
-                    cr += f * (n_e - same_node)
-                    rm += f * (n_e - float(src[l, g, e]))
+                    if node_first:
+                        cr += v - local[e, g]
+                        rm += v - min(float(src[l, g, e]), v)
+                    else:
+                        f = v / n_e if n_e > 0.0 else 0.0
+                        cr += f * (n_e - same_node)
+                        rm += f * (n_e - float(src[l, g, e]))
                 n_tok += v
             t = max(a + b * act + b2 * (tiles - act), c + beta * n_tok, c2 + gamma * n_tok)
             times.append(t)
@@ -373,7 +437,10 @@ STEP_COLUMNS = (
 )
 
 #: Entries of :func:`deployment_step_kernel`'s parameter vector ``par``.
-STEP_PARAMS = ("att_a", "att_b", "att_c", "n_layers", "layer_scale", "dense_us", "internode_us")
+STEP_PARAMS = (
+    "att_a", "att_b", "att_c", "n_layers", "layer_scale", "dense_us", "internode_us",
+    "node_first",
+)  # fmt: skip
 
 
 @njit(**NJIT)
@@ -482,7 +549,7 @@ def deployment_step_kernel(
             for l in range(L):
                 for e in range(E):
                     x[l, e, static_gpu[s, l, e]] += src[l, s, e]
-    rows = layer_times_kernel(x, src, node, cost, par[6])
+    rows = layer_times_kernel(x, src, node, cost, par[6], par[7] > 0.0)
     att = np.empty(G)
     worst = -np.inf
     for g in range(G):
@@ -528,7 +595,7 @@ def deployment_step_reference(
             np.add.at(x, (li, ei, static_gpu[s]), src[:, s, :])
     else:
         x = counts[:, :, None] * tables
-    rows = layer_times_reference(x, src, node, cost, par[6])
+    rows = layer_times_reference(x, src, node, cost, par[6], par[7] > 0.0)
     att = par[0] + par[1] * np.asarray(kv, dtype=float) + par[2] * np.asarray(req, dtype=float)
     attention = par[3] * float(att.max())
     moe = par[4] * float(rows[:, 0].sum())

@@ -37,7 +37,8 @@ the most KV: what routing decides), then the MoE layer, which waits for the slow
   ``per_batch_method`` (the bound on what a dispatcher can reach). A table's split is applied
   in expectation (``x[e, g] = n_e * frac[e, g]``); the in-graph kernel's per-token sampling
   noise is not modelled for tables. The traffic diagnostics (tokens received from other
-  GPUs and nodes) assume each source's tokens of an expert follow the expert's split (exact
+  GPUs and nodes) follow ``split``: by default each source's tokens of an expert follow the
+  expert's split (exact
   for tables and the even split; for ``"static"`` they ignore its locality).
 * **Layers**: ``layers=k`` simulates ``k`` representative MoE layers (independent
   popularity; for a recording, ``k`` evenly spaced recorded layers) and scales their sum to
@@ -462,6 +463,12 @@ class DeploymentConfig:
         The MoE cost model; None: the preset's.
     internode_us_per_token : float, default 0
         Added per token the busiest GPU receives from other nodes.
+    split : {"flat", "node_first"}, default "flat"
+        Which source rank's tokens go to which replica (per-GPU loads are the dispatch's
+        either way; the traffic columns and the inter-node term follow): each source in the
+        expert's proportions (a flat table), or the topology-aware split of TEMPO §4.3 (own
+        GPU's replica first, then the source's node, the fewest tokens across nodes;
+        :func:`~straggler.sim._deployment_kernels.layer_times_kernel`).
     seed : int, default 0
     """
 
@@ -484,6 +491,7 @@ class DeploymentConfig:
     replication: float | None = None
     cost: CostModel | None = None
     internode_us_per_token: float = 0.0
+    split: str = "flat"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -550,6 +558,9 @@ class DeploymentConfig:
             self, "internode_us_per_token",
             check_real(self.internode_us_per_token, "internode_us_per_token", func, lo=0),
         )  # fmt: skip
+        object.__setattr__(
+            self, "split", check_choice(self.split, "split", func, ("flat", "node_first"))
+        )
         object.__setattr__(self, "seed", check_int(self.seed, "seed", func, lo=0))
 
     @property
@@ -644,7 +655,7 @@ class StepModel:
         att = pre.attention
         self._par = np.array(
             [att.a, att.b, att.c, pre.n_layers, cfg.layer_scale, dense,
-             cfg.internode_us_per_token],
+             cfg.internode_us_per_token, float(cfg.split == "node_first")],
         )  # fmt: skip
         self._no_static = np.zeros((0, L, E), dtype=np.int64)
         self._set_placement(self._initial_placement())
@@ -756,7 +767,10 @@ class StepModel:
         q, seed = self._next_batch()
         src = sample_choices_kernel(q, tokens, cfg.preset.top_k, seed)
         x = np.ascontiguousarray(self.dispatch(src), dtype=float)
-        rows = layer_times_kernel(x, src, self.node, self._cost_arr, cfg.internode_us_per_token)
+        rows = layer_times_kernel(
+            x, src, self.node, self._cost_arr, cfg.internode_us_per_token,
+            cfg.split == "node_first",
+        )  # fmt: skip
         return src, rows
 
     def step(self, kv, requests, now_s: float) -> StepBreakdown:

@@ -68,8 +68,66 @@ def test_layer_times_kernel_matches_reference(case):
     x = src.sum(axis=1)[:, :, None] * frac
     node = np.arange(G) // max(1, G // 2)
     cost = CostModel.preset(["qwen3_235b_b_tile", "dsv3_a_offline"][case % 2]).as_array()
-    a, b, c = _three(K.layer_times_kernel, K.layer_times_reference, x, src, node, cost, 0.3)
-    assert np.array_equal(a, b) and np.array_equal(a, c)
+    for node_first in (False, True):
+        a, b, c = _three(
+            K.layer_times_kernel, K.layer_times_reference, x, src, node, cost, 0.3, node_first
+        )
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_node_first_split_keeps_loads_and_sends_fewest_tokens_across_nodes(case):
+    rng = np.random.default_rng(300 + case)
+    L, E, G = 2, int(rng.integers(2, 12)), 4
+    src = rng.integers(0, 40, size=(L, G, E))
+    frac = rng.random((L, E, G)) * (rng.random((L, E, G)) < 0.7)
+    frac[..., case % G] += 1e-3
+    frac /= frac.sum(axis=2, keepdims=True)
+    x = src.sum(axis=1)[:, :, None] * frac
+    node = np.array([0, 0, 1, 1])
+    cost = CostModel.preset("qwen3_235b_b_tile").as_array()
+    flat = K.layer_times_kernel(x, src, node, cost, 0.0, False)
+    topo = K.layer_times_kernel(x, src, node, cost, 0.0, True)
+    assert np.array_equal(flat[:, :4], topo[:, :4])  # per-GPU times: the dispatch's own
+    assert (topo[:, 5] <= flat[:, 5] + 1e-9).all()  # own rank first: fewer from other GPUs
+    # across nodes, what a node cannot keep (max(0, D_k - S_k) per expert and node: the
+    # fewest any split has), never more in total than the flat table's D_k (1 - S_k / n_e)
+    for l in range(L):
+        per_gpu = np.zeros(G)
+        flat_total = 0.0
+        for e in range(E):
+            n_e = src[l, :, e].sum()
+            for k in (0, 1):
+                g = node == k
+                S, D = src[l, g, e].sum(), x[l, e, g].sum()
+                flat_total += D * (n_e - S) / n_e if n_e else 0.0
+            for k in (0, 1):
+                g = node == k
+                S, D = src[l, g, e].sum(), x[l, e, g].sum()
+                keep = min(S, D)
+                own = np.minimum(src[l, g, e], x[l, e, g])
+                r = (keep - own.sum()) / (D - own.sum()) if D > own.sum() else 0.0
+                r = 1.0 if S >= D * (1 - 1e-12) else r
+                per_gpu[g] += x[l, e, g] - (own + (x[l, e, g] - own) * r)
+        np.testing.assert_allclose(topo[l, 4], per_gpu.max(), rtol=1e-9, atol=1e-9)
+        assert per_gpu.sum() <= flat_total + 1e-9
+    one = np.zeros(G, dtype=np.int64)
+    assert (K.layer_times_kernel(x, src, one, cost, 0.0, True)[:, 4] == 0).all()
+
+
+def test_node_first_split_in_the_step_model():
+    kw = dict(preset="dsv3", n_gpus=8, n_nodes=2, layers=1, seed=4, internode_us_per_token=0.1)
+    kv, req = np.full((3, 8), 1000), np.full((3, 8), 32)
+    flat = simulate_steps(DeploymentConfig(**kw), kv, req)
+    topo = simulate_steps(DeploymentConfig(**kw, split="node_first"), kv, req)
+    assert not np.array_equal(topo.steps["cross_node_tokens"], flat.steps["cross_node_tokens"])
+    np.testing.assert_allclose(  # the same per-GPU loads: only the inter-node term moves
+        flat.steps["moe_us"] - topo.steps["moe_us"],
+        58 * 0.1 * (flat.steps["cross_node_tokens"] - topo.steps["cross_node_tokens"]),
+        rtol=1e-9,
+    )
+    with pytest.raises(InvalidInputError, match="'split'"):
+        DeploymentConfig(preset="dsv3", n_gpus=8, split="ring")
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 15, 16, 17, 94, 127, 128, 129, 130, 300, 1000, 4099])
@@ -94,7 +152,9 @@ def _step_case(case):
     static = rng.integers(0, G, size=(G, L, E)) if case % 2 else np.zeros((0, L, E), np.int64)
     node = np.arange(G) // max(1, G // 2)
     cost = CostModel.preset(["qwen3_235b_b_tile", "dsv3_a_offline"][case % 2]).as_array()
-    par = np.array([23.8, 6.8e-4, 0.14, 61.0, 14.5, 396.0 * (case % 3), 0.05 * (case % 2)])
+    par = np.array(
+        [23.8, 6.8e-4, 0.14, 61.0, 14.5, 396.0 * (case % 3), 0.05 * (case % 2), case % 4 // 2]
+    )
     W = 3
     state = (rng.integers(0, 5, size=(W, L, E)), rng.integers(0, 50, size=(L, E)),
              rng.random((5, 8)))  # fmt: skip
@@ -130,7 +190,8 @@ def test_step_kernel_matches_reference_with_its_state(case):
 def test_fused_step_is_the_python_step_bit_for_bit(dispatch, monkeypatch):
     kw = dict(preset="qwen3_235b", n_gpus=4, layers=2, seed=6, dispatch=dispatch,
               n_nodes=2, internode_us_per_token=0.02, placement_period=4,
-              placement_window=3, dispatch_period_s=0.01)  # fmt: skip
+              placement_window=3, dispatch_period_s=0.01,
+              split="node_first" if dispatch in ("even", "tempo") else "flat")  # fmt: skip
     rng = np.random.default_rng(1)
     kv, req = rng.integers(0, 40_000, size=(11, 4)), rng.integers(0, 12, size=(11, 4))
     runs = []

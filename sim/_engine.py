@@ -18,8 +18,8 @@ step of the whole cluster:
    running_g > kv_cap``), its most recently admitted request goes back through prefill with
    ``prompt + decoded`` tokens (vLLM's recompute preemption).
 5. :func:`_snapshot`: the router's view of this step into a ring of ``stale + 1`` views.
-6. :func:`_route` (``k % tick == 0``, non-empty pool): the policy (by name,
-   :func:`~straggler.solvers._routing_core.route_tick`) routes the oldest ``max_pool``
+6. :func:`_route` (``k % tick == 0``, non-empty pool): the policy's kernel (passed to
+   :func:`run_engine` as a first-class function, :func:`engine_entry`) routes the oldest ``max_pool``
    requests on the view of step ``k - stale`` (plus, when optimistic, what it sent since);
    pool mode admits in pool order what fits (:func:`_fits`: a free slot and ``L_g + tokens +
    running_g + 1 <= kv_cap``), queue mode appends to each replica's FIFO queue;
@@ -64,7 +64,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import literally, njit, objmode, typed, types
+from numba import njit, objmode, typed, typeof, types
 
 from ..solvers import predictors
 from ..solvers._jit import NJIT, NJIT_INLINE
@@ -74,7 +74,6 @@ from ..solvers._routing_core import (
     RouterCarry,
     RouterOptions,
     monotonic_ns,
-    route_tick,
 )
 from ..solvers.predictors import EXP_CAP
 from .deployment import engine_moe_seconds
@@ -88,6 +87,7 @@ __all__ = [
     "run_engine",
     "engine_entry",
     "engine_depends",
+    "tick_signature",
     "run_engine_reference",
     "project_view",
     "two_stage_predict",
@@ -1111,10 +1111,9 @@ def _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo
 
 
 @njit(**NJIT_INLINE)
-def _route(policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g):
-    """Phase 6: a routing tick: the policy named ``policy`` (a string literal) routes on
-    :func:`_tick_state`, its time measured around the call, and :func:`_apply_tick` applies
-    its assignment. ``req``: ``(prompt, room, decoded, pool, enter_tick, options)``. Returns
+def _route(kernel, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g):
+    """Phase 6: a routing tick: the policy's ``kernel`` routes on :func:`_tick_state`,
+    its time measured around the call, and :func:`_apply_tick` applies its assignment. ``req``: ``(prompt, room, decoded, pool, enter_tick, options)``. Returns
     ``(logs, carry)``."""
     prompt, room, decoded, pool, enter_tick, options = req
     pstate, rstate = _tick_state(
@@ -1122,7 +1121,7 @@ def _route(policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carr
     )
     tick_seed = cfg.seed * 1_000_003 + c[_K]
     c0 = monotonic_ns() if cfg.time_router else 0
-    assign, carry = route_tick(policy, pstate, rstate, options, carry, tick_seed)
+    assign, carry = kernel(pstate, rstate, options, carry, tick_seed)
     c1 = monotonic_ns() if cfg.time_router else 0
     P = pstate.prefill.shape[0]
     logs = _apply_tick(
@@ -1133,10 +1132,11 @@ def _route(policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carr
 
 
 @njit(**NJIT)
-def run_engine(policy, inp):
-    """Run the step loop on :class:`EngineInputs` with the routing policy named ``policy`` (a
-    string literal: each policy compiles its own loop, with its kernel alone; see
-    :func:`engine_entry`); see the module docstring. Returns :class:`EngineOutput`.
+def run_engine(kernel, inp):
+    """Run the step loop on :class:`EngineInputs` with the routing policy's kernel ``kernel``
+    (a first-class function of :func:`tick_signature`: the loop compiles once for every
+    policy; see :func:`engine_entry`); see the module docstring. Returns
+    :class:`EngineOutput`.
 
     One iteration is one decode step, as the phases above in order: arrivals, prefill to
     pool, (idle: jump to the next event), preemption, snapshot, routing tick, queue
@@ -1146,7 +1146,6 @@ def run_engine(policy, inp):
     arrays it uses (bound once, before the loop, alone or in small tuples) and the scalars
     in :class:`_Cfg`: binding a record of arrays (``inp``, ``st``) in a phase increments
     and decrements the reference count of every array in it, at every step."""
-    policy = literally(policy)
     st = _new_state(inp)
     cfg = _cfg(inp)
     c, clock = st.cnt, st.clock
@@ -1198,7 +1197,7 @@ def run_engine(policy, inp):
             _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_stage)
         if c[_K] % tick == 0 and c[_POOL_N] > 0:
             logs, carry = _route(
-                policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g
+                kernel, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g
             )
         if cfg.queue_mode:
             logs = _admit_queues(cfg, c, clock, rep, adm, cache, queues, prompt, decoded, logs)
@@ -1236,20 +1235,62 @@ def run_engine(policy, inp):
 
 
 def engine_depends() -> tuple:
-    """The modules whose source the compiled engine includes besides its own (every routing
-    kernel's, the predictors'): :func:`run_engine`'s disk cache is tied to them."""
-    from ..solvers.routing_registry import kernel_modules
+    """The modules whose source the compiled engine includes besides its own (the routing
+    records and the router clock of :mod:`~straggler.solvers._routing_core`, the predictors'
+    constants): :func:`run_engine`'s disk cache is tied to them. The policy's kernel is not
+    among them: the engine calls it through a function pointer, and the kernel has its own
+    cache."""
+    from ..solvers import _jit, _routing_core
 
-    return (*kernel_modules(), predictors)
+    return (_jit, _routing_core, predictors)
+
+
+def tick_signature(inp):
+    """The argument types ``(PoolState, ReplicaState, RouterOptions, RouterCarry, int64)``
+    with which :func:`run_engine` calls a policy's kernel on :class:`EngineInputs` ``inp``
+    (the arrays the loop builds at each tick: C-contiguous, float64 tokens, int64 counts)."""
+    f1, i1, f2 = np.zeros(1), np.zeros(1, np.int64), np.zeros((1, 1))
+    pool = PoolState(f1, i1, i1, f2)
+    reps = ReplicaState(f2, i1, i1, i1, f1, f1, f1, f1)
+    return (typeof(pool), typeof(reps), typeof(inp.options), typeof(inp.carry), types.int64)
 
 
 def engine_entry(policy: str, inp):
-    """:func:`run_engine` compiled for ``policy`` and the types of ``inp`` (loaded from
-    numba's disk cache when there; :func:`engine_depends`), as a callable of ``(policy,
-    inp)``."""
-    from ..solvers._jit import literal_entry
+    """:func:`run_engine` with the kernel of ``policy`` (a registered name), as a callable of
+    ``inp`` alone.
 
-    return literal_entry(run_engine, policy, (inp,), depends=engine_depends())
+    The step loop is compiled once for every policy: it takes the kernel as a first-class
+    function (``numba.types.FunctionType`` of :func:`tick_signature`), so a policy adds only
+    its own kernel's compile, which ``route_batch`` shares. Both are loaded from numba's disk
+    cache when there (the loop's cache is tied to :func:`engine_depends`). With
+    ``NUMBA_DISABLE_JIT=1``, the Python loop with the kernel's Python function.
+    """
+    from ..formulations.errors import InvalidInputError
+    from ..solvers._jit import cache_depends_on
+    from ..solvers.routing_registry import get_routing_policy
+
+    kernel = get_routing_policy(policy, "simulate").kernel
+    if not hasattr(run_engine, "compile"):  # NUMBA_DISABLE_JIT=1
+        return lambda inp: run_engine(kernel, inp)
+    if not hasattr(kernel, "compile"):
+        raise InvalidInputError(
+            f"simulate: the kernel of routing policy {policy!r} must be a numba.njit "
+            f"function (the jitted engine calls it), got {type(kernel).__name__}"
+        )
+    args = tick_signature(inp)
+    kernel.compile(args)
+    ret = kernel.overloads[args].signature.return_type
+    want = types.Tuple((types.int64[::1], args[3]))
+    if ret != want:
+        raise InvalidInputError(
+            f"simulate: the kernel of routing policy {policy!r} must return (assignment "
+            f"int64 C-contiguous array, RouterCarry), i.e. {want}; it returns {ret}"
+        )
+    sig = (types.FunctionType(ret(*args)), typeof(inp))
+    cache_depends_on(run_engine, *engine_depends())
+    run_engine.compile(sig)
+    entry = run_engine.overloads[sig].entry_point
+    return lambda inp: entry(kernel, inp)
 
 
 def run_engine_reference(inp, router):

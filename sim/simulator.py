@@ -937,7 +937,7 @@ def simulate(
     w0 = time.perf_counter()
     try:
         if cfg["engine"] == "numba":
-            out = engine_entry(pol.name, inp)(pol.name, inp)
+            out = engine_entry(pol.name, inp)(inp)
         else:
             out = run_engine_reference(inp, pol.reference)
     finally:

@@ -150,7 +150,7 @@ def _check_engines(policy, kw, options):
     inp, pol, _, cfg, _ = _inputs(tr, policy, options, **kw)
     assert cfg["prefix_cache"] == ("prefix_blocks" in kw)
     assert cfg["prefix_cache_router"] == ("prefix_blocks" in kw and policy == "dynamo")
-    a = engine_entry(pol.name, inp)(pol.name, inp)
+    a = engine_entry(pol.name, inp)(inp)
     c = run_engine_reference(inp, pol.reference)
     # (run_engine's py_func calls jitted phases that need the policy as a string literal; it
     # runs as Python, against the same reference, under NUMBA_DISABLE_JIT=1)

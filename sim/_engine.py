@@ -4,8 +4,9 @@ Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) a
 :class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is one loop over
 phase functions over :class:`EngineState`, which holds everything the loop changes (the
 pattern of :mod:`straggler.solvers._tempo`); each phase is handed the state's arrays it uses
-and the scalars of :class:`_Cfg`, never the records themselves. One iteration is one decode
-step of the whole cluster:
+and the scalars of :class:`_Cfg`, never the records themselves. The routing policy's kernel
+is an argument of the loop (a first-class function, :func:`engine_entry`), so the loop
+compiles once for every policy. One iteration is one decode step of the whole cluster:
 
 1. :func:`_arrivals`: arrivals (``arrival_t <= clock``) join the prefill queue; ``prefill_
    instances`` instances serve it first come, first served (``0``: unlimited), a prefill
@@ -18,13 +19,14 @@ step of the whole cluster:
    running_g > kv_cap``), its most recently admitted request goes back through prefill with
    ``prompt + decoded`` tokens (vLLM's recompute preemption).
 5. :func:`_snapshot`: the router's view of this step into a ring of ``stale + 1`` views.
-6. :func:`_route` (``k % tick == 0``, non-empty pool): the policy's kernel (passed to
-   :func:`run_engine` as a first-class function, :func:`engine_entry`) routes the oldest ``max_pool``
-   requests on the view of step ``k - stale`` (plus, when optimistic, what it sent since);
-   pool mode admits in pool order what fits (:func:`_fits`: a free slot and ``L_g + tokens +
-   running_g + 1 <= kv_cap``), queue mode appends to each replica's FIFO queue;
-   :func:`_admit_queues` (queue mode) admits from each queue's head while it fits. Both admit
-   through :func:`_admit` (lowest free slot; the prefix cache read, then filled, LRU).
+6. A routing tick (``k % tick == 0``, non-empty pool): the policy's kernel routes the oldest
+   ``max_pool`` requests (:func:`_tick_state`) on the view of step ``k - stale`` (plus, when
+   optimistic, what it sent since); :func:`_apply_tick`: pool mode admits in pool order what
+   fits (:func:`_fits`: a free slot and ``L_g + tokens + running_g + 1 <= kv_cap``), queue
+   mode appends to each replica's FIFO queue; :func:`_admit_queues` (queue mode) admits from
+   each queue's head while it fits. Both admit through :func:`_admit` (lowest free slot);
+   with prefix caches, :func:`_cache_admissions` then reads and fills (LRU) each admitted
+   request's cache, in admission order.
 7. :func:`step_time`: ``dt = t0 + kappa * max_g L_g`` (with ``ctx_cost``: ``t0 + max_g (kappa
    * L_g + ctx_cost * C_g)``); the one place a step is priced. An idle step costs ``t0`` (or,
    with ``t0 = 0``, jumps to the next event).
@@ -501,8 +503,9 @@ class EngineState(NamedTuple):
     ``ht/hs/hi`` of ``(done, order) -> request``. ``memo``: the last finished output length per
     prompt-hash group. ``adm_i``/``adm_g``: the requests admitted in this step and their
     replicas, in order. ``tick_in`` (capacity ``max_pool``) and ``tick_view``: what the
-    policy is shown at a tick (:func:`_tick_state`), allocated once. Prefix caches: ``cache_d`` (block * G + replica -> stamp), ``c_hp``,
-    ``c_sz`` (see :func:`_cache_touch`). ``cnt``: the loop's counters (``_K`` .. ``_LRU_N``);
+    policy is shown at a tick (:func:`_tick_state`), allocated once. Prefix caches:
+    ``cache_d`` (block * G + replica -> stamp), ``c_hp``, ``c_sz`` (see :func:`_cache_touch`).
+    ``cnt``: the loop's counters (``_K`` .. ``_ADM_N``);
     ``clock`` ``(1,)``: the simulated time.
     """
 

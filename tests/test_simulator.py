@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from numba import njit, types
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.routing import ClusterState
 from straggler.sim import SimConfig, engine_inputs
@@ -39,6 +40,7 @@ from straggler.solvers.predictors import (
     termination_samples,
 )
 from straggler.solvers.routing import project_loads
+from straggler.solvers.routing_registry import routing_policy
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 
@@ -173,18 +175,14 @@ def test_every_policy_is_covered_by_the_engine_cases():
 
 def test_engine_is_cached_with_its_callees():
     """The engine's disk cache is keyed on every file holding one of its jitted callees (its
-    own helpers through its globals, every policy's kernel through route_tick)."""
+    own helpers through its globals, the routing records and clock); no policy's kernel is
+    among them: the loop calls the kernel through a function pointer."""
     from numba.core.registry import CPUDispatcher
     from straggler.sim import _engine
 
     simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
     deps = engine_depends()
     assert run_engine._cache._cache_file._source_stamp[1] == source_digest(*deps)
-    kernel_files = {
-        pathlib.Path(get_routing_policy(p).kernel.py_func.__code__.co_filename)
-        for p in routing_policies()
-    }
-    assert kernel_files <= {pathlib.Path(m.__file__) for m in deps}
     assert _jit in deps and _routing_core in deps and predictors in deps
     seen, files, todo = set(), set(), [run_engine]
     while todo:  # every jitted function the engine reaches through its globals
@@ -200,6 +198,35 @@ def test_engine_is_cached_with_its_callees():
     assert len(seen) > 10  # the engine and its helpers
     here = {pathlib.Path(m.__file__).resolve() for m in (_engine, _routing_core)}
     assert files <= here, files - here
+
+
+def test_the_step_loop_compiles_once_for_every_policy():
+    """Each policy adds its kernel to the loop as a first-class function: one compiled loop
+    serves them all (a loop specialised per policy would add one version each)."""
+    tr = Trace(arrival_s=[0, 0, 0.01], prompt_len=[5, 7, 3], output_len=[2, 3, 2])
+    for policy in ("jsq", "random", "brs", "vllm"):
+        simulate(tr, policy, n_replicas=2)
+    assert len(run_engine.overloads) == 1
+    (sig,) = run_engine.overloads
+    assert isinstance(sig[0], types.FunctionType)
+
+
+def test_a_kernel_the_engine_cannot_call_is_refused_by_name(monkeypatch):
+    from straggler.solvers import routing_registry
+
+    monkeypatch.setattr(routing_registry, "_USER", {})  # this test's registrations only
+    jsq = get_routing_policy("jsq")
+    tr = Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2])
+    for name, kernel, match in (
+        ("py_kernel", jsq.kernel.py_func, "py_kernel.*numba.njit function"),
+        ("bad_return", njit(lambda pool, reps, opts, carry, seed: (0, carry)), "must return"),
+    ):
+        pol = routing_policy(
+            name, kernel=kernel, reference=jsq.reference, options=(), summary="t", source="t"
+        )
+        routing_registry.register_routing_policy(pol)
+        with pytest.raises(InvalidInputError, match=match):
+            simulate(tr, name, n_replicas=2)
 
 
 @pytest.mark.slow

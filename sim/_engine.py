@@ -431,14 +431,7 @@ def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
         sz[g] += 1
     D[key] = T
     if T == tg.shape[0]:
-        m = 2 * T
-        tg2 = np.empty(m, np.int64)
-        th2 = np.empty(m, np.int64)
-        ts2 = np.empty(m, np.int64)
-        tg2[:T] = tg[:T]
-        th2[:T] = th[:T]
-        ts2[:T] = ts[:T]
-        tg, th, ts = tg2, th2, ts2
+        tg, th, ts = _grown(tg), _grown(th), _grown(ts)
     tg[T] = g
     th[T] = h
     ts[T] = T
@@ -800,7 +793,7 @@ def _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_s
         for j in range(P):
             rf += prompt[pool[j]]
         rf = rf / P if P > 0 else 0.0
-    view_ring[slot] = project_view(
+    view = project_view(
         slot_req,
         decoded,
         prompt,
@@ -814,6 +807,9 @@ def _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_s
         rf,
         two_stage,
     )
+    for g in range(cfg.n_replicas):  # element by element: no broadcasting (and its compile)
+        for h in range(cfg.horizon + 1):
+            view_ring[slot, g, h] = view[g, h]
 
 
 @njit(**_NJIT_BORROW)
@@ -1084,7 +1080,7 @@ def step_time(cfg, load, nrun, ctx, clock):
 @njit(**_NJIT_BORROW)
 def _record(cfg, c, clock, rep, series, dt, n_preempted):
     """Phase 8: the step's row of ``series`` (:data:`SERIES`; the loop grows it first,
-    :func:`_grown`)."""
+    :func:`_grown_rows`)."""
     _, load, nrun, _, ctx, ctx_n = rep
     G, k = cfg.n_replicas, c[_K]
     M = 0
@@ -1116,9 +1112,21 @@ def _record(cfg, c, clock, rep, series, dt, n_preempted):
 
 @njit(**NJIT)
 def _grown(x):
-    """A copy of ``x`` with twice its rows (the rows beyond ``x``'s uninitialized)."""
-    out = np.empty((2 * x.shape[0],) + x.shape[1:], dtype=x.dtype)
-    out[: x.shape[0]] = x
+    """A copy of the 1-d ``x`` with twice its length (the entries beyond ``x``'s
+    uninitialized; copied element by element: no broadcasting, and its compile)."""
+    out = np.empty(2 * x.shape[0], dtype=x.dtype)
+    for i in range(x.shape[0]):
+        out[i] = x[i]
+    return out
+
+
+@njit(**NJIT)
+def _grown_rows(x):
+    """A copy of the 2-d ``x`` with twice its rows (as :func:`_grown_rows`)."""
+    out = np.empty((2 * x.shape[0], x.shape[1]), dtype=x.dtype)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[i, j] = x[i, j]
     return out
 
 
@@ -1239,7 +1247,7 @@ def run_engine(kernel, inp):
                 break
             dt = max(t_next - clock[0], 0.0)
         if c[_K] == series.shape[0]:
-            series = _grown(series)
+            series = _grown_rows(series)
         _record(cfg, c, clock, rep, series, dt, n_preempted)
         t_end = clock[0] + dt
         _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo, t_end)

@@ -121,6 +121,9 @@ _TWO_STAGE = int(predictors.PredictorKind.TWO_STAGE)
 #: increment and decrement per array, per phase, per step) is pure cost. Such a function must
 #: neither allocate nor return an array (the caller would own a reference never counted).
 _NJIT_BORROW = dict(NJIT, _nrt=False)
+#: A small helper of those phases only (never of the loop itself), inlined into them at
+#: numba's IR level: one compile fewer each.
+_NJIT_BORROW_INLINE = dict(_NJIT_BORROW, inline="always")
 
 
 class EngineInputs(NamedTuple):
@@ -354,7 +357,7 @@ def project_view(
     return out
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _heap_push(ht, hs, hi, size, t, s, i):
     """Push ``(t, s) -> i`` on the binary min-heap ``ht/hs/hi[:size]`` keyed by ``(t, s)``."""
     p = size
@@ -372,7 +375,7 @@ def _heap_push(ht, hs, hi, size, t, s, i):
     return size + 1
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _heap_pop(ht, hs, hi, size):
     """Remove the smallest ``(t, s)``; returns ``(t, i, size - 1)``."""
     t0 = ht[0]
@@ -401,7 +404,7 @@ def _heap_pop(ht, hs, hi, size):
     return t0, i0, size
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _prefill_done(pf_free, n_inst, t, tokens, base, per_token):
     """Completion time of a prefill queued at ``t`` (FCFS on the earliest free instance,
     lowest index on ties; ``n_inst = 0``: unlimited, starts at ``t``)."""
@@ -671,7 +674,7 @@ def _cfg(inp):
     )  # fmt: skip
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _to_prefill(cfg, c, pq, i, t, tokens):
     """Request ``i`` joins the prefill queue ``pq = (pf_free, ht, hs, hi)`` at time ``t``
     with ``tokens`` to prefill."""
@@ -812,14 +815,14 @@ def _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_s
             view_ring[slot, g, h] = view[g, h]
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _fits(cfg, nrun, load, tok, g):
     """Whether replica ``g`` can start a request of ``tok`` tokens now: a free slot, and its
     tokens plus the next step's token of every request fit the KV capacity."""
     return nrun[g] < cfg.max_slots and load[g] + tok + nrun[g] + 1 <= cfg.kv_cap
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g):
     """Start request ``i`` on replica ``g`` in its lowest free slot (pool and queue mode
     alike): its tokens join the load and the step's context phase, and ``(i, g)`` joins the
@@ -881,7 +884,7 @@ def _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch
     return tg, th, ts
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _sent(ring, slot, g, tok, prompt_i):
     """Record in the ring what the router sent to ``g`` at this step (the optimistic view of
     later ticks adds it while the view is older than it)."""
@@ -890,7 +893,7 @@ def _sent(ring, slot, g, tok, prompt_i):
     ring[7][slot, g] += prompt_i
 
 
-@njit(**_NJIT_BORROW)
+@njit(**_NJIT_BORROW_INLINE)
 def _router_view(cfg, c, ring, reps):
     """What the router sees at this tick, written into the :class:`ReplicaState` ``reps``
     (its ``loads``, ``n_running``, ``prompt_tokens``, ``n_waiting``, ``waiting_tokens``):

@@ -617,7 +617,7 @@ def engine_inputs(trace, config: SimConfig):
     cfg["max_steps"] = max_steps
     blk_off, blk_ids, blk_tokens = np.zeros(n + 1, dtype=np.int64), np.zeros(0, np.int64), 1
     if cfg["prefix_cache"]:  # dense ids, so that id * G + replica is a unique int64 key
-        blk_off = np.ascontiguousarray(blocks.offsets, dtype=np.int64)
+        blk_off = np.array(blocks.offsets, dtype=np.int64)  # a writeable copy: one engine type
         blk_ids = np.unique(blocks.ids, return_inverse=True)[1].astype(np.int64)
         blk_tokens = int(blocks.block_tokens)
     rate = cfg["prefill_tokens_per_s"]

@@ -4,8 +4,9 @@ Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) a
 :class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is one loop over
 phase functions over :class:`EngineState`, which holds everything the loop changes (the
 pattern of :mod:`straggler.solvers._tempo`); each phase is handed the state's arrays it uses
-and the scalars of :class:`_Cfg`, never the records themselves. One iteration is one decode
-step of the whole cluster:
+and the scalars of :class:`_Cfg`, never the records themselves. The routing policy's kernel
+is an argument of the loop (a first-class function, :func:`engine_entry`), so the loop
+compiles once for every policy. One iteration is one decode step of the whole cluster:
 
 1. :func:`_arrivals`: arrivals (``arrival_t <= clock``) join the prefill queue; ``prefill_
    instances`` instances serve it first come, first served (``0``: unlimited), a prefill
@@ -18,13 +19,14 @@ step of the whole cluster:
    running_g > kv_cap``), its most recently admitted request goes back through prefill with
    ``prompt + decoded`` tokens (vLLM's recompute preemption).
 5. :func:`_snapshot`: the router's view of this step into a ring of ``stale + 1`` views.
-6. :func:`_route` (``k % tick == 0``, non-empty pool): the policy (by name,
-   :func:`~straggler.solvers._routing_core.route_tick`) routes the oldest ``max_pool``
-   requests on the view of step ``k - stale`` (plus, when optimistic, what it sent since);
-   pool mode admits in pool order what fits (:func:`_fits`: a free slot and ``L_g + tokens +
-   running_g + 1 <= kv_cap``), queue mode appends to each replica's FIFO queue;
-   :func:`_admit_queues` (queue mode) admits from each queue's head while it fits. Both admit
-   through :func:`_admit` (lowest free slot; the prefix cache read, then filled, LRU).
+6. A routing tick (``k % tick == 0``, non-empty pool): the policy's kernel routes the oldest
+   ``max_pool`` requests (:func:`_tick_state`) on the view of step ``k - stale`` (plus, when
+   optimistic, what it sent since); :func:`_apply_tick`: pool mode admits in pool order what
+   fits (:func:`_fits`: a free slot and ``L_g + tokens + running_g + 1 <= kv_cap``), queue
+   mode appends to each replica's FIFO queue; :func:`_admit_queues` (queue mode) admits from
+   each queue's head while it fits. Both admit through :func:`_admit` (lowest free slot);
+   with prefix caches, :func:`_cache_admissions` then reads and fills (LRU) each admitted
+   request's cache, in admission order.
 7. :func:`step_time`: ``dt = t0 + kappa * max_g L_g`` (with ``ctx_cost``: ``t0 + max_g (kappa
    * L_g + ctx_cost * C_g)``); the one place a step is priced. An idle step costs ``t0`` (or,
    with ``t0 = 0``, jumps to the next event).
@@ -64,7 +66,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import literally, njit, objmode, typed, types
+from numba import njit, objmode, typed, typeof, types
 
 from ..solvers import predictors
 from ..solvers._jit import NJIT, NJIT_INLINE
@@ -74,7 +76,6 @@ from ..solvers._routing_core import (
     RouterCarry,
     RouterOptions,
     monotonic_ns,
-    route_tick,
 )
 from ..solvers.predictors import EXP_CAP
 from .deployment import engine_moe_seconds
@@ -88,6 +89,7 @@ __all__ = [
     "run_engine",
     "engine_entry",
     "engine_depends",
+    "tick_signature",
     "run_engine_reference",
     "project_view",
     "two_stage_predict",
@@ -112,6 +114,16 @@ SERIES = (
 _ORACLE = int(predictors.PredictorKind.ORACLE)
 _EXACT_MATCH = int(predictors.PredictorKind.EXACT_MATCH)
 _TWO_STAGE = int(predictors.PredictorKind.TWO_STAGE)
+
+#: The per-step phases: compiled apart (each once, on the disk cache; LLVM inlines them into
+#: the loop when it links them) and without numba's reference counting (``_nrt=False``): a
+#: phase only borrows the loop's arrays, so counting a reference at every binding (an atomic
+#: increment and decrement per array, per phase, per step) is pure cost. Such a function must
+#: neither allocate nor return an array (the caller would own a reference never counted).
+_NJIT_BORROW = dict(NJIT, _nrt=False)
+#: A small helper of those phases only (never of the loop itself), inlined into them at
+#: numba's IR level: one compile fewer each.
+_NJIT_BORROW_INLINE = dict(_NJIT_BORROW, inline="always")
 
 
 class EngineInputs(NamedTuple):
@@ -345,7 +357,7 @@ def project_view(
     return out
 
 
-@njit(**NJIT)
+@njit(**_NJIT_BORROW_INLINE)
 def _heap_push(ht, hs, hi, size, t, s, i):
     """Push ``(t, s) -> i`` on the binary min-heap ``ht/hs/hi[:size]`` keyed by ``(t, s)``."""
     p = size
@@ -363,7 +375,7 @@ def _heap_push(ht, hs, hi, size, t, s, i):
     return size + 1
 
 
-@njit(**NJIT)
+@njit(**_NJIT_BORROW_INLINE)
 def _heap_pop(ht, hs, hi, size):
     """Remove the smallest ``(t, s)``; returns ``(t, i, size - 1)``."""
     t0 = ht[0]
@@ -392,7 +404,7 @@ def _heap_pop(ht, hs, hi, size):
     return t0, i0, size
 
 
-@njit(**NJIT)
+@njit(**_NJIT_BORROW_INLINE)
 def _prefill_done(pf_free, n_inst, t, tokens, base, per_token):
     """Completion time of a prefill queued at ``t`` (FCFS on the earliest free instance,
     lowest index on ties; ``n_inst = 0``: unlimited, starts at ``t``)."""
@@ -422,14 +434,7 @@ def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
         sz[g] += 1
     D[key] = T
     if T == tg.shape[0]:
-        m = 2 * T
-        tg2 = np.empty(m, np.int64)
-        th2 = np.empty(m, np.int64)
-        ts2 = np.empty(m, np.int64)
-        tg2[:T] = tg[:T]
-        th2[:T] = th[:T]
-        ts2[:T] = ts[:T]
-        tg, th, ts = tg2, th2, ts2
+        tg, th, ts = _grown(tg), _grown(th), _grown(ts)
     tg[T] = g
     th[T] = h
     ts[T] = T
@@ -472,7 +477,8 @@ _RUN = 6  # running requests, every replica
 _QUEUED = 7  # requests in the engines' own queues (queue mode)
 _TICKS = 8  # routing ticks so far
 _LRU_N = 9  # entries of the prefix caches' touch log
-_N_CNT = 10
+_ADM_N = 10  # admissions in this step (EngineState.adm_i/adm_g[:ADM_N])
+_N_CNT = 11
 
 
 class EngineState(NamedTuple):
@@ -491,8 +497,11 @@ class EngineState(NamedTuple):
     what it sent at each step (``add_ring`` tokens, ``addn_ring`` requests, ``addp_ring``
     prompt tokens). Prefill: ``pf_free`` (each instance's next free time) and the heap
     ``ht/hs/hi`` of ``(done, order) -> request``. ``memo``: the last finished output length per
-    prompt-hash group. Prefix caches: ``cache_d`` (block * G + replica -> stamp), ``c_hp``,
-    ``c_sz`` (see :func:`_cache_touch`). ``cnt``: the loop's counters (``_K`` .. ``_LRU_N``);
+    prompt-hash group. ``adm_i``/``adm_g``: the requests admitted in this step and their
+    replicas, in order. ``tick_in`` (capacity ``max_pool``) and ``tick_view``: what the
+    policy is shown at a tick (:func:`_tick_state`), allocated once. Prefix caches:
+    ``cache_d`` (block * G + replica -> stamp), ``c_hp``, ``c_sz`` (see :func:`_cache_touch`).
+    ``cnt``: the loop's counters (``_K`` .. ``_ADM_N``);
     ``clock`` ``(1,)``: the simulated time.
     """
 
@@ -535,6 +544,10 @@ class EngineState(NamedTuple):
     hs: np.ndarray
     hi: np.ndarray
     memo: np.ndarray
+    adm_i: np.ndarray
+    adm_g: np.ndarray
+    tick_in: PoolState
+    tick_view: ReplicaState
     cache_d: typed.Dict
     c_hp: np.ndarray
     c_sz: np.ndarray
@@ -542,24 +555,13 @@ class EngineState(NamedTuple):
     clock: np.ndarray
 
 
-class _Logs(NamedTuple):
-    """The loop's growing records (a phase that may grow one returns a new ``_Logs``): the
-    per-step ``series`` rows, per tick ``tick_ns`` and ``tick_pool``, and the prefix caches'
-    touch log ``tg/th/ts`` (replica, block, stamp)."""
-
-    series: np.ndarray
-    tick_ns: np.ndarray
-    tick_pool: np.ndarray
-    tg: np.ndarray
-    th: np.ndarray
-    ts: np.ndarray
-
-
 @njit(**NJIT_INLINE)
 def _new_state(inp):
     """The state before the first step: nothing arrived, every slot and queue empty."""
     n = inp.arrival_t.shape[0]
     G, S, H, R = inp.n_replicas, inp.max_slots, inp.horizon, inp.stale + 1
+    cap = max(min(inp.max_pool, n), 1)
+    n_cached = cap if inp.cache_router else 0
     return EngineState(
         ready_t=np.full(n, np.nan),
         start_t=np.full(n, np.nan),
@@ -600,6 +602,24 @@ def _new_state(inp):
         hs=np.empty(n, dtype=np.int64),
         hi=np.empty(n, dtype=np.int64),
         memo=np.full(max(inp.n_groups, 1), -1, dtype=np.int64),
+        adm_i=np.empty(n, dtype=np.int64),
+        adm_g=np.empty(n, dtype=np.int64),
+        tick_in=PoolState(
+            np.empty(cap),
+            np.empty(cap, np.int64),
+            np.empty(cap, np.int64),
+            np.zeros((n_cached, G)),
+        ),
+        tick_view=ReplicaState(
+            np.zeros((G, H + 1)),
+            np.zeros(G, np.int64),
+            np.zeros(G, np.int64),
+            np.zeros(G, np.int64),
+            np.zeros(G),
+            np.zeros(G),
+            np.zeros(G),
+            np.full(G, float(inp.kv_cap)),
+        ),
         cache_d=typed.Dict.empty(key_type=types.int64, value_type=types.int64),
         c_hp=np.zeros(G, dtype=np.int64),
         c_sz=np.zeros(G, dtype=np.int64),
@@ -654,7 +674,7 @@ def _cfg(inp):
     )  # fmt: skip
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW_INLINE)
 def _to_prefill(cfg, c, pq, i, t, tokens):
     """Request ``i`` joins the prefill queue ``pq = (pf_free, ht, hs, hi)`` at time ``t``
     with ``tokens`` to prefill."""
@@ -666,7 +686,7 @@ def _to_prefill(cfg, c, pq, i, t, tokens):
     c[_PF_SEQ] += 1
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW)
 def _arrivals(cfg, arrival_t, prompt, c, clock, pq):
     """Phase 1: the requests that arrived by now join the prefill queue, in arrival order."""
     n = arrival_t.shape[0]
@@ -676,7 +696,7 @@ def _arrivals(cfg, arrival_t, prompt, c, clock, pq):
         c[_NXT] += 1
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW)
 def _prefill_to_pool(c, clock, pq, pool, ready_t, enter_t, enter_tick, in_pool):
     """Phase 2: prefills done by now enter the pool, kept in order of (first ready time,
     index): a recomputed request goes back to its place by age, ahead of later ones."""
@@ -700,7 +720,7 @@ def _prefill_to_pool(c, clock, pq, pool, ready_t, enter_t, enter_tick, in_pool):
         c[_POOL_N] += 1
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW)
 def _next_event(arrival_t, c, ht):
     """The next arrival or prefill completion (``inf``: none)."""
     t_next = np.inf
@@ -711,7 +731,7 @@ def _next_event(arrival_t, c, ht):
     return t_next
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW)
 def _preempt(cfg, c, clock, rep, pq, prompt, decoded, adm_seq, n_pre):
     """Phase 4: while a replica's next step would overflow its KV capacity, its most recently
     admitted request goes back through prefill with ``prompt + decoded`` tokens. ``rep``:
@@ -738,15 +758,16 @@ def _preempt(cfg, c, clock, rep, pq, prompt, decoded, adm_seq, n_pre):
     return n_preempted
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW)
 def _snapshot(cfg, c, rep, queues, ring):
     """Phase 5: the router's view of this step (loads, running counts, prompt tokens,
     queues) into the ring ``(view, nrun, ptok, qlen, qtok, add, addn, addp)``; this step's
-    sent and context counters start at zero. Returns the ring slot."""
+    sent, context and admission counters start at zero. Returns the ring slot."""
     slot_req, load, nrun, ptok, ctx, ctx_n = rep
     _, _, _, q_len, q_tok = queues
     view_ring, nrun_ring, ptok_ring, qlen_ring, qtok_ring, add_ring, addn_ring, addp_ring = ring
     slot = c[_K] % (cfg.stale + 1)
+    c[_ADM_N] = 0
     for g in range(cfg.n_replicas):
         ctx[g] = 0
         ctx_n[g] = 0
@@ -775,7 +796,7 @@ def _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_s
         for j in range(P):
             rf += prompt[pool[j]]
         rf = rf / P if P > 0 else 0.0
-    view_ring[slot] = project_view(
+    view = project_view(
         slot_req,
         decoded,
         prompt,
@@ -789,25 +810,28 @@ def _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_s
         rf,
         two_stage,
     )
+    for g in range(cfg.n_replicas):  # element by element: no broadcasting (and its compile)
+        for h in range(cfg.horizon + 1):
+            view_ring[slot, g, h] = view[g, h]
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW_INLINE)
 def _fits(cfg, nrun, load, tok, g):
     """Whether replica ``g`` can start a request of ``tok`` tokens now: a free slot, and its
     tokens plus the next step's token of every request fit the KV capacity."""
     return nrun[g] < cfg.max_slots and load[g] + tok + nrun[g] + 1 <= cfg.kv_cap
 
 
-@njit(**NJIT_INLINE)
-def _admit(cfg, c, clock, rep, adm, cache, prompt, decoded, logs, i, g):
+@njit(**_NJIT_BORROW_INLINE)
+def _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g):
     """Start request ``i`` on replica ``g`` in its lowest free slot (pool and queue mode
-    alike): its tokens join the load and the step's context phase; with prefix caches its
-    cached prefix there is read (and needs no context phase), then its prompt blocks enter
-    the cache. ``adm``: the per-request ``(replica, start_t, admit_tick, adm_seq, pool_wait,
-    enter_t, in_pool, cache_hit)``; ``cache``: ``(cache_d, c_hp, c_sz, blk_off, blk_ids)``.
-    Returns the (possibly grown) logs."""
+    alike): its tokens join the load and the step's context phase, and ``(i, g)`` joins the
+    step's admissions ``adm_i/adm_g[:cnt[_ADM_N]]`` (with prefix caches,
+    :func:`_cache_admissions` then reads and fills the caches in this order). ``adm``: the
+    per-request ``(replica, start_t, admit_tick, adm_seq, pool_wait, enter_t, in_pool)`` and
+    the step's ``(adm_i, adm_g)``."""
     slot_req, load, nrun, ptok, ctx, ctx_n = rep
-    replica, start_t, admit_tick, adm_seq, pool_wait, enter_t, in_pool, cache_hit = adm
+    replica, start_t, admit_tick, adm_seq, pool_wait, enter_t, in_pool, adm_i, adm_g = adm
     tok = prompt[i] + decoded[i]
     for s in range(cfg.max_slots):
         if slot_req[g, s] < 0:
@@ -827,25 +851,40 @@ def _admit(cfg, c, clock, rep, adm, cache, prompt, decoded, logs, i, g):
     c[_RUN] += 1
     ctx[g] += tok
     ctx_n[g] += 1
-    if cfg.use_cache:
-        cache_d, c_hp, c_sz, blk_off, blk_ids = cache
-        G = cfg.n_replicas
+    adm_i[c[_ADM_N]] = i
+    adm_g[c[_ADM_N]] = g
+    c[_ADM_N] += 1
+
+
+@njit(**dict(NJIT, _nrt=True))
+def _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch):
+    """Phase 6c (with prefix caches): the step's admissions in order, each reading its
+    cached prefix on its replica (``cache_hit`` at its first admission; a cached prefix needs
+    no context phase, so ``ctx`` drops by it), then filling the cache with its prompt blocks
+    (LRU, :func:`_cache_touch`). ``cache``: ``(cache_d, c_hp, c_sz, blk_off, blk_ids)``.
+    ``touch``: the caches' touch log ``(tg, th, ts)`` (replica, block, stamp); returns it
+    (possibly grown). Nothing in the admissions of a step reads the
+    caches, so reading them after the step's admissions, in their order, is exact."""
+    cache_d, c_hp, c_sz, blk_off, blk_ids = cache
+    G = cfg.n_replicas
+    tg, th, ts = touch
+    n_log = c[_LRU_N]
+    for a in range(c[_ADM_N]):
+        i = adm_i[a]
+        g = adm_g[a]
         hit = int(_cached_prefix(cache_d, blk_off, blk_ids, i, g, G, cfg.blk_tokens, prompt[i]))
         if cache_hit[i] < 0:
             cache_hit[i] = float(hit)
-        tg, th, ts = logs.tg, logs.th, logs.ts
-        n_log = c[_LRU_N]
         for b in range(blk_off[i], blk_off[i + 1]):
             tg, th, ts, n_log = _cache_touch(
                 cache_d, tg, th, ts, n_log, c_hp, c_sz, g, blk_ids[b], G, cfg.cache_blocks
             )
-        c[_LRU_N] = n_log
-        ctx[g] -= hit  # a cached prefix needs no context phase
-        logs = _Logs(logs.series, logs.tick_ns, logs.tick_pool, tg, th, ts)
-    return logs
+        ctx[g] -= hit
+    c[_LRU_N] = n_log
+    return tg, th, ts
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW_INLINE)
 def _sent(ring, slot, g, tok, prompt_i):
     """Record in the ring what the router sent to ``g`` at this step (the optimistic view of
     later ticks adds it while the view is older than it)."""
@@ -854,22 +893,26 @@ def _sent(ring, slot, g, tok, prompt_i):
     ring[7][slot, g] += prompt_i
 
 
-@njit(**NJIT_INLINE)
-def _router_view(cfg, c, ring):
-    """What the router sees at this tick: the view of step ``k - stale`` (step 0's before),
-    plus, when optimistic, what it sent since then (pool mode: tokens on every horizon
-    column, running counts, prompt tokens; queue mode: queue lengths and tokens). Returns
-    ``(loads, n_running, prompt_tokens, n_waiting, waiting_tokens)``."""
-    view_ring, nrun_ring, ptok_ring, qlen_ring, qtok_ring, add_ring, addn_ring, _ = ring
+@njit(**_NJIT_BORROW_INLINE)
+def _router_view(cfg, c, ring, reps):
+    """What the router sees at this tick, written into the :class:`ReplicaState` ``reps``
+    (its ``loads``, ``n_running``, ``prompt_tokens``, ``n_waiting``, ``waiting_tokens``):
+    the view of step ``k - stale`` (step 0's before), plus, when optimistic, what it sent
+    since then (pool mode: tokens on every horizon column, running counts, prompt tokens;
+    queue mode: queue lengths and tokens)."""
+    view_ring, nrun_ring, ptok_ring, qlen_ring, qtok_ring, add_ring, addn_ring, addp_ring = ring
+    view, seen_n, seen_p = reps.loads, reps.n_running, reps.prompt_tokens
+    seen_q, seen_qt = reps.n_waiting, reps.waiting_tokens
     k, R, G, H = c[_K], cfg.stale + 1, cfg.n_replicas, cfg.horizon
     old = (k - cfg.stale) % R if k >= cfg.stale else 0
-    view = view_ring[old].copy()
-    seen_n = nrun_ring[old].copy()
-    seen_p = ptok_ring[old].copy()
-    seen_q = qlen_ring[old].copy()
-    seen_qt = qtok_ring[old].copy()
+    for g in range(G):
+        for h in range(H + 1):
+            view[g, h] = view_ring[old, g, h]
+        seen_n[g] = nrun_ring[old, g]
+        seen_p[g] = ptok_ring[old, g]
+        seen_q[g] = qlen_ring[old, g]
+        seen_qt[g] = qtok_ring[old, g]
     if cfg.optimistic:
-        addp_ring = ring[7]
         lo = k - cfg.stale if k >= cfg.stale else 0
         for kk in range(lo, k):
             for g in range(G):
@@ -881,67 +924,60 @@ def _router_view(cfg, c, ring):
                     seen_p[g] += addp_ring[kk % R, g]
                     for h in range(H + 1):
                         view[g, h] += add_ring[kk % R, g]
-    return view, seen_n, seen_p, seen_q, seen_qt
 
 
-@njit(**NJIT_INLINE)
-def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, cache, ring, kvcap_g):
-    """What the policy is shown at this tick: the oldest ``max_pool`` pool requests
-    (:class:`PoolState`: tokens ``prompt + decoded``, ticks waited, bootstrap room, and for a
-    policy that reads it the prompt tokens each has cached on each replica) and the replicas'
-    (stale) view (:class:`ReplicaState`, :func:`_router_view`; pool mode: exact free slots,
-    queue mode: every replica takes the whole pool)."""
+@njit(**_NJIT_BORROW)
+def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, ring, buf, reps):
+    """Phase 6a: what the policy is shown at this tick, written into buffers the loop
+    allocates once (a kernel never changes its inputs): the oldest ``P = min(pool,
+    max_pool)`` pool requests into ``buf`` (a :class:`PoolState` of capacity ``max_pool``:
+    tokens ``prompt + decoded``, ticks waited, bootstrap room; the cached prefixes apart,
+    :func:`_cached_view`) and the replicas' (stale) view into ``reps``
+    (:class:`ReplicaState`, :func:`_router_view`; pool mode: exact free slots, queue mode:
+    every replica takes the whole pool). Returns ``P``."""
     G = cfg.n_replicas
     pool_n = c[_POOL_N]
     P = pool_n if pool_n < cfg.max_pool else cfg.max_pool
-    prefill = np.empty(P)
-    wait = np.empty(P, dtype=np.int64)
-    key = np.empty(P, dtype=np.int64)
+    prefill, wait, key = buf.prefill, buf.wait, buf.key
     for j in range(P):
         i = pool[j]
         prefill[j] = prompt[i] + decoded[i]
         wait[j] = c[_TICKS] - enter_tick[i]
         key[j] = room[i]
-    cached = np.zeros((P if cfg.cache_router else 0, G))
-    if cfg.cache_router:
-        cache_d, _, _, blk_off, blk_ids = cache
-        for j in range(P):
-            for g in range(G):
-                cached[j, g] = _cached_prefix(
-                    cache_d, blk_off, blk_ids, pool[j], g, G, cfg.blk_tokens, prompt[pool[j]]
-                )
-    view, seen_n, seen_p, seen_q, seen_qt = _router_view(cfg, c, ring)
-    free = np.empty(G, dtype=np.int64)
-    usage = np.empty(G)
+    _router_view(cfg, c, ring, reps)
+    free, usage = reps.free_slots, reps.kv_usage
     for g in range(G):
         free[g] = P if cfg.queue_mode else cfg.max_slots - nrun[g]  # a queue takes all
-        usage[g] = view[g, 0] / cfg.kv_cap
-    pstate = PoolState(prefill, wait, key, cached)
-    rstate = ReplicaState(view, free, seen_n, seen_q, seen_p, seen_qt, usage, kvcap_g)
-    return pstate, rstate
+        usage[g] = reps.loads[g, 0] / cfg.kv_cap
+    return P
 
 
-@njit(**NJIT_INLINE)
+@njit(**dict(NJIT, _nrt=True))
+def _cached_view(cfg, cache, prompt, pool, P, cached):
+    """Phase 6a (a policy that reads the prefix caches): ``cached[j, g]``, the prompt tokens
+    of the ``j``-th visible pool request found in replica ``g``'s cache."""
+    cache_d, _, _, blk_off, blk_ids = cache
+    G = cfg.n_replicas
+    for j in range(P):
+        for g in range(G):
+            cached[j, g] = _cached_prefix(
+                cache_d, blk_off, blk_ids, pool[j], g, G, cfg.blk_tokens, prompt[pool[j]]
+            )
+
+
+@njit(**_NJIT_BORROW)
 def _apply_tick(
-    cfg, c, clock, rep, adm, cache, queues, ring, prompt, decoded, pool, logs, assign, P, ns
+    cfg, c, clock, rep, adm, queues, ring, prompt, decoded, pool, assign, P, ns, tick_ns, tick_pool
 ):
-    """The tick's assignment applied in pool order: queue mode, to the tail of the replica's
-    own queue; pool mode, admitted when it fits (:func:`_fits`), otherwise it stays in the
-    pool. Records the router's time ``ns`` and the visible pool ``P``. Returns the logs."""
+    """Phase 6b: the tick's assignment applied in pool order: queue mode, to the tail of
+    the replica's own queue; pool mode, admitted when it fits (:func:`_fits`), otherwise it
+    stays in the pool. Records the router's time ``ns`` and the visible pool ``P`` in
+    ``tick_ns`` and ``tick_pool`` (the loop makes room first)."""
     _, load, nrun, _, _, _ = rep
     q_head, q_tail, q_next, q_len, q_tok = queues
     k = c[_K]
     pool_n = c[_POOL_N]
     n_ticks = c[_TICKS]
-    tick_ns, tick_pool = logs.tick_ns, logs.tick_pool
-    if n_ticks == tick_ns.shape[0]:
-        tn = np.empty(2 * n_ticks, dtype=np.int64)
-        tn[:n_ticks] = tick_ns
-        tick_ns = tn
-        tp = np.empty(2 * n_ticks, dtype=np.int64)
-        tp[:n_ticks] = tick_pool
-        tick_pool = tp
-        logs = _Logs(logs.series, tick_ns, tick_pool, logs.tg, logs.th, logs.ts)
     tick_ns[n_ticks] = ns
     tick_pool[n_ticks] = P
     c[_TICKS] += 1
@@ -963,18 +999,17 @@ def _apply_tick(
             c[_QUEUED] += 1
             _sent(ring, slot, g, tok, prompt[i])
         elif g >= 0 and _fits(cfg, nrun, load, tok, g):
-            logs = _admit(cfg, c, clock, rep, adm, cache, prompt, decoded, logs, i, g)
+            _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g)
             _sent(ring, slot, g, tok, prompt[i])
         else:
             pool[keep] = i
             keep += 1
     c[_POOL_N] = keep
-    return logs
 
 
-@njit(**NJIT_INLINE)
-def _admit_queues(cfg, c, clock, rep, adm, cache, queues, prompt, decoded, logs):
-    """Phase 6b (queue mode): each replica admits from the head of its queue while the head
+@njit(**_NJIT_BORROW)
+def _admit_queues(cfg, c, clock, rep, adm, queues, prompt, decoded):
+    """Phase 6c (queue mode): each replica admits from the head of its queue while the head
     fits (:func:`_fits`); the first that does not blocks those behind it (FCFS)."""
     _, load, nrun, _, _, _ = rep
     q_head, q_tail, q_next, q_len, q_tok = queues
@@ -989,11 +1024,10 @@ def _admit_queues(cfg, c, clock, rep, adm, cache, queues, prompt, decoded, logs)
             q_len[g] -= 1
             q_tok[g] -= prompt[i] + decoded[i]
             c[_QUEUED] -= 1
-            logs = _admit(cfg, c, clock, rep, adm, cache, prompt, decoded, logs, i, g)
-    return logs
+            _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g)
 
 
-@njit(**dict(NJIT, nogil=False))  # object mode holds the GIL
+@njit(**dict(NJIT, nogil=False, _nrt=True))  # object mode holds the GIL
 def _moe_seconds(key, load, nrun, clock):
     """The MoE layers' seconds of this step from the registered step model (object mode)."""
     with objmode(moe="float64"):
@@ -1001,7 +1035,7 @@ def _moe_seconds(key, load, nrun, clock):
     return moe
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_BORROW)
 def step_time(cfg, load, nrun, ctx, clock):
     """Phase 7: the duration of this decode step from the loads at its start (``cfg``: the
     engine's scalars, ``load``/``nrun``/``ctx`` per replica, ``clock`` the time now).
@@ -1046,9 +1080,10 @@ def step_time(cfg, load, nrun, ctx, clock):
     return dt
 
 
-@njit(**NJIT_INLINE)
-def _record(cfg, c, clock, rep, logs, dt, n_preempted):
-    """Phase 8: the step's row of ``series`` (:data:`SERIES`). Returns the (grown) logs."""
+@njit(**_NJIT_BORROW)
+def _record(cfg, c, clock, rep, series, dt, n_preempted):
+    """Phase 8: the step's row of ``series`` (:data:`SERIES`; the loop grows it first,
+    :func:`_grown_rows`)."""
     _, load, nrun, _, ctx, ctx_n = rep
     G, k = cfg.n_replicas, c[_K]
     M = 0
@@ -1066,12 +1101,6 @@ def _record(cfg, c, clock, rep, logs, dt, n_preempted):
             pmax = proc
         if ctx[g] > cmax:
             cmax = ctx[g]
-    series = logs.series
-    if k == series.shape[0]:
-        grown = np.empty((2 * k, series.shape[1]))
-        grown[:k] = series[:k]
-        series = grown
-        logs = _Logs(series, logs.tick_ns, logs.tick_pool, logs.tg, logs.th, logs.ts)
     series[k, 0] = clock[0]
     series[k, 1] = dt
     series[k, 2] = M
@@ -1082,10 +1111,29 @@ def _record(cfg, c, clock, rep, logs, dt, n_preempted):
     series[k, 7] = n_preempted
     series[k, 8] = cmax
     series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
-    return logs
 
 
-@njit(**NJIT_INLINE)
+@njit(**NJIT)
+def _grown(x):
+    """A copy of the 1-d ``x`` with twice its length (the entries beyond ``x``'s
+    uninitialized; copied element by element: no broadcasting, and its compile)."""
+    out = np.empty(2 * x.shape[0], dtype=x.dtype)
+    for i in range(x.shape[0]):
+        out[i] = x[i]
+    return out
+
+
+@njit(**NJIT)
+def _grown_rows(x):
+    """A copy of the 2-d ``x`` with twice its rows (as :func:`_grown_rows`)."""
+    out = np.empty((2 * x.shape[0], x.shape[1]), dtype=x.dtype)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[i, j] = x[i, j]
+    return out
+
+
+@njit(**_NJIT_BORROW)
 def _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo, t_end):
     """Phase 9: every running request gains one token; one that reaches its output length
     leaves at ``t_end`` (and its group's exact-match memo learns its length)."""
@@ -1110,50 +1158,30 @@ def _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo
                     memo[group[i]] = output[i]
 
 
-@njit(**NJIT_INLINE)
-def _route(policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g):
-    """Phase 6: a routing tick: the policy named ``policy`` (a string literal) routes on
-    :func:`_tick_state`, its time measured around the call, and :func:`_apply_tick` applies
-    its assignment. ``req``: ``(prompt, room, decoded, pool, enter_tick, options)``. Returns
-    ``(logs, carry)``."""
-    prompt, room, decoded, pool, enter_tick, options = req
-    pstate, rstate = _tick_state(
-        cfg, c, prompt, room, decoded, pool, enter_tick, rep[2], cache, ring, kvcap_g
-    )
-    tick_seed = cfg.seed * 1_000_003 + c[_K]
-    c0 = monotonic_ns() if cfg.time_router else 0
-    assign, carry = route_tick(policy, pstate, rstate, options, carry, tick_seed)
-    c1 = monotonic_ns() if cfg.time_router else 0
-    P = pstate.prefill.shape[0]
-    logs = _apply_tick(
-        cfg, c, clock, rep, adm, cache, queues, ring, prompt, decoded, pool, logs, assign, P,
-        c1 - c0,
-    )  # fmt: skip
-    return logs, carry
-
-
 @njit(**NJIT)
-def run_engine(policy, inp):
-    """Run the step loop on :class:`EngineInputs` with the routing policy named ``policy`` (a
-    string literal: each policy compiles its own loop, with its kernel alone; see
-    :func:`engine_entry`); see the module docstring. Returns :class:`EngineOutput`.
+def run_engine(kernel, inp):
+    """Run the step loop on :class:`EngineInputs` with the routing policy's kernel ``kernel``
+    (a first-class function of :func:`tick_signature`: the loop compiles once for every
+    policy; see :func:`engine_entry`); see the module docstring. Returns
+    :class:`EngineOutput`.
 
     One iteration is one decode step, as the phases above in order: arrivals, prefill to
-    pool, (idle: jump to the next event), preemption, snapshot, routing tick, queue
-    admission, :func:`step_time`, record, decode.
+    pool, (idle: jump to the next event), preemption, snapshot, (projection), routing tick
+    (:func:`_tick_state`, the kernel, :func:`_apply_tick`), queue admission, prefix caches,
+    :func:`step_time`, record, decode.
 
-    The phases are inlined at numba's IR level (``NJIT_INLINE``), and each is handed the
-    arrays it uses (bound once, before the loop, alone or in small tuples) and the scalars
-    in :class:`_Cfg`: binding a record of arrays (``inp``, ``st``) in a phase increments
-    and decrements the reference count of every array in it, at every step."""
-    policy = literally(policy)
+    Each phase is handed the arrays it uses (bound once, before the loop, alone or in small
+    tuples) and the scalars in :class:`_Cfg`. The per-step phases are compiled without
+    reference counting (``_NJIT_BORROW``) and allocate nothing; what allocates (the
+    kernel's assignment, a log that grows, the prefix caches) happens here or in a phase
+    that counts references."""
     st = _new_state(inp)
     cfg = _cfg(inp)
     c, clock = st.cnt, st.clock
     arrival_t, prompt, output, group = inp.arrival_t, inp.prompt, inp.output, inp.group
     decoded, pool, memo, adm_seq, n_pre = st.decoded, st.pool, st.memo, st.adm_seq, st.n_pre
     ready_t, enter_t, enter_tick, in_pool = st.ready_t, st.enter_t, st.enter_tick, st.in_pool
-    first_t, finish_t, slot_req = st.first_t, st.finish_t, st.slot_req
+    first_t, finish_t, slot_req, room = st.first_t, st.finish_t, st.slot_req, inp.room
     rep = (slot_req, st.load, st.nrun, st.ptok, st.ctx, st.ctx_n)
     load, nrun, ctx = st.load, st.nrun, st.ctx
     pq = (st.pf_free, st.ht, st.hs, st.hi)
@@ -1164,23 +1192,20 @@ def run_engine(policy, inp):
         st.addn_ring, st.addp_ring,
     )  # fmt: skip
     view_ring = st.view_ring
+    adm_i, adm_g = st.adm_i, st.adm_g
     adm = (
-        st.replica, st.start_t, st.admit_tick, adm_seq, st.pool_wait, enter_t, in_pool,
-        st.cache_hit,
+        st.replica, st.start_t, st.admit_tick, adm_seq, st.pool_wait, enter_t, in_pool, adm_i,
+        adm_g,
     )  # fmt: skip
     cache = (st.cache_d, st.c_hp, st.c_sz, inp.blk_off, inp.blk_ids)
+    cache_hit = st.cache_hit
     pred = (prompt, output, group, inp.surv_p, inp.surv_mu)
-    req = (prompt, inp.room, decoded, pool, enter_tick, inp.options)
-    logs = _Logs(
-        np.empty((1024, len(SERIES))),
-        np.empty(1024, dtype=np.int64),
-        np.empty(1024, dtype=np.int64),
-        np.empty(1024, np.int64),
-        np.empty(1024, np.int64),
-        np.empty(1024, np.int64),
-    )
+    tick_in, tick_view, options = st.tick_in, st.tick_view, inp.options
+    series = np.empty((1024, len(SERIES)))
+    tick_ns = np.empty(1024, dtype=np.int64)
+    tick_pool = np.empty(1024, dtype=np.int64)
+    touch = (np.empty(1024, np.int64), np.empty(1024, np.int64), np.empty(1024, np.int64))
     carry = inp.carry
-    kvcap_g = np.full(cfg.n_replicas, float(cfg.kv_cap))
     two_stage = (inp.ts_fold, inp.ts_knots, inp.ts_lin, inp.ts_iso, inp.ts_nb)
     max_steps, tick = inp.max_steps, inp.tick
     while c[_K] < max_steps:
@@ -1196,12 +1221,27 @@ def run_engine(policy, inp):
         slot = _snapshot(cfg, c, rep, queues, ring)
         if cfg.pred_kind > 0:
             _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_stage)
-        if c[_K] % tick == 0 and c[_POOL_N] > 0:
-            logs, carry = _route(
-                policy, cfg, c, clock, rep, adm, cache, queues, ring, req, logs, carry, kvcap_g
+        if c[_K] % tick == 0 and c[_POOL_N] > 0:  # phase 6: a routing tick
+            P = _tick_state(
+                cfg, c, prompt, room, decoded, pool, enter_tick, nrun, ring, tick_in, tick_view
             )
+            if cfg.cache_router:
+                _cached_view(cfg, cache, prompt, pool, P, tick_in.cached)
+            pstate = PoolState(
+                tick_in.prefill[:P], tick_in.wait[:P], tick_in.key[:P], tick_in.cached[:P]
+            )
+            seed = cfg.seed * 1_000_003 + c[_K]
+            c0 = monotonic_ns() if cfg.time_router else 0
+            assign, carry = kernel(pstate, tick_view, options, carry, seed)
+            c1 = monotonic_ns() if cfg.time_router else 0
+            if c[_TICKS] == tick_ns.shape[0]:
+                tick_ns, tick_pool = _grown(tick_ns), _grown(tick_pool)
+            _apply_tick(cfg, c, clock, rep, adm, queues, ring, prompt, decoded, pool, assign, P,
+                        c1 - c0, tick_ns, tick_pool)  # fmt: skip
         if cfg.queue_mode:
-            logs = _admit_queues(cfg, c, clock, rep, adm, cache, queues, prompt, decoded, logs)
+            _admit_queues(cfg, c, clock, rep, adm, queues, prompt, decoded)
+        if cfg.use_cache and c[_ADM_N] > 0:
+            touch = _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch)
         dt = step_time(cfg, load, nrun, ctx, clock[0])
         if c[_RUN] == 0 and dt <= 0.0:
             # nothing runs and steps cost nothing: wait for the next event instead
@@ -1209,7 +1249,9 @@ def run_engine(policy, inp):
             if t_next == np.inf:
                 break
             dt = max(t_next - clock[0], 0.0)
-        logs = _record(cfg, c, clock, rep, logs, dt, n_preempted)
+        if c[_K] == series.shape[0]:
+            series = _grown_rows(series)
+        _record(cfg, c, clock, rep, series, dt, n_preempted)
         t_end = clock[0] + dt
         _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo, t_end)
         clock[0] = t_end
@@ -1228,28 +1270,70 @@ def run_engine(policy, inp):
         st.pool_wait,
         st.enter_tick,
         st.admit_tick,
-        logs.series[:k].copy(),
-        logs.tick_ns[:n_ticks].copy(),
-        logs.tick_pool[:n_ticks].copy(),
+        series[:k].copy(),
+        tick_ns[:n_ticks].copy(),
+        tick_pool[:n_ticks].copy(),
         np.maximum(st.cache_hit, 0.0),
     )
 
 
 def engine_depends() -> tuple:
-    """The modules whose source the compiled engine includes besides its own (every routing
-    kernel's, the predictors'): :func:`run_engine`'s disk cache is tied to them."""
-    from ..solvers.routing_registry import kernel_modules
+    """The modules whose source the compiled engine includes besides its own (the routing
+    records and the router clock of :mod:`~straggler.solvers._routing_core`, the predictors'
+    constants): :func:`run_engine`'s disk cache is tied to them. The policy's kernel is not
+    among them: the engine calls it through a function pointer, and the kernel has its own
+    cache."""
+    from ..solvers import _jit, _routing_core
 
-    return (*kernel_modules(), predictors)
+    return (_jit, _routing_core, predictors)
+
+
+def tick_signature(inp):
+    """The argument types ``(PoolState, ReplicaState, RouterOptions, RouterCarry, int64)``
+    with which :func:`run_engine` calls a policy's kernel on :class:`EngineInputs` ``inp``
+    (the arrays the loop builds at each tick: C-contiguous, float64 tokens, int64 counts)."""
+    f1, i1, f2 = np.zeros(1), np.zeros(1, np.int64), np.zeros((1, 1))
+    pool = PoolState(f1, i1, i1, f2)
+    reps = ReplicaState(f2, i1, i1, i1, f1, f1, f1, f1)
+    return (typeof(pool), typeof(reps), typeof(inp.options), typeof(inp.carry), types.int64)
 
 
 def engine_entry(policy: str, inp):
-    """:func:`run_engine` compiled for ``policy`` and the types of ``inp`` (loaded from
-    numba's disk cache when there; :func:`engine_depends`), as a callable of ``(policy,
-    inp)``."""
-    from ..solvers._jit import literal_entry
+    """:func:`run_engine` with the kernel of ``policy`` (a registered name), as a callable of
+    ``inp`` alone.
 
-    return literal_entry(run_engine, policy, (inp,), depends=engine_depends())
+    The step loop is compiled once for every policy: it takes the kernel as a first-class
+    function (``numba.types.FunctionType`` of :func:`tick_signature`), so a policy adds only
+    its own kernel's compile, which ``route_batch`` shares. Both are loaded from numba's disk
+    cache when there (the loop's cache is tied to :func:`engine_depends`). With
+    ``NUMBA_DISABLE_JIT=1``, the Python loop with the kernel's Python function.
+    """
+    from ..formulations.errors import InvalidInputError
+    from ..solvers._jit import cache_depends_on
+    from ..solvers.routing_registry import get_routing_policy
+
+    kernel = get_routing_policy(policy, "simulate").kernel
+    if not hasattr(run_engine, "compile"):  # NUMBA_DISABLE_JIT=1
+        return lambda inp: run_engine(kernel, inp)
+    if not hasattr(kernel, "compile"):
+        raise InvalidInputError(
+            f"simulate: the kernel of routing policy {policy!r} must be a numba.njit "
+            f"function (the jitted engine calls it), got {type(kernel).__name__}"
+        )
+    args = tick_signature(inp)
+    kernel.compile(args)
+    ret = kernel.overloads[args].signature.return_type
+    want = types.Tuple((types.int64[::1], args[3]))
+    if ret != want:
+        raise InvalidInputError(
+            f"simulate: the kernel of routing policy {policy!r} must return (assignment "
+            f"int64 C-contiguous array, RouterCarry), i.e. {want}; it returns {ret}"
+        )
+    sig = (types.FunctionType(ret(*args)), typeof(inp))
+    cache_depends_on(run_engine, *engine_depends())
+    run_engine.compile(sig)
+    entry = run_engine.overloads[sig].entry_point
+    return lambda inp: entry(kernel, inp)
 
 
 def run_engine_reference(inp, router):

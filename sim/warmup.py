@@ -22,7 +22,7 @@ Examples
 --------
 >>> rep = warmup(routing=False, simulator=False, methods=["round_robin", "tempo"])
 >>> [s.name for s in rep.steps], rep.missed_kernels
-(['solve_dispatch[round_robin]', 'solve_dispatch[tempo]'], ())
+(['solve_dispatch[round_robin]', 'solve_dispatch[tempo]', 'rebalance_experts'], ())
 """
 
 from __future__ import annotations
@@ -48,7 +48,15 @@ from ..solvers.routing import route_batch
 from ..solvers.routing_registry import routing_policies
 from .traces import Trace
 
-__all__ = ["warmup", "WarmupReport", "WarmupStep", "dispatch_kernels", "needs_compile", "main"]
+__all__ = [
+    "warmup",
+    "WarmupReport",
+    "WarmupStep",
+    "dispatch_kernels",
+    "eplb_kernels",
+    "needs_compile",
+    "main",
+]
 
 
 def dispatch_kernels() -> dict[str, object]:
@@ -89,9 +97,10 @@ class WarmupReport:
     steps: tuple
     """One :class:`WarmupStep` per call, in order."""
     missed_kernels: tuple
-    """Dispatch kernels (those ``solve_dispatch`` calls from Python) still without a compiled
-    version after the warm-up: a later call reaching one compiles then (empty when the
-    warm-up covers them all, which ``tests/test_warmup.py`` checks)."""
+    """Dispatch kernels (those ``solve_dispatch`` calls from Python, :func:`dispatch_kernels`)
+    and EPLB's (:func:`eplb_kernels`) still without a compiled version after the warm-up: a
+    later call reaching one compiles then (empty when the warm-up covers them all, which
+    ``tests/test_warmup.py`` checks)."""
     cache_dir: str
     """numba's cache folder (``NUMBA_CACHE_DIR``, or ``""`` for the default beside the
     sources)."""
@@ -168,6 +177,28 @@ def _dispatch_cases():
     ]
 
 
+def eplb_kernels() -> dict[str, object]:
+    """The kernels of DeepSeek's EPLB (:func:`straggler.solvers.eplb.rebalance_experts`), by
+    ``module.name``."""
+    from ..solvers import _eplb_kernels
+
+    return {
+        f"{_eplb_kernels.__name__}.{name}": getattr(_eplb_kernels, name)
+        for name in ("packing_kernel", "replicate_kernel")
+    }
+
+
+def _eplb_cases():
+    """``rebalance_experts`` in every version (each packs and replicates in its own dtypes),
+    hierarchical (2 groups on 2 nodes) and global (1 group)."""
+    from ..solvers.eplb import EPLB_VERSIONS, rebalance_experts
+
+    w = np.arange(1.0, 17.0).reshape(2, 8)
+    for version in EPLB_VERSIONS:
+        for groups, nodes in ((2, 2), (1, 1)):
+            rebalance_experts(w, 12, groups, nodes, 4, version=version)
+
+
 def _routing_case(policy):
     return route_batch(
         [900, 120, 40, 300, 7],
@@ -225,11 +256,14 @@ def warmup(
     ----------
     dispatch : bool, default True
         ``solve_dispatch`` with each of ``methods`` on small layers and a stack (tempo's
-        kernels, the token-LP, semi-matching, round-robin and bound kernels; HiGHS loaded).
+        kernels, the token-LP, semi-matching, round-robin and bound kernels; HiGHS loaded),
+        then ``rebalance_experts`` (DeepSeek's EPLB) in each of its versions.
     routing : bool, default True
         ``route_batch`` with each of ``policies``.
     simulator : bool, default True
-        ``simulate`` (numba engine) with each of ``policies`` on a six-request trace.
+        ``simulate`` (numba engine) with each of ``policies`` on a six-request trace: the
+        step loop compiles once, each policy adds its kernel (``route_batch`` compiles the
+        same one).
     methods : list of str, optional
         Dispatch methods (default: every registered one).
     policies : list of str, optional
@@ -282,6 +316,7 @@ def warmup(
                         solve_dispatch(p, c, method=m, time_limit=5.0, rng=0) for p, c in cases
                     ],
                 )
+        step("rebalance_experts", _eplb_cases)
     if routing:
         for pol in policies:
             step(f"route_batch[{pol}]", lambda pol=pol: _routing_case(pol))
@@ -299,7 +334,8 @@ def warmup(
     total = time.perf_counter() - t_start
     missed = ()
     if dispatch:
-        missed = tuple(sorted(k for k, d in dispatch_kernels().items() if not d.signatures))
+        kernels = {**dispatch_kernels(), **eplb_kernels()}
+        missed = tuple(sorted(k for k, d in kernels.items() if not d.signatures))
     return WarmupReport(
         total_s=total,
         jit_s=float(sum(s.jit_s for s in steps)),

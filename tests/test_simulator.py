@@ -1,12 +1,14 @@
 """The lock-step simulator: kernel == py_func == reference, invariants checked from scratch,
 projection == project_loads, metrics, staleness, saturated mode, validation."""
 
+import os
 import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from numba import njit, types
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.routing import ClusterState
 from straggler.sim import SimConfig, engine_inputs
@@ -39,6 +41,7 @@ from straggler.solvers.predictors import (
     termination_samples,
 )
 from straggler.solvers.routing import project_loads
+from straggler.solvers.routing_registry import routing_policy
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 
@@ -150,7 +153,7 @@ def _check_engines(policy, kw, options):
     inp, pol, _, cfg, _ = _inputs(tr, policy, options, **kw)
     assert cfg["prefix_cache"] == ("prefix_blocks" in kw)
     assert cfg["prefix_cache_router"] == ("prefix_blocks" in kw and policy == "dynamo")
-    a = engine_entry(pol.name, inp)(pol.name, inp)
+    a = engine_entry(pol.name, inp)(inp)
     c = run_engine_reference(inp, pol.reference)
     # (run_engine's py_func calls jitted phases that need the policy as a string literal; it
     # runs as Python, against the same reference, under NUMBA_DISABLE_JIT=1)
@@ -173,18 +176,14 @@ def test_every_policy_is_covered_by_the_engine_cases():
 
 def test_engine_is_cached_with_its_callees():
     """The engine's disk cache is keyed on every file holding one of its jitted callees (its
-    own helpers through its globals, every policy's kernel through route_tick)."""
+    own helpers through its globals, the routing records and clock); no policy's kernel is
+    among them: the loop calls the kernel through a function pointer."""
     from numba.core.registry import CPUDispatcher
     from straggler.sim import _engine
 
     simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
     deps = engine_depends()
     assert run_engine._cache._cache_file._source_stamp[1] == source_digest(*deps)
-    kernel_files = {
-        pathlib.Path(get_routing_policy(p).kernel.py_func.__code__.co_filename)
-        for p in routing_policies()
-    }
-    assert kernel_files <= {pathlib.Path(m.__file__) for m in deps}
     assert _jit in deps and _routing_core in deps and predictors in deps
     seen, files, todo = set(), set(), [run_engine]
     while todo:  # every jitted function the engine reaches through its globals
@@ -200,6 +199,36 @@ def test_engine_is_cached_with_its_callees():
     assert len(seen) > 10  # the engine and its helpers
     here = {pathlib.Path(m.__file__).resolve() for m in (_engine, _routing_core)}
     assert files <= here, files - here
+
+
+def test_the_step_loop_compiles_once_for_every_policy():
+    """Each policy adds its kernel to the loop as a first-class function: one compiled loop
+    serves them all (a loop specialised per policy would add one version each)."""
+    tr = Trace(arrival_s=[0, 0, 0.01], prompt_len=[5, 7, 3], output_len=[2, 3, 2])
+    simulate(tr, "jsq", n_replicas=2)
+    before = set(run_engine.overloads)
+    for policy in ("random", "brs", "vllm", "dynamo"):
+        simulate(tr, policy, n_replicas=2)
+    assert set(run_engine.overloads) == before
+    assert all(isinstance(sig[0], types.FunctionType) for sig in before)
+
+
+def test_a_kernel_the_engine_cannot_call_is_refused_by_name(monkeypatch):
+    from straggler.solvers import routing_registry
+
+    monkeypatch.setattr(routing_registry, "_USER", {})  # this test's registrations only
+    jsq = get_routing_policy("jsq")
+    tr = Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2])
+    for name, kernel, match in (
+        ("py_kernel", jsq.kernel.py_func, "py_kernel.*numba.njit function"),
+        ("bad_return", njit(lambda pool, reps, opts, carry, seed: (0, carry)), "must return"),
+    ):
+        pol = routing_policy(
+            name, kernel=kernel, reference=jsq.reference, options=(), summary="t", source="t"
+        )
+        routing_registry.register_routing_policy(pol)
+        with pytest.raises(InvalidInputError, match=match):
+            simulate(tr, name, n_replicas=2)
 
 
 @pytest.mark.slow
@@ -764,3 +793,34 @@ def test_R8_pool_wait_bound_in_a_saturated_run():
     free = simulate(tr, "brs", age_window=10**6, age_fraction=1.0, patience=0, window=0, **kw)
     assert _max_overtake(free) > 16  # the F-score alone passes requests over for longer
     assert _max_overtake(simulate(tr, "jsq", **kw)) <= 0  # FCFS
+
+
+def test_the_engine_frees_everything_it_allocates(tmp_path):
+    """The phases that borrow the loop's arrays (no reference counting) leave numba's
+    allocation counts balanced: a run frees every allocation it makes, in pool and queue
+    mode, with a predictor and with prefix caches (NRT statistics, in a new process)."""
+    code = (
+        "from numba.core.runtime import rtsys\n"
+        "from straggler.sim import simulate\n"
+        "from straggler.sim.prefix import PrefixBlocks\n"
+        "from straggler.sim.traces import generate_trace\n"
+        "tr = generate_trace('azure_conv', n_requests=200, rng=1, rate=40.0)\n"
+        "pb = PrefixBlocks.from_lists([[i % 7, i % 3 + 7] for i in range(200)], block_tokens=4)\n"
+        "kws = (dict(policy='br0'), dict(policy='jsq', dispatch='queue'),\n"
+        "       dict(policy='brh', predictor='survival'),\n"
+        "       dict(policy='dynamo', prefix_blocks=pb))\n"
+        "for kw in kws:  # compiled or loaded first (NRT starts with the first jitted call)\n"
+        "    simulate(tr, n_replicas=3, **kw)\n"
+        "for kw in kws:\n"
+        "    a = rtsys.get_allocation_stats()\n"
+        "    n = simulate(tr, n_replicas=3, **kw).n_finished  # the report is freed\n"
+        "    b = rtsys.get_allocation_stats()\n"
+        "    assert b.alloc - a.alloc > 0 and n == 200, kw\n"
+        "    print(b.alloc - b.free - a.alloc + a.free)\n"
+        "    print(b.mi_alloc - b.mi_free - a.mi_alloc + a.mi_free)\n"
+    )
+    env = {**os.environ, "NUMBA_NRT_STATS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.split() == ["0"] * 8, out.stdout

@@ -1,14 +1,13 @@
 """The simulator's issue-11 mechanisms: the engines' own queues, bootstrap rooms, prefix caches,
 aggregated serving (context phases inside the step), and their checks."""
 
-import collections
 import pathlib
 
 import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.sim import SimConfig, engine_inputs, simulate
-from straggler.sim._engine import _cache_touch, run_engine_reference
+from straggler.sim._engine import run_engine_reference
 from straggler.sim.prefix import PrefixBlocks, load_prefix_blocks
 from straggler.sim.simulator import bootstrap_rooms
 from straggler.sim.traces import Trace, generate_trace, load_trace
@@ -75,29 +74,34 @@ def test_follow_bootstrap_room_sends_each_request_to_its_room_mod_G():
     assert not np.array_equal(other.requests["replica"], r.requests["replica"])
 
 
-def test_cache_touch_is_an_lru_cache():
-    """The touch log with lazy eviction equals an OrderedDict LRU, per replica."""
-    from numba import typed, types
-
+def test_prefix_caches_evict_the_least_recently_used_blocks():
+    """Small caches that must evict: the jitted engine (a touch log with lazy eviction) finds
+    exactly the prefixes the reference finds with an OrderedDict LRU per replica, request by
+    request; with room for every block more is found, so eviction happened."""
     rng = np.random.default_rng(0)
-    G, cap = 3, 5
-    D = typed.Dict.empty(key_type=types.int64, value_type=types.int64)
-    tg, th, ts = np.empty(4, np.int64), np.empty(4, np.int64), np.empty(4, np.int64)
-    T, hp, sz = 0, np.zeros(G, np.int64), np.zeros(G, np.int64)
-    ref = [collections.OrderedDict() for _ in range(G)]
-    for _ in range(400):
-        g, h = int(rng.integers(G)), int(rng.integers(12))
-        tg, th, ts, T = _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap)
-        c = ref[g]
-        if h in c:
-            c.move_to_end(h)
-        else:
-            c[h] = None
-            while len(c) > cap:
-                c.popitem(last=False)
-        got = {(int(k) % G, int(k) // G) for k in D.keys()}
-        assert got == {(r, b) for r in range(G) for b in ref[r]}
-        assert sz.tolist() == [len(c) for c in ref]
+    n = 120
+    tr = Trace(
+        arrival_s=np.sort(rng.uniform(0, 2.0, n)),
+        prompt_len=np.full(n, 12),
+        output_len=rng.integers(1, 6, n),
+    )
+    # a few shared first blocks, then blocks from a small universe: many partial hits
+    pb = PrefixBlocks.from_lists(
+        [
+            [int(rng.integers(3)), int(rng.integers(3, 9)), int(rng.integers(9, 30))]
+            for _ in range(n)
+        ],
+        block_tokens=4,
+    )
+    kw = dict(n_replicas=3, max_slots=2, t0=0.01, kappa=0.0, **INSTANT)
+    hits = {}
+    for kv in (24, 4000):  # 6 blocks per replica (evicts), or room for all
+        jit = simulate(tr, "jsq", prefix_blocks=pb, kv_capacity=kv, **kw)
+        ref = simulate(tr, "jsq", prefix_blocks=pb, kv_capacity=kv, engine="python", **kw)
+        assert np.array_equal(jit.requests["cache_hit"], ref.requests["cache_hit"])
+        assert np.array_equal(jit.requests["replica"], ref.requests["replica"])
+        hits[kv] = jit.requests["cache_hit"].sum()
+    assert 0 < hits[24] < hits[4000]
 
 
 def _shared_prefix_trace():

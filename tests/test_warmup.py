@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from numba import njit
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError
-from straggler.sim.warmup import dispatch_kernels, main, needs_compile, warmup
+from straggler.sim.warmup import dispatch_kernels, eplb_kernels, main, needs_compile, warmup
 from straggler.solvers import registry, solve_dispatch
 from straggler.solvers._compile import JitTimer, merged_length
 from straggler.solvers.registry import LayerSolution
@@ -21,8 +21,12 @@ def test_warmup_reaches_every_dispatch_kernel():
     assert len(kernels) >= 6
     assert all(k.signatures for k in kernels.values())
     assert not needs_compile()
+    eplb = eplb_kernels()
+    assert len(eplb) == 2 and all(k.signatures for k in eplb.values())
     names = [s.name for s in rep.steps]
-    assert names == [f"solve_dispatch[{m}]" for m in registry.dispatch_methods()]
+    assert names == [f"solve_dispatch[{m}]" for m in registry.dispatch_methods()] + [
+        "rebalance_experts"
+    ]
     assert rep.jit_s <= rep.total_s + 1e-6 and rep.compile_s <= rep.jit_s + 1e-6
 
 
@@ -98,5 +102,5 @@ def test_warmup_validates_and_the_cli_reports(capsys):
         warmup(dispatch=False, simulator=False, policies=["jsq", "lifo"])
     assert main(["--no-routing", "--no-simulator", "--methods", "round_robin", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [s["name"] for s in out["steps"]] == ["solve_dispatch[round_robin]"]
+    assert [s["name"] for s in out["steps"]] == ["solve_dispatch[round_robin]", "rebalance_experts"]
     assert {"total_s", "jit_s", "compile_s", "kernels", "cache_dir"} <= set(out)

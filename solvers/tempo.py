@@ -60,7 +60,8 @@ cost model.
       share on ``s`` ends at a GPU that only gains (an ejection chain of any length) or
       closes back at ``s`` (a cycle: every GPU gains one share and loses one, so
       activation counts stay: the move left when GPUs sit at an activation cap).
-      Dijkstra on (largest new time, share index), one label per share, the GPUs of each
+      Dijkstra on (largest new time, share index), one search per share leaving ``s``
+      (the closing arc of a cycle depends on it), one label per share, the GPUs of each
       path distinct; the best exchange found is applied;
    f. *leximax*: without any of these at ``M``, the first GPU below ``M`` by decreasing
       time (ties: lower index) that has a move (a), else a token path or exchange (the

@@ -50,6 +50,8 @@ __all__ = [
     "token_lp_reference",
     "support_rebalance_kernel",
     "support_rebalance_reference",
+    "support_contract_kernel",
+    "support_contract_reference",
 ]
 
 
@@ -424,3 +426,105 @@ def support_rebalance_reference(counts, shares, cost):
     if m1 < m0:
         return y, True, m1
     return x.copy(), False, m0
+
+
+@njit(**NJIT)
+def support_contract_kernel(counts, shares, cost):
+    """Drop active replicas of split experts while the token LP on what is left is better.
+
+    Each round tries every active replica of an expert active on two or more GPUs (experts
+    increasing, then GPUs increasing): the replica leaves the support and the token LP
+    restricted to the rest gives that support's integral token-optimal dispatch, scored
+    under ``cost`` (``CostModel.as_array()``). The round's best strictly lower makespan
+    (first found on ties) is applied; rounds repeat until none is lower. One fewer
+    activation on a GPU lowers its floor ``a + b*G``; the LP puts the tokens the replica
+    held back through the remaining support. It is the un-split that a move of the local
+    search cannot price, since the rebalance it needs runs through every split at once.
+
+    Returns
+    -------
+    shares : ndarray of int64, shape (n_experts, n_gpus)
+        The contracted dispatch (a copy of ``shares`` when no round applied).
+    makespan : float
+        Of the returned dispatch.
+    rounds : int
+        Replicas dropped.
+    """
+    E, g = shares.shape
+    x = shares.copy()
+    m = _makespan(x, cost)
+    rounds = 0
+    while True:
+        sup = x > 0
+        best_m = m
+        best_y = x
+        for e in range(E):
+            k = 0
+            for h in range(g):
+                if sup[e, h]:
+                    k += 1
+            if k < 2:
+                continue
+            for h in range(g):
+                if not sup[e, h]:
+                    continue
+                sup[e, h] = False
+                y, _, _ = token_lp_kernel(counts, sup)
+                sup[e, h] = True
+                my = _makespan(y, cost)
+                if my < best_m:
+                    best_m = my
+                    best_y = y
+        if best_m < m:
+            x = best_y
+            m = best_m
+            rounds += 1
+        else:
+            return x, m, rounds
+
+
+def support_contract_reference(counts, shares, cost):
+    """Plain-Python reference of :func:`support_contract_kernel`.
+
+    Examples
+    --------
+    Floor-bound (``b = 10``): expert 0 split over both GPUs costs GPU 1 a second activation;
+    dropping that replica puts expert 0 whole on GPU 0.
+
+    >>> cost = [0.0, 10.0, 0.0, 0.0, 0.01, 0.0, 0.0, 128.0]
+    >>> y, m, rounds = support_contract_reference([6, 6], [[3, 3], [0, 6]], cost)
+    >>> y.tolist(), m, rounds
+    ([[6, 0], [0, 6]], 10.0, 1)
+    """
+    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
+    tile = int(tile)
+
+    def makespan(z):
+        m = -math.inf
+        for h in range(z.shape[1]):
+            col = [int(v) for v in z[:, h] if v > 0]
+            G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
+            m = max(m, a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
+        return m
+
+    x = np.asarray(shares, dtype=np.int64).copy()
+    E, g = x.shape
+    m = makespan(x)
+    rounds = 0
+    while True:
+        best = None
+        for e in range(E):
+            on = [h for h in range(g) if x[e, h] > 0]
+            if len(on) < 2:
+                continue
+            for h in on:
+                sup = x > 0
+                sup[e, h] = False
+                y, _, _ = token_lp_reference(counts, sup)
+                my = makespan(y)
+                if my < (m if best is None else best[0]):
+                    best = (my, y)
+        if best is None:
+            return x, m, rounds
+        m, x = best
+        rounds += 1

@@ -95,7 +95,18 @@ cost model.
    already active, so it adds no activation and no split; its integral optimum replaces
    the output iff its makespan is strictly lower. It is skipped when the output already
    meets the certified bound (nothing can be lower). ``extras["makespan_stage4"]`` is the
-   makespan before it and ``extras["rebalanced"]`` says whether it applied.
+   makespan before it and ``extras["rebalanced"]`` says whether it (or 5b) applied.
+
+   5b. **Support contraction** (*extension*; ``contract=False`` switches it off). Each
+   round drops one active replica of a split expert, the one whose removal gives the
+   lowest makespan when the token LP on the remaining support redistributes the tokens
+   (:func:`~straggler.solvers._token_lp_fast.support_contract_kernel`, plain-Python
+   reference beside it; replicas by expert, then GPU, increasing; first found on ties),
+   while that makespan is strictly lower. Stage 3 splits an expert one move at a time;
+   undoing a split frees an activation (the floor ``a + b*G``) but needs the tokens
+   re-routed through every other split at once, which no single move prices and the LP
+   does exactly. Skipped when the output meets the certified bound;
+   ``extras["contracted"]`` is the number of replicas dropped.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
@@ -281,6 +292,7 @@ class _Layer(NamedTuple):
     sm: int
     makespan: float
     bound: float
+    contracted: int
 
 
 @dataclass(frozen=True)
@@ -296,6 +308,8 @@ class Tempo:
         with a tile-boundary first leg in stage 3 (extensions, see the module notes).
     rebalance : bool, default True
         The support rebalance after stage 4 (an extension, see the module notes).
+    contract : bool, default True
+        The support contraction after it (an extension, see the module notes).
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
@@ -334,6 +348,7 @@ class Tempo:
     exchanges: bool = True
     tile_chains: bool = True
     rebalance: bool = True
+    contract: bool = True
     tau: float = 0.01
     max_iter: int = 300
     repair_budget_s: float = 0.2
@@ -367,7 +382,11 @@ class Tempo:
         m = info[0]
         if self.rebalance and m > bound:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
-        return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound))
+        contracted = 0
+        if self.contract and m > bound:
+            shares, m, contracted = kernels.SUPPORT_CONTRACT(counts, shares, c)
+        return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound),
+                      int(contracted))  # fmt: skip
 
     def _needs_repair(self, m, bound) -> bool:
         return self.repair_budget_s > 0 and m > bound + self.repair_gap * m + 1e-12
@@ -377,6 +396,7 @@ class Tempo:
         (default ``repair_budget_s``)."""
         extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
         extras["rebalanced"] = lay.makespan < extras["makespan"]
+        extras["contracted"] = lay.contracted
         extras["makespan_stage4"] = extras["makespan"]
         extras["choice"] = CHOICES[int(extras["choice"])]
         for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
@@ -457,7 +477,7 @@ class Tempo:
 
 #: The kernels of one layer (:meth:`Tempo._arrays`).
 _PAIRS = (kernels.TOKEN_LP, kernels.SEMI_MATCHING, kernels.LOWER_BOUND, kernels.TEMPO,
-          kernels.SUPPORT_REBALANCE)  # fmt: skip
+          kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:
@@ -467,7 +487,7 @@ def _rel_gap(lay: _Layer) -> float:
 def _tempo_iv(t: Tempo) -> None:
     """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
     for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
-                 "tile_chains", "rebalance"):  # fmt: skip
+                 "tile_chains", "rebalance", "contract"):  # fmt: skip
         check_bool(getattr(t, name), name, _FUNC)
     check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
     check_int(t.max_iter, "max_iter", _FUNC, lo=0)

@@ -49,6 +49,8 @@ from ._token_lp_fast import (
     support_contract_reference,
     support_rebalance_kernel,
     support_rebalance_reference,
+    support_swap_kernel,
+    support_swap_reference,
     token_lp_kernel,
     token_lp_reference,
 )
@@ -68,6 +70,7 @@ __all__ = [
     "LOWER_BOUND",
     "SUPPORT_CONTRACT",
     "SUPPORT_REBALANCE",
+    "SUPPORT_SWAP",
     "ROUND_ROBIN",
     "SCORE",
 ]
@@ -207,6 +210,7 @@ SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
 SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0)
 SUPPORT_CONTRACT = Pair(support_contract_kernel, support_contract_reference, 1.0)
+SUPPORT_SWAP = Pair(support_swap_kernel, support_swap_reference, 1.0)
 ROUND_ROBIN = Pair(round_robin_kernel, round_robin_reference, 0.6)
 SCORE = Pair(score_kernel, score_reference, 0.5)
 
@@ -220,6 +224,7 @@ PAIRS = {
         LOWER_BOUND,
         SUPPORT_REBALANCE,
         SUPPORT_CONTRACT,
+        SUPPORT_SWAP,
         ROUND_ROBIN,
         SCORE,
     )

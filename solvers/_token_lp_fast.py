@@ -52,6 +52,8 @@ __all__ = [
     "support_rebalance_reference",
     "support_contract_kernel",
     "support_contract_reference",
+    "support_swap_kernel",
+    "support_swap_reference",
 ]
 
 
@@ -528,3 +530,152 @@ def support_contract_reference(counts, shares, cost):
             return x, m, rounds
         m, x = best
         rounds += 1
+
+
+@njit(**NJIT)
+def _gpu_times(x, cost, out):
+    """Modeled time of each GPU of a whole-token dispatch (as :func:`_makespan`)."""
+    E, g = x.shape
+    tile = np.int64(cost[7])
+    for h in range(g):
+        G = 0
+        N = 0
+        T = 0
+        for e in range(E):
+            v = x[e, h]
+            if v > 0:
+                G += 1
+                N += v
+                T += (v + tile - 1) // tile
+        t = cost[0] + cost[1] * G + cost[2] * (T - G)
+        u = cost[3] + cost[4] * N
+        if u > t:
+            t = u
+        u = cost[5] + cost[6] * N
+        if u > t:
+            t = u
+        out[h] = t
+
+
+@njit(**NJIT)
+def support_swap_kernel(counts, replicas, shares, cost, max_rounds):
+    """Swap an activation on a GPU below the makespan, the token LP re-routing the tokens.
+
+    A round tries, on every GPU ``h`` whose time is below the makespan (increasing), every
+    whole move of an active share ``f`` of ``h`` to another replica ``h2`` of ``f``
+    (``f``, then ``h2`` increasing) together with a new replica on ``h`` of a live expert
+    ``e != f`` that ``h`` holds but does not use (``e`` increasing): ``h`` keeps its
+    activation count, ``f``'s tokens leave it, and the token LP on the new support (its
+    integral token-optimal dispatch) routes ``e``'s tokens into it through every split.
+    The round's best strictly lower makespan (first found on ties) is applied; at most
+    ``max_rounds`` rounds.
+
+    Returns
+    -------
+    shares : ndarray of int64, shape (n_experts, n_gpus)
+        The swapped dispatch (a copy of ``shares`` when no round applied).
+    makespan : float
+        Of the returned dispatch.
+    rounds : int
+        Swaps applied.
+    """
+    E, g = shares.shape
+    x = shares.copy()
+    m = _makespan(x, cost)
+    times = np.empty(g)
+    rounds = 0
+    while rounds < max_rounds:
+        sup = x > 0
+        _gpu_times(x, cost, times)
+        best_m = m
+        best_y = x
+        for h in range(g):
+            if times[h] >= m:
+                continue
+            for f in range(E):
+                if not sup[f, h]:
+                    continue
+                for h2 in range(g):
+                    if h2 == h or not replicas[f, h2]:
+                        continue
+                    had = sup[f, h2]
+                    sup[f, h] = False
+                    sup[f, h2] = True
+                    for e in range(E):
+                        if e == f or sup[e, h] or not replicas[e, h] or counts[e] == 0:
+                            continue
+                        sup[e, h] = True
+                        y, _, _ = token_lp_kernel(counts, sup)
+                        sup[e, h] = False
+                        my = _makespan(y, cost)
+                        if my < best_m:
+                            best_m = my
+                            best_y = y
+                    sup[f, h2] = had
+                    sup[f, h] = True
+        if best_m < m:
+            x = best_y
+            m = best_m
+            rounds += 1
+        else:
+            break
+    return x, m, rounds
+
+
+def support_swap_reference(counts, replicas, shares, cost, max_rounds):
+    """Plain-Python reference of :func:`support_swap_kernel`.
+
+    Examples
+    --------
+    Floor and tokens (``b = 10, beta = 0.1``): GPU 1 holds expert 1 whole and could hold
+    expert 0, split on GPU 0 alone; moving expert 2 off GPU 1 and splitting expert 0 onto
+    it balances the tokens without a third activation anywhere.
+
+    >>> cost = [0.0, 10.0, 0.0, 0.0, 0.1, 0.0, 0.0, 128.0]
+    >>> R = [[1, 1], [0, 1], [1, 1]]
+    >>> y, m, rounds = support_swap_reference([400, 100, 20], R, [[400, 0], [0, 100], [0, 20]],
+    ...                                       cost, 4)
+    >>> y.tolist(), round(m, 6), rounds
+    ([[240, 160], [0, 100], [20, 0]], 26.0, 1)
+    """
+    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
+    tile = int(tile)
+    R = np.asarray(replicas, dtype=bool)
+
+    def gpu_time(col):
+        col = [int(v) for v in col if v > 0]
+        G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
+        return max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
+
+    def makespan(z):
+        return max(gpu_time(z[:, h]) for h in range(z.shape[1]))
+
+    x = np.asarray(shares, dtype=np.int64).copy()
+    E, g = x.shape
+    m = makespan(x)
+    rounds = 0
+    while rounds < max_rounds:
+        best = None
+        for h in range(g):
+            if gpu_time(x[:, h]) >= m:
+                continue
+            for f in range(E):
+                if x[f, h] == 0:
+                    continue
+                for h2 in range(g):
+                    if h2 == h or not R[f, h2]:
+                        continue
+                    for e in range(E):
+                        if e == f or x[e, h] > 0 or not R[e, h] or counts[e] == 0:
+                            continue
+                        sup = x > 0
+                        sup[f, h], sup[f, h2], sup[e, h] = False, True, True
+                        y, _, _ = token_lp_reference(counts, sup)
+                        my = makespan(y)
+                        if my < (m if best is None else best[0]):
+                            best = (my, y)
+        if best is None:
+            break
+        m, x = best
+        rounds += 1
+    return x, m, rounds

@@ -107,6 +107,19 @@ cost model.
    re-routed through every other split at once, which no single move prices and the LP
    does exactly. Skipped when the output meets the certified bound;
    ``extras["contracted"]`` is the number of replicas dropped.
+
+   5c. **Activation swaps** (*extension*; ``swap=False`` switches it off). On a GPU ``h``
+   below the makespan, one of its active shares moves whole to another replica of its
+   expert while ``h`` activates a replica it holds unused, so ``h``'s activation count
+   stays; the token LP on the new support routes tokens into ``h`` through every split
+   (:func:`~straggler.solvers._token_lp_fast.support_swap_kernel`, plain-Python
+   reference beside it). Each round applies the swap of lowest makespan if strictly
+   lower (GPUs, moved share, its destination, new replica, each increasing; first found
+   on ties), at most ``SWAP_ROUNDS`` (4) rounds. This is how a GPU left under-loaded at
+   an activation cap (all GPUs at ``G`` replicas, the floor ``a + b*(G + 1)`` above the
+   makespan) takes tokens: stage 3 only adds activations or moves tokens along existing
+   splits. Skipped when the output meets the certified bound; ``extras["swapped"]``
+   counts the swaps.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
@@ -168,6 +181,8 @@ from .registry import Certificate, LayerSolution
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
 _FUNC = "solve_dispatch(method='tempo')"
+#: Most activation swaps (stage 5c) per layer.
+SWAP_ROUNDS = 4
 
 
 class TokenLP(NamedTuple):
@@ -293,6 +308,7 @@ class _Layer(NamedTuple):
     makespan: float
     bound: float
     contracted: int
+    swapped: int
 
 
 @dataclass(frozen=True)
@@ -308,8 +324,9 @@ class Tempo:
         with a tile-boundary first leg in stage 3 (extensions, see the module notes).
     rebalance : bool, default True
         The support rebalance after stage 4 (an extension, see the module notes).
-    contract : bool, default True
-        The support contraction after it (an extension, see the module notes).
+    contract, swap : bool, default True
+        The support contraction and the activation swaps after it (extensions, see the
+        module notes).
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
@@ -349,6 +366,7 @@ class Tempo:
     tile_chains: bool = True
     rebalance: bool = True
     contract: bool = True
+    swap: bool = True
     tau: float = 0.01
     max_iter: int = 300
     repair_budget_s: float = 0.2
@@ -385,8 +403,11 @@ class Tempo:
         contracted = 0
         if self.contract and m > bound:
             shares, m, contracted = kernels.SUPPORT_CONTRACT(counts, shares, c)
+        swapped = 0
+        if self.swap and m > bound:
+            shares, m, swapped = kernels.SUPPORT_SWAP(counts, replicas, shares, c, SWAP_ROUNDS)
         return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound),
-                      int(contracted))  # fmt: skip
+                      int(contracted), int(swapped))  # fmt: skip
 
     def _needs_repair(self, m, bound) -> bool:
         return self.repair_budget_s > 0 and m > bound + self.repair_gap * m + 1e-12
@@ -397,6 +418,7 @@ class Tempo:
         extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
         extras["rebalanced"] = lay.makespan < extras["makespan"]
         extras["contracted"] = lay.contracted
+        extras["swapped"] = lay.swapped
         extras["makespan_stage4"] = extras["makespan"]
         extras["choice"] = CHOICES[int(extras["choice"])]
         for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
@@ -477,7 +499,7 @@ class Tempo:
 
 #: The kernels of one layer (:meth:`Tempo._arrays`).
 _PAIRS = (kernels.TOKEN_LP, kernels.SEMI_MATCHING, kernels.LOWER_BOUND, kernels.TEMPO,
-          kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT)  # fmt: skip
+          kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT, kernels.SUPPORT_SWAP)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:
@@ -487,7 +509,7 @@ def _rel_gap(lay: _Layer) -> float:
 def _tempo_iv(t: Tempo) -> None:
     """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
     for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
-                 "tile_chains", "rebalance", "contract"):  # fmt: skip
+                 "tile_chains", "rebalance", "contract", "swap"):  # fmt: skip
         check_bool(getattr(t, name), name, _FUNC)
     check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
     check_int(t.max_iter, "max_iter", _FUNC, lo=0)

@@ -27,10 +27,12 @@ from straggler.solvers._token_lp_fast import (
     support_contract_reference,
     support_rebalance_kernel,
     support_rebalance_reference,
+    support_swap_kernel,
+    support_swap_reference,
     token_lp_kernel,
     token_lp_reference,
 )
-from straggler.solvers.tempo import Tempo, tempo_layer_bound, token_lp_fast
+from straggler.solvers.tempo import SWAP_ROUNDS, Tempo, tempo_layer_bound, token_lp_fast
 
 PRESETS = ["dsv3_a_offline", "qwen3_235b_b_tile", "dsv2_lite_a_serving", "dsv3_a_mb_full"]
 FIG1B = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
@@ -155,7 +157,24 @@ STAGE_CASES = {
     # a token path through a split expert (in the polish of a candidate)
     "flows": ([199, 209, 268], [[1, 1, 1, 1]] * 3, "qwen3_235b_b_tile", 128, {}, 42.8),
     # a path or cyclic exchange of whole shares
-    "exchanges": ([36, 79, 218, 4], [[1, 1, 1, 1]] * 4, "qwen3_235b_b_tile", 16, {}, 46.23),
+    "exchanges": (
+        [87, 60, 176, 198, 190, 135, 132, 187, 199],
+        [
+            [1, 0, 0, 1],
+            [1, 0, 1, 0],
+            [0, 1, 0, 1],
+            [1, 1, 0, 0],
+            [1, 1, 1, 1],
+            [0, 1, 1, 1],
+            [1, 1, 1, 1],
+            [1, 1, 0, 0],
+            [0, 1, 1, 1],
+        ],
+        "dsv3_b_tile",
+        32,
+        {},
+        82.89,
+    ),  # fmt: skip
     # an ejection chain whose first leg trims a share to a tile boundary
     "tile_chains": (
         [36, 249, 48, 0, 36, 362, 314],
@@ -305,9 +324,62 @@ def test_support_contraction_matters():
     assert a[1:] == b[1:] == (pytest.approx(454.666), 1)
 
 
+def test_support_swap_kernel_equals_reference():
+    rng = np.random.default_rng(11)
+    swapped = 0
+    for i in range(60):
+        counts, R = _random_instance(rng, max_e=8, max_g=4, max_n=300)
+        cost = _cost(i).as_array()
+        x = _random_dispatch(rng, counts, R)
+        rounds = int(rng.integers(0, 4))
+        y1, m1, k1 = support_swap_kernel(counts, R, x, cost, rounds)
+        y2, m2, k2 = support_swap_kernel.py_func(counts, R, x, cost, rounds)
+        y3, m3, k3 = support_swap_reference(counts, R, x, cost, rounds)
+        np.testing.assert_array_equal(y1, y2)
+        np.testing.assert_array_equal(y1, y3)
+        assert (m1, k1) == (m2, k2) == (m3, k3)
+        assert k1 <= rounds
+        p = DispatchProblem(counts=counts, replicas=R)
+        check_shares(p, y1)
+        assert m1 == evaluate(p, _cost(i), y1).makespan
+        assert m1 <= evaluate(p, _cost(i), x).makespan
+        swapped += k1 > 0
+    assert swapped > 0  # a swap applied in the comparison
+
+
+def _heldout99():
+    """heldout16 layer 99 of benchmarks/tempo_quality.py (optimum 74.844, MILP)."""
+    from straggler.sim.workload import make_decode_problem
+
+    p = make_decode_problem("qwen2_57b", n_gpus=16, tokens_per_gpu=96, skew=1.0,
+                            replication=1.5, n_layers=1, num_nodes=2, distinct=True,
+                            seed=20099).layer(0)  # fmt: skip
+    return p, CostModel.preset("dsv3_a_offline")
+
+
+def test_activation_swap_matters():
+    """A decode layer where one GPU sits at the activation cap below the makespan: moving one
+    of its shares away and activating a replica it holds, the token LP re-routing tokens
+    into it, reaches the optimum (74.844) from 0.88% above; kernel and reference agree."""
+    p, cost = _heldout99()
+    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, swap=False)
+    assert off.makespan == pytest.approx(75.5055)
+    assert on.makespan == pytest.approx(74.844)
+    assert on.extras["swapped"] >= 1 and off.extras["swapped"] == 0
+    x = np.asarray(off.shares, np.int64)
+    counts = np.asarray(p.counts, np.int64)
+    a = support_swap_kernel(counts, p.replicas, x, cost.as_array(), 4)
+    b = support_swap_reference(counts, p.replicas, x, cost.as_array(), 4)
+    np.testing.assert_array_equal(a[0], b[0])
+    assert a[1:] == b[1:]
+    assert a[1] == pytest.approx(74.844)
+
+
 def test_wrapper_is_kernel_then_rebalance():
-    """Tempo's shares (repair off): the kernel's, then the support rebalance and the
-    support contraction (references) above the bound the wrapper passes the kernel."""
+    """Tempo's shares (repair off): the kernel's, then the support rebalance, the support
+    contraction and the activation swaps (references) above the bound the wrapper passes
+    the kernel."""
     rng = np.random.default_rng(9)
     for i in range(40):
         counts, R = _random_instance(rng)
@@ -320,7 +392,9 @@ def test_wrapper_is_kernel_then_rebalance():
         if m > lay.bound:
             x, _, m = support_rebalance_reference(counts, x, cost.as_array())
         if m > lay.bound:
-            x, _, _ = support_contract_reference(counts, x, cost.as_array())
+            x, m, _ = support_contract_reference(counts, x, cost.as_array())
+        if m > lay.bound:
+            x, _, _ = support_swap_reference(counts, R, x, cost.as_array(), SWAP_ROUNDS)
         sol = Tempo(**NO_REPAIR).solve(p, cost, time_limit=1, rng=None)
         np.testing.assert_array_equal(sol.shares, x)
         # the bound passed to the kernel is certified and within the full one

@@ -17,7 +17,10 @@ Layers:
 Each layer is timed alternately (old, new) ``--repeats`` times, the best kept per layer;
 reported: the median over layers of each, their ratio, and the makespans (how many layers
 each is lower on, and the largest ratio either way). Compile time is excluded (one warm-up
-call per kernel before timing).
+call per kernel before timing). Beside them, the same way, today's whole kernel path
+(``Tempo()._arrays``: token LP, semi-matching, bound, tempo, support stages) with and
+without the support contraction and activation swaps (``contract``, ``swap``), which run
+after the kernel.
 
 Usage::
 
@@ -96,11 +99,28 @@ def main(argv=None):
     args = ap.parse_args(argv)
     old = load_revision(args.old)
     opts = Tempo()._kernel_opts
+    full, bare = Tempo(), Tempo(contract=False, swap=False)
     summary = {}
     for which in [s for s in args.sets.split(",") if s]:
         t_old, t_new, m_old, m_new = [], [], [], []
+        t_bare, t_full, m_bare, m_full = [], [], [], []
         for problem, cost in _layers(which):
             a = _args(problem, cost)
+            c = cost.as_array()
+            pa = (cost, a[2], c, a[0], a[1])
+            lb, lf = bare._arrays(*pa), full._arrays(*pa)
+            bb = bf = math.inf
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                bare._arrays(*pa)
+                t1 = time.perf_counter()
+                full._arrays(*pa)
+                t2 = time.perf_counter()
+                bb, bf = min(bb, t1 - t0), min(bf, t2 - t1)
+            t_bare.append(bb * 1e6)
+            t_full.append(bf * 1e6)
+            m_bare.append(lb.makespan)
+            m_full.append(lf.makespan)
             _, io = old.tempo_kernel(*a, opts)  # warm-up (and compile on the first layer)
             _, inew = today.tempo_kernel(*a, opts)
             bo = bn = math.inf
@@ -129,6 +149,13 @@ def main(argv=None):
             old_lower=int((mo < mn * (1 - 1e-12)).sum()),
             new_over_old_makespan_max=float((mn / mo).max()),
             old_over_new_makespan_max=float((mo / mn).max()),
+            path_without_5bc_median_us=statistics.median(t_bare),
+            path_median_us=statistics.median(t_full),
+            path_without_5bc_total_ms=sum(t_bare) / 1e3,
+            path_total_ms=sum(t_full) / 1e3,
+            path_max_us=max(t_full),
+            path_without_5bc_max_us=max(t_bare),
+            support_stages_lower=int((np.array(m_full) < np.array(m_bare) * (1 - 1e-12)).sum()),
         )
         summary[which] = s
         print(f"{which}: {s['layers']} layers; kernel median {s['old_median_us']:.1f} us "
@@ -138,6 +165,11 @@ def main(argv=None):
               f"us; makespan lower on {s['new_lower']} (new) / {s['old_lower']} (old) layers, "
               f"new/old max {s['new_over_old_makespan_max']:.5f}, old/new max "
               f"{s['old_over_new_makespan_max']:.5f}", flush=True)  # fmt: skip
+        print(f"{which}: Tempo()._arrays without / with contraction and swaps: median "
+              f"{s['path_without_5bc_median_us']:.1f} / {s['path_median_us']:.1f} us, total "
+              f"{s['path_without_5bc_total_ms']:.1f} / {s['path_total_ms']:.1f} ms, max "
+              f"{s['path_without_5bc_max_us']:.0f} / {s['path_max_us']:.0f} us; lower on "
+              f"{s['support_stages_lower']} layers", flush=True)  # fmt: skip
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(args=vars(args), machine=platform.platform(),

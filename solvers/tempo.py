@@ -105,7 +105,8 @@ cost model.
    while that makespan is strictly lower. Stage 3 splits an expert one move at a time;
    undoing a split frees an activation (the floor ``a + b*G``) but needs the tokens
    re-routed through every other split at once, which no single move prices and the LP
-   does exactly. Skipped when the output meets the certified bound;
+   does exactly. Run only when the makespan is more than ``SUPPORT_GAP`` (0.1%, relative)
+   above the certified bound (within it, the layer is within 0.1% of the optimum already);
    ``extras["contracted"]`` is the number of replicas dropped.
 
    5c. **Activation swaps** (*extension*; ``swap=False`` switches it off). On a GPU ``h``
@@ -118,8 +119,8 @@ cost model.
    on ties), at most ``SWAP_ROUNDS`` (4) rounds. This is how a GPU left under-loaded at
    an activation cap (all GPUs at ``G`` replicas, the floor ``a + b*(G + 1)`` above the
    makespan) takes tokens: stage 3 only adds activations or moves tokens along existing
-   splits. Skipped when the output meets the certified bound; ``extras["swapped"]``
-   counts the swaps.
+   splits. Run under the same gap condition as 5b; ``extras["swapped"]`` counts the
+   swaps.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
@@ -183,6 +184,8 @@ __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 _FUNC = "solve_dispatch(method='tempo')"
 #: Most activation swaps (stage 5c) per layer.
 SWAP_ROUNDS = 4
+#: Stages 5b and 5c run only on a layer more than this (relative) above its bound.
+SUPPORT_GAP = 1e-3
 
 
 class TokenLP(NamedTuple):
@@ -400,11 +403,10 @@ class Tempo:
         m = info[0]
         if self.rebalance and m > bound:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
-        contracted = 0
-        if self.contract and m > bound:
+        contracted = swapped = 0
+        if self.contract and m > bound + SUPPORT_GAP * m:
             shares, m, contracted = kernels.SUPPORT_CONTRACT(counts, shares, c)
-        swapped = 0
-        if self.swap and m > bound:
+        if self.swap and m > bound + SUPPORT_GAP * m:
             shares, m, swapped = kernels.SUPPORT_SWAP(counts, replicas, shares, c, SWAP_ROUNDS)
         return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound),
                       int(contracted), int(swapped))  # fmt: skip

@@ -24,8 +24,9 @@ import math
 import numpy as np
 from numba import njit
 
-from ..solvers._jit import NJIT
-from ..solvers._routing_core import MINSTD_A, MINSTD_M
+from ..solvers import _routing_core
+from ..solvers._jit import NJIT, cache_depends_on
+from ..solvers._routing_core import MINSTD_A, MINSTD_M, minstd_next, minstd_start
 from ..solvers.routing_registry import routing_policy
 
 __all__ = [
@@ -57,7 +58,7 @@ def dynamo_kernel(pool, reps, opts, carry, seed):
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     tied = np.empty(G, np.int64)
-    x = seed % (MINSTD_M - 1) + 1
+    x = minstd_start(seed)
     for i in range(n):
         s = prefill[i]
         nt = 0
@@ -79,7 +80,7 @@ def dynamo_kernel(pool, reps, opts, carry, seed):
             break
         g = tied[0]
         if nt > 1:
-            x = (MINSTD_A * x) % MINSTD_M
+            x = minstd_next(x)
             g = tied[x % nt]
         out[i] = g
         cap[g] -= 1
@@ -120,6 +121,8 @@ def dynamo_reference(pool, reps, opts, carry, seed):
             act[g] += s
     return np.array(out, dtype=np.int64), carry
 
+
+cache_depends_on(dynamo_kernel, _routing_core)
 
 DYNAMO = routing_policy(
     "dynamo",

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..solvers._jit import NJIT
-from ..solvers._routing_core import MINSTD_A, MINSTD_M
+from ..solvers import _routing_core
+from ..solvers._jit import NJIT, cache_depends_on
+from ..solvers._routing_core import MINSTD_A, MINSTD_M, draw_eligible, minstd_start
 from ..solvers.routing_registry import routing_policy
 
 __all__ = [
@@ -30,26 +31,18 @@ __all__ = [
 
 @njit(**NJIT)
 def random_kernel(pool, reps, opts, carry, seed):
-    """Uniform random replica among those with a free slot, one MINSTD draw per request."""
-    prefill = pool.prefill
-    loads = reps.loads
-    free_slots = reps.free_slots
-    n = prefill.shape[0]
-    G = loads.shape[0]
-    cap = free_slots.copy()
+    """Uniform random replica among those with a free slot, one MINSTD draw per request
+    (:func:`~straggler.solvers._routing_core.draw_eligible`)."""
+    n = pool.prefill.shape[0]
+    cap = reps.free_slots.copy()
     out = np.full(n, -1, np.int64)
-    x = seed % (MINSTD_M - 1) + 1
-    elig = np.empty(G, np.int64)
+    x = minstd_start(seed)
+    elig = np.empty(cap.shape[0], np.int64)
     for i in range(n):
-        k = 0
-        for j in range(G):
-            if cap[j] > 0:
-                elig[k] = j
-                k += 1
+        k, x, a = draw_eligible(cap, elig, x, 1)
         if k == 0:
             break
-        x = (MINSTD_A * x) % MINSTD_M
-        g = elig[x % k]
+        g = elig[a]
         out[i] = g
         cap[g] -= 1
     return out, carry
@@ -71,6 +64,8 @@ def random_reference(pool, reps, opts, carry, seed):
         cap[out[i]] -= 1
     return np.array(out, dtype=np.int64), carry
 
+
+cache_depends_on(random_kernel, _routing_core)
 
 RANDOM = routing_policy(
     "random",

@@ -15,7 +15,10 @@ selects another):
 ``round_robin``
     SGLang ``python/sglang/srt/managers/data_parallel_controller.py``,
     ``round_robin_scheduler``: a counter over the workers. Here the cycle skips replicas
-    without a free slot (the central-pool model), starting from ``cursor``.
+    without a free slot (the central-pool model), starting from ``cursor``. Not the dispatch
+    method ``round_robin`` (TEMPO's A3, :mod:`straggler.solvers.round_robin`, whose kernel is
+    ``a3_kernel``): the two share the upstream word, each in its own namespace (``policy=``
+    of ``route_batch``, ``method=`` of ``solve_dispatch``).
 ``jsq``
     SGLang DP controller ``total_tokens`` (``DPBudget.dispatch``): the first minimum of
     ``(num_total_tokens, total_requests)`` where ``num_total_tokens`` is KV in use plus the
@@ -57,8 +60,11 @@ from ..solvers._routing_core import (
     MINSTD_A,
     MINSTD_M,
     RouterCarry,
+    draw_eligible,
     least_tokens_kernel,
     least_tokens_reference,
+    minstd_next,
+    minstd_start,
 )
 from ..solvers.routing_registry import routing_policy
 
@@ -245,22 +251,16 @@ def p2c_kernel(pool, reps, opts, carry, seed):
     reqs = reps.n_running + reps.n_waiting
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
-    x = seed % (MINSTD_M - 1) + 1
+    x = minstd_start(seed)
     elig = np.empty(G, np.int64)
     for i in range(n):
-        k = 0
-        for j in range(G):
-            if cap[j] > 0:
-                elig[k] = j
-                k += 1
+        k, x, a = draw_eligible(cap, elig, x, 2)  # no draw when one replica is eligible
         if k == 0:
             break
         if k == 1:
             g = elig[0]
         else:
-            x = (MINSTD_A * x) % MINSTD_M
-            a = x % k
-            x = (MINSTD_A * x) % MINSTD_M
+            x = minstd_next(x)
             b = (a + 1 + x % (k - 1)) % k
             ma = _p2c_metric(reps, elig[a], version, credit, reqs, thr, lam)
             mb = _p2c_metric(reps, elig[b], version, credit, reqs, thr, lam)
@@ -355,6 +355,7 @@ def follow_bootstrap_room_reference(pool, reps, opts, carry, seed):
 
 
 cache_depends_on(jsq_kernel, _routing_core)
+cache_depends_on(p2c_kernel, _routing_core)
 
 _SGL_DPC = "sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py"
 _SGL_GW = (

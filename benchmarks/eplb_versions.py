@@ -10,7 +10,7 @@ its steps (as SGLang's recorder hands it over). Each placement is scored on the 
 replicas): the largest GPU load over the mean GPU load, per layer and batch, averaged.
 Placement time is measured side by side in one run (shared 2-core machine: ratios).
 
-The question (issue 17): how SGLang's ``deepseek_vec`` relates to DeepSeek's EPLB (it is
+The question: how SGLang's ``deepseek_vec`` relates to DeepSeek's EPLB (it is
 another algorithm, reported with a higher max GPU load). Every version is the exact port
 checked against the released engines in ``tests/conformance``.
 

@@ -8,7 +8,7 @@ layer per placement, ``--layers`` placements) builds three placements: upstream 
 (held out) by tempo's mean makespan. Placement time is measured side by side in one run
 (shared 2-core machine: ratios, not absolute times).
 
-Goal (issue 14): >= 3% lower mean makespan than EPLB + tempo in the mixed cells, never worse
+Goal: >= 3% lower mean makespan than EPLB + tempo in the mixed cells, never worse
 than -0.3% anywhere, placement time no more than EPLB's.
 
 Usage::

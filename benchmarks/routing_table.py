@@ -22,7 +22,7 @@ paper; see ``straggler.sim.simulate``): slots freed within the horizon are proje
 by a pool-mean prompt, and each horizon column of the F-score is weighed by the chance that a
 newly placed request is still resident then.
 
-Baseline rows (issue 11), each as its upstream ships it (``straggler.baselines.routers``):
+Baseline rows, each as its upstream ships it (``straggler.baselines.routers``):
 SGLang ``total_tokens`` (JSQ; also its "+1 only" version before #22614) and ``total_requests``,
 vLLM's DP load balancer (current, and the legacy ``4*waiting + running``), the SGLang gateway's
 power of two (current expected-wait score, and the 2025 token-load version), TensorRT-LLM's
@@ -39,8 +39,9 @@ hit rate on the Mooncake conversation trace (pool and queue modes).
 Also: G = 4, 8, 16 scaling rows (JSQ, BR-0, BR-H oracle) on Azure conversation; a horizon
 sensitivity table for BR-H (oracle); with ``--stale``, the staleness table (loads 10 and 100
 steps old, with and without the optimistic local update); with ``--plot PATH``, a PNG of the
-imbalance over time per policy (Azure conversation, G = 8). The results before issue 11's
-baselines are kept in ``benchmarks/results/routing_table_before_issue11.json``.
+imbalance over time per policy (Azure conversation, G = 8). The results from before the
+baselines were modelled as their upstreams ship them are kept in
+``benchmarks/results/routing_table_before_issue11.json``.
 
     python benchmarks/routing_table.py [--plot imbalance.png] [--stale] [--quick]
 

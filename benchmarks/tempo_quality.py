@@ -1,6 +1,6 @@
 """tempo's makespan over the proven MILP optimum, family by family, without and with repair.
 
-Families (issue 9); ``--full`` runs the issue's sizes, the default a subset of each:
+Families; ``--full`` runs the sizes below, the default a subset of each:
 
 * ``small``: mixed-regime random layers, E = 3-15 experts, g = 2-4 GPUs, full replication
   or EPLB-like restricted replicas at 1.0/1.25/1.5x (the hottest experts replicated), Zipf
@@ -40,7 +40,7 @@ so for each layer whose repaired ratio exceeds 1.001 the whole-token optimum (th
 MILP with integral shares) is solved too and reported beside it.
 
 ``--baseline REV`` also runs the tempo kernel of git revision ``REV`` (e.g. ``9c0a042``,
-the tree before issue 9, with its support rebalance) on every layer, side by side.
+the tree before tempo's current stages, with its support rebalance) on every layer, side by side.
 
 Oracle results are cached (``--cache``, keyed by the layer's counts, replicas and preset),
 so a rerun after a change to tempo only re-solves tempo.

@@ -8,8 +8,8 @@ by default), cost preset ``dsv3_a_offline``; ``--cost`` and ``--skew`` change th
 Measured in one run:
 
 * **baseline side by side**: the kernel path of ``--baseline`` (a git revision, default
-  ``9c0a042``, the tree before issue 9: token LP + semi-matching + its tempo kernel + the
-  support rebalance, extracted with ``git show`` into a private package) and today's
+  ``9c0a042``, the tree before tempo's current stages: token LP + semi-matching + its tempo
+  kernel + the support rebalance, extracted with ``git show`` into a private package) and today's
   (``Tempo._arrays``: the same plus the cheap bound), timed on the same layers
   alternately (best of ``--repeats`` per layer, then the median over layers), with the
   repair off, since the repair is no kernel;

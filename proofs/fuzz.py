@@ -215,7 +215,7 @@ def problem_calls(draw, *, stack: bool | None = None) -> Call:
         call.kwargs["replicas"] = np.concatenate([r, r[..., :1, :]], axis=-2)
         call.spoiled |= {"replicas", "counts"}
     elif mutation == "empty":
-        call.kwargs["counts"] = np.zeros((0, p.n_experts), np.int64)  # issue 10, defect 1
+        call.kwargs["counts"] = np.zeros((0, p.n_experts), np.int64)  # a zero-layer stack
         call.spoiled |= {"counts"}
     return call
 
@@ -235,7 +235,7 @@ def placement_calls(draw) -> Call:
     kw = {"counts": counts, "physical_to_logical": list(p2l), "n_gpus": n_gpus}
     call = draw(spoil(kw))
     if draw(st.integers(0, 5)) == 0:
-        call.kwargs["physical_to_logical"] = [list(p2l), list(p2l)[:-1]]  # ragged (defect 9)
+        call.kwargs["physical_to_logical"] = [list(p2l), list(p2l)[:-1]]  # ragged
         call.spoiled |= {"physical_to_logical"}
     return call
 
@@ -314,7 +314,7 @@ def solve_calls(draw, method: str) -> Call:
     }
     call = draw(spoil(base, at_most=1))
     if draw(st.integers(0, 7)) == 0:
-        call.kwargs["time_limit"] = draw(st.sampled_from([1e-9, 1e-6, 1e-3]))  # defect 3
+        call.kwargs["time_limit"] = draw(st.sampled_from([1e-9, 1e-6, 1e-3]))  # stops at the limit
     call.kwargs.update(opts.kwargs)
     call.spoiled |= opts.spoiled
     return call
@@ -340,9 +340,9 @@ def routing_calls(draw) -> Call:
     free = draw(st.lists(st.integers(0, 4), min_size=G, max_size=G))
     edge = draw(st.sampled_from(["none"] * 6 + ["int64_slots", "huge_lengths", "empty"]))
     if edge == "int64_slots":
-        free[0] = 2**63 - 1  # issue 10, defect 4
+        free[0] = 2**63 - 1  # sum past int64
     elif edge == "huge_lengths" and n:
-        lengths[0] = 1.7e308  # issue 10, defect 5
+        lengths[0] = 1.7e308  # near the float maximum
     elif edge == "empty":
         lengths = []
     kw = {"prefill_lengths": lengths, "loads": loads, "free_slots": free}

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from ..formulations.validation import check_choice
 from ._bounds import lower_bound_kernel, lower_bound_reference
 from ._compile import is_cached
-from ._round_robin import round_robin_kernel, round_robin_reference
+from ._round_robin import a3_kernel, a3_reference
 from ._score import score_kernel, score_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
 from ._tempo import tempo_kernel, tempo_reference
@@ -71,7 +71,7 @@ __all__ = [
     "SUPPORT_CONTRACT",
     "SUPPORT_REBALANCE",
     "SUPPORT_SWAP",
-    "ROUND_ROBIN",
+    "A3",
     "SCORE",
 ]
 
@@ -211,7 +211,7 @@ LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
 SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0)
 SUPPORT_CONTRACT = Pair(support_contract_kernel, support_contract_reference, 1.0)
 SUPPORT_SWAP = Pair(support_swap_kernel, support_swap_reference, 1.0)
-ROUND_ROBIN = Pair(round_robin_kernel, round_robin_reference, 0.6)
+A3 = Pair(a3_kernel, a3_reference, 0.6)
 SCORE = Pair(score_kernel, score_reference, 0.5)
 
 #: Every pair, by the kernel's ``module.name``.
@@ -225,7 +225,7 @@ PAIRS = {
         SUPPORT_REBALANCE,
         SUPPORT_CONTRACT,
         SUPPORT_SWAP,
-        ROUND_ROBIN,
+        A3,
         SCORE,
     )
 }
@@ -268,7 +268,7 @@ def kernel_mode(mode: str):
     --------
     >>> import numpy as np
     >>> with kernel_mode("reference"):  # A3: the GPU of each expert, by descending tokens
-    ...     ROUND_ROBIN(np.array([3, 1]), np.ones((2, 2), bool), True).tolist()
+    ...     A3(np.array([3, 1]), np.ones((2, 2), bool), True).tolist()
     [0, 1]
     >>> get_kernel_mode()
     'auto'

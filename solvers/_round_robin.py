@@ -16,11 +16,11 @@ from numba import njit
 
 from ._jit import NJIT
 
-__all__ = ["round_robin_kernel", "round_robin_reference"]
+__all__ = ["a3_kernel", "a3_reference"]
 
 
 @njit(**NJIT)
-def round_robin_kernel(counts, replicas, full):
+def a3_kernel(counts, replicas, full):
     """GPU of each expert under A3 (``full``) or the fewest-experts variant."""
     E, g = replicas.shape
     # stable sort on -counts: descending tokens, ties to the lower index
@@ -53,8 +53,8 @@ def round_robin_kernel(counts, replicas, full):
     return assign
 
 
-def round_robin_reference(counts, replicas, full):
-    """Plain-Python reference of :func:`round_robin_kernel` (TEMPO Theorem 2 wording)."""
+def a3_reference(counts, replicas, full):
+    """Plain-Python reference of :func:`a3_kernel` (TEMPO Theorem 2 wording)."""
     n = [int(v) for v in counts]
     n_gpus = len(replicas[0])
     ranked = sorted((e for e in range(len(n)) if n[e] > 0), key=lambda e: (-n[e], e))

@@ -40,6 +40,9 @@ __all__ = [
     "MAX_TOKENS",
     "MINSTD_A",
     "MINSTD_M",
+    "minstd_start",
+    "minstd_next",
+    "draw_eligible",
     "BAD_INPUT",
     "monotonic_ns",
     "least_tokens_kernel",
@@ -133,8 +136,10 @@ class RouterCarry(NamedTuple):
 #: exactly, and ``G * (max load + sum of lengths)`` stays finite for any realistic ``G``.
 MAX_TOKENS = float(2**53)
 
-#: MINSTD (``x <- 48271*x mod (2^31-1)``), the generator of the seeded policies (written out
-#: in each kernel and reference, so that both draw the same numbers).
+#: MINSTD (``x <- 48271*x mod (2^31-1)``; Park, Miller and Stockmeyer, "Technical
+#: correspondence", CACM 36(7), 1993), the generator of the seeded policies: their kernels draw
+#: through :func:`minstd_start`, :func:`minstd_next` and :func:`draw_eligible`, their
+#: plain-Python references write the same steps out.
 MINSTD_A = 48271
 MINSTD_M = 2147483647
 
@@ -173,6 +178,52 @@ def _clock_gettime_ns(typingctx):
 @overload(monotonic_ns)
 def _monotonic_ns_jit():
     return lambda: _clock_gettime_ns()
+
+
+# --------------------------------------------------------------------------------------------
+# The seeded policies' draws: MINSTD, and one draw among the replicas with a free slot
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def minstd_start(seed):
+    """The MINSTD state of a kernel's ``seed`` (an integer ``>= 0``): ``seed mod (M - 1) + 1``,
+    in ``[1, M)`` (never 0, the generator's fixed point)."""
+    return seed % (MINSTD_M - 1) + 1
+
+
+@njit(**NJIT)
+def minstd_next(x):
+    """One MINSTD step: ``MINSTD_A * x mod MINSTD_M`` (exact in int64: ``x < 2**31``)."""
+    return (MINSTD_A * x) % MINSTD_M
+
+
+@njit(**NJIT)
+def draw_eligible(cap, elig, x, min_k):
+    """The replicas with a free slot and one uniform draw among them.
+
+    Writes the ``k`` replicas ``j`` with ``cap[j] > 0`` to ``elig[:k]`` in increasing order.
+    When ``k >= min_k``: one MINSTD step of the state ``x`` and the draw ``a = x' mod k``;
+    otherwise ``x`` is kept and ``a = 0``. Returns ``(k, x', a)``: replica ``elig[a]`` is the
+    draw. ``random`` draws with ``min_k = 1``; ``p2c`` with ``min_k = 2`` (one eligible
+    replica is taken without a draw), then draws its second choice with :func:`minstd_next`.
+
+    Examples
+    --------
+    >>> elig = np.empty(3, np.int64)
+    >>> k, x, a = draw_eligible(np.array([0, 2, 1]), elig, 1, 1)
+    >>> k, x, a, elig[:k].tolist()
+    (2, 48271, 1, [1, 2])
+    """
+    k = 0
+    for j in range(cap.shape[0]):
+        if cap[j] > 0:
+            elig[k] = j
+            k += 1
+    if k < min_k:
+        return k, x, 0
+    x = minstd_next(x)
+    return k, x, x % k
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,6 +6,12 @@ satisfies ``M(A3) <= OPT + max_k phi_k(n_max)`` for the per-GPU cost
 the "fewest-experts replica, token tie-break" variant is used; TEMPO conjectures the same
 additive bound for it, but ``straggler.proofs.conjecture`` refutes it (counterexamples in
 proofs/THEOREMS.md), so no guarantee is claimed for the variant.
+
+The method's name ``round_robin`` (``solve_dispatch(method="round_robin")``) is also the name
+of SGLang's DP routing policy (``route_batch(policy="round_robin")``,
+:mod:`straggler.baselines.sglang_routers`), a different algorithm in a different namespace;
+in code the dispatch kernel is ``a3_kernel`` (``solvers/_round_robin.py``) and the routing one
+``round_robin_kernel``.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import param_error
 from ..formulations.validation import check_array, check_choice, check_type
-from ._backend import ROUND_ROBIN
+from ._backend import A3
 from .registry import LayerSolution
 
 __all__ = [
@@ -72,7 +78,7 @@ def round_robin_assignment(problem: DispatchProblem, rule: str = "auto") -> np.n
         )
     use_a3 = full if rule == "auto" else rule == "a3"
     counts = np.ascontiguousarray(problem.counts, dtype=np.int64)
-    return ROUND_ROBIN(counts, np.ascontiguousarray(problem.replicas), use_a3)
+    return A3(counts, np.ascontiguousarray(problem.replicas), use_a3)
 
 
 def round_robin_shares(counts, replicas, *, rule: str = "auto") -> np.ndarray:

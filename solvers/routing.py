@@ -47,21 +47,22 @@ __all__ = [
 _FUNC = "route_batch"
 
 
+_F64 = np.dtype(np.float64)
+_I64 = np.dtype(np.int64)
+
+
 def _arr(x, name, kind, ndim, length=None, what=""):
-    """``x`` as a C-contiguous float64/int64 array with ``ndim`` dimensions (and ``length``
-    rows), types and shapes checked here, values in the kernel's jitted pass."""
-    dtype = np.float64 if kind == "real" else np.int64
-    if (
-        type(x) is np.ndarray
-        and x.dtype == dtype
-        and x.ndim in ndim
-        and x.flags.c_contiguous
-        and x.flags.writeable
-    ):
-        a = x  # the fast path: nothing to convert
+    """``x`` as an aligned, C-contiguous, writeable float64/int64 array with ``ndim``
+    dimensions (and ``length`` rows): the one array type per kernel argument (:func:`_entry`).
+    Types and shapes are checked here, values in the kernel's jitted pass."""
+    dtype = _F64 if kind == "real" else _I64
+    # the fast path (nothing to convert); `is` on the dtype: any other spelling of it (a
+    # byte-swapped one included) takes the general path, which converts it
+    if type(x) is np.ndarray and x.dtype is dtype and x.ndim in ndim and x.flags.carray:
+        a = x
     else:
         a = check_array(x, name, _FUNC, kind=kind, ndim=ndim, values=False)
-        if not a.flags.writeable:  # one array type per kernel argument (_entry)
+        if not a.flags.carray:
             a = a.copy()
     if length is not None and a.shape[0] != length:
         raise param_error(name, _FUNC, f"an array of length {length} ({what})", f"shape {a.shape}")
@@ -98,24 +99,50 @@ def _defaults(G: int, n: int):
     return hit
 
 
-#: Resolved ``(RouterOptions, RouterCarry, resolved)`` of recent option sets, keyed by the
-#: policy, ``G``, ``H`` and the options' exact types and values (``1``, ``1.0`` and ``True``
-#: differ); the records are immutable, so one serves every call with the same options.
-_OPTIONS_CACHE: dict = {}
+class _Plan:
+    """What ``route_batch`` keeps per policy: its compiled entry (:func:`_entry`) and the
+    resolved options of recent calls, ``(RouterOptions, RouterCarry, resolved)`` (immutable
+    records, so one serves every call with the same options), keyed by ``(G, H)`` for the
+    defaults and by ``(G, H, options)`` with the options' exact types and values (``1``,
+    ``1.0`` and ``True`` differ)."""
+
+    __slots__ = ("policy", "entry", "options")
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.entry = None
+        self.options = {}
 
 
-def _options(pol, options, G, H):
-    try:
-        key = (pol.name, G, H, tuple((k, type(v), v) for k, v in sorted(options.items())))
-        hit = _OPTIONS_CACHE.get(key)
-    except TypeError:  # an unhashable option (an array): resolved afresh
-        key = hit = None
+#: One :class:`_Plan` per policy object used so far (keyed by the object, kept alive here:
+#: a policy registered later under a name once used gets a plan of its own).
+_PLANS: dict = {}
+
+
+def _plan(pol) -> _Plan:
+    hit = _PLANS.get(id(pol))
+    if hit is None or hit.policy is not pol:
+        hit = _PLANS[id(pol)] = _Plan(pol)
+    return hit
+
+
+def _options(plan, options, G, H):
+    """``(RouterOptions, RouterCarry, resolved)`` of ``options`` for ``plan``'s policy."""
+    cache = plan.options
+    if not options:
+        key = (G, H)
+    else:
+        try:
+            key = (G, H, tuple((k, type(v), v) for k, v in sorted(options.items())))
+            hash(key)
+        except TypeError:  # an unhashable option (an array): resolved afresh
+            return resolve_options(plan.policy, options, G, H, _FUNC)
+    hit = cache.get(key)
     if hit is None:
-        hit = resolve_options(pol, options, G, H, _FUNC)
-        if key is not None:
-            if len(_OPTIONS_CACHE) >= 256:
-                _OPTIONS_CACHE.clear()
-            _OPTIONS_CACHE[key] = hit
+        hit = resolve_options(plan.policy, options, G, H, _FUNC)
+        if len(cache) >= 256:
+            cache.clear()
+        cache[key] = hit
     return hit
 
 
@@ -127,65 +154,94 @@ def _carry(c) -> RouterCarry:
     return RouterCarry(*counts, bool(c.brs_backlog))
 
 
-def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, options, rng):
-    """Everything ``route_batch`` checks before its kernel runs, once; returns the policy and
-    the kernel's arguments (``state``: the per-replica and per-request keyword arguments).
+def _state_arrays(state, L, G, n):
+    """The per-replica and per-request arrays of ``route_batch`` (its keyword arguments
+    ``n_running`` to ``pool_cached``, in that order), defaults filled in."""
+    zi, zf, inf, wait, key, cached = _defaults(G, n)
+    n_running, n_waiting, prompt_tokens, waiting_tokens, kv_usage, kv_capacity = state[:6]
+    pool_wait, pool_key, pool_cached = state[6:]
+    n_run = _per_replica(n_running, "n_running", "int", G, zi)
+    n_wait = _per_replica(n_waiting, "n_waiting", "int", G, zi)
+    prompt = _per_replica(prompt_tokens, "prompt_tokens", "real", G, zf)
+    wtok = _per_replica(waiting_tokens, "waiting_tokens", "real", G, zf)
+    cap = _per_replica(kv_capacity, "kv_capacity", "real", G, inf)
+    usage = zf
+    if kv_usage is not None:
+        usage = _per_replica(kv_usage, "kv_usage", "real", G, None)
+    elif kv_capacity is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            usage = np.where(np.isinf(cap) | (cap <= 0), 0.0, L[:, 0] / cap)
+    per_req = "one entry per pool request"
+    if pool_wait is not None:
+        wait = _arr(pool_wait, "pool_wait", "int", (1,), n, per_req)
+    if pool_key is not None:
+        key = _arr(pool_key, "pool_key", "int", (1,), n, per_req)
+    if pool_cached is not None:
+        cached = _arr(pool_cached, "pool_cached", "real", (2,))
+        if cached.shape != (n, G):
+            raise param_error(
+                "pool_cached",
+                _FUNC,
+                f"an array of shape (n_pool, G) = ({n}, {G})",
+                f"shape {cached.shape}",
+            )
+    return n_run, n_wait, prompt, wtok, usage, cap, wait, key, cached
+
+
+def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, options, rng):
+    """Everything ``route_batch`` checks before its kernel runs, once; returns the policy's
+    plan and the kernel's arguments (``state``: the keyword arguments ``n_running`` to
+    ``pool_cached`` of ``route_batch``, in that order, or None when none is given).
 
     Types and shapes are checked here (arrays already of the right dtype pass untouched);
     values (signs, NaN, infinities, magnitudes, the free slots' sum) in the kernel's jitted
     pass, whose failure :func:`_raise_bad` reports."""
     pol = get_routing_policy(DEFAULT_POLICY if policy is None else policy, _FUNC)
+    plan = _plan(pol)
     s = _arr(prefill_lengths, "prefill_lengths", "real", (1,))
     L = _arr(loads, "loads", "real", (1, 2))
     if L.ndim == 1:
         L = L.reshape(-1, 1)
-    G, n = L.shape[0], s.shape[0]
-    if G == 0 or L.shape[1] == 0:
+    G, H1 = L.shape
+    n = s.shape[0]
+    if G == 0 or H1 == 0:
         raise param_error(
             "loads", _FUNC, "a non-empty (G,) or (G, H+1) array", f"shape {np.shape(loads)}"
         )
     free = _arr(free_slots, "free_slots", "int", (1,), G, "loads.shape[0]")
-    zi, zf, inf, wait, key, cached = _defaults(G, n)
-    n_run, n_wait, prompt, wtok, usage, cap = zi, zi, zf, zf, zf, inf
-    given = [k for k, v in state.items() if v is not None]
-    if given:
-        get = state.get
-        n_run = _per_replica(get("n_running"), "n_running", "int", G, zi)
-        n_wait = _per_replica(get("n_waiting"), "n_waiting", "int", G, zi)
-        prompt = _per_replica(get("prompt_tokens"), "prompt_tokens", "real", G, zf)
-        wtok = _per_replica(get("waiting_tokens"), "waiting_tokens", "real", G, zf)
-        cap = _per_replica(get("kv_capacity"), "kv_capacity", "real", G, inf)
-        if get("kv_usage") is not None:
-            usage = _per_replica(get("kv_usage"), "kv_usage", "real", G, None)
-        elif get("kv_capacity") is not None:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                usage = np.where(np.isinf(cap) | (cap <= 0), 0.0, L[:, 0] / cap)
-        per_req = "one entry per pool request"
-        if get("pool_wait") is not None:
-            wait = _arr(get("pool_wait"), "pool_wait", "int", (1,), n, per_req)
-        if get("pool_key") is not None:
-            key = _arr(get("pool_key"), "pool_key", "int", (1,), n, per_req)
-        if get("pool_cached") is not None:
-            cached = _arr(get("pool_cached"), "pool_cached", "real", (2,))
-            if cached.shape != (n, G):
-                raise param_error(
-                    "pool_cached",
-                    _FUNC,
-                    f"an array of shape (n_pool, G) = ({n}, {G})",
-                    f"shape {cached.shape}",
-                )
-    opts, carry, resolved = _options(pol, options, G, L.shape[1] - 1)
-    if state.get("carry") is not None:
-        carry = _carry(state["carry"])
+    if state is None:
+        zi, zf, inf, wait, key, cached = _defaults(G, n)
+        n_run, n_wait, prompt, wtok, usage, cap = zi, zi, zf, zf, zf, inf
+    else:
+        n_run, n_wait, prompt, wtok, usage, cap, wait, key, cached = _state_arrays(state, L, G, n)
+    opts, carry0, resolved = _options(plan, options, G, H1 - 1)
+    if carry is not None:
+        carry0 = _carry(carry)
         if options and "cursor" in options:
-            carry = carry._replace(cursor=resolved["cursor"])
+            carry0 = carry0._replace(cursor=resolved["cursor"])
     seed = 0
     if pol.seeded:
         seed = rng_seed(rng, _FUNC)
-    elif rng is not None and not isinstance(rng, np.random.Generator):
+    elif rng is not None and type(rng) is not np.random.Generator:
         check_rng(rng, _FUNC)  # an unused rng is still a valid one
-    arrays = (s, wait, key, cached, L, free, n_run, n_wait, prompt, wtok, usage, cap)
-    return pol, arrays, opts, carry, seed, resolved
+    args = (
+        s,
+        wait,
+        key,
+        cached,
+        L,
+        free,
+        n_run,
+        n_wait,
+        prompt,
+        wtok,
+        usage,
+        cap,
+        opts,
+        carry0,
+        seed,
+    )
+    return plan, args, resolved
 
 
 _EXPECTED = {
@@ -218,20 +274,18 @@ _ARG_OF = {
 }
 
 
-#: The compiled ``route_batch_kernel`` of each policy used so far (:func:`_entry`).
-_ENTRIES: dict = {}
-
-
-def _entry(pol, args):
-    """``route_batch_kernel`` compiled for ``pol`` alone (or loaded from the disk cache): the
-    first call with a policy compiles that policy's kernel, not every policy's. The arguments
-    are normalized by :func:`_route_batch_iv` (C-contiguous writeable float64/int64 arrays,
-    the registry's records), so one compiled version per policy serves every call."""
-    hit = _ENTRIES.get(id(pol))
-    if hit is None:  # keyed by the policy object (kept alive here), not its name
-        f = literal_entry(route_batch_kernel, pol.name, args, depends=kernel_modules())
-        hit = _ENTRIES[id(pol)] = (pol, f)
-    return hit[1]
+def _entry(plan, args):
+    """``route_batch_kernel`` compiled for ``plan``'s policy alone (or loaded from the disk
+    cache): the first call with a policy compiles that policy's kernel, not every policy's. The
+    arguments are normalized by :func:`_route_batch_iv` (aligned C-contiguous writeable
+    float64/int64 arrays, the registry's records), so one compiled version per policy serves
+    every call."""
+    f = plan.entry
+    if f is None:
+        f = plan.entry = literal_entry(
+            route_batch_kernel, plan.policy.name, args, depends=kernel_modules()
+        )
+    return f
 
 
 def _raise_bad(code: int, index: int, arrays) -> None:
@@ -439,40 +493,51 @@ def route_batch(
     >>> d.assignment.tolist(), d.extras["next_cursor"]
     ([2, 0], 1)
     """
-    state = dict(
-        n_running=n_running,
-        n_waiting=n_waiting,
-        prompt_tokens=prompt_tokens,
-        waiting_tokens=waiting_tokens,
-        kv_usage=kv_usage,
-        kv_capacity=kv_capacity,
-        pool_wait=pool_wait,
-        pool_key=pool_key,
-        pool_cached=pool_cached,
-        carry=carry,
+    state = None  # every per-replica and per-request default
+    if not (
+        n_running is None
+        and n_waiting is None
+        and prompt_tokens is None
+        and waiting_tokens is None
+        and kv_usage is None
+        and kv_capacity is None
+        and pool_wait is None
+        and pool_key is None
+        and pool_cached is None
+    ):
+        state = (
+            n_running,
+            n_waiting,
+            prompt_tokens,
+            waiting_tokens,
+            kv_usage,
+            kv_capacity,
+            pool_wait,
+            pool_key,
+            pool_cached,
+        )
+    plan, args, resolved = _route_batch_iv(
+        prefill_lengths, loads, free_slots, policy, state, carry, options, rng
     )
-    pol, arrays, opts, carry0, seed, resolved = _route_batch_iv(
-        prefill_lengths, loads, free_slots, policy, state, options, rng
-    )
-    args = (*arrays, opts, carry0, seed)
-    code, index, out, new_carry, before, after, loads_after, placed, s_tot, ns = _entry(pol, args)(
-        pol.name, *args
-    )
+    pol = plan.policy
+    f = plan.entry or _entry(plan, args)
+    code, index, out, new_carry, before, after, loads_after, placed, s_tot, ns = f(pol.name, *args)
     if code:
-        _raise_bad(code, index, arrays)
+        _raise_bad(code, index, args)
+    # the kernel returns Python floats and ints (numba boxes float64 and int64 as such)
     extras = {"carry": new_carry}
     stage = 0
     if pol.staged:
         stage = 1 if s_tot > resolved["s_greedy"] else 2
         extras["s_greedy"] = resolved["s_greedy"]
     if "cursor" in pol.options:
-        extras["next_cursor"] = int(new_carry.cursor)
+        extras["next_cursor"] = new_carry.cursor
     return RoutingResult(
         assignment=out,
-        imbalance=float(after),
-        imbalance_before=float(before),
+        imbalance=after,
+        imbalance_before=before,
         loads=loads_after,
-        n_placed=int(placed),
+        n_placed=placed,
         status=Status.HEURISTIC,
         policy=pol.name,
         stage=stage,

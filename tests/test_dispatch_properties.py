@@ -113,12 +113,12 @@ def test_deterministic_and_inputs_untouched(inst):
     assert np.array_equal(p.counts, counts) and np.array_equal(p.replicas, rep)
     # kernels on writable inputs leave them unchanged
     from straggler.solvers._bounds import lower_bound_kernel
-    from straggler.solvers._round_robin import round_robin_kernel
+    from straggler.solvers._round_robin import a3_kernel
     from straggler.solvers._semi_matching import semi_matching_kernel
 
     c2, r2, live = counts.copy(), rep.copy(), counts > 0
     semi_matching_kernel(r2, live)
-    round_robin_kernel(c2, r2, False)
+    a3_kernel(c2, r2, False)
     lower_bound_kernel(c2, r2, cost.as_array(), 1)
     assert (
         np.array_equal(c2, counts) and np.array_equal(r2, rep) and np.array_equal(live, counts > 0)

@@ -301,7 +301,7 @@ def test_token_lp_seed_timeout_is_not_fatal(monkeypatch):
 
 
 def test_token_lp_at_its_time_limit_is_feasible_not_an_error():
-    """Defect 3 of issue 10: token_lp with a tiny time limit raised StragglerError; it returns
+    """token_lp with a tiny time limit returns, rather than raising StragglerError,
     its incumbent (here LPLB's even-split fallback) with status FEASIBLE, success False."""
     p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
     cost = CostModel(a=0, b=15, c=0, beta=0.1)

@@ -27,7 +27,7 @@ FULL2 = np.ones((3, 2), bool)
         (dict(a=0, b=float("nan"), c=0, beta=0.1), "'b'"),
         (dict(a=0, b=1, c=float("inf"), beta=0.1), "'c'"),
         (dict(a=0, b=1, c=0, beta="x"), "'beta'"),
-        # issue 10: numeric strings were accepted
+        # numeric strings are refused, not read as numbers
         (dict(a="0", b=1, c=0, beta=0.1), "'a'.*Got '0'"),
         (dict(a=0, b=1, c=0, beta=0.1, c2="25", gamma=0.1), "'c2'"),
         (dict(a=0, b=True, c=0, beta=0.1), "'b'"),
@@ -85,7 +85,7 @@ def test_as_array_zero_traffic_is_exact():
         ([1 + 0j, 2, 3], "complex"),
         (np.zeros((2, 3, 4)), r"shape \(2, 3, 4\)"),
         ([], r"shape \(0,\)"),
-        # defect 1 of issue 10: a zero-layer stack reached np.stack
+        # a zero-layer stack is refused before np.stack sees it
         (np.zeros((0, 3)), r"shape \(0, 3\)"),
     ],
 )
@@ -100,7 +100,7 @@ def test_problem_rejects_bad_replicas_and_orphans():
         DispatchProblem(counts=[1, 2, 3], replicas=np.ones((2, 2), bool))
     with pytest.raises(InvalidInputError, match="'replicas'.*values other than 0 and 1"):
         DispatchProblem(counts=[1, 2, 3], replicas=np.full((3, 2), 0.5))
-    # defect 9 of issue 10: ragged masks reached numpy
+    # ragged masks are refused before numpy sees them
     with pytest.raises(InvalidInputError, match="'replicas'.*ragged"):
         DispatchProblem(counts=[1, 2, 3], replicas=[[1, 0], [1], [0, 1]])
     with pytest.raises(InvalidInputError, match="'replicas'.*strings"):
@@ -174,7 +174,7 @@ def test_from_placement_rejects_bad_maps():
         DispatchProblem.from_placement([1, 1], [0, 2], n_gpus=2)
     with pytest.raises(InvalidInputError, match="'n_gpus'"):
         DispatchProblem.from_placement([1, 1], [0, 1], n_gpus=0)
-    # defect 9 of issue 10: a ragged map reached numpy
+    # a ragged map is refused before numpy sees it
     with pytest.raises(InvalidInputError, match="'physical_to_logical'.*ragged"):
         DispatchProblem.from_placement([[1, 1], [1, 1]], [[0, 1], [1]], n_gpus=2)
     with pytest.raises(InvalidInputError, match="'physical_to_logical'.*strings"):

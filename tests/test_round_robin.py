@@ -13,8 +13,8 @@ from straggler.formulations import (
 )
 from straggler.proofs.conjecture import exact_optimum
 from straggler.proofs.strategies import dispatch_instances, replica_masks, token_counts
-from straggler.solvers import certified_lower_bound, solve_dispatch
-from straggler.solvers._round_robin import round_robin_kernel, round_robin_reference
+from straggler.solvers import certified_lower_bound, dispatch_methods, solve_dispatch
+from straggler.solvers._round_robin import a3_kernel, a3_reference
 from straggler.solvers.round_robin import a3_bound, a3_paper_term, round_robin_shares
 
 
@@ -30,10 +30,24 @@ def test_kernel_equals_reference(inst):
     counts, rep, full = inst
     if full:
         rep = np.ones_like(rep)
-    k = round_robin_kernel(counts, rep, full)
-    p = round_robin_kernel.py_func(counts, rep, full)
-    r = round_robin_reference(counts, rep, full)
+    k = a3_kernel(counts, rep, full)
+    p = a3_kernel.py_func(counts, rep, full)
+    r = a3_reference(counts, rep, full)
     assert np.array_equal(k, p) and np.array_equal(k, r)
+
+
+def test_dispatch_and_routing_round_robin_names_are_distinct():
+    """``round_robin`` names a dispatch method (TEMPO's A3) and a routing policy (SGLang's
+    DP round-robin); their code names differ, so neither import shadows the other."""
+    from straggler.baselines import sglang_routers
+    from straggler.solvers import _backend, _round_robin
+
+    dispatch = set(_round_robin.__all__) | set(_backend.__all__)
+    assert not dispatch & set(sglang_routers.__all__)
+    assert _backend.A3.kernel is a3_kernel
+    # the public strings stay: one per namespace
+    assert sglang_routers.ROUND_ROBIN.name == "round_robin"
+    assert "round_robin" in dispatch_methods()
 
 
 def test_a3_rule_and_ties():

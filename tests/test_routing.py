@@ -225,6 +225,68 @@ def test_seeded_policies_repeat():
         assert b.tolist() == c.tolist()
 
 
+def _draw_eligible_reference(cap, x, min_k):
+    """``draw_eligible`` written out (MINSTD: x <- 48271 x mod 2**31 - 1)."""
+    elig = [j for j, c in enumerate(cap) if c > 0]
+    if len(elig) < min_k:
+        return len(elig), x, 0, elig
+    x = 48271 * x % 2147483647
+    return len(elig), x, x % len(elig), elig
+
+
+@settings(max_examples=60)
+@given(
+    cap=st.lists(st.integers(-2, 3), max_size=9),
+    x=st.integers(1, 2**31 - 2),
+    min_k=st.integers(1, 2),
+)
+def test_draw_eligible_kernel_equals_py_func_equals_reference(cap, x, min_k):
+    """The seeded policies' one draw among the replicas with a free slot (random, p2c)."""
+    c = np.array(cap, dtype=np.int64)
+    want = _draw_eligible_reference(cap, x, min_k)
+    for f in (K.draw_eligible, getattr(K.draw_eligible, "py_func", K.draw_eligible)):
+        elig = np.full(len(cap), -1, np.int64)
+        k, x2, a = f(c, elig, x, min_k)
+        assert (k, x2, a, elig[:k].tolist()) == want
+    assert K.minstd_start(0) == 1 and K.minstd_start(2147483646) == 1
+    assert K.minstd_next(1) == 48271
+
+
+def test_policy_kernels_are_cached_with_their_callees():
+    """A policy kernel on numba's disk cache that calls jitted code of another file has that
+    file's source in its cache key (``cache_depends_on``), so an edit there recompiles it."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+    from straggler.solvers._jit import source_digest
+
+    if not isinstance(get_routing_policy("jsq").kernel, CPUDispatcher):
+        pytest.skip("NUMBA_DISABLE_JIT")
+    checked = 0
+    for name in POLICIES:
+        kernel = get_routing_policy(name).kernel
+        own = kernel.py_func.__module__
+        seen, modules, todo = set(), set(), [kernel]
+        while todo:  # every jitted function the kernel reaches through its globals
+            d = todo.pop()
+            if id(d) in seen:
+                continue
+            seen.add(id(d))
+            modules.add(d.py_func.__module__)
+            for g in d.py_func.__code__.co_names:
+                obj = d.py_func.__globals__.get(g)
+                if isinstance(obj, CPUDispatcher):
+                    todo.append(obj)
+        others = sorted(modules - {own})
+        if not others:
+            continue
+        stamp = kernel._cache._cache_file._source_stamp
+        assert isinstance(stamp, tuple) and len(stamp) == 2, (name, others)
+        assert stamp[1] == source_digest(*(sys.modules[m] for m in others)), (name, others)
+        checked += 1
+    assert checked >= 4  # jsq, random, p2c, dynamo, brs at least reach _routing_core
+
+
 def test_optimistic_update_spreads_a_burst():
     s, L, free = np.full(8, 100.0), np.zeros(4), np.full(4, 8)
     on = route_batch(s, L, free, policy="jsq").assignment

@@ -262,7 +262,8 @@ AZURE_HEAD = b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805
 
 @pytest.mark.parametrize("value", [b"1e30", str(10**30).encode(), b"1e400", b"9007199254740993"])
 def test_huge_lengths_name_file_and_line(tmp_path, value):
-    """Issue 10 defect 6: huge lengths raised a raw OverflowError (Azure, lengths, Mooncake)."""
+    """Huge lengths (Azure, lengths, Mooncake) are refused naming file, line and field, not
+    raised as a raw OverflowError."""
     p = tmp_path / "huge.csv"
     p.write_bytes(AZURE_HEAD + b"2023-11-16 18:15:47.6805900," + value + b",5\n")
     with pytest.raises(InvalidInputError, match=r"huge\.csv', line 3: column 'ContextTokens'"):
@@ -278,8 +279,8 @@ def test_huge_lengths_name_file_and_line(tmp_path, value):
 
 
 def test_non_utf8_binary_and_gzip_files(tmp_path):
-    """Issue 10 defect 7: non-UTF-8 bytes, binary data and gzip files raised a raw
-    UnicodeDecodeError; now gzip is read, the others are refused naming file and line."""
+    """Gzip files are read; non-UTF-8 bytes and binary data are refused naming file and line,
+    not raised as a raw UnicodeDecodeError."""
     import gzip
 
     p = tmp_path / "latin1.csv"
@@ -308,13 +309,14 @@ def test_non_utf8_binary_and_gzip_files(tmp_path):
 @pytest.mark.parametrize(
     "record, match",
     [
-        (b'"hash_ids": 5', "'hash_ids' must be a list of integers"),  # defect 8
+        (b'"hash_ids": 5', "'hash_ids' must be a list of integers"),  # not a raw TypeError
         (b'"hash_ids": [1, "a"]', "'hash_ids' must be a list of integers"),
         (b'"hash_ids": [true]', "'hash_ids' must be a list of integers"),
     ],
 )
 def test_mooncake_field_types_name_file_and_line(tmp_path, record, match):
-    """Issue 10 defect 8 (``"hash_ids": 5`` raised a raw TypeError), and its kin."""
+    """Mooncake rows whose fields have the wrong type (``"hash_ids": 5`` and its kin) are refused
+    naming file, line and field, not raised as a raw TypeError."""
     p = tmp_path / "m.jsonl"
     good = b'{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
     p.write_bytes(

@@ -20,9 +20,9 @@ Families; ``--full`` runs the sizes below, the default a subset of each:
 * ``heldout16``: generated for this report and never used to tune anything: the same
   presets x shapes at g = 16, replication 1.5, on EPLB's distinct placement over 2 nodes,
   48/96/192 tokens per GPU, skew 0.5/1.0, seeds 20000 + k (264 layers);
-* ``heldout16b``: generated after the exchange search changed, and evaluated only once,
-  at the end: the same presets x shapes at g = 16, replication 1.5, one node, 40/80/160
-  tokens per GPU, skew 0.6/1.1, seeds 50000 + k (264 layers).
+* ``heldout16b``: never used to tune anything: the same presets x shapes at g = 16,
+  replication 1.5, one node, 40/80/160 tokens per GPU, skew 0.6/1.1, seeds 50000 + k
+  (264 layers).
 
 ``--screen GAP`` skips the MILP on layers whose tempo makespan (without repair) is within
 ``GAP`` (relative) of its own certified lower bound: their ratio to the optimum is at most

@@ -3,11 +3,16 @@
 Goal: under 2 minutes on 2 cores with tempo tables refreshed every 200 ms of simulated time.
 Runs, side by side in one process after a warm-up (compile time reported apart): the
 deployment step with the MoE term off (attention and dense layers only: the engine's own
-cost), the MoE term with EPLB's even split, and with tempo tables. The per-layer cost of the
-MoE term is ``(wall / steps of the run - wall / steps of the MoE-off run) / layers``. Falls
-back to one hour of the shipped generator when the trace is absent.
+cost), the MoE term with EPLB's even split, and with tempo tables, each both ways a step can
+run (``StepModel.fused``: one kernel call per step, and the step-by-step Python path, which
+was the only path before the kernel; the two must give bit-identical series, checked here).
+The per-layer cost of the MoE term is ``(wall / steps of the run - wall / steps of the
+MoE-off run) / layers`` (it includes the routing stream's draws and, for tempo, the table
+refreshes, amortized). Falls back to one hour of the shipped generator when the trace is
+absent.
 
     python benchmarks/deployment_speed.py [--preset qwen3_235b] [--layers 4] [--requests N]
+        [--no-python]
 
 Writes ``benchmarks/results/deployment_speed.json``.
 """
@@ -19,8 +24,9 @@ import json
 import pathlib
 import time
 
+import numpy as np
 from straggler.sim import generate_trace, load_trace, simulate
-from straggler.sim.deployment import DeploymentConfig
+from straggler.sim.deployment import DeploymentConfig, StepModel
 from straggler.sim.traces import Trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -33,6 +39,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--requests", type=int, default=0, help="first N requests (0: all)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "deployment_speed.json"))
+    ap.add_argument("--no-python", action="store_true", help="skip the Python-path runs")
     args = ap.parse_args(argv)
     trace = load_trace(TRACE) if TRACE.exists() else generate_trace("azure_conv", duration_s=3600)
     if args.requests:
@@ -45,21 +52,33 @@ def main(argv=None):
             preset=args.preset, n_gpus=G, layers=args.layers, dispatch=d))  # fmt: skip
     compile_s = time.perf_counter() - t
     runs = [
-        ("moe_off", dict(moe=False)),
-        ("even", dict(dispatch="even")),
-        ("tempo_200ms", dict(dispatch="tempo", dispatch_period_s=0.2)),
+        ("moe_off", dict(moe=False), True),
+        ("even", dict(dispatch="even"), True),
+        ("tempo_200ms", dict(dispatch="tempo", dispatch_period_s=0.2), True),
     ]
+    if not args.no_python:
+        runs += [
+            ("even_python", dict(dispatch="even"), False),
+            ("tempo_200ms_python", dict(dispatch="tempo", dispatch_period_s=0.2), False),
+        ]
+    series = {}
     rows = {}
     print(f"{trace.name}: {len(trace):,} requests, G = {G}, {args.preset}, {args.layers} layers;"
           f" warm-up (compile + first solves) {compile_s:.1f} s")  # fmt: skip
-    head = f"{'run':12s} | {'wall s':>7s} | {'steps':>7s} | {'us/step':>8s} | "
+    head = f"{'run':18s} | {'wall s':>7s} | {'steps':>7s} | {'us/step':>8s} | "
     print(head + f"{'MoE us/layer/step':>17s} | {'tok/s':>7s} | {'TPOT p99 ms':>11s} | refreshes")
-    for name, kw in runs:
+    for name, kw, fused in runs:
         dep = DeploymentConfig(preset=args.preset, n_gpus=G, layers=args.layers, **kw)
+        StepModel.fused = fused
         t = time.perf_counter()
-        r = simulate(trace, "jsq", n_replicas=G, deployment=dep)
+        try:
+            r = simulate(trace, "jsq", n_replicas=G, deployment=dep)
+        finally:
+            StepModel.fused = True
         wall = time.perf_counter() - t
+        series[name] = r.series
         rows[name] = dict(
+            fused=fused,
             wall_s=wall,
             engine_wall_s=r.wall_s,
             n_steps=r.n_steps,
@@ -70,9 +89,18 @@ def main(argv=None):
         )
         off = rows["moe_off"]["us_per_step"]
         rows[name]["moe_us_per_layer_step"] = (rows[name]["us_per_step"] - off) / args.layers
-        print(f"{name:12s} | {wall:7.1f} | {r.n_steps:7,d} | {rows[name]['us_per_step']:8.1f} | "
+        print(f"{name:18s} | {wall:7.1f} | {r.n_steps:7,d} | {rows[name]['us_per_step']:8.1f} | "
               f"{rows[name]['moe_us_per_layer_step']:17.1f} | {r.throughput_tps:7,.0f} | "
               f"{r.tpot_p99_ms:11.2f} | {r.step_breakdown.get('table_refreshes', 0)}")  # fmt: skip
+    for name in [n for n, _, fused in runs if not fused]:
+        fast = series[name.removesuffix("_python")]
+        same = fast.keys() == series[name].keys() and all(
+            np.array_equal(fast[k], series[name][k], equal_nan=True) for k in fast
+        )
+        rows[name]["identical_to_fused"] = same
+        ratio = rows[name]["wall_s"] / rows[name.removesuffix("_python")]["wall_s"]
+        rows[name]["wall_over_fused"] = ratio
+        print(f"{name}: series identical to the fused run: {same}; wall {ratio:.2f}x the fused")
     out = dict(
         trace=trace.name, n_requests=len(trace), n_gpus=G, preset=args.preset,
         layers=args.layers, compile_s=compile_s, runs=rows,

@@ -72,7 +72,9 @@ def main(argv=None) -> dict:
     else:  # another prefix: the baselines' cells are run here
         cfg["requests"] = args.requests
         base = {
-            (tr, G, load, p): load_sweep_cell(tr, G, load, p, args.requests, "sized", 0, directory)
+            (tr, G, load, p): load_sweep_cell(
+                tr, G, load, p, args.requests, "sized", 0, directory, load_basis="decode"
+            )
             for tr in traces
             for G in Gs
             for load in loads
@@ -92,8 +94,9 @@ def main(argv=None) -> dict:
             for G in Gs:
                 for load in loads:
                     by[(tr, G, load, "brs")] = load_sweep_cell(
-                        tr, G, load, "brs", args.requests, "sized", 0, directory, json.dumps(opts)
-                    )
+                        tr, G, load, "brs", args.requests, "sized", 0, directory,
+                        json.dumps(opts), load_basis="decode",
+                    )  # fmt: skip
         g = goals(by, traces, Gs, loads, "brs")
         miss = {
             k: sum(k in c["missed"] for c in g["cells"])

@@ -39,8 +39,9 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     tr = sweep_trace(args.trace, args.requests, str(traces_dir().resolve()))
     kw = dict(
-        n_replicas=args.G, load=args.load, prefill_instances=sized_prefill_instances(tr, args.G)
-    )
+        n_replicas=args.G, load=args.load, load_basis="decode",
+        prefill_instances=sized_prefill_instances(tr, args.G),
+    )  # fmt: skip
     jsq = simulate(tr, "jsq", **kw)
     ij, run = jsq.series["imbalance"], jsq.series["running"]
     p = tr.prompt_len

@@ -3,19 +3,21 @@
 Grid: traces (``straggler.sim.load_sweep.SWEEP_TRACES``: Azure conversation and code, Mooncake
 conversation and synthetic, ShareGPT, arXiv, the generated ``bursty`` workload; the first
 ``--requests`` of each) x G = 8, 16, 32 x load 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5 (multiples of
-the cluster's decode capacity, ``straggler.sim.decode_capacity``) x every registered policy,
+the cluster's decode capacity, ``straggler.sim.decode_capacity``: ``load_basis="decode"``,
+pinned, as the recorded figures were made) x every registered policy,
 16 slots per replica, 500k KV tokens, the default step time, prefill sized to twice the decode
 capacity (``load_sweep_cell(prefill="sized")``), BR-H with the survival predictor at H = 80.
 The cells run through ``straggler.sim.sweep`` (a local process pool; resumable: the journal
 is ``benchmarks/results/routing_load_sweep.csv.cells.jsonl``).
 
 It prints, per trace, G and load, each policy's mean imbalance (whole run) as a multiple of
-JSQ's, and then the default policy's goals cell by cell: mean imbalance <= 1.01x JSQ's and TPOT
-p95 <= 1.01x JSQ's everywhere; at load >= 1.0 the median imbalance ratio <= 0.25, TTFT p99 <=
-1.0x JSQ's and throughput >= BR-0's. Writes ``benchmarks/results/routing_load_sweep.json``
-(every cell, the goal verdicts) and a PNG (``--plot``, default
-``benchmarks/results/routing_load_sweep.png``): imbalance ratio vs load, one line per policy,
-one panel per trace (rows: G).
+JSQ's (with a row saying which stage binds at each load: ``PRE`` marks a prefill-bound cell,
+where decode slots are not the bottleneck), and then the default policy's goals cell by cell:
+mean imbalance <= 1.01x JSQ's and TPOT p95 <= 1.01x JSQ's everywhere; at load >= 1.0 the
+median imbalance ratio <= 0.25, TTFT p99 <= 1.0x JSQ's and throughput >= BR-0's. Writes
+``benchmarks/results/routing_load_sweep.json`` (every cell, the goal verdicts) and a PNG
+(``--plot``, default ``benchmarks/results/routing_load_sweep.png``): imbalance ratio vs load,
+one line per policy, one panel per trace (rows: G).
 
     python benchmarks/routing_load_sweep.py [--quick] [--workers 2] [--requests 8000]
 
@@ -49,6 +51,12 @@ def _cells(table):
     return by
 
 
+def _stage(cell) -> str:
+    """A cell's binding stage for the tables: ``PRE`` (prefill-bound), ``dec``, or ``?`` for
+    a cell journaled before cells carried it."""
+    return {"prefill": "PRE", "decode": "dec"}.get(cell.get("binding_stage", ""), "?")
+
+
 def goals(by, traces, Gs, loads, default):
     """The default policy's verdicts, cell by cell."""
     cells, sat = [], []
@@ -68,6 +76,7 @@ def goals(by, traces, Gs, loads, default):
                     if b
                     else 1.0,
                     "n_unfinished": int(d["n_unfinished"]),
+                    "binding_stage": str(d.get("binding_stage", "")),
                 }
                 miss = []
                 if c["imbalance_vs_jsq"] > GOAL_RATIO:
@@ -174,6 +183,7 @@ def main(argv=None) -> dict:
         fixed={
             "n_requests": n,
             "prefill": "sized",
+            "load_basis": "decode",
             "seed": 0,
             "directory": directory,
             "first": args.first,
@@ -190,6 +200,10 @@ def main(argv=None) -> dict:
         for G in Gs:
             print(f"\n{tr}, G={G}: mean imbalance (whole run) as a multiple of JSQ's")
             print(f"{'policy':14s}" + "".join(f"{x:>7.1f}x" for x in loads))
+            print(
+                f"{'binding stage':14s}"
+                + "".join(f"{_stage(by[(tr, G, x, 'jsq')]):>8s}" for x in loads)
+            )
             print(
                 f"{'jsq (tokens)':14s}"
                 + "".join(f"{by[(tr, G, x, 'jsq')]['mean_imbalance'] / 1e3:>7.0f}k" for x in loads)
@@ -211,7 +225,7 @@ def main(argv=None) -> dict:
     )
     head = (
         f"{'trace':15s} {'G':>3s} {'load':>5s} {'imb/JSQ':>8s} {'TPOT95/JSQ':>10s} "
-        f"{'TTFT99/JSQ':>10s} {'thr/BR-0':>8s}  missed"
+        f"{'TTFT99/JSQ':>10s} {'thr/BR-0':>8s} {'binds':>6s}  missed"
     )
     print(head)
     for c in g["cells"]:
@@ -219,7 +233,7 @@ def main(argv=None) -> dict:
             print(
                 f"{c['trace']:15s} {c['G']:3d} {c['load']:5.1f} {c['imbalance_vs_jsq']:8.3f} "
                 f"{c['tpot_p95_vs_jsq']:10.3f} {c['ttft_p99_vs_jsq']:10.3f} "
-                f"{c['throughput_vs_br0']:8.3f}  {', '.join(c['missed'])}"
+                f"{c['throughput_vs_br0']:8.3f} {_stage(c):>6s}  {', '.join(c['missed'])}"
             )
     out = {
         "benchmark": "routing_load_sweep",

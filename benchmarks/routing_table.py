@@ -150,7 +150,7 @@ def run_row(trace, policy, extra, **kw):
     extra = dict(extra)
     if extra.get("prefix_blocks") == "trace":  # the dataset's own blocks, when it has them
         extra["prefix_blocks"] = BLOCKS.get(trace.name)
-    kw = {"saturated": True, **kw}
+    kw = {"saturated": True, "load_basis": "decode", **kw}
     if "prefill_instances" not in kw:
         kw["prefill_instances"] = sized_prefill_instances(trace, kw.get("n_replicas", 8))
     r = simulate(trace, policy, **extra, **STEP, **kw)

@@ -57,12 +57,12 @@ def main(argv=None):
     )
     for pol, extra in POLICIES:
         t = time.perf_counter()
-        r = simulate(trace, pol, saturated=args.saturated, **extra)
+        r = simulate(trace, pol, saturated=args.saturated, load_basis="decode", **extra)
         first = time.perf_counter() - t
         eng, tot = [], []
         for _ in range(args.repeat):
             t = time.perf_counter()
-            r = simulate(trace, pol, saturated=args.saturated, **extra)
+            r = simulate(trace, pol, saturated=args.saturated, load_basis="decode", **extra)
             tot.append(time.perf_counter() - t)
             eng.append(r.wall_s)
         label = r.policy

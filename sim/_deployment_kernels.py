@@ -2,7 +2,9 @@
 
 Each ``@njit`` kernel has a plain-Python reference directly below it, written from the same
 rules and sharing no helper with it; tests check ``kernel == kernel.py_func == reference``
-exactly. Kernels never mutate their inputs and return fresh arrays.
+exactly. Kernels never mutate their inputs and return fresh arrays, except
+:func:`deployment_step_kernel`, a whole step in one call, which updates the step model's
+preallocated state buffers it is given (named in its docstring).
 
 Randomness: SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
 generators", OOPSLA 2014), written out in both kernel and reference, so that the two draw the
@@ -21,7 +23,11 @@ __all__ = [
     "sample_choices_reference",
     "layer_times_kernel",
     "layer_times_reference",
+    "deployment_step_kernel",
+    "deployment_step_reference",
     "LAYER_COLUMNS",
+    "STEP_COLUMNS",
+    "STEP_PARAMS",
     "MAX_REJECTIONS",
 ]
 
@@ -47,6 +53,9 @@ _S27 = np.uint64(27)
 _S31 = np.uint64(31)
 _S11 = np.uint64(11)
 _INV53 = 1.0 / 9007199254740992.0
+#: A node whose ranks send at least this share of what its GPUs receive keeps all of it (a
+#: table's shares sum to the expert's tokens only up to rounding).
+_FULL = 1.0 - 1e-12
 
 
 @njit(**NJIT)
@@ -231,7 +240,7 @@ def sample_choices_reference(q, tokens, top_k, seed):
 
 
 @njit(**NJIT)
-def layer_times_kernel(x, src, node, cost, internode_us):
+def layer_times_kernel(x, src, node, cost, internode_us, node_first):
     """MoE time of each layer from its dispatch and the tokens' sources.
 
     ``x`` (L, E, G) float64: tokens of expert ``e`` sent to GPU ``g`` (rows sum to the
@@ -242,9 +251,20 @@ def layer_times_kernel(x, src, node, cost, internode_us):
 
     Per GPU: ``G_g = #{e: x > 0}``, ``N_g = sum_e x`` (summed in expert order), ``T_g = sum_e
     ceil(x / tile)``, ``t_g = max(a + b G_g + b2 (T_g - G_g), c + beta N_g, c2 + gamma N_g)``
-    (TEMPO Eq. 1, 2, 4; the evaluator of ``solve_dispatch``). Each source's tokens of an
-    expert are split over GPUs in the expert's proportions ``x[e, g] / n_e`` (a flat table).
-    Returns (L, len(LAYER_COLUMNS)) float64, see :data:`LAYER_COLUMNS`.
+    (TEMPO Eq. 1, 2, 4; the evaluator of ``solve_dispatch``).
+
+    Which source sends which token where (the traffic columns only; per-GPU loads are ``x``
+    either way): ``node_first`` False, a flat table: each source's tokens of an expert split
+    over GPUs in the expert's proportions ``x[e, g] / n_e``. ``node_first`` True, the
+    topology-aware split (TEMPO §4.3; SGLang's static table prefers the own GPU's replica
+    too): each GPU first takes the tokens of its own rank (``own_g = min(src_g, x_g)``), then
+    each node keeps ``K_k = min(S_k, D_k)`` of its tokens (``S_k`` from its ranks, ``D_k``
+    sent to its GPUs), the rest of its local supply spread over its GPUs in proportion to
+    their remaining demand (``local_g = own_g + (x_g - own_g) (K_k - O_k) / (D_k - O_k)``,
+    ``O_k`` the node's own sum), and everything else crosses nodes: the fewest inter-node
+    tokens any split of these per-GPU loads has (a node whose ranks send at least
+    ``(1 - 1e-12) D_k`` keeps everything: shares sum to ``n_e`` up to rounding). Returns
+    (L, len(LAYER_COLUMNS)) float64, see :data:`LAYER_COLUMNS`.
     """
     L, E, G = x.shape
     a, b, b2, c, beta, c2, gamma, tile = (
@@ -256,6 +276,8 @@ def layer_times_kernel(x, src, node, cost, internode_us):
         if node[g] + 1 > n_nodes:
             n_nodes = node[g] + 1
     per_node = np.zeros(n_nodes)
+    dem = np.zeros(n_nodes)
+    own_node = np.zeros(n_nodes)
     for l in range(L):
         Gc = np.zeros(G)
         N = np.zeros(G)
@@ -269,14 +291,34 @@ def layer_times_kernel(x, src, node, cost, internode_us):
             for s in range(G):
                 n_e += src[l, s, e]
                 per_node[node[s]] += src[l, s, e]
+            if node_first:
+                for k in range(n_nodes):
+                    dem[k] = 0.0
+                    own_node[k] = 0.0
+                for g in range(G):
+                    v = x[l, e, g]
+                    dem[node[g]] += v
+                    own_node[node[g]] += min(float(src[l, g, e]), v)
             for g in range(G):
                 v = x[l, e, g]
                 if v > 0.0:
                     Gc[g] += 1.0
                     T[g] += np.ceil(v / tile)
-                    f = v / n_e if n_e > 0.0 else 0.0
-                    cross[g] += f * (n_e - per_node[node[g]])
-                    remote[g] += f * (n_e - src[l, g, e])
+                    if node_first:
+                        own = min(float(src[l, g, e]), v)
+                        k = node[g]
+                        keep = min(per_node[k], dem[k])
+                        r = 0.0
+                        if per_node[k] >= dem[k] * _FULL:  # the node's ranks cover it
+                            r = 1.0
+                        elif dem[k] > own_node[k]:
+                            r = (keep - own_node[k]) / (dem[k] - own_node[k])
+                        cross[g] += v - (own + (v - own) * r)
+                        remote[g] += v - own
+                    else:
+                        f = v / n_e if n_e > 0.0 else 0.0
+                        cross[g] += f * (n_e - per_node[node[g]])
+                        remote[g] += f * (n_e - src[l, g, e])
                 N[g] += v
         worst = 0.0
         tsum = 0.0
@@ -302,13 +344,37 @@ def layer_times_kernel(x, src, node, cost, internode_us):
     return out
 
 
-def layer_times_reference(x, src, node, cost, internode_us):
+def layer_times_reference(x, src, node, cost, internode_us, node_first):
     """Plain-Python reference of :func:`layer_times_kernel`."""
     x = np.asarray(x, dtype=float)
     L, E, G = x.shape
     a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
     rows = []
     for l in range(L):
+        if node_first:  # own rank first, then the node, then other nodes (per expert)
+            local = np.zeros((E, G))
+            for e in range(E):
+                for k in set(int(v) for v in node):
+                    gpus = [g for g in range(G) if node[g] == k]
+                    supply = 0.0
+                    for s in range(G):
+                        if node[s] == k:
+                            supply += float(src[l, s, e])
+                    demand = 0.0
+                    own_sum = 0.0
+                    for g in gpus:
+                        demand += float(x[l, e, g])
+                        own_sum += min(float(src[l, g, e]), float(x[l, e, g]))
+                    kept = min(supply, demand)
+                    if supply >= demand * (1.0 - 1e-12):
+                        r = 1.0
+                    elif demand > own_sum:
+                        r = (kept - own_sum) / (demand - own_sum)
+                    else:
+                        r = 0.0
+                    for g in gpus:
+                        own = min(float(src[l, g, e]), float(x[l, e, g]))
+                        local[e, g] = own + (float(x[l, e, g]) - own) * r
         times, Ns, cross, remote = [], [], [], []
         for g in range(G):
             act = 0.0
@@ -328,9 +394,13 @@ def layer_times_reference(x, src, node, cost, internode_us):
                     for s in range(G):
                         if node[s] == node[g]:
                             same_node += float(src[l, s, e])
-                    f = v / n_e if n_e > 0.0 else 0.0
-                    cr += f * (n_e - same_node)
-                    rm += f * (n_e - float(src[l, g, e]))
+                    if node_first:
+                        cr += v - local[e, g]
+                        rm += v - min(float(src[l, g, e]), v)
+                    else:
+                        f = v / n_e if n_e > 0.0 else 0.0
+                        cr += f * (n_e - same_node)
+                        rm += f * (n_e - float(src[l, g, e]))
                 n_tok += v
             t = max(a + b * act + b2 * (tiles - act), c + beta * n_tok, c2 + gamma * n_tok)
             times.append(t)
@@ -351,3 +421,194 @@ def layer_times_reference(x, src, node, cost, internode_us):
             ]
         )
     return np.array(rows, dtype=float).reshape(L, 6)
+
+
+#: Columns of :func:`deployment_step_kernel`'s log row (the fields of
+#: :class:`~straggler.sim.deployment.StepBreakdown`, in order).
+STEP_COLUMNS = (
+    "attention_us",
+    "attention_straggler_us",
+    "moe_us",
+    "moe_straggler_us",
+    "comm_us",
+    "dense_us",
+    "total_us",
+    "cross_node_tokens",
+)
+
+#: Entries of :func:`deployment_step_kernel`'s parameter vector ``par``.
+STEP_PARAMS = (
+    "att_a", "att_b", "att_c", "n_layers", "layer_scale", "dense_us", "internode_us",
+    "node_first",
+)  # fmt: skip
+
+
+@njit(**NJIT)
+def _pairwise_sum(v, lo, n):
+    """``v[lo:lo + n].sum()`` in numpy's order (``pairwise_sum`` of numpy's
+    ``loops_utils.h.src``: under 8 terms in sequence from -0.0; up to 128 with 8 running sums
+    combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the remainder;
+    above 128 the sum of the two halves, split at half rounded down to a multiple of 8), so
+    a sum here is bit-identical to numpy's. The halving runs on explicit stacks (numba's
+    disk cache does not load recursive functions reliably)."""
+    # tasks (start, length, combine?) and the values of finished parts; depth <= 64 halvings
+    t_lo = np.empty(200, dtype=np.int64)
+    t_n = np.empty(200, dtype=np.int64)
+    vals = np.empty(200)
+    nt = 1
+    nv = 0
+    t_lo[0] = lo
+    t_n[0] = n
+    while nt > 0:
+        nt -= 1
+        a = t_lo[nt]
+        m = t_n[nt]
+        if m < 0:  # combine the two last finished halves (left, then right)
+            nv -= 1
+            vals[nv - 1] = vals[nv - 1] + vals[nv]
+        elif m < 8:
+            res = -0.0
+            for i in range(a, a + m):
+                res += v[i]
+            vals[nv] = res
+            nv += 1
+        elif m <= 128:
+            r0, r1, r2, r3 = v[a], v[a + 1], v[a + 2], v[a + 3]
+            r4, r5, r6, r7 = v[a + 4], v[a + 5], v[a + 6], v[a + 7]
+            i = 8
+            while i < m - m % 8:
+                r0 += v[a + i]
+                r1 += v[a + i + 1]
+                r2 += v[a + i + 2]
+                r3 += v[a + i + 3]
+                r4 += v[a + i + 4]
+                r5 += v[a + i + 5]
+                r6 += v[a + i + 6]
+                r7 += v[a + i + 7]
+                i += 8
+            res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+            while i < m:
+                res += v[a + i]
+                i += 1
+            vals[nv] = res
+            nv += 1
+        else:  # combine after both halves; the left half on top, so it finishes first
+            m2 = m // 2
+            m2 -= m2 % 8
+            t_lo[nt], t_n[nt] = 0, -1
+            t_lo[nt + 1], t_n[nt + 1] = a + m2, m - m2
+            t_lo[nt + 2], t_n[nt + 2] = a, m2
+            nt += 3
+    return vals[0]
+
+
+@njit(**NJIT)
+def deployment_step_kernel(
+    q, seed, kv, req, top_k, tables, static_gpu, node, cost, par, window, slot, acc, log, row
+):
+    """One decode step of the deployment model: choices, dispatch, layer times, the step's
+    decomposition, and the count windows; returns the step's MoE time (us).
+
+    ``q`` (L, E), ``seed``, ``req`` (G,) int64 and ``top_k``: the choices, as
+    :func:`sample_choices_kernel` draws them (tokens are the ranks' running requests).
+    Dispatch: with ``static_gpu`` of shape (G, L, E) (SGLang's static table), every
+    (source, layer, expert) sends its tokens to GPU ``static_gpu[s, l, e]``, added in source
+    order; with ``static_gpu`` of shape (0, L, E), ``x[l, e, g] = n_le * tables[l, e, g]``
+    (the table in force, ``n_le`` the layer's tokens of ``e``). Layer times as
+    :func:`layer_times_kernel` prices them (``node``, ``cost``). ``kv`` (G,) float64 resident
+    KV tokens; ``par`` the vector :data:`STEP_PARAMS`.
+
+    The decomposition (:data:`STEP_COLUMNS`): ``att_g = (a + b kv_g) + c req_g``,
+    ``attention_us = n_layers * max_g att_g``, ``attention_straggler_us = n_layers * (max -
+    mean)``, ``moe_us = scale * sum_l time_l``, ``moe_straggler_us = scale * sum_l (max_l -
+    mean_l)``, ``comm_us = scale * sum_l ((traffic_l + time_l) - max_l)``,
+    ``cross_node_tokens = mean_l cross_l``, ``total_us = (attention + moe) + dense``; every
+    sum and mean in numpy's pairwise order (bit-identical to the numpy expressions of the
+    reference).
+
+    State, updated in place (the one kernel here that writes into its arguments, so that a
+    step is one call on the model's preallocated buffers): ``window[slot] = n``, ``acc +=
+    n`` (``n`` (L, E) int64 the step's tokens per expert), ``log[row]`` the decomposition.
+    """
+    src = sample_choices_kernel(q, req, top_k, seed)
+    L, S, E = src.shape
+    G = tables.shape[2]
+    x = np.zeros((L, E, G))
+    for l in range(L):
+        for e in range(E):
+            n = 0
+            for s in range(S):
+                n += src[l, s, e]
+            window[slot, l, e] = n
+            acc[l, e] += n
+            if static_gpu.shape[0] == 0:
+                for g in range(G):
+                    x[l, e, g] = n * tables[l, e, g]
+    if static_gpu.shape[0] > 0:
+        for s in range(S):
+            for l in range(L):
+                for e in range(E):
+                    x[l, e, static_gpu[s, l, e]] += src[l, s, e]
+    rows = layer_times_kernel(x, src, node, cost, par[6], par[7] > 0.0)
+    att = np.empty(G)
+    worst = -np.inf
+    for g in range(G):
+        att[g] = (par[0] + par[1] * kv[g]) + par[2] * float(req[g])
+        if att[g] > worst:
+            worst = att[g]
+    col = np.empty(L)
+    for l in range(L):
+        col[l] = rows[l, 0]
+    moe = par[4] * _pairwise_sum(col, 0, L)
+    for l in range(L):
+        col[l] = rows[l, 1] - rows[l, 2]
+    straggler = par[4] * _pairwise_sum(col, 0, L)
+    for l in range(L):
+        col[l] = (rows[l, 3] + rows[l, 0]) - rows[l, 1]
+    comm = par[4] * _pairwise_sum(col, 0, L)
+    for l in range(L):
+        col[l] = rows[l, 4]
+    attention = par[3] * worst
+    log[row, 0] = attention
+    log[row, 1] = par[3] * (worst - _pairwise_sum(att, 0, G) / G)
+    log[row, 2] = moe
+    log[row, 3] = straggler
+    log[row, 4] = comm
+    log[row, 5] = par[5]
+    log[row, 6] = (attention + moe) + par[5]
+    log[row, 7] = _pairwise_sum(col, 0, L) / L
+    return moe
+
+
+def deployment_step_reference(
+    q, seed, kv, req, top_k, tables, static_gpu, node, cost, par, window, slot, acc, log, row
+):
+    """Plain-Python reference of :func:`deployment_step_kernel` (the step in numpy
+    expressions on the reference choices and layer times; same in-place updates)."""
+    src = sample_choices_reference(q, req, top_k, seed)
+    L, S, E = src.shape
+    counts = src.sum(axis=1)
+    if len(static_gpu):
+        x = np.zeros((L, E, tables.shape[2]))
+        li, ei = np.meshgrid(np.arange(L), np.arange(E), indexing="ij")
+        for s in range(S):
+            np.add.at(x, (li, ei, static_gpu[s]), src[:, s, :])
+    else:
+        x = counts[:, :, None] * tables
+    rows = layer_times_reference(x, src, node, cost, par[6], par[7] > 0.0)
+    att = par[0] + par[1] * np.asarray(kv, dtype=float) + par[2] * np.asarray(req, dtype=float)
+    attention = par[3] * float(att.max())
+    moe = par[4] * float(rows[:, 0].sum())
+    window[slot] = counts
+    acc += counts
+    log[row] = [
+        attention,
+        par[3] * float(att.max() - att.mean()),
+        moe,
+        par[4] * float((rows[:, 1] - rows[:, 2]).sum()),
+        par[4] * float((rows[:, 3] + rows[:, 0] - rows[:, 1]).sum()),
+        par[5],
+        attention + moe + par[5],
+        float(rows[:, 4].mean()),
+    ]
+    return moe

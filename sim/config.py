@@ -97,7 +97,7 @@ DISPATCH_MODES = ("pool", "queue")
 
 #: Values of ``RunConfig.load_basis`` (``simulate(load_basis=...)``): the capacity ``load``
 #: is a multiple of (see :func:`straggler.sim.simulator.simulate`).
-LOAD_BASES = ("decode", "binding", "prefill")
+LOAD_BASES = ("binding", "decode", "prefill")
 
 #: Upper bounds that keep the engine's ``(G, max_slots)`` arrays allocatable and every integer
 #: in int64 (a larger value once reached numba as uint64 and failed to type).
@@ -208,8 +208,9 @@ class PrefixCacheConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """The offered load (a multiple of the capacity named by ``load_basis``, the decode
-    cluster's by default; ``saturated``: ``overload`` unless given), the ``min_output``
+    """The offered load (a multiple of the capacity named by ``load_basis``, the binding
+    stage's by default: the smaller of the decode cluster's and the prefill instances';
+    ``saturated``: ``overload`` unless given), the ``min_output``
     filter, the seed, the step limit, the engine, the router's timer, and the deployment step
     model (:class:`~straggler.sim.deployment.DeploymentConfig`, or None)."""
 
@@ -221,7 +222,7 @@ class RunConfig:
     max_steps: int | None = None
     engine: str = "numba"
     time_router: bool = True
-    load_basis: str = "decode"
+    load_basis: str = "binding"
     deployment: Any = None
 
     def __post_init__(self):

@@ -26,8 +26,9 @@ the most KV: what routing decides), then the MoE layer, which waits for the slow
   (:func:`~straggler.solvers.place_experts`), or ``"fixed"`` (the initial placement, never
   rebuilt). The initial placement is built from the routing model's long-run loads.
 * **Dispatch**: ``"even"`` (EPLB's even split over replicas), tables refreshed every
-  ``dispatch_period_s`` of simulated time from the counts seen since the previous refresh
-  (``"tempo"``, ``"token_lp"``: what a :class:`~straggler.runtime.SolverWorker` deploys; a
+  ``dispatch_period_s`` of simulated time from the mean batch of the counts seen since the
+  previous refresh (``table_counts``; ``"tempo"``, ``"token_lp"``: what a
+  :class:`~straggler.runtime.SolverWorker` deploys; a
   table is each expert's split ``shares / n`` over GPUs and applies from the next step,
   the solve itself off the critical path), the engines' own rules (``"static"``, SGLang's
   static table: each source rank sends each expert's tokens to one replica, its own GPU's
@@ -36,7 +37,8 @@ the most KV: what routing decides), then the MoE layer, which waits for the slow
   ``per_batch_method`` (the bound on what a dispatcher can reach). A table's split is applied
   in expectation (``x[e, g] = n_e * frac[e, g]``); the in-graph kernel's per-token sampling
   noise is not modelled for tables. The traffic diagnostics (tokens received from other
-  GPUs and nodes) assume each source's tokens of an expert follow the expert's split (exact
+  GPUs and nodes) follow ``split``: by default each source's tokens of an expert follow the
+  expert's split (exact
   for tables and the even split; for ``"static"`` they ignore its locality).
 * **Layers**: ``layers=k`` simulates ``k`` representative MoE layers (independent
   popularity; for a recording, ``k`` evenly spaced recorded layers) and scales their sum to
@@ -74,7 +76,12 @@ from ..formulations.validation import (
 )
 from ..solvers.dispatch import solve_dispatch
 from ..solvers.placement import place_experts
-from ._deployment_kernels import layer_times_kernel, sample_choices_kernel
+from ._deployment_kernels import (
+    STEP_COLUMNS,
+    deployment_step_kernel,
+    layer_times_kernel,
+    sample_choices_kernel,
+)
 from .workload import (
     DEFAULT_KAPPA,
     SKEWS,
@@ -116,6 +123,8 @@ _TABLE_METHODS = {"tempo": "tempo", "token_lp": "token_lp"}
 METHOD_OPTIONS = {"tempo": {"repair_budget_s": 0.0}}
 #: Per-batch dispatches (the engines' own per-batch rules) and their registered methods.
 _BATCH_METHODS = {"lp": "sglang_lp"}
+#: Dispatches a step prices in one kernel call (tables in force, or SGLang's static table).
+_FUSED = ("even", "tempo", "token_lp", "static")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,6 +287,15 @@ class RoutingModel:
     or :meth:`recorded` (each step draws one recorded batch uniformly at random and uses its
     counts as the popularity, so the recorded batch-to-batch fluctuation is kept).
 
+    With ``drift > 0`` (:meth:`zipf`), which experts are hot drifts as in
+    :func:`~straggler.sim.drift.drifting_windows`: every ``drift_steps`` steps each expert's
+    log popularity takes an independent Gaussian step of standard deviation ``drift`` and the
+    experts take the Zipf popularities of their new ranks (the skew stays exactly Zipf). The
+    engines' placement, rebuilt from a window of past steps, then lags the routing, and
+    tables refreshed more often than the placement can follow it (TEMPO §5.12: transient
+    skew and stale placement are where dispatch pays). The drift draws its own random stream
+    (:meth:`drift_state`); ``drift=0`` leaves every draw of the model as without it.
+
     Examples
     --------
     >>> m = RoutingModel.zipf(8, 0.85, n_layers=2, rng=0)
@@ -285,18 +303,38 @@ class RoutingModel:
     (2, 8, (2, 8))
     """
 
-    def __init__(self, popularity, kappa, recorded) -> None:
+    def __init__(self, popularity, kappa, recorded, drift=0.0, drift_steps=1) -> None:
         self._popularity = popularity
         self._kappa = kappa
         self._recorded = recorded
+        self.drift = drift
+        self.drift_steps = drift_steps
 
     @classmethod
-    def zipf(cls, n_experts: int, skew, *, n_layers: int = 1, kappa=DEFAULT_KAPPA, rng=None):
-        """Zipf(``skew``) popularity with Dirichlet(``kappa * p``) fluctuation per step."""
+    def zipf(
+        cls, n_experts: int, skew, *, n_layers: int = 1, kappa=DEFAULT_KAPPA, drift=0.0,
+        drift_steps: int = 1000, rng=None,
+    ):  # fmt: skip
+        """Zipf(``skew``) popularity with Dirichlet(``kappa * p``) fluctuation per step; with
+        ``drift > 0``, the hot experts drift every ``drift_steps`` steps (class docstring)."""
+        func = "RoutingModel.zipf"
         p = zipf_popularity(n_experts, skew, n_layers=n_layers, rng=rng)
         if kappa is not None:
-            kappa = check_real(kappa, "kappa", "RoutingModel.zipf", lo=0, lo_open=True)
-        return cls(p, kappa, None)
+            kappa = check_real(kappa, "kappa", func, lo=0, lo_open=True)
+        drift = check_real(drift, "drift", func, lo=0, hi=10)
+        drift_steps = check_int(drift_steps, "drift_steps", func, lo=1)
+        return cls(p, kappa, None, drift, drift_steps)
+
+    def drift_state(self, rng) -> dict | None:
+        """The drift's state for one run (None without drift): the current popularity, the
+        latent log scores, the steps drawn, and the drift's own generator from ``rng``."""
+        if self._recorded is not None or self.drift == 0:
+            return None
+        p = self._popularity
+        return dict(
+            pop=p.copy(), score=np.log(p), weights=-np.sort(-p, axis=1), step=0,
+            gen=np.random.default_rng(rng),
+        )  # fmt: skip
 
     @classmethod
     def recorded(cls, counts, *, top_k: int, layers: int | None = None):
@@ -347,11 +385,28 @@ class RoutingModel:
         """One step's popularity ``(n_layers, n_experts)`` (non-negative, unnormalized)."""
         return self.batch_popularities(gen, 1)[0]
 
-    def batch_popularities(self, gen: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` steps' popularities ``(n, n_layers, n_experts)``, drawn at once."""
+    def batch_popularities(self, gen: np.random.Generator, n: int, drift=None) -> np.ndarray:
+        """``n`` steps' popularities ``(n, n_layers, n_experts)``, drawn at once (``drift``:
+        the run's :meth:`drift_state`, advanced here)."""
         if self._recorded is not None:
             return self._recorded[gen.integers(self._recorded.shape[0], size=n)].astype(float)
         p = self._popularity
+        if drift is not None:  # the long-run popularity of each of the n steps
+            p = np.empty((n,) + p.shape)
+            pop, weights = drift["pop"], drift["weights"]
+            for i in range(n):
+                if drift["step"] and drift["step"] % self.drift_steps == 0:
+                    score = drift["score"]
+                    score = score + self.drift * drift["gen"].standard_normal(score.shape)
+                    drift["score"] = score
+                    for l in range(score.shape[0]):  # re-rank: the Zipf weights by new rank
+                        pop[l, np.argsort(-score[l], kind="stable")] = weights[l]
+                p[i] = pop
+                drift["step"] += 1
+            if self._kappa is None:
+                return p
+            g = gen.standard_gamma(self._kappa * p)
+            return np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
         if self._kappa is None:
             return np.broadcast_to(p, (n,) + p.shape).copy()
         # Dirichlet(kappa * p) per layer as independent gammas normalized by row; a draw can
@@ -380,6 +435,11 @@ class DeploymentConfig:
         None: :meth:`RoutingModel.zipf` with the preset's skew, ``kappa`` and ``seed``.
     kappa : float or None, default 2000
         Dirichlet concentration of the default routing model.
+    drift : float, default 0
+        The default routing model's drift (:class:`RoutingModel`: standard deviation of
+        each expert's log-popularity step; 0: the hot experts never change).
+    drift_steps : int, default 1000
+        Steps between two drift steps.
     placement : {"eplb", "place_experts", "fixed"}, default "eplb"
     placement_period : int, default 3000
         Steps between placement rebuilds.
@@ -388,6 +448,13 @@ class DeploymentConfig:
     dispatch : {"even", "tempo", "token_lp", "static", "lp", "per_batch"}, default "even"
     dispatch_period_s : float, default 0.2
         Simulated seconds between table refreshes (tables only).
+    table_counts : {"mean", "window"}, default "mean"
+        The batch a refresh solves: the mean batch of the steps since the last refresh
+        (their counts summed, divided by their number, rounded half up), the scale of the
+        batches the table then serves; or the window's summed counts (``"window"``: a batch
+        ``steps`` times larger, which the cost model puts in the linear regime where
+        splitting a hot expert pays, while the decode batches served sit in the flat regime
+        where every split adds an activation; TEMPO §2.2).
     per_batch_method : str, default "tempo"
         The registered method ``dispatch="per_batch"`` solves every batch with.
     replication : float or None
@@ -396,6 +463,12 @@ class DeploymentConfig:
         The MoE cost model; None: the preset's.
     internode_us_per_token : float, default 0
         Added per token the busiest GPU receives from other nodes.
+    split : {"flat", "node_first"}, default "flat"
+        Which source rank's tokens go to which replica (per-GPU loads are the dispatch's
+        either way; the traffic columns and the inter-node term follow): each source in the
+        expert's proportions (a flat table), or the topology-aware split of TEMPO §4.3 (own
+        GPU's replica first, then the source's node, the fewest tokens across nodes;
+        :func:`~straggler.sim._deployment_kernels.layer_times_kernel`).
     seed : int, default 0
     """
 
@@ -406,15 +479,19 @@ class DeploymentConfig:
     moe: bool = True
     routing: RoutingModel | None = None
     kappa: float | None = DEFAULT_KAPPA
+    drift: float = 0.0
+    drift_steps: int = 1000
     placement: str = "eplb"
     placement_period: int = 3000
     placement_window: int = 1000
     dispatch: str = "even"
     dispatch_period_s: float = 0.2
+    table_counts: str = "mean"
     per_batch_method: str = "tempo"
     replication: float | None = None
     cost: CostModel | None = None
     internode_us_per_token: float = 0.0
+    split: str = "flat"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -446,6 +523,10 @@ class DeploymentConfig:
             object.__setattr__(
                 self, "kappa", check_real(self.kappa, "kappa", func, lo=0, lo_open=True)
             )
+        object.__setattr__(self, "drift", check_real(self.drift, "drift", func, lo=0, hi=10))
+        object.__setattr__(
+            self, "drift_steps", check_int(self.drift_steps, "drift_steps", func, lo=1)
+        )
         object.__setattr__(
             self, "placement", check_choice(self.placement, "placement", func, PLACEMENTS)
         )
@@ -457,6 +538,10 @@ class DeploymentConfig:
         object.__setattr__(
             self, "dispatch_period_s",
             check_real(self.dispatch_period_s, "dispatch_period_s", func, lo=0),
+        )  # fmt: skip
+        object.__setattr__(
+            self, "table_counts",
+            check_choice(self.table_counts, "table_counts", func, ("mean", "window")),
         )  # fmt: skip
         from ..solvers import dispatch_methods
 
@@ -473,6 +558,9 @@ class DeploymentConfig:
             self, "internode_us_per_token",
             check_real(self.internode_us_per_token, "internode_us_per_token", func, lo=0),
         )  # fmt: skip
+        object.__setattr__(
+            self, "split", check_choice(self.split, "split", func, ("flat", "node_first"))
+        )
         object.__setattr__(self, "seed", check_int(self.seed, "seed", func, lo=0))
 
     @property
@@ -542,8 +630,10 @@ class StepModel:
         self._gen = np.random.default_rng([cfg.seed, 0x5EED])
         self.routing = cfg.routing or RoutingModel.zipf(
             pre.n_experts, pre.skew, n_layers=cfg.n_sim_layers, kappa=cfg.kappa,
+            drift=cfg.drift, drift_steps=cfg.drift_steps,
             rng=np.random.default_rng([cfg.seed, 0x21FF]),
         )  # fmt: skip
+        self._drift = self.routing.drift_state([cfg.seed, 0xD81F])
         G = cfg.n_gpus
         self.node = (np.arange(G) // (G // cfg.n_nodes)).astype(np.int64)
         self._cost_arr = cfg.cost.as_array()
@@ -553,11 +643,21 @@ class StepModel:
         L, E = cfg.n_sim_layers, pre.n_experts
         self._window = np.zeros((cfg.placement_window, L, E), dtype=np.int64)
         self._acc = np.zeros((L, E), dtype=np.int64)
+        self._acc_steps = 0  # steps whose counts _acc holds
         self._last_refresh = 0.0
-        self.log: list[StepBreakdown] = []
+        self._log = np.zeros((1024, len(StepBreakdown._fields)))
         self._pops = np.zeros((0, L, E))
         self._seeds = np.zeros(0, dtype=np.int64)
         self._next = 0
+        dense = (pre.n_layers - pre.n_moe_layers) * pre.dense_ffn_us
+        if cfg.moe:
+            dense += pre.n_moe_layers * pre.shared_expert_us
+        att = pre.attention
+        self._par = np.array(
+            [att.a, att.b, att.c, pre.n_layers, cfg.layer_scale, dense,
+             cfg.internode_us_per_token, float(cfg.split == "node_first")],
+        )  # fmt: skip
+        self._no_static = np.zeros((0, L, E), dtype=np.int64)
         self._set_placement(self._initial_placement())
 
     # --- placement -----------------------------------------------------------------------
@@ -616,12 +716,17 @@ class StepModel:
         return np.asarray(res.shares)
 
     def _refresh(self) -> None:
-        """New tables from the counts seen since the last refresh (experts without tokens
-        keep the even split)."""
-        shares = self._solve(self._acc, _TABLE_METHODS[self.config.dispatch])
-        n = self._acc[:, :, None].astype(float)
+        """New tables from the counts seen since the last refresh, as their mean batch or
+        their sum (``table_counts``; experts without tokens in it keep the even split)."""
+        counts = self._acc
+        if self.config.table_counts == "mean":
+            k = self._acc_steps
+            counts = (2 * counts + k) // (2 * k)
+        shares = self._solve(counts, _TABLE_METHODS[self.config.dispatch])
+        n = counts[:, :, None].astype(float)
         self.tables = np.where(n > 0, shares / np.where(n > 0, n, 1.0), self._even)
         self._acc[:] = 0
+        self._acc_steps = 0
         self.n_refreshes += 1
 
     def dispatch(self, src: np.ndarray) -> np.ndarray:
@@ -643,20 +748,29 @@ class StepModel:
         return counts[:, :, None] * self.tables
 
     # --- one step ------------------------------------------------------------------------
+    def _next_batch(self) -> tuple[np.ndarray, int]:
+        """The next step's popularity ``(L, E)`` and choice seed (the routing stream is drawn
+        in blocks of :data:`_BLOCK` steps)."""
+        if self._next == len(self._seeds):
+            self._pops = self.routing.batch_popularities(self._gen, _BLOCK, self._drift)
+            self._seeds = self._gen.integers(2**62, size=_BLOCK)
+            self._next = 0
+        k = self._next
+        self._next = k + 1
+        return self._pops[k], int(self._seeds[k])
+
     def moe_layers(self, requests) -> tuple[np.ndarray, np.ndarray]:
         """Route one step's tokens and price every simulated layer: ``(counts (L, G, E),
         rows (L, len(LAYER_COLUMNS)))``. Advances the routing stream, not the windows."""
         cfg = self.config
         tokens = np.ascontiguousarray(requests, dtype=np.int64)
-        if self._next == len(self._seeds):  # draw the routing stream in blocks of steps
-            self._pops = self.routing.batch_popularities(self._gen, _BLOCK)
-            self._seeds = self._gen.integers(2**62, size=_BLOCK)
-            self._next = 0
-        q, seed = self._pops[self._next], int(self._seeds[self._next])
-        self._next += 1
+        q, seed = self._next_batch()
         src = sample_choices_kernel(q, tokens, cfg.preset.top_k, seed)
         x = np.ascontiguousarray(self.dispatch(src), dtype=float)
-        rows = layer_times_kernel(x, src, self.node, self._cost_arr, cfg.internode_us_per_token)
+        rows = layer_times_kernel(
+            x, src, self.node, self._cost_arr, cfg.internode_us_per_token,
+            cfg.split == "node_first",
+        )  # fmt: skip
         return src, rows
 
     def step(self, kv, requests, now_s: float) -> StepBreakdown:
@@ -666,9 +780,33 @@ class StepModel:
         G = self.config.n_gpus
         kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0)
         req = check_array(requests, "requests", func, kind="int", ndim=1, shape=(G,), lo=0)
-        return self._price(kv, req, check_real(now_s, "now_s", func))
+        now_s = check_real(now_s, "now_s", func)
+        kv = np.ascontiguousarray(kv, dtype=float)
+        req = np.ascontiguousarray(req, dtype=np.int64)
+        return StepBreakdown(*map(float, self._price(kv, req, now_s)))
 
-    def _price(self, kv: np.ndarray, req: np.ndarray, now_s: float) -> StepBreakdown:
+    def _price(self, kv: np.ndarray, req, now_s: float) -> np.ndarray:
+        """Price and log one step; returns its log row (the :class:`StepBreakdown` fields)."""
+        cfg = self.config
+        n = self.n_steps
+        if n == len(self._log):
+            self._log = np.concatenate([self._log, np.zeros_like(self._log)])
+        if not (cfg.moe and self.fused and cfg.dispatch in _FUSED):
+            self._log[n] = self._price_python(kv, np.asarray(req, dtype=np.int64), now_s)
+        else:
+            q, seed = self._next_batch()
+            static = self._static_gpu if cfg.dispatch == "static" else self._no_static
+            deployment_step_kernel(
+                q, seed, kv, req, cfg.preset.top_k, self.tables, static, self.node,
+                self._cost_arr, self._par, self._window, n % cfg.placement_window, self._acc,
+                self._log, n,
+            )  # fmt: skip
+            self._periodic(now_s)
+        self.n_steps = n + 1
+        return self._log[n]
+
+    def _price_python(self, kv: np.ndarray, req: np.ndarray, now_s: float) -> StepBreakdown:
+        """One step in Python and numpy (see :attr:`fused`)."""
         cfg = self.config
         pre = cfg.preset
         att = pre.attention.time(kv, req)
@@ -689,23 +827,44 @@ class StepModel:
             out["cross_node_tokens"] = float(rows[:, 4].mean())
             self._observe(src.sum(axis=1), now_s)
         total = out["attention_us"] + out["moe_us"] + dense
-        self.n_steps += 1
         return StepBreakdown(dense_us=dense, total_us=total, **out)
+
+    #: Whether a step with a table dispatch (``even``, ``tempo``, ``token_lp``, ``static``)
+    #: runs as one :func:`~straggler.sim._deployment_kernels.deployment_step_kernel` call
+    #: (True) or step by step in Python (:meth:`moe_layers`, numpy, :meth:`_observe`; the
+    #: path per-batch dispatches take). Both give bit-identical results (tested); the
+    #: Python path is kept for per-batch dispatches and for measuring the kernel against it.
+    fused: bool = True
 
     def engine_step(self, load, nrun, now_s: float) -> float:
         """The MoE layers' time of one step of the simulator's engine, in seconds; the
-        step's :class:`StepBreakdown` (attention from the same loads) is appended to
-        :attr:`log`. The engine has validated its state: no checks here."""
-        req = np.asarray(nrun, dtype=np.int64)
-        b = self._price(np.asarray(load, dtype=float), req, now_s)
-        self.log.append(b)
-        return b.moe_us * 1e-6
+        step's :class:`StepBreakdown` (attention from the same loads) is logged
+        (:meth:`breakdowns`). The engine has validated its state: no checks here."""
+        return self._price(np.asarray(load, dtype=float), nrun, now_s)[2] * 1e-6
+
+    def breakdowns(self) -> dict[str, np.ndarray]:
+        """The logged steps' :class:`StepBreakdown` fields, one ``(n_steps,)`` array each
+        (microseconds; a copy)."""
+        log = self._log[: self.n_steps]
+        return {name: log[:, k].copy() for k, name in enumerate(STEP_COLUMNS)}
+
+    @property
+    def log(self) -> list[StepBreakdown]:
+        """The logged steps, one :class:`StepBreakdown` each (built on access)."""
+        return [StepBreakdown(*map(float, r)) for r in self._log[: self.n_steps]]
 
     def _observe(self, counts: np.ndarray, now_s: float) -> None:
         """Record a batch's counts; refresh tables and rebuild placement when due."""
         cfg = self.config
         self._window[self.n_steps % cfg.placement_window] = counts
         self._acc += counts
+        self._periodic(now_s)
+
+    def _periodic(self, now_s: float) -> None:
+        """Refresh the tables and rebuild the placement when due (after a step's counts are
+        recorded)."""
+        cfg = self.config
+        self._acc_steps += 1
         if cfg.dispatch in _TABLE_METHODS and now_s - self._last_refresh >= cfg.dispatch_period_s:
             self._refresh()
             self._last_refresh = now_s
@@ -714,6 +873,7 @@ class StepModel:
             w = self._window[: min(done, cfg.placement_window)]
             self._set_placement(self._place(w.mean(axis=0), w))
             self._acc[:] = 0
+            self._acc_steps = 0
 
 
 #: Step models the simulator's engine is running, by key (see :func:`engine_moe_seconds`).

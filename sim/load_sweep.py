@@ -138,10 +138,13 @@ def load_sweep_cell(
     directory: str = "",
     options: str = "",
     first: int = 0,
+    load_basis: str = "binding",
 ) -> dict:
     """One sweep cell: ``simulate`` ``n_requests`` of ``trace`` (from request ``first``) at
-    ``load`` on ``n_replicas`` replicas under ``policy`` (defaults otherwise; BR-H with the
-    survival predictor; ``options``: the policy's options as a JSON object, for ablations);
+    ``load`` (a multiple of the capacity ``load_basis`` names, as ``simulate`` takes it: the
+    binding stage's by default) on ``n_replicas`` replicas under ``policy`` (defaults
+    otherwise; BR-H with the survival predictor; ``options``: the policy's options as a JSON
+    object, for ablations);
     returns :data:`SWEEP_METRICS`, the prefill instances used, and which stage binds: the
     cell's ``binding_stage`` (``"prefill"`` labels a prefill-bound cell), its offered prefill
     load and the measured prefill and decode utilisation (see :class:`SimReport`)."""
@@ -155,7 +158,10 @@ def load_sweep_cell(
     if first:
         tr = tr.subset(np.arange(first, len(tr))).rebase()
     inst = sized_prefill_instances(tr, G) if prefill == "sized" else None
-    r = simulate(tr, policy, n_replicas=G, load=load, prefill_instances=inst, seed=seed, **opts)
+    r = simulate(
+        tr, policy, n_replicas=G, load=load, load_basis=load_basis, prefill_instances=inst,
+        seed=seed, **opts,
+    )  # fmt: skip
     out = {k: getattr(r, k) for k in SWEEP_METRICS}
     out["prefill_instances"] = int(r.config["prefill_instances"])
     out["binding_stage"] = r.binding_stage

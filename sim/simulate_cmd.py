@@ -35,7 +35,7 @@ from ..formulations.errors import BackendUnavailableError, InvalidInputError, St
 from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy, routing_policies
 from .load_sweep import SWEEP_TRACES, sweep_trace
 from .prefix import load_prefix_blocks
-from .simulator import engine_cache_is_warm, simulate, warm_engine
+from .simulator import LOAD_BASES, engine_cache_is_warm, simulate, warm_engine
 from .traces import WORKLOAD_PRESETS, Trace, generate_trace, load_trace
 
 __all__ = ["main", "format_table", "resolve_trace", "MAX_REPLICAS", "MAX_SLOTS", "MAX_SLOTS_TOTAL"]
@@ -87,7 +87,15 @@ def _parser() -> OneLineParser:
         "--load",
         type=float,
         default=None,
-        help="offered load as a multiple of the decode capacity (default: as recorded)",
+        help="offered load as a multiple of the capacity of the stage that binds, decode or "
+        "prefill (--load-basis; default: the trace as recorded)",
+    )
+    p.add_argument(
+        "--load-basis",
+        choices=LOAD_BASES,
+        default="binding",
+        help="the capacity --load is a multiple of: the smaller of the decode cluster's and "
+        "the prefill instances' (binding, the default), or the one named",
     )
     p.add_argument("--replicas", type=int, default=8, help="decode replicas G (default 8)")
     p.add_argument(
@@ -171,7 +179,8 @@ def _levers_main(args, trace) -> int:
         placements=names(args.placements, LEVER_PLACEMENTS),
         progress=not args.no_progress,
         max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
-        prefill_instances=args.prefill_instances, dispatch=args.dispatch,
+        load_basis=args.load_basis, prefill_instances=args.prefill_instances,
+        dispatch=args.dispatch,
         ctx_cost=args.ctx_cost, seed=args.seed,
     )  # fmt: skip
     print(f"{trace.name}: {len(trace):,} requests, {args.max_slots} slots per rank")
@@ -330,6 +339,7 @@ def main(argv=None) -> int:
                 max_slots=args.max_slots,
                 kv_capacity=args.kv_capacity,
                 load=args.load,
+                load_basis=args.load_basis,
                 prefill_instances=args.prefill_instances,
                 seed=args.seed,
             )
@@ -350,8 +360,8 @@ def main(argv=None) -> int:
     load = f"{first.offered_load:.2f}x" + (" (as recorded)" if args.load is None else "")
     print(
         f"{trace.name}: {len(trace):,} requests, G = {args.replicas}, {args.max_slots} slots, "
-        f"offered load {load} of the decode capacity, {args.dispatch} dispatch; whole-run "
-        "metrics (* = default policy)"
+        f"offered load {load} of the {_basis(args.load_basis, first)} capacity, "
+        f"{args.dispatch} dispatch; whole-run metrics (* = default policy)"
     )
     print(format_table(reports, extra=COLUMNS_CACHE if blocks is not None else ()))
     try:
@@ -371,6 +381,13 @@ def main(argv=None) -> int:
         print(f"straggler-simulate: error: writing the outputs failed: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _basis(basis: str, report) -> str:
+    """The capacity the offered load is stated against, in words."""
+    if basis == "binding":
+        return f"binding ({report.binding_stage})"
+    return basis
 
 
 if __name__ == "__main__":  # pragma: no cover

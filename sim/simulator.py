@@ -49,16 +49,19 @@ the context phase of a request runs inside the decode step of the replica that a
 max_g (kappa * L_g + ctx_cost * C_g)``. ``SimReport.token_balance`` is TensorRT-LLM's balance
 ratio (mean/max tokens processed per step).
 
-Offered load and the cluster's decode capacity
-----------------------------------------------
-:func:`decode_capacity` defines the capacity the ``load`` knob is a multiple of. With
+Offered load and the capacity that binds
+----------------------------------------
+The ``load`` knob is a multiple of the capacity of the stage that binds first: the smaller of
+the decode cluster's (:func:`decode_capacity`) and the prefill instances'
+(:func:`prefill_capacity`), unless ``load_basis`` names one of them. :func:`decode_capacity`: with
 ``r = mean(prompt + output / 2)`` the mean resident tokens of a request over its decode, each
 replica runs at most ``c = min(max_slots, kv_capacity / r)`` requests at a time, a full
 cluster steps in ``dt = t0 + kappa * c * r`` seconds, and a request holds its slot for
 ``mean(output)`` steps, so the cluster completes at most ``G * c / (mean(output) * dt)``
 requests per second (Little's law). The offered load of a trace is its arrival rate
 (``(n - 1) / (last arrival - first arrival)``) over that rate; ``simulate(..., load=X)``
-rescales the arrival times (their order and gaps' shape kept) so that it is ``X``. Below 1.0 the
+rescales the arrival times (their order and gaps' shape kept) so that the offered load against
+the basis is ``X``. Where decode binds, below 1.0 the
 slots are not all busy (the real utilisation is in ``SimReport.slot_utilisation``, lower than
 the load because emptier replicas also step faster); above it the pool grows.
 
@@ -166,8 +169,8 @@ class SimReport:
     n_preempted : int
         Preemptions (a request preempted twice counts twice).
     offered_load : float
-        Arrival rate over :func:`decode_capacity` (the ``load`` the run was given, or the
-        trace's own).
+        Arrival rate over the capacity named by ``load_basis`` (the binding stage's by
+        default; the ``load`` the run was given, or the trace's own).
     mean_imbalance : float
         Mean over steps of ``I = G*max L - sum L`` (tokens).
     balance_ratio : float
@@ -700,7 +703,7 @@ def simulate(
     prefix_blocks: PrefixBlocks | None = None,
     ctx_cost: float = 0.0,
     deployment: DeploymentConfig | None = None,
-    load_basis: str = "decode",
+    load_basis: str = "binding",
     config: SimConfig | None = None,
     **options,
 ) -> SimReport:
@@ -728,10 +731,12 @@ def simulate(
         Step time ``t0 + kappa * max_g L_g`` (seconds, seconds per token); defaults in
         :data:`DEFAULT_STEP_TIME`, derived in the module docstring.
     load : float, optional
-        Offered load as a multiple of the cluster's decode capacity (:func:`decode_capacity`,
-        defined in the module docstring): arrivals are rescaled so the trace's arrival rate
-        is ``load`` times the rate the full cluster completes requests at. Default: the
-        trace's timestamps as recorded (``SimReport.offered_load`` says what that is).
+        Offered load as a multiple of the capacity of the stage that binds (``load_basis``,
+        by default the smaller of the decode cluster's :func:`decode_capacity`, defined in the
+        module docstring, and the prefill instances' :func:`prefill_capacity`): arrivals are
+        rescaled so the trace's arrival rate is ``load`` times the rate that stage completes
+        requests at. Default: the trace's timestamps as recorded (``SimReport.offered_load``
+        says what that is).
     prefill_instances : int, optional
         Prefill instances serving arrivals first come, first served (default ``ceil(G/2)``;
         0: unlimited, every prefill starts on arrival).
@@ -828,11 +833,14 @@ def simulate(
         are then replaced by the preset's attention, and ``load`` is measured against the
         deployment's full-batch step (``max_slots`` requests per rank). Its ``n_gpus`` must
         equal ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
-    load_basis : {"decode", "binding", "prefill"}, default "decode"
-        The capacity ``load`` (and ``SimReport.offered_load``) is a multiple of: the decode
-        cluster's (:func:`decode_capacity`, the default, as before), the prefill instances'
-        (:func:`prefill_capacity`), or whichever of the two is smaller (``"binding"``).
-        ``SimReport`` gives the offered load against both and the binding stage either way.
+    load_basis : {"binding", "decode", "prefill"}, default "binding"
+        The capacity ``load`` (and ``SimReport.offered_load``) is a multiple of: whichever of
+        the decode cluster's (:func:`decode_capacity`) and the prefill instances'
+        (:func:`prefill_capacity`) is smaller (``"binding"``, the default: ``load=1`` is the
+        rate at which the first stage saturates), the decode cluster's (``"decode"``), or the
+        prefill instances' (``"prefill"``). With unlimited prefill (``prefill_instances=0``)
+        ``"binding"`` is ``"decode"``. ``SimReport`` gives the offered load against both and
+        the binding stage either way.
     config : SimConfig, optional
         Every setting as one record (:class:`~straggler.sim.config.SimConfig`); the other
         keywords are then ignored, and ``policy`` and options must not be given. By default
@@ -971,13 +979,14 @@ def _deployment_setup(deployment, n_replicas, max_slots):
 def _add_breakdown(report: SimReport, model: StepModel) -> None:
     """Per-step decomposition into ``report.series`` and its means into
     ``report.step_breakdown`` (microseconds per step)."""
-    log = model.log
-    if len(log) != report.n_steps:  # the engine prices every step once
-        raise StragglerError(f"step model priced {len(log)} steps of {report.n_steps}")
-    for name in StepBreakdown._fields:
-        report.series[name] = np.array([getattr(b, name) for b in log], dtype=float)
+    if model.n_steps != report.n_steps:  # the engine prices every step once
+        raise StragglerError(f"step model priced {model.n_steps} steps of {report.n_steps}")
+    report.series.update(model.breakdowns())
     report.step_breakdown.update(
-        {name: float(report.series[name].mean()) if log else 0.0 for name in StepBreakdown._fields}
+        {
+            name: float(report.series[name].mean()) if model.n_steps else 0.0
+            for name in StepBreakdown._fields
+        }
     )
     cfg = model.config
     report.step_breakdown["layers_simulated"] = cfg.n_sim_layers

@@ -68,8 +68,157 @@ def test_layer_times_kernel_matches_reference(case):
     x = src.sum(axis=1)[:, :, None] * frac
     node = np.arange(G) // max(1, G // 2)
     cost = CostModel.preset(["qwen3_235b_b_tile", "dsv3_a_offline"][case % 2]).as_array()
-    a, b, c = _three(K.layer_times_kernel, K.layer_times_reference, x, src, node, cost, 0.3)
-    assert np.array_equal(a, b) and np.array_equal(a, c)
+    for node_first in (False, True):
+        a, b, c = _three(
+            K.layer_times_kernel, K.layer_times_reference, x, src, node, cost, 0.3, node_first
+        )
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_node_first_split_keeps_loads_and_sends_fewest_tokens_across_nodes(case):
+    rng = np.random.default_rng(300 + case)
+    L, E, G = 2, int(rng.integers(2, 12)), 4
+    src = rng.integers(0, 40, size=(L, G, E))
+    frac = rng.random((L, E, G)) * (rng.random((L, E, G)) < 0.7)
+    frac[..., case % G] += 1e-3
+    frac /= frac.sum(axis=2, keepdims=True)
+    x = src.sum(axis=1)[:, :, None] * frac
+    node = np.array([0, 0, 1, 1])
+    cost = CostModel.preset("qwen3_235b_b_tile").as_array()
+    flat = K.layer_times_kernel(x, src, node, cost, 0.0, False)
+    topo = K.layer_times_kernel(x, src, node, cost, 0.0, True)
+    assert np.array_equal(flat[:, :4], topo[:, :4])  # per-GPU times: the dispatch's own
+    assert (topo[:, 5] <= flat[:, 5] + 1e-9).all()  # own rank first: fewer from other GPUs
+    # across nodes, what a node cannot keep (max(0, D_k - S_k) per expert and node: the
+    # fewest any split has), never more in total than the flat table's D_k (1 - S_k / n_e)
+    for l in range(L):
+        per_gpu = np.zeros(G)
+        flat_total = 0.0
+        for e in range(E):
+            n_e = src[l, :, e].sum()
+            for k in (0, 1):
+                g = node == k
+                S, D = src[l, g, e].sum(), x[l, e, g].sum()
+                flat_total += D * (n_e - S) / n_e if n_e else 0.0
+            for k in (0, 1):
+                g = node == k
+                S, D = src[l, g, e].sum(), x[l, e, g].sum()
+                keep = min(S, D)
+                own = np.minimum(src[l, g, e], x[l, e, g])
+                r = (keep - own.sum()) / (D - own.sum()) if D > own.sum() else 0.0
+                r = 1.0 if S >= D * (1 - 1e-12) else r
+                per_gpu[g] += x[l, e, g] - (own + (x[l, e, g] - own) * r)
+        np.testing.assert_allclose(topo[l, 4], per_gpu.max(), rtol=1e-9, atol=1e-9)
+        assert per_gpu.sum() <= flat_total + 1e-9
+    one = np.zeros(G, dtype=np.int64)
+    assert (K.layer_times_kernel(x, src, one, cost, 0.0, True)[:, 4] == 0).all()
+
+
+def test_node_first_split_in_the_step_model():
+    kw = dict(preset="dsv3", n_gpus=8, n_nodes=2, layers=1, seed=4, internode_us_per_token=0.1)
+    kv, req = np.full((3, 8), 1000), np.full((3, 8), 32)
+    flat = simulate_steps(DeploymentConfig(**kw), kv, req)
+    topo = simulate_steps(DeploymentConfig(**kw, split="node_first"), kv, req)
+    assert not np.array_equal(topo.steps["cross_node_tokens"], flat.steps["cross_node_tokens"])
+    np.testing.assert_allclose(  # the same per-GPU loads: only the inter-node term moves
+        flat.steps["moe_us"] - topo.steps["moe_us"],
+        58 * 0.1 * (flat.steps["cross_node_tokens"] - topo.steps["cross_node_tokens"]),
+        rtol=1e-9,
+    )
+    with pytest.raises(InvalidInputError, match="'split'"):
+        DeploymentConfig(preset="dsv3", n_gpus=8, split="ring")
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 15, 16, 17, 94, 127, 128, 129, 130, 300, 1000, 4099])
+def test_pairwise_sum_is_numpys_sum_bit_for_bit(n):
+    rng = np.random.default_rng(n)
+    v = rng.random(n + 3) * 10.0 ** rng.integers(-6, 6, n + 3)
+    got = K._pairwise_sum(v, 2, n), getattr(K._pairwise_sum, "py_func", K._pairwise_sum)(v, 2, n)
+    want = v[2 : 2 + n].sum()
+    assert got[0] == want and got[1] == want  # numpy's pairwise order, not a plain loop
+
+
+def _step_case(case):
+    """Arguments of deployment_step_kernel: random state, tables or SGLang's static table."""
+    rng = np.random.default_rng(200 + case)
+    L, E, G = int(rng.integers(1, 4)), int(rng.integers(8, 20)), int(rng.choice([2, 4, 8]))
+    q = rng.dirichlet(np.full(E, 0.5), size=L) + 1e-4
+    req = rng.integers(0, 9, size=G)
+    kv = rng.integers(0, 90_000, size=G).astype(float)
+    tables = rng.random((L, E, G)) * (rng.random((L, E, G)) < 0.5)
+    tables[..., 0] += 1e-9
+    tables /= tables.sum(axis=2, keepdims=True)
+    static = rng.integers(0, G, size=(G, L, E)) if case % 2 else np.zeros((0, L, E), np.int64)
+    node = np.arange(G) // max(1, G // 2)
+    cost = CostModel.preset(["qwen3_235b_b_tile", "dsv3_a_offline"][case % 2]).as_array()
+    par = np.array(
+        [23.8, 6.8e-4, 0.14, 61.0, 14.5, 396.0 * (case % 3), 0.05 * (case % 2), case % 4 // 2]
+    )
+    W = 3
+    state = (rng.integers(0, 5, size=(W, L, E)), rng.integers(0, 50, size=(L, E)),
+             rng.random((5, 8)))  # fmt: skip
+    return (q, case, kv, req, min(3, E), tables, static, node, cost, par), state
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_step_kernel_matches_reference_with_its_state(case):
+    args, state = _step_case(case)
+    fns = (
+        K.deployment_step_kernel,
+        getattr(K.deployment_step_kernel, "py_func", K.deployment_step_kernel),
+        K.deployment_step_reference,
+    )
+    outs = []
+    for fn in fns:
+        window, acc, log = (a.copy() for a in state)
+        with np.errstate(over="ignore"):
+            moe = fn(*args, window, 1, acc, log, 2)
+        outs.append((moe, window, acc, log))
+    for moe, window, acc, log in outs[1:]:
+        assert moe == outs[0][0]
+        for a, b in zip((window, acc, log), outs[0][1:]):
+            assert np.array_equal(a, b)
+    moe, window, acc, log = outs[0]
+    n = window[1]
+    assert np.array_equal(acc, state[1] + n) and (n.sum(axis=1) == args[3].sum() * args[4]).all()
+    assert np.array_equal(np.delete(log, 2, axis=0), np.delete(state[2], 2, axis=0))
+    assert log[2, 2] == moe > 0 and log[2, 6] == log[2, 0] + log[2, 2] + log[2, 5]
+
+
+@pytest.mark.parametrize("dispatch", ["even", "tempo", "token_lp", "static"])
+def test_fused_step_is_the_python_step_bit_for_bit(dispatch, monkeypatch):
+    kw = dict(preset="qwen3_235b", n_gpus=4, layers=2, seed=6, dispatch=dispatch,
+              n_nodes=2, internode_us_per_token=0.02, placement_period=4,
+              placement_window=3, dispatch_period_s=0.01,
+              split="node_first" if dispatch in ("even", "tempo") else "flat")  # fmt: skip
+    rng = np.random.default_rng(1)
+    kv, req = rng.integers(0, 40_000, size=(11, 4)), rng.integers(0, 12, size=(11, 4))
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(StepModel, "fused", fused)
+        runs.append(simulate_steps(DeploymentConfig(**kw), kv, req))
+    a, b = runs
+    assert a.n_placements == b.n_placements > 1
+    assert dispatch not in ("tempo", "token_lp") or a.n_refreshes == b.n_refreshes > 1
+    assert np.array_equal(a.time_s, b.time_s)
+    for k in a.steps:
+        assert np.array_equal(a.steps[k], b.steps[k]), k
+
+
+def test_fused_engine_run_is_the_python_step_bit_for_bit(monkeypatch):
+    from straggler.sim import simulate
+
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=2, dispatch="tempo", seed=3,
+                           dispatch_period_s=0.05, placement_period=50)  # fmt: skip
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(StepModel, "fused", fused)
+        runs.append(simulate(_trace(60, 4), "jsq", n_replicas=4, max_slots=8, deployment=dep))
+    a, b = runs
+    assert a.step_breakdown == b.step_breakdown and a.step_breakdown["placements"] > 1
+    for k in a.series:
+        assert np.array_equal(a.series[k], b.series[k], equal_nan=True), k
 
 
 @pytest.mark.parametrize("method", ["tempo", "uniform", "token_lp", "metro"])
@@ -103,6 +252,23 @@ def test_tables_applied_to_the_batch_they_were_solved_on_give_its_makespan(dispa
     x = counts[:, :, None] * m.tables
     got = evaluate(problem, cfg.cost, x).makespan
     np.testing.assert_allclose(got, ref.makespan, rtol=1e-9)
+
+
+@pytest.mark.parametrize("table_counts", ["mean", "window"])
+def test_a_refresh_solves_the_mean_batch_or_the_window(table_counts):
+    cfg = DeploymentConfig(preset="qwen3_235b", n_gpus=8, layers=2, dispatch="tempo", seed=5,
+                           dispatch_period_s=0.2, table_counts=table_counts)  # fmt: skip
+    m = StepModel(cfg)
+    for now in (0.0, 0.1, 0.2):  # the third step refreshes, on the three steps' counts
+        m.step(np.full(8, 50_000), np.full(8, 12), now_s=now)
+    assert m.n_refreshes == 1 and not m._acc.any()
+    total = m._window[:3].sum(axis=0)
+    counts = (2 * total + 3) // 6 if table_counts == "mean" else total
+    problem = DispatchProblem(counts=counts, replicas=m._replicas)
+    ref = solve_dispatch(problem, cfg.cost, method="tempo", rng=0, **METHOD_OPTIONS["tempo"])
+    got = evaluate(problem, cfg.cost, counts[:, :, None] * m.tables).makespan
+    np.testing.assert_allclose(got, ref.makespan, rtol=1e-9)
+    assert not np.array_equal((2 * total + 3) // 6, total)  # the two bases differ here
 
 
 def test_moe_off_is_attention_and_dense_only():
@@ -173,6 +339,25 @@ def test_same_seed_same_run_and_static_keeps_tokens_local():
     a = simulate_steps(DeploymentConfig(**kw, dispatch="static"), kv, req)
     b = simulate_steps(DeploymentConfig(**kw, dispatch="static"), kv, req)
     assert all(np.array_equal(a.steps[k], b.steps[k]) for k in a.steps)
+
+
+def test_drift_moves_the_hot_experts_and_keeps_the_skew():
+    kw = dict(preset="qwen3_235b", n_gpus=4, layers=2, seed=2, kappa=None)
+    still = StepModel(DeploymentConfig(**kw))
+    moving = StepModel(DeploymentConfig(**kw, drift=1.0, drift_steps=10))
+    a = np.stack([still._next_batch()[0] for _ in range(40)])
+    b = np.stack([moving._next_batch()[0] for _ in range(40)])
+    assert np.array_equal(a[:10], b[:10])  # before the first drift step: the same routing
+    assert (a == a[0]).all() and not np.array_equal(b[10], b[0])  # then the hot experts move
+    assert all(np.array_equal(b[k], b[10 * (k // 10)]) for k in range(40))  # every 10 steps
+    np.testing.assert_array_equal(np.sort(b, axis=2), np.sort(a, axis=2))  # still Zipf
+    with_noise = dict(kw, kappa=2000.0)
+    x = StepModel(DeploymentConfig(**with_noise))._next_batch()[0]
+    y = StepModel(DeploymentConfig(**with_noise, drift=0.5, drift_steps=300))._next_batch()[0]
+    assert np.array_equal(x, y)  # the drift draws its own stream: the batch noise is unchanged
+    for bad, name in ((dict(drift=-1.0), "drift"), (dict(drift_steps=0), "drift_steps")):
+        with pytest.raises(InvalidInputError, match=f"'{name}'"):
+            DeploymentConfig(preset="qwen3_235b", n_gpus=4, **bad)
 
 
 def test_attention_cost_and_presets():
@@ -294,7 +479,7 @@ def test_load_basis_and_binding_stage():
 
     tr = _trace(200, 2)
     kw = dict(n_replicas=4, max_slots=8, prefill_instances=1, prefill_tokens_per_s=5_000.0)
-    dec = simulate(tr, "jsq", load=0.8, **kw)
+    dec = simulate(tr, "jsq", load=0.8, load_basis="decode", **kw)
     cap = decode_capacity(tr, n_replicas=4, max_slots=8, kv_capacity=500_000)
     pf = prefill_capacity(tr, prefill_instances=1, prefill_tokens_per_s=5_000.0)
     assert cap["rate_per_s"] > pf  # one slow prefill instance binds
@@ -303,6 +488,10 @@ def test_load_basis_and_binding_stage():
     assert dec.offered_prefill_load == pytest.approx(0.8 * cap["rate_per_s"] / pf)
     bind = simulate(tr, "jsq", load=0.8, load_basis="binding", **kw)
     assert bind.offered_prefill_load == pytest.approx(0.8)
+    default = simulate(tr, "jsq", load=0.8, **kw)  # the default basis is the binding stage
+    assert default.offered_load == 0.8 and default.offered_prefill_load == pytest.approx(0.8)
+    assert np.array_equal(default.series["step_s"], bind.series["step_s"])
+    assert default.prefill_utilisation == bind.prefill_utilisation
     assert bind.offered_decode_load == pytest.approx(0.8 * pf / cap["rate_per_s"])
     # measured: prefill near its offered share, decode slots far from full
     assert 0.5 < bind.prefill_utilisation <= 1.0 + 1e-9
@@ -310,6 +499,8 @@ def test_load_basis_and_binding_stage():
     assert bind.decode_utilisation == bind.window_slot_utilisation
     unl = simulate(tr, "jsq", load=0.8, n_replicas=4, max_slots=8, prefill_instances=0)
     assert unl.binding_stage == "decode" and np.isnan(unl.prefill_utilisation)
+    # unlimited prefill: the binding stage is decode, and the default basis is decode's
+    assert unl.offered_decode_load == pytest.approx(0.8)
     with pytest.raises(InvalidInputError, match="'load_basis'"):
         simulate(tr, "jsq", load=0.8, load_basis="prefill", n_replicas=4, prefill_instances=0)
     with pytest.raises(InvalidInputError, match="'load_basis'"):
@@ -357,9 +548,33 @@ def test_simulate_command_prints_the_levers_table(capsys):
 
 
 def test_load_sweep_cells_say_which_stage_binds():
-    from straggler.sim.load_sweep import load_sweep_cell
+    from straggler.sim.load_sweep import load_sweep_cell, traces_dir
 
-    cell = load_sweep_cell("generated", 2, 1.0, "jsq", n_requests=150, prefill="default")
-    assert cell["binding_stage"] in ("prefill", "decode")
-    assert (cell["binding_stage"] == "prefill") == (cell["offered_prefill_load"] > 1.0)
+    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
+        pytest.skip("the shipped Azure code trace is not here")
+    kw = dict(n_requests=150, prefill="default")
+    cell = load_sweep_cell("azure_code", 2, 1.0, "jsq", load_basis="decode", **kw)
+    assert cell["binding_stage"] == "prefill"  # one default prefill instance binds here
+    assert cell["offered_prefill_load"] > 1.0 and cell["offered_load"] == 1.0
     assert 0.0 <= cell["decode_utilisation"] <= 1.0
+    bind = load_sweep_cell("azure_code", 2, 1.0, "jsq", **kw)  # default: the binding stage
+    assert bind["binding_stage"] == "prefill"
+    assert bind["offered_prefill_load"] == pytest.approx(1.0)
+    assert bind["decode_utilisation"] < cell["decode_utilisation"]
+
+
+def test_simulate_command_states_the_load_basis(capsys):
+    from straggler.sim.load_sweep import traces_dir
+    from straggler.sim.simulate_cmd import main
+
+    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
+        pytest.skip("the shipped Azure code trace is not here")
+    args = ["azure_code", "--requests", "60", "--replicas", "2", "--policies", "jsq",
+            "--load", "1.0", "--prefill-instances", "1", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    assert "of the binding (prefill) capacity" in capsys.readouterr().out
+    assert main(args + ["--load-basis", "decode"]) == 0
+    assert "of the decode capacity" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(args + ["--load-basis", "tokens"])
+    assert e.value.code == 2 and "--load-basis" in capsys.readouterr().err

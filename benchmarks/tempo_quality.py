@@ -19,7 +19,10 @@ Families; ``--full`` runs the sizes below, the default a subset of each:
   1.5, 32-256 tokens per GPU, skew 0.3/0.85 (352 layers; seeds 3000 + k);
 * ``heldout16``: generated for this report and never used to tune anything: the same
   presets x shapes at g = 16, replication 1.5, on EPLB's distinct placement over 2 nodes,
-  48/96/192 tokens per GPU, skew 0.5/1.0, seeds 20000 + k (264 layers).
+  48/96/192 tokens per GPU, skew 0.5/1.0, seeds 20000 + k (264 layers);
+* ``heldout16b``: never used to tune anything: the same presets x shapes at g = 16,
+  replication 1.5, one node, 40/80/160 tokens per GPU, skew 0.6/1.1, seeds 50000 + k
+  (264 layers).
 
 ``--screen GAP`` skips the MILP on layers whose tempo makespan (without repair) is within
 ``GAP`` (relative) of its own certified lower bound: their ratio to the optimum is at most
@@ -66,10 +69,10 @@ from straggler.formulations.dispatch_milp import build_dispatch_milp
 from straggler.sim.workload import make_decode_problem
 from straggler.solvers import solve_dispatch, solve_milp
 
-FAMILIES = ("small", "decode", "wide", "prefill", "heldout", "decode16", "heldout16")
+FAMILIES = ("small", "decode", "wide", "prefill", "heldout", "decode16", "heldout16", "heldout16b")
 COSTS = tuple(sorted(PRESETS))
 ABLATION = ("seed", "chains", "local_search", "ensemble", "flows", "exchanges", "tile_chains",
-            "rebalance")  # fmt: skip
+            "rebalance", "contract", "swap")  # fmt: skip
 SHAPE = {128: "qwen3_235b", 256: "dsv3"}
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -128,7 +131,7 @@ def instances(family, full):
         grid = [(c, E, g, r, B, s) for c, E, g, r, B, s in itertools.product(
             COSTS, (128, 256), (8, 16, 32), (1.25, 1.5), (48, 96, 192), (0.5, 1.0))]  # fmt: skip
         grid = grid[:: 2 if full else 12]
-    elif family in ("decode16", "heldout16"):
+    elif family in ("decode16", "heldout16", "heldout16b"):
         yield from _g16(family)
         return
     else:
@@ -147,11 +150,14 @@ def _g16(family):
     """Every preset x every model shape at g = 16, replication 1.5 (module notes)."""
     held = family == "heldout16"
     Bs, skews = ((48, 96, 192), (0.5, 1.0)) if held else ((32, 64, 128, 256), (0.3, 0.85))
+    first_seed = 20_000 if held else 3000
+    if family == "heldout16b":
+        Bs, skews, first_seed = (40, 80, 160), (0.6, 1.1), 50_000
     shapes = ("qwen2_57b", "qwen3_30b", "qwen3_235b", "dsv3")
     for i, (cname, shape, B, skew) in enumerate(itertools.product(COSTS, shapes, Bs, skews)):
         prob = make_decode_problem(
             shape, n_gpus=16, tokens_per_gpu=B, skew=skew, replication=1.5, n_layers=1,
-            num_nodes=2 if held else 1, distinct=held, seed=(20_000 if held else 3000) + i,
+            num_nodes=2 if held else 1, distinct=held, seed=first_seed + i,
         ).layer(0)  # fmt: skip
         E = prob.n_experts
         yield (

@@ -45,8 +45,12 @@ from ._score import score_kernel, score_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
 from ._tempo import tempo_kernel, tempo_reference
 from ._token_lp_fast import (
+    support_contract_kernel,
+    support_contract_reference,
     support_rebalance_kernel,
     support_rebalance_reference,
+    support_swap_kernel,
+    support_swap_reference,
     token_lp_kernel,
     token_lp_reference,
 )
@@ -64,7 +68,9 @@ __all__ = [
     "TOKEN_LP",
     "SEMI_MATCHING",
     "LOWER_BOUND",
+    "SUPPORT_CONTRACT",
     "SUPPORT_REBALANCE",
+    "SUPPORT_SWAP",
     "A3",
     "SCORE",
 ]
@@ -203,12 +209,25 @@ TOKEN_LP = Pair(token_lp_kernel, token_lp_reference, 2.0)
 SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
 SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0)
+SUPPORT_CONTRACT = Pair(support_contract_kernel, support_contract_reference, 1.0)
+SUPPORT_SWAP = Pair(support_swap_kernel, support_swap_reference, 1.0)
 A3 = Pair(a3_kernel, a3_reference, 0.6)
 SCORE = Pair(score_kernel, score_reference, 0.5)
 
 #: Every pair, by the kernel's ``module.name``.
 PAIRS = {
-    p.name: p for p in (TEMPO, TOKEN_LP, SEMI_MATCHING, LOWER_BOUND, SUPPORT_REBALANCE, A3, SCORE)
+    p.name: p
+    for p in (
+        TEMPO,
+        TOKEN_LP,
+        SEMI_MATCHING,
+        LOWER_BOUND,
+        SUPPORT_REBALANCE,
+        SUPPORT_CONTRACT,
+        SUPPORT_SWAP,
+        A3,
+        SCORE,
+    )
 }
 
 

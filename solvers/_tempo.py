@@ -950,11 +950,16 @@ def _nb_exchanges(st, lists, cost, theta, s_sel, best_v, wk):
     that only gains (a path exchange, an ejection chain of any length) or back at ``s`` (a
     cyclic exchange: every GPU gains one share and loses one, so activation counts stay,
     which is the move left under an activation cap). Labels are the largest new time along
-    the path (``s``'s time without its item included); Dijkstra pops (label, node)
+    the path (``s``'s time without its item included). One Dijkstra runs per item leaving
+    ``s`` (items of ``s`` by increasing expert): a cycle's closing arc is ``s``'s time with
+    the last item in and the first one out, so the first item is part of the label's
+    meaning, and a single search from all of them at once keeps, on tied labels, a path
+    whose closure fails while another one's succeeds. Each search pops (label, node)
     increasing, keeps one label per item and the GPUs of each path distinct (checked on
-    the label's path), and prunes arcs whose weight reaches the best exchange found, which
-    it keeps (first found on ties). Terminals are tried per popped item over its replica
-    GPUs increasing: closing back at ``s``, else ending there, then the arcs out of it.
+    the label's path), and prunes arcs whose weight reaches the best exchange found over
+    all searches, which it keeps (first found on ties). Terminals are tried per popped item
+    over its replica GPUs increasing: closing back at ``s``, else ending there, then the
+    arcs out of it.
     """
     x = st.x
     gnt = st.gnt
@@ -974,89 +979,87 @@ def _nb_exchanges(st, lists, cost, theta, s_sel, best_v, wk):
     for s in range(g):
         if not _is_source(st.times, theta, s_sel, s):
             continue
-        for k in range(n_nodes):
-            lab[k] = np.inf
-            wi[_DONE, k] = 0
-            wi[_HPOS, k] = -1
-        n_heap = _ZERO
-        for i in range(act_n[s]):
-            e = act[s, i]
-            v = _time_with(cost, x, gnt, s, _NO, _ZERO, e, x[e, s])
-            if v < best_v:
-                k = wi[_OFF, s] + i
-                lab[k] = v
-                mid[k] = -np.inf
-                wi[_PRED, k] = -1
-                wi[_SRC, k] = k
-                n_heap = _heap_up(wi, lab, k, n_heap)
-        best_k = _NO
-        best_d = _NO
-        while n_heap > 0:
-            k = _heap_pop(wi, lab, n_heap)
-            n_heap -= 1
-            L = lab[k]
-            if L >= best_v:
-                break
-            wi[_DONE, k] = 1
-            h = wi[_NODEH, k]
-            e = act[h, wi[_NODEI, k]]
-            q = x[e, h]
-            wi[_STAMP, 0] += 1
-            stamp = wi[_STAMP, 0]
-            j = k
-            while j >= 0:
-                wi[_MARK, wi[_NODEH, j]] = stamp
-                j = wi[_PRED, j]
-            e1 = act[s, wi[_NODEI, wi[_SRC, k]]]
-            for jj in range(lists.e_ptr[e], lists.e_ptr[e + 1]):
-                d = lists.e_gpus[jj]
-                if d == h:
-                    continue
-                if d == s:
-                    if wi[_PRED, k] >= 0 and e != e1:
-                        v = max(mid[k], _time_with(cost, x, gnt, s, e, q, e1, x[e1, s]))
-                        if v < best_v:
-                            best_v = v
-                            best_k = k
-                            best_d = d
-                    continue
-                if wi[_MARK, d] == stamp:
-                    continue
-                v = max(L, _time_with(cost, x, gnt, d, e, q, _NO, _ZERO))
-                if v < best_v:
-                    best_v = v
-                    best_k = k
-                    best_d = d
-                for i2 in range(act_n[d]):
-                    f = act[d, i2]
-                    k2 = wi[_OFF, d] + i2
-                    if f == e or wi[_DONE, k2] != 0:
+        for i1 in range(act_n[s]):
+            for k in range(n_nodes):
+                lab[k] = np.inf
+                wi[_DONE, k] = 0
+                wi[_HPOS, k] = -1
+            n_heap = _ZERO
+            e1 = act[s, i1]
+            v = _time_with(cost, x, gnt, s, _NO, _ZERO, e1, x[e1, s])
+            if v >= best_v:
+                continue
+            k = wi[_OFF, s] + i1
+            lab[k] = v
+            mid[k] = -np.inf
+            wi[_PRED, k] = -1
+            n_heap = _heap_up(wi, lab, k, n_heap)
+            best_k = _NO
+            best_d = _NO
+            while n_heap > 0:
+                k = _heap_pop(wi, lab, n_heap)
+                n_heap -= 1
+                L = lab[k]
+                if L >= best_v:
+                    break
+                wi[_DONE, k] = 1
+                h = wi[_NODEH, k]
+                e = act[h, wi[_NODEI, k]]
+                q = x[e, h]
+                wi[_STAMP, 0] += 1
+                stamp = wi[_STAMP, 0]
+                j = k
+                while j >= 0:
+                    wi[_MARK, wi[_NODEH, j]] = stamp
+                    j = wi[_PRED, j]
+                for jj in range(lists.e_ptr[e], lists.e_ptr[e + 1]):
+                    d = lists.e_gpus[jj]
+                    if d == h:
                         continue
-                    w = _time_with(cost, x, gnt, d, e, q, f, x[f, d])
-                    if w >= best_v:
+                    if d == s:
+                        if wi[_PRED, k] >= 0 and e != e1:
+                            v = max(mid[k], _time_with(cost, x, gnt, s, e, q, e1, x[e1, s]))
+                            if v < best_v:
+                                best_v = v
+                                best_k = k
+                                best_d = d
                         continue
-                    nl = max(L, w)
-                    if nl < lab[k2]:
-                        lab[k2] = nl
-                        mid[k2] = max(mid[k], w)
-                        wi[_PRED, k2] = k
-                        wi[_SRC, k2] = wi[_SRC, k]
-                        n_heap = _heap_up(wi, lab, k2, n_heap)
-        if best_k >= 0:
-            n = 0
-            j = best_k
-            while j >= 0:
-                n += 1
-                j = wi[_PRED, j]
-            j = best_k
-            dst = best_d
-            for r in range(n - 1, -1, -1):
-                h = wi[_NODEH, j]
-                e = act[h, wi[_NODEI, j]]
-                _record(wk.mv, r, e, h, dst, x[e, h])
-                dst = h
-                j = wi[_PRED, j]
-            wk.mv[4, 0] = n
+                    if wi[_MARK, d] == stamp:
+                        continue
+                    v = max(L, _time_with(cost, x, gnt, d, e, q, _NO, _ZERO))
+                    if v < best_v:
+                        best_v = v
+                        best_k = k
+                        best_d = d
+                    for i2 in range(act_n[d]):
+                        f = act[d, i2]
+                        k2 = wi[_OFF, d] + i2
+                        if f == e or wi[_DONE, k2] != 0:
+                            continue
+                        w = _time_with(cost, x, gnt, d, e, q, f, x[f, d])
+                        if w >= best_v:
+                            continue
+                        nl = max(L, w)
+                        if nl < lab[k2]:
+                            lab[k2] = nl
+                            mid[k2] = max(mid[k], w)
+                            wi[_PRED, k2] = k
+                            n_heap = _heap_up(wi, lab, k2, n_heap)
+            if best_k >= 0:
+                n = 0
+                j = best_k
+                while j >= 0:
+                    n += 1
+                    j = wi[_PRED, j]
+                j = best_k
+                dst = best_d
+                for r in range(n - 1, -1, -1):
+                    h = wi[_NODEH, j]
+                    e = act[h, wi[_NODEI, j]]
+                    _record(wk.mv, r, e, h, dst, x[e, h])
+                    dst = h
+                    j = wi[_PRED, j]
+                wk.mv[4, 0] = n
     return best_v
 
 
@@ -1604,70 +1607,69 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         items = [(h, e) for h in range(g) for e in range(E) if y[e][h] > 0]
         index = {it: k for k, it in enumerate(items)}
         for s in sources:
-            lab = {}
-            mid, pred, src = {}, {}, {}
-            done = set()
-            heap = []
-            for e in range(E):
-                if y[e][s] > 0:
-                    v = time_after(y, s, [(e, -y[e][s])], cap)
-                    if v < best_v:
-                        k = index[(s, e)]
-                        lab[k], mid[k], pred[k], src[k] = v, -inf, -1, k
-                        heapq.heappush(heap, (v, k))
-            found = None
-            while heap:
-                L, k = heapq.heappop(heap)
-                if k in done or L != lab[k]:
+            for e1 in range(E):
+                if y[e1][s] == 0:
                     continue
-                if L >= best_v:
-                    break
-                done.add(k)
-                h, e = items[k]
-                q = y[e][h]
-                on = set()
-                j = k
-                while j >= 0:
-                    on.add(items[j][0])
-                    j = pred[j]
-                e1 = items[src[k]][1]
-                for d in range(g):
-                    if not R[e][d] or d == h:
+                # one search per share leaving s: a cycle's closing arc depends on it
+                v = time_after(y, s, [(e1, -y[e1][s])], cap)
+                if v >= best_v:
+                    continue
+                k0 = index[(s, e1)]
+                lab, mid, pred = {k0: v}, {k0: -inf}, {k0: -1}
+                done = set()
+                heap = [(v, k0)]
+                found = None
+                while heap:
+                    L, k = heapq.heappop(heap)
+                    if k in done or L != lab[k]:
                         continue
-                    if d == s:
-                        if pred[k] >= 0 and e != e1:
-                            v = max(mid[k], time_after(y, s, [(e, q), (e1, -y[e1][s])], cap))
-                            if v < best_v:
-                                best_v, found = v, (k, d)
-                        continue
-                    if d in on:
-                        continue
-                    v = max(L, time_after(y, d, [(e, q)], cap))
-                    if v < best_v:
-                        best_v, found = v, (k, d)
-                    for f in range(E):
-                        if f == e or y[f][d] == 0:
+                    if L >= best_v:
+                        break
+                    done.add(k)
+                    h, e = items[k]
+                    q = y[e][h]
+                    on = set()
+                    j = k
+                    while j >= 0:
+                        on.add(items[j][0])
+                        j = pred[j]
+                    for d in range(g):
+                        if not R[e][d] or d == h:
                             continue
-                        k2 = index[(d, f)]
-                        if k2 in done:
+                        if d == s:
+                            if pred[k] >= 0 and e != e1:
+                                v = max(mid[k], time_after(y, s, [(e, q), (e1, -y[e1][s])], cap))
+                                if v < best_v:
+                                    best_v, found = v, (k, d)
                             continue
-                        w = time_after(y, d, [(e, q), (f, -y[f][d])], cap)
-                        if w >= best_v:
+                        if d in on:
                             continue
-                        nl = max(L, w)
-                        if nl < lab.get(k2, inf):
-                            lab[k2], mid[k2], pred[k2], src[k2] = nl, max(mid[k], w), k, src[k]
-                            heapq.heappush(heap, (nl, k2))
-            if found is not None:
-                k, dst = found
-                chain = []
-                while k >= 0:
-                    chain.append(k)
-                    k = pred[k]
-                chain.reverse()
-                gpus = [items[j][0] for j in chain] + [dst]
-                best = [(items[j][1], gpus[r], gpus[r + 1], y[items[j][1]][gpus[r]])
-                        for r, j in enumerate(chain)]  # fmt: skip
+                        v = max(L, time_after(y, d, [(e, q)], cap))
+                        if v < best_v:
+                            best_v, found = v, (k, d)
+                        for f in range(E):
+                            if f == e or y[f][d] == 0:
+                                continue
+                            k2 = index[(d, f)]
+                            if k2 in done:
+                                continue
+                            w = time_after(y, d, [(e, q), (f, -y[f][d])], cap)
+                            if w >= best_v:
+                                continue
+                            nl = max(L, w)
+                            if nl < lab.get(k2, inf):
+                                lab[k2], mid[k2], pred[k2] = nl, max(mid[k], w), k
+                                heapq.heappush(heap, (nl, k2))
+                if found is not None:
+                    k, dst = found
+                    chain = []
+                    while k >= 0:
+                        chain.append(k)
+                        k = pred[k]
+                    chain.reverse()
+                    gpus = [items[j][0] for j in chain] + [dst]
+                    best = [(items[j][1], gpus[r], gpus[r + 1], y[items[j][1]][gpus[r]])
+                            for r, j in enumerate(chain)]  # fmt: skip
         return best_v, best
 
     def search(x, cap=inf):

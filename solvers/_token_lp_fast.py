@@ -50,6 +50,10 @@ __all__ = [
     "token_lp_reference",
     "support_rebalance_kernel",
     "support_rebalance_reference",
+    "support_contract_kernel",
+    "support_contract_reference",
+    "support_swap_kernel",
+    "support_swap_reference",
 ]
 
 
@@ -424,3 +428,254 @@ def support_rebalance_reference(counts, shares, cost):
     if m1 < m0:
         return y, True, m1
     return x.copy(), False, m0
+
+
+@njit(**NJIT)
+def support_contract_kernel(counts, shares, cost):
+    """Drop active replicas of split experts while the token LP on what is left is better.
+
+    Each round tries every active replica of an expert active on two or more GPUs (experts
+    increasing, then GPUs increasing): the replica leaves the support and the token LP
+    restricted to the rest gives that support's integral token-optimal dispatch, scored
+    under ``cost`` (``CostModel.as_array()``). The round's best strictly lower makespan
+    (first found on ties) is applied; rounds repeat until none is lower. One fewer
+    activation on a GPU lowers its floor ``a + b*G``; the LP puts the tokens the replica
+    held back through the remaining support. It is the un-split that a move of the local
+    search cannot price, since the rebalance it needs runs through every split at once.
+
+    Returns
+    -------
+    shares : ndarray of int64, shape (n_experts, n_gpus)
+        The contracted dispatch (a copy of ``shares`` when no round applied).
+    makespan : float
+        Of the returned dispatch.
+    rounds : int
+        Replicas dropped.
+    """
+    E, g = shares.shape
+    x = shares.copy()
+    m = _makespan(x, cost)
+    rounds = 0
+    while True:
+        sup = x > 0
+        best_m = m
+        best_y = x
+        for e in range(E):
+            k = 0
+            for h in range(g):
+                if sup[e, h]:
+                    k += 1
+            if k < 2:
+                continue
+            for h in range(g):
+                if not sup[e, h]:
+                    continue
+                sup[e, h] = False
+                y, _, _ = token_lp_kernel(counts, sup)
+                sup[e, h] = True
+                my = _makespan(y, cost)
+                if my < best_m:
+                    best_m = my
+                    best_y = y
+        if best_m < m:
+            x = best_y
+            m = best_m
+            rounds += 1
+        else:
+            return x, m, rounds
+
+
+def support_contract_reference(counts, shares, cost):
+    """Plain-Python reference of :func:`support_contract_kernel`.
+
+    Examples
+    --------
+    Floor-bound (``b = 10``): expert 0 split over both GPUs costs GPU 1 a second activation;
+    dropping that replica puts expert 0 whole on GPU 0.
+
+    >>> cost = [0.0, 10.0, 0.0, 0.0, 0.01, 0.0, 0.0, 128.0]
+    >>> y, m, rounds = support_contract_reference([6, 6], [[3, 3], [0, 6]], cost)
+    >>> y.tolist(), m, rounds
+    ([[6, 0], [0, 6]], 10.0, 1)
+    """
+    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
+    tile = int(tile)
+
+    def makespan(z):
+        m = -math.inf
+        for h in range(z.shape[1]):
+            col = [int(v) for v in z[:, h] if v > 0]
+            G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
+            m = max(m, a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
+        return m
+
+    x = np.asarray(shares, dtype=np.int64).copy()
+    E, g = x.shape
+    m = makespan(x)
+    rounds = 0
+    while True:
+        best = None
+        for e in range(E):
+            on = [h for h in range(g) if x[e, h] > 0]
+            if len(on) < 2:
+                continue
+            for h in on:
+                sup = x > 0
+                sup[e, h] = False
+                y, _, _ = token_lp_reference(counts, sup)
+                my = makespan(y)
+                if my < (m if best is None else best[0]):
+                    best = (my, y)
+        if best is None:
+            return x, m, rounds
+        m, x = best
+        rounds += 1
+
+
+@njit(**NJIT)
+def _gpu_times(x, cost, out):
+    """Modeled time of each GPU of a whole-token dispatch (as :func:`_makespan`)."""
+    E, g = x.shape
+    tile = np.int64(cost[7])
+    for h in range(g):
+        G = 0
+        N = 0
+        T = 0
+        for e in range(E):
+            v = x[e, h]
+            if v > 0:
+                G += 1
+                N += v
+                T += (v + tile - 1) // tile
+        t = cost[0] + cost[1] * G + cost[2] * (T - G)
+        u = cost[3] + cost[4] * N
+        if u > t:
+            t = u
+        u = cost[5] + cost[6] * N
+        if u > t:
+            t = u
+        out[h] = t
+
+
+@njit(**NJIT)
+def support_swap_kernel(counts, replicas, shares, cost, max_rounds):
+    """Swap an activation on a GPU below the makespan, the token LP re-routing the tokens.
+
+    A round tries, on every GPU ``h`` whose time is below the makespan (increasing), every
+    whole move of an active share ``f`` of ``h`` to another replica ``h2`` of ``f``
+    (``f``, then ``h2`` increasing) together with a new replica on ``h`` of a live expert
+    ``e != f`` that ``h`` holds but does not use (``e`` increasing): ``h`` keeps its
+    activation count, ``f``'s tokens leave it, and the token LP on the new support (its
+    integral token-optimal dispatch) routes ``e``'s tokens into it through every split.
+    The round's best strictly lower makespan (first found on ties) is applied; at most
+    ``max_rounds`` rounds.
+
+    Returns
+    -------
+    shares : ndarray of int64, shape (n_experts, n_gpus)
+        The swapped dispatch (a copy of ``shares`` when no round applied).
+    makespan : float
+        Of the returned dispatch.
+    rounds : int
+        Swaps applied.
+    """
+    E, g = shares.shape
+    x = shares.copy()
+    m = _makespan(x, cost)
+    times = np.empty(g)
+    rounds = 0
+    while rounds < max_rounds:
+        sup = x > 0
+        _gpu_times(x, cost, times)
+        best_m = m
+        best_y = x
+        for h in range(g):
+            if times[h] >= m:
+                continue
+            for f in range(E):
+                if not sup[f, h]:
+                    continue
+                for h2 in range(g):
+                    if h2 == h or not replicas[f, h2]:
+                        continue
+                    had = sup[f, h2]
+                    sup[f, h] = False
+                    sup[f, h2] = True
+                    for e in range(E):
+                        if e == f or sup[e, h] or not replicas[e, h] or counts[e] == 0:
+                            continue
+                        sup[e, h] = True
+                        y, _, _ = token_lp_kernel(counts, sup)
+                        sup[e, h] = False
+                        my = _makespan(y, cost)
+                        if my < best_m:
+                            best_m = my
+                            best_y = y
+                    sup[f, h2] = had
+                    sup[f, h] = True
+        if best_m < m:
+            x = best_y
+            m = best_m
+            rounds += 1
+        else:
+            break
+    return x, m, rounds
+
+
+def support_swap_reference(counts, replicas, shares, cost, max_rounds):
+    """Plain-Python reference of :func:`support_swap_kernel`.
+
+    Examples
+    --------
+    Floor and tokens (``b = 10, beta = 0.1``): GPU 1 holds expert 1 whole and could hold
+    expert 0, split on GPU 0 alone; moving expert 2 off GPU 1 and splitting expert 0 onto
+    it balances the tokens without a third activation anywhere.
+
+    >>> cost = [0.0, 10.0, 0.0, 0.0, 0.1, 0.0, 0.0, 128.0]
+    >>> R = [[1, 1], [0, 1], [1, 1]]
+    >>> y, m, rounds = support_swap_reference([400, 100, 20], R, [[400, 0], [0, 100], [0, 20]],
+    ...                                       cost, 4)
+    >>> y.tolist(), round(m, 6), rounds
+    ([[240, 160], [0, 100], [20, 0]], 26.0, 1)
+    """
+    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
+    tile = int(tile)
+    R = np.asarray(replicas, dtype=bool)
+
+    def gpu_time(col):
+        col = [int(v) for v in col if v > 0]
+        G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
+        return max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
+
+    def makespan(z):
+        return max(gpu_time(z[:, h]) for h in range(z.shape[1]))
+
+    x = np.asarray(shares, dtype=np.int64).copy()
+    E, g = x.shape
+    m = makespan(x)
+    rounds = 0
+    while rounds < max_rounds:
+        best = None
+        for h in range(g):
+            if gpu_time(x[:, h]) >= m:
+                continue
+            for f in range(E):
+                if x[f, h] == 0:
+                    continue
+                for h2 in range(g):
+                    if h2 == h or not R[f, h2]:
+                        continue
+                    for e in range(E):
+                        if e == f or x[e, h] > 0 or not R[e, h] or counts[e] == 0:
+                            continue
+                        sup = x > 0
+                        sup[f, h], sup[f, h2], sup[e, h] = False, True, True
+                        y, _, _ = token_lp_reference(counts, sup)
+                        my = makespan(y)
+                        if my < (m if best is None else best[0]):
+                            best = (my, y)
+        if best is None:
+            break
+        m, x = best
+        rounds += 1
+    return x, m, rounds

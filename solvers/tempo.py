@@ -60,7 +60,8 @@ cost model.
       share on ``s`` ends at a GPU that only gains (an ejection chain of any length) or
       closes back at ``s`` (a cycle: every GPU gains one share and loses one, so
       activation counts stay: the move left when GPUs sit at an activation cap).
-      Dijkstra on (largest new time, share index), one label per share, the GPUs of each
+      Dijkstra on (largest new time, share index), one search per share leaving ``s``
+      (the closing arc of a cycle depends on it), one label per share, the GPUs of each
       path distinct; the best exchange found is applied;
    f. *leximax*: without any of these at ``M``, the first GPU below ``M`` by decreasing
       time (ties: lower index) that has a move (a), else a token path or exchange (the
@@ -94,7 +95,32 @@ cost model.
    already active, so it adds no activation and no split; its integral optimum replaces
    the output iff its makespan is strictly lower. It is skipped when the output already
    meets the certified bound (nothing can be lower). ``extras["makespan_stage4"]`` is the
-   makespan before it and ``extras["rebalanced"]`` says whether it applied.
+   makespan before it and ``extras["rebalanced"]`` says whether it (or 5b) applied.
+
+   5b. **Support contraction** (*extension*; ``contract=False`` switches it off). Each
+   round drops one active replica of a split expert, the one whose removal gives the
+   lowest makespan when the token LP on the remaining support redistributes the tokens
+   (:func:`~straggler.solvers._token_lp_fast.support_contract_kernel`, plain-Python
+   reference beside it; replicas by expert, then GPU, increasing; first found on ties),
+   while that makespan is strictly lower. Stage 3 splits an expert one move at a time;
+   undoing a split frees an activation (the floor ``a + b*G``) but needs the tokens
+   re-routed through every other split at once, which no single move prices and the LP
+   does exactly. Run only when the makespan is more than ``SUPPORT_GAP`` (0.1%, relative)
+   above the certified bound (within it, the layer is within 0.1% of the optimum already);
+   ``extras["contracted"]`` is the number of replicas dropped.
+
+   5c. **Activation swaps** (*extension*; ``swap=False`` switches it off). On a GPU ``h``
+   below the makespan, one of its active shares moves whole to another replica of its
+   expert while ``h`` activates a replica it holds unused, so ``h``'s activation count
+   stays; the token LP on the new support routes tokens into ``h`` through every split
+   (:func:`~straggler.solvers._token_lp_fast.support_swap_kernel`, plain-Python
+   reference beside it). Each round applies the swap of lowest makespan if strictly
+   lower (GPUs, moved share, its destination, new replica, each increasing; first found
+   on ties), at most ``SWAP_ROUNDS`` (4) rounds. This is how a GPU left under-loaded at
+   an activation cap (all GPUs at ``G`` replicas, the floor ``a + b*(G + 1)`` above the
+   makespan) takes tokens: stage 3 only adds activations or moves tokens along existing
+   splits. Run under the same gap condition as 5b; ``extras["swapped"]`` counts the
+   swaps.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
@@ -156,6 +182,10 @@ from .registry import Certificate, LayerSolution
 __all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
 _FUNC = "solve_dispatch(method='tempo')"
+#: Most activation swaps (stage 5c) per layer.
+SWAP_ROUNDS = 4
+#: Stages 5b and 5c run only on a layer more than this (relative) above its bound.
+SUPPORT_GAP = 1e-3
 
 
 class TokenLP(NamedTuple):
@@ -280,6 +310,8 @@ class _Layer(NamedTuple):
     sm: int
     makespan: float
     bound: float
+    contracted: int
+    swapped: int
 
 
 @dataclass(frozen=True)
@@ -295,6 +327,9 @@ class Tempo:
         with a tile-boundary first leg in stage 3 (extensions, see the module notes).
     rebalance : bool, default True
         The support rebalance after stage 4 (an extension, see the module notes).
+    contract, swap : bool, default True
+        The support contraction and the activation swaps after it (extensions, see the
+        module notes).
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
@@ -333,6 +368,8 @@ class Tempo:
     exchanges: bool = True
     tile_chains: bool = True
     rebalance: bool = True
+    contract: bool = True
+    swap: bool = True
     tau: float = 0.01
     max_iter: int = 300
     repair_budget_s: float = 0.2
@@ -366,7 +403,13 @@ class Tempo:
         m = info[0]
         if self.rebalance and m > bound:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
-        return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound))
+        contracted = swapped = 0
+        if self.contract and m > bound + SUPPORT_GAP * m:
+            shares, m, contracted = kernels.SUPPORT_CONTRACT(counts, shares, c)
+        if self.swap and m > bound + SUPPORT_GAP * m:
+            shares, m, swapped = kernels.SUPPORT_SWAP(counts, replicas, shares, c, SWAP_ROUNDS)
+        return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound),
+                      int(contracted), int(swapped))  # fmt: skip
 
     def _needs_repair(self, m, bound) -> bool:
         return self.repair_budget_s > 0 and m > bound + self.repair_gap * m + 1e-12
@@ -376,6 +419,8 @@ class Tempo:
         (default ``repair_budget_s``)."""
         extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
         extras["rebalanced"] = lay.makespan < extras["makespan"]
+        extras["contracted"] = lay.contracted
+        extras["swapped"] = lay.swapped
         extras["makespan_stage4"] = extras["makespan"]
         extras["choice"] = CHOICES[int(extras["choice"])]
         for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
@@ -456,7 +501,7 @@ class Tempo:
 
 #: The kernels of one layer (:meth:`Tempo._arrays`).
 _PAIRS = (kernels.TOKEN_LP, kernels.SEMI_MATCHING, kernels.LOWER_BOUND, kernels.TEMPO,
-          kernels.SUPPORT_REBALANCE)  # fmt: skip
+          kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT, kernels.SUPPORT_SWAP)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:
@@ -466,7 +511,7 @@ def _rel_gap(lay: _Layer) -> float:
 def _tempo_iv(t: Tempo) -> None:
     """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
     for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
-                 "tile_chains", "rebalance"):  # fmt: skip
+                 "tile_chains", "rebalance", "contract", "swap"):  # fmt: skip
         check_bool(getattr(t, name), name, _FUNC)
     check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
     check_int(t.max_iter, "max_iter", _FUNC, lo=0)

@@ -279,7 +279,17 @@ def hall_score_kernel(slots, counts, mean, w, a, b, c, beta, c2, gamma, has3):
     """Mean score (module notes) of ``slots`` (``(g, per)`` experts) over the rows of
     ``counts`` (``(n_batches, E)`` int64): the Hall bound, mixed with weight ``w`` with the
     greedy dispatch's makespan (replicated experts by decreasing ``mean``)."""
-    E = counts.shape[1]
+    cnt, on, gfloor, N, R, T, ptr, gpus, reps = _slot_state(slots, counts)
+    cost = (a, b, c, beta, c2, gamma, has3)
+    return _hall_eval(slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, mean, w, *cost)
+
+
+@njit(**NJIT)
+def _slot_state(slots, counts):
+    """The search state of ``slots`` (``(g, per)`` experts): replica counts ``cnt``, the
+    expert-on-GPU mask ``on``, per batch ``ceil(E_live / g)`` and ``N``, the rigid shares
+    ``R``, ``T``, and the scratch arrays of :func:`_hall_eval`."""
+    B, E = counts.shape
     g, per = slots.shape
     cnt = np.zeros(E, np.int64)
     on = np.zeros((E, g), np.bool_)
@@ -287,19 +297,6 @@ def hall_score_kernel(slots, counts, mean, w, a, b, c, beta, c2, gamma, has3):
         for k in range(per):
             cnt[slots[h, k]] += 1
             on[slots[h, k], h] = True
-    gfloor, N, R, T = _batch_state(on, cnt, counts)
-    ptr = np.zeros(E + 1, np.int64)
-    gpus = np.zeros(g * per, np.int64)
-    reps = np.zeros(E, np.int64)
-    cost = (a, b, c, beta, c2, gamma, has3)
-    return _hall_eval(slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, mean, w, *cost)
-
-
-@njit(**NJIT)
-def _batch_state(on, cnt, counts):
-    """Per batch ``ceil(E_live / g)`` and ``N``, and the rigid shares ``R``, ``T``."""
-    B, E = counts.shape
-    g = on.shape[1]
     gfloor = np.zeros(B, np.int64)
     N = np.zeros(B, np.int64)
     R = np.zeros((B, g), np.int64)
@@ -313,7 +310,10 @@ def _batch_state(on, cnt, counts):
         gfloor[t] = (live + g - 1) // g
     for e in range(E):
         _toggle(1, e, on, cnt, R, T, counts)
-    return gfloor, N, R, T
+    ptr = np.zeros(E + 1, np.int64)
+    gpus = np.zeros(g * per, np.int64)
+    reps = np.zeros(E, np.int64)
+    return cnt, on, gfloor, N, R, T, ptr, gpus, reps
 
 
 @njit(**NJIT)
@@ -327,16 +327,7 @@ def placement_search_kernel(
     g, per = slots.shape
     E = counts.shape[1]
     several_nodes = node_of.max() > 0
-    cnt = np.zeros(E, np.int64)
-    on = np.zeros((E, g), np.bool_)
-    for h in range(g):
-        for k in range(per):
-            cnt[slots[h, k]] += 1
-            on[slots[h, k], h] = True
-    gfloor, N, R, T = _batch_state(on, cnt, counts)
-    ptr = np.zeros(E + 1, np.int64)
-    gpus = np.zeros(g * per, np.int64)
-    reps = np.zeros(E, np.int64)
+    cnt, on, gfloor, N, R, T, ptr, gpus, reps = _slot_state(slots, counts)
     args = (gfloor, N, ptr, gpus, reps, mean, w, a, b, c, beta, c2, gamma, has3)
     best = _hall_eval(slots, cnt, R, T, counts, *args)
     evals = 0

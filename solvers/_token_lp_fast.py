@@ -347,28 +347,34 @@ def token_lp_reference(counts, replicas):
 
 
 @njit(**NJIT)
+def _gpu_time(x, cost, h, tile):
+    """Modeled time of GPU ``h`` of a whole-token dispatch (the evaluator's order of operations)."""
+    G = 0
+    N = 0
+    T = 0
+    for e in range(x.shape[0]):
+        v = x[e, h]
+        if v > 0:
+            G += 1
+            N += v
+            T += (v + tile - 1) // tile
+    t = cost[0] + cost[1] * G + cost[2] * (T - G)
+    u = cost[3] + cost[4] * N
+    if u > t:
+        t = u
+    u = cost[5] + cost[6] * N
+    if u > t:
+        t = u
+    return t
+
+
+@njit(**NJIT)
 def _makespan(x, cost):
-    """Modeled makespan of a whole-token dispatch (the evaluator's order of operations)."""
-    E, g = x.shape
+    """Modeled makespan of a whole-token dispatch."""
     tile = np.int64(cost[7])
     m = -np.inf
-    for h in range(g):
-        G = 0
-        N = 0
-        T = 0
-        for e in range(E):
-            v = x[e, h]
-            if v > 0:
-                G += 1
-                N += v
-                T += (v + tile - 1) // tile
-        t = cost[0] + cost[1] * G + cost[2] * (T - G)
-        u = cost[3] + cost[4] * N
-        if u > t:
-            t = u
-        u = cost[5] + cost[6] * N
-        if u > t:
-            t = u
+    for h in range(x.shape[1]):
+        t = _gpu_time(x, cost, h, tile)
         if t > m:
             m = t
     return m
@@ -534,27 +540,10 @@ def support_contract_reference(counts, shares, cost):
 
 @njit(**NJIT)
 def _gpu_times(x, cost, out):
-    """Modeled time of each GPU of a whole-token dispatch (as :func:`_makespan`)."""
-    E, g = x.shape
+    """Modeled time of each GPU of a whole-token dispatch, into ``out``."""
     tile = np.int64(cost[7])
-    for h in range(g):
-        G = 0
-        N = 0
-        T = 0
-        for e in range(E):
-            v = x[e, h]
-            if v > 0:
-                G += 1
-                N += v
-                T += (v + tile - 1) // tile
-        t = cost[0] + cost[1] * G + cost[2] * (T - G)
-        u = cost[3] + cost[4] * N
-        if u > t:
-            t = u
-        u = cost[5] + cost[6] * N
-        if u > t:
-            t = u
-        out[h] = t
+    for h in range(x.shape[1]):
+        out[h] = _gpu_time(x, cost, h, tile)
 
 
 @njit(**NJIT)

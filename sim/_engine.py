@@ -66,7 +66,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, objmode, typed, typeof, types
+from numba import njit, objmode, typeof, types
 
 from ..solvers import predictors
 from ..solvers._jit import NJIT, NJIT_INLINE
@@ -136,7 +136,8 @@ class EngineInputs(NamedTuple):
     engines' own queues; ``room`` int64: each request's bootstrap room (the pool key);
     ``use_cache``: track the replicas' prefix caches (``blk_off`` ``(n+1,)`` and ``blk_ids``
     (dense ids ``>= 0``): each request's prompt blocks of ``blk_tokens`` tokens;
-    ``cache_blocks``: each replica's capacity in blocks); ``cache_router``: show them to the
+    ``cache_blocks``: each replica's capacity in blocks; ``cache_slots``: the size of their
+    block table, see :func:`_table_size`); ``cache_router``: show them to the
     router (``PoolState.cached``); ``ctx_cost``: seconds per token of a context phase run
     inside the step of the replica that admits the request (0: prefill elsewhere).
 
@@ -186,6 +187,7 @@ class EngineInputs(NamedTuple):
     blk_ids: np.ndarray
     blk_tokens: int
     cache_blocks: int
+    cache_slots: int
     ctx_cost: float
     deploy: bool = False
     n_layers: int = 1
@@ -420,19 +422,66 @@ def _prefill_done(pf_free, n_inst, t, tokens, base, per_token):
     return done
 
 
+_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: Fibonacci hashing's multiplier
+
+
+def _table_size(n_keys):
+    """Slots of a :func:`_slot` table that holds up to ``n_keys`` keys at most half full (a
+    power of two, so that a probe always ends at an empty slot)."""
+    size = 2
+    while size < 2 * (n_keys + 1):
+        size *= 2
+    return size
+
+
+@njit(**NJIT)
+def _slot(D, key):
+    """The slot of ``key`` in the open-addressing table ``D = (keys, vals)`` (linear probing;
+    an empty slot has ``vals < 0``), or the empty slot where it would go (Knuth, TAOCP vol. 3,
+    section 6.4, algorithm L)."""
+    keys, vals = D
+    mask = keys.shape[0] - 1
+    i = np.int64((np.uint64(key) * _FIB) >> np.uint64(32)) & mask
+    while vals[i] >= 0 and keys[i] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(**NJIT)
+def _unslot(D, i):
+    """Empty slot ``i`` of the table ``D`` (see :func:`_slot`), moving back the entries after it
+    that probing would no longer reach (Knuth, TAOCP vol. 3, section 6.4, algorithm R)."""
+    keys, vals = D
+    mask = keys.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if vals[j] < 0:
+            break
+        h = np.int64((np.uint64(keys[j]) * _FIB) >> np.uint64(32)) & mask
+        if (j > i and (h <= i or h > j)) or (j < i and h <= i and h > j):
+            keys[i] = keys[j]
+            vals[i] = vals[j]
+            i = j
+    vals[i] = -1
+
+
 @njit(**NJIT)
 def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
     """Touch block ``h`` in replica ``g``'s LRU prefix cache (``cap`` blocks).
 
-    ``D`` maps ``h * G + g`` to the stamp of its last touch; ``tg/th/ts[:T]`` log every touch
-    (replica, block, stamp) in order; ``hp[g]`` is where the search for ``g``'s least recently
-    touched block resumes (every entry of ``g`` before it is stale or evicted), ``sz[g]`` the
-    blocks ``g`` holds. Returns the (possibly grown) log and its new length.
+    ``D`` (a :func:`_slot` table) maps ``h * G + g`` to the stamp of its last touch;
+    ``tg/th/ts[:T]`` log every touch (replica, block, stamp) in order; ``hp[g]`` is where the
+    search for ``g``'s least recently touched block resumes (every entry of ``g`` before it is
+    stale or evicted), ``sz[g]`` the blocks ``g`` holds. Returns the (possibly grown) log and
+    its new length.
     """
     key = h * G + g
-    if key not in D:
+    s = _slot(D, key)
+    if D[1][s] < 0:
         sz[g] += 1
-    D[key] = T
+        D[0][s] = key
+    D[1][s] = T
     if T == tg.shape[0]:
         tg, th, ts = _grown(tg), _grown(th), _grown(ts)
     tg[T] = g
@@ -443,11 +492,11 @@ def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
         e = hp[g]
         while True:
             if tg[e] == g:
-                kk = th[e] * G + g
-                if kk in D and D[kk] == ts[e]:
+                s = _slot(D, th[e] * G + g)
+                if D[1][s] == ts[e]:  # stamps are >= 0, an empty slot's value < 0
                     break
             e += 1
-        del D[th[e] * G + g]
+        _unslot(D, s)
         sz[g] -= 1
         hp[g] = e + 1
     return tg, th, ts, T
@@ -456,10 +505,10 @@ def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
 @njit(**NJIT)
 def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
     """Prompt tokens of request ``i`` in replica ``g``'s cache: its leading blocks present in
-    ``D``, times ``blk_tokens``, at most its prompt."""
+    ``D`` (a :func:`_slot` table), times ``blk_tokens``, at most its prompt."""
     c = 0
     for b in range(blk_off[i], blk_off[i + 1]):
-        if blk_ids[b] * G + g in D:
+        if D[1][_slot(D, blk_ids[b] * G + g)] >= 0:
             c += 1
         else:
             break
@@ -500,7 +549,9 @@ class EngineState(NamedTuple):
     prompt-hash group. ``adm_i``/``adm_g``: the requests admitted in this step and their
     replicas, in order. ``tick_in`` (capacity ``max_pool``) and ``tick_view``: what the
     policy is shown at a tick (:func:`_tick_state`), allocated once. Prefix caches:
-    ``cache_d`` (block * G + replica -> stamp), ``c_hp``, ``c_sz`` (see :func:`_cache_touch`).
+    ``cache_d`` (block * G + replica -> stamp, a :func:`_slot` table ``(keys, vals)``
+    sized to the most blocks the caches can hold at once), ``c_hp``, ``c_sz`` (see
+    :func:`_cache_touch`).
     ``cnt``: the loop's counters (``_K`` .. ``_ADM_N``);
     ``clock`` ``(1,)``: the simulated time.
     """
@@ -548,7 +599,7 @@ class EngineState(NamedTuple):
     adm_g: np.ndarray
     tick_in: PoolState
     tick_view: ReplicaState
-    cache_d: typed.Dict
+    cache_d: tuple
     c_hp: np.ndarray
     c_sz: np.ndarray
     cnt: np.ndarray
@@ -620,7 +671,7 @@ def _new_state(inp):
             np.zeros(G),
             np.full(G, float(inp.kv_cap)),
         ),
-        cache_d=typed.Dict.empty(key_type=types.int64, value_type=types.int64),
+        cache_d=(np.zeros(inp.cache_slots, np.int64), np.full(inp.cache_slots, -1, np.int64)),
         c_hp=np.zeros(G, dtype=np.int64),
         c_sz=np.zeros(G, dtype=np.int64),
         cnt=np.zeros(_N_CNT, dtype=np.int64),

@@ -101,6 +101,7 @@ from ..solvers.routing_registry import DEFAULT_POLICY, get_routing_policy
 from ._engine import (
     SERIES,
     EngineInputs,
+    _table_size,
     engine_depends,
     engine_entry,
     no_two_stage,
@@ -623,6 +624,11 @@ def engine_inputs(trace, config: SimConfig):
         blk_off = np.array(blocks.offsets, dtype=np.int64)  # a writeable copy: one engine type
         blk_ids = np.unique(blocks.ids, return_inverse=True)[1].astype(np.int64)
         blk_tokens = int(blocks.block_tokens)
+    cache_blocks = int(cfg["kv_capacity"]) // blk_tokens
+    # the most (block, replica) keys the caches hold at once: each replica's capacity (one
+    # more while a touch evicts), at most every distinct block on every replica
+    n_blk = int(blk_ids.max()) + 1 if blk_ids.size else 0
+    cache_keys = cfg["n_replicas"] * min(cache_blocks, n_blk) + 1 if n_blk else 0
     rate = cfg["prefill_tokens_per_s"]
     inp = EngineInputs(
         options=ropts,
@@ -664,7 +670,8 @@ def engine_inputs(trace, config: SimConfig):
         blk_off=blk_off,
         blk_ids=blk_ids,
         blk_tokens=blk_tokens,
-        cache_blocks=int(cfg["kv_capacity"]) // blk_tokens,
+        cache_blocks=cache_blocks,
+        cache_slots=_table_size(cache_keys),
         ctx_cost=float(cfg["ctx_cost"]),
     )
     return inp, pol, trace, cfg

@@ -78,18 +78,13 @@ def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best, comb):
 
 
 @njit(**NJIT)
-def _stable_argsort(x):
-    """``np.argsort(x, kind="stable")`` for finite ``x >= 0``: LSD radix sort on the IEEE bits.
+def _radix_order(keys):
+    """The stable order of int64 ``keys`` read as unsigned 64-bit integers: LSD radix sort.
 
-    For non-negative doubles (``-0.0`` mapped to ``+0.0``) the bit patterns read as int64 are
-    ordered as the values, so byte-wise counting passes (stable) give the order by ``(x, index)``;
-    bytes that are equal in every key are skipped (token counts vary in 2-3 bytes only).
+    Byte-wise counting passes (stable) give the order by ``(key, index)``; bytes that are equal
+    in every key are skipped (token counts vary in 2-3 bytes only).
     """
-    n = x.shape[0]
-    buf = np.empty(n)
-    for i in range(n):
-        buf[i] = x[i] + 0.0
-    keys = buf.view(np.int64)
+    n = keys.shape[0]
     diff = 0
     for i in range(n):
         diff |= keys[i] ^ keys[0]
@@ -112,6 +107,49 @@ def _stable_argsort(x):
             cnt[d] += 1
         order, tmp = tmp, order
     return order
+
+
+@njit(**NJIT)
+def _stable_argsort(x):
+    """``np.argsort(x, kind="stable")`` for finite ``x >= 0``: :func:`_radix_order` of the IEEE
+    bits.
+
+    For non-negative doubles (``-0.0`` mapped to ``+0.0``) the bit patterns read as int64 are
+    ordered as the values.
+    """
+    n = x.shape[0]
+    buf = np.empty(n)
+    for i in range(n):
+        buf[i] = x[i] + 0.0
+    return _radix_order(buf.view(np.int64))
+
+
+@njit(**NJIT)
+def _stable_argsort_desc(x):
+    """``np.argsort(-x, kind="stable")`` for finite ``x >= 0``: :func:`_radix_order` of the
+    IEEE bits subtracted from the largest int64 (which reverses their order, ties kept by index).
+    """
+    n = x.shape[0]
+    buf = np.empty(n)
+    for i in range(n):
+        buf[i] = x[i] + 0.0
+    keys = buf.view(np.int64)
+    top = np.int64(0x7FFFFFFFFFFFFFFF)
+    for i in range(n):
+        keys[i] = top - keys[i]
+    return _radix_order(keys)
+
+
+@njit(**NJIT)
+def _kth_largest(w, k):
+    """The ``k``-th largest (``1 <= k <= len(w)``) of int64 ``w``: ``np.sort(w)[len(w) - k]``,
+    by :func:`_radix_order` of ``w`` with its sign bit flipped (unsigned order = signed order)."""
+    n = w.shape[0]
+    keys = np.empty(n, np.int64)
+    flip = np.int64(-9223372036854775808)
+    for i in range(n):
+        keys[i] = w[i] ^ flip
+    return w[_radix_order(keys)[n - k]]
 
 
 _DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
@@ -899,7 +937,7 @@ def brs_kernel(pool, reps, opts, carry, seed):
         # Every visible request gets a slot: longest first, each onto JSQ's replica. If the
         # KV capacity keeps one out, the tick is routed as a scarce one instead (below), so
         # that no request is passed over by a younger one outside the age window.
-        order = np.argsort(-s, kind="mergesort")
+        order = _stable_argsort_desc(s)
         fitted = True
         for t in range(n):
             i = order[t]
@@ -922,10 +960,11 @@ def brs_kernel(pool, reps, opts, carry, seed):
         if not fitted:
             for i in range(n):
                 out[i] = -1
-            L[:] = L0
+            for g in range(G):
+                L[g] = L0[g]
+                kv_load[g] = L0[g]
             req = reps.n_running + reps.n_waiting
             cap = reps.free_slots.copy()
-            kv_load[:] = L0
             kv_run = reps.n_running.copy()
     if not fitted:
         # Slots are scarce: the replica with the largest margin takes, from the age window,
@@ -955,9 +994,9 @@ def brs_kernel(pool, reps, opts, carry, seed):
                         if live[i]:
                             w_live[q] = wait[i]
                             q += 1
-                    w_live.sort()
-                    if w_live[n_live - kk] > theta:
-                        theta = w_live[n_live - kk]
+                    w_kk = _kth_largest(w_live, kk)
+                    if w_kk > theta:
+                        theta = w_kk
                 in_window = 0
                 for i in range(n):
                     if live[i] and wait[i] >= theta:

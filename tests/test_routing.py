@@ -499,6 +499,24 @@ def test_stable_argsort_is_numpy_stable_argsort(x):
     """The radix sort of BR-0 orders by (value, index) exactly as a stable sort."""
     a = np.array(x, dtype=np.float64)
     assert B._stable_argsort(a).tolist() == np.argsort(a, kind="stable").tolist()
+    # BR-S's longest-first order: by (-value, index), as numpy's stable sort of -x
+    assert B._stable_argsort_desc(a).tolist() == np.argsort(-a, kind="stable").tolist()
+
+
+@settings(max_examples=60)
+@given(
+    w=st.lists(
+        st.one_of(st.integers(-5, 40), st.sampled_from([-(2**63), 2**63 - 1, -1, 0, 256])),
+        min_size=1,
+        max_size=300,
+    ),
+    data=st.data(),
+)
+def test_kth_largest_is_numpy_sort(w, data):
+    """BR-S's window bound: the k-th largest wait, as ``np.sort(w)[n - k]``."""
+    a = np.array(w, dtype=np.int64)
+    k = data.draw(st.integers(1, len(w)))
+    assert B._kth_largest(a, k) == np.sort(a)[len(w) - k]
 
 
 @pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 200, 4095, 4096, 4097, 9000])

@@ -104,6 +104,37 @@ def test_prefix_caches_evict_the_least_recently_used_blocks():
     assert 0 < hits[24] < hits[4000]
 
 
+@pytest.mark.parametrize("n_keys", [1, 5, 40])
+def test_the_block_table_behaves_as_a_dict(n_keys):
+    """The prefix caches' open-addressing table (insert, look up, delete with backward shift)
+    against a Python dict, on random operations over keys that collide often (a table of
+    ``n_keys`` keys, keys drawn from a few times more, sequential and far apart)."""
+    from straggler.sim._engine import _slot, _table_size, _unslot
+
+    rng = np.random.default_rng(n_keys)
+    size = _table_size(n_keys)
+    D = (np.zeros(size, np.int64), np.full(size, -1, np.int64))
+    ref = {}
+    universe = np.concatenate([np.arange(3 * n_keys), rng.integers(0, 2**62, 2 * n_keys)])
+    for t in range(4000):
+        key = int(universe[rng.integers(universe.size)])
+        s = _slot(D, key)
+        assert (D[1][s] >= 0) == (key in ref)
+        if key in ref:
+            assert D[0][s] == key and D[1][s] == ref[key]
+            if rng.random() < 0.5:
+                _unslot(D, s)
+                del ref[key]
+                continue
+        elif len(ref) == n_keys:
+            continue
+        D[0][s] = key
+        D[1][s] = t
+        ref[key] = t
+    live = {int(k): int(v) for k, v in zip(*D) if v >= 0}
+    assert live == ref
+
+
 def _shared_prefix_trace():
     # request 1 shares request 0's first two blocks (block 4 tokens); request 2 shares none;
     # request 0 has left when the two others arrive

@@ -34,7 +34,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..solvers._jit import NJIT
+from ..solvers import _order
+from ..solvers._jit import NJIT, cache_depends_on
+from ..solvers._order import stable_argsort_desc
 from ..solvers._routing_core import RouterCarry
 from ..solvers.routing_registry import routing_policy
 
@@ -78,7 +80,7 @@ def trtllm_kernel(pool, reps, opts, carry, seed):
             mx = active[g]
     n_new = min(n, s_tot)
     limit = max((total + n_new + G - 1) // G, mx)
-    order = np.argsort(-prefill, kind="mergesort")
+    order = stable_argsort_desc(prefill)  # np.argsort(-prefill, kind="stable")
     for t in range(n):
         i = order[t]
         g = -1
@@ -96,6 +98,9 @@ def trtllm_kernel(pool, reps, opts, carry, seed):
             tok[g] += prefill[i]
             req[g] += 1
     return out, carry
+
+
+cache_depends_on(trtllm_kernel, _order)
 
 
 def trtllm_reference(pool, reps, opts, carry, seed):

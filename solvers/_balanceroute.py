@@ -17,8 +17,12 @@ import math
 import numpy as np
 from numba import njit
 
-from . import _routing_core
+from . import _order, _routing_core
 from ._jit import NJIT, cache_depends_on
+from ._order import radix_order as _radix_order
+from ._order import stable_argsort as _stable_argsort
+from ._order import stable_argsort_desc as _stable_argsort_desc
+from ._order import stable_argsort_float as _stable_argsort_float
 from ._routing_core import RouterCarry, least_tokens_kernel, least_tokens_reference
 from .routing_registry import routing_policy
 
@@ -75,69 +79,6 @@ def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best, comb):
             for t in range(j + 1, size):
                 comb[t] = comb[t - 1] + 1
     return best_f, n_best
-
-
-@njit(**NJIT)
-def _radix_order(keys):
-    """The stable order of int64 ``keys`` read as unsigned 64-bit integers: LSD radix sort.
-
-    Byte-wise counting passes (stable) give the order by ``(key, index)``; bytes that are equal
-    in every key are skipped (token counts vary in 2-3 bytes only).
-    """
-    n = keys.shape[0]
-    diff = 0
-    for i in range(n):
-        diff |= keys[i] ^ keys[0]
-    order = np.arange(n)
-    tmp = np.empty(n, np.int64)
-    cnt = np.empty(257, np.int64)
-    for sh in range(0, 64, 8):
-        if ((diff >> sh) & 255) == 0:
-            continue
-        for d in range(257):
-            cnt[d] = 0
-        for i in range(n):
-            cnt[((keys[i] >> sh) & 255) + 1] += 1
-        for d in range(256):
-            cnt[d + 1] += cnt[d]
-        for i in range(n):
-            o = order[i]
-            d = (keys[o] >> sh) & 255
-            tmp[cnt[d]] = o
-            cnt[d] += 1
-        order, tmp = tmp, order
-    return order
-
-
-@njit(**NJIT)
-def _stable_argsort(x):
-    """``np.argsort(x, kind="stable")`` for finite ``x >= 0``: :func:`_radix_order` of the IEEE
-    bits.
-
-    For non-negative doubles (``-0.0`` mapped to ``+0.0``) the bit patterns read as int64 are
-    ordered as the values.
-    """
-    n = x.shape[0]
-    buf = np.empty(n)
-    for i in range(n):
-        buf[i] = x[i] + 0.0
-    return _radix_order(buf.view(np.int64))
-
-
-@njit(**NJIT)
-def _stable_argsort_desc(x):
-    """``np.argsort(-x, kind="stable")`` for finite ``x >= 0``: :func:`_radix_order` of the
-    IEEE bits subtracted from the largest int64 (which reverses their order, ties kept by index).
-    """
-    n = x.shape[0]
-    buf = np.empty(n)
-    for i in range(n):
-        buf[i] = x[i] + 0.0
-    keys = buf.view(np.int64)
-    top = np.int64(0x7FFFFFFFFFFFFFFF)
-    for i in range(n):
-        keys[i] = top - keys[i]
-    return _radix_order(keys)
 
 
 @njit(**NJIT)
@@ -741,7 +682,10 @@ def brh_kernel(pool, reps, opts, carry, seed):
             m[h] = Mh[h] - L[g, h]
             spread += d[h] * abs(m[h])
         if not sorted_once[g]:
-            perm[g] = np.argsort(m)  # any order of equal margins gives the same bracket
+            # by margin (stable; any order of equal margins gives the same bracket)
+            pg = _stable_argsort_float(m)
+            for h in range(H1):
+                perm[g, h] = pg[h]
             sorted_once[g] = True
         stage1 = s_tot > s_greedy
         k = 1 if stage1 else min(r_max, n_live)
@@ -1179,7 +1123,9 @@ def project_loads_reference(replica, tokens, presence, n_replicas, horizon, refi
     return np.array(out, dtype=np.float64).reshape(n_replicas, horizon + 1)
 
 
-cache_depends_on(brs_kernel, _routing_core)
+cache_depends_on(brs_kernel, _routing_core, _order)
+cache_depends_on(br0_kernel, _order)
+cache_depends_on(brh_kernel, _order)
 
 _BR = ("r_max", "s_greedy", "optimistic")
 BR0 = routing_policy(

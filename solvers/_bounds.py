@@ -34,7 +34,9 @@ from fractions import Fraction
 import numpy as np
 from numba import njit
 
-from ._jit import NJIT
+from . import _order
+from ._jit import NJIT, cache_depends_on
+from ._order import stable_argsort_uint
 
 __all__ = [
     "coupling_bound_kernel",
@@ -259,7 +261,7 @@ def lower_bound_kernel(counts, replicas, params, sm):
                 best = v
         return coupling_bound_kernel(counts, replicas, params, best)
     # aggregate experts by distinct replica set, then sum over subsets: O(E log E + D^2)
-    order = np.argsort(masks)
+    order = stable_argsort_uint(masks)
     dm = np.zeros(n_live, np.uint64)
     dn = np.zeros(n_live, np.int64)
     dj = np.zeros(n_live, np.int64)
@@ -296,6 +298,9 @@ def lower_bound_kernel(counts, replicas, params, sm):
         if v > best:
             best = v
     return coupling_bound_kernel(counts, replicas, params, best)
+
+
+cache_depends_on(lower_bound_kernel, _order)
 
 
 def lower_bound_reference(counts, replicas, params, sm):

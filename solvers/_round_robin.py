@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._jit import NJIT
+from . import _order
+from ._jit import NJIT, cache_depends_on
+from ._order import stable_argsort_int_desc
 
 __all__ = ["a3_kernel", "a3_reference"]
 
@@ -23,8 +25,8 @@ __all__ = ["a3_kernel", "a3_reference"]
 def a3_kernel(counts, replicas, full):
     """GPU of each expert under A3 (``full``) or the fewest-experts variant."""
     E, g = replicas.shape
-    # stable sort on -counts: descending tokens, ties to the lower index
-    order = np.argsort(-counts, kind="mergesort")
+    # stable order of -counts: descending tokens, ties to the lower index
+    order = stable_argsort_int_desc(counts)
     assign = np.full(E, -1, np.int64)
     n_exp = np.zeros(g, np.int64)
     n_tok = np.zeros(g, np.int64)
@@ -51,6 +53,9 @@ def a3_kernel(counts, replicas, full):
         n_tok[best] += counts[e]
         rank += 1
     return assign
+
+
+cache_depends_on(a3_kernel, _order)
 
 
 def a3_reference(counts, replicas, full):

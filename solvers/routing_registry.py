@@ -397,9 +397,9 @@ def kernel_modules() -> tuple:
     """The modules whose source a compiled call of any policy's kernel includes (every
     policy's kernel module and the common ground), for the disk cache of the jitted callers
     (:func:`~straggler.solvers._jit.cache_depends_on`)."""
-    from . import _jit, _routing_core
+    from . import _jit, _order, _routing_core
 
-    names = {_routing_core.__name__, _jit.__name__}
+    names = {_routing_core.__name__, _jit.__name__, _order.__name__}
     for pol in [*_table().values(), *_USER.values()]:
         names.add(getattr(pol.kernel, "py_func", pol.kernel).__module__)
     return tuple(sys.modules[n] for n in sorted(names))

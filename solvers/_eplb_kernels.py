@@ -118,15 +118,16 @@ def replicate_reference(w, num_phy, max_count, ratio_dtype):
     phy2log = np.tile(np.arange(num_phy, dtype=np.int64), (n_rows, 1))
     rank = np.zeros((n_rows, num_phy), dtype=np.int64)
     logcnt = np.ones((n_rows, num_log), dtype=np.int64)
-    rows = np.arange(n_rows)
     for i in range(num_log, num_phy):
         ratio = (w / logcnt.astype(ratio_dtype.dtype)).astype(ratio_dtype.dtype)
         if max_count > 0:
             ratio = np.where(logcnt < max_count, ratio, -np.inf)
         idx = np.argmax(ratio, axis=-1)
-        phy2log[:, i] = idx
-        rank[:, i] = logcnt[rows, idx]
-        logcnt[rows, idx] += 1
+        for r in range(n_rows):  # phy2log[:, i] = idx; rank[:, i] = logcnt[rows, idx]; += 1
+            j = idx[r]
+            phy2log[r, i] = j
+            rank[r, i] = logcnt[r, j]
+            logcnt[r, j] += 1
     return phy2log, rank, logcnt
 
 

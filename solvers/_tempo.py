@@ -1200,7 +1200,9 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
         if polish or take:
             y = np.zeros((E, g), np.int64)
             if cand == 1:
-                y[:, :] = lp_shares
+                for e in range(E):  # y[:, :] = lp_shares
+                    for h in range(g):
+                        y[e, h] = lp_shares[e, h]
             else:
                 r = 0
                 for i in range(E):

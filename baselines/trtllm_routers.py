@@ -178,6 +178,9 @@ def trtllm_balance_kernel(pool, reps, opts, carry, seed):
     return out, RouterCarry(carry.cursor, carry.vllm_start, wait, batch, carry.brs_backlog)
 
 
+cache_depends_on(trtllm_balance_kernel, _order)
+
+
 def trtllm_balance_reference(pool, reps, opts, carry, seed):
     """The hold-back in plain Python, written as upstream's branches."""
     out, _ = trtllm_reference(pool, reps, opts, carry, seed)

@@ -1123,7 +1123,7 @@ def project_loads_reference(replica, tokens, presence, n_replicas, horizon, refi
     return np.array(out, dtype=np.float64).reshape(n_replicas, horizon + 1)
 
 
-cache_depends_on(brs_kernel, _routing_core, _order)
+cache_depends_on(brs_kernel, _order, _routing_core)
 cache_depends_on(br0_kernel, _order)
 cache_depends_on(brh_kernel, _order)
 

@@ -99,11 +99,21 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=8, help="batches per window")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--resamples", type=int, default=256, help="place_experts(n_resamples=)")
-    ap.add_argument("--out", default=str(RESULTS / "placement.json"))
+    ap.add_argument(
+        "--heldout", action="store_true",
+        help="cells never used to choose the score's weight or the resamples: other skews and "
+        "batch sizes, seed 1",
+    )  # fmt: skip
+    ap.add_argument("--out", default=None, help="default results/placement[_heldout].json")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = str(RESULTS / ("placement_heldout.json" if args.heldout else "placement.json"))
     shapes = ("dsv3",) if args.quick else ("dsv3", "qwen3_30b")
     Bs = (64, 256, 512, 2048) if args.quick else (64, 128, 256, 512, 1024)
     skews = (0.6, 1.5) if args.quick else (0.6, 0.9, 1.2, 1.5)
+    seed = 0
+    if args.heldout:
+        Bs, skews, seed = (96, 192, 384, 768), (0.75, 1.05, 1.35), 1
     reps = (1.25,) if args.quick else (1.25, 1.5)
     rows = []
     cell("qwen3_30b", 8, 16, 1.5, 1.25, 2, 1, 1)  # warm-up: JIT and first-call costs, untimed
@@ -113,7 +123,7 @@ def main(argv=None) -> int:
         for r in reps:
             for s in skews:
                 for B in Bs:
-                    row = cell(shape, 8, B, s, r, args.window, args.layers, 0, args.resamples)
+                    row = cell(shape, 8, B, s, r, args.window, args.layers, seed, args.resamples)
                     rows.append(row)
                     t = row["time_s"]
                     print(
@@ -144,6 +154,8 @@ def main(argv=None) -> int:
                 "benchmark": "placement",
                 "machine": platform.platform(),
                 "note": "shared 2-core machine; times side by side in one run",
+                "heldout": args.heldout,
+                "seed": seed,
                 "window": args.window,
                 "n_resamples": args.resamples,
                 "layers": args.layers,

@@ -70,15 +70,24 @@ def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best, comb):
                 n_best = size
                 for j in range(size):
                     best[j] = comb[j]
-            j = size - 1
-            while j >= 0 and comb[j] == nc - size + j:
-                j -= 1
-            if j < 0:
+            if not _next_combination(comb, size, nc):
                 break
-            comb[j] += 1
-            for t in range(j + 1, size):
-                comb[t] = comb[t - 1] + 1
     return best_f, n_best
+
+
+@njit(**NJIT)
+def _next_combination(comb, size, n):
+    """Advance ``comb[:size]`` (increasing ranks in ``range(n)``) to the next ``size``-subset
+    in lexicographic order; ``False`` after the last one."""
+    j = size - 1
+    while j >= 0 and comb[j] == n - size + j:
+        j -= 1
+    if j < 0:
+        return False
+    comb[j] += 1
+    for t in range(j + 1, size):
+        comb[t] = comb[t - 1] + 1
+    return True
 
 
 @njit(**NJIT)
@@ -712,14 +721,8 @@ def brh_kernel(pool, reps, opts, carry, seed):
                         n_best = size
                         for j in range(size):
                             best[j] = comb[j]
-                    j = size - 1
-                    while j >= 0 and comb[j] == nc - size + j:
-                        j -= 1
-                    if j < 0:
+                    if not _next_combination(comb, size, nc):
                         break
-                    comb[j] += 1
-                    for t in range(j + 1, size):
-                        comb[t] = comb[t - 1] + 1
             if best_f <= 0.0:
                 best[0] = 0
                 n_best = 1

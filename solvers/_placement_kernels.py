@@ -317,6 +317,16 @@ def _slot_state(slots, counts):
 
 
 @njit(**NJIT)
+def _slot_of(slots, h, e):
+    """The slot of GPU ``h`` that holds expert ``e`` (the last such slot; 0 if none)."""
+    kk = 0
+    for k in range(slots.shape[1]):
+        if slots[h, k] == e:
+            kk = k
+    return kk
+
+
+@njit(**NJIT)
 def placement_search_kernel(
     slots0, counts, freq, mean, need, node_of, w, a, b, c, beta, c2, gamma, has3, max_evals
 ):
@@ -390,10 +400,7 @@ def placement_search_kernel(
                             hb = h
                     if hb < 0:
                         continue
-                    kb = 0
-                    for k in range(per):
-                        if slots[hb, k] == d:
-                            kb = k
+                    kb = _slot_of(slots, hb, d)
                     _set_slot(slots, on, cnt, R, T, counts, hb, kb, u)
                     s = _hall_eval(slots, cnt, R, T, counts, *args)
                     evals += 1
@@ -435,14 +442,8 @@ def placement_search_kernel(
                         e2 = e2s[j2]
                         if wt[e1] <= wt[e2] or evals >= max_evals:
                             continue
-                        k1 = 0
-                        for k in range(per):
-                            if slots[h1, k] == e1:
-                                k1 = k
-                        k2 = 0
-                        for k in range(per):
-                            if slots[h2, k] == e2:
-                                k2 = k
+                        k1 = _slot_of(slots, h1, e1)
+                        k2 = _slot_of(slots, h2, e2)
                         _set_slot(slots, on, cnt, R, T, counts, h1, k1, e2)
                         _set_slot(slots, on, cnt, R, T, counts, h2, k2, e1)
                         s = _hall_eval(slots, cnt, R, T, counts, *args)

@@ -93,6 +93,7 @@ import math
 import numpy as np
 
 from ..formulations.cost import CostModel
+from ..formulations.dispatch import logical_to_physical
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import (
     check_array,
@@ -138,14 +139,7 @@ def _maps(masks: np.ndarray, per: int):
     for l in range(L):
         for h in range(g):
             p2l[l, h * per : (h + 1) * per] = np.flatnonzero(masks[l, :, h])
-    count = masks.sum(axis=2).astype(np.int64)
-    X = int(count.max())
-    l2p = np.full((L, E, X), -1, dtype=np.int64)
-    fill = np.zeros((L, E), dtype=np.int64)
-    for l in range(L):
-        for p, e in enumerate(p2l[l]):
-            l2p[l, e, fill[l, e]] = p
-            fill[l, e] += 1
+    l2p, count = logical_to_physical(p2l, E)
     return p2l, l2p, count
 
 
@@ -168,13 +162,7 @@ def _maps_keeping(masks: np.ndarray, previous: np.ndarray, per: int):
             new = [e for e in np.flatnonzero(masks[l, :, h]) if int(e) not in kept]
             row[row < 0] = new
             p2l[l, h * per : (h + 1) * per] = row
-    count = masks.sum(axis=2).astype(np.int64)
-    l2p = np.full((L, E, int(count.max())), -1, dtype=np.int64)
-    fill = np.zeros((L, E), dtype=np.int64)
-    for l in range(L):
-        for p, e in enumerate(p2l[l]):
-            l2p[l, e, fill[l, e]] = p
-            fill[l, e] += 1
+    l2p, count = logical_to_physical(p2l, E)
     return p2l, l2p, count
 
 

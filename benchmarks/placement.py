@@ -4,9 +4,12 @@ For each cell of the phase grid (shape, EP8, B tokens per GPU, Zipf s, replicati
 window of ``--window`` routed batches (Dirichlet kappa 2000 around a Zipf popularity, one
 layer per placement, ``--layers`` placements) builds three placements: upstream EPLB
 (``rebalance_experts``, duplicates allowed), EPLB ``distinct=True`` and
-``place_experts(method="local_search")``. Each is scored on the next ``--window`` batches
-(held out) by tempo's mean makespan. Placement time is measured side by side in one run
-(shared 2-core machine: ratios, not absolute times).
+``place_experts(method="local_search")``, the latter once per search budget of
+``--frontier`` (``n_resamples:max_evals`` pairs; the first is the reported one). Each is
+scored on the next ``--window`` batches (held out) by tempo's mean makespan. Placement time
+is measured side by side in one run, each call's median over ``--repeat`` calls (shared
+2-core machine: ratios, not absolute times); the frontier is the headroom captured against
+the median time ratio.
 
 Goal: capture >= 80% of the headroom in the mixed cells (headroom: 1 - the absolute bound
 over EPLB's tempo makespan on the held-out window; mixed: EPLB over the bound > 1.005; the
@@ -17,6 +20,7 @@ Usage::
 
     python benchmarks/placement.py --quick
     python benchmarks/placement.py
+    python benchmarks/placement.py --heldout
 """
 
 from __future__ import annotations
@@ -37,7 +41,15 @@ from straggler.solvers.eplb import rebalance_experts
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
-def _score(batches, p2l, g, cost):
+_SCORED: dict = {}  # (cell, placement bytes) -> tempo's mean makespan, within one run
+
+
+def _score(batches, p2l, g, cost, key=None):
+    if key is not None:
+        key = (key, np.ascontiguousarray(p2l).tobytes())
+        if key not in _SCORED:
+            _SCORED[key] = _score(batches, p2l, g, cost)
+        return _SCORED[key]
     tot = 0.0
     for c in batches:
         p = DispatchProblem.from_placement(c, p2l, g)
@@ -45,7 +57,17 @@ def _score(batches, p2l, g, cost):
     return tot / len(batches)
 
 
-def cell(shape, g, B, s, r, window, layers, seed, n_resamples=256):
+def _timed(f, repeat):
+    """``f()``'s result and its median time over ``repeat`` calls."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = f()
+        times.append(time.perf_counter() - t0)
+    return out, float(np.median(times))
+
+
+def cell(shape, g, B, s, r, window, layers, seed, budgets=((16, 300),), repeat=1):
     sh = SHAPES[shape]
     cost = CostModel.preset(DEFAULT_PRESETS[shape])
     rng = np.random.default_rng([seed, B, round(s * 100), round(r * 100)])
@@ -55,17 +77,25 @@ def cell(shape, g, B, s, r, window, layers, seed, n_resamples=256):
     P = num_physical_slots(sh.n_experts, g, r)
     G = sh.n_groups if sh.n_experts % sh.n_groups == 0 else 1
     out = {}
-    t0 = time.perf_counter()
-    up = rebalance_experts(build.mean(axis=0), P, G, 1, g)[0]
-    t_up = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dist = rebalance_experts(build.mean(axis=0), P, G, 1, g, distinct=True)[0]
-    t_dist = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ours = place_experts(build, P, G, 1, g, cost=cost, n_resamples=n_resamples)[0]
-    t_ours = time.perf_counter() - t0
-    for name, p2l in (("eplb", up), ("eplb_distinct", dist), ("place_experts", ours)):
-        out[name] = _score(held, p2l, g, cost)
+    mean = build.mean(axis=0)
+    up, t_up = _timed(lambda: rebalance_experts(mean, P, G, 1, g)[0], max(repeat, 5))
+    dist, t_dist = _timed(lambda: rebalance_experts(mean, P, G, 1, g, distinct=True)[0], repeat)
+    key = (shape, g, B, s, r, seed)
+    for name, p2l in (("eplb", up), ("eplb_distinct", dist)):
+        out[name] = _score(held, p2l, g, cost, key)
+    frontier = []
+    for n_res, evals in budgets:
+        ours, t_ours = _timed(
+            lambda n_res=n_res, evals=evals: place_experts(
+                build, P, G, 1, g, cost=cost, n_resamples=n_res, max_evals=evals
+            )[0],
+            repeat,
+        )  # fmt: skip
+        m = _score(held, ours, g, cost, key)
+        frontier.append(dict(n_resamples=n_res, max_evals=evals, makespan=m,
+                             gain_vs_eplb=1 - m / out["eplb"], time_s=t_ours))  # fmt: skip
+    out["place_experts"] = frontier[0]["makespan"]
+    t_ours = frontier[0]["time_s"]
     # the placement-independent bound max(b ceil(E_live / g), beta N / g) on the held window
     lb = np.mean(
         [
@@ -90,6 +120,7 @@ def cell(shape, g, B, s, r, window, layers, seed, n_resamples=256):
         "eplb_over_abs_bound": out["eplb"] / lb,
         "headroom": 1 - lb / out["eplb"],
         "time_s": {"eplb": t_up, "eplb_distinct": t_dist, "place_experts": t_ours},
+        "frontier": frontier,
     }
 
 
@@ -98,7 +129,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--window", type=int, default=8, help="batches per window")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--resamples", type=int, default=256, help="place_experts(n_resamples=)")
+    ap.add_argument(
+        "--frontier", default="16:300,0:100,16:100,64:300,64:1000,256:1000",
+        help="place_experts(n_resamples:max_evals) budgets, comma separated; the first is "
+        "the one reported per cell (the default's)",
+    )  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=3, help="timed calls per placement (median)")
     ap.add_argument(
         "--heldout", action="store_true",
         help="cells never used to choose the score's weight or the resamples: other skews and "
@@ -115,15 +151,18 @@ def main(argv=None) -> int:
     if args.heldout:
         Bs, skews, seed = (96, 192, 384, 768), (0.75, 1.05, 1.35), 1
     reps = (1.25,) if args.quick else (1.25, 1.5)
+    budgets = [tuple(int(x) for x in b.split(":")) for b in args.frontier.split(",")]
     rows = []
-    cell("qwen3_30b", 8, 16, 1.5, 1.25, 2, 1, 1)  # warm-up: JIT and first-call costs, untimed
+    cell("qwen3_30b", 8, 16, 1.5, 1.25, 2, 1, 1, budgets)  # warm-up: JIT, first calls; untimed
     print(f"{'shape':>9} {'B':>5} {'s':>4} {'r':>5} {'vs EPLB':>8} {'vs dist':>8} "
           f"{'EPLB/LB':>8} {'t ours/EPLB':>11}")  # fmt: skip
     for shape in shapes:
         for r in reps:
             for s in skews:
                 for B in Bs:
-                    row = cell(shape, 8, B, s, r, args.window, args.layers, seed, args.resamples)
+                    row = cell(
+                        shape, 8, B, s, r, args.window, args.layers, seed, budgets, args.repeat
+                    )  # fmt: skip
                     rows.append(row)
                     t = row["time_s"]
                     print(
@@ -136,6 +175,44 @@ def main(argv=None) -> int:
     mixed = np.array([r["eplb_over_abs_bound"] > 1.005 for r in rows])
     head = np.array([r["headroom"] for r in rows])
     tr = np.array([r["time_s"]["place_experts"] / r["time_s"]["eplb"] for r in rows])
+    frontier = []
+    for i, (n_res, evals) in enumerate(budgets):
+        gi = np.array([r["frontier"][i]["gain_vs_eplb"] for r in rows])
+        ti = np.array([r["frontier"][i]["time_s"] / r["time_s"]["eplb"] for r in rows])
+        frontier.append(
+            {
+                "n_resamples": n_res,
+                "max_evals": evals,
+                "headroom_captured_mixed": float(gi[mixed].mean() / head[mixed].mean())
+                if mixed.any()
+                else None,
+                "gain_min": float(gi.min()),
+                "time_ratio_median": float(np.median(ti)),
+                "time_ratio_max": float(ti.max()),
+            }
+        )
+    gd = np.array([1 - r["tempo_makespan_us"]["eplb_distinct"] / r["tempo_makespan_us"]["eplb"]
+                   for r in rows])  # fmt: skip
+    td = np.array([r["time_s"]["eplb_distinct"] / r["time_s"]["eplb"] for r in rows])
+    frontier.append(
+        {
+            "method": "eplb (distinct=True, the search's start)",
+            "headroom_captured_mixed": float(gd[mixed].mean() / head[mixed].mean())
+            if mixed.any()
+            else None,
+            "gain_min": float(gd.min()),
+            "time_ratio_median": float(np.median(td)),
+            "time_ratio_max": float(td.max()),
+        }
+    )
+    head_row = ("n_resamples:max_evals", "captured", "worst", "t/EPLB med", "max")
+    print("\n{:>22} {:>9} {:>8} {:>10} {:>8}".format(*head_row))
+    for f in frontier:
+        name = f.get("method", f"{f.get('n_resamples')}:{f.get('max_evals')}")[:22]
+        cap = f["headroom_captured_mixed"]
+        print(f"{name:>22} {100 * cap if cap is not None else float('nan'):>8.1f}% "
+              f"{100 * f['gain_min']:>7.2f}% {f['time_ratio_median']:>10.1f} "
+              f"{f['time_ratio_max']:>8.1f}")  # fmt: skip
     summary = {
         "gain_min": float(g.min()),
         "gain_max": float(g.max()),
@@ -146,6 +223,7 @@ def main(argv=None) -> int:
         else None,
         "n_mixed": int(mixed.sum()),
         "time_ratio_median": float(np.median(tr)),
+        "time_ratio_max": float(tr.max()),
     }
     print(json.dumps(summary))
     pathlib.Path(args.out).write_text(
@@ -157,9 +235,11 @@ def main(argv=None) -> int:
                 "heldout": args.heldout,
                 "seed": seed,
                 "window": args.window,
-                "n_resamples": args.resamples,
+                "budgets": budgets,
+                "repeat": args.repeat,
                 "layers": args.layers,
                 "summary": summary,
+                "frontier": frontier,
                 "rows": rows,
             },
             indent=1,

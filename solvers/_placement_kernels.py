@@ -174,10 +174,12 @@ def _set_slot(slots, on, cnt, R, T, counts, h, k, new):
 
 @njit(**NJIT)
 def _hall_eval(
-    slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, mean, w, a, b, c, beta, c2, gamma, has3
-):
+    slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, order, by_mean, w, a, b, c, beta, c2,
+    gamma, has3,
+):  # fmt: skip
     """:func:`hall_score_kernel` from the maintained rigid shares ``R``, ``T`` (``(B, g)``),
-    per-batch ``ceil(E_live / g)`` and ``N``: ``O(g + sum of replicated sets)`` a batch."""
+    per-batch ``ceil(E_live / g)`` and ``N``: ``O(g + sum of replicated sets)`` a batch.
+    ``by_mean``: every expert by decreasing mean load (ties: lower index)."""
     B, E = counts.shape
     g, per = slots.shape
     # the replica sets of the experts with >= 2 replicas, as compressed rows
@@ -197,7 +199,12 @@ def _hall_eval(
             if cnt[e] >= 2:
                 gpus[fill[e]] = h
                 fill[e] += 1
-    order = reps[:n_rep][np.argsort(-mean[reps[:n_rep]], kind="mergesort")]
+    # the replicated experts by decreasing mean load (the greedy dispatch's order)
+    n_ord = 0
+    for i in range(E):
+        if cnt[by_mean[i]] >= 2:
+            order[n_ord] = by_mean[i]
+            n_ord += 1
     Gw = np.zeros(g)
     Nw = np.zeros(g)
     total = 0.0
@@ -279,9 +286,10 @@ def hall_score_kernel(slots, counts, mean, w, a, b, c, beta, c2, gamma, has3):
     """Mean score (module notes) of ``slots`` (``(g, per)`` experts) over the rows of
     ``counts`` (``(n_batches, E)`` int64): the Hall bound, mixed with weight ``w`` with the
     greedy dispatch's makespan (replicated experts by decreasing ``mean``)."""
-    cnt, on, gfloor, N, R, T, ptr, gpus, reps = _slot_state(slots, counts)
-    cost = (a, b, c, beta, c2, gamma, has3)
-    return _hall_eval(slots, cnt, R, T, counts, gfloor, N, ptr, gpus, reps, mean, w, *cost)
+    cnt, on, gfloor, N, R, T, ptr, gpus, reps, order = _slot_state(slots, counts)
+    by_mean = np.argsort(-mean, kind="mergesort")
+    state = (gfloor, N, ptr, gpus, reps, order, by_mean, w, a, b, c, beta, c2, gamma, has3)
+    return _hall_eval(slots, cnt, R, T, counts, *state)
 
 
 @njit(**NJIT)
@@ -313,7 +321,28 @@ def _slot_state(slots, counts):
     ptr = np.zeros(E + 1, np.int64)
     gpus = np.zeros(g * per, np.int64)
     reps = np.zeros(E, np.int64)
-    return cnt, on, gfloor, N, R, T, ptr, gpus, reps
+    order = np.zeros(E, np.int64)
+    return cnt, on, gfloor, N, R, T, ptr, gpus, reps, order
+
+
+@njit(**NJIT)
+def _keep_best(buf, n, e, key, sign):
+    """Insert ``e`` into ``buf[:n]``, the (at most ``len(buf)``) experts of largest
+    ``sign * key`` in order, ties to the lower index (a stable sort's first entries);
+    returns the new count."""
+    pos = n
+    while pos > 0:
+        x = buf[pos - 1]
+        if sign * key[e] > sign * key[x] or (key[e] == key[x] and e < x):
+            pos -= 1
+        else:
+            break
+    if pos >= buf.shape[0]:
+        return n
+    for i in range(min(n, buf.shape[0] - 1), pos, -1):
+        buf[i] = buf[i - 1]
+    buf[pos] = e
+    return min(n + 1, buf.shape[0])
 
 
 @njit(**NJIT)
@@ -337,8 +366,9 @@ def placement_search_kernel(
     g, per = slots.shape
     E = counts.shape[1]
     several_nodes = node_of.max() > 0
-    cnt, on, gfloor, N, R, T, ptr, gpus, reps = _slot_state(slots, counts)
-    args = (gfloor, N, ptr, gpus, reps, mean, w, a, b, c, beta, c2, gamma, has3)
+    cnt, on, gfloor, N, R, T, ptr, gpus, reps, order = _slot_state(slots, counts)
+    by_mean = np.argsort(-mean, kind="mergesort")
+    args = (gfloor, N, ptr, gpus, reps, order, by_mean, w, a, b, c, beta, c2, gamma, has3)
     best = _hall_eval(slots, cnt, R, T, counts, *args)
     evals = 0
     pressure = np.zeros(g)
@@ -348,7 +378,15 @@ def placement_search_kernel(
     donors = np.empty(_DONORS, np.int64)
     e1s = np.empty(_HOT_EXPERTS, np.int64)
     e2s = np.empty(_COLD_EXPERTS, np.int64)
+    # the round in which each replica move (receiver, donor) and swap (e1, e2) was last
+    # rejected; those rejected after round ``fresh`` are not tried again until a full pass
+    rej_move = np.zeros((E, E), np.int64)
+    rej_swap = np.zeros((E, E), np.int64)
+    rnd = 0
+    fresh = 0
     while evals < max_evals:
+        rnd += 1
+        skipped = False
         for h in range(g):
             f = 0.0
             m = 0.0
@@ -367,18 +405,12 @@ def placement_search_kernel(
                 break
             for e in range(E):
                 ratio[e] = need[q, e] / cnt[e]
-            order = np.argsort(-ratio, kind="mergesort")
             n_recv = 0
-            for i in range(E):
-                if n_recv < _RECEIVERS:
-                    recv[n_recv] = order[i]
-                    n_recv += 1
-            order = np.argsort(ratio, kind="mergesort")
             n_don = 0
-            for i in range(E):
-                if n_don < _DONORS and cnt[order[i]] >= 2:
-                    donors[n_don] = order[i]
-                    n_don += 1
+            for e in range(E):
+                n_recv = _keep_best(recv, n_recv, e, ratio, 1.0)
+                if cnt[e] >= 2:
+                    n_don = _keep_best(donors, n_don, e, ratio, -1.0)
             for i in range(n_recv):
                 u = recv[i]
                 for j in range(n_don):
@@ -400,6 +432,9 @@ def placement_search_kernel(
                             hb = h
                     if hb < 0:
                         continue
+                    if rej_move[u, d] > fresh:
+                        skipped = skipped or rej_move[u, d] < rnd
+                        continue
                     kb = _slot_of(slots, hb, d)
                     _set_slot(slots, on, cnt, R, T, counts, hb, kb, u)
                     s = _hall_eval(slots, cnt, R, T, counts, *args)
@@ -409,6 +444,7 @@ def placement_search_kernel(
                         improved = True
                         break
                     _set_slot(slots, on, cnt, R, T, counts, hb, kb, d)
+                    rej_move[u, d] = rnd
                 if improved:
                     break
         if improved:
@@ -416,8 +452,6 @@ def placement_search_kernel(
         # 2. swaps between a GPU of large and one of small pressure
         hot = np.argsort(-pressure, kind="mergesort")
         cold = np.argsort(pressure, kind="mergesort")
-        down = np.argsort(-wt, kind="mergesort")
-        up = np.argsort(wt, kind="mergesort")
         for i1 in range(min(_HOT_GPUS, g)):
             h1 = hot[i1]
             for i2 in range(min(_COLD_GPUS, g)):
@@ -425,22 +459,22 @@ def placement_search_kernel(
                 if h1 == h2 or node_of[h1] != node_of[h2]:
                     continue
                 n1 = 0
-                for i in range(E):
-                    e = down[i]
-                    if n1 < _HOT_EXPERTS and cnt[e] == 1 and on[e, h1] and not on[e, h2]:
-                        e1s[n1] = e
-                        n1 += 1
                 n2 = 0
-                for i in range(E):
-                    e = up[i]
-                    if n2 < _COLD_EXPERTS and on[e, h2] and not on[e, h1]:
-                        e2s[n2] = e
-                        n2 += 1
+                for k in range(per):
+                    e = slots[h1, k]
+                    if cnt[e] == 1 and not on[e, h2]:
+                        n1 = _keep_best(e1s, n1, e, wt, 1.0)
+                    e = slots[h2, k]
+                    if not on[e, h1]:
+                        n2 = _keep_best(e2s, n2, e, wt, -1.0)
                 for j1 in range(n1):
                     e1 = e1s[j1]
                     for j2 in range(n2):
                         e2 = e2s[j2]
                         if wt[e1] <= wt[e2] or evals >= max_evals:
+                            continue
+                        if rej_swap[e1, e2] > fresh:
+                            skipped = skipped or rej_swap[e1, e2] < rnd
                             continue
                         k1 = _slot_of(slots, h1, e1)
                         k2 = _slot_of(slots, h2, e2)
@@ -454,6 +488,7 @@ def placement_search_kernel(
                             break
                         _set_slot(slots, on, cnt, R, T, counts, h2, k2, e2)
                         _set_slot(slots, on, cnt, R, T, counts, h1, k1, e1)
+                        rej_swap[e1, e2] = rnd
                     if improved:
                         break
                 if improved:
@@ -461,7 +496,9 @@ def placement_search_kernel(
             if improved:
                 break
         if not improved:
-            break
+            if not skipped:
+                break
+            fresh = rnd  # a full pass: every candidate is tried again
     return slots, best, evals
 
 
@@ -480,7 +517,10 @@ def placement_search_reference(
         return hall_score_reference(slots, counts, mean, w, a, b, c, beta, c2, gamma, has3)
 
     best, evals = score(), 0
+    rejected, rnd, fresh = {}, 0, 0  # candidate key -> round of its last rejection
     while evals < max_evals:
+        rnd += 1
+        skipped = False
         cnt = [sum(row.count(e) for row in slots) for e in range(E)]
         pressure = []
         for row in slots:
@@ -491,7 +531,7 @@ def placement_search_reference(
                     m += mean[e]
             pressure.append(max(a + b * f, c + beta * m))
         wt = [max(b * freq[e], beta * mean[e]) / cnt[e] for e in range(E)]
-        trials = []  # (GPU, slot, new expert) changes of each candidate, in order
+        trials = []  # (key, (GPU, slot, new expert) changes) of each candidate, in order
         for row in need:
             ratio = [row[e] / cnt[e] for e in range(E)]
             recv = sorted(range(E), key=lambda e: -ratio[e])[:_RECEIVERS]
@@ -505,7 +545,7 @@ def placement_search_reference(
                     gpus = [h for h in gpus if max(nodes) == 0 or nodes[h] in near]
                     if gpus:
                         h = min(gpus, key=lambda x: pressure[x])
-                        trials.append([(h, slots[h].index(d), u)])
+                        trials.append((("move", u, d), [(h, slots[h].index(d), u)]))
         hot = sorted(range(g), key=lambda h: -pressure[h])[:_HOT_GPUS]
         cold = sorted(range(g), key=lambda h: pressure[h])[:_COLD_GPUS]
         for h1 in hot:
@@ -521,15 +561,21 @@ def placement_search_reference(
                     if e in slots[h2] and e not in slots[h1]
                 ][:_COLD_EXPERTS]  # fmt: skip
                 trials += [
-                    [(h1, slots[h1].index(e1), e2), (h2, slots[h2].index(e2), e1)]
+                    (
+                        ("swap", e1, e2),
+                        [(h1, slots[h1].index(e1), e2), (h2, slots[h2].index(e2), e1)],
+                    )
                     for e1 in e1s
                     for e2 in e2s
                     if wt[e1] > wt[e2]
                 ]
         improved = False
-        for trial in trials:
+        for key, trial in trials:
             if evals >= max_evals:
                 break
+            if rejected.get(key, 0) > fresh:
+                skipped = skipped or rejected[key] < rnd
+                continue
             old = [slots[h][k] for h, k, _ in trial]
             for h, k, e in trial:
                 slots[h][k] = e
@@ -540,6 +586,9 @@ def placement_search_reference(
                 break
             for (h, k, _), e in zip(trial, old):
                 slots[h][k] = e
+            rejected[key] = rnd
         if not improved:
-            break
+            if not skipped:
+                break
+            fresh = rnd
     return np.array(slots, dtype=np.int64), best, evals

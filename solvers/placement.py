@@ -268,14 +268,18 @@ def _repair(mask, mean, node_of, per):
 
 
 def _resample(window: np.ndarray, n: int, seed) -> np.ndarray | None:
-    """``n`` batches built expert by expert from ``window`` (``(T, E)``): each expert's count
-    that of a uniformly drawn batch of the window (``default_rng(seed)``). They keep every
-    expert's distribution over the window and mix which experts are hot together, so a
-    placement scored on them is tuned less to the window's particular batches."""
+    """``n`` batches built expert by expert from ``window`` (``(T, E)``): each expert's
+    counts are the window's in an order of its own (an independent random permutation per
+    expert, ``default_rng(seed)``, of the window's batches repeated ``ceil(n / T)`` times,
+    the first ``n`` kept). Each expert's distribution over the window is kept exactly (when
+    ``T`` divides ``n``) while which experts are hot together is mixed, so a placement
+    scored on them is tuned less to the window's particular batches."""
     if n == 0 or window.shape[0] < 2:
         return None
-    pick = np.random.default_rng(seed).integers(0, window.shape[0], size=(n, window.shape[1]))
-    return window[pick, np.arange(window.shape[1])]
+    T, E = window.shape
+    base = np.tile(np.arange(T), -(-n // T))
+    order = np.argsort(np.random.default_rng(seed).random((base.size, E)), axis=0)
+    return window[base[order[:n]], np.arange(E)]
 
 
 def _slots_of(mask: np.ndarray) -> np.ndarray:
@@ -294,29 +298,28 @@ def _cost_args(cost: CostModel):
             float(cost.c2) if has3 else 0.0, float(cost.gamma) if has3 else 0.0, has3)  # fmt: skip
 
 
-def _hall_search(starts, samples, cost, node_of, max_evals, extra=None):
-    """The search from scratch (module notes, steps 1-4) for one layer: ``starts`` are the
-    two EPLB masks, ``samples`` the window's scored batches, ``extra`` the resampled ones."""
+def _hall_search(start, samples, cost, node_of, max_evals, extra=None):
+    """The search from scratch (module notes, steps 1-4) for one layer: ``start`` is the
+    EPLB mask, ``samples`` the window's scored batches, ``extra`` the resampled ones."""
     batches = samples if extra is None else np.concatenate([samples, extra])
     batches = np.ascontiguousarray(batches, dtype=np.int64)
     freq = (batches > 0).mean(axis=0)
     mean = batches.mean(axis=0)
     args = (_GREEDY_WEIGHT, *_cost_args(cost))
-    slot_starts = [_slots_of(m) for m in starts]
-    scores = [hall_score_kernel(s, batches, mean, *args) for s in slot_starts]
-    i0 = int(np.argmin(scores))
     # receivers and donors of replica moves by peak tokens, then by how often live
     need = np.stack([batches.max(axis=0).astype(np.float64), freq])
     nodes = np.ascontiguousarray(node_of, dtype=np.int64)
     slots, _, _ = placement_search_kernel(
-        slot_starts[i0], batches, freq, mean, need, nodes, *args, max_evals
+        _slots_of(start), batches, freq, mean, need, nodes, *args, max_evals
     )
-    mask = np.zeros_like(starts[0])
+    mask = np.zeros_like(start)
     mask[slots, np.arange(slots.shape[0])[:, None]] = True
-    # Step 4: the guard: the lowest mean exact layer bound over the window's own batches
-    # among the result and the two starts (ties: in that order).
+    # Step 4: the guard: of the result and the start, the lower mean exact layer bound over
+    # the window's own batches (ties: the result).
+    if np.array_equal(mask, start):
+        return start
     scorer = _Scorer(samples, cost)
-    return min([mask, *starts], key=scorer)
+    return min([mask, start], key=scorer)
 
 
 def _toward(mask, target, samples, node_of, limit=32):
@@ -630,13 +633,9 @@ def place_experts(
     idx = np.unique(np.linspace(0, n_batches - 1, min(n_samples, n_batches)).round().astype(int))
     masks = np.stack([_mask_from_p2l(start_p2l[l], E, g) for l in range(L)])
     if method == "local_search":
-        up_p2l, _, _ = rebalance_experts(mean, P, G, N, g)
         for l in range(L):
-            up = _repair(_mask_from_p2l(up_p2l[l], E, g), mean[l], node_of, per)
             extra = _resample(counts[:, l], n_resamples, l)
-            masks[l] = _hall_search(
-                [masks[l], up], counts[idx, l], cost, node_of, ls_evals, extra
-            )  # fmt: skip
+            masks[l] = _hall_search(masks[l], counts[idx, l], cost, node_of, ls_evals, extra)
     if method == "exhaustive":
         price = 0.0 if move_cost is None else move_cost
         for l in range(L):

@@ -67,7 +67,7 @@ def _timed(f, repeat):
     return out, float(np.median(times))
 
 
-def cell(shape, g, B, s, r, window, layers, seed, budgets=((16, 300),), repeat=1):
+def cell(shape, g, B, s, r, window, layers, seed, budgets=((64, 300),), repeat=1):
     sh = SHAPES[shape]
     cost = CostModel.preset(DEFAULT_PRESETS[shape])
     rng = np.random.default_rng([seed, B, round(s * 100), round(r * 100)])
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=8, help="batches per window")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument(
-        "--frontier", default="16:300,0:100,16:100,64:300,64:1000,256:1000",
+        "--frontier", default="64:300,0:100,16:100,16:300,64:1000,256:1000",
         help="place_experts(n_resamples:max_evals) budgets, comma separated; the first is "
         "the one reported per cell (the default's)",
     )  # fmt: skip

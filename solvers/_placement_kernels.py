@@ -47,8 +47,12 @@ that lowers the score (by more than a relative ``1e-12``) is applied:
    ``e2`` among the 4 experts of ``h2`` not on ``h1`` of smallest weight (ties: lower
    index), ``w[e1] > w[e2]``: ``e1`` and ``e2`` trade slots.
 
-A replaced expert's slot takes the new expert in place. The search stops when a round finds
-no improving candidate or after ``max_evals`` scored candidates. The kernel keeps ``R_h``
+A replaced expert's slot takes the new expert in place. A candidate rejected (a replica move
+by its receiver and donor, a swap by its two experts) is remembered with its round and
+skipped in later rounds until a round ends without improvement having skipped some; the
+next round is then a full pass (every candidate tried again). The search stops when a round
+that skipped nothing finds no improving candidate, or after ``max_evals`` scored
+candidates. The kernel keeps ``R_h``
 and ``T_h`` of every batch up to date slot change by slot change (only the two experts
 involved change), so a candidate costs the score's pass over the batches and no rebuild;
 the reference rebuilds everything from the slots.

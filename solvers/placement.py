@@ -10,12 +10,10 @@ places for that.
 ``method="local_search"`` (default), per layer:
 
 1. **Batches.** The scored batches are the window's (``n_samples`` of them, evenly spaced)
-   and ``n_resamples`` batches built expert by expert from it (each expert's count that of
-   a random batch of the window, seeded by the layer index): they keep each expert's
-   distribution and mix which experts are hot together, so the search tunes less to the
-   window's particular batches (on the phase grid of ``benchmarks/placement.py``, 8-batch
-   windows, scored on the next window, with the Hall bound alone as the score: 32
-   resamples captured 67% of the headroom, 128 71%, 256 75%).
+   and ``n_resamples`` batches built expert by expert from it (each expert's counts are the
+   window's in an order of its own, a random permutation seeded by the layer index): they
+   keep each expert's distribution exactly and mix which experts are hot together, so the
+   search tunes less to the window's particular batches.
 2. **Score.** A placement is scored by the mean, over the scored batches, of the mean of
    two cheap estimates of tempo's makespan (:mod:`._placement_kernels` states both): the
    *Hall bound*, a lower bound of tempo's layer bound ``max(a + b SM, c + beta lambda*,
@@ -25,13 +23,11 @@ places for that.
    decreasing mean load, each whole on its best replica or split evenly), a feasible
    dispatch's, which sees what the bound cannot: that a GPU carries activations and tokens
    at once. Both cost ``O(g + sum of replica sets)`` per batch with the per-GPU rigid loads
-   kept up to date move by move. On the phase grid above (256 resamples) the bound alone
-   captured 75% of the headroom, the mix 84%.
-3. **Start** from the EPLB placement of the window's mean load with the lower score (ties:
-   the first) of two, neither with two replicas of one expert on one GPU: EPLB with
-   ``distinct=True``, and upstream EPLB with its duplicate replicas collapsed and the freed
-   slots refilled (each to the expert not on that GPU with the largest mean load per
-   replica). Which one places better varies by cell.
+   kept up to date move by move. On the phase grid of ``benchmarks/placement.py`` (8-batch
+   windows, scored on the next window, 256 resamples) the bound alone captured 75% of the
+   headroom, the mix 84%.
+3. **Start** from EPLB with ``distinct=True`` on the window's mean load (no two replicas of
+   one expert on one GPU).
 4. **Moves** (jitted first-improvement search, kernel and plain reference in
    :mod:`._placement_kernels`), keeping ``P / n_gpus`` slots per GPU and distinctness: a
    *replica move* gives the slot of a donor expert (count >= 2, least need per replica
@@ -40,14 +36,22 @@ places for that.
    (the floor piece: a replica of an expert live in most batches is what lets the
    semi-matching even out the GPUs' activated experts); a *swap* exchanges a
    single-replica expert of a GPU of high rigid pressure with a lighter expert of one of
-   low pressure. The first candidate that lowers the score is applied; the search stops
-   when none does or after ``max_evals`` scored candidates. With several nodes, both moves
-   stay inside one node (EPLB's group-to-node packing is kept).
-5. **Guard.** Of the result and the two starts, the one with the lowest mean exact layer
-   bound (:func:`~straggler.solvers.tempo.tempo_layer_bound`: token-LP and optimal
-   semi-matching values by the library's kernels) on the window's own batches is returned
-   (ties: in that order). So on its window a placement is never worse, under the bound
-   tempo stays within about 1% of, than either EPLB start.
+   low pressure. The first candidate that lowers the score is applied. A candidate
+   rejected is not scored again until a round finds nothing among the others (a full pass
+   then tries them all again): the search stops when a full pass finds no candidate that
+   lowers the score, or after ``max_evals`` scored candidates (a work limit, not a clock:
+   the result is deterministic). With several nodes, both moves stay inside one node
+   (EPLB's group-to-node packing is kept).
+5. **Guard.** Of the result and the start, the one with the lower mean exact layer bound
+   (:func:`~straggler.solvers.tempo.tempo_layer_bound`: token-LP and optimal semi-matching
+   values by the library's kernels) on the window's own batches is returned (ties: the
+   result). So on its window a placement is never worse, under the bound tempo stays
+   within about 1% of, than EPLB's.
+
+The search's budget is ``n_resamples`` and ``max_evals``: its time grows with their product
+(each scored candidate costs one pass over the scored batches). The defaults (64, 300) are
+the cheapest budget of ``benchmarks/placement.py``'s frontier that kept at least 80% of the
+headroom and no cell below -0.3% on both its cell sets; that frontier is in the README.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
@@ -509,7 +513,7 @@ def place_experts(
     cost: CostModel | str | None = None,
     method: str = "local_search",
     n_samples: int = 8,
-    n_resamples: int = 256,
+    n_resamples: int = 64,
     max_evals: int | None = None,
     previous=None,
     max_moves: int | None = None,
@@ -542,11 +546,11 @@ def place_experts(
         ``max_moves``) by enumeration.
     n_samples : int, default 8
         Batches of the window the local search scores on (evenly spaced).
-    n_resamples : int, default 256
+    n_resamples : int, default 64
         Batches resampled from the window the searches also score on (module notes, step
         1); 0: none.
     max_evals : int, optional
-        Scored candidate placements per layer, for each search (its budget); default 1000 for
+        Scored candidate placements per layer, for each search (its budget); default 300 for
         the search from scratch and ``40 + 60 * max_moves`` (``P`` without ``max_moves``) for
         the rebalance from ``previous``.
     previous : array_like of int, shape (n_layers, P), or the three maps, optional
@@ -612,7 +616,7 @@ def place_experts(
         move_cost = check_real(move_cost, "move_cost", _FUNC, lo=0.0)
     budgeted = prev is not None and (max_moves is not None or move_cost is not None)
     budget = P if max_moves is None else max_moves
-    ls_evals = 1000 if max_evals is None else max_evals
+    ls_evals = 300 if max_evals is None else max_evals
     move_evals = 40 + 60 * min(budget, P) if max_evals is None else max_evals
     mean = h.mean(axis=0)
     counts = np.rint(h).astype(np.int64)

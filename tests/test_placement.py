@@ -130,23 +130,6 @@ def test_repair_fills_duplicates_distinctly():
     assert fixed[:, 0].tolist() == [True, True, False, True]  # expert 1: best 1/1, lowest index
 
 
-def test_never_worse_than_repaired_upstream_on_its_window():
-    from straggler.solvers.placement import _maps, _mask_from_p2l, _repair
-
-    cost = CostModel.preset("qwen3_30b_a_offline")
-    hist = _window(seed=4, tokens=512, skew=1.5)
-    ls = place_experts(hist, 40, 1, 1, 4, cost=cost, n_samples=len(hist), n_resamples=0)[0]
-    up, _, _ = rebalance_experts(hist.mean(axis=0), 40, 1, 1, 4)
-    masks = np.stack(
-        [
-            _repair(_mask_from_p2l(up[l], 32, 4), hist.mean(axis=0)[l], np.zeros(4, int), 10)
-            for l in range(2)
-        ]
-    )
-    rep = _maps(masks, 10)[0]
-    assert _bound_mean(hist, ls, 4, cost) <= _bound_mean(hist, rep, 4, cost)
-
-
 def test_resampled_batches_are_scored():
     """The search also scores batches resampled expert by expert from the window: each
     expert's counts are ones it had in the window, seeded, and they change the result."""
@@ -158,7 +141,12 @@ def test_resampled_batches_are_scored():
     for e in range(32):  # every count is one the expert had in some batch of the window
         assert np.isin(extra[:, e], hist[:, 0, e]).all()
     np.testing.assert_array_equal(extra, _resample(hist[:, 0], 32, 0))
-    other = _window(E=64, L=1, n=8, seed=2, tokens=512)  # where the resamples matter
+    # each expert's counts are the window's, each batch used n / T times (T divides n)
+    T = hist.shape[0]
+    twice = _resample(hist[:, 0], 2 * T, 0)
+    for e in range(32):
+        np.testing.assert_array_equal(np.sort(twice[:, e]), np.sort(np.tile(hist[:, 0, e], 2)))
+    other = _window(E=64, L=1, n=8, seed=5, tokens=512)  # where the resamples matter
     kw = dict(cost="qwen3_30b_a_offline")
     alone = place_experts(other, 80, 1, 1, 8, n_resamples=0, **kw)[0]
     assert not np.array_equal(alone, place_experts(other, 80, 1, 1, 8, **kw)[0])
@@ -241,6 +229,27 @@ def test_search_kernels_equal_their_references(seed):
         ]  # fmt: skip
         for other in outs[1:]:
             assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_search_ends_where_no_candidate_improves(seed):
+    """Rejected candidates are skipped until a full pass: when the search stops before its
+    budget, a new search from its result finds nothing (same slots, same score, one full
+    round of evaluations) though it skips nothing."""
+    from straggler.solvers import _placement_kernels as pk
+    from straggler.solvers.placement import _cost_args
+
+    rng = np.random.default_rng(seed)
+    slots, counts = _random_layout(rng)
+    g = slots.shape[0]
+    stats = ((counts > 0).mean(0), counts.mean(0), np.stack([counts.max(0) * 1.0, counts.mean(0)]))
+    args = (np.zeros(g, np.int64), 0.5, *_cost_args(_COSTS[seed % 3]))
+    sk = pk.placement_search_kernel
+    end, score, evals = sk(slots, counts, *stats, *args, 10_000)
+    assert evals < 10_000
+    again, score2, evals2 = sk(end, counts, *stats, *args, 10_000)
+    np.testing.assert_array_equal(again, end)
+    assert score2 == score and evals2 <= evals
 
 
 def test_warmup_reaches_the_placement_kernels():

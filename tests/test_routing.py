@@ -585,6 +585,17 @@ def test_stage1_tie_between_the_two_sides_of_the_margin_goes_to_the_lower_index(
             assert _run(kernel, s, [10.0, 0.0], [0, 2], p).tolist() == want
 
 
+def test_br0_replica_pop_reads_rounded_margins_as_the_reference():
+    """Margins ``M - L`` that round to the same value for different loads tie, and the tie goes
+    to the lower index (not to the smaller load): at ``M = 2**53`` the loads 0.5 and 0.25 both
+    leave a margin of ``2**53``."""
+    M = 2.0**53
+    p = _opts(r_max=2, s_greedy=0, beta=3.0)
+    for L, want in (([M, 0.5, 0.25], [1]), ([M, 0.25, 0.5], [1]), ([M, 2.0, 1.0], [2])):
+        for kernel in (B.br0_kernel, B.br0_kernel.py_func, B.br0_reference):
+            assert _run(kernel, [1.0], L, [0, 1, 1], p).tolist() == want, (L, kernel)
+
+
 def _with_presence(inst, data):
     """The instance with a presence tail ``pi_0..pi_H`` on its params (pi_0 = 1)."""
     H1 = inst["reps"].loads.shape[1]

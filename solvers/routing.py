@@ -521,9 +521,14 @@ def route_batch(
     )
     pol = plan.policy
     f = plan.entry or _entry(plan, args)
-    code, index, out, new_carry, before, after, loads_after, placed, s_tot, ns = f(pol.name, *args)
+    code, index, out, c0, c1, c2, c3, c4, before, after, loads_after, placed, s_tot, ns = f(
+        pol.name, *args
+    )
     if code:
         _raise_bad(code, index, args)
+    new_carry = args[13]  # the carry passed in, when the policy left it as it was
+    if (c0, c1, c2, c3, c4) != new_carry:
+        new_carry = RouterCarry(c0, c1, c2, c3, c4)
     # the kernel returns Python floats and ints (numba boxes float64 and int64 as such)
     extras = {"carry": new_carry}
     stage = 0

@@ -25,7 +25,10 @@ P50 <= 30 us and P99 <= 150 us for G = 16, pool 256.
 (``git worktree add /tmp/tick-old main``): its ``route_batch`` (BR-0, JSQ, BR-S) interleaved
 call by call with this checkout's, and its bare BR-0 kernel interleaved with this one's. It is
 imported under the name ``straggler_old`` (a temporary folder of links to the checkout's
-packages; the library imports itself relatively).
+packages; the library imports itself relatively), in a process of its own whose numba cache is
+a fresh temporary folder: numba names a NamedTuple type by its class's name, and with two
+copies of the record classes in one process a disk-cached kernel can end up referring to the
+other copy, which no later process can load.
 
 Writes ``benchmarks/results/route_tick.json`` and prints a table.
 
@@ -38,8 +41,10 @@ import argparse
 import importlib
 import json
 import math
+import os
 import pathlib
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +60,7 @@ PATIENCE = int(OPTIONS["patience"].default)  # BR-S's backlog threshold (ticks)
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "route_tick.json"
 TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
 R_MAX = 4
+_OLD_CHILD = "ROUTE_TICK_OLD_CHILD"  # set in the process that imports the old checkout
 
 
 def prompt_source(rng):
@@ -180,6 +186,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--old", help="an earlier checkout, timed beside this one in the same run")
     args = ap.parse_args(argv)
+    if args.old and os.environ.get(_OLD_CHILD) != "1":
+        env = dict(os.environ, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="route_tick_numba_"))
+        env[_OLD_CHILD] = "1"
+        argv = sys.argv[1:] if argv is None else list(argv)
+        subprocess.run([sys.executable, __file__, *argv], env=env, check=True)
+        return json.loads(OUT.read_text())
     old = load_old(args.old) if args.old else None
     rng = np.random.default_rng(args.seed)
     source, draw = prompt_source(rng)

@@ -190,8 +190,9 @@ def _state_arrays(state, L, G, n):
 
 def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, options, rng):
     """Everything ``route_batch`` checks before its kernel runs, once; returns the policy's
-    plan and the kernel's arguments (``state``: the keyword arguments ``n_running`` to
-    ``pool_cached`` of ``route_batch``, in that order, or None when none is given).
+    plan and the kernel's arguments, the last two the arrays it fills (``state``: the keyword
+    arguments ``n_running`` to ``pool_cached`` of ``route_batch``, in that order, or None when
+    none is given).
 
     Types and shapes are checked here (arrays already of the right dtype pass untouched);
     values (signs, NaN, infinities, magnitudes, the free slots' sum) in the kernel's jitted
@@ -240,6 +241,8 @@ def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, op
         opts,
         carry0,
         seed,
+        np.empty(n, np.int64),  # the assignment and the loads after the tick, filled by
+        np.empty(G),  # the kernel
     )
     return plan, args, resolved
 
@@ -521,11 +524,10 @@ def route_batch(
     )
     pol = plan.policy
     f = plan.entry or _entry(plan, args)
-    code, index, out, c0, c1, c2, c3, c4, before, after, loads_after, placed, s_tot, ns = f(
-        pol.name, *args
-    )
+    code, index, c0, c1, c2, c3, c4, before, after, placed, s_tot, ns = f(pol.name, *args)
     if code:
         _raise_bad(code, index, args)
+    out, loads_after = args[15:]
     new_carry = args[13]  # the carry passed in, when the policy left it as it was
     if (c0, c1, c2, c3, c4) != new_carry:
         new_carry = RouterCarry(c0, c1, c2, c3, c4)

@@ -61,6 +61,7 @@ OUT = pathlib.Path(__file__).resolve().parent / "results" / "route_tick.json"
 TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
 R_MAX = 4
 _OLD_CHILD = "ROUTE_TICK_OLD_CHILD"  # set in the process that imports the old checkout
+_KEEP: list = []  # the old checkout's import folder, kept until the process exits
 
 
 def prompt_source(rng):
@@ -164,7 +165,9 @@ def load_old(path):
     """``(route_batch, _balanceroute, _routing_core, router_options)`` of the checkout at
     ``path``, imported as ``straggler_old``."""
     root = pathlib.Path(path).resolve()
-    ns = pathlib.Path(tempfile.mkdtemp(prefix="route_tick_old_")) / "straggler_old"
+    tmp = tempfile.TemporaryDirectory(prefix="route_tick_old_")  # removed at exit
+    _KEEP.append(tmp)
+    ns = pathlib.Path(tmp.name) / "straggler_old"
     ns.mkdir()
     for pkg in ("formulations", "solvers", "baselines", "proofs", "sim", "runtime"):
         if (root / pkg).is_dir():
@@ -187,10 +190,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--old", help="an earlier checkout, timed beside this one in the same run")
     args = ap.parse_args(argv)
     if args.old and os.environ.get(_OLD_CHILD) != "1":
-        env = dict(os.environ, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="route_tick_numba_"))
-        env[_OLD_CHILD] = "1"
         argv = sys.argv[1:] if argv is None else list(argv)
-        subprocess.run([sys.executable, __file__, *argv], env=env, check=True)
+        with tempfile.TemporaryDirectory(prefix="route_tick_numba_") as cache:
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache, **{_OLD_CHILD: "1"})
+            subprocess.run([sys.executable, __file__, *argv], env=env, check=True)
         return json.loads(OUT.read_text())
     old = load_old(args.old) if args.old else None
     rng = np.random.default_rng(args.seed)

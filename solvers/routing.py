@@ -348,8 +348,9 @@ def route_batch(
     Until the pool is empty or no free slot is left, repeat:
 
     1. Pop the replica ``g`` with a free slot that is largest in ``(cap_g, m_g)``
-       (lexicographic; ties to the lowest index). The priority queue is an O(G) scan over
-       the live keys: each placement can raise ``M`` and so moves every margin.
+       (lexicographic; ties to the lowest index). Each placement can raise ``M`` and so
+       moves every margin, but not their order: the replicas with the most free slots are
+       sorted by load once, and a pop reads the first of them (and any with an equal margin).
     2. Rank the pool by the single score ``F_g({i})``, descending, ties to the lower pool
        index (older request first).
     3. **Stage 1**, while the total free slots ``S_tot > S_greedy``: place the top-ranked
@@ -463,7 +464,10 @@ def route_batch(
     Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n + P*(G + R_max log n)
     + P2*2^R_max)`` (the pool is radix-sorted once; the ranking merges two walks from the
     margin, Theorem R2, over a bitset of live positions; a Stage-1 pop is one binary search
-    and a few bitset look-ups, ``n <= 4096`` needing one summary word); BR-H
+    and a few bitset look-ups, ``n <= 4096`` needing one summary word; the replica of a pop
+    costs ``O(1)`` amortized when all replicas start with the same free slots and distinct
+    loads: one insertion sort of the ``G`` replicas per ``G`` pops, ``O(G)`` a pop at worst,
+    as in ties); BR-H
     ``O(P*(G*H + e*H))`` with ``e`` the requests evaluated by its two walks from the peak of the
     concave score (all of them in the worst case); baselines ``O(n*G)`` (trtllm adds
     ``O(n log n)``). The kernels equal their plain-Python references (which rank the whole

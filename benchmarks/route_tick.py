@@ -26,9 +26,9 @@ P50 <= 30 us and P99 <= 150 us for G = 16, pool 256.
 call by call with this checkout's, and its bare BR-0 kernel interleaved with this one's. It is
 imported under the name ``straggler_old`` (a temporary folder of links to the checkout's
 packages; the library imports itself relatively), in a process of its own whose numba cache is
-a fresh temporary folder: numba names a NamedTuple type by its class's name, and with two
-copies of the record classes in one process a disk-cached kernel can end up referring to the
-other copy, which no later process can load.
+a fresh temporary folder: with two copies of the record classes in one process (the same
+names and fields), kernels cached by that process came to refer to the other copy, and no
+later process could load them.
 
 Writes ``benchmarks/results/route_tick.json`` and prints a table.
 
@@ -117,9 +117,9 @@ def bare(kernel, pool, reps, opts, carry):
     """``kernel(pool, reps, opts, carry, 0)`` by its compiled code for these arguments' types.
 
     Called through its dispatcher, each call would also type its arguments (the records are
-    NamedTuples, which numba's dispatcher types afresh: microseconds per call), and two copies
-    of the records' classes in one process (``--old``) would make one of them take the slow
-    path of that typing (numba's type cache is keyed on the records' fields, not their class).
+    NamedTuples, which numba's dispatcher types afresh: microseconds per call), and with two
+    copies of the records' classes in one process (``--old``) the copy typed second took
+    hundreds of microseconds per call.
     """
     from numba import typeof
 

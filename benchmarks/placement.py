@@ -5,7 +5,8 @@ window of ``--window`` routed batches (Dirichlet kappa 2000 around a Zipf popula
 layer per placement, ``--layers`` placements) builds three placements: upstream EPLB
 (``rebalance_experts``, duplicates allowed), EPLB ``distinct=True`` and
 ``place_experts(method="local_search")``, the latter once per search budget of
-``--frontier`` (``n_resamples:max_evals`` pairs; the first is the reported one). Each is
+``--frontier`` (``n_resamples:max_evals[:patience]``; no patience: none; the first is the
+reported one). Each is
 scored on the next ``--window`` batches (held out) by tempo's mean makespan. Placement time
 is measured side by side in one run, each call's median over ``--repeat`` calls (shared
 2-core machine: ratios, not absolute times); the frontier is the headroom captured against
@@ -67,7 +68,7 @@ def _timed(f, repeat):
     return out, float(np.median(times))
 
 
-def cell(shape, g, B, s, r, window, layers, seed, budgets=((64, 300),), repeat=1):
+def cell(shape, g, B, s, r, window, layers, seed, budgets=((64, 300, 50),), repeat=1):
     sh = SHAPES[shape]
     cost = CostModel.preset(DEFAULT_PRESETS[shape])
     rng = np.random.default_rng([seed, B, round(s * 100), round(r * 100)])
@@ -84,15 +85,15 @@ def cell(shape, g, B, s, r, window, layers, seed, budgets=((64, 300),), repeat=1
     for name, p2l in (("eplb", up), ("eplb_distinct", dist)):
         out[name] = _score(held, p2l, g, cost, key)
     frontier = []
-    for n_res, evals in budgets:
+    for n_res, evals, pat in budgets:
         ours, t_ours = _timed(
-            lambda n_res=n_res, evals=evals: place_experts(
-                build, P, G, 1, g, cost=cost, n_resamples=n_res, max_evals=evals
+            lambda n_res=n_res, evals=evals, pat=pat: place_experts(
+                build, P, G, 1, g, cost=cost, n_resamples=n_res, max_evals=evals, patience=pat
             )[0],
             repeat,
         )  # fmt: skip
         m = _score(held, ours, g, cost, key)
-        frontier.append(dict(n_resamples=n_res, max_evals=evals, makespan=m,
+        frontier.append(dict(n_resamples=n_res, max_evals=evals, patience=pat, makespan=m,
                              gain_vs_eplb=1 - m / out["eplb"], time_s=t_ours))  # fmt: skip
     out["place_experts"] = frontier[0]["makespan"]
     t_ours = frontier[0]["time_s"]
@@ -130,9 +131,9 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=8, help="batches per window")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument(
-        "--frontier", default="64:300,0:100,16:100,16:300,64:1000,256:1000",
-        help="place_experts(n_resamples:max_evals) budgets, comma separated; the first is "
-        "the one reported per cell (the default's)",
+        "--frontier", default="64:300:50,64:300,0:100:50,16:300:50,64:1000:50,256:1000:50",
+        help="place_experts(n_resamples:max_evals[:patience]) budgets, comma separated; the "
+        "first is the one reported per cell (the default's)",
     )  # fmt: skip
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per placement (median)")
     ap.add_argument(
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     if args.heldout:
         Bs, skews, seed = (96, 192, 384, 768), (0.75, 1.05, 1.35), 1
     reps = (1.25,) if args.quick else (1.25, 1.5)
-    budgets = [tuple(int(x) for x in b.split(":")) for b in args.frontier.split(",")]
+    budgets = [(*(int(x) for x in b.split(":")), None)[:3] for b in args.frontier.split(",")]
     rows = []
     cell("qwen3_30b", 8, 16, 1.5, 1.25, 2, 1, 1, budgets)  # warm-up: JIT, first calls; untimed
     print(f"{'shape':>9} {'B':>5} {'s':>4} {'r':>5} {'vs EPLB':>8} {'vs dist':>8} "
@@ -176,13 +177,14 @@ def main(argv=None) -> int:
     head = np.array([r["headroom"] for r in rows])
     tr = np.array([r["time_s"]["place_experts"] / r["time_s"]["eplb"] for r in rows])
     frontier = []
-    for i, (n_res, evals) in enumerate(budgets):
+    for i, (n_res, evals, pat) in enumerate(budgets):
         gi = np.array([r["frontier"][i]["gain_vs_eplb"] for r in rows])
         ti = np.array([r["frontier"][i]["time_s"] / r["time_s"]["eplb"] for r in rows])
         frontier.append(
             {
                 "n_resamples": n_res,
                 "max_evals": evals,
+                "patience": pat,
                 "headroom_captured_mixed": float(gi[mixed].mean() / head[mixed].mean())
                 if mixed.any()
                 else None,
@@ -205,12 +207,13 @@ def main(argv=None) -> int:
             "time_ratio_max": float(td.max()),
         }
     )
-    head_row = ("n_resamples:max_evals", "captured", "worst", "t/EPLB med", "max")
-    print("\n{:>22} {:>9} {:>8} {:>10} {:>8}".format(*head_row))
+    head_row = ("resamples:evals:patience", "captured", "worst", "t/EPLB med", "max")
+    print("\n{:>24} {:>9} {:>8} {:>10} {:>8}".format(*head_row))
     for f in frontier:
-        name = f.get("method", f"{f.get('n_resamples')}:{f.get('max_evals')}")[:22]
+        name = f.get("method", f"{f.get('n_resamples')}:{f.get('max_evals')}:{f.get('patience')}")
+        name = name[:24]
         cap = f["headroom_captured_mixed"]
-        print(f"{name:>22} {100 * cap if cap is not None else float('nan'):>8.1f}% "
+        print(f"{name:>24} {100 * cap if cap is not None else float('nan'):>8.1f}% "
               f"{100 * f['gain_min']:>7.2f}% {f['time_ratio_median']:>10.1f} "
               f"{f['time_ratio_max']:>8.1f}")  # fmt: skip
     summary = {

@@ -51,8 +51,8 @@ A replaced expert's slot takes the new expert in place. A candidate rejected (a 
 by its receiver and donor, a swap by its two experts) is remembered with its round and
 skipped in later rounds until a round ends without improvement having skipped some; the
 next round is then a full pass (every candidate tried again). The search stops when a round
-that skipped nothing finds no improving candidate, or after ``max_evals`` scored
-candidates. The kernel keeps ``R_h``
+that skipped nothing finds no improving candidate, after ``patience`` scored candidates in
+a row without improvement, or after ``max_evals`` scored candidates. The kernel keeps ``R_h``
 and ``T_h`` of every batch up to date slot change by slot change (only the two experts
 involved change), so a candidate costs the score's pass over the batches and no rebuild;
 the reference rebuilds everything from the slots.
@@ -361,8 +361,9 @@ def _slot_of(slots, h, e):
 
 @njit(**NJIT)
 def placement_search_kernel(
-    slots0, counts, freq, mean, need, node_of, w, a, b, c, beta, c2, gamma, has3, max_evals
-):
+    slots0, counts, freq, mean, need, node_of, w, a, b, c, beta, c2, gamma, has3, max_evals,
+    patience,
+):  # fmt: skip
     """First-improvement search (module notes) from ``slots0`` (``(g, per)`` experts, no
     expert twice on a GPU) on the mean Hall bound over ``counts``; returns
     ``(slots, score, evals)``."""
@@ -388,7 +389,8 @@ def placement_search_kernel(
     rej_swap = np.zeros((E, E), np.int64)
     rnd = 0
     fresh = 0
-    while evals < max_evals:
+    cap = min(max_evals, patience)  # stop at cap evaluations: patience after the last gain
+    while evals < cap:
         rnd += 1
         skipped = False
         for h in range(g):
@@ -419,7 +421,7 @@ def placement_search_kernel(
                 u = recv[i]
                 for j in range(n_don):
                     d = donors[j]
-                    if d == u or evals >= max_evals:
+                    if d == u or evals >= cap:
                         continue
                     hb = -1
                     for h in range(g):
@@ -446,6 +448,7 @@ def placement_search_kernel(
                     if s < best * (1 - 1e-12):
                         best = s
                         improved = True
+                        cap = min(max_evals, evals + patience)
                         break
                     _set_slot(slots, on, cnt, R, T, counts, hb, kb, d)
                     rej_move[u, d] = rnd
@@ -475,7 +478,7 @@ def placement_search_kernel(
                     e1 = e1s[j1]
                     for j2 in range(n2):
                         e2 = e2s[j2]
-                        if wt[e1] <= wt[e2] or evals >= max_evals:
+                        if wt[e1] <= wt[e2] or evals >= cap:
                             continue
                         if rej_swap[e1, e2] > fresh:
                             skipped = skipped or rej_swap[e1, e2] < rnd
@@ -489,6 +492,7 @@ def placement_search_kernel(
                         if s < best * (1 - 1e-12):
                             best = s
                             improved = True
+                            cap = min(max_evals, evals + patience)
                             break
                         _set_slot(slots, on, cnt, R, T, counts, h2, k2, e2)
                         _set_slot(slots, on, cnt, R, T, counts, h1, k1, e1)
@@ -507,8 +511,9 @@ def placement_search_kernel(
 
 
 def placement_search_reference(
-    slots0, counts, freq, mean, need, node_of, w, a, b, c, beta, c2, gamma, has3, max_evals
-):
+    slots0, counts, freq, mean, need, node_of, w, a, b, c, beta, c2, gamma, has3, max_evals,
+    patience,
+):  # fmt: skip
     """Plain-Python reference of :func:`placement_search_kernel` (lists, sorted keys, and
     :func:`hall_score_reference`)."""
     slots = [[int(x) for x in row] for row in slots0]
@@ -522,7 +527,8 @@ def placement_search_reference(
 
     best, evals = score(), 0
     rejected, rnd, fresh = {}, 0, 0  # candidate key -> round of its last rejection
-    while evals < max_evals:
+    cap = min(max_evals, patience)
+    while evals < cap:
         rnd += 1
         skipped = False
         cnt = [sum(row.count(e) for row in slots) for e in range(E)]
@@ -575,7 +581,7 @@ def placement_search_reference(
                 ]
         improved = False
         for key, trial in trials:
-            if evals >= max_evals:
+            if evals >= cap:
                 break
             if rejected.get(key, 0) > fresh:
                 skipped = skipped or rejected[key] < rnd
@@ -587,6 +593,7 @@ def placement_search_reference(
             evals += 1
             if s < best * (1 - 1e-12):
                 best, improved = s, True
+                cap = min(max_evals, evals + patience)
                 break
             for (h, k, _), e in zip(trial, old):
                 slots[h][k] = e

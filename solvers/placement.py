@@ -39,8 +39,9 @@ places for that.
    low pressure. The first candidate that lowers the score is applied. A candidate
    rejected is not scored again until a round finds nothing among the others (a full pass
    then tries them all again): the search stops when a full pass finds no candidate that
-   lowers the score, or after ``max_evals`` scored candidates (a work limit, not a clock:
-   the result is deterministic). With several nodes, both moves stay inside one node
+   lowers the score, after ``patience`` scored candidates in a row that lower nothing, or
+   after ``max_evals`` scored candidates (work limits, not a clock: the result is
+   deterministic). With several nodes, both moves stay inside one node
    (EPLB's group-to-node packing is kept).
 5. **Guard.** Of the result and the start, the one with the lower mean exact layer bound
    (:func:`~straggler.solvers.tempo.tempo_layer_bound`: token-LP and optimal semi-matching
@@ -48,10 +49,11 @@ places for that.
    result). So on its window a placement is never worse, under the bound tempo stays
    within about 1% of, than EPLB's.
 
-The search's budget is ``n_resamples`` and ``max_evals``: its time grows with their product
-(each scored candidate costs one pass over the scored batches). The defaults (64, 300) are
-the cheapest budget of ``benchmarks/placement.py``'s frontier that kept at least 80% of the
-headroom and no cell below -0.3% on both its cell sets; that frontier is in the README.
+The search's budget is ``n_resamples``, ``max_evals`` and ``patience``: its time grows with
+the batches times the candidates scored (each costs one pass over the scored batches). The
+defaults (64, 300, 50) are the cheapest budget of ``benchmarks/placement.py``'s frontier
+that kept at least 80% of the headroom and no cell below -0.3% on both its cell sets; that
+frontier is in the README.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
@@ -302,7 +304,7 @@ def _cost_args(cost: CostModel):
             float(cost.c2) if has3 else 0.0, float(cost.gamma) if has3 else 0.0, has3)  # fmt: skip
 
 
-def _hall_search(start, samples, cost, node_of, max_evals, extra=None):
+def _hall_search(start, samples, cost, node_of, max_evals, patience, extra=None):
     """The search from scratch (module notes, steps 1-4) for one layer: ``start`` is the
     EPLB mask, ``samples`` the window's scored batches, ``extra`` the resampled ones."""
     batches = samples if extra is None else np.concatenate([samples, extra])
@@ -314,7 +316,7 @@ def _hall_search(start, samples, cost, node_of, max_evals, extra=None):
     need = np.stack([batches.max(axis=0).astype(np.float64), freq])
     nodes = np.ascontiguousarray(node_of, dtype=np.int64)
     slots, _, _ = placement_search_kernel(
-        _slots_of(start), batches, freq, mean, need, nodes, *args, max_evals
+        _slots_of(start), batches, freq, mean, need, nodes, *args, max_evals, patience
     )
     mask = np.zeros_like(start)
     mask[slots, np.arange(slots.shape[0])[:, None]] = True
@@ -515,6 +517,7 @@ def place_experts(
     n_samples: int = 8,
     n_resamples: int = 64,
     max_evals: int | None = None,
+    patience: int | None = 50,
     previous=None,
     max_moves: int | None = None,
     move_cost: float | None = None,
@@ -553,6 +556,9 @@ def place_experts(
         Scored candidate placements per layer, for each search (its budget); default 300 for
         the search from scratch and ``40 + 60 * max_moves`` (``P`` without ``max_moves``) for
         the rebalance from ``previous``.
+    patience : int or None, default 50
+        The search from scratch also stops after this many scored candidates in a row
+        that lower nothing (a work limit, deterministic); ``None``: no such limit.
     previous : array_like of int, shape (n_layers, P), or the three maps, optional
         The placement in force (``physical_to_logical``, or ``(physical_to_logical,
         logical_to_physical, logical_count)``); may hold two replicas of an expert on one
@@ -610,6 +616,7 @@ def place_experts(
             f"The '{name}' parameter of {_FUNC} counts moves from the placement in force, so "
             f"it needs 'previous'. Got {name}={value!r} and previous=None instead."
         )
+    patience = 1 << 62 if patience is None else check_int(patience, "patience", _FUNC, lo=1)
     if max_moves is not None:
         max_moves = check_int(max_moves, "max_moves", _FUNC, lo=0)
     if move_cost is not None:
@@ -639,7 +646,9 @@ def place_experts(
     if method == "local_search":
         for l in range(L):
             extra = _resample(counts[:, l], n_resamples, l)
-            masks[l] = _hall_search(masks[l], counts[idx, l], cost, node_of, ls_evals, extra)
+            masks[l] = _hall_search(
+                masks[l], counts[idx, l], cost, node_of, ls_evals, patience, extra
+            )  # fmt: skip
     if method == "exhaustive":
         price = 0.0 if move_cost is None else move_cost
         for l in range(L):

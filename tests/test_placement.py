@@ -110,6 +110,7 @@ def test_two_nodes_keep_replicas_on_their_node():
         ((np.ones((2, 8)), 8, 1, 1, 2), {"method": "greedy"}),
         ((-np.ones((2, 8)), 8, 1, 1, 2), {}),
         ((np.ones((2, 8)), 8, 1, 1, 2), {"cost": 3}),
+        ((np.ones((2, 8)), 8, 1, 1, 2), {"patience": 0}),
     ],
 )
 def test_bad_input(args, kw):
@@ -207,7 +208,7 @@ def test_search_kernels_equal_their_references(seed):
     stats = ((counts > 0).mean(0), counts.mean(0), np.stack([counts.max(0) * 1.0, counts.mean(0)]))
     sk = pk.placement_search_kernel
     outs = [
-        f(slots, counts, *stats, nodes, *args[1:], 60)
+        f(slots, counts, *stats, nodes, *args[1:], 60, [5, 12, 1000][seed % 3])
         for f in (sk, getattr(sk, "py_func", sk), pk.placement_search_reference)
     ]  # fmt: skip
     for other in outs[1:]:
@@ -245,9 +246,9 @@ def test_search_ends_where_no_candidate_improves(seed):
     stats = ((counts > 0).mean(0), counts.mean(0), np.stack([counts.max(0) * 1.0, counts.mean(0)]))
     args = (np.zeros(g, np.int64), 0.5, *_cost_args(_COSTS[seed % 3]))
     sk = pk.placement_search_kernel
-    end, score, evals = sk(slots, counts, *stats, *args, 10_000)
+    end, score, evals = sk(slots, counts, *stats, *args, 10_000, 10_000)
     assert evals < 10_000
-    again, score2, evals2 = sk(end, counts, *stats, *args, 10_000)
+    again, score2, evals2 = sk(end, counts, *stats, *args, 10_000, 10_000)
     np.testing.assert_array_equal(again, end)
     assert score2 == score and evals2 <= evals
 

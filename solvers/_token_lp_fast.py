@@ -60,13 +60,15 @@ __all__ = [
 
 
 def _frozen(a):
-    """``a`` itself; in jitted code typed read-only.
+    """A read-only view of ``a`` (in jitted code: ``a`` itself, typed read-only).
 
     The support kernels below call :func:`token_lp_kernel` with a support they build, while
     Python calls it with a problem's read-only arrays: typed alike, both calls share one
     compiled version (numba compiles one per argument type, and read-only is part of an
     array's type; its data model is the same, so nothing is copied)."""
-    return a
+    v = a.view()
+    v.setflags(write=False)
+    return v
 
 
 @intrinsic

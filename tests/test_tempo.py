@@ -48,6 +48,15 @@ F = {name: i for i, name in enumerate(INFO_FIELDS)}
 NO_REPAIR = {"repair_budget_s": 0.0}
 
 
+def _readonly(a):
+    """A read-only copy of ``a``: ``solve_dispatch`` hands the kernels a problem's read-only
+    arrays, and read-only is part of an array's type to numba, so kernels called on these
+    run the versions the JIT warm-up compiled (a writeable array compiles each again)."""
+    a = np.array(a)
+    a.setflags(write=False)
+    return a
+
+
 def _random_instance(rng, max_e=9, max_g=4, max_n=300):
     E = int(rng.integers(1, max_e + 1))
     g = int(rng.integers(1, max_g + 1))
@@ -58,7 +67,7 @@ def _random_instance(rng, max_e=9, max_g=4, max_n=300):
         if not R[e].any():
             R[e, rng.integers(g)] = True
     counts = (rng.integers(0, max_n, E) * (rng.random(E) < 0.85)).astype(np.int64)
-    return counts, R
+    return _readonly(counts), _readonly(R)
 
 
 def _cost(i):
@@ -67,8 +76,8 @@ def _cost(i):
 
 
 def _kernel_args(counts, R, cost, opts=ALL_ON, bound=-math.inf):
-    counts = np.asarray(counts, np.int64)
-    R = np.asarray(R, bool)
+    counts = _readonly(np.asarray(counts, np.int64))
+    R = _readonly(np.asarray(R, bool))
     lp, _, _ = token_lp_kernel(counts, R)
     sm, _, _ = semi_matching_kernel(R, counts > 0)
     return (counts, R, kernel_cost(cost.as_array()), lp, sm, bound, opts)

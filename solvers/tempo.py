@@ -125,14 +125,23 @@ cost model.
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
    first) go to the layer's MILP warm-started with tempo's shares
-   (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
-   only when strictly better, and its dual bound raises the reported lower bound. Extras:
-   ``repaired`` (the repair ran), ``repair_status`` (``"optimal"``, ``"improved"``,
-   ``"unchanged"``, or ``"off"``/``"not needed"``/``"budget spent"``),
-   ``makespan_before_repair``,
-   ``repair_gain`` (makespan drop), ``repair_bound_gain`` (bound rise),
-   ``repair_runtime_s``. HiGHS stops on wall-clock time, so a repaired layer may differ
-   between runs on a loaded machine; with the repair off, tempo is deterministic.
+   (:mod:`straggler.solvers._tempo_repair`, which gives what was measured before choosing
+   it); its solution, in whole tokens again, is taken only when strictly better, and its
+   dual bound raises the reported lower bound. Extras: ``repaired`` (the repair ran),
+   ``repair_status`` (``"optimal"``: the repaired makespan meets the raised bound, the
+   layer is proved optimal; ``"improved"``; ``"unchanged"``; or
+   ``"off"``/``"not needed"``/``"budget spent"``), ``repair_milp_status`` (the MILP's
+   status name: ``"OPTIMAL"`` when it proved its optimum over fractional shares, which
+   whole tokens may stay above), ``makespan_before_repair``, ``repair_gain`` (makespan
+   drop), ``repair_bound_gain`` (bound rise), ``repair_runtime_s``. HiGHS stops on
+   wall-clock time, so a layer whose MILP runs into the budget may differ between runs on a
+   loaded machine; with the repair off, tempo is deterministic.
+
+   What a caller pays: nothing on a layer within ``repair_gap`` of its bound (on the
+   decode families of ``benchmarks/tempo_quality.py``, 85-90% of the layers); otherwise
+   the MILP's time, at most the budget per call. The default budget (1 s) is where the
+   measured time to an incumbent within 0.1% of the optimum stops paying
+   (``benchmarks/tempo_quality.py --repair-budgets``).
 
 Speed (results unchanged by any of it): the kernels build the replica lists without
 branches, order experts by a stable radix sort, keep per-GPU sorted lists of the experts
@@ -334,10 +343,11 @@ class Tempo:
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
         Iteration cap of each local search.
-    repair_budget_s : float >= 0, default 0.2
-        Seconds of bounded exact repair per call (0: off): one layer gets all of it; a
-        stack shares it, layers with the largest relative gap first (a layer left without
-        budget reports ``repair_status = "budget spent"``).
+    repair_budget_s : float >= 0, default 1.0
+        Wall-clock seconds of bounded exact repair per call (0: off): one layer gets all
+        of it; a stack shares it, layers with the largest relative gap first (a layer left
+        without budget reports ``repair_status = "budget spent"``). Only layers more than
+        ``repair_gap`` above their certified bound spend any of it.
     repair_gap : float >= 0, default 0.001
         Relative gap ``(makespan - lower_bound) / makespan`` above which a layer is
         repaired.
@@ -372,7 +382,7 @@ class Tempo:
     swap: bool = True
     tau: float = 0.01
     max_iter: int = 300
-    repair_budget_s: float = 0.2
+    repair_budget_s: float = 1.0
     repair_gap: float = 0.001
 
     def __post_init__(self) -> None:
@@ -430,6 +440,7 @@ class Tempo:
         extras["makespan_before_repair"] = m
         extras["repaired"] = False
         extras["repair_status"] = "off" if self.repair_budget_s == 0 else "not needed"
+        extras["repair_milp_status"] = "NOT_RUN"
         extras["repair_gain"] = 0.0
         extras["repair_bound_gain"] = 0.0
         extras["repair_runtime_s"] = 0.0
@@ -440,6 +451,7 @@ class Tempo:
             r = repair_layer(problem, cost, shares, budget_s=budget, lower_bound=bound)
             extras["repaired"] = True
             extras["repair_status"] = r.status
+            extras["repair_milp_status"] = r.milp_status
             extras["repair_gain"] = m - r.makespan
             extras["repair_bound_gain"] = r.lower_bound - bound
             extras["repair_runtime_s"] = r.runtime_s

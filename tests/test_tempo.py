@@ -573,6 +573,61 @@ def test_repair_layer_and_whole_tokens():
     assert (np.abs(x - np.array([[2.4, 2.3, 2.3], [0.5, 4.5, 0.0]])) < 1).all()
 
 
+def test_repair_status_says_optimal_only_when_the_bound_proves_it():
+    """The MILP proves its fractional optimum (28.75: 37.5 tokens on a GPU under the
+    traffic term) while whole tokens stay at 28.8 (38 tokens), which nothing proves
+    optimal: the repair says "unchanged", keeps the shares, and the MILP's own status is
+    kept apart; the layer is not OPTIMAL."""
+    p = DispatchProblem(
+        counts=[38, 28, 20, 10, 7, 7, 11, 6, 1],
+        replicas=[[0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0],
+                  [0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]],
+    )  # fmt: skip
+    cost = CostModel.preset("dsv2_lite_a_serving")
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    assert off.makespan == pytest.approx(28.8) and off.lower_bound < off.makespan / 1.001
+    r = repair_layer(p, cost, off.shares, budget_s=5.0, lower_bound=off.lower_bound)
+    assert r.milp_status == "OPTIMAL" and r.status == "unchanged"
+    assert r.lower_bound == pytest.approx(28.75) and r.makespan == off.makespan
+    np.testing.assert_array_equal(r.shares, off.shares)
+    on = solve_dispatch(p, cost, method="tempo", repair_budget_s=5.0)
+    assert on.extras["repair_status"] == "unchanged"
+    assert on.extras["repair_milp_status"] == "OPTIMAL"
+    assert on.status.name != "OPTIMAL"
+
+
+@pytest.mark.parametrize("budget", [1e-4, 2.0])
+def test_repair_never_worse_and_its_status_agrees_with_the_layer(budget):
+    """From bad starts (each expert whole on a random replica) with a budget too small to
+    solve anything and one that solves everything: whole tokens, never worse, a bound
+    below the optimum, unchanged shares unless strictly better, and "optimal" exactly when
+    solve_dispatch's rule (makespan meets the bound) holds."""
+    rng = np.random.default_rng(21)
+    for i in range(12):
+        counts, R = _random_instance(rng, max_e=5, max_g=3, max_n=300)
+        if counts.sum() == 0:
+            continue
+        p = DispatchProblem(counts=counts, replicas=R)
+        cost = CostModel.preset(PRESETS[i % 4])
+        x0 = np.zeros(R.shape, np.int64)
+        for e in range(len(counts)):
+            x0[e, rng.choice(np.flatnonzero(R[e]))] = counts[e]
+        m0 = float(np.max(evaluate(p, cost, x0).times))
+        lb = certified_lower_bound(p, cost)
+        r = repair_layer(p, cost, x0, budget_s=budget, lower_bound=lb)
+        check_shares(p, r.shares)
+        assert r.shares.dtype == np.int64
+        assert r.makespan == pytest.approx(float(np.max(evaluate(p, cost, r.shares).times)))
+        assert r.makespan <= m0
+        assert lb <= r.lower_bound <= _opt(p, cost) * (1 + 1e-6) + 1e-9
+        if r.status == "unchanged":
+            np.testing.assert_array_equal(r.shares, x0)
+        else:
+            assert r.status == "optimal" or r.makespan < m0
+        proved = r.makespan <= r.lower_bound * (1 + 1e-9) + 1e-12
+        assert (r.status == "optimal") == proved
+
+
 def test_solve_stack_equals_per_layer():
     rng = np.random.default_rng(6)
     L, E, g = 7, 12, 4

@@ -23,20 +23,25 @@ own optimum over fractional shares while the whole-token dispatch stays above it
 ``"improved"`` or ``"unchanged"`` (``milp_status`` says ``"OPTIMAL"``): the whole-token
 optimum may lie above the fractional one, and nothing here proves where it is.
 
-What was measured before choosing this form (``benchmarks/tempo_outliers.py``, the layers
-of ``benchmarks/tempo_quality.py`` where tempo stays more than 0.1% above the optimum,
-time to an incumbent within 0.1% of the optimum, one HiGHS thread, side by side): MILPs
-restricted to the replica-graph neighbourhood of the makespan GPUs (depth 0, 1, 2, the
-other GPUs' shares fixed) either cannot improve (depth 0 and 1 prove their own optimum at
-tempo's makespan in 3-30 ms) or cover 12-16 of 16 GPUs and take as long as the whole
-layer; a sequence of neighbourhoods growing until one improves therefore costs the whole
-MILP's time plus the small ones. HiGHS options (``mip_heuristic_effort`` 0.3-1, presolve
-off, symmetry detection off, no restart, no cuts below the root, ZI round and shifting),
-the certified bound as the objective's lower bound, a small penalty on activations in the
-objective, the plain big-M model, target-makespan feasibility MILPs and restarts with
-other random seeds changed the time to target within HiGHS's run-to-run spread (1.5x to
-2x on this loaded machine) and none helped every layer. So the whole layer gets the
-budget, and the budget is what decides (:class:`~straggler.solvers.tempo.Tempo`).
+What was measured before choosing this form (``benchmarks/tempo_outliers.py`` on the
+layers of the tuning families of ``benchmarks/tempo_quality.py`` that tempo leaves more
+than 0.1% above the optimum, one HiGHS thread, side by side on a loaded machine): every
+dispatch better than tempo's changes 9 to 20 activations, touching the shares of 6 to 15
+GPUs, so small neighbourhoods cannot reach it. MILPs on the makespan GPUs alone, or with
+their replica-graph neighbours (depth 1), the other GPUs' shares fixed, prove in 0.01-0.6 s
+that they cannot improve; depth 2 covers 12-16 of 16 GPUs and takes about as long as the
+whole layer (faster once, on one layer); a descent through MILPs on the makespan GPUs plus
+every one or two of their neighbours never lowered the makespan (0.01-3 s). HiGHS options
+(``mip_heuristic_effort`` 0.3-1, presolve off, symmetry detection off, no restart, no cuts
+below the root, ZI round and shifting), the certified bound as the objective's lower
+bound, a small penalty on activations in the objective, the plain big-M model and
+restarts with other random seeds changed the time to target within HiGHS's run-to-run
+spread (1.5x to 2x here) and none helped every layer; a feasibility MILP with the makespan
+capped at a target is 2-5x faster on two of three hard layers only when the target is the
+optimum itself, which the repair does not know (probing targets below it costs a proof of
+infeasibility, about 1 s on one of them). So
+the whole layer gets the budget, and the budget is what decides
+(:class:`~straggler.solvers.tempo.Tempo`, ``tempo_outliers.py --budget-curve``).
 
 HiGHS stops on wall-clock time, so a layer whose MILP runs into the budget may differ
 between runs on a loaded machine; a layer whose MILP finishes inside it does not.

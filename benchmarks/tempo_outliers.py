@@ -32,15 +32,12 @@ import pathlib
 import platform
 import time
 
-import highspy
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 from straggler.formulations import CostModel, DispatchProblem, evaluate
-from straggler.formulations.dispatch_milp import build_dispatch_milp
 from straggler.solvers import Tempo, solve_dispatch
-from straggler.solvers._tempo_repair import REPAIR_MIP_GAP, _milp, whole_tokens
-from straggler.solvers.highs import _model_lp, _new_highs
+from straggler.solvers._tempo_repair import _milp, repair_layer, whole_tokens
 from tempo_quality import RESULTS as QUALITY_RESULTS  # (this folder)
 from tempo_quality import _key, instances
 
@@ -157,32 +154,7 @@ def partner_descent(problem, cost, x0, k, budget):
     return _makespan(problem, cost, x), time.perf_counter() - t0, moves
 
 
-def incumbent_curve(problem, cost, x0, max_budget):
-    """(seconds, whole-token makespan) of each incumbent of the repair's MILP (module notes)."""
-    m0 = _makespan(problem, cost, x0)
-    model = build_dispatch_milp(problem, cost, tightened=True, upper_bound=m0)
-    h = _new_highs()
-    for k, v in dict(threads=1, time_limit=float(max_budget), mip_rel_gap=REPAIR_MIP_GAP).items():
-        h.setOptionValue(k, v)
-    t0 = time.perf_counter()
-    h.passModel(_model_lp(model))
-    sol = highspy.HighsSolution()
-    sol.col_value = list(model.encode(x0))
-    sol.value_valid = True
-    h.setSolution(sol)
-    found = []
-
-    def on_incumbent(e):
-        t = time.perf_counter() - t0  # (before the rounding below, which the repair pays once)
-        y = whole_tokens(problem, cost, model.decode(np.asarray(e.data_out.mip_solution)))
-        found.append((t, _makespan(problem, cost, y)))
-
-    h.cbMipImprovingSolution.subscribe(on_incumbent)
-    h.run()
-    return found, time.perf_counter() - t0, h.modelStatusToString(h.getModelStatus())
-
-
-def budget_curve(families, budgets, max_budget, cache_path):
+def budget_curve(families, budgets, cache_path):
     """The ``--budget-curve`` measurement (module notes)."""
     cache = json.loads(pathlib.Path(cache_path).read_text())
     gap = Tempo().repair_gap
@@ -196,13 +168,17 @@ def budget_curve(families, budgets, max_budget, cache_path):
             if m0 <= t.lower_bound + gap * m0 + 1e-12 or not o or o["status"] != "OPTIMAL":
                 continue
             x0 = np.rint(t.shares).astype(np.int64)
-            found, spent, status = incumbent_curve(prob, cost, x0, max_budget)
             opt = o["opt"]
-            best = [min([m0] + [m for s, m in found if s <= b]) / opt for b in budgets]
-            hit = [0.0] if m0 <= opt * 1.001 else [s for s, m in found if m <= opt * 1.001]
+            reps = [repair_layer(prob, cost, x0, budget_s=b, lower_bound=t.lower_bound)
+                    for b in budgets]  # fmt: skip
+            best = [r.makespan / opt for r in reps]
+            hit = [0.0] if m0 <= opt * 1.001 else [
+                r.runtime_s for r in reps if r.makespan <= opt * 1.001]  # fmt: skip
             rows.append(dict(layer=f"{fam}:{params['i']}", cost=cname, tempo=m0, opt=opt,
-                             ratio=m0 / opt, ratio_at_budget=best, milp_s=spent,
-                             milp_status=status, time_to_1001=hit[0] if hit else None))  # fmt: skip
+                             ratio=m0 / opt, ratio_at_budget=best,
+                             seconds_at_budget=[r.runtime_s for r in reps],
+                             status_at_budget=[r.status for r in reps],
+                             time_to_1001=hit[0] if hit else None))  # fmt: skip
             r = rows[-1]
             print(f"  {r['layer']:>14} {cname:>20} tempo/OPT {r['ratio']:.5f} -> "
                   + " ".join(f"{b:g}s:{v:.5f}" for b, v in zip(budgets, best))
@@ -217,7 +193,7 @@ def budget_curve(families, budgets, max_budget, cache_path):
             at_budget={f"{b:g}": dict(max=max((r["ratio_at_budget"][k] for r in fr), default=None),
                                        over_1001=sum(r["ratio_at_budget"][k] > 1.001 for r in fr))
                        for k, b in enumerate(budgets)},
-            never_within_max_budget=len(fr) - len(reach),
+            never_within_budgets=len(fr) - len(reach),
             time_to_1001_max=max(reach, default=None),
             time_to_1001_total=sum(reach),
         )  # fmt: skip
@@ -226,7 +202,7 @@ def budget_curve(families, budgets, max_budget, cache_path):
               + "; ".join(f"{b}s: max {v['max']:.5f}, {v['over_1001']} > 1.001"
                           for b, v in s["at_budget"].items() if v["max"] is not None)
               + f"; time to 1.001 max {s['time_to_1001_max']}, total "
-              f"{s['time_to_1001_total']:.2f} s, {s['never_within_max_budget']} never")  # fmt: skip
+              f"{s['time_to_1001_total']:.2f} s, {s['never_within_budgets']} never")  # fmt: skip
     return dict(summary=summary, rows=rows)
 
 
@@ -234,7 +210,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("layers", nargs="*", help="FAMILY:I, e.g. decode16:194")
     ap.add_argument("--budget-curve", default=None, help="families, comma-separated")
-    ap.add_argument("--max-budget", type=float, default=3.0, help="--budget-curve MILP seconds")
+    ap.add_argument("--max-budget", type=float, default=3.0, help="--partners seconds")
     ap.add_argument("--partners", default="", help="K values of the partner descent, e.g. 1,2")
     ap.add_argument("--cache", default=str(QUALITY_RESULTS / "tempo_quality_oracle.json"))
     ap.add_argument("--budgets", default="0.2,0.5,1,2", help="repair seconds, comma-separated")
@@ -248,7 +224,7 @@ def main(argv=None):
     meta = dict(args=vars(args), machine=platform.platform(), date=stamp)
     if args.budget_curve:
         fams = [f for f in args.budget_curve.split(",") if f]
-        res = budget_curve(fams, budgets, args.max_budget, args.cache)
+        res = budget_curve(fams, budgets, args.cache)
         out = pathlib.Path(args.out).with_name(f"tempo_repair_budget_{'_'.join(fams)}.json")
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(dict(**meta, **res), indent=1))

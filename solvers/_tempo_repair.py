@@ -28,12 +28,15 @@ may vanish), and the token LP on that support (the exact token flow,
 better. A result replaces the current shares only when its makespan is strictly lower, so
 the repair never makes a layer worse.
 
-Status: ``"optimal"`` only when the returned makespan meets the returned lower bound (the
-input bound raised to the MILP's dual bound) within the tolerance under which
-``solve_dispatch`` calls a layer OPTIMAL, so the two always agree. A MILP that proved its
-own optimum over fractional shares while the whole-token dispatch stays above it is
-``"improved"`` or ``"unchanged"`` (``milp_status`` says ``"OPTIMAL"``): the whole-token
-optimum may lie above the fractional one, and nothing here proves where it is.
+Status: ``"optimal"`` only when the layer is proved optimal: the returned makespan meets
+the returned lower bound (the input bound raised to the whole layer's MILP dual bound, less
+a relative 1e-9 for HiGHS's tolerances) within the tolerance under which ``solve_dispatch``
+calls a layer OPTIMAL, or the whole layer's MILP proved its optimum (HiGHS status OPTIMAL at
+:data:`REPAIR_MIP_GAP`, the standard of ``method="milp"``) and the whole-token dispatch
+reaches it. A MILP that proved its optimum over fractional shares while the whole-token
+dispatch stays above it is ``"improved"`` or ``"unchanged"`` (``milp_status`` says
+``"OPTIMAL"``): the whole-token optimum may lie above the fractional one, and nothing here
+proves where it is. A restricted MILP's optimum never counts.
 
 What was measured before choosing this form (``benchmarks/tempo_outliers.py`` on the
 layers of the tuning families of ``benchmarks/tempo_quality.py`` that tempo leaves more
@@ -95,8 +98,9 @@ class Repair(NamedTuple):
     lower_bound: float
     """The input bound, raised to the whole-layer MILP's dual bound when it has one."""
     status: str
-    """``"optimal"`` (the makespan meets ``lower_bound``: proved optimal), ``"improved"``
-    (lower, not proved optimal) or ``"unchanged"``."""
+    """``"optimal"`` (proved optimal: the makespan meets ``lower_bound``, or the whole
+    layer's MILP proved its optimum and whole tokens reach it), ``"improved"`` (lower, not
+    proved optimal) or ``"unchanged"``."""
     runtime_s: float
     milp_status: str
     """The whole-layer MILP's :class:`~straggler.formulations.results.Status` name
@@ -219,6 +223,7 @@ def repair_layer(
             break
         take(*_milp(problem, cost, x, best, min(left, share * float(budget_s)), free))
     left = float(budget_s) - (time.perf_counter() - t0)
+    milp_proved = False
     if not proved() and left > 0:
         model, sol = _milp(problem, cost, x, best, left)
         milp_status = sol.status.name
@@ -226,8 +231,10 @@ def repair_layer(
             # (less a relative 1e-9: HiGHS's bound carries its feasibility tolerances)
             lb = max(lb, min(float(sol.dual_bound) * (1 - DUAL_RTOL), best))
         take(model, sol)
+        # HiGHS proved its optimum (within REPAIR_MIP_GAP) and whole tokens reach it
+        milp_proved = sol.status.name == "OPTIMAL" and best <= sol.objective * (1 + 1e-9) + 1e-9
     lb = min(lb, best)
-    if proved():
+    if proved() or milp_proved:
         status = "optimal"
     else:
         status = "improved" if improved else "unchanged"

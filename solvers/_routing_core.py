@@ -39,7 +39,7 @@ __all__ = [
     "PoolState",
     "RouterOptions",
     "RouterCarry",
-    "MAX_TOKENS",
+    "MAX_ROUTED_TOKENS",
     "MINSTD_A",
     "MINSTD_M",
     "minstd_start",
@@ -137,7 +137,7 @@ class RouterCarry(NamedTuple):
 
 #: Largest token count (length, load) a kernel accepts: float64 holds every integer up to it
 #: exactly, and ``G * (max load + sum of lengths)`` stays finite for any realistic ``G``.
-MAX_TOKENS = float(2**53)
+MAX_ROUTED_TOKENS = float(2**53)
 
 #: MINSTD (``x <- 48271*x mod (2^31-1)``; Park, Miller and Stockmeyer, "Technical
 #: correspondence", CACM 36(7), 1993), the generator of the seeded policies: their kernels draw
@@ -326,10 +326,11 @@ BAD_INPUT = (
 
 @njit(**NJIT)
 def _bad_tokens(x):
-    """Flat index of the first value of ``x`` outside ``[0, MAX_TOKENS]`` (NaN included), -1."""
+    """Flat index of the first value of ``x`` outside ``[0, MAX_ROUTED_TOKENS]`` (NaN
+    included), -1."""
     v = x.ravel()
     for i in range(v.shape[0]):
-        if not (v[i] >= 0.0 and v[i] <= MAX_TOKENS):
+        if not (v[i] >= 0.0 and v[i] <= MAX_ROUTED_TOKENS):
             return i
     return -1
 
@@ -349,7 +350,7 @@ def check_inputs_kernel(pool, reps):
     code in :data:`BAD_INPUT`) and the flat index of its first bad value, in one pass.
 
     Token arrays (prefill, loads, prompt and waiting tokens, cached) must lie in
-    ``[0, MAX_TOKENS]``; counts must be ``>= 0``; the free slots must also sum to at most
+    ``[0, MAX_ROUTED_TOKENS]``; counts must be ``>= 0``; the free slots must also sum to at most
     ``2**63 - 1`` (index: where the running sum would overflow); ``kv_usage`` finite
     ``>= 0``; ``kv_capacity > 0`` (``inf`` allowed); request keys ``>= 0``.
     """

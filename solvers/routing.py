@@ -29,7 +29,7 @@ from ..formulations.validation import (
 from ._balanceroute import project_loads_kernel
 from ._routing_core import (
     BAD_INPUT,
-    MAX_TOKENS,
+    MAX_ROUTED_TOKENS,
     PoolState,
     ReplicaState,
     RouterCarry,
@@ -256,17 +256,17 @@ def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, op
 
 
 _EXPECTED = {
-    "prefill_lengths": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
-    "loads": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "prefill_lengths": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
+    "loads": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
     "free_slots": "an array of non-negative integers summing to at most 2**63 - 1",
     "n_running": "an array of non-negative integers",
     "n_waiting": "an array of non-negative integers",
-    "prompt_tokens": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
-    "waiting_tokens": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "prompt_tokens": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
+    "waiting_tokens": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
     "kv_usage": "an array of finite numbers >= 0",
     "kv_capacity": "an array of numbers > 0 (inf: unbounded)",
     "pool_wait": "an array of non-negative integers",
-    "pool_cached": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "pool_cached": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
     "pool_key": "an array of non-negative integers",
 }
 _ARG_OF = {

@@ -186,6 +186,8 @@ _FUNC = "solve_dispatch(method='tempo')"
 SWAP_ROUNDS = 4
 #: Stages 5b and 5c run only on a layer more than this (relative) above its bound.
 SUPPORT_GAP = 1e-3
+#: Stage 4b runs only on a layer more than this (relative) above its stop bound.
+RESTART_GAP = 2e-3
 
 
 class TokenLP(NamedTuple):
@@ -330,6 +332,8 @@ class Tempo:
     contract, swap : bool, default True
         The support contraction and the activation swaps after it (extensions, see the
         module notes).
+    restarts : bool, default True
+        The ruin-and-recreate restarts after stage 4 (an extension, see the module notes).
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
@@ -370,6 +374,7 @@ class Tempo:
     rebalance: bool = True
     contract: bool = True
     swap: bool = True
+    restarts: bool = True
     tau: float = 0.01
     max_iter: int = 300
     repair_budget_s: float = 0.2
@@ -390,6 +395,8 @@ class Tempo:
             bool(self.tile_chains),
             float(self.tau),
             int(self.max_iter),
+            bool(self.restarts),
+            RESTART_GAP,
         )
 
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
@@ -423,7 +430,7 @@ class Tempo:
         extras["swapped"] = lay.swapped
         extras["makespan_stage4"] = extras["makespan"]
         extras["choice"] = CHOICES[int(extras["choice"])]
-        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
+        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts"):
             extras[k] = int(extras[k])
         cert = Certificate(lay.bound, lay.sm, lay.num / lay.den)
         shares, m, bound = lay.shares, lay.makespan, lay.bound
@@ -511,7 +518,7 @@ def _rel_gap(lay: _Layer) -> float:
 def _tempo_iv(t: Tempo) -> None:
     """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
     for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
-                 "tile_chains", "rebalance", "contract", "swap"):  # fmt: skip
+                 "tile_chains", "rebalance", "contract", "swap", "restarts"):  # fmt: skip
         check_bool(getattr(t, name), name, _FUNC)
     check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
     check_int(t.max_iter, "max_iter", _FUNC, lo=0)

@@ -1,6 +1,6 @@
 """``tempo``: the tempo_fast dispatcher of TEMPO §4.2, and the exact fast token LP.
 
-``solve_dispatch(problem, cost, method="tempo")`` runs four stages on each layer (a
+``solve_dispatch(problem, cost, method="tempo")`` runs four stages and restarts on each layer (a
 Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it),
 then two exact steps. Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the
 cost model.
@@ -87,6 +87,23 @@ cost model.
    ``M(A*) <= (OPT + max_k phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the
    additive bound exactly. (``tau`` only acts on raw candidates: a polished candidate is
    the local search's own output, like ``A_H``.)
+
+   4b. **Ruin-and-recreate restarts** (*extension*; ``restarts=False`` switches it off).
+   Run only when the stage-4 makespan ``M`` is more than ``RESTART_GAP`` (0.2%, relative)
+   above the stop bound of stage 3. A round tries every GPU ``h`` (increasing): the
+   experts active on ``h`` leave the dispatch (all their shares) and go back whole by
+   stage 1's rule on the rest of it; the result is polished by the stage-3 search
+   uncapped, and, for each of the two largest floor levels ``F = a + b*G + b2*j < M``,
+   first under the floor cap ``F`` (a GPU whose floor ``a + b*G + b2*(T - G)`` exceeds
+   ``F`` costs infinity) and then uncapped. The round's strictly lowest makespan (first
+   found on ties) is applied; at most ``RESTART_ROUNDS`` (2) rounds. Every start of
+   stages 1-4 can end on the same plateau: GPUs at ``G + 1`` activations with one tile
+   over, where any single move, swap, chain or exchange raises some GPU to the makespan
+   (on the ``decode16`` layer of ``benchmarks/tempo_quality.py`` that shows it, the
+   fewest activation changes to any better dispatch is 18, on 9 GPUs). The floor cap
+   forbids that floor, so the search must trade the tile or the activation away first,
+   which is the step single moves cannot price. ``extras["restarts"]`` counts the rounds
+   applied.
 
 5. **Support rebalance** (*extension*; ``rebalance=False`` switches it off). The token LP
    restricted to the support of the stage-4 output (only its active replicas, by

@@ -109,6 +109,8 @@ class KernelOptions(NamedTuple):
     """Ruin-and-recreate restarts after stage 4 (stage 4b)."""
     restart_gap: float = 0.0
     """Stage 4b runs only on a dispatch more than this (relative) above the stop bound."""
+    restart_moves: int = 0
+    """Stage 4b starts no polish once its searches have applied this many moves."""
 
 
 def kernel_cost(cost_array, cap: float = math.inf, floor_cap: float = math.inf) -> KernelCost:
@@ -1338,7 +1340,8 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
     levels ``F`` below the makespan (:func:`_floor_levels`), first under the floor cap
     ``F`` and then uncapped. The round's strictly lowest makespan (first found on ties)
     is applied; at most ``rounds_max`` rounds, until none is lower or ``stop_at`` is met.
-    Returns ``(shares, makespan, rounds)``.
+    No polish starts once the stage's searches have applied ``opts.restart_moves`` moves
+    (the round then ends with what it found). Returns ``(shares, makespan, rounds)``.
     """
     E, g = x0.shape
     counters = np.zeros(3, np.int64)
@@ -1357,12 +1360,16 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
         best_m = m
         best_x = x
         for h in range(g):
+            if counters[0] >= opts.restart_moves:
+                break
             ruin[:] = False
             for i in range(lists.g_ptr[h], lists.g_ptr[h + 1]):
                 e = lists.g_exps[i]
                 ruin[e] = x[e, h] > 0
             y = _recreate(x, ruin, counts, order, lists, cost)
             for k in range(n_lev + 1):
+                if counters[0] >= opts.restart_moves:
+                    break
                 z = y.copy()
                 if k > 0:  # the floor cap makes the search keep every floor at most F
                     capped = KernelCost(cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2,
@@ -1964,14 +1971,21 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
 
     def restarts(x, m):
         rounds = 0
+        moves = 0
         while rounds < RESTART_ROUNDS and m > stop_at:
             levels = floor_levels(m)
             best_m, best_x = m, x
             for h in range(g):
                 y = recreate(x, {e for e in range(E) if x[e][h] > 0})
                 for F in [None, *levels]:
-                    z = y if F is None else search(y, (inf, F))[0]
-                    z, _ = search(z)
+                    if moves >= opts.restart_moves:
+                        break
+                    z = y
+                    if F is not None:
+                        z, n = search(y, (inf, F))
+                        moves += n[0]
+                    z, n = search(z)
+                    moves += n[0]
                     mz = max(times_of(z))
                     if mz < best_m:
                         best_m, best_x = mz, z

@@ -96,7 +96,9 @@ cost model.
    uncapped, and, for each of the two largest floor levels ``F = a + b*G + b2*j < M``,
    first under the floor cap ``F`` (a GPU whose floor ``a + b*G + b2*(T - G)`` exceeds
    ``F`` costs infinity) and then uncapped. The round's strictly lowest makespan (first
-   found on ties) is applied; at most ``RESTART_ROUNDS`` (2) rounds. Every start of
+   found on ties) is applied; at most ``RESTART_ROUNDS`` (2) rounds, and no polish starts
+   once the stage's searches have applied ``RESTART_MOVES`` (5,000) moves (a work bound,
+   deterministic, unlike a clock: it keeps a 64-GPU layer near a second). Every start of
    stages 1-4 can end on the same plateau: GPUs at ``G + 1`` activations with one tile
    over, where any single move, swap, chain or exchange raises some GPU to the makespan
    (on the ``decode16`` layer of ``benchmarks/tempo_quality.py`` that shows it, the
@@ -205,6 +207,8 @@ SWAP_ROUNDS = 4
 SUPPORT_GAP = 1e-3
 #: Stage 4b runs only on a layer more than this (relative) above its stop bound.
 RESTART_GAP = 2e-3
+#: Stage 4b starts no polish after this many local-search moves in all.
+RESTART_MOVES = 5_000
 
 
 class TokenLP(NamedTuple):
@@ -414,6 +418,7 @@ class Tempo:
             int(self.max_iter),
             bool(self.restarts),
             RESTART_GAP,
+            RESTART_MOVES,
         )
 
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:

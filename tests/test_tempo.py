@@ -35,6 +35,7 @@ from straggler.solvers._token_lp_fast import (
 )
 from straggler.solvers.tempo import (
     RESTART_GAP,
+    RESTART_MOVES,
     SUPPORT_GAP,
     SWAP_ROUNDS,
     Tempo,
@@ -46,6 +47,7 @@ PRESETS = ["dsv3_a_offline", "qwen3_235b_b_tile", "dsv2_lite_a_serving", "dsv3_a
 FIG1B = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
 FIG1B_COST = CostModel(a=0, b=15, c=0, beta=0.1)
 ALL_ON = KernelOptions(True, True, True, True, True, True, True, 0.01, 300)
+RESTARTS = {"restarts": True, "restart_gap": RESTART_GAP, "restart_moves": RESTART_MOVES}
 F = {name: i for i, name in enumerate(INFO_FIELDS)}
 NO_REPAIR = {"repair_budget_s": 0.0}
 
@@ -124,7 +126,8 @@ def test_kernel_equals_py_func_equals_reference():
         counts, R = _random_instance(rng)
         flags = [bool(v) for v in rng.random(7) < 0.8]
         tau = float(rng.choice([0.0, 0.01, 0.1]))
-        opts = KernelOptions(*flags, tau, 300, i % 2 == 0, RESTART_GAP)  # restarts: every other
+        restarts = i % 2 == 0  # every other instance
+        opts = KernelOptions(*flags, tau, 300, restarts, RESTART_GAP, RESTART_MOVES)
         cost = _cost(i)
         bound = -math.inf
         if rng.random() < 0.5 and counts.any():
@@ -225,7 +228,8 @@ def test_kernel_equals_reference_where_the_stage_matters(stage):
     with each neighbourhood on and off."""
     p, cost, kw, _ = _case(stage)
     for on in (True, False):
-        opts = ALL_ON._replace(**{stage: on})
+        base = ALL_ON._replace(**RESTARTS) if stage == "restarts" else ALL_ON
+        opts = base._replace(**{stage: on})
         _assert_same(_kernel_args(p.counts, p.replicas, cost, opts))
 
 
@@ -246,7 +250,7 @@ def test_restarts_reach_the_decode_outlier():
     assert on.extras["restarts"] == 1
     check_shares(p, on.shares)
     # kernel == py_func on it (the plain-Python reference is too slow at this size)
-    args = _kernel_args(p.counts, p.replicas, cost, ALL_ON._replace(restarts=True))
+    args = _kernel_args(p.counts, p.replicas, cost, ALL_ON._replace(**RESTARTS))
     x1, i1 = tempo_kernel(*args)
     x2, i2 = tempo_kernel.py_func(*args)
     np.testing.assert_array_equal(x1, x2)
@@ -258,7 +262,7 @@ def test_restarts_only_above_the_gap():
     pinned instance (58.4 us with it, 59.04 without; bound 56.3) a gap of 20% keeps
     it off."""
     p, cost, _, expected = _case("restarts")
-    on = ALL_ON._replace(restarts=True, restart_gap=RESTART_GAP)
+    on = ALL_ON._replace(**RESTARTS)
     _, info = _assert_same(_kernel_args(p.counts, p.replicas, cost, on))
     assert info[F["makespan"]] == pytest.approx(expected) and info[F["restarts"]] >= 1
     _, info = _assert_same(_kernel_args(p.counts, p.replicas, cost, on._replace(restart_gap=0.2)))

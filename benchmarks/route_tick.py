@@ -5,8 +5,9 @@ Every configuration is timed in one run, side by side, through the public
 BR-S interleaved call by call, so their ratios see the same machine load), each beside the
 ``runtime_s`` its results report (its kernel and the tick summary, timed inside the jitted
 call: the rest of a call is the Python entry's validation, boxing and result), plus the bare
-BR-0 kernel called from Python and the plain-Python reference ``br0_reference`` on the same
-states. BR-S (the default)
+BR-0 kernel called from Python (its compiled code for the records' types, :func:`bare`: the
+call unboxes the records, without numba's type dispatch) and the plain-Python reference
+``br0_reference`` on the same states. BR-S (the default)
 is timed twice: with no pool waits (JSQ's path) and with every request waiting at least its
 default ``patience`` ticks (its backlog path).
 
@@ -20,18 +21,32 @@ per replica (``S_tot = S_greedy``: Stage 2 from the first pop). 64 distinct stat
 Paper (BalanceRoute, G = 8, Python proxy): P50 1.20 ms, P99 2.77 ms per tick. Goal here:
 P50 <= 30 us and P99 <= 150 us for G = 16, pool 256.
 
+``--old PATH`` times an earlier checkout of this repository beside this one, in the same run
+(``git worktree add /tmp/tick-old main``): its ``route_batch`` (BR-0, JSQ, BR-S) interleaved
+call by call with this checkout's, and its bare BR-0 kernel interleaved with this one's. It is
+imported under the name ``straggler_old`` (a temporary folder of links to the checkout's
+packages; the library imports itself relatively), in a process of its own whose numba cache is
+a fresh temporary folder: with two copies of the record classes in one process (the same
+names and fields), kernels cached by that process came to refer to the other copy, and no
+later process could load them.
+
 Writes ``benchmarks/results/route_tick.json`` and prints a table.
 
-Usage: ``python benchmarks/route_tick.py [--reps 2000] [--quick]``
+Usage: ``python benchmarks/route_tick.py [--reps 2000] [--quick] [--old PATH]``
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
+import os
 import pathlib
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -45,6 +60,8 @@ PATIENCE = int(OPTIONS["patience"].default)  # BR-S's backlog threshold (ticks)
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "route_tick.json"
 TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
 R_MAX = 4
+_OLD_CHILD = "ROUTE_TICK_OLD_CHILD"  # set in the process that imports the old checkout
+_KEEP: list = []  # the old checkout's import folder, kept until the process exits
 
 
 def prompt_source(rng):
@@ -68,8 +85,9 @@ def make_states(G, n, stage, draw, rng, count=64):
     return states
 
 
-def kernel_state(s, L, f):
-    """The kernels' ``(pool, reps, carry)`` for lengths ``s``, loads ``L`` (G,), free slots."""
+def kernel_state(s, L, f, K=K):
+    """The kernels' ``(pool, reps, carry)`` for lengths ``s``, loads ``L`` (G,), free slots
+    (``K``: the records' module)."""
     G, n = L.shape[0], s.shape[0]
     reps = K.ReplicaState(
         L.reshape(-1, 1).copy(),
@@ -95,6 +113,20 @@ def _summary(t, reps):
     }
 
 
+def bare(kernel, pool, reps, opts, carry):
+    """``kernel(pool, reps, opts, carry, 0)`` by its compiled code for these arguments' types.
+
+    Called through its dispatcher, each call would also type its arguments (the records are
+    NamedTuples, which numba's dispatcher types afresh: microseconds per call), and with two
+    copies of the records' classes in one process (``--old``) the copy typed second took
+    hundreds of microseconds per call.
+    """
+    from numba import typeof
+
+    f = kernel.compile(tuple(typeof(a) for a in (pool, reps, opts, carry, 0)))
+    return lambda pool, reps, c: f(pool, reps, opts, c, 0)
+
+
 def timeit(fn, states, reps):
     fn(*states[0])  # warm (JIT compiled and cached)
     t = np.empty(reps)
@@ -106,9 +138,9 @@ def timeit(fn, states, reps):
     return _summary(t, reps)
 
 
-def timeit_together(configs, reps):
+def timeit_together(configs, reps, in_jit=True):
     """Time several ``name -> (fn, states)`` interleaved, one call of each per round, so that
-    their ratios see the same machine load. Beside each, ``<name>_in_jit``: the
+    their ratios see the same machine load. With ``in_jit``, beside each ``<name>_in_jit``: the
     ``runtime_s`` its results report (the policy's kernel and the tick summary, timed inside
     the jitted call), read after the timed call."""
     for fn, states in configs.values():
@@ -121,10 +153,33 @@ def timeit_together(configs, reps):
             t0 = time.perf_counter()
             d = fn(*st)
             t[k][r] = time.perf_counter() - t0
-            inner[k][r] = d.runtime_s
+            if in_jit:
+                inner[k][r] = d.runtime_s
     out = {k: _summary(v, reps) for k, v in t.items()}
-    out.update({f"{k}_in_jit": _summary(v, reps) for k, v in inner.items()})
+    if in_jit:
+        out.update({f"{k}_in_jit": _summary(v, reps) for k, v in inner.items()})
     return out
+
+
+def load_old(path):
+    """``(route_batch, _balanceroute, _routing_core, router_options)`` of the checkout at
+    ``path``, imported as ``straggler_old``."""
+    root = pathlib.Path(path).resolve()
+    tmp = tempfile.TemporaryDirectory(prefix="route_tick_old_")  # removed at exit
+    _KEEP.append(tmp)
+    ns = pathlib.Path(tmp.name) / "straggler_old"
+    ns.mkdir()
+    for pkg in ("formulations", "solvers", "baselines", "proofs", "sim", "runtime"):
+        if (root / pkg).is_dir():
+            (ns / pkg).symlink_to(root / pkg)
+    sys.path.insert(0, str(ns.parent))
+    mod = importlib.import_module
+    return (
+        mod("straggler_old.solvers.routing").route_batch,
+        mod("straggler_old.solvers._balanceroute"),
+        mod("straggler_old.solvers._routing_core"),
+        mod("straggler_old.solvers.routing_registry").router_options,
+    )
 
 
 def main(argv=None) -> dict:
@@ -132,7 +187,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="G = 16, pool 256 only")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--old", help="an earlier checkout, timed beside this one in the same run")
     args = ap.parse_args(argv)
+    if args.old and os.environ.get(_OLD_CHILD) != "1":
+        argv = sys.argv[1:] if argv is None else list(argv)
+        with tempfile.TemporaryDirectory(prefix="route_tick_numba_") as cache:
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache, **{_OLD_CHILD: "1"})
+            subprocess.run([sys.executable, __file__, *argv], env=env, check=True)
+        return json.loads(OUT.read_text())
+    old = load_old(args.old) if args.old else None
     rng = np.random.default_rng(args.seed)
     source, draw = prompt_source(rng)
     grid = [(16, 256)] if args.quick else [(G, n) for G in (8, 16) for n in (16, 64, 256, 1024)]
@@ -142,6 +205,7 @@ def main(argv=None) -> dict:
             states = make_states(G, n, stage, draw, rng)
             p = router_options(G, r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))[0]
             kstates = [kernel_state(s, L, f) for s, L, f in states]
+            c0 = kstates[0][2]
             ref_reps = max(3, min(200, 200_000 // (n * n)))
             # BR-H on (G, 81) projected loads (H = 80, the paper's horizon), gamma = 0.98
             hstates = [
@@ -149,8 +213,17 @@ def main(argv=None) -> dict:
                 for s, L, f in states
             ]
             waits = [(s, L, f, np.arange(s.size)[::-1] + PATIENCE) for s, L, f in states]
+            before = {}
+            if old:
+                rb = old[0]
+                before = {
+                    "old_br0": (lambda s, L, f, rb=rb: rb(s, L, f, policy="br0"), states),
+                    "old_jsq": (lambda s, L, f, rb=rb: rb(s, L, f, policy="jsq"), states),
+                    "old_brs": (lambda s, L, f, rb=rb: rb(s, L, f), states),
+                }
             res = timeit_together(
                 {
+                    **before,
                     "br0": (lambda s, L, f: route_batch(s, L, f, policy="br0"), states),
                     "brh_h80": (
                         lambda s, P, f: route_batch(s, P, f, policy="brh", gamma=0.98),
@@ -166,11 +239,28 @@ def main(argv=None) -> dict:
                 },
                 args.reps,
             )
-            res["br0_kernel"] = timeit(
-                lambda pool, reps, c, p=p: B.br0_kernel(pool, reps, p, c, 0),
-                kstates,
-                args.reps,
-            )
+            if old:
+                _, B_old, K_old, options_old = old
+                p_old = options_old(G, r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))[0]
+                kstates_old = [kernel_state(s, L, f, K_old) for s, L, f in states]
+                K_old_c = kstates_old[0][2]
+                res.update(
+                    timeit_together(
+                        {
+                            "old_br0_kernel": (
+                                bare(B_old.br0_kernel, *kstates_old[0][:2], p_old, K_old_c),
+                                kstates_old,
+                            ),
+                            "br0_kernel": (bare(B.br0_kernel, *kstates[0][:2], p, c0), kstates),
+                        },
+                        args.reps,
+                        in_jit=False,
+                    )
+                )
+            else:
+                res["br0_kernel"] = timeit(
+                    bare(B.br0_kernel, *kstates[0][:2], p, c0), kstates, args.reps
+                )
             res["br0_reference"] = timeit(
                 lambda pool, reps, c, p=p: B.br0_reference(pool, reps, p, c, 0),
                 kstates,
@@ -197,6 +287,7 @@ def main(argv=None) -> dict:
         "paper": {"p50_ms": 1.20, "p99_ms": 2.77, "G": 8},
         "goal": {"G": 16, "pool": 256, "p50_us": 30, "p99_us": 150, "brh_over_br0_p99": 5.0},
         "note": "timed on a 2-core machine shared with other jobs: ratios within a run only",
+        "old": args.old,
         "machine": platform.platform(),
         "python": platform.python_version(),
         "rows": rows,
@@ -222,12 +313,31 @@ def main(argv=None) -> dict:
             f"{r['brh_h80']['p50_us']:>10.1f} {r['brh_h80']['p99_us']:>8.1f} "
             f"{r['brh_over_br0_p99']:>5.1f}x"
         )
+    if old:
+        hdr = (
+            f"{'G':>3} {'pool':>5} {'st':>2} | {'BR-0 p50':>8} {'old':>6} {'p99':>7} {'old':>7} | "
+            f"{'in-jit':>6} {'old':>6} | {'kernel p50':>10} {'old':>6} {'p99':>6} {'old':>6} | "
+            f"{'JSQ p50':>7} {'old':>6} | {'BR-S p50':>8} {'old':>6}   (us; old: --old {args.old})"
+        )
+        print(hdr)
+        print("-" * len(hdr))
+        for r in rows:
+            print(
+                f"{r['G']:>3} {r['pool']:>5} {r['stage']:>2} | "
+                f"{r['br0']['p50_us']:>8.1f} {r['old_br0']['p50_us']:>6.1f} "
+                f"{r['br0']['p99_us']:>7.1f} {r['old_br0']['p99_us']:>7.1f} | "
+                f"{r['br0_in_jit']['p50_us']:>6.1f} {r['old_br0_in_jit']['p50_us']:>6.1f} | "
+                f"{r['br0_kernel']['p50_us']:>10.1f} {r['old_br0_kernel']['p50_us']:>6.1f} "
+                f"{r['br0_kernel']['p99_us']:>6.1f} {r['old_br0_kernel']['p99_us']:>6.1f} | "
+                f"{r['jsq']['p50_us']:>7.1f} {r['old_jsq']['p50_us']:>6.1f} | "
+                f"{r['brs']['p50_us']:>8.1f} {r['old_brs']['p50_us']:>6.1f}"
+            )
     print(
         f"prompt lengths: {source}; paper: P50 1200 us, P99 2770 us (G = 8); goals G=16 pool "
         "256: BR-0 P50 <= 30 us, P99 <= 150 us; BR-H (H = 80) P99 <= 5x BR-0's (the /BR-0 "
         "column: P99 over P99, interleaved in one run); in-jit: BR-0's own runtime_s P50 (its "
-        "kernel and the tick summary inside the jitted call); kernel: br0_kernel called from "
-        "Python on the kernel's records"
+        "kernel and the tick summary inside the jitted call); kernel: br0_kernel's compiled "
+        "code called from Python on the kernel's records"
     )
     return out
 

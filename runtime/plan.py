@@ -100,7 +100,7 @@ __all__ = [
     "plan",
     "Plan",
     "DEFAULT_COST",
-    "PLACEMENTS",
+    "PLAN_PLACEMENTS",
     "format_report",
     "rebalance_verdict",
 ]
@@ -111,7 +111,7 @@ DEFAULT_COST = "dsv3_a_offline"
 #: Largest EP degree ``plan`` takes (checked before any work).
 MAX_PLAN_GPUS = 65536
 #: Placements ``--placement`` offers.
-PLACEMENTS = ("eplb", "place_experts", "recorded")
+PLAN_PLACEMENTS = ("eplb", "place_experts", "recorded")
 
 
 class Plan(dict):
@@ -236,7 +236,7 @@ def _plan_iv(log, n_gpus, n_slots, n_nodes, n_groups, cost, placement, distinct,
         check_int(n_slots, "n_slots", func, lo=1, hi=n_gpus * log.n_experts)
     check_int(n_groups, "n_groups", func, lo=1)
     check_type(cost, "cost", func, CostModel, "a CostModel")
-    check_choice(placement, "placement", func, PLACEMENTS)
+    check_choice(placement, "placement", func, PLAN_PLACEMENTS)
     check_bool(distinct, "distinct", func)
     check_real(holdout, "holdout", func, lo=0, hi=1, hi_open=True)
     check_int(max_batches, "max_batches", func, lo=1)
@@ -889,7 +889,8 @@ def main(argv=None) -> int:
     try:
         cost, cost_note = _cost_from(args)
         placement, placement_file = args.placement, None
-        if placement not in PLACEMENTS:  # a file: the placement the statistics were recorded under
+        # a file: the placement the statistics were recorded under
+        if placement not in PLAN_PLACEMENTS:
             placement, placement_file = "recorded", args.placement
         log = read_engine_log(args.logs, format=args.input_format, placement=placement_file)
         if not log.has_loads:

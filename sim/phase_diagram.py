@@ -69,7 +69,7 @@ from ..formulations.validation import (
 )
 from ..solvers.dispatch import solve_dispatch
 from .compare import DEFAULT_PRESETS
-from .sweep import BACKENDS, SweepTable, sweep
+from .sweep import SWEEP_BACKENDS, SweepTable, sweep
 from .workload import DEFAULT_KAPPA, SHAPES, eplb_placement, sample_counts, zipf_popularity
 
 __all__ = [
@@ -83,7 +83,7 @@ __all__ = [
     "comm_aware",
     "ACTIVATION_METHODS",
     "BATCH_SIZES",
-    "SKEWS",
+    "PHASE_SKEWS",
     "REPLICATIONS",
     "K_R",
 ]
@@ -97,7 +97,7 @@ ACTIVATION_METHODS = {
 }
 #: §3.2's grid: B in 16..2048 tokens per GPU, s in 0..1.5, replication 1.25x and 1.5x.
 BATCH_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
-SKEWS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5)
+PHASE_SKEWS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5)
 REPLICATIONS = (1.25, 1.5)
 #: §3.3's all-to-all slope, fitted from the microbenchmark's per-rank logs (us per token).
 K_R = 0.0037
@@ -552,7 +552,7 @@ def _phase_iv(shape, n_gpus, batch_sizes, skews, replications, cost, n_batches, 
     kappa = None if kappa is None else check_real(kappa, "kappa", _FUNC, lo=0, lo_open=True)
     seed = check_int(seed, "seed", _FUNC, lo=0)
     check_choice(activation, "activation", _FUNC, ACTIVATION_METHODS)
-    check_choice(backend, "backend", _FUNC, BACKENDS)
+    check_choice(backend, "backend", _FUNC, SWEEP_BACKENDS)
     return (
         shape,
         n_gpus,
@@ -573,7 +573,7 @@ def phase_diagram(
     n_gpus: int = 8,
     *,
     batch_sizes: Sequence[int] = BATCH_SIZES,
-    skews: Sequence[float] = SKEWS,
+    skews: Sequence[float] = PHASE_SKEWS,
     replications: Sequence[float] = REPLICATIONS,
     cost: CostModel | str | None = None,
     n_batches: int = 8,

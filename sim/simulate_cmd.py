@@ -38,13 +38,20 @@ from .prefix import load_prefix_blocks
 from .simulator import LOAD_BASES, engine_cache_is_warm, simulate, warm_engine
 from .traces import WORKLOAD_PRESETS, Trace, generate_trace, load_trace
 
-__all__ = ["main", "format_table", "resolve_trace", "MAX_REPLICAS", "MAX_SLOTS", "MAX_SLOTS_TOTAL"]
+__all__ = [
+    "main",
+    "format_reports",
+    "resolve_trace",
+    "CMD_MAX_REPLICAS",
+    "CMD_MAX_SLOTS",
+    "CMD_MAX_SLOTS_TOTAL",
+]
 
 #: Bounds of ``--replicas``, ``--max-slots`` and their product: the simulator keeps state per
 #: slot of every replica, so an absurd value would run for minutes before anything is shown.
-MAX_REPLICAS = 4096
-MAX_SLOTS = 65536
-MAX_SLOTS_TOTAL = 2**22
+CMD_MAX_REPLICAS = 4096
+CMD_MAX_SLOTS = 65536
+CMD_MAX_SLOTS_TOTAL = 2**22
 
 #: Table columns: (header, SimReport field, scale, format, ratio to JSQ's).
 COLUMNS = (
@@ -212,7 +219,7 @@ def _progress(total: int, enabled: bool):
 COLUMNS_CACHE = (("prefix hits", "prefix_hit_rate", 1.0, "{:.3f}", False),)
 
 
-def format_table(reports: dict, baseline: str = "jsq", extra=()) -> str:
+def format_reports(reports: dict, baseline: str = "jsq", extra=()) -> str:
     """The comparison table: one row per policy, each metric with its ratio to ``baseline``'s.
 
     Examples
@@ -220,7 +227,7 @@ def format_table(reports: dict, baseline: str = "jsq", extra=()) -> str:
     >>> from straggler.sim.traces import Trace
     >>> tr = Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2])
     >>> reps = {p: simulate(tr, p, n_replicas=2, max_slots=2) for p in ("jsq", "br0")}
-    >>> print(format_table(reps).splitlines()[0].split("|")[0].strip())
+    >>> print(format_reports(reps).splitlines()[0].split("|")[0].strip())
     policy
     """
     base = reports.get(baseline)
@@ -247,11 +254,11 @@ def format_table(reports: dict, baseline: str = "jsq", extra=()) -> str:
 def _check_args(args) -> None:
     """Every option's range, before any work (one line and exit 2 otherwise)."""
     bounds = (
-        ("replicas", 1, MAX_REPLICAS),
-        ("max_slots", 1, MAX_SLOTS),
+        ("replicas", 1, CMD_MAX_REPLICAS),
+        ("max_slots", 1, CMD_MAX_SLOTS),
         ("kv_capacity", 1, 2**40),
         ("requests", 0, None),
-        ("prefill_instances", 0, MAX_REPLICAS),
+        ("prefill_instances", 0, CMD_MAX_REPLICAS),
         ("seed", 0, 2**63 - 1),
     )
     for name, lo, hi in bounds:
@@ -261,9 +268,9 @@ def _check_args(args) -> None:
             raise InvalidInputError(
                 f"{flag} must be in [{lo}, {hi if hi is not None else 'inf'}]; got {v}"
             )
-    if args.replicas * args.max_slots > MAX_SLOTS_TOTAL:
+    if args.replicas * args.max_slots > CMD_MAX_SLOTS_TOTAL:
         raise InvalidInputError(
-            f"--replicas x --max-slots must be at most {MAX_SLOTS_TOTAL:,}; got "
+            f"--replicas x --max-slots must be at most {CMD_MAX_SLOTS_TOTAL:,}; got "
             f"{args.replicas * args.max_slots:,}"
         )
     for name, lo_open in (("load", True), ("rate", True), ("ctx_cost", False)):
@@ -363,7 +370,7 @@ def main(argv=None) -> int:
         f"offered load {load} of the {_basis(args.load_basis, first)} capacity, "
         f"{args.dispatch} dispatch; whole-run metrics (* = default policy)"
     )
-    print(format_table(reports, extra=COLUMNS_CACHE if blocks is not None else ()))
+    print(format_reports(reports, extra=COLUMNS_CACHE if blocks is not None else ()))
     try:
         if args.json:
             out = {pol: r.summary() for pol, r in reports.items()}

@@ -60,10 +60,10 @@ from ..formulations.validation import (
     describe,
 )
 
-__all__ = ["sweep", "SweepTable", "SweepError", "grid_cells", "BACKENDS"]
+__all__ = ["sweep", "SweepTable", "SweepError", "grid_cells", "SWEEP_BACKENDS"]
 
 #: The backends of :func:`sweep`.
-BACKENDS = ("serial", "process", "ray")
+SWEEP_BACKENDS = ("serial", "process", "ray")
 
 _FUNC = "sweep"
 #: Most cells a grid may expand to (checked before they are built).
@@ -457,7 +457,7 @@ def _sweep_iv(func, backend, workers, path, resume, progress, address, desc):
         raise InvalidInputError(
             f"The 'func' parameter of {_FUNC} must be a callable. Got {describe(func)} instead."
         )
-    backend = check_choice(backend, "backend", _FUNC, BACKENDS)
+    backend = check_choice(backend, "backend", _FUNC, SWEEP_BACKENDS)
     if workers is not None:
         workers = check_int(workers, "workers", _FUNC, lo=1)
     if path is not None:

@@ -15,7 +15,9 @@ import itertools
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
 
 from . import _order, _routing_core
 from ._jit import NJIT, cache_depends_on
@@ -102,32 +104,49 @@ def _kth_largest(w, k):
     return w[_radix_order(keys)[n - k]]
 
 
-_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ONE = np.uint64(1)
-# _BIT_OF[(2^b * _DEBRUIJN mod 2^64) >> 58] = b
-_BIT_OF = np.zeros(64, np.int64)
-for _b in range(64):
-    _BIT_OF[((_DEBRUIJN << np.uint64(_b)) & _ALL) >> np.uint64(58)] = _b
-del _b
 
 
-@njit(**NJIT)
+@intrinsic
+def _count_trailing_zeros(typingctx, x):
+    """LLVM's ``cttz`` of an integer, as int64 (jitted code only)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return types.int64(x), codegen
+
+
+@intrinsic
+def _count_leading_zeros(typingctx, x):
+    """LLVM's ``ctlz`` of an integer, as int64 (jitted code only)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.ctlz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return types.int64(x), codegen
+
+
 def _low_bit(x):
-    """Index of the lowest set bit of a non-zero uint64 (de Bruijn multiplication)."""
-    return _BIT_OF[((x & (~x + _ONE)) * _DEBRUIJN) >> np.uint64(58)]
+    """Index of the lowest set bit of a non-zero uint64 (in jitted code: one ``tzcnt``)."""
+    x = int(x)
+    return (x & -x).bit_length() - 1
 
 
-@njit(**NJIT)
 def _high_bit(x):
-    """Index of the highest set bit of a non-zero uint64."""
-    x |= x >> np.uint64(1)
-    x |= x >> np.uint64(2)
-    x |= x >> np.uint64(4)
-    x |= x >> np.uint64(8)
-    x |= x >> np.uint64(16)
-    x |= x >> np.uint64(32)
-    return _BIT_OF[((x ^ (x >> _ONE)) * _DEBRUIJN) >> np.uint64(58)]
+    """Index of the highest set bit of a non-zero uint64 (in jitted code: one ``lzcnt``)."""
+    return int(x).bit_length() - 1
+
+
+@overload(_low_bit)
+def _low_bit_jit(x):
+    return lambda x: _count_trailing_zeros(x)
+
+
+@overload(_high_bit)
+def _high_bit_jit(x):
+    return lambda x: 63 - _count_leading_zeros(x)
 
 
 @njit(**NJIT)
@@ -260,9 +279,13 @@ def br0_kernel(pool, reps, opts, carry, seed):
     against the smallest live ``s > m`` (``F = s - G*(s - m)``), found by a binary search for
     the margin and two bitset look-ups (``O(log n)``); when every live ``s`` is ``<= m``, the
     largest live one wins without a search. The replica of a pop is the one with the most
-    free slots, then the largest margin, then the lowest index: the largest free-slot count
-    ``cmax`` and how many replicas hold it are kept between pops, so one pass over ``G`` keys
-    finds it.
+    free slots, then the largest margin, then the lowest index. The replicas holding the
+    largest free-slot count (a level) are sorted by load once, when the level starts (an
+    insertion sort, ties by index); a pop removes one of them and changes only its own load, so
+    the order holds for the level's other replicas. Margins ``M - L`` are non-increasing along
+    it (rounding is monotone, whatever ``M``), so the replicas of the largest margin are a
+    prefix of it: the pop reads the first, and the next ones only while their margin is equal
+    (the lowest index among them wins, as in the reference's key).
     """
     prefill = pool.prefill
     loads = reps.loads
@@ -299,27 +322,39 @@ def br0_kernel(pool, reps, opts, carry, seed):
         run_start[p] = p if p == 0 or sv[p] != sv[p - 1] else run_start[p - 1]
     words, summary = _live_set(n)
     first = 0  # G = 1: lowest pool index that may still be live
-    cmax = 0  # largest free-slot count ...
-    n_at = 0  # ... and how many replicas hold it (0: recompute)
+    top = n - 1  # Stage 1: the largest live position, or a placed one above it
+    level = np.empty(G, np.int64)  # replicas with the most free slots, by (load, index) ...
+    head = 0  # ... from level[head]
+    n_at = 0  # how many are left in the level (0: start the next one)
     while n_live > 0 and s_tot > 0:
-        # Priority queue keyed by (free slots, margin), ties to the lowest index. Margins all
-        # move when M moves, so the keys are read afresh (one pass over the cmax replicas).
+        # Priority queue keyed by (free slots, margin), ties to the lowest index.
         if n_at == 0:
             cmax = 0
             for j in range(G):
                 if cap[j] > cmax:
                     cmax = cap[j]
+            head = 0
             for j in range(G):
                 if cap[j] == cmax:
+                    t = n_at
+                    while t > 0 and L[level[t - 1]] > L[j]:
+                        level[t] = level[t - 1]
+                        t -= 1
+                    level[t] = j
                     n_at += 1
-        g = -1
-        mg = -1.0
-        for j in range(G):
-            if cap[j] == cmax:
-                mj = M - L[j]
-                if mj > mg:  # margins are >= 0; strict: ties to the lowest index
-                    g = j
-                    mg = mj
+        g = level[head]
+        mg = M - L[g]
+        at = head
+        for t in range(head + 1, head + n_at):
+            j = level[t]
+            if M - L[j] != mg:
+                break
+            if j < g:  # an equal margin: the lowest index
+                g = j
+                at = t
+        for t in range(at, head, -1):
+            level[t] = level[t - 1]
+        head += 1
         stage1 = s_tot > s_greedy
         if G == 1:
             # F = 0 for every request (m = 0): the ranking is the pool order.
@@ -335,9 +370,12 @@ def br0_kernel(pool, reps, opts, carry, seed):
                         break
         elif stage1:
             # The best single request: top-ranked of the two walks of _br0_candidates.
-            top = _prev_live(words, summary, n - 1)  # largest live s
+            if out[order[top]] >= 0:  # placed: the largest live s is below it
+                top = _prev_live(words, summary, top)
             if sv[top] <= mg:
-                q = _next_live(words, summary, run_start[top], n)
+                q = top
+                if run_start[top] != top:  # the lowest index of its run
+                    q = _next_live(words, summary, run_start[top], n)
             else:
                 # first position with s > m, in [0, top] (branch-free binary search)
                 base = 0
@@ -349,7 +387,8 @@ def br0_kernel(pool, reps, opts, carry, seed):
                 q = _next_live(words, summary, base, n)  # smallest live s > m
                 lo = _prev_live(words, summary, base - 1)  # largest live s <= m
                 if lo >= 0:
-                    lo = _next_live(words, summary, run_start[lo], n)
+                    if run_start[lo] != lo:
+                        lo = _next_live(words, summary, run_start[lo], n)
                     f_hi = sv[q] - Gf * max(sv[q] - mg, 0.0)
                     if sv[lo] > f_hi or (sv[lo] == f_hi and order[lo] < order[q]):
                         q = lo
@@ -380,7 +419,7 @@ def br0_kernel(pool, reps, opts, carry, seed):
         n_live -= n_best
         cap[g] -= n_best
         s_tot -= n_best
-        n_at -= 1  # g left the cmax level
+        n_at -= 1  # g left the level
         if optimistic:
             L[g] += D
             if L[g] > M:

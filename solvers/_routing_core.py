@@ -436,15 +436,21 @@ def route_batch_kernel(
     opts,
     carry,
     seed,
+    assignment,
+    loads_after,
 ):
     """One call for ``route_batch``: value check, the kernel of ``policy`` (a string literal),
     the tick summary.
 
     Takes the fields of :class:`PoolState` and :class:`ReplicaState` as flat arrays (cheaper to
-    pass from Python than two tuples). Returns ``(code, index, assignment, carry_out,
-    I_before, I_after, loads_after, n_placed, S_tot, ns)``; ``(code, index)`` as in
-    :func:`check_inputs_kernel` (nothing is routed when ``code != 0``); ``S_tot`` = total free
-    slots at the start of the tick; ``ns`` the kernel's and the summary's time.
+    pass from Python than two tuples), and fills ``assignment`` (int64 ``(n,)``) and
+    ``loads_after`` (float64 ``(G,)``), fresh arrays of the caller (numba boxes an array it
+    returns by unpickling ``numpy.ndarray`` each call, dearer than taking one in). Returns
+    ``(code, index, *carry_out, I_before, I_after, n_placed, S_tot, ns)``, the five fields
+    of the :class:`RouterCarry` out as plain values (a NamedTuple is boxed by unpickling its
+    class, about a microsecond); ``(code, index)`` as in :func:`check_inputs_kernel` (nothing
+    is routed and nothing filled when ``code != 0``); ``S_tot`` = total free slots at the
+    start of the tick; ``ns`` the kernel's and the summary's time.
     """
     policy = literally(policy)
     pool = PoolState(prefill, wait, key, cached)
@@ -460,13 +466,18 @@ def route_batch_kernel(
     )
     code, index = check_inputs_kernel(pool, reps)
     if code != 0:
-        empty = np.full(prefill.shape[0], -1, np.int64)
-        return code, index, empty, carry, 0.0, 0.0, loads[:, 0].copy(), 0, 0, 0
+        c = carry
+        return (code, index, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,
+                0.0, 0.0, 0, 0, 0)  # fmt: skip
     t0 = monotonic_ns()
     out, new_carry = route_tick(policy, pool, reps, opts, carry, seed)
-    before, after, loads_after, placed = tick_summary_kernel(loads, prefill, out)
+    before, after, L, placed = tick_summary_kernel(loads, prefill, out)
     ns = monotonic_ns() - t0
+    assignment[:] = out
+    loads_after[:] = L
     s_tot = 0
     for g in range(free_slots.shape[0]):
         s_tot += free_slots[g]
-    return 0, -1, out, new_carry, before, after, loads_after, placed, s_tot, ns
+    c = new_carry
+    return (0, -1, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,
+            before, after, placed, s_tot, ns)  # fmt: skip

@@ -190,8 +190,9 @@ def _state_arrays(state, L, G, n):
 
 def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, options, rng):
     """Everything ``route_batch`` checks before its kernel runs, once; returns the policy's
-    plan and the kernel's arguments (``state``: the keyword arguments ``n_running`` to
-    ``pool_cached`` of ``route_batch``, in that order, or None when none is given).
+    plan and the kernel's arguments, the last two the arrays it fills (``state``: the keyword
+    arguments ``n_running`` to ``pool_cached`` of ``route_batch``, in that order, or None when
+    none is given).
 
     Types and shapes are checked here (arrays already of the right dtype pass untouched);
     values (signs, NaN, infinities, magnitudes, the free slots' sum) in the kernel's jitted
@@ -240,6 +241,8 @@ def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, op
         opts,
         carry0,
         seed,
+        np.empty(n, np.int64),  # the assignment and the loads after the tick, filled by
+        np.empty(G),  # the kernel
     )
     return plan, args, resolved
 
@@ -345,8 +348,9 @@ def route_batch(
     Until the pool is empty or no free slot is left, repeat:
 
     1. Pop the replica ``g`` with a free slot that is largest in ``(cap_g, m_g)``
-       (lexicographic; ties to the lowest index). The priority queue is an O(G) scan over
-       the live keys: each placement can raise ``M`` and so moves every margin.
+       (lexicographic; ties to the lowest index). Each placement can raise ``M`` and so
+       moves every margin, but not their order: the replicas with the most free slots are
+       sorted by load once, and a pop reads the first of them (and any with an equal margin).
     2. Rank the pool by the single score ``F_g({i})``, descending, ties to the lower pool
        index (older request first).
     3. **Stage 1**, while the total free slots ``S_tot > S_greedy``: place the top-ranked
@@ -460,7 +464,10 @@ def route_batch(
     Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n + P*(G + R_max log n)
     + P2*2^R_max)`` (the pool is radix-sorted once; the ranking merges two walks from the
     margin, Theorem R2, over a bitset of live positions; a Stage-1 pop is one binary search
-    and a few bitset look-ups, ``n <= 4096`` needing one summary word); BR-H
+    and a few bitset look-ups, ``n <= 4096`` needing one summary word; the replica of a pop
+    costs ``O(1)`` amortized when all replicas start with the same free slots and distinct
+    loads: one insertion sort of the ``G`` replicas per ``G`` pops, ``O(G)`` a pop at worst,
+    as in ties); BR-H
     ``O(P*(G*H + e*H))`` with ``e`` the requests evaluated by its two walks from the peak of the
     concave score (all of them in the worst case); baselines ``O(n*G)`` (trtllm adds
     ``O(n log n)``). The kernels equal their plain-Python references (which rank the whole
@@ -521,9 +528,13 @@ def route_batch(
     )
     pol = plan.policy
     f = plan.entry or _entry(plan, args)
-    code, index, out, new_carry, before, after, loads_after, placed, s_tot, ns = f(pol.name, *args)
+    code, index, c0, c1, c2, c3, c4, before, after, placed, s_tot, ns = f(pol.name, *args)
     if code:
         _raise_bad(code, index, args)
+    out, loads_after = args[15:]
+    new_carry = args[13]  # the carry passed in, when the policy left it as it was
+    if (c0, c1, c2, c3, c4) != new_carry:
+        new_carry = RouterCarry(c0, c1, c2, c3, c4)
     # the kernel returns Python floats and ints (numba boxes float64 and int64 as such)
     extras = {"carry": new_carry}
     stage = 0

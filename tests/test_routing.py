@@ -543,10 +543,30 @@ def test_live_set_queries_equal_a_plain_scan(n):
             if p < 0:
                 continue
             after = np.flatnonzero(live[p:])
-            assert B._next_live(words, summary, p, n) == (p + after[0] if after.size else n)
+            want = p + after[0] if after.size else n
+            assert B._next_live(words, summary, p, n) == want
+            assert getattr(B._next_live, "py_func", B._next_live)(words, summary, p, n) == want
             before = np.flatnonzero(live[: p + 1])
-            assert B._prev_live(words, summary, p) == (before[-1] if before.size else -1)
+            want = before[-1] if before.size else -1
+            assert B._prev_live(words, summary, p) == want
+            assert getattr(B._prev_live, "py_func", B._prev_live)(words, summary, p) == want
     assert B._prev_live(words, summary, -1) == -1
+
+
+def test_bit_scans_in_jitted_code_equal_their_python_versions():
+    """``_low_bit``/``_high_bit``: LLVM's cttz/ctlz in jitted code, ``int.bit_length`` in
+    Python, both the index of the lowest/highest set bit, on every single bit and on random
+    words."""
+    low = njit(lambda x: B._low_bit(x))
+    high = njit(lambda x: B._high_bit(x))
+    rng = np.random.default_rng(0)
+    words = [np.uint64(1) << np.uint64(b) for b in range(64)]
+    words += [np.uint64(w) for w in rng.integers(1, 2**63, 200)]
+    words += [np.uint64(0xFFFFFFFFFFFFFFFF), np.uint64(0x8000000000000001)]
+    for w in words:
+        bits = [b for b in range(64) if (int(w) >> b) & 1]
+        assert low(w) == B._low_bit(w) == bits[0], hex(int(w))
+        assert high(w) == B._high_bit(w) == bits[-1], hex(int(w))
 
 
 @settings(max_examples=8)
@@ -583,6 +603,17 @@ def test_stage1_tie_between_the_two_sides_of_the_margin_goes_to_the_lower_index(
     for s, want in (([11.0, 9.0, 7.0, 9.0], [1, -1, 1, -1]), ([9.0, 11.0, 9.0], [1, -1, 1])):
         for kernel in (B.br0_kernel, B.br0_kernel.py_func, B.br0_reference):
             assert _run(kernel, s, [10.0, 0.0], [0, 2], p).tolist() == want
+
+
+def test_br0_replica_pop_reads_rounded_margins_as_the_reference():
+    """Margins ``M - L`` that round to the same value for different loads tie, and the tie goes
+    to the lower index (not to the smaller load): at ``M = 2**53`` the loads 0.5 and 0.25 both
+    leave a margin of ``2**53``."""
+    M = 2.0**53
+    p = _opts(r_max=2, s_greedy=0, beta=3.0)
+    for L, want in (([M, 0.5, 0.25], [1]), ([M, 0.25, 0.5], [1]), ([M, 2.0, 1.0], [2])):
+        for kernel in (B.br0_kernel, getattr(B.br0_kernel, "py_func", None), B.br0_reference):
+            assert _run(kernel or B.br0_kernel, [1.0], L, [0, 1, 1], p).tolist() == want, L
 
 
 def _with_presence(inst, data):

@@ -534,8 +534,8 @@ def _stage_chains(st, lists, cost):
             for s in range(g):
                 if gnt[_G, s] != Gmax:
                     continue
-                o1 = -1
-                o2 = -1
+                o1 = _NO
+                o2 = _NO
                 for r in range(4):
                     if top[r] >= 0 and top[r] != s:
                         if o1 < 0:
@@ -1449,7 +1449,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         if counts[e] > 0:
             sm_cnt[sm_assign[e]] += 1
     sm = sm_cnt.max()
-    stop_at = max(bound, max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, 0, sm)))
+    stop_at = max(bound, max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
     counters = np.zeros(3, np.int64)
     if opts.local_search:  # Stage 3
         _stage_local_search(st, lists, cost, opts, stop_at, wk, counters)

@@ -143,15 +143,28 @@ cost model.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
-   first) go to the layer's MILP warm-started with tempo's shares
-   (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
-   only when strictly better, and its dual bound raises the reported lower bound. Extras:
-   ``repaired`` (the repair ran), ``repair_status`` (``"optimal"``, ``"improved"``,
-   ``"unchanged"``, or ``"off"``/``"not needed"``/``"budget spent"``),
-   ``makespan_before_repair``,
-   ``repair_gain`` (makespan drop), ``repair_bound_gain`` (bound rise),
-   ``repair_runtime_s``. HiGHS stops on wall-clock time, so a repaired layer may differ
-   between runs on a loaded machine; with the repair off, tempo is deterministic.
+   first) go to MILPs of the layer warm-started with tempo's shares: every expert whole,
+   then only tempo's split experts split, then the whole layer
+   (:mod:`straggler.solvers._tempo_repair`, which gives what was measured before choosing
+   them); a solution, in whole tokens again, is taken only when strictly better, and the
+   whole layer's dual bound raises the reported lower bound. Extras: ``repaired`` (the repair ran),
+   ``repair_status`` (``"optimal"``: the repaired makespan meets the raised bound, the
+   layer is proved optimal; ``"improved"``; ``"unchanged"``; or
+   ``"off"``/``"not needed"``/``"budget spent"``), ``repair_milp_status`` (the MILP's
+   status name: ``"OPTIMAL"`` when it proved its optimum over fractional shares, which
+   whole tokens may stay above), ``makespan_before_repair``, ``repair_gain`` (makespan
+   drop), ``repair_bound_gain`` (bound rise), ``repair_runtime_s``. HiGHS stops on
+   wall-clock time, so a layer whose MILP runs into the budget may differ between runs on a
+   loaded machine; with the repair off, tempo is deterministic.
+
+   What a caller pays: nothing on a layer within ``repair_gap`` of its bound (84-100% of
+   the layers of each family of ``benchmarks/tempo_quality.py``); otherwise the MILPs'
+   time, at most the budget per call, all of it when nothing proves the layer optimal
+   (a layer already optimal under a loose bound pays the whole budget). The default
+   budget, 2 s, is where the sequence leaves one layer of the tuning families above 1.001
+   of the optimum that whole tokens could bring within it (decode16 194: 1.018 -> 1.006),
+   against four at 1 s, and three for the whole layer's MILP alone at 1 s and at 2 s alike
+   (``benchmarks/tempo_outliers.py --budget-curve``).
 
 Speed (results unchanged by any of it): the kernels build the replica lists without
 branches, order experts by a stable radix sort, keep per-GPU sorted lists of the experts
@@ -359,10 +372,11 @@ class Tempo:
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
         Iteration cap of each local search.
-    repair_budget_s : float >= 0, default 0.2
-        Seconds of bounded exact repair per call (0: off): one layer gets all of it; a
-        stack shares it, layers with the largest relative gap first (a layer left without
-        budget reports ``repair_status = "budget spent"``).
+    repair_budget_s : float >= 0, default 2.0
+        Wall-clock seconds of bounded exact repair per call (0: off): one layer gets all
+        of it; a stack shares it, layers with the largest relative gap first (a layer left
+        without budget reports ``repair_status = "budget spent"``). Only layers more than
+        ``repair_gap`` above their certified bound spend any of it.
     repair_gap : float >= 0, default 0.001
         Relative gap ``(makespan - lower_bound) / makespan`` above which a layer is
         repaired.
@@ -398,7 +412,7 @@ class Tempo:
     restarts: bool = True
     tau: float = 0.01
     max_iter: int = 300
-    repair_budget_s: float = 0.2
+    repair_budget_s: float = 2.0
     repair_gap: float = 0.001
 
     def __post_init__(self) -> None:
@@ -459,6 +473,7 @@ class Tempo:
         extras["makespan_before_repair"] = m
         extras["repaired"] = False
         extras["repair_status"] = "off" if self.repair_budget_s == 0 else "not needed"
+        extras["repair_milp_status"] = "NOT_RUN"
         extras["repair_gain"] = 0.0
         extras["repair_bound_gain"] = 0.0
         extras["repair_runtime_s"] = 0.0
@@ -469,6 +484,7 @@ class Tempo:
             r = repair_layer(problem, cost, shares, budget_s=budget, lower_bound=bound)
             extras["repaired"] = True
             extras["repair_status"] = r.status
+            extras["repair_milp_status"] = r.milp_status
             extras["repair_gain"] = m - r.makespan
             extras["repair_bound_gain"] = r.lower_bound - bound
             extras["repair_runtime_s"] = r.runtime_s

@@ -22,7 +22,7 @@ from straggler.solvers._tempo import (
     tempo_kernel,
     tempo_reference,
 )
-from straggler.solvers._tempo_repair import repair_layer, whole_tokens
+from straggler.solvers._tempo_repair import _milp, repair_layer, whole_tokens
 from straggler.solvers._token_lp_fast import (
     support_contract_kernel,
     support_contract_reference,
@@ -52,6 +52,15 @@ F = {name: i for i, name in enumerate(INFO_FIELDS)}
 NO_REPAIR = {"repair_budget_s": 0.0}
 
 
+def _readonly(a):
+    """A read-only copy of ``a``: ``solve_dispatch`` hands the kernels a problem's read-only
+    arrays, and read-only is part of an array's type to numba, so kernels called on these
+    run the versions the JIT warm-up compiled (a writeable array compiles each again)."""
+    a = np.array(a)
+    a.setflags(write=False)
+    return a
+
+
 def _random_instance(rng, max_e=9, max_g=4, max_n=300):
     E = int(rng.integers(1, max_e + 1))
     g = int(rng.integers(1, max_g + 1))
@@ -62,7 +71,7 @@ def _random_instance(rng, max_e=9, max_g=4, max_n=300):
         if not R[e].any():
             R[e, rng.integers(g)] = True
     counts = (rng.integers(0, max_n, E) * (rng.random(E) < 0.85)).astype(np.int64)
-    return counts, R
+    return _readonly(counts), _readonly(R)
 
 
 def _cost(i):
@@ -71,8 +80,8 @@ def _cost(i):
 
 
 def _kernel_args(counts, R, cost, opts=ALL_ON, bound=-math.inf):
-    counts = np.asarray(counts, np.int64)
-    R = np.asarray(R, bool)
+    counts = _readonly(np.asarray(counts, np.int64))
+    R = _readonly(np.asarray(R, bool))
     lp, _, _ = token_lp_kernel(counts, R)
     sm, _, _ = semi_matching_kernel(R, counts > 0)
     return (counts, R, kernel_cost(cost.as_array()), lp, sm, bound, opts)
@@ -623,6 +632,100 @@ def test_repair_layer_and_whole_tokens():
     x = whole_tokens(q, cost, [[2.4, 2.3, 2.3], [0.5, 4.5, 0.0]])
     assert x.sum(axis=1).tolist() == [7, 5]
     assert (np.abs(x - np.array([[2.4, 2.3, 2.3], [0.5, 4.5, 0.0]])) < 1).all()
+
+
+def test_repair_status_says_optimal_only_when_the_bound_proves_it():
+    """The MILP proves its fractional optimum (28.75: 37.5 tokens on a GPU under the
+    traffic term) while whole tokens stay at 28.8 (38 tokens), which nothing proves
+    optimal: the repair says "unchanged", keeps the shares, and the MILP's own status is
+    kept apart; the layer is not OPTIMAL."""
+    p = DispatchProblem(
+        counts=[38, 28, 20, 10, 7, 7, 11, 6, 1],
+        replicas=[[0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0],
+                  [0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]],
+    )  # fmt: skip
+    cost = CostModel.preset("dsv2_lite_a_serving")
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    assert off.makespan == pytest.approx(28.8) and off.lower_bound < off.makespan / 1.001
+    r = repair_layer(p, cost, off.shares, budget_s=5.0, lower_bound=off.lower_bound)
+    assert r.milp_status == "OPTIMAL" and r.status == "unchanged"
+    assert r.lower_bound == pytest.approx(28.75) and r.makespan == off.makespan
+    np.testing.assert_array_equal(r.shares, off.shares)
+    on = solve_dispatch(p, cost, method="tempo", repair_budget_s=5.0)
+    assert on.extras["repair_status"] == "unchanged"
+    assert on.extras["repair_milp_status"] == "OPTIMAL"
+    assert on.status.name != "OPTIMAL"
+
+
+@pytest.mark.parametrize("budget", [1e-4, 2.0])
+def test_repair_never_worse_and_its_status_agrees_with_the_layer(budget):
+    """From bad starts (each expert whole on a random replica) with a budget too small to
+    solve anything and one that solves everything: whole tokens, never worse, a bound
+    below the optimum, unchanged shares unless strictly better, and "optimal" exactly when
+    solve_dispatch's rule (makespan meets the bound) holds or the whole layer's MILP proved
+    its optimum."""
+    rng = np.random.default_rng(21)
+    for i in range(12):
+        counts, R = _random_instance(rng, max_e=5, max_g=3, max_n=300)
+        if counts.sum() == 0:
+            continue
+        p = DispatchProblem(counts=counts, replicas=R)
+        cost = CostModel.preset(PRESETS[i % 4])
+        x0 = np.zeros(R.shape, np.int64)
+        for e in range(len(counts)):
+            x0[e, rng.choice(np.flatnonzero(R[e]))] = counts[e]
+        m0 = float(np.max(evaluate(p, cost, x0).times))
+        lb = certified_lower_bound(p, cost)
+        r = repair_layer(p, cost, x0, budget_s=budget, lower_bound=lb)
+        check_shares(p, r.shares)
+        assert r.shares.dtype == np.int64
+        assert r.makespan == pytest.approx(float(np.max(evaluate(p, cost, r.shares).times)))
+        assert r.makespan <= m0
+        assert lb <= r.lower_bound <= _opt(p, cost) * (1 + 1e-6) + 1e-9
+        if r.status == "unchanged":
+            np.testing.assert_array_equal(r.shares, x0)
+        else:
+            assert r.status == "optimal" or r.makespan < m0
+        proved = r.makespan <= r.lower_bound * (1 + 1e-9) + 1e-12
+        if proved:
+            assert r.status == "optimal"
+        if r.status == "optimal" and not proved:  # proved by the whole layer's MILP
+            assert r.milp_status == "OPTIMAL"
+            assert r.makespan <= r.lower_bound * (1 + 2e-5)
+
+
+def test_repair_restricted_milps_keep_experts_whole():
+    """The repair's restricted MILPs: with no expert free every share holds its expert
+    whole (TEMPO Fig. 1b: 66, the hot expert and two cold ones on one GPU), with the hot
+    expert free it
+    may split and reaches the optimum 60; the warm start is offered only where it fits."""
+    x = np.zeros((7, 2), np.int64)
+    x[:, 0] = FIG1B.counts  # everything on GPU 0: 645 tokens, makespan 94.5
+    free = np.zeros(7, bool)
+    model, sol = _milp(FIG1B, FIG1B_COST, x, 94.5, 5.0, free)
+    y = whole_tokens(FIG1B, FIG1B_COST, model.decode(sol.x))
+    assert ((y > 0).sum(axis=1) == 1).all()
+    assert sol.objective == pytest.approx(66.0)  # 660 tokens on 3 experts vs 4 experts
+    free[0] = True
+    model, sol = _milp(FIG1B, FIG1B_COST, x, 94.5, 5.0, free)
+    y = whole_tokens(FIG1B, FIG1B_COST, model.decode(sol.x))
+    assert ((y > 0).sum(axis=1)[1:] == 1).all() and sol.objective == pytest.approx(60.0)
+    # a start that splits a non-free expert is no warm start for the restriction
+    x2 = x.copy()
+    x2[1] = [15, 15]
+    model, sol = _milp(FIG1B, FIG1B_COST, x2, 94.5, 5.0, np.zeros(7, bool))
+    assert sol.objective == pytest.approx(66.0)
+
+
+def test_repair_bound_never_from_a_restricted_milp():
+    """From everything on one GPU (Fig. 1b) the restricted MILPs find 66 and prove it
+    within their restriction; the layer's optimum is 60 (a split), which the whole layer's
+    MILP finds and proves: the bound reported is never the restricted 66."""
+    x = np.zeros((7, 2), np.int64)
+    x[:, 0] = FIG1B.counts
+    r = repair_layer(FIG1B, FIG1B_COST, x, budget_s=5.0, lower_bound=0.0)
+    assert r.makespan == pytest.approx(60.0) and r.lower_bound <= 60.0 + 1e-9
+    assert r.status == "optimal" and r.milp_status == "OPTIMAL"
 
 
 def test_solve_stack_equals_per_layer():

@@ -1,6 +1,6 @@
 """``tempo``: the tempo_fast dispatcher of TEMPO §4.2, and the exact fast token LP.
 
-``solve_dispatch(problem, cost, method="tempo")`` runs four stages on each layer (a
+``solve_dispatch(problem, cost, method="tempo")`` runs four stages and restarts on each layer (a
 Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it),
 then two exact steps. Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the
 cost model.
@@ -87,6 +87,25 @@ cost model.
    ``M(A*) <= (OPT + max_k phi_k(n_max)) / (1 - tau)`` (Theorem 2); ``tau = 0`` gives the
    additive bound exactly. (``tau`` only acts on raw candidates: a polished candidate is
    the local search's own output, like ``A_H``.)
+
+   4b. **Ruin-and-recreate restarts** (*extension*; ``restarts=False`` switches it off).
+   Run only when the stage-4 makespan ``M`` is more than ``RESTART_GAP`` (0.2%, relative)
+   above the stop bound of stage 3. A round tries every GPU ``h`` (increasing): the
+   experts active on ``h`` leave the dispatch (all their shares) and go back whole by
+   stage 1's rule on the rest of it; the result is polished by the stage-3 search
+   uncapped, and, for each of the two largest floor levels ``F = a + b*G + b2*j < M``,
+   first under the floor cap ``F`` (a GPU whose floor ``a + b*G + b2*(T - G)`` exceeds
+   ``F`` costs infinity) and then uncapped. The round's strictly lowest makespan (first
+   found on ties) is applied; at most ``RESTART_ROUNDS`` (2) rounds, and no polish starts
+   once the stage's searches have applied ``RESTART_MOVES`` (5,000) moves (a work bound,
+   deterministic, unlike a clock: it keeps a 64-GPU layer near a second). Every start of
+   stages 1-4 can end on the same plateau: GPUs at ``G + 1`` activations with one tile
+   over, where any single move, swap, chain or exchange raises some GPU to the makespan
+   (on the ``decode16`` layer of ``benchmarks/tempo_quality.py`` that shows it, the
+   fewest activation changes to any better dispatch is 18, on 9 GPUs). The floor cap
+   forbids that floor, so the search must trade the tile or the activation away first,
+   which is the step single moves cannot price. ``extras["restarts"]`` counts the rounds
+   applied.
 
 5. **Support rebalance** (*extension*; ``rebalance=False`` switches it off). The token LP
    restricted to the support of the stage-4 output (only its active replicas, by
@@ -199,6 +218,10 @@ _FUNC = "solve_dispatch(method='tempo')"
 SWAP_ROUNDS = 4
 #: Stages 5b and 5c run only on a layer more than this (relative) above its bound.
 SUPPORT_GAP = 1e-3
+#: Stage 4b runs only on a layer more than this (relative) above its stop bound.
+RESTART_GAP = 2e-3
+#: Stage 4b starts no polish after this many local-search moves in all.
+RESTART_MOVES = 5_000
 
 
 class TokenLP(NamedTuple):
@@ -343,6 +366,8 @@ class Tempo:
     contract, swap : bool, default True
         The support contraction and the activation swaps after it (extensions, see the
         module notes).
+    restarts : bool, default True
+        The ruin-and-recreate restarts after stage 4 (an extension, see the module notes).
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
@@ -384,6 +409,7 @@ class Tempo:
     rebalance: bool = True
     contract: bool = True
     swap: bool = True
+    restarts: bool = True
     tau: float = 0.01
     max_iter: int = 300
     repair_budget_s: float = 2.0
@@ -404,6 +430,9 @@ class Tempo:
             bool(self.tile_chains),
             float(self.tau),
             int(self.max_iter),
+            bool(self.restarts),
+            RESTART_GAP,
+            RESTART_MOVES,
         )
 
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
@@ -437,7 +466,7 @@ class Tempo:
         extras["swapped"] = lay.swapped
         extras["makespan_stage4"] = extras["makespan"]
         extras["choice"] = CHOICES[int(extras["choice"])]
-        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
+        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts"):
             extras[k] = int(extras[k])
         cert = Certificate(lay.bound, lay.sm, lay.num / lay.den)
         shares, m, bound = lay.shares, lay.makespan, lay.bound
@@ -527,7 +556,7 @@ def _rel_gap(lay: _Layer) -> float:
 def _tempo_iv(t: Tempo) -> None:
     """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
     for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
-                 "tile_chains", "rebalance", "contract", "swap"):  # fmt: skip
+                 "tile_chains", "rebalance", "contract", "swap", "restarts"):  # fmt: skip
         check_bool(getattr(t, name), name, _FUNC)
     check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
     check_int(t.max_iter, "max_iter", _FUNC, lo=0)

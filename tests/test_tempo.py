@@ -11,6 +11,7 @@ from straggler.formulations.dispatch import check_shares, evaluate
 from straggler.formulations.errors import InvalidInputError
 from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.strategies import dispatch_instances
+from straggler.sim.workload import make_decode_problem
 from straggler.solvers import certified_lower_bound, solve_dispatch, solve_token_lp
 from straggler.solvers._semi_matching import semi_matching_kernel
 from straggler.solvers._tempo import (
@@ -33,6 +34,8 @@ from straggler.solvers._token_lp_fast import (
     token_lp_reference,
 )
 from straggler.solvers.tempo import (
+    RESTART_GAP,
+    RESTART_MOVES,
     SUPPORT_GAP,
     SWAP_ROUNDS,
     Tempo,
@@ -44,6 +47,7 @@ PRESETS = ["dsv3_a_offline", "qwen3_235b_b_tile", "dsv2_lite_a_serving", "dsv3_a
 FIG1B = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
 FIG1B_COST = CostModel(a=0, b=15, c=0, beta=0.1)
 ALL_ON = KernelOptions(True, True, True, True, True, True, True, 0.01, 300)
+RESTARTS = {"restarts": True, "restart_gap": RESTART_GAP, "restart_moves": RESTART_MOVES}
 F = {name: i for i, name in enumerate(INFO_FIELDS)}
 NO_REPAIR = {"repair_budget_s": 0.0}
 
@@ -123,13 +127,16 @@ def test_token_lp_fast_public():
 
 
 def test_kernel_equals_py_func_equals_reference():
-    """Random stage switches and bounds; the new neighbourhoods fire on some instances."""
+    """Random stage switches and bounds (the restarts on every other instance); the new
+    neighbourhoods fire on some instances, the restarts are pinned below."""
     rng = np.random.default_rng(1)
     fired = np.zeros(2, np.int64)
     for i in range(150):
         counts, R = _random_instance(rng)
         flags = [bool(v) for v in rng.random(7) < 0.8]
-        opts = KernelOptions(*flags, float(rng.choice([0.0, 0.01, 0.1])), 300)
+        tau = float(rng.choice([0.0, 0.01, 0.1]))
+        restarts = i % 2 == 0  # every other instance
+        opts = KernelOptions(*flags, tau, 300, restarts, RESTART_GAP, RESTART_MOVES)
         cost = _cost(i)
         bound = -math.inf
         if rng.random() < 0.5 and counts.any():
@@ -199,12 +206,18 @@ STAGE_CASES = {
         {},
         94.23,
     ),  # fmt: skip
+    # stage 4b: put back the experts of one GPU, polish under a floor cap
+    "restarts": ([243, 0, 15, 361, 320], [[1, 1, 1]] * 5, "dsv3_b_tile", 128, {}, 58.4),
 }
 
 
 def _case(stage):
+    """The pinned instance of a stage; the stages before 4b with 4b off (its restarts
+    recover most of these small cases, which would hide what the stage itself does)."""
     counts, R, preset, tile, kw, expected = STAGE_CASES[stage]
     p = DispatchProblem(counts=counts, replicas=np.array(R, bool))
+    if stage != "restarts":
+        kw = {"restarts": False, **kw}
     return p, CostModel.preset(preset).replace(tile=tile), kw, expected
 
 
@@ -218,14 +231,51 @@ def test_each_stage_matters(stage):
     assert full >= _opt(p, cost) - 1e-6
 
 
-@pytest.mark.parametrize("stage", ["flows", "exchanges", "tile_chains", "chains"])
+@pytest.mark.parametrize("stage", ["flows", "exchanges", "tile_chains", "chains", "restarts"])
 def test_kernel_equals_reference_where_the_stage_matters(stage):
     """The pinned instances of the new neighbourhoods, through all three implementations,
     with each neighbourhood on and off."""
     p, cost, kw, _ = _case(stage)
     for on in (True, False):
-        opts = ALL_ON._replace(**{stage: on})
+        base = ALL_ON._replace(**RESTARTS) if stage == "restarts" else ALL_ON
+        opts = base._replace(**{stage: on})
         _assert_same(_kernel_args(p.counts, p.replicas, cost, opts))
+
+
+def test_restarts_reach_the_decode_outlier():
+    """A Qwen2-57B-shaped decode layer (g = 16, replication 1.5) where every start of
+    stages 1-4 ends at 81.35 us (GPUs at five activations with a tile over); stage 4b
+    reaches 79.9 us, the MILP optimum. The restart is pinned in all three implementations
+    on a small layer (``test_kernel_equals_reference_where_the_stage_matters``)."""
+    p = make_decode_problem(
+        "qwen2_57b", n_gpus=16, tokens_per_gpu=64, skew=0.3, replication=1.5, n_layers=1,
+        seed=3194,
+    ).layer(0)  # fmt: skip
+    cost = CostModel.preset("dsv3_b_tile")
+    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    off = solve_dispatch(p, cost, method="tempo", restarts=False, **NO_REPAIR)
+    assert off.makespan == pytest.approx(81.35)
+    assert on.makespan == pytest.approx(79.9)
+    assert on.extras["restarts"] == 1
+    check_shares(p, on.shares)
+    # kernel == py_func on it (the plain-Python reference is too slow at this size)
+    args = _kernel_args(p.counts, p.replicas, cost, ALL_ON._replace(**RESTARTS))
+    x1, i1 = tempo_kernel(*args)
+    x2, i2 = tempo_kernel.py_func(*args)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(i1, i2)
+
+
+def test_restarts_only_above_the_gap():
+    """Stage 4b runs only on a layer more than ``restart_gap`` above its stop bound: on the
+    pinned instance (58.4 us with it, 59.04 without; bound 56.3) a gap of 20% keeps
+    it off."""
+    p, cost, _, expected = _case("restarts")
+    on = ALL_ON._replace(**RESTARTS)
+    _, info = _assert_same(_kernel_args(p.counts, p.replicas, cost, on))
+    assert info[F["makespan"]] == pytest.approx(expected) and info[F["restarts"]] >= 1
+    _, info = _assert_same(_kernel_args(p.counts, p.replicas, cost, on._replace(restart_gap=0.2)))
+    assert info[F["makespan"]] > expected * (1 + 1e-6) and info[F["restarts"]] == 0
 
 
 def test_polish_taken_within_tau():
@@ -325,8 +375,9 @@ def test_support_contraction_matters():
     re-routing its tokens by the token LP on the support takes tempo from 0.73% to 0.10%
     above the optimum; kernel and reference agree on it."""
     p, cost = _decode67()
-    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
-    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, contract=False)
+    # with stage 4b off: its restarts reach 454.308 on this layer before stage 5b
+    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False)
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False, contract=False)
     assert off.makespan == pytest.approx(457.54)
     assert on.makespan == pytest.approx(454.666)
     assert on.extras["contracted"] == 1 and off.extras["contracted"] == 0
@@ -377,8 +428,9 @@ def test_activation_swap_matters():
     of its shares away and activating a replica it holds, the token LP re-routing tokens
     into it, reaches the optimum (74.844) from 0.88% above; kernel and reference agree."""
     p, cost = _heldout99()
-    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
-    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, swap=False)
+    # with stage 4b off: its restarts reach the optimum on this layer before stage 5c
+    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False)
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False, swap=False)
     assert off.makespan == pytest.approx(75.5055)
     assert on.makespan == pytest.approx(74.844)
     assert on.extras["swapped"] >= 1 and off.extras["swapped"] == 0

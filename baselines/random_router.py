@@ -39,7 +39,7 @@ def random_kernel(pool, reps, opts, carry, seed):
     x = minstd_start(seed)
     elig = np.empty(cap.shape[0], np.int64)
     for i in range(n):
-        k, x, a = draw_eligible(cap, elig, x, 1)
+        k, x, a = draw_eligible(cap, elig, x, np.int64(1))  # int64, not a literal: one compile
         if k == 0:
             break
         g = elig[a]

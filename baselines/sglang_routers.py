@@ -254,7 +254,8 @@ def p2c_kernel(pool, reps, opts, carry, seed):
     x = minstd_start(seed)
     elig = np.empty(G, np.int64)
     for i in range(n):
-        k, x, a = draw_eligible(cap, elig, x, 2)  # no draw when one replica is eligible
+        # no draw when one replica is eligible (int64, not a literal: one compile with random)
+        k, x, a = draw_eligible(cap, elig, x, np.int64(2))
         if k == 0:
             break
         if k == 1:

@@ -36,9 +36,10 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 from straggler.formulations import CostModel, DispatchProblem, evaluate
-from straggler.solvers import solve_dispatch
-from straggler.solvers._tempo_repair import _milp, whole_tokens
-from tempo_quality import instances  # (this folder)
+from straggler.solvers import Tempo, solve_dispatch
+from straggler.solvers._tempo_repair import _milp, repair_layer, whole_tokens
+from tempo_quality import RESULTS as QUALITY_RESULTS  # (this folder)
+from tempo_quality import _key, instances
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -123,13 +124,95 @@ def restricted_repair(problem, cost, x0, gpus, budget):
     x = x0.copy()
     if sol.x is not None:
         x[:, gpus] = whole_tokens(sub, cost, model.decode(sol.x))
-    return dict(gpus=len(gpus), makespan=min(m0, _makespan(problem, cost, x)),
+    if _makespan(problem, cost, x) >= m0:
+        x = x0
+    return dict(gpus=len(gpus), makespan=_makespan(problem, cost, x), shares=x,
                 status=sol.status.name, seconds=time.perf_counter() - t0)  # fmt: skip
+
+
+def partner_descent(problem, cost, x0, k, budget):
+    """The ``--partners K`` descent (module notes): (makespan, seconds, moves applied)."""
+    t0 = time.perf_counter()
+    R = problem.replicas & (np.asarray(problem.counts) > 0)[:, None]
+    x, moves, improved = x0.copy(), 0, True
+    while improved and time.perf_counter() - t0 < budget:
+        improved = False
+        t = np.asarray(evaluate(problem, cost, x).times)
+        top = np.flatnonzero(t >= t.max() - 1e-9)
+        near = np.flatnonzero(R[R[:, top].any(1)].any(0))
+        near = [h for h in near[np.argsort(t[near], kind="stable")] if h not in top]
+        for combo in itertools.combinations(near, k):
+            left = budget - (time.perf_counter() - t0)
+            if left <= 0:
+                break
+            gpus = np.array(sorted(set(top.tolist()) | set(combo)))
+            y = restricted_repair(problem, cost, x, gpus, left)["shares"]
+            ty = np.asarray(evaluate(problem, cost, y).times)
+            if ty.max() < t.max() - 1e-9 or (ty >= t.max() - 1e-9).sum() < top.size:
+                x, moves, improved = y, moves + 1, True
+                break
+    return _makespan(problem, cost, x), time.perf_counter() - t0, moves
+
+
+def budget_curve(families, budgets, cache_path):
+    """The ``--budget-curve`` measurement (module notes)."""
+    cache = json.loads(pathlib.Path(cache_path).read_text())
+    gap = Tempo().repair_gap
+    rows = []
+    for fam in families:
+        for params, prob, cname in instances(fam, False):
+            cost = CostModel.preset(cname)
+            t = solve_dispatch(prob, cost, method="tempo", repair_budget_s=0.0)
+            m0 = float(t.makespan)
+            o = cache.get(_key(prob, cname))
+            if m0 <= t.lower_bound + gap * m0 + 1e-12 or not o or o["status"] != "OPTIMAL":
+                continue
+            x0 = np.rint(t.shares).astype(np.int64)
+            opt = o["opt"]
+            reps = [repair_layer(prob, cost, x0, budget_s=b, lower_bound=t.lower_bound)
+                    for b in budgets]  # fmt: skip
+            best = [r.makespan / opt for r in reps]
+            hit = [0.0] if m0 <= opt * 1.001 else [
+                r.runtime_s for r in reps if r.makespan <= opt * 1.001]  # fmt: skip
+            rows.append(dict(layer=f"{fam}:{params['i']}", cost=cname, tempo=m0, opt=opt,
+                             ratio=m0 / opt, ratio_at_budget=best,
+                             seconds_at_budget=[r.runtime_s for r in reps],
+                             status_at_budget=[r.status for r in reps],
+                             time_to_1001=hit[0] if hit else None))  # fmt: skip
+            r = rows[-1]
+            print(f"  {r['layer']:>14} {cname:>20} tempo/OPT {r['ratio']:.5f} -> "
+                  + " ".join(f"{b:g}s:{v:.5f}" for b, v in zip(budgets, best))
+                  + f"  to 1.001: {r['time_to_1001']}", flush=True)  # fmt: skip
+    summary = {}
+    for fam in families:
+        fr = [r for r in rows if r["layer"].split(":")[0] == fam]
+        reach = [r["time_to_1001"] for r in fr if r["time_to_1001"] is not None]
+        summary[fam] = dict(
+            fired=len(fr),
+            tempo_max=max((r["ratio"] for r in fr), default=None),
+            at_budget={f"{b:g}": dict(max=max((r["ratio_at_budget"][k] for r in fr), default=None),
+                                       over_1001=sum(r["ratio_at_budget"][k] > 1.001 for r in fr))
+                       for k, b in enumerate(budgets)},
+            never_within_budgets=len(fr) - len(reach),
+            time_to_1001_max=max(reach, default=None),
+            time_to_1001_total=sum(reach),
+        )  # fmt: skip
+        s = summary[fam]
+        print(f"{fam}: {s['fired']} layers fired, tempo max {s['tempo_max']}; "
+              + "; ".join(f"{b}s: max {v['max']:.5f}, {v['over_1001']} > 1.001"
+                          for b, v in s["at_budget"].items() if v["max"] is not None)
+              + f"; time to 1.001 max {s['time_to_1001_max']}, total "
+              f"{s['time_to_1001_total']:.2f} s, {s['never_within_budgets']} never")  # fmt: skip
+    return dict(summary=summary, rows=rows)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("layers", nargs="+", help="FAMILY:I, e.g. decode16:194")
+    ap.add_argument("layers", nargs="*", help="FAMILY:I, e.g. decode16:194")
+    ap.add_argument("--budget-curve", default=None, help="families, comma-separated")
+    ap.add_argument("--max-budget", type=float, default=3.0, help="--partners seconds")
+    ap.add_argument("--partners", default="", help="K values of the partner descent, e.g. 1,2")
+    ap.add_argument("--cache", default=str(QUALITY_RESULTS / "tempo_quality_oracle.json"))
     ap.add_argument("--budgets", default="0.2,0.5,1,2", help="repair seconds, comma-separated")
     ap.add_argument("--depths", default="0,1,2", help="neighbourhood depths")
     ap.add_argument("--time-limit", type=float, default=120.0, help="min-changes MILP seconds")
@@ -137,6 +220,17 @@ def main(argv=None):
     args = ap.parse_args(argv)
     budgets = [float(b) for b in args.budgets.split(",")]
     depths = [int(d) for d in args.depths.split(",")]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    meta = dict(args=vars(args), machine=platform.platform(), date=stamp)
+    if args.budget_curve:
+        fams = [f for f in args.budget_curve.split(",") if f]
+        res = budget_curve(fams, budgets, args.cache)
+        out = pathlib.Path(args.out).with_name(f"tempo_repair_budget_{'_'.join(fams)}.json")
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(**meta, **res), indent=1))
+        tmp.replace(out)
+        print(f"wrote {out}")
+        return
     rows = []
     for spec in args.layers:
         fam, i = spec.split(":")
@@ -160,16 +254,19 @@ def main(argv=None):
             variants += [(f"depth {d}", neighbourhood(prob, cost, x0, d)) for d in depths]
             for name, gpus in variants:
                 r = restricted_repair(prob, cost, x0, gpus, budget)
+                r.pop("shares")
                 repairs.append(dict(budget=budget, variant=name, **r))
                 print(f"  repair {name:>7} ({r['gpus']:2d} GPUs) budget {budget:4.1f} s: "
                       f"{r['makespan']:.3f} {r['status']:>8} {r['seconds']:.2f} s")  # fmt: skip
+        for k in [int(v) for v in args.partners.split(",") if v]:
+            m, secs, moves = partner_descent(prob, cost, x0, k, args.max_budget)
+            repairs.append(dict(variant=f"partners {k}", makespan=m, seconds=secs, moves=moves))
+            print(f"  partner descent K={k}: {m:.3f} after {moves} moves, {secs:.2f} s")
         rows.append(dict(layer=spec, cost=cname, **params, tempo=m0, lower_bound=t.lower_bound,
                          min_changes=ms, repairs=repairs))  # fmt: skip
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    meta = dict(args=vars(args), machine=platform.platform(), date=stamp)
     tmp.write_text(json.dumps(dict(**meta, rows=rows), indent=1))
     tmp.replace(out)
     print(f"wrote {out}")

@@ -72,7 +72,7 @@ from straggler.solvers import solve_dispatch, solve_milp
 FAMILIES = ("small", "decode", "wide", "prefill", "heldout", "decode16", "heldout16", "heldout16b")
 COSTS = tuple(sorted(PRESETS))
 ABLATION = ("seed", "chains", "local_search", "ensemble", "flows", "exchanges", "tile_chains",
-            "rebalance", "contract", "swap")  # fmt: skip
+            "rebalance", "contract", "swap", "restarts")  # fmt: skip
 SHAPE = {128: "qwen3_235b", 256: "dsv3"}
 RESULTS = pathlib.Path(__file__).parent / "results"
 

@@ -19,12 +19,12 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_type
 
-__all__ = ["brute_force_dispatch", "MAX_EXPERTS", "MAX_GPUS", "MAX_COMBINATIONS"]
+__all__ = ["brute_force_dispatch", "BRUTE_MAX_EXPERTS", "BRUTE_MAX_GPUS", "BRUTE_MAX_COMBINATIONS"]
 
 #: Largest instances accepted (live experts, GPUs, enumerated combinations).
-MAX_EXPERTS = 6
-MAX_GPUS = 3
-MAX_COMBINATIONS = 50_000
+BRUTE_MAX_EXPERTS = 6
+BRUTE_MAX_GPUS = 3
+BRUTE_MAX_COMBINATIONS = 50_000
 
 
 def _expert_options(n_e: int, gpus: np.ndarray, cost: CostModel):
@@ -63,8 +63,8 @@ def brute_force_dispatch(problem: DispatchProblem, cost: CostModel):
     Parameters
     ----------
     problem : DispatchProblem
-        One layer with at most :data:`MAX_EXPERTS` experts with tokens and
-        :data:`MAX_GPUS` GPUs, and at most :data:`MAX_COMBINATIONS` combinations.
+        One layer with at most :data:`BRUTE_MAX_EXPERTS` experts with tokens and
+        :data:`BRUTE_MAX_GPUS` GPUs, and at most :data:`BRUTE_MAX_COMBINATIONS` combinations.
     cost : CostModel
 
     Returns
@@ -101,18 +101,18 @@ def brute_force_dispatch(problem: DispatchProblem, cost: CostModel):
     n = problem.counts
     live = np.flatnonzero(n > 0)
     g = problem.n_gpus
-    if live.size > MAX_EXPERTS or g > MAX_GPUS:
+    if live.size > BRUTE_MAX_EXPERTS or g > BRUTE_MAX_GPUS:
         raise param_error(
             "problem",
             func,
-            f"tiny (at most {MAX_EXPERTS} experts with tokens and {MAX_GPUS} GPUs)",
+            f"tiny (at most {BRUTE_MAX_EXPERTS} experts with tokens and {BRUTE_MAX_GPUS} GPUs)",
             f"{live.size} live experts on {g} GPUs",
         )
     options = [_expert_options(int(n[e]), np.flatnonzero(problem.replicas[e]), cost) for e in live]
     total = math.prod(len(o) for o in options)
-    if total > MAX_COMBINATIONS:
+    if total > BRUTE_MAX_COMBINATIONS:
         raise InvalidInputError(
-            f"The 'problem' parameter of {func} must have at most {MAX_COMBINATIONS} "
+            f"The 'problem' parameter of {func} must have at most {BRUTE_MAX_COMBINATIONS} "
             f"support/tile combinations. Got {total} instead."
         )
     pieces = cost.token_pieces

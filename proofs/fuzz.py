@@ -53,7 +53,7 @@ __all__ = [
     "trace_files",
     "TraceFile",
     "names_parameter",
-    "METHOD_OPTIONS",
+    "FUZZ_METHOD_OPTIONS",
     "FLAG_JUNK",
     "CliCall",
     "cli_calls",
@@ -242,7 +242,7 @@ def placement_calls(draw) -> Call:
 
 # --- solve_dispatch ----------------------------------------------------------------------
 #: Valid values of each dispatch method's options (junk is drawn besides them).
-METHOD_OPTIONS = {
+FUZZ_METHOD_OPTIONS = {
     "tempo": {
         "seed": [True, False],
         "chains": [True, False],
@@ -283,7 +283,7 @@ METHOD_OPTIONS = {
 @st.composite
 def method_option_calls(draw, method: str) -> Call:
     """Options of ``method``: valid values, some spoiled, sometimes an unknown name."""
-    table = METHOD_OPTIONS.get(method, {})
+    table = FUZZ_METHOD_OPTIONS.get(method, {})
     kw = {k: draw(st.sampled_from(v)) for k, v in table.items() if draw(st.booleans())}
     call = draw(spoil(kw, at_most=1))
     if draw(st.integers(0, 9)) == 0:

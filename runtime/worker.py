@@ -524,7 +524,7 @@ class SolverWorker:
         make_method(method, options, func)  # unknown method or option: raise here
         period = check_real(period, "period", func, lo=0, lo_open=True)
         if method == "tempo" and "repair_budget_s" not in options:
-            # tempo's exact repair gets a quarter of each refresh (not its 0.2 s default)
+            # tempo's exact repair gets a quarter of each refresh (not its 2 s default)
             options["repair_budget_s"] = 0.25 * period
         n_threads = check_int(n_threads, "n_threads", func, lo=1)
         stale = (

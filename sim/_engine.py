@@ -5,7 +5,8 @@ Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) a
 phase functions over :class:`EngineState`, which holds everything the loop changes (the
 pattern of :mod:`straggler.solvers._tempo`); each phase is handed the state's arrays it uses
 and the scalars of :class:`_Cfg`, never the records themselves. The routing policy's kernel
-is an argument of the loop (a first-class function, :func:`engine_entry`), so the loop
+is an argument of the loop (the address of its compiled code, called through
+:func:`~straggler.solvers._routing_core.call_policy`; :func:`engine_entry`), so the loop
 compiles once for every policy. One iteration is one decode step of the whole cluster:
 
 1. :func:`_arrivals`: arrivals (``arrival_t <= clock``) join the prefill queue; ``prefill_
@@ -75,7 +76,9 @@ from ..solvers._routing_core import (
     ReplicaState,
     RouterCarry,
     RouterOptions,
+    call_policy,
     monotonic_ns,
+    policy_address,
 )
 from ..solvers.predictors import EXP_CAP
 from .deployment import engine_moe_seconds
@@ -1212,7 +1215,8 @@ def _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo
 @njit(**NJIT)
 def run_engine(kernel, inp):
     """Run the step loop on :class:`EngineInputs` with the routing policy's kernel ``kernel``
-    (a first-class function of :func:`tick_signature`: the loop compiles once for every
+    (the address of its compiled code for :func:`tick_signature`, called through
+    :func:`~straggler.solvers._routing_core.call_policy`: the loop compiles once for every
     policy; see :func:`engine_entry`); see the module docstring. Returns
     :class:`EngineOutput`.
 
@@ -1283,7 +1287,7 @@ def run_engine(kernel, inp):
             )
             seed = cfg.seed * 1_000_003 + c[_K]
             c0 = monotonic_ns() if cfg.time_router else 0
-            assign, carry = kernel(pstate, tick_view, options, carry, seed)
+            assign, carry = call_policy(kernel, pstate, tick_view, options, carry, seed)
             c1 = monotonic_ns() if cfg.time_router else 0
             if c[_TICKS] == tick_ns.shape[0]:
                 tick_ns, tick_pool = _grown(tick_ns), _grown(tick_pool)
@@ -1332,7 +1336,7 @@ def engine_depends() -> tuple:
     """The modules whose source the compiled engine includes besides its own (the routing
     records and the router clock of :mod:`~straggler.solvers._routing_core`, the predictors'
     constants): :func:`run_engine`'s disk cache is tied to them. The policy's kernel is not
-    among them: the engine calls it through a function pointer, and the kernel has its own
+    among them: the engine calls it by the address of its code, and the kernel has its own
     cache."""
     from ..solvers import _jit, _routing_core
 
@@ -1353,38 +1357,24 @@ def engine_entry(policy: str, inp):
     """:func:`run_engine` with the kernel of ``policy`` (a registered name), as a callable of
     ``inp`` alone.
 
-    The step loop is compiled once for every policy: it takes the kernel as a first-class
-    function (``numba.types.FunctionType`` of :func:`tick_signature`), so a policy adds only
-    its own kernel's compile, which ``route_batch`` shares. Both are loaded from numba's disk
-    cache when there (the loop's cache is tied to :func:`engine_depends`). With
+    The step loop is compiled once for every policy: it takes the address of the kernel's
+    code compiled for :func:`tick_signature`
+    (:func:`~straggler.solvers._routing_core.policy_address`, which refuses, naming
+    ``simulate``, a kernel that is not ``@njit`` or returns another type), so a policy adds
+    only its own kernel's compile, which ``route_batch`` shares. Both are loaded from numba's
+    disk cache when there (the loop's cache is tied to :func:`engine_depends`). With
     ``NUMBA_DISABLE_JIT=1``, the Python loop with the kernel's Python function.
     """
-    from ..formulations.errors import InvalidInputError
     from ..solvers._jit import cache_depends_on
     from ..solvers.routing_registry import get_routing_policy
 
     kernel = get_routing_policy(policy, "simulate").kernel
+    addr = policy_address(kernel, policy, tick_signature(inp), "simulate")
     if not hasattr(run_engine, "compile"):  # NUMBA_DISABLE_JIT=1
-        return lambda inp: run_engine(kernel, inp)
-    if not hasattr(kernel, "compile"):
-        raise InvalidInputError(
-            f"simulate: the kernel of routing policy {policy!r} must be a numba.njit "
-            f"function (the jitted engine calls it), got {type(kernel).__name__}"
-        )
-    args = tick_signature(inp)
-    kernel.compile(args)
-    ret = kernel.overloads[args].signature.return_type
-    want = types.Tuple((types.int64[::1], args[3]))
-    if ret != want:
-        raise InvalidInputError(
-            f"simulate: the kernel of routing policy {policy!r} must return (assignment "
-            f"int64 C-contiguous array, RouterCarry), i.e. {want}; it returns {ret}"
-        )
-    sig = (types.FunctionType(ret(*args)), typeof(inp))
+        return lambda inp: run_engine(addr, inp)
     cache_depends_on(run_engine, *engine_depends())
-    run_engine.compile(sig)
-    entry = run_engine.overloads[sig].entry_point
-    return lambda inp: entry(kernel, inp)
+    entry = run_engine.compile((types.int64, typeof(inp)))
+    return lambda inp: entry(addr, inp)
 
 
 def run_engine_reference(inp, router):

@@ -333,7 +333,7 @@ def warmup(
         step("place_experts", warm_placement)
     total = time.perf_counter() - t_start
     missed = ()
-    if dispatch:
+    if dispatch and not numba.config.DISABLE_JIT:  # without the JIT nothing compiles
         kernels = {**dispatch_kernels(), **eplb_kernels()}
         missed = tuple(sorted(k for k, d in kernels.items() if not d.signatures))
     return WarmupReport(

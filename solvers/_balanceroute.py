@@ -584,7 +584,7 @@ def _brh_candidates(
     smax = sv[top]
     eps = 1e-10 * (gain * smax + beta * (sd * smax + spread)) + 1e-300
     p = np.searchsorted(sv, s_lo, side="right")  # first position with s > s_lo
-    nc = 0
+    nc = np.int64(0)  # int64 from the start: a literal 0 makes numba compile _brh_insert for it
     q = _prev_live(words, summary, p - 1)  # downward walk
     while q >= 0:
         f = _brh_score(sv[q], gain, beta, d, m, idx, hs)
@@ -915,8 +915,9 @@ def brs_kernel(pool, reps, opts, carry, seed):
         keep = True
     carry_out = RouterCarry(carry.cursor, carry.vllm_start, carry.adp_wait, carry.adp_batch, keep)
     if not backlog:
-        # No backlog: JSQ's decision itself.
-        j_out = least_tokens_kernel(pool, reps, optimistic, True)
+        # No backlog: JSQ's decision itself (a bool, not a literal True: SGLang's jsq and
+        # this share one compiled least_tokens_kernel).
+        j_out = least_tokens_kernel(pool, reps, optimistic, np.bool_(True))
         return j_out, carry_out
     fitted = False
     if n <= s_tot:
@@ -1026,7 +1027,7 @@ def brs_kernel(pool, reps, opts, carry, seed):
                 L[g] += s[best]
     if opts.safe:
         # The safety net: JSQ's own decision whenever it leaves no larger imbalance.
-        j_out = least_tokens_kernel(pool, reps, optimistic, True)
+        j_out = least_tokens_kernel(pool, reps, optimistic, np.bool_(True))
         if _post_imbalance(L0, s, j_out) <= _post_imbalance(L0, s, out):
             out = j_out
     return out, carry_out

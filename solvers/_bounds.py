@@ -89,7 +89,7 @@ def coupling_bound_kernel(counts, replicas, params, best):
         return best
     n = np.zeros(E, np.int64)
     r = np.zeros(E, np.int64)
-    m = 0
+    m = np.int64(0)  # int64 from the start: a literal 0 makes numba compile _sift_down for it
     for e in range(E):
         if counts[e] > 0:
             n[m] = counts[e]
@@ -123,7 +123,7 @@ def coupling_bound_kernel(counts, replicas, params, best):
         while pieces < g * K and j[top] < r[top]:
             j[top] += 1
             pieces += 1
-            _sift_down(heap, 0, m, n, j)
+            _sift_down(heap, np.int64(0), m, n, j)
             top = heap[0]
         u = n[top] / j[top]
         v = max(fl, max(c + beta * u, c2 + gamma * u))

@@ -22,7 +22,6 @@ __all__ = [
     "NJIT_INLINE",
     "NJIT_PARALLEL",
     "cache_depends_on",
-    "literal_entry",
     "source_digest",
 ]
 
@@ -67,25 +66,3 @@ def cache_depends_on(dispatcher, *modules) -> bool:
         base = index._own_stamp = index._source_stamp
     index._source_stamp = (base, source_digest(*modules))
     return True
-
-
-def literal_entry(dispatcher, literal: str, args: tuple, depends=()):
-    """``dispatcher`` compiled for the string literal ``literal`` as its first argument and the
-    types of ``args`` after it (loaded from numba's disk cache when there), as a callable of
-    ``(literal, *args)``.
-
-    A jitted function that specializes on a literal (``numba.literally``) compiles one version
-    per value, but numba's dispatcher cannot select it from a Python call (a ``str`` argument
-    types as a plain string), so each call would be typed afresh (milliseconds); the compiled
-    version called directly costs what any jitted call does. ``depends``: modules whose source
-    the compiled code includes (:func:`cache_depends_on`, applied first). With
-    ``NUMBA_DISABLE_JIT=1``, the Python function itself.
-    """
-    compile_ = getattr(dispatcher, "compile", None)
-    if compile_ is None:
-        return dispatcher
-    from numba import typeof, types
-
-    if depends:
-        cache_depends_on(dispatcher, *depends)
-    return compile_((types.literal(literal), *(typeof(a) for a in args)))

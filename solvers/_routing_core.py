@@ -1,5 +1,5 @@
 """The routing kernels' common ground: the state records, the option and memory records, the
-input check, the tick summary and the one dispatch from a policy's name to its kernel.
+input check, the tick summary and the one call of a policy's kernel from jitted code.
 
 Every policy's kernel has one signature, ``kernel(pool, reps, opts, carry, seed) ->
 (assignment, carry_out)``: ``pool`` a :class:`PoolState` (the visible requests, oldest
@@ -14,9 +14,10 @@ placement. The policies themselves live one family per module:
 :mod:`straggler.baselines` (``sglang_routers``, ``vllm_router``, ``trtllm_routers``,
 ``dynamo_router``, ``random_router``), each kernel with its plain-Python reference below it.
 
-:func:`route_tick` calls the kernel of a policy named by a string literal: jitted code that
-calls it (``route_batch_kernel`` here, the simulator's step loop) compiles the named policy's
-kernel only, one specialization per policy, each on numba's disk cache.
+Jitted code calls a policy's kernel through :func:`call_policy`, by the address of its
+compiled code (:func:`policy_address`): ``route_batch_kernel`` here and the simulator's step
+loop compile once for every policy, and a policy adds only its own kernel's compile, shared
+by both (each on numba's disk cache).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import literally, njit, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from ..formulations.errors import InvalidInputError
 from ._jit import NJIT
 
 __all__ = [
@@ -37,7 +39,7 @@ __all__ = [
     "PoolState",
     "RouterOptions",
     "RouterCarry",
-    "MAX_TOKENS",
+    "MAX_ROUTED_TOKENS",
     "MINSTD_A",
     "MINSTD_M",
     "minstd_start",
@@ -49,7 +51,8 @@ __all__ = [
     "least_tokens_reference",
     "tick_summary_kernel",
     "check_inputs_kernel",
-    "route_tick",
+    "call_policy",
+    "policy_address",
     "route_batch_kernel",
 ]
 
@@ -134,7 +137,7 @@ class RouterCarry(NamedTuple):
 
 #: Largest token count (length, load) a kernel accepts: float64 holds every integer up to it
 #: exactly, and ``G * (max load + sum of lengths)`` stays finite for any realistic ``G``.
-MAX_TOKENS = float(2**53)
+MAX_ROUTED_TOKENS = float(2**53)
 
 #: MINSTD (``x <- 48271*x mod (2^31-1)``; Park, Miller and Stockmeyer, "Technical
 #: correspondence", CACM 36(7), 1993), the generator of the seeded policies: their kernels draw
@@ -323,10 +326,11 @@ BAD_INPUT = (
 
 @njit(**NJIT)
 def _bad_tokens(x):
-    """Flat index of the first value of ``x`` outside ``[0, MAX_TOKENS]`` (NaN included), -1."""
+    """Flat index of the first value of ``x`` outside ``[0, MAX_ROUTED_TOKENS]`` (NaN
+    included), -1."""
     v = x.ravel()
     for i in range(v.shape[0]):
-        if not (v[i] >= 0.0 and v[i] <= MAX_TOKENS):
+        if not (v[i] >= 0.0 and v[i] <= MAX_ROUTED_TOKENS):
             return i
     return -1
 
@@ -346,7 +350,7 @@ def check_inputs_kernel(pool, reps):
     code in :data:`BAD_INPUT`) and the flat index of its first bad value, in one pass.
 
     Token arrays (prefill, loads, prompt and waiting tokens, cached) must lie in
-    ``[0, MAX_TOKENS]``; counts must be ``>= 0``; the free slots must also sum to at most
+    ``[0, MAX_ROUTED_TOKENS]``; counts must be ``>= 0``; the free slots must also sum to at most
     ``2**63 - 1`` (index: where the running sum would overflow); ``kv_usage`` finite
     ``>= 0``; ``kv_capacity > 0`` (``inf`` allowed); request keys ``>= 0``.
     """
@@ -394,33 +398,84 @@ def check_inputs_kernel(pool, reps):
     return 0, -1
 
 
-def route_tick(policy, pool, reps, opts, carry, seed):
-    """The kernel of the routing policy named ``policy``: ``(assignment, carry_out)``.
+def call_policy(kernel, pool, reps, opts, carry, seed):
+    """``kernel(pool, reps, opts, carry, seed)``: one call of a policy's kernel.
 
-    In jitted code ``policy`` must be a string literal (a caller passes it through
-    ``numba.literally``), and the call compiles to that policy's kernel alone."""
-    from .routing_registry import get_routing_policy
+    In jitted code ``kernel`` is the address of the kernel's compiled code for exactly the
+    argument types of the call (an int64, :func:`policy_address`), and the call is an
+    indirect call of that code in numba's own calling convention: a jitted caller compiles
+    once for every policy and never includes a policy's code. In Python (a ``py_func``, or
+    ``NUMBA_DISABLE_JIT=1``) ``kernel`` is the kernel itself."""
+    return kernel(pool, reps, opts, carry, seed)
 
-    return get_routing_policy(policy).kernel(pool, reps, opts, carry, seed)
+
+@intrinsic
+def _call_at(typingctx, addr, pool, reps, opts, carry, seed):
+    """Call the compiled function at ``addr`` with numba's calling convention (as numba calls
+    a first-class function, ``numba.core.lowering.Lower._lower_call_FunctionType``): returns
+    ``(int64[::1] assignment, carry)``, propagates an exception the callee raised."""
+    if not isinstance(addr, types.Integer):
+        return None
+    ret = types.Tuple((types.int64[::1], carry))
+    sig = ret(addr, pool, reps, opts, carry, seed)
+
+    def codegen(context, builder, signature, args):
+        argtys = signature.args[1:]
+        fnty = context.call_conv.get_function_type(ret, argtys)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        status, res = context.call_conv.call_function(builder, fn, ret, argtys, args[1:])
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return res
+
+    return sig, codegen
 
 
-@overload(route_tick, prefer_literal=True)
-def _route_tick_jit(policy, pool, reps, opts, carry, seed):
-    if not isinstance(policy, types.StringLiteral):
-        return None  # numba then types the call again with the literal
-    from .routing_registry import get_routing_policy
+@overload(call_policy)
+def _call_policy_jit(kernel, pool, reps, opts, carry, seed):
+    if not isinstance(kernel, types.Integer):
+        return None
 
-    kernel = get_routing_policy(policy.literal_value).kernel
-
-    def impl(policy, pool, reps, opts, carry, seed):
-        return kernel(pool, reps, opts, carry, seed)
+    def impl(kernel, pool, reps, opts, carry, seed):
+        return _call_at(kernel, pool, reps, opts, carry, seed)
 
     return impl
 
 
+def policy_address(kernel, name: str, argtypes, func: str) -> int:
+    """The address of the code of ``kernel`` (the ``@njit`` kernel of the policy ``name``)
+    for the numba types ``argtypes`` ``(PoolState, ReplicaState, RouterOptions, RouterCarry,
+    int64)``, compiled here (or loaded from numba's disk cache), for :func:`call_policy` in
+    jitted code that passes exactly those types; with ``NUMBA_DISABLE_JIT=1``, the kernel
+    itself.
+
+    Raises :class:`~straggler.formulations.errors.InvalidInputError` (naming ``func``, the
+    caller, and the policy) when ``kernel`` is not an ``@njit`` function or does not return
+    ``(int64 C-contiguous array, RouterCarry)``: the indirect call relies on both.
+    """
+    if not hasattr(route_batch_kernel, "compile"):  # NUMBA_DISABLE_JIT=1
+        return kernel
+    if not hasattr(kernel, "compile"):
+        raise InvalidInputError(
+            f"{func}: the kernel of routing policy {name!r} must be a numba.njit function "
+            f"(jitted code calls it), got {type(kernel).__name__}"
+        )
+    argtypes = tuple(argtypes)
+    kernel.compile(argtypes)
+    cres = kernel.overloads[argtypes]
+    want = types.Tuple((types.int64[::1], argtypes[3]))
+    if cres.signature.return_type != want:
+        raise InvalidInputError(
+            f"{func}: the kernel of routing policy {name!r} must return (assignment int64 "
+            f"C-contiguous array, RouterCarry), i.e. {want}; it returns "
+            f"{cres.signature.return_type}"
+        )
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+
+
 @njit(**NJIT)
 def route_batch_kernel(
-    policy,
+    kernel,
     prefill,
     wait,
     key,
@@ -439,8 +494,9 @@ def route_batch_kernel(
     assignment,
     loads_after,
 ):
-    """One call for ``route_batch``: value check, the kernel of ``policy`` (a string literal),
-    the tick summary.
+    """One call for ``route_batch``: value check, the policy's kernel (``kernel``: its
+    address, :func:`policy_address`, for the argument types of this call; see
+    :func:`call_policy`), the tick summary. Compiled once for every policy.
 
     Takes the fields of :class:`PoolState` and :class:`ReplicaState` as flat arrays (cheaper to
     pass from Python than two tuples), and fills ``assignment`` (int64 ``(n,)``) and
@@ -452,7 +508,6 @@ def route_batch_kernel(
     is routed and nothing filled when ``code != 0``); ``S_tot`` = total free slots at the
     start of the tick; ``ns`` the kernel's and the summary's time.
     """
-    policy = literally(policy)
     pool = PoolState(prefill, wait, key, cached)
     reps = ReplicaState(
         loads,
@@ -470,7 +525,7 @@ def route_batch_kernel(
         return (code, index, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,
                 0.0, 0.0, 0, 0, 0)  # fmt: skip
     t0 = monotonic_ns()
-    out, new_carry = route_tick(policy, pool, reps, opts, carry, seed)
+    out, new_carry = call_policy(kernel, pool, reps, opts, carry, seed)
     before, after, L, placed = tick_summary_kernel(loads, prefill, out)
     ns = monotonic_ns() - t0
     assignment[:] = out

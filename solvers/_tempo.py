@@ -15,7 +15,7 @@ so that no jitted function here calls into another file (numba's cache would mis
 there).
 
 Parameters are named: :class:`KernelCost` holds the cost model (``CostModel.as_array`` by
-name) and an activation cap, :class:`KernelOptions` the stage switches. A GPU with ``G``
+name) and the activation and floor caps, :class:`KernelOptions` the stage switches. A GPU with ``G``
 activated replicas, ``N`` tokens and ``T`` tiles takes ``max(a + b*G + b2*(T - G), c +
 beta*N, c2 + gamma*N)`` (infinity when ``G`` exceeds the cap), evaluated in exactly this
 order in both implementations (and in :func:`~straggler.formulations.evaluate`), so the
@@ -60,15 +60,20 @@ INFO_FIELDS = (
     "ls_moves",  # local-search moves applied in stage 3 (to A_H)
     "flow_moves",  # of which token paths
     "exchange_moves",  # of which path or cyclic exchanges
+    "restarts",  # ruin-and-recreate restarts applied in stage 4b
 )
 _N_INFO = len(INFO_FIELDS)
+
+#: Most ruin-and-recreate rounds of stage 4b, and how many floor caps each restart tries.
+RESTART_ROUNDS = 2
+RESTART_LEVELS = 2
 
 #: What ``info[INFO_FIELDS.index("choice")]`` indexes: which dispatch tempo returned.
 CHOICES = ("heuristic", "token_lp", "a3", "semi_matching", "semi_matching_relaxed")
 
 
 class KernelCost(NamedTuple):
-    """The cost model of one layer, by name, and an activation cap (the kernels' input)."""
+    """The cost model of one layer, by name, and two caps (the kernels' input)."""
 
     a: float
     b: float
@@ -80,6 +85,9 @@ class KernelCost(NamedTuple):
     tile: int
     cap: float
     """Most activated replicas a GPU may hold (``inf``: no cap); above it its time is inf."""
+    floor_cap: float = math.inf
+    """Largest floor ``a + b*G + b2*(T - G)`` a GPU may have (``inf``: no cap); above it
+    its time is inf."""
 
 
 class KernelOptions(NamedTuple):
@@ -97,13 +105,19 @@ class KernelOptions(NamedTuple):
     """Ejection chains whose first leg is a tile-boundary partial split."""
     tau: float
     max_iter: int
+    restarts: bool = False
+    """Ruin-and-recreate restarts after stage 4 (stage 4b)."""
+    restart_gap: float = 0.0
+    """Stage 4b runs only on a dispatch more than this (relative) above the stop bound."""
+    restart_moves: int = 0
+    """Stage 4b starts no polish once its searches have applied this many moves."""
 
 
-def kernel_cost(cost_array, cap: float = math.inf) -> KernelCost:
+def kernel_cost(cost_array, cap: float = math.inf, floor_cap: float = math.inf) -> KernelCost:
     """:class:`KernelCost` from ``CostModel.as_array()`` (``[a, b, b2, c, beta, c2, gamma,
-    tile]``) and an activation cap."""
+    tile]``), an activation cap and a floor cap."""
     a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost_array)
-    return KernelCost(a, b, b2, c, beta, c2, gamma, int(tile), float(cap))
+    return KernelCost(a, b, b2, c, beta, c2, gamma, int(tile), float(cap), float(floor_cap))
 
 
 class _Lists(NamedTuple):
@@ -154,10 +168,13 @@ _LAB, _MID = 0, 1
 
 @njit(**NJIT)
 def _t(cost, G, N, T):
-    """Modeled time of one GPU (the one cost family); inf above the activation cap."""
+    """Modeled time of one GPU (the one cost family); inf above the activation cap or
+    with its floor above the floor cap."""
     if G > cost.cap:
         return np.inf
     t = cost.a + cost.b * G + cost.b2 * (T - G)
+    if t > cost.floor_cap:
+        return np.inf
     u = cost.c + cost.beta * N
     if u > t:
         t = u
@@ -517,8 +534,8 @@ def _stage_chains(st, lists, cost):
             for s in range(g):
                 if gnt[_G, s] != Gmax:
                     continue
-                o1 = -1
-                o2 = -1
+                o1 = _NO
+                o2 = _NO
                 for r in range(4):
                     if top[r] >= 0 and top[r] != s:
                         if o1 < 0:
@@ -1214,7 +1231,8 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
             if polish:
                 if cand >= 3:
                     capped = KernelCost(cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2,
-                                        cost.gamma, cost.tile, float(sm + cand - 3))  # fmt: skip
+                                        cost.gamma, cost.tile, float(sm + cand - 3),
+                                        cost.floor_cap)  # fmt: skip
                     _stage_local_search(_state_of(y, lists, capped), lists, capped, opts, stop_at,
                                         wk, counters)  # fmt: skip
                 cst = _state_of(y, lists, cost)
@@ -1229,6 +1247,148 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
             best_c = m_c
             info[7] = m_c
     return out, m_out, choice
+
+
+# --------------------------------------------------------------------------------------
+# Stage 4b: ruin-and-recreate restarts
+# --------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def _floor_levels(cost, m, g_max, j_max, out):
+    """The (up to) ``out.size`` largest distinct floors ``a + b*G + b2*j < m`` (``1 <= G
+    <= g_max``, ``0 <= j <= j_max``), decreasing, into ``out``; returns how many. Computed
+    with the expression of :func:`_t` (``j = T - G``), so a GPU exactly at a level is
+    within that floor cap."""
+    L = out.shape[0]
+    k = 0
+    for G in range(1, g_max + 1):
+        if cost.a + cost.b * G >= m:
+            break
+        for j in range(j_max + 1):
+            v = cost.a + cost.b * G + cost.b2 * j
+            if v >= m:
+                break
+            dup = False
+            for i in range(k):
+                dup = dup or out[i] == v
+            if not dup and (k < L or v > out[L - 1]):
+                i = k if k < L else L - 1
+                out[i] = v
+                k = min(k + 1, L)
+                while i > 0 and out[i - 1] < out[i]:  # keep out[:k] decreasing
+                    out[i - 1], out[i] = out[i], out[i - 1]
+                    i -= 1
+            if cost.b2 == 0:
+                break
+        if cost.b == 0:
+            break
+    return k
+
+
+@njit(**NJIT)
+def _recreate(x, ruin, counts, order, lists, cost):
+    """A copy of ``x`` with the experts ``ruin`` removed and put back whole, by descending
+    tokens (ties: lower index), each on the replica of lowest (marginal cost, new time,
+    GPU index): stage 1's rule on the rest of the dispatch."""
+    E, g = x.shape
+    y = x.copy()
+    gnt = np.zeros((3, g), np.int64)
+    for e in range(E):
+        for j in range(lists.e_ptr[e], lists.e_ptr[e + 1]):
+            h = lists.e_gpus[j]
+            if ruin[e]:
+                y[e, h] = 0
+            v = y[e, h]
+            if v > 0:
+                gnt[_G, h] += 1
+                gnt[_N, h] += v
+                gnt[_T, h] += _tiles(v, cost.tile)
+    for i in range(E):
+        e = order[i]
+        n = counts[e]
+        if n == 0:
+            break
+        if not ruin[e]:
+            continue
+        best = -1
+        bk1 = np.inf
+        bk2 = np.inf
+        for j in range(lists.e_ptr[e], lists.e_ptr[e + 1]):
+            h = lists.e_gpus[j]
+            t0 = _t(cost, gnt[_G, h], gnt[_N, h], gnt[_T, h])
+            tn = _t(cost, gnt[_G, h] + 1, gnt[_N, h] + n, gnt[_T, h] + _tiles(n, cost.tile))
+            k1 = tn - t0
+            if best < 0 or k1 < bk1 or (k1 == bk1 and tn < bk2):
+                best = h
+                bk1 = k1
+                bk2 = tn
+        y[e, best] = n
+        gnt[_G, best] += 1
+        gnt[_N, best] += n
+        gnt[_T, best] += _tiles(n, cost.tile)
+    return y
+
+
+@njit(**NJIT)
+def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, wk):
+    """Stage 4b: best-improvement ruin and recreate of each GPU, polished by stage 3.
+
+    A round tries, for every GPU ``h`` (increasing), the dispatch with the experts active
+    on ``h`` removed and put back whole by stage 1's rule (:func:`_recreate`), polished by
+    the stage-3 search, uncapped and, for each of the ``RESTART_LEVELS`` largest floor
+    levels ``F`` below the makespan (:func:`_floor_levels`), first under the floor cap
+    ``F`` and then uncapped. The round's strictly lowest makespan (first found on ties)
+    is applied; at most ``rounds_max`` rounds, until none is lower or ``stop_at`` is met.
+    No polish starts once the stage's searches have applied ``opts.restart_moves`` moves
+    (the round then ends with what it found). Returns ``(shares, makespan, rounds)``.
+    """
+    E, g = x0.shape
+    counters = np.zeros(3, np.int64)
+    x = x0.copy()
+    st = _state_of(x.copy(), lists, cost)
+    m = st.times.max()
+    levels = np.empty(RESTART_LEVELS)
+    ruin = np.zeros(E, np.bool_)
+    g_max = lists.e_ptr[E]  # activations: at most one per replica
+    j_max = g_max  # tiles above one per share: at most ceil(n_e / tile) per replica
+    for e in range(E):
+        j_max += _tiles(counts[e], cost.tile) * (lists.e_ptr[e + 1] - lists.e_ptr[e])
+    rounds = 0
+    while rounds < rounds_max and m > stop_at:
+        n_lev = _floor_levels(cost, m, g_max, j_max, levels)
+        best_m = m
+        best_x = x
+        for h in range(g):
+            if counters[0] >= opts.restart_moves:
+                break
+            ruin[:] = False
+            for i in range(lists.g_ptr[h], lists.g_ptr[h + 1]):
+                e = lists.g_exps[i]
+                ruin[e] = x[e, h] > 0
+            y = _recreate(x, ruin, counts, order, lists, cost)
+            for k in range(n_lev + 1):
+                if counters[0] >= opts.restart_moves:
+                    break
+                z = y.copy()
+                if k > 0:  # the floor cap makes the search keep every floor at most F
+                    capped = KernelCost(cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2,
+                                        cost.gamma, cost.tile, cost.cap, levels[k - 1])  # fmt: skip
+                    _stage_local_search(_state_of(z, lists, capped), lists, capped, opts, stop_at,
+                                        wk, counters)  # fmt: skip
+                cst = _state_of(z, lists, cost)
+                _stage_local_search(cst, lists, cost, opts, stop_at, wk, counters)
+                mz = cst.times.max()
+                if mz < best_m:
+                    best_m = mz
+                    best_x = cst.x
+        if best_m < m:
+            x = best_x
+            m = best_m
+            rounds += 1
+        else:
+            break
+    return x, m, rounds
 
 
 # --------------------------------------------------------------------------------------
@@ -1289,7 +1449,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         if counts[e] > 0:
             sm_cnt[sm_assign[e]] += 1
     sm = sm_cnt.max()
-    stop_at = max(bound, max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, 0, sm)))
+    stop_at = max(bound, max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
     counters = np.zeros(3, np.int64)
     if opts.local_search:  # Stage 3
         _stage_local_search(st, lists, cost, opts, stop_at, wk, counters)
@@ -1300,12 +1460,17 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     if opts.ensemble:  # Stage 4
         out, m_out, choice = _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign,
                                              sm, opts, stop_at, st, wk, info)  # fmt: skip
+    n_restart = 0
+    if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
+        out, m_out, n_restart = _stage_restarts(counts, order, lists, cost, opts, stop_at, out,
+                                                RESTART_ROUNDS, wk)  # fmt: skip
     info[0] = m_out
     info[8] = choice
     info[9] = n_chain
     info[10] = counters[0]
     info[11] = counters[1]
     info[12] = counters[2]
+    info[13] = n_restart
     return out, info
 
 
@@ -1336,21 +1501,23 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     tile = int(cost.tile)
     E, g = len(R), len(R[0])
     inf = math.inf
+    no_cap = (inf, inf)  # (activation cap, floor cap)
 
     def tiles(v):
         return -(-v // tile)
 
-    def time_of(G, N, T, cap=inf):
-        if G > cap:
+    def time_of(G, N, T, cap=no_cap):
+        floor = a + b * G + b2 * (T - G)
+        if G > cap[0] or floor > cap[1]:
             return inf
-        return max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
+        return max(floor, c + beta * N, c2 + gamma * N)
 
     def gpu(h, y):
         """(G, N, T) of GPU h under shares y."""
         col = [y[e][h] for e in range(E) if y[e][h] > 0]
         return len(col), sum(col), sum(tiles(v) for v in col)
 
-    def times_of(y, cap=inf):
+    def times_of(y, cap=no_cap):
         return [time_of(*gpu(h, y), cap) for h in range(g)]
 
     def moved(y, moves):
@@ -1674,8 +1841,8 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
                             for r, j in enumerate(chain)]  # fmt: skip
         return best_v, best
 
-    def search(x, cap=inf):
-        """Stage 3 on x under the activation cap: returns (x, moves, flows, exchanges)."""
+    def search(x, cap=no_cap):
+        """Stage 3 on x under the caps: returns (x, moves, flows, exchanges)."""
         n_ls = [0, 0, 0]
         while n_ls[0] < opts.max_iter:
             times = times_of(x, cap)
@@ -1742,7 +1909,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         for e in live:
             smx[e][int(sm_assign[e])] = counts[e]
         polish = opts.local_search and stop_at < m_h
-        cands = [(1, lp, inf), (2, a3, inf), (3, smx, sm), (4, smx, sm + 1)]
+        cands = [(1, lp, no_cap), (2, a3, no_cap), (3, smx, (sm, inf)), (4, smx, (sm + 1, inf))]
         if not all(all(R[e]) for e in live):
             cands.pop(1)
         if not polish:
@@ -1753,7 +1920,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
             if cand < 4:
                 info[3 + cand] = m_c
             if polish:
-                if cap < inf:
+                if cap != no_cap:
                     y, _ = search(y, cap)
                 y, _ = search(y)
                 m_c = max(times_of(y))
@@ -1763,7 +1930,76 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
                 out, m_out, choice = y, m_c, cand
             if m_c < best_c:
                 best_c = info[7] = m_c
+
+    # Stage 4b: ruin-and-recreate restarts.
+    def floor_levels(m):
+        """The RESTART_LEVELS largest distinct floors a + b*G + b2*j below m, decreasing."""
+        g_max = sum(sum(row) for row in R)
+        j_max = g_max + sum(tiles(counts[e]) * sum(R[e]) for e in range(E))
+        vals = set()
+        for G in range(1, g_max + 1):
+            if a + b * G >= m:
+                break
+            for j in range(j_max + 1):
+                v = a + b * G + b2 * j
+                if v >= m:
+                    break
+                vals.add(v)
+                if b2 == 0:
+                    break
+            if b == 0:
+                break
+        return sorted(vals, reverse=True)[:RESTART_LEVELS]
+
+    def recreate(y, ruined):
+        """y without the ruined experts, put back whole by stage 1's rule."""
+        z = [[0 if e in ruined else y[e][h] for h in range(g)] for e in range(E)]
+        for e in order:
+            n = counts[e]
+            if n == 0:
+                break
+            if e not in ruined:
+                continue
+
+            def key(h, n=n, z=z):
+                G, N, T = gpu(h, z)
+                tn = time_of(G + 1, N + n, T + tiles(n))
+                return (tn - time_of(G, N, T), tn, h)
+
+            z[e][min((h for h in range(g) if R[e][h]), key=key)] = n
+        return z
+
+    def restarts(x, m):
+        rounds = 0
+        moves = 0
+        while rounds < RESTART_ROUNDS and m > stop_at:
+            levels = floor_levels(m)
+            best_m, best_x = m, x
+            for h in range(g):
+                y = recreate(x, {e for e in range(E) if x[e][h] > 0})
+                for F in [None, *levels]:
+                    if moves >= opts.restart_moves:
+                        break
+                    z = y
+                    if F is not None:
+                        z, n = search(y, (inf, F))
+                        moves += n[0]
+                    z, n = search(z)
+                    moves += n[0]
+                    mz = max(times_of(z))
+                    if mz < best_m:
+                        best_m, best_x = mz, z
+            if best_m >= m:
+                break
+            x, m = best_x, best_m
+            rounds += 1
+        return x, m, rounds
+
+    n_restart = 0
+    if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
+        out, m_out, n_restart = restarts(out, m_out)
     info[0] = m_out
+    info[13] = n_restart
     info[8], info[9] = choice, n_chain
     info[10], info[11], info[12] = counters
     return np.array(out, dtype=np.int64).reshape(E, g), np.array(info)

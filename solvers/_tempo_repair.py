@@ -2,28 +2,69 @@
 
 Private module used by :mod:`straggler.solvers.tempo`. When tempo's makespan is more than a
 threshold above its certified lower bound, :func:`repair_layer` spends at most a budget of
-seconds on the layer's exact MILP, built from the library's own pieces
+seconds on MILPs of the layer, built from the library's own pieces
 (:func:`~straggler.formulations.dispatch_milp.build_dispatch_milp`, tightened, with the
 current makespan as upper bound, and the HiGHS backend
-:func:`~straggler.solvers.highs.solve_milp`, unchanged), warm-started with tempo's shares.
-Its dual bound is a certified lower bound on the optimum (the model keeps every dispatch at
-or below its upper bound, hence every optimum).
+:func:`~straggler.solvers.highs.solve_milp`, unchanged), each warm-started with the best
+dispatch so far, in this order:
 
-(A first step on the GPUs that set the makespan alone, the other shares fixed, was measured
-on the families of ``benchmarks/tempo_quality.py``: it never improved a layer that the whole
-MILP did not, and cost time, so the whole layer gets the budget.)
+1. **Every expert whole** (at most ``RESTRICTED_SHARES[0]`` of the budget): the MILP with
+   each expert's tokens on one replica (``x = n_e z``), except experts the upper bound
+   forces to split. A balanced partition with activation caps, which HiGHS solves far
+   faster than the whole model, and infeasible within milliseconds when splits are needed.
+2. **tempo's splits only** (at most ``RESTRICTED_SHARES[1]``): experts tempo splits may
+   split again, every other one stays whole.
+3. **The whole layer** (the rest of the budget): its dual bound is a certified lower bound
+   on the optimum (the model keeps every dispatch at or below its upper bound, hence every
+   optimum) and raises the reported bound.
+
+The restricted MILPs only search: their optimum and dual bound say nothing about the
+layer's, so neither is reported. The sequence stops as soon as the makespan meets the bound.
 
 MILP shares are fractional; each is turned into whole tokens by largest remainders (every
 share rounds to its floor or ceiling, so no tile count grows and a share below one token
 may vanish), and the token LP on that support (the exact token flow,
 :func:`~straggler.solvers._token_lp_fast.support_rebalance_kernel`) is kept when it is
 better. A result replaces the current shares only when its makespan is strictly lower, so
-the repair never makes a layer worse. It is deterministic up to the time limits (HiGHS
-stops on wall-clock time).
+the repair never makes a layer worse.
+
+Status: ``"optimal"`` only when the layer is proved optimal: the returned makespan meets
+the returned lower bound (the input bound raised to the whole layer's MILP dual bound, less
+a relative 1e-9 for HiGHS's tolerances) within the tolerance under which ``solve_dispatch``
+calls a layer OPTIMAL, or the whole layer's MILP proved its optimum (HiGHS status OPTIMAL at
+:data:`REPAIR_MIP_GAP`, the standard of ``method="milp"``) and the whole-token dispatch
+reaches it. A MILP that proved its optimum over fractional shares while the whole-token
+dispatch stays above it is ``"improved"`` or ``"unchanged"`` (``milp_status`` says
+``"OPTIMAL"``): the whole-token optimum may lie above the fractional one, and nothing here
+proves where it is. A restricted MILP's optimum never counts.
+
+What was measured before choosing this form (``benchmarks/tempo_outliers.py`` on the
+layers of the tuning families of ``benchmarks/tempo_quality.py`` that tempo leaves more
+than 0.1% above the optimum, one HiGHS thread, side by side on a loaded machine): the whole
+layer's MILP alone reaches 1.001 on some of them only after 1.5-3 s or more (decode 35:
+not in 3 s), while the restricted MILPs reach it in 0.2-0.7 s (decode 35 with every expert
+whole, decode16 205 with tempo's splits) or take a step (decode16 194: 1.018 -> 1.006).
+Every dispatch better than tempo's changes 9 to 20 activations, touching the shares of 6 to
+15 GPUs, so GPU neighbourhoods do not help: MILPs on the makespan GPUs alone, or with their
+replica-graph neighbours, the other GPUs' shares fixed, prove in 0.01-0.6 s that they
+cannot improve; with neighbours of neighbours they cover 12-16 of 16 GPUs and take about
+as long as the whole layer; a descent through MILPs on the makespan GPUs plus every one or
+two of their neighbours never lowered the makespan (0.01-3 s). HiGHS options
+(``mip_heuristic_effort`` 0.3-1, presolve off, symmetry detection off, no restart, no cuts
+below the root, ZI round and shifting), the certified bound as the objective's lower
+bound, a small penalty on activations in the objective, the plain big-M model and
+restarts with other random seeds changed the time to target within HiGHS's run-to-run
+spread (1.5x to 2x here) and none helped every layer; a feasibility MILP with the makespan
+capped at a target is 2-5x faster on two of three hard layers only when the target is the
+optimum itself, which the repair does not know.
+
+HiGHS stops on wall-clock time, so a layer whose MILP runs into the budget may differ
+between runs on a loaded machine; a layer whose MILP finishes inside it does not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import NamedTuple
@@ -32,9 +73,9 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem, evaluate
-from ..formulations.dispatch_milp import build_dispatch_milp
-from ..formulations.results import Status
+from ..formulations.dispatch_milp import build_dispatch_milp, live_pairs
 from ._backend import SUPPORT_REBALANCE
+from .dispatch import OPTIMALITY_RTOL
 from .highs import solve_milp
 
 __all__ = ["Repair", "repair_layer", "whole_tokens"]
@@ -43,6 +84,9 @@ __all__ = ["Repair", "repair_layer", "whole_tokens"]
 REPAIR_MIP_GAP = 1e-5
 #: Relative safety taken off a HiGHS dual bound before it is reported as certified.
 DUAL_RTOL = 1e-9
+#: Most of the budget (fractions) each restricted MILP may take before the whole layer's:
+#: every expert whole, then only tempo's split experts split.
+RESTRICTED_SHARES = (0.25, 0.35)
 
 
 class Repair(NamedTuple):
@@ -54,9 +98,15 @@ class Repair(NamedTuple):
     lower_bound: float
     """The input bound, raised to the whole-layer MILP's dual bound when it has one."""
     status: str
-    """``"optimal"`` (the MILP proved its optimum within the budget), ``"improved"`` or
-    ``"unchanged"``."""
+    """``"optimal"`` (proved optimal: the makespan meets ``lower_bound``, or the whole
+    layer's MILP proved its optimum and whole tokens reach it), ``"improved"`` (lower, not
+    proved optimal) or ``"unchanged"``."""
     runtime_s: float
+    milp_status: str
+    """The whole-layer MILP's :class:`~straggler.formulations.results.Status` name
+    (``"OPTIMAL"``: it proved its optimum over fractional shares within
+    :data:`REPAIR_MIP_GAP`), or ``"NOT_RUN"`` (a restricted MILP already met the bound, or
+    took the budget)."""
 
 
 def whole_tokens(problem: DispatchProblem, cost: CostModel, shares) -> np.ndarray:
@@ -95,15 +145,31 @@ def _times(problem, cost, x):
     return np.asarray(evaluate(problem, cost, x).times, dtype=float)
 
 
-def _milp(problem, cost, x, ub, time_limit):
-    """The tightened MILP of ``problem`` warm-started with whole-token ``x`` (makespan ub)."""
+def _milp(problem, cost, x, ub, time_limit, free=None):
+    """The tightened MILP of ``problem`` warm-started with whole-token ``x`` (makespan ub).
+
+    ``free``: a boolean per expert; when given, every other expert is kept whole (its
+    shares ``x = n_e z``: on one replica) wherever the model lets a share hold all its
+    tokens, a restriction whose optimum and dual bound say nothing about the layer's. The
+    warm start is offered only where it satisfies the restriction.
+    """
     model = build_dispatch_milp(problem, cost, tightened=True, upper_bound=ub)
+    warm = True
+    if free is not None:
+        e_idx, _ = live_pairs(problem)
+        xcols = model.blocks["x"]
+        whole = (model.col_upper[xcols] >= problem.counts[e_idx]) & ~free[e_idx]
+        lower = model.row_lower.copy()
+        lower[np.arange(model.n_rows)[model.row_blocks["link"]][whole]] = 0.0  # x - n z = 0
+        model = dataclasses.replace(model, row_lower=lower)
+        split = (x > 0).sum(axis=1) > 1
+        warm = not (split & ~free).any()
     return model, solve_milp(
         model,
         time_limit=max(time_limit, 1e-3),
         mip_rel_gap=REPAIR_MIP_GAP,
         threads=1,
-        warm_start=model.encode(x),
+        warm_start=model.encode(x) if warm else None,
     )
 
 
@@ -116,14 +182,14 @@ def repair_layer(
     lower_bound: float,
 ) -> Repair:
     """Repair one layer's whole-token dispatch within ``budget_s`` seconds (module notes):
-    the returned shares are the input's unless the MILP found a strictly better whole-token
-    dispatch; the bound is the input's, raised to the MILP's dual bound.
+    the returned shares are the input's unless a MILP found a strictly better whole-token
+    dispatch; the bound is the input's, raised to the whole layer's MILP dual bound.
 
     Examples
     --------
     Three experts on two GPUs, floor-bound (``b = 10``): one GPU holding all three costs
-    30; the repair finds 20 (two experts on one GPU, one on the other), which the MILP
-    proves optimal.
+    30; the repair finds 20 (two experts on one GPU, one on the other), and the MILP's dual
+    bound proves it optimal.
 
     >>> p = DispatchProblem(counts=[4, 4, 4], replicas=np.ones((3, 2), bool))
     >>> r = repair_layer(p, CostModel(a=0, b=10, c=0, beta=0.01), [[4, 0]] * 3,
@@ -135,23 +201,48 @@ def repair_layer(
     x = np.asarray(shares, dtype=np.int64).copy()
     best = float(_times(problem, cost, x).max())
     lb = float(lower_bound)
-    status = "unchanged"
-    if best > lb:
-        model, sol = _milp(problem, cost, x, best, float(budget_s))
-        if math.isfinite(sol.dual_bound):
-            # (less a relative 1e-9: HiGHS's bound carries its feasibility tolerances)
-            lb = max(lb, min(float(sol.dual_bound) * (1 - DUAL_RTOL), best))
+    improved = False
+    milp_status = "NOT_RUN"
+
+    def proved():
+        return best <= lb * (1 + OPTIMALITY_RTOL) + 1e-12  # solve_dispatch's OPTIMAL rule
+
+    def take(model, sol):
+        nonlocal x, best, improved
         if sol.x is not None:
             y = whole_tokens(problem, cost, model.decode(sol.x))
             m = float(_times(problem, cost, y).max())
             if m < best:
-                x, best, status = y, m, "improved"
-        if sol.status is Status.OPTIMAL:
-            status = "optimal"
+                x, best, improved = y, m, True
+
+    # Restricted MILPs first (module notes): every expert whole, then tempo's splits only.
+    split = (x > 0).sum(axis=1) > 1
+    for share, free in zip(RESTRICTED_SHARES, (np.zeros_like(split), split)):
+        left = float(budget_s) - (time.perf_counter() - t0)
+        if proved() or left <= 0:
+            break
+        take(*_milp(problem, cost, x, best, min(left, share * float(budget_s)), free))
+    left = float(budget_s) - (time.perf_counter() - t0)
+    milp_proved = False
+    if not proved() and left > 0:
+        model, sol = _milp(problem, cost, x, best, left)
+        milp_status = sol.status.name
+        if math.isfinite(sol.dual_bound):
+            # (less a relative 1e-9: HiGHS's bound carries its feasibility tolerances)
+            lb = max(lb, min(float(sol.dual_bound) * (1 - DUAL_RTOL), best))
+        take(model, sol)
+        # HiGHS proved its optimum (within REPAIR_MIP_GAP) and whole tokens reach it
+        milp_proved = sol.status.name == "OPTIMAL" and best <= sol.objective * (1 + 1e-9) + 1e-9
+    lb = min(lb, best)
+    if proved() or milp_proved:
+        status = "optimal"
+    else:
+        status = "improved" if improved else "unchanged"
     return Repair(
         shares=x,
         makespan=best,
-        lower_bound=min(lb, best),
+        lower_bound=lb,
         status=status,
         runtime_s=time.perf_counter() - t0,
+        milp_status=milp_status,
     )

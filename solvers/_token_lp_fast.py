@@ -41,7 +41,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core.imputils import impl_ret_borrowed
+from numba.extending import intrinsic, overload
 
 from ._jit import NJIT
 
@@ -55,6 +57,34 @@ __all__ = [
     "support_swap_kernel",
     "support_swap_reference",
 ]
+
+
+def _frozen(a):
+    """A read-only view of ``a`` (in jitted code: ``a`` itself, typed read-only).
+
+    The support kernels below call :func:`token_lp_kernel` with a support they build, while
+    Python calls it with a problem's read-only arrays: typed alike, both calls share one
+    compiled version (numba compiles one per argument type, and read-only is part of an
+    array's type; its data model is the same, so nothing is copied)."""
+    v = a.view()
+    v.setflags(write=False)
+    return v
+
+
+@intrinsic
+def _as_readonly(typingctx, a):
+    if not isinstance(a, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return impl_ret_borrowed(context, builder, signature.return_type, args[0])
+
+    return a.copy(readonly=True)(a), codegen
+
+
+@overload(_frozen)
+def _frozen_jit(a):
+    return lambda a: _as_readonly(a)
 
 
 @njit(**NJIT)
@@ -217,7 +247,7 @@ def token_lp_kernel(counts, replicas):
     # Step 1: whole experts, descending tokens, least-loaded replica.
     # descending tokens, ties lower index (radix sort; the reference sorts (-n_e, e))
     order = _expert_order(counts)
-    total = 0
+    total = np.int64(0)  # int64 from the start: a literal 0 makes numba compile _push for it
     for i in range(E):
         e = order[i]
         n = counts[e]
@@ -396,7 +426,7 @@ def support_rebalance_kernel(counts, shares, cost):
     makespan : float
         Of the returned dispatch.
     """
-    y, _, _ = token_lp_kernel(counts, shares > 0)
+    y, _, _ = token_lp_kernel(counts, _frozen(shares > 0))
     m0 = _makespan(shares, cost)
     m1 = _makespan(y, cost)
     if m1 < m0:
@@ -477,7 +507,7 @@ def support_contract_kernel(counts, shares, cost):
                 if not sup[e, h]:
                     continue
                 sup[e, h] = False
-                y, _, _ = token_lp_kernel(counts, sup)
+                y, _, _ = token_lp_kernel(counts, _frozen(sup))
                 sup[e, h] = True
                 my = _makespan(y, cost)
                 if my < best_m:
@@ -594,7 +624,7 @@ def support_swap_kernel(counts, replicas, shares, cost, max_rounds):
                         if e == f or sup[e, h] or not replicas[e, h] or counts[e] == 0:
                             continue
                         sup[e, h] = True
-                        y, _, _ = token_lp_kernel(counts, sup)
+                        y, _, _ = token_lp_kernel(counts, _frozen(sup))
                         sup[e, h] = False
                         my = _makespan(y, cost)
                         if my < best_m:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+from numba import typeof
 
 from ..formulations.errors import param_error
 from ..formulations.results import RoutingResult, Status
@@ -26,13 +27,19 @@ from ..formulations.validation import (
     rng_seed,
 )
 from ._balanceroute import project_loads_kernel
-from ._jit import literal_entry
-from ._routing_core import BAD_INPUT, MAX_TOKENS, RouterCarry, route_batch_kernel
+from ._routing_core import (
+    BAD_INPUT,
+    MAX_ROUTED_TOKENS,
+    PoolState,
+    ReplicaState,
+    RouterCarry,
+    policy_address,
+    route_batch_kernel,
+)
 from .routing_registry import (
     DEFAULT_POLICY,
     default_s_greedy,
     get_routing_policy,
-    kernel_modules,
     resolve_options,
 )
 
@@ -100,17 +107,18 @@ def _defaults(G: int, n: int):
 
 
 class _Plan:
-    """What ``route_batch`` keeps per policy: its compiled entry (:func:`_entry`) and the
+    """What ``route_batch`` keeps per policy: its compiled entry and kernel (:func:`_entry`), the
     resolved options of recent calls, ``(RouterOptions, RouterCarry, resolved)`` (immutable
     records, so one serves every call with the same options), keyed by ``(G, H)`` for the
     defaults and by ``(G, H, options)`` with the options' exact types and values (``1``,
     ``1.0`` and ``True`` differ)."""
 
-    __slots__ = ("policy", "entry", "options")
+    __slots__ = ("policy", "entry", "kernel", "options")
 
     def __init__(self, policy):
         self.policy = policy
         self.entry = None
+        self.kernel = None
         self.options = {}
 
 
@@ -248,17 +256,17 @@ def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, op
 
 
 _EXPECTED = {
-    "prefill_lengths": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
-    "loads": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "prefill_lengths": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
+    "loads": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
     "free_slots": "an array of non-negative integers summing to at most 2**63 - 1",
     "n_running": "an array of non-negative integers",
     "n_waiting": "an array of non-negative integers",
-    "prompt_tokens": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
-    "waiting_tokens": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "prompt_tokens": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
+    "waiting_tokens": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
     "kv_usage": "an array of finite numbers >= 0",
     "kv_capacity": "an array of numbers > 0 (inf: unbounded)",
     "pool_wait": "an array of non-negative integers",
-    "pool_cached": f"an array of numbers in [0, {MAX_TOKENS:.0f}] (token counts)",
+    "pool_cached": f"an array of numbers in [0, {MAX_ROUTED_TOKENS:.0f}] (token counts)",
     "pool_key": "an array of non-negative integers",
 }
 _ARG_OF = {
@@ -278,17 +286,22 @@ _ARG_OF = {
 
 
 def _entry(plan, args):
-    """``route_batch_kernel`` compiled for ``plan``'s policy alone (or loaded from the disk
-    cache): the first call with a policy compiles that policy's kernel, not every policy's. The
-    arguments are normalized by :func:`_route_batch_iv` (aligned C-contiguous writeable
-    float64/int64 arrays, the registry's records), so one compiled version per policy serves
-    every call."""
-    f = plan.entry
-    if f is None:
-        f = plan.entry = literal_entry(
-            route_batch_kernel, plan.policy.name, args, depends=kernel_modules()
-        )
-    return f
+    """``route_batch_kernel`` compiled for the types of ``args`` (or loaded from the disk cache),
+    and the address of ``plan``'s policy kernel compiled for the types that kernel passes it
+    (:func:`~straggler.solvers._routing_core.policy_address`). The arguments are normalized by
+    :func:`_route_batch_iv` (aligned C-contiguous writeable float64/int64 arrays, the
+    registry's records), so ``route_batch_kernel`` compiles once for every policy and a
+    policy's first call compiles that policy's kernel alone, the version ``simulate`` calls."""
+    if plan.entry is None:
+        pool, reps = PoolState(*args[:4]), ReplicaState(*args[4:12])
+        kinds = (typeof(pool), typeof(reps), typeof(args[12]), typeof(args[13]), typeof(args[14]))
+        plan.kernel = policy_address(plan.policy.kernel, plan.policy.name, kinds, _FUNC)
+        if hasattr(route_batch_kernel, "compile"):
+            sig = (typeof(plan.kernel), *(typeof(a) for a in args))
+            plan.entry = route_batch_kernel.compile(sig)
+        else:  # NUMBA_DISABLE_JIT=1
+            plan.entry = route_batch_kernel
+    return plan.entry
 
 
 def _raise_bad(code: int, index: int, arrays) -> None:
@@ -528,7 +541,7 @@ def route_batch(
     )
     pol = plan.policy
     f = plan.entry or _entry(plan, args)
-    code, index, c0, c1, c2, c3, c4, before, after, placed, s_tot, ns = f(pol.name, *args)
+    code, index, c0, c1, c2, c3, c4, before, after, placed, s_tot, ns = f(plan.kernel, *args)
     if code:
         _raise_bad(code, index, args)
     out, loads_after = args[15:]

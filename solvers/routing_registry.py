@@ -27,7 +27,6 @@ the table.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +57,6 @@ __all__ = [
     "DEFAULT_POLICY",
     "routing_policy",
     "register_routing_policy",
-    "kernel_modules",
     "routing_policies",
     "get_routing_policy",
     "resolve_options",
@@ -391,18 +389,6 @@ def _table() -> dict[str, RoutingPolicy]:
 
         _TABLE.update(ROUTING_POLICIES)
     return _TABLE
-
-
-def kernel_modules() -> tuple:
-    """The modules whose source a compiled call of any policy's kernel includes (every
-    policy's kernel module and the common ground), for the disk cache of the jitted callers
-    (:func:`~straggler.solvers._jit.cache_depends_on`)."""
-    from . import _jit, _order, _routing_core
-
-    names = {_routing_core.__name__, _jit.__name__, _order.__name__}
-    for pol in [*_table().values(), *_USER.values()]:
-        names.add(getattr(pol.kernel, "py_func", pol.kernel).__module__)
-    return tuple(sys.modules[n] for n in sorted(names))
 
 
 def register_routing_policy(policy: RoutingPolicy) -> RoutingPolicy:

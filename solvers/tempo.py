@@ -1,6 +1,6 @@
 """``tempo``: the tempo_fast dispatcher of TEMPO §4.2, and the exact fast token LP.
 
-``solve_dispatch(problem, cost, method="tempo")`` runs four stages on each layer (a
+``solve_dispatch(problem, cost, method="tempo")`` runs four stages and restarts on each layer (a
 Numba kernel, :mod:`straggler.solvers._tempo`, with a plain-Python reference beside it),
 then two exact steps. Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the
 cost model.
@@ -88,6 +88,25 @@ cost model.
    additive bound exactly. (``tau`` only acts on raw candidates: a polished candidate is
    the local search's own output, like ``A_H``.)
 
+   4b. **Ruin-and-recreate restarts** (*extension*; ``restarts=False`` switches it off).
+   Run only when the stage-4 makespan ``M`` is more than ``RESTART_GAP`` (0.2%, relative)
+   above the stop bound of stage 3. A round tries every GPU ``h`` (increasing): the
+   experts active on ``h`` leave the dispatch (all their shares) and go back whole by
+   stage 1's rule on the rest of it; the result is polished by the stage-3 search
+   uncapped, and, for each of the two largest floor levels ``F = a + b*G + b2*j < M``,
+   first under the floor cap ``F`` (a GPU whose floor ``a + b*G + b2*(T - G)`` exceeds
+   ``F`` costs infinity) and then uncapped. The round's strictly lowest makespan (first
+   found on ties) is applied; at most ``RESTART_ROUNDS`` (2) rounds, and no polish starts
+   once the stage's searches have applied ``RESTART_MOVES`` (5,000) moves (a work bound,
+   deterministic, unlike a clock: it keeps a 64-GPU layer near a second). Every start of
+   stages 1-4 can end on the same plateau: GPUs at ``G + 1`` activations with one tile
+   over, where any single move, swap, chain or exchange raises some GPU to the makespan
+   (on the ``decode16`` layer of ``benchmarks/tempo_quality.py`` that shows it, the
+   fewest activation changes to any better dispatch is 18, on 9 GPUs). The floor cap
+   forbids that floor, so the search must trade the tile or the activation away first,
+   which is the step single moves cannot price. ``extras["restarts"]`` counts the rounds
+   applied.
+
 5. **Support rebalance** (*extension*; ``rebalance=False`` switches it off). The token LP
    restricted to the support of the stage-4 output (only its active replicas, by
    :func:`~straggler.solvers._token_lp_fast.support_rebalance_kernel`, with a
@@ -124,15 +143,28 @@ cost model.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
-   first) go to the layer's MILP warm-started with tempo's shares
-   (:mod:`straggler.solvers._tempo_repair`); its solution, in whole tokens again, is taken
-   only when strictly better, and its dual bound raises the reported lower bound. Extras:
-   ``repaired`` (the repair ran), ``repair_status`` (``"optimal"``, ``"improved"``,
-   ``"unchanged"``, or ``"off"``/``"not needed"``/``"budget spent"``),
-   ``makespan_before_repair``,
-   ``repair_gain`` (makespan drop), ``repair_bound_gain`` (bound rise),
-   ``repair_runtime_s``. HiGHS stops on wall-clock time, so a repaired layer may differ
-   between runs on a loaded machine; with the repair off, tempo is deterministic.
+   first) go to MILPs of the layer warm-started with tempo's shares: every expert whole,
+   then only tempo's split experts split, then the whole layer
+   (:mod:`straggler.solvers._tempo_repair`, which gives what was measured before choosing
+   them); a solution, in whole tokens again, is taken only when strictly better, and the
+   whole layer's dual bound raises the reported lower bound. Extras: ``repaired`` (the repair ran),
+   ``repair_status`` (``"optimal"``: the repaired makespan meets the raised bound, the
+   layer is proved optimal; ``"improved"``; ``"unchanged"``; or
+   ``"off"``/``"not needed"``/``"budget spent"``), ``repair_milp_status`` (the MILP's
+   status name: ``"OPTIMAL"`` when it proved its optimum over fractional shares, which
+   whole tokens may stay above), ``makespan_before_repair``, ``repair_gain`` (makespan
+   drop), ``repair_bound_gain`` (bound rise), ``repair_runtime_s``. HiGHS stops on
+   wall-clock time, so a layer whose MILP runs into the budget may differ between runs on a
+   loaded machine; with the repair off, tempo is deterministic.
+
+   What a caller pays: nothing on a layer within ``repair_gap`` of its bound (84-100% of
+   the layers of each family of ``benchmarks/tempo_quality.py``); otherwise the MILPs'
+   time, at most the budget per call, all of it when nothing proves the layer optimal
+   (a layer already optimal under a loose bound pays the whole budget). The default
+   budget, 2 s, is where the sequence leaves one layer of the tuning families above 1.001
+   of the optimum that whole tokens could bring within it (decode16 194: 1.018 -> 1.006),
+   against four at 1 s, and three for the whole layer's MILP alone at 1 s and at 2 s alike
+   (``benchmarks/tempo_outliers.py --budget-curve``).
 
 Speed (results unchanged by any of it): the kernels build the replica lists without
 branches, order experts by a stable radix sort, keep per-GPU sorted lists of the experts
@@ -186,6 +218,10 @@ _FUNC = "solve_dispatch(method='tempo')"
 SWAP_ROUNDS = 4
 #: Stages 5b and 5c run only on a layer more than this (relative) above its bound.
 SUPPORT_GAP = 1e-3
+#: Stage 4b runs only on a layer more than this (relative) above its stop bound.
+RESTART_GAP = 2e-3
+#: Stage 4b starts no polish after this many local-search moves in all.
+RESTART_MOVES = 5_000
 
 
 class TokenLP(NamedTuple):
@@ -330,14 +366,17 @@ class Tempo:
     contract, swap : bool, default True
         The support contraction and the activation swaps after it (extensions, see the
         module notes).
+    restarts : bool, default True
+        The ruin-and-recreate restarts after stage 4 (an extension, see the module notes).
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
         Iteration cap of each local search.
-    repair_budget_s : float >= 0, default 0.2
-        Seconds of bounded exact repair per call (0: off): one layer gets all of it; a
-        stack shares it, layers with the largest relative gap first (a layer left without
-        budget reports ``repair_status = "budget spent"``).
+    repair_budget_s : float >= 0, default 2.0
+        Wall-clock seconds of bounded exact repair per call (0: off): one layer gets all
+        of it; a stack shares it, layers with the largest relative gap first (a layer left
+        without budget reports ``repair_status = "budget spent"``). Only layers more than
+        ``repair_gap`` above their certified bound spend any of it.
     repair_gap : float >= 0, default 0.001
         Relative gap ``(makespan - lower_bound) / makespan`` above which a layer is
         repaired.
@@ -370,9 +409,10 @@ class Tempo:
     rebalance: bool = True
     contract: bool = True
     swap: bool = True
+    restarts: bool = True
     tau: float = 0.01
     max_iter: int = 300
-    repair_budget_s: float = 0.2
+    repair_budget_s: float = 2.0
     repair_gap: float = 0.001
 
     def __post_init__(self) -> None:
@@ -390,6 +430,9 @@ class Tempo:
             bool(self.tile_chains),
             float(self.tau),
             int(self.max_iter),
+            bool(self.restarts),
+            RESTART_GAP,
+            RESTART_MOVES,
         )
 
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
@@ -423,13 +466,14 @@ class Tempo:
         extras["swapped"] = lay.swapped
         extras["makespan_stage4"] = extras["makespan"]
         extras["choice"] = CHOICES[int(extras["choice"])]
-        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves"):
+        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts"):
             extras[k] = int(extras[k])
         cert = Certificate(lay.bound, lay.sm, lay.num / lay.den)
         shares, m, bound = lay.shares, lay.makespan, lay.bound
         extras["makespan_before_repair"] = m
         extras["repaired"] = False
         extras["repair_status"] = "off" if self.repair_budget_s == 0 else "not needed"
+        extras["repair_milp_status"] = "NOT_RUN"
         extras["repair_gain"] = 0.0
         extras["repair_bound_gain"] = 0.0
         extras["repair_runtime_s"] = 0.0
@@ -440,6 +484,7 @@ class Tempo:
             r = repair_layer(problem, cost, shares, budget_s=budget, lower_bound=bound)
             extras["repaired"] = True
             extras["repair_status"] = r.status
+            extras["repair_milp_status"] = r.milp_status
             extras["repair_gain"] = m - r.makespan
             extras["repair_bound_gain"] = r.lower_bound - bound
             extras["repair_runtime_s"] = r.runtime_s
@@ -511,7 +556,7 @@ def _rel_gap(lay: _Layer) -> float:
 def _tempo_iv(t: Tempo) -> None:
     """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
     for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
-                 "tile_chains", "rebalance", "contract", "swap"):  # fmt: skip
+                 "tile_chains", "rebalance", "contract", "swap", "restarts"):  # fmt: skip
         check_bool(getattr(t, name), name, _FUNC)
     check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
     check_int(t.max_iter, "max_iter", _FUNC, lo=0)

@@ -94,3 +94,24 @@ def test_layers_import_only_downward():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         loaded = set(eval(out.stdout.strip()))
         assert not loaded & set(order[k + 1 :]), (pkg, loaded)
+
+
+#: Names several modules export on purpose as different objects: each command's entry point.
+_SHARED_BY_DESIGN = {"main"}
+
+
+def test_an_exported_name_means_one_thing():
+    """A name in two modules' ``__all__`` is the same object in both (a re-export), so an
+    import never brings a different thing under a name a reader already knows."""
+    seen: dict[str, tuple[str, object]] = {}
+    clashes = []
+    for mod in _modules():
+        m = importlib.import_module(mod)
+        for name in m.__all__:
+            if name in _SHARED_BY_DESIGN:
+                continue
+            obj = getattr(m, name)
+            if name in seen and seen[name][1] is not obj:
+                clashes.append(f"{name}: {seen[name][0]} and {mod}")
+            seen.setdefault(name, (mod, obj))
+    assert not clashes, clashes

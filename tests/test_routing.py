@@ -1,7 +1,9 @@
 """route_batch, its kernels and references, the baselines, and bad input."""
 
 import itertools
+import types
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -443,6 +445,59 @@ def test_a_new_policy_is_one_definition_and_one_line(monkeypatch):
     assert jit.policy == "last_free" and jit.n_finished == 3
     # prefill order 1, 2, 0 (shorter prompts first): both slots of replica 1, then replica 0
     assert jit.requests["replica"].tolist() == ref.requests["replica"].tolist() == [0, 1, 1]
+
+
+def test_route_batch_compiles_its_entry_once_for_every_policy():
+    """route_batch's jitted entry calls a policy's kernel by the address of its code: one
+    compiled entry serves every policy (one specialised per policy would add one version
+    each), and the kernel it calls is the very version simulate's engine calls."""
+    from straggler.sim._engine import tick_signature
+
+    if not hasattr(K.route_batch_kernel, "overloads"):
+        pytest.skip("NUMBA_DISABLE_JIT")
+    for policy in POLICIES:
+        route_batch([5.0, 1.0, 3.0], [4.0, 0.0, 2.0], [1, 0, 2], policy=policy, rng=0)
+    (sig,) = K.route_batch_kernel.overloads
+    assert sig[0] == numba.types.int64
+    pool = numba.types.NamedTuple(sig[1:5], K.PoolState)
+    reps = numba.types.NamedTuple(sig[5:13], K.ReplicaState)
+    inp = types.SimpleNamespace(options=_opts(), carry=ZERO)
+    assert tuple(tick_signature(inp)) == (pool, reps, sig[13], sig[14], sig[15])
+    for policy in POLICIES:
+        assert tuple(tick_signature(inp)) in get_routing_policy(policy).kernel.overloads
+
+
+def _raising_kernel(pool, reps, opts, carry, seed):
+    if pool.prefill.shape[0] > 2:
+        raise ValueError("too many requests for this test kernel")
+    return np.full(pool.prefill.shape[0], -1, np.int64), carry
+
+
+def test_a_kernel_route_batch_cannot_call_is_refused_by_name(monkeypatch):
+    """A policy kernel that is not jitted, or returns another type than every kernel does, is
+    refused naming the policy (route_batch calls the kernel's code by its address, which
+    relies on both); an exception the kernel raises reaches the caller."""
+    if not hasattr(K.route_batch_kernel, "overloads"):
+        pytest.skip("NUMBA_DISABLE_JIT")
+    monkeypatch.setattr(routing_registry, "_USER", {})  # this test's registrations only
+    jsq = get_routing_policy("jsq")
+    for name, kernel in (
+        ("py_kernel", jsq.kernel.py_func),
+        ("bad_return", njit(lambda pool, reps, opts, carry, seed: (0, carry))),
+        ("raising", njit(_raising_kernel)),
+    ):
+        pol = routing_policy(
+            name, kernel=kernel, reference=jsq.reference, options=(), summary="t", source="t"
+        )
+        register_routing_policy(pol)
+    with pytest.raises(InvalidInputError, match="route_batch.*py_kernel.*numba.njit function"):
+        route_batch([5.0], [4.0, 0.0], [1, 1], policy="py_kernel")
+    with pytest.raises(InvalidInputError, match="route_batch.*bad_return.*must return"):
+        route_batch([5.0], [4.0, 0.0], [1, 1], policy="bad_return")
+    d = route_batch([5.0, 1.0], [4.0, 0.0], [1, 1], policy="raising")
+    assert d.assignment.tolist() == [-1, -1]
+    with pytest.raises(ValueError, match="too many requests for this test kernel"):
+        route_batch([5.0, 1.0, 3.0], [4.0, 0.0], [1, 1], policy="raising")
 
 
 def test_stage2_not_optimal_beyond_candidates():

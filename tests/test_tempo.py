@@ -11,6 +11,7 @@ from straggler.formulations.dispatch import check_shares, evaluate
 from straggler.formulations.errors import InvalidInputError
 from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.strategies import dispatch_instances
+from straggler.sim.workload import make_decode_problem
 from straggler.solvers import certified_lower_bound, solve_dispatch, solve_token_lp
 from straggler.solvers._semi_matching import semi_matching_kernel
 from straggler.solvers._tempo import (
@@ -21,7 +22,7 @@ from straggler.solvers._tempo import (
     tempo_kernel,
     tempo_reference,
 )
-from straggler.solvers._tempo_repair import repair_layer, whole_tokens
+from straggler.solvers._tempo_repair import _milp, repair_layer, whole_tokens
 from straggler.solvers._token_lp_fast import (
     support_contract_kernel,
     support_contract_reference,
@@ -33,6 +34,8 @@ from straggler.solvers._token_lp_fast import (
     token_lp_reference,
 )
 from straggler.solvers.tempo import (
+    RESTART_GAP,
+    RESTART_MOVES,
     SUPPORT_GAP,
     SWAP_ROUNDS,
     Tempo,
@@ -44,8 +47,18 @@ PRESETS = ["dsv3_a_offline", "qwen3_235b_b_tile", "dsv2_lite_a_serving", "dsv3_a
 FIG1B = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
 FIG1B_COST = CostModel(a=0, b=15, c=0, beta=0.1)
 ALL_ON = KernelOptions(True, True, True, True, True, True, True, 0.01, 300)
+RESTARTS = {"restarts": True, "restart_gap": RESTART_GAP, "restart_moves": RESTART_MOVES}
 F = {name: i for i, name in enumerate(INFO_FIELDS)}
 NO_REPAIR = {"repair_budget_s": 0.0}
+
+
+def _readonly(a):
+    """A read-only copy of ``a``: ``solve_dispatch`` hands the kernels a problem's read-only
+    arrays, and read-only is part of an array's type to numba, so kernels called on these
+    run the versions the JIT warm-up compiled (a writeable array compiles each again)."""
+    a = np.array(a)
+    a.setflags(write=False)
+    return a
 
 
 def _random_instance(rng, max_e=9, max_g=4, max_n=300):
@@ -58,7 +71,7 @@ def _random_instance(rng, max_e=9, max_g=4, max_n=300):
         if not R[e].any():
             R[e, rng.integers(g)] = True
     counts = (rng.integers(0, max_n, E) * (rng.random(E) < 0.85)).astype(np.int64)
-    return counts, R
+    return _readonly(counts), _readonly(R)
 
 
 def _cost(i):
@@ -67,8 +80,8 @@ def _cost(i):
 
 
 def _kernel_args(counts, R, cost, opts=ALL_ON, bound=-math.inf):
-    counts = np.asarray(counts, np.int64)
-    R = np.asarray(R, bool)
+    counts = _readonly(np.asarray(counts, np.int64))
+    R = _readonly(np.asarray(R, bool))
     lp, _, _ = token_lp_kernel(counts, R)
     sm, _, _ = semi_matching_kernel(R, counts > 0)
     return (counts, R, kernel_cost(cost.as_array()), lp, sm, bound, opts)
@@ -114,13 +127,16 @@ def test_token_lp_fast_public():
 
 
 def test_kernel_equals_py_func_equals_reference():
-    """Random stage switches and bounds; the new neighbourhoods fire on some instances."""
+    """Random stage switches and bounds (the restarts on every other instance); the new
+    neighbourhoods fire on some instances, the restarts are pinned below."""
     rng = np.random.default_rng(1)
     fired = np.zeros(2, np.int64)
     for i in range(150):
         counts, R = _random_instance(rng)
         flags = [bool(v) for v in rng.random(7) < 0.8]
-        opts = KernelOptions(*flags, float(rng.choice([0.0, 0.01, 0.1])), 300)
+        tau = float(rng.choice([0.0, 0.01, 0.1]))
+        restarts = i % 2 == 0  # every other instance
+        opts = KernelOptions(*flags, tau, 300, restarts, RESTART_GAP, RESTART_MOVES)
         cost = _cost(i)
         bound = -math.inf
         if rng.random() < 0.5 and counts.any():
@@ -190,12 +206,18 @@ STAGE_CASES = {
         {},
         94.23,
     ),  # fmt: skip
+    # stage 4b: put back the experts of one GPU, polish under a floor cap
+    "restarts": ([243, 0, 15, 361, 320], [[1, 1, 1]] * 5, "dsv3_b_tile", 128, {}, 58.4),
 }
 
 
 def _case(stage):
+    """The pinned instance of a stage; the stages before 4b with 4b off (its restarts
+    recover most of these small cases, which would hide what the stage itself does)."""
     counts, R, preset, tile, kw, expected = STAGE_CASES[stage]
     p = DispatchProblem(counts=counts, replicas=np.array(R, bool))
+    if stage != "restarts":
+        kw = {"restarts": False, **kw}
     return p, CostModel.preset(preset).replace(tile=tile), kw, expected
 
 
@@ -209,14 +231,51 @@ def test_each_stage_matters(stage):
     assert full >= _opt(p, cost) - 1e-6
 
 
-@pytest.mark.parametrize("stage", ["flows", "exchanges", "tile_chains", "chains"])
+@pytest.mark.parametrize("stage", ["flows", "exchanges", "tile_chains", "chains", "restarts"])
 def test_kernel_equals_reference_where_the_stage_matters(stage):
     """The pinned instances of the new neighbourhoods, through all three implementations,
     with each neighbourhood on and off."""
     p, cost, kw, _ = _case(stage)
     for on in (True, False):
-        opts = ALL_ON._replace(**{stage: on})
+        base = ALL_ON._replace(**RESTARTS) if stage == "restarts" else ALL_ON
+        opts = base._replace(**{stage: on})
         _assert_same(_kernel_args(p.counts, p.replicas, cost, opts))
+
+
+def test_restarts_reach_the_decode_outlier():
+    """A Qwen2-57B-shaped decode layer (g = 16, replication 1.5) where every start of
+    stages 1-4 ends at 81.35 us (GPUs at five activations with a tile over); stage 4b
+    reaches 79.9 us, the MILP optimum. The restart is pinned in all three implementations
+    on a small layer (``test_kernel_equals_reference_where_the_stage_matters``)."""
+    p = make_decode_problem(
+        "qwen2_57b", n_gpus=16, tokens_per_gpu=64, skew=0.3, replication=1.5, n_layers=1,
+        seed=3194,
+    ).layer(0)  # fmt: skip
+    cost = CostModel.preset("dsv3_b_tile")
+    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    off = solve_dispatch(p, cost, method="tempo", restarts=False, **NO_REPAIR)
+    assert off.makespan == pytest.approx(81.35)
+    assert on.makespan == pytest.approx(79.9)
+    assert on.extras["restarts"] == 1
+    check_shares(p, on.shares)
+    # kernel == py_func on it (the plain-Python reference is too slow at this size)
+    args = _kernel_args(p.counts, p.replicas, cost, ALL_ON._replace(**RESTARTS))
+    x1, i1 = tempo_kernel(*args)
+    x2, i2 = tempo_kernel.py_func(*args)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(i1, i2)
+
+
+def test_restarts_only_above_the_gap():
+    """Stage 4b runs only on a layer more than ``restart_gap`` above its stop bound: on the
+    pinned instance (58.4 us with it, 59.04 without; bound 56.3) a gap of 20% keeps
+    it off."""
+    p, cost, _, expected = _case("restarts")
+    on = ALL_ON._replace(**RESTARTS)
+    _, info = _assert_same(_kernel_args(p.counts, p.replicas, cost, on))
+    assert info[F["makespan"]] == pytest.approx(expected) and info[F["restarts"]] >= 1
+    _, info = _assert_same(_kernel_args(p.counts, p.replicas, cost, on._replace(restart_gap=0.2)))
+    assert info[F["makespan"]] > expected * (1 + 1e-6) and info[F["restarts"]] == 0
 
 
 def test_polish_taken_within_tau():
@@ -316,8 +375,9 @@ def test_support_contraction_matters():
     re-routing its tokens by the token LP on the support takes tempo from 0.73% to 0.10%
     above the optimum; kernel and reference agree on it."""
     p, cost = _decode67()
-    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
-    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, contract=False)
+    # with stage 4b off: its restarts reach 454.308 on this layer before stage 5b
+    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False)
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False, contract=False)
     assert off.makespan == pytest.approx(457.54)
     assert on.makespan == pytest.approx(454.666)
     assert on.extras["contracted"] == 1 and off.extras["contracted"] == 0
@@ -368,8 +428,9 @@ def test_activation_swap_matters():
     of its shares away and activating a replica it holds, the token LP re-routing tokens
     into it, reaches the optimum (74.844) from 0.88% above; kernel and reference agree."""
     p, cost = _heldout99()
-    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
-    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, swap=False)
+    # with stage 4b off: its restarts reach the optimum on this layer before stage 5c
+    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False)
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False, swap=False)
     assert off.makespan == pytest.approx(75.5055)
     assert on.makespan == pytest.approx(74.844)
     assert on.extras["swapped"] >= 1 and off.extras["swapped"] == 0
@@ -571,6 +632,100 @@ def test_repair_layer_and_whole_tokens():
     x = whole_tokens(q, cost, [[2.4, 2.3, 2.3], [0.5, 4.5, 0.0]])
     assert x.sum(axis=1).tolist() == [7, 5]
     assert (np.abs(x - np.array([[2.4, 2.3, 2.3], [0.5, 4.5, 0.0]])) < 1).all()
+
+
+def test_repair_status_says_optimal_only_when_the_bound_proves_it():
+    """The MILP proves its fractional optimum (28.75: 37.5 tokens on a GPU under the
+    traffic term) while whole tokens stay at 28.8 (38 tokens), which nothing proves
+    optimal: the repair says "unchanged", keeps the shares, and the MILP's own status is
+    kept apart; the layer is not OPTIMAL."""
+    p = DispatchProblem(
+        counts=[38, 28, 20, 10, 7, 7, 11, 6, 1],
+        replicas=[[0, 1, 0, 1], [0, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0],
+                  [0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]],
+    )  # fmt: skip
+    cost = CostModel.preset("dsv2_lite_a_serving")
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    assert off.makespan == pytest.approx(28.8) and off.lower_bound < off.makespan / 1.001
+    r = repair_layer(p, cost, off.shares, budget_s=5.0, lower_bound=off.lower_bound)
+    assert r.milp_status == "OPTIMAL" and r.status == "unchanged"
+    assert r.lower_bound == pytest.approx(28.75) and r.makespan == off.makespan
+    np.testing.assert_array_equal(r.shares, off.shares)
+    on = solve_dispatch(p, cost, method="tempo", repair_budget_s=5.0)
+    assert on.extras["repair_status"] == "unchanged"
+    assert on.extras["repair_milp_status"] == "OPTIMAL"
+    assert on.status.name != "OPTIMAL"
+
+
+@pytest.mark.parametrize("budget", [1e-4, 2.0])
+def test_repair_never_worse_and_its_status_agrees_with_the_layer(budget):
+    """From bad starts (each expert whole on a random replica) with a budget too small to
+    solve anything and one that solves everything: whole tokens, never worse, a bound
+    below the optimum, unchanged shares unless strictly better, and "optimal" exactly when
+    solve_dispatch's rule (makespan meets the bound) holds or the whole layer's MILP proved
+    its optimum."""
+    rng = np.random.default_rng(21)
+    for i in range(12):
+        counts, R = _random_instance(rng, max_e=5, max_g=3, max_n=300)
+        if counts.sum() == 0:
+            continue
+        p = DispatchProblem(counts=counts, replicas=R)
+        cost = CostModel.preset(PRESETS[i % 4])
+        x0 = np.zeros(R.shape, np.int64)
+        for e in range(len(counts)):
+            x0[e, rng.choice(np.flatnonzero(R[e]))] = counts[e]
+        m0 = float(np.max(evaluate(p, cost, x0).times))
+        lb = certified_lower_bound(p, cost)
+        r = repair_layer(p, cost, x0, budget_s=budget, lower_bound=lb)
+        check_shares(p, r.shares)
+        assert r.shares.dtype == np.int64
+        assert r.makespan == pytest.approx(float(np.max(evaluate(p, cost, r.shares).times)))
+        assert r.makespan <= m0
+        assert lb <= r.lower_bound <= _opt(p, cost) * (1 + 1e-6) + 1e-9
+        if r.status == "unchanged":
+            np.testing.assert_array_equal(r.shares, x0)
+        else:
+            assert r.status == "optimal" or r.makespan < m0
+        proved = r.makespan <= r.lower_bound * (1 + 1e-9) + 1e-12
+        if proved:
+            assert r.status == "optimal"
+        if r.status == "optimal" and not proved:  # proved by the whole layer's MILP
+            assert r.milp_status == "OPTIMAL"
+            assert r.makespan <= r.lower_bound * (1 + 2e-5)
+
+
+def test_repair_restricted_milps_keep_experts_whole():
+    """The repair's restricted MILPs: with no expert free every share holds its expert
+    whole (TEMPO Fig. 1b: 66, the hot expert and two cold ones on one GPU), with the hot
+    expert free it
+    may split and reaches the optimum 60; the warm start is offered only where it fits."""
+    x = np.zeros((7, 2), np.int64)
+    x[:, 0] = FIG1B.counts  # everything on GPU 0: 645 tokens, makespan 94.5
+    free = np.zeros(7, bool)
+    model, sol = _milp(FIG1B, FIG1B_COST, x, 94.5, 5.0, free)
+    y = whole_tokens(FIG1B, FIG1B_COST, model.decode(sol.x))
+    assert ((y > 0).sum(axis=1) == 1).all()
+    assert sol.objective == pytest.approx(66.0)  # 660 tokens on 3 experts vs 4 experts
+    free[0] = True
+    model, sol = _milp(FIG1B, FIG1B_COST, x, 94.5, 5.0, free)
+    y = whole_tokens(FIG1B, FIG1B_COST, model.decode(sol.x))
+    assert ((y > 0).sum(axis=1)[1:] == 1).all() and sol.objective == pytest.approx(60.0)
+    # a start that splits a non-free expert is no warm start for the restriction
+    x2 = x.copy()
+    x2[1] = [15, 15]
+    model, sol = _milp(FIG1B, FIG1B_COST, x2, 94.5, 5.0, np.zeros(7, bool))
+    assert sol.objective == pytest.approx(66.0)
+
+
+def test_repair_bound_never_from_a_restricted_milp():
+    """From everything on one GPU (Fig. 1b) the restricted MILPs find 66 and prove it
+    within their restriction; the layer's optimum is 60 (a split), which the whole layer's
+    MILP finds and proves: the bound reported is never the restricted 66."""
+    x = np.zeros((7, 2), np.int64)
+    x[:, 0] = FIG1B.counts
+    r = repair_layer(FIG1B, FIG1B_COST, x, budget_s=5.0, lower_bound=0.0)
+    assert r.makespan == pytest.approx(60.0) and r.lower_bound <= 60.0 + 1e-9
+    assert r.status == "optimal" and r.milp_status == "OPTIMAL"
 
 
 def test_solve_stack_equals_per_layer():

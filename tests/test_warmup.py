@@ -1,6 +1,7 @@
 """Cold start: the warm-up reaches every dispatch kernel, and compile time is never run time."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -104,3 +105,20 @@ def test_warmup_validates_and_the_cli_reports(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in out["steps"]] == ["solve_dispatch[round_robin]", "rebalance_experts"]
     assert {"total_s", "jit_s", "compile_s", "kernels", "cache_dir"} <= set(out)
+
+
+def test_warmup_runs_without_the_jit():
+    """With ``NUMBA_DISABLE_JIT=1`` (the plain-Python functions serve) the warm-up runs and
+    reports no missed kernel: nothing compiles, so nothing can be missed."""
+    import subprocess
+    import sys
+
+    code = (
+        "from straggler.sim import warmup\n"
+        "r = warmup(routing=False, simulator=False, methods=['round_robin'])\n"
+        "print(r.missed_kernels)\n"
+    )
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "()"

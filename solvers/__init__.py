@@ -20,7 +20,7 @@ from .routing_registry import (
     routing_policy,
 )
 from .semi_matching import SemiMatching, semi_matching
-from .tempo import Tempo, TokenLP, token_lp_fast
+from .tempo import ExactTokenLP, Tempo, token_lp_fast
 from .topology import TopologySplit, topology_split
 
 __all__ = [
@@ -49,7 +49,7 @@ __all__ = [
     "SemiMatching",
     "semi_matching",
     "Tempo",
-    "TokenLP",
+    "ExactTokenLP",
     "token_lp_fast",
     "place_experts",
     "TopologySplit",

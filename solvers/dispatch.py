@@ -104,7 +104,7 @@ def _reporting_problem(problem: DispatchProblem, masks) -> DispatchProblem:
 
 def _layer_bound(report: DispatchProblem, l: int, cost, sol: LayerSolution, own_mask) -> float:
     """The certified bound of layer ``l`` combined with the method's own: the method's
-    :class:`~straggler.solvers.registry.Certificate` when it computed one on the problem's
+    :class:`~straggler.solvers.registry.BoundCertificate` when it computed one on the problem's
     own mask (``tempo`` does), else :func:`certified_lower_bound` computed here."""
     if own_mask and sol.certificate is not None:
         lb = sol.certificate.bound

@@ -26,7 +26,7 @@ from ..formulations.results import Status
 from ..formulations.validation import check_choice, check_options
 
 __all__ = [
-    "Certificate",
+    "BoundCertificate",
     "LayerSolution",
     "register_dispatch_method",
     "get_dispatch_method",
@@ -37,7 +37,7 @@ __all__ = [
 _DISPATCH: dict[str, type] = {}
 
 
-class Certificate(NamedTuple):
+class BoundCertificate(NamedTuple):
     """A layer's certified lower bound, computed by a method with the library's kernels.
 
     A method that already computes the optimal semi-matching and the exact token LP of a
@@ -71,7 +71,7 @@ class LayerSolution:
     it, so a result can never report a bound above its own makespan.
 
     ``certificate`` is None unless the method computed the library's certified bound of
-    the layer itself (:class:`Certificate`); ``solve_dispatch`` then uses it instead of
+    the layer itself (:class:`BoundCertificate`); ``solve_dispatch`` then uses it instead of
     computing it again (only when the shares lie on the problem's mask).
     """
 
@@ -80,7 +80,7 @@ class LayerSolution:
     lower_bound: float = -np.inf
     extras: dict = field(default_factory=dict)
     replicas: np.ndarray | None = None
-    certificate: Certificate | None = None
+    certificate: BoundCertificate | None = None
 
 
 _TABLE: dict = {}

@@ -182,7 +182,7 @@ cost of about one token per GPU. ``lower_bound`` is the certified bound of
 it), raised by the repair's MILP dual bound when one ran. It is computed once per layer,
 before stage 3 (which stops there), from the semi-matching and token-LP values tempo
 computes anyway, and handed to ``solve_dispatch`` as the layer's
-:class:`~straggler.solvers.registry.Certificate`, so the entry point does not compute it
+:class:`~straggler.solvers.registry.BoundCertificate`, so the entry point does not compute it
 again.
 
 Each kernel is called through its kernel/reference pair
@@ -209,9 +209,9 @@ from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
 from .bounds import layer_bound
-from .registry import Certificate, LayerSolution
+from .registry import BoundCertificate, LayerSolution
 
-__all__ = ["Tempo", "TokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
+__all__ = ["Tempo", "ExactTokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
 _FUNC = "solve_dispatch(method='tempo')"
 #: Most activation swaps (stage 5c) per layer.
@@ -224,7 +224,7 @@ RESTART_GAP = 2e-3
 RESTART_MOVES = 5_000
 
 
-class TokenLP(NamedTuple):
+class ExactTokenLP(NamedTuple):
     """Exact token LP (Lemma 1) of one layer."""
 
     shares: np.ndarray
@@ -249,7 +249,7 @@ def _token_lp_fast_iv(problem) -> DispatchProblem:
     return problem
 
 
-def token_lp_fast(problem: DispatchProblem) -> TokenLP:
+def token_lp_fast(problem: DispatchProblem) -> ExactTokenLP:
     """Solve the token LP ``min max_g N_g`` (Lemma 1) exactly, without an LP solver.
 
     ``lambda* = max_S W(S)/|S|`` over GPU sets ``S``, where ``W(S)`` sums the tokens of the
@@ -264,7 +264,7 @@ def token_lp_fast(problem: DispatchProblem) -> TokenLP:
 
     Returns
     -------
-    TokenLP
+    ExactTokenLP
         ``shares``, ``value``, ``num``, ``den``.
 
     Raises
@@ -289,7 +289,7 @@ def token_lp_fast(problem: DispatchProblem) -> TokenLP:
     x, num, den = kernels.TOKEN_LP(
         np.ascontiguousarray(problem.counts, dtype=np.int64), np.ascontiguousarray(problem.replicas)
     )
-    return TokenLP(shares=x, value=num / den, num=int(num), den=int(den))
+    return ExactTokenLP(shares=x, value=num / den, num=int(num), den=int(den))
 
 
 def tempo_layer_bound(cost: CostModel, lp_value: float, sm_value: int) -> float:
@@ -468,7 +468,7 @@ class Tempo:
         extras["choice"] = CHOICES[int(extras["choice"])]
         for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts"):
             extras[k] = int(extras[k])
-        cert = Certificate(lay.bound, lay.sm, lay.num / lay.den)
+        cert = BoundCertificate(lay.bound, lay.sm, lay.num / lay.den)
         shares, m, bound = lay.shares, lay.makespan, lay.bound
         extras["makespan_before_repair"] = m
         extras["repaired"] = False

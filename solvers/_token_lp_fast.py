@@ -434,6 +434,22 @@ def support_rebalance_kernel(counts, shares, cost):
     return shares.copy(), False, m0
 
 
+def _reference_gpu_time(col, cost) -> float:
+    """Plain-Python modeled time of one GPU holding the whole-token shares ``col``, under
+    ``cost`` (``CostModel.as_array()``): what :func:`_gpu_time` computes."""
+    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
+    tile = int(tile)
+    col = [int(v) for v in col if v > 0]
+    G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
+    return max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
+
+
+def _reference_makespan(z, cost) -> float:
+    """Plain-Python makespan of the whole-token dispatch ``z``: what :func:`_makespan`
+    computes."""
+    return max(_reference_gpu_time(z[:, h], cost) for h in range(z.shape[1]))
+
+
 def support_rebalance_reference(counts, shares, cost):
     """Plain-Python reference of :func:`support_rebalance_kernel`.
 
@@ -447,20 +463,10 @@ def support_rebalance_reference(counts, shares, cost):
     >>> y.tolist(), improved, m
     ([[7, 3], [0, 4]], True, 7.0)
     """
-    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
-    tile = int(tile)
     x = np.asarray(shares, dtype=np.int64)
 
-    def makespan(z):
-        m = -math.inf
-        for h in range(z.shape[1]):
-            col = [int(v) for v in z[:, h] if v > 0]
-            G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
-            m = max(m, a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
-        return m
-
     y, _, _ = token_lp_reference(counts, x > 0)
-    m0, m1 = makespan(x), makespan(y)
+    m0, m1 = _reference_makespan(x, cost), _reference_makespan(y, cost)
     if m1 < m0:
         return y, True, m1
     return x.copy(), False, m0
@@ -534,20 +540,10 @@ def support_contract_reference(counts, shares, cost):
     >>> y.tolist(), m, rounds
     ([[6, 0], [0, 6]], 10.0, 1)
     """
-    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
-    tile = int(tile)
-
-    def makespan(z):
-        m = -math.inf
-        for h in range(z.shape[1]):
-            col = [int(v) for v in z[:, h] if v > 0]
-            G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
-            m = max(m, a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
-        return m
 
     x = np.asarray(shares, dtype=np.int64).copy()
     E, g = x.shape
-    m = makespan(x)
+    m = _reference_makespan(x, cost)
     rounds = 0
     while True:
         best = None
@@ -559,7 +555,7 @@ def support_contract_reference(counts, shares, cost):
                 sup = x > 0
                 sup[e, h] = False
                 y, _, _ = token_lp_reference(counts, sup)
-                my = makespan(y)
+                my = _reference_makespan(y, cost)
                 if my < (m if best is None else best[0]):
                     best = (my, y)
         if best is None:
@@ -657,26 +653,15 @@ def support_swap_reference(counts, replicas, shares, cost, max_rounds):
     >>> y.tolist(), round(m, 6), rounds
     ([[240, 160], [0, 100], [20, 0]], 26.0, 1)
     """
-    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
-    tile = int(tile)
     R = np.asarray(replicas, dtype=bool)
-
-    def gpu_time(col):
-        col = [int(v) for v in col if v > 0]
-        G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
-        return max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
-
-    def makespan(z):
-        return max(gpu_time(z[:, h]) for h in range(z.shape[1]))
-
     x = np.asarray(shares, dtype=np.int64).copy()
     E, g = x.shape
-    m = makespan(x)
+    m = _reference_makespan(x, cost)
     rounds = 0
     while rounds < max_rounds:
         best = None
         for h in range(g):
-            if gpu_time(x[:, h]) >= m:
+            if _reference_gpu_time(x[:, h], cost) >= m:
                 continue
             for f in range(E):
                 if x[f, h] == 0:
@@ -690,7 +675,7 @@ def support_swap_reference(counts, replicas, shares, cost, max_rounds):
                         sup = x > 0
                         sup[f, h], sup[f, h2], sup[e, h] = False, True, True
                         y, _, _ = token_lp_reference(counts, sup)
-                        my = makespan(y)
+                        my = _reference_makespan(y, cost)
                         if my < (m if best is None else best[0]):
                             best = (my, y)
         if best is None:

@@ -38,25 +38,10 @@ dispatch stays above it is ``"improved"`` or ``"unchanged"`` (``milp_status`` sa
 ``"OPTIMAL"``): the whole-token optimum may lie above the fractional one, and nothing here
 proves where it is. A restricted MILP's optimum never counts.
 
-What was measured before choosing this form (``benchmarks/tempo_outliers.py`` on the
-layers of the tuning families of ``benchmarks/tempo_quality.py`` that tempo leaves more
-than 0.1% above the optimum, one HiGHS thread, side by side on a loaded machine): the whole
-layer's MILP alone reaches 1.001 on some of them only after 1.5-3 s or more (decode 35:
-not in 3 s), while the restricted MILPs reach it in 0.2-0.7 s (decode 35 with every expert
-whole, decode16 205 with tempo's splits) or take a step (decode16 194: 1.018 -> 1.006).
-Every dispatch better than tempo's changes 9 to 20 activations, touching the shares of 6 to
-15 GPUs, so GPU neighbourhoods do not help: MILPs on the makespan GPUs alone, or with their
-replica-graph neighbours, the other GPUs' shares fixed, prove in 0.01-0.6 s that they
-cannot improve; with neighbours of neighbours they cover 12-16 of 16 GPUs and take about
-as long as the whole layer; a descent through MILPs on the makespan GPUs plus every one or
-two of their neighbours never lowered the makespan (0.01-3 s). HiGHS options
-(``mip_heuristic_effort`` 0.3-1, presolve off, symmetry detection off, no restart, no cuts
-below the root, ZI round and shifting), the certified bound as the objective's lower
-bound, a small penalty on activations in the objective, the plain big-M model and
-restarts with other random seeds changed the time to target within HiGHS's run-to-run
-spread (1.5x to 2x here) and none helped every layer; a feasibility MILP with the makespan
-capped at a target is 2-5x faster on two of three hard layers only when the target is the
-optimum itself, which the repair does not know.
+Why this form and not neighbourhood MILPs over the GPUs that set the makespan (every
+better dispatch measured changes 9-20 activations on 6-15 GPUs):
+``benchmarks/tempo_outliers.py`` measures both, and other HiGHS options, on the layers
+tempo leaves above 0.1%.
 
 HiGHS stops on wall-clock time, so a layer whose MILP runs into the budget may differ
 between runs on a loaded machine; a layer whose MILP finishes inside it does not.

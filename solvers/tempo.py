@@ -145,8 +145,8 @@ cost model.
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
    first) go to MILPs of the layer warm-started with tempo's shares: every expert whole,
    then only tempo's split experts split, then the whole layer
-   (:mod:`straggler.solvers._tempo_repair`, which gives what was measured before choosing
-   them); a solution, in whole tokens again, is taken only when strictly better, and the
+   (:mod:`straggler.solvers._tempo_repair`; ``benchmarks/tempo_outliers.py`` measured the
+   alternatives); a solution, in whole tokens again, is taken only when strictly better, and the
    whole layer's dual bound raises the reported lower bound. Extras: ``repaired`` (the repair ran),
    ``repair_status`` (``"optimal"``: the repaired makespan meets the raised bound, the
    layer is proved optimal; ``"improved"``; ``"unchanged"``; or

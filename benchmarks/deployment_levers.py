@@ -168,15 +168,9 @@ def main(argv=None):
     out = json.loads(path.read_text()) if path.exists() else {}
     out.update(trace=trace.name, load=args.load, load_basis=args.load_basis, layers=args.layers)
     for name in args.studies.split(","):
-        if name == "p99":
+        if name in ("p99", "bound"):  # studies that print their own tables
             t = time.perf_counter()
-            out[f"p99 ({len(trace)} requests)"] = p99()
-            print(f"({time.perf_counter() - t:.0f} s)")
-            path.write_text(json.dumps(out, indent=1))
-            continue
-        if name == "bound":
-            t = time.perf_counter()
-            out[f"bound ({len(trace)} requests)"] = bound()
+            out[f"{name} ({len(trace)} requests)"] = {"p99": p99, "bound": bound}[name]()
             print(f"({time.perf_counter() - t:.0f} s)")
             path.write_text(json.dumps(out, indent=1))
             continue

@@ -57,6 +57,29 @@ def warm_jit(request):
     return rep
 
 
+@pytest.fixture(scope="session")
+def jitted_reach():
+    """``reach(root)``: every ``@njit`` function ``root`` (a numba dispatcher) reaches
+    through its globals, ``root`` included, as a list."""
+    from numba.core.registry import CPUDispatcher
+
+    def reach(root):
+        seen, found, todo = set(), [], [root]
+        while todo:
+            d = todo.pop()
+            if id(d) in seen:
+                continue
+            seen.add(id(d))
+            found.append(d)
+            for name in d.py_func.__code__.co_names:
+                obj = d.py_func.__globals__.get(name)
+                if isinstance(obj, CPUDispatcher):
+                    todo.append(obj)
+        return found
+
+    return reach
+
+
 def pytest_terminal_summary(terminalreporter):
     if _WARMUP:
         terminalreporter.write_line(

@@ -254,7 +254,7 @@ def test_draw_eligible_kernel_equals_py_func_equals_reference(cap, x, min_k):
     assert K.minstd_next(1) == 48271
 
 
-def test_policy_kernels_are_cached_with_their_callees():
+def test_policy_kernels_are_cached_with_their_callees(jitted_reach):
     """A policy kernel on numba's disk cache that calls jitted code of another file has that
     file's source in its cache key (``cache_depends_on``), so an edit there recompiles it."""
     import sys
@@ -268,17 +268,7 @@ def test_policy_kernels_are_cached_with_their_callees():
     for name in POLICIES:
         kernel = get_routing_policy(name).kernel
         own = kernel.py_func.__module__
-        seen, modules, todo = set(), set(), [kernel]
-        while todo:  # every jitted function the kernel reaches through its globals
-            d = todo.pop()
-            if id(d) in seen:
-                continue
-            seen.add(id(d))
-            modules.add(d.py_func.__module__)
-            for g in d.py_func.__code__.co_names:
-                obj = d.py_func.__globals__.get(g)
-                if isinstance(obj, CPUDispatcher):
-                    todo.append(obj)
+        modules = {d.py_func.__module__ for d in jitted_reach(kernel)}
         others = sorted(modules - {own})
         if not others:
             continue

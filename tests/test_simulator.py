@@ -174,29 +174,19 @@ def test_every_policy_is_covered_by_the_engine_cases():
     assert {c[0] for c in CASES} == set(routing_policies())
 
 
-def test_engine_is_cached_with_its_callees():
+def test_engine_is_cached_with_its_callees(jitted_reach):
     """The engine's disk cache is keyed on every file holding one of its jitted callees (its
     own helpers through its globals, the routing records and clock); no policy's kernel is
     among them: the loop calls the kernel through a function pointer."""
-    from numba.core.registry import CPUDispatcher
     from straggler.sim import _engine
 
     simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
     deps = engine_depends()
     assert run_engine._cache._cache_file._source_stamp[1] == source_digest(*deps)
     assert _jit in deps and _routing_core in deps and predictors in deps
-    seen, files, todo = set(), set(), [run_engine]
-    while todo:  # every jitted function the engine reaches through its globals
-        d = todo.pop()
-        if id(d) in seen:
-            continue
-        seen.add(id(d))
-        files.add(pathlib.Path(d.py_func.__code__.co_filename).resolve())
-        for name in d.py_func.__code__.co_names:
-            obj = d.py_func.__globals__.get(name)
-            if isinstance(obj, CPUDispatcher):
-                todo.append(obj)
-    assert len(seen) > 10  # the engine and its helpers
+    reached = jitted_reach(run_engine)
+    files = {pathlib.Path(d.py_func.__code__.co_filename).resolve() for d in reached}
+    assert len(reached) > 10  # the engine and its helpers
     here = {pathlib.Path(m.__file__).resolve() for m in (_engine, _routing_core)}
     assert files <= here, files - here
 

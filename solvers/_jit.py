@@ -1,4 +1,5 @@
-"""All ``@njit`` options come from here, and the one tool that makes a cross-file cache safe.
+"""All ``@njit`` options come from here, the one tool that makes a cross-file cache safe, and
+the one way jitted code calls a separately compiled kernel without compiling it in.
 
 ``cache=True`` is used only by modules whose jitted callees all live in the same file (numba's
 cache does not see edits in other files), or by a function whose cache is tied to the files of
@@ -9,6 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+
+from numba import types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, overload
 
 NJIT = dict(nogil=True, cache=True, fastmath=False, error_model="numpy")
 NJIT_PARALLEL = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", parallel=True)
@@ -22,6 +28,8 @@ __all__ = [
     "NJIT_INLINE",
     "NJIT_PARALLEL",
     "cache_depends_on",
+    "call_compiled",
+    "compiled_address",
     "source_digest",
 ]
 
@@ -66,3 +74,113 @@ def cache_depends_on(dispatcher, *modules) -> bool:
         base = index._own_stamp = index._source_stamp
     index._source_stamp = (base, source_digest(*modules))
     return True
+
+
+# -- calling a kernel by the address of its compiled code -------------------------------------
+#
+# A jitted function's code library links in every jitted callee and optimizes the whole module
+# again (``numba.core.codegen.CPUCodeLibrary.finalize``), so each level of calls re-optimizes
+# everything below it. Calling a heavy stage through the address of its own compiled code (as
+# numba calls a first-class function, ``numba.core.lowering.Lower._lower_call_FunctionType``)
+# compiles the stage once, on its own, and keeps it out of every caller.
+
+
+def _fingerprint(argtypes, return_type) -> int:
+    """A process-independent int64 naming a signature (cached callers compare it at run time)."""
+    text = f"{tuple(argtypes)!r}->{return_type!r}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little", signed=True)
+
+
+def compiled_address(function, argtypes) -> tuple[int, int]:
+    """``(address, fingerprint)`` of the code of ``function`` (an ``@njit`` dispatcher) for
+    exactly the numba types ``argtypes``, compiled here or loaded from numba's disk cache: the
+    handle :func:`call_compiled` takes in jitted code. ``(0, 0)`` under ``NUMBA_DISABLE_JIT=1``
+    (the plain-Python :func:`call_compiled` ignores the handle).
+
+    Examples
+    --------
+    >>> from numba import njit, types
+    >>> @njit
+    ... def twice(x):
+    ...     return 2 * x
+    >>> address, fingerprint = compiled_address(twice, (types.int64,))
+    >>> address != 0 or not hasattr(twice, "compile")
+    True
+    """
+    if not hasattr(function, "compile"):  # NUMBA_DISABLE_JIT=1, or a plain function
+        return 0, 0
+    argtypes = tuple(argtypes)
+    function.compile(argtypes)
+    cres = function.overloads[argtypes]
+    address = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    return address, _fingerprint(argtypes, cres.signature.return_type)
+
+
+def call_compiled(handle, function, args):
+    """``function(*args)``.
+
+    In jitted code ``handle`` is ``compiled_address(function, types of args)`` and the call is
+    an indirect call of that compiled code in numba's own calling convention (an exception the
+    callee raises propagates): the caller is typed with ``function`` but never includes its
+    code, so the callee compiles once however many callers it has. The handle's fingerprint is
+    checked against the signature the caller was typed with; a handle for other argument types
+    raises ``ValueError`` instead of running code compiled for other types. In Python (a
+    ``py_func``, or ``NUMBA_DISABLE_JIT=1``) the handle is ignored.
+    """
+    return function(*args)
+
+
+@intrinsic
+def _call_at(typingctx, handle, function, args):
+    if not (
+        isinstance(handle, types.BaseTuple)
+        and len(handle) == 2
+        and all(isinstance(t, types.Integer) for t in handle)
+        and isinstance(function, types.Dispatcher)
+        and isinstance(args, types.BaseTuple)
+    ):
+        return None
+    argtys = tuple(args.types)
+    sig = function.get_call_type(typingctx, argtys, {})
+    if sig is None or tuple(sig.args) != argtys:
+        raise TypingError(
+            f"call_compiled: {function.dispatcher.py_func.__name__} has no compiled version for "
+            f"exactly {argtys} (got {sig})"
+        )
+    ret = sig.return_type
+    expected = _fingerprint(argtys, ret)
+
+    def codegen(context, builder, signature, llargs):
+        handle_v, _, tup = llargs
+        address = builder.extract_value(handle_v, 0)
+        fp = builder.extract_value(handle_v, 1)
+        wrong = builder.icmp_signed("!=", fp, context.get_constant(types.int64, expected))
+        with cgutils.if_unlikely(builder, wrong):
+            context.call_conv.return_user_exc(
+                builder,
+                ValueError,
+                (
+                    "call_compiled: the handle is not the address of "
+                    f"{function.dispatcher.py_func.__name__}{argtys}",
+                ),
+            )
+        values = [builder.extract_value(tup, i) for i in range(len(argtys))]
+        fnty = context.call_conv.get_function_type(ret, argtys)
+        fn = builder.inttoptr(address, fnty.as_pointer())
+        status, res = context.call_conv.call_function(builder, fn, ret, argtys, values)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return res
+
+    return ret(types.UniTuple(types.int64, 2), function, args), codegen
+
+
+@overload(call_compiled)
+def _call_compiled_jit(handle, function, args):
+    if not isinstance(function, types.Dispatcher):
+        return None
+
+    def impl(handle, function, args):
+        return _call_at((types.int64(handle[0]), types.int64(handle[1])), function, args)
+
+    return impl

@@ -1,0 +1,91 @@
+"""``call_compiled``: a jitted caller runs a separately compiled kernel by its address."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numba
+import numpy as np
+import pytest
+from numba import njit, types
+from straggler.solvers._jit import call_compiled, compiled_address
+
+
+@njit
+def _stage(x, k):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = x[i] * k
+    if k < 0:
+        raise ValueError("negative k")
+    return out, out.sum()
+
+
+@njit
+def _caller(handle, x, k):
+    out, total = call_compiled(handle, _stage, (x, k))
+    return out, total + 1.0
+
+
+X = np.arange(5.0)
+ARGTYPES = (numba.typeof(X), types.int64)
+
+
+def test_same_result_as_python_and_callee_not_linked():
+    handle = compiled_address(_stage, ARGTYPES)
+    got = _caller(handle, X, 3)
+    want = _caller.py_func(None, X, 3)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1] == 31.0
+    (cres,) = _caller.overloads.values()
+    linked = {lib.name for lib in cres.library._linking_libraries}
+    assert not any("_stage" in name for name in linked), linked
+
+
+def test_callee_exception_propagates():
+    handle = compiled_address(_stage, ARGTYPES)
+    with pytest.raises(ValueError, match="negative k"):
+        _caller(handle, X, -1)
+
+
+def test_handle_for_other_types_is_refused():
+    wrong = compiled_address(_stage, (numba.typeof(X), types.float64))
+    with pytest.raises(ValueError, match="not the address of _stage"):
+        _caller(wrong, X, 3)
+
+
+def test_cached_caller_in_a_new_process(tmp_path):
+    (tmp_path / "ccmod.py").write_text(
+        textwrap.dedent(
+            """
+            import numba, numpy as np
+            from numba import njit, types
+            from straggler.solvers._jit import call_compiled, compiled_address
+
+            @njit(cache=True)
+            def stage(x):
+                return x * 2.0
+
+            @njit(cache=True)
+            def caller(handle, x):
+                return call_compiled(handle, stage, (x,)).sum()
+
+            x = np.arange(4.0)
+            h = compiled_address(stage, (numba.typeof(x),))
+            print(caller(h, x), sum(caller.stats.cache_hits.values()))
+            """
+        )
+    )
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", "import ccmod"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            check=True,
+        ).stdout.split()
+        for _ in range(2)
+    ]
+    assert runs == [["12.0", "0"], ["12.0", "1"]]

@@ -116,6 +116,9 @@ class WarmupChild:
     functions: tuple
     """Every disk-cached jitted function it compiled, callees included, by ``module.name``
     (:attr:`WarmupReport.compiled_twice` compares them across children)."""
+    skipped: tuple = ()
+    """Steps it did not know (a method or policy registered at run time in the parent),
+    which the parent then compiles."""
 
 
 class WarmupChildError(StragglerError, RuntimeError):
@@ -208,6 +211,9 @@ class WarmupReport:
         rows.append(self.summary())
         if self.children and self.kernels:
             rows.append(f"compiled in this process: {', '.join(sorted(self.kernels))}")
+        skipped = [n for c in self.children for n in c.skipped]
+        if skipped:
+            rows.append(f"unknown to the children, compiled here: {', '.join(skipped)}")
         if self.compiled_twice:
             rows.append(f"compiled by more than one child: {', '.join(self.compiled_twice)}")
         if self.serial_reason:
@@ -243,6 +249,7 @@ class WarmupReport:
                     "cpu_s": c.cpu_s,
                     "kernels": c.kernels,
                     "functions": list(c.functions),
+                    "skipped": list(c.skipped),
                 }
                 for c in self.children
             ],
@@ -404,7 +411,7 @@ _UNITS = {
 #: for ``route_batch`` and ``simulate``). From ``straggler-warmup --json`` on an empty cache,
 #: 2 busy cores; a step not listed counts 1 s.
 _UNIT_COST = {"dispatch": 8.4, "routing": 6.1, "simulator": 17.4}
-_STEP_COST = {"solve_dispatch[tempo]": 36.4, "rebalance_experts": 1.6}
+_STEP_COST = {"solve_dispatch[tempo]": 36.4, "rebalance_experts": 1.6, "place_experts": 27.0}
 _POLICY_COST = {"br0": 6.1, "brh": 5.5, "brs": 4.5}
 #: Most child processes worth starting: one per unit.
 MAX_JOBS = len(_UNIT_COST)
@@ -428,8 +435,8 @@ def _child_plans(names, jobs: int) -> list:
 
     >>> _child_plans(["solve_dispatch[tempo]", "rebalance_experts", "route_batch[jsq]",
     ...               "route_batch[br0]", "simulate[jsq]", "simulate[br0]"], 2)
-    [('solve_dispatch[tempo]', 'rebalance_experts'), ('route_batch[jsq]', 'route_batch[br0]', \
-'simulate[jsq]')]
+    [('solve_dispatch[tempo]', 'rebalance_experts'),
+     ('route_batch[jsq]', 'route_batch[br0]', 'simulate[jsq]')]
     """
     units: dict = {}
     for n in names:
@@ -462,20 +469,54 @@ def _cache_obstacle(kernels) -> str:
     return ""
 
 
-def _serial_reason(names, jobs: int) -> str:
-    """Why ``warmup(jobs=jobs)`` runs the steps ``names`` serially (``""``: it need not)."""
-    if numba.config.DISABLE_JIT:
-        return "NUMBA_DISABLE_JIT=1 (nothing compiles)"
-    from ..solvers._routing_core import route_batch_kernel
-    from ._engine import run_engine
+def _unit_kernels(unit: str, names) -> list:
+    """The kernels (dispatchers) the steps ``names`` of ``unit`` reach from Python: those
+    whose disk-cache entries say whether the unit still has to compile."""
+    if unit == "dispatch":
+        kernels = [*dispatch_kernels().values(), *eplb_kernels().values()]
+        if "place_experts" in names:
+            from ..solvers.placement import placement_kernels
 
-    kernels = [*dispatch_kernels().values(), *eplb_kernels().values()]
-    obstacle = _cache_obstacle([*kernels, route_batch_kernel, run_engine])
+            kernels += placement_kernels().values()
+        return kernels
+    from ..solvers._jit import cache_depends_on
+    from ..solvers._routing_core import route_batch_kernel
+    from ..solvers.routing_registry import get_routing_policy
+    from ._engine import engine_depends, run_engine
+
+    policies = [get_routing_policy(n.partition("[")[2].rstrip("]")) for n in names]
+    if unit == "routing":
+        return [route_batch_kernel] + [p.kernel for p in policies]
+    cache_depends_on(run_engine, *engine_depends())  # its cache key, as simulate sets it
+    return [run_engine] + [p.kernel for p in policies]
+
+
+def _parallel_plan(names, jobs: int) -> tuple:
+    """``(plans, reason)``: the steps each child process runs (:func:`_child_plans`) for
+    ``warmup(jobs=jobs)`` with the steps ``names``, or ``[]`` and why they run serially.
+
+    Only units with a kernel neither in memory nor in numba's disk cache go to children
+    (a warm cache needs none: starting one costs more than loading)."""
+    if numba.config.DISABLE_JIT:
+        return [], "NUMBA_DISABLE_JIT=1 (nothing compiles)"
+    units: dict = {}
+    for n in names:
+        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+    kernels, pending = [], []
+    for unit, steps in units.items():
+        reach = _unit_kernels(unit, steps)
+        if not all(k.signatures or is_cached(k) for k in reach):
+            kernels += reach
+            pending += steps
+    obstacle = _cache_obstacle(kernels)
     if obstacle:
-        return obstacle
-    if not _child_plans(names, jobs):
-        return "the steps form one unit (dispatch, routing and the simulator go apart)"
-    return ""
+        return [], obstacle
+    plans = _child_plans([n for n in names if n in pending], jobs)
+    if not plans:
+        n_units = len({_UNITS[n.partition("[")[0]] for n in pending})
+        why = "every kernel is in numba's disk cache" if not pending else "one unit compiles"
+        return [], f"{why} ({n_units} of {len(units)} units to compile)"
+    return plans, ""
 
 
 _CHILD_CODE = "import sys; from straggler.sim.warmup import main; sys.exit(main(sys.argv[1:]))"
@@ -486,20 +527,15 @@ def _child_argv(steps) -> list:
     return [sys.executable, "-c", _CHILD_CODE, "--child-steps", ",".join(steps)]
 
 
-def _named_steps(names) -> list:
-    """The ``(name, call)`` pairs of the warm-up steps ``names``, in that order."""
-    full = dict(_plan(True, True, True, dispatch_methods(), routing_policies(), True))
-    unknown = [n for n in names if n not in full]
-    if unknown:
-        raise ValueError(f"Unknown warm-up step(s) {unknown}; the steps are {sorted(full)}.")
-    return [(n, full[n]) for n in names]
-
-
-def _child_main(plan) -> dict:
-    """In a child process: run the steps of ``plan`` and say what they compiled."""
+def _child_main(names) -> dict:
+    """In a child process: run the steps ``names`` and say what they compiled. A step this
+    process does not know (a method or policy registered at run time in the parent) is
+    skipped and listed: the parent compiles it."""
     from numba.core import event
     from numba.core.caching import NullCache
 
+    full = dict(_plan(True, True, True, dispatch_methods(), routing_policies(), True))
+    plan = [(n, full[n]) for n in names if n in full]
     with event.install_recorder("numba:compile") as rec:
         steps = _run(plan, verbose=False, marker=True)
     functions = set()
@@ -516,6 +552,7 @@ def _child_main(plan) -> dict:
         "cpu_s": float(sum(s.cpu_s for s in steps)),
         "kernels": kernels,
         "functions": sorted(functions),
+        "skipped": [n for n in names if n not in full],
     }
 
 
@@ -553,6 +590,7 @@ def _run_children(plans, verbose: bool) -> tuple:
                     cpu_s=got["cpu_s"],
                     kernels=got["kernels"],
                     functions=tuple(got["functions"]),
+                    skipped=tuple(got["skipped"]),
                 )
             )
             if verbose:
@@ -658,9 +696,9 @@ def warmup(
     names = [name for name, _ in plan]
     children, reason = (), ""
     if jobs > 1:
-        reason = _serial_reason(names, jobs)
-        if not reason:
-            children = _run_children(_child_plans(names, jobs), verbose)
+        plans, reason = _parallel_plan(names, jobs)
+        if plans:
+            children = _run_children(plans, verbose)
     steps = _run(plan, verbose)
     total = time.perf_counter() - t_start
     missed = ()
@@ -731,11 +769,7 @@ def main(argv=None) -> int:
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
 
     if args.child_steps is not None:  # a child process of warmup(jobs=N)
-        try:
-            plan = _named_steps(names(args.child_steps))
-        except ValueError as exc:
-            parser.error(str(exc))
-        print(json.dumps(_child_main(plan)))
+        print(json.dumps(_child_main(names(args.child_steps))))
         return 0
     try:
         rep = warmup(

@@ -411,7 +411,7 @@ _UNITS = {
 #: for ``route_batch`` and ``simulate``). From ``straggler-warmup --json`` on an empty cache,
 #: 2 busy cores; a step not listed counts 1 s.
 _UNIT_COST = {"dispatch": 8.4, "routing": 6.1, "simulator": 17.4}
-_STEP_COST = {"solve_dispatch[tempo]": 36.4, "rebalance_experts": 1.6, "place_experts": 27.0}
+_STEP_COST = {"solve_dispatch[tempo]": 36.4, "rebalance_experts": 1.6, "place_experts": 15.0}
 _POLICY_COST = {"br0": 6.1, "brh": 5.5, "brs": 4.5}
 #: Most child processes worth starting: one per unit.
 MAX_JOBS = len(_UNIT_COST)
@@ -431,7 +431,8 @@ def _child_plans(names, jobs: int) -> list:
     Units (``_UNITS``) go longest-first to the child with the least expected work. The
     simulator's unit, when routing runs too, needs one policy's ``simulate`` only (the
     engine is one for every policy; each policy's kernel is ``route_batch``'s): the
-    cheapest, whose kernel is then the one both children compile.
+    cheapest, whose kernel both children then compile (with the least-tokens helper that
+    ``route_batch``'s entry and the engine share), when they are apart.
 
     >>> _child_plans(["solve_dispatch[tempo]", "rebalance_experts", "route_batch[jsq]",
     ...               "route_batch[br0]", "simulate[jsq]", "simulate[br0]"], 2)

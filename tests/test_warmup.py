@@ -109,7 +109,8 @@ def test_warmup_validates_and_the_cli_reports(capsys):
 
 def test_warmup_runs_without_the_jit():
     """With ``NUMBA_DISABLE_JIT=1`` (the plain-Python functions serve) the warm-up runs and
-    reports no missed kernel: nothing compiles, so nothing can be missed."""
+    reports no missed kernel: nothing compiles, so nothing can be missed; ``jobs=2`` starts
+    no child."""
     import subprocess
     import sys
 
@@ -117,11 +118,13 @@ def test_warmup_runs_without_the_jit():
         "from straggler.sim import warmup\n"
         "r = warmup(routing=False, simulator=False, methods=['round_robin'])\n"
         "print(r.missed_kernels)\n"
+        "r = warmup(simulator=False, methods=['round_robin'], policies=['jsq'], jobs=2)\n"
+        "print(r.children, r.serial_reason)\n"
     )
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "()"
+    assert out.stdout.strip().splitlines() == ["()", "() NUMBA_DISABLE_JIT=1 (nothing compiles)"]
 
 
 _REPORT_CODE = """

@@ -23,6 +23,12 @@ Every measurement runs in a fresh subprocess (nothing compiled in memory). Scena
   then on 61 layers generated beforehand). Goal: the first ``straggler-compare`` in <= 15
   s, everything it compiles included. Whether the plain-Python references served
   (``straggler.solvers._backend``) is read from the command's output;
+* ``warmup_jobs`` (:func:`warmup_jobs`): the whole warm-up on an empty cache with ``jobs=1``
+  (everything compiles in the process) and ``jobs=2`` (two child processes compile side by
+  side, then the process loads their work), each in a new process on its own empty cache,
+  alternating, ``--rounds`` times: wall time, compile seconds in the process and in each
+  child, CPU seconds of the process and its children. ``--warmup-jobs-only`` runs it alone
+  (goal, issue 19: the test suite's warm-up halved, <= 32 s from 64.8 s);
 * ``first_route_batch`` and ``first_simulate``: each in its own fresh process on its own empty
   cache, the first ``route_batch(policy="jsq")`` on a 3-request tick (goal <= 10 s) and the
   first ``simulate(policy="brs")`` on the default trace (goal <= 20 s), each beside the next
@@ -35,6 +41,7 @@ apart from run time throughout. Timings depend on the machine's load: say so whe
     python benchmarks/cold_start.py              # all scenarios (~3-6 min on 2 busy cores)
     python benchmarks/cold_start.py --skip-cold  # warm cache only (reuses a filled folder)
     python benchmarks/cold_start.py --first-command-only  # the install and first commands
+    python benchmarks/cold_start.py --warmup-jobs-only    # warm-up, jobs=1 vs jobs=2
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,6 +64,8 @@ def _child(mode: str, repeats: int) -> dict:
     """Runs inside the subprocess; returns the measurements as a dict."""
     if mode in ("first_route_batch", "first_simulate"):
         return _child_routing(mode)
+    if mode.startswith("warmup_jobs="):
+        return _child_warmup_jobs(int(mode.partition("=")[2]))
     t_import = time.perf_counter()
     from straggler.formulations import CostModel
     from straggler.sim import make_decode_problem, simulate
@@ -117,6 +127,54 @@ def _child_routing(mode: str) -> dict:
     call()
     out["steady_s"] = time.perf_counter() - t
     return out
+
+
+def _child_warmup_jobs(jobs: int) -> dict:
+    """The whole ``warmup(jobs=jobs)``, with the CPU seconds of this process and of the
+    child processes it waited for."""
+    t = time.perf_counter()
+    from straggler.sim.warmup import warmup
+
+    out = {"import_s": time.perf_counter() - t, "load_avg": os.getloadavg()[0]}
+    cpu, kids = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    rep = warmup(jobs=jobs)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["cpu_s"] = time.process_time() - cpu
+    out["children_cpu_s"] = (after.ru_utime - kids.ru_utime) + (after.ru_stime - kids.ru_stime)
+    out["warmup"] = rep.as_dict()
+    return out
+
+
+def warmup_jobs(tmp: str, rounds: int) -> dict:
+    """The whole warm-up on an empty cache, ``jobs=1`` and ``jobs=2`` alternating, each in a
+    new process on its own empty cache (module notes)."""
+    runs: dict = {"jobs_1": [], "jobs_2": []}
+    for r in range(rounds):
+        for jobs in (1, 2):
+            cache = os.path.join(tmp, f"warmup-jobs{jobs}-{r}")
+            runs[f"jobs_{jobs}"].append(_run(f"warmup_jobs={jobs}", cache, 0))
+    return runs
+
+
+def format_warmup_jobs(runs: dict) -> str:
+    """The rows of :func:`warmup_jobs`."""
+    lines = ["full warm-up on an empty cache, new process each (jobs=1 | jobs=2, alternating):"]
+    for one, two in zip(runs["jobs_1"], runs["jobs_2"], strict=True):
+        w1, w2 = one["warmup"], two["warmup"]
+        each = " + ".join(f"{c['compile_s']:.1f}" for c in w2["children"])
+        lines.append(
+            f"  jobs=1: {w1['total_s']:.1f} s wall, compiling {w1['compile_s']:.1f} s, "
+            f"CPU {one['cpu_s']:.1f} s (load {one['load_avg']:.1f}) | jobs=2: "
+            f"{w2['total_s']:.1f} s wall ({w2['total_s'] / w1['total_s']:.2f}x), compiling "
+            f"{w2['compile_s']:.1f} s in the process and {each} s in "
+            f"{len(w2['children'])} children, CPU {two['cpu_s']:.1f} + "
+            f"{two['children_cpu_s']:.1f} s (load {two['load_avg']:.1f})"
+        )
+        if w2["kernels"]:
+            lines.append(f"    compiled in the process: {', '.join(w2['kernels'])}")
+        if w2["compiled_twice"]:
+            lines.append(f"    compiled by both children: {', '.join(w2['compiled_twice'])}")
+    return "\n".join(lines)
 
 
 def _breakdown(buffer, top: int = 25) -> dict:
@@ -278,9 +336,21 @@ def main(argv=None) -> int:
     p.add_argument("--routing-only", action="store_true", help="first route_batch and simulate")
     p.add_argument("--out", default=str(RESULTS / "cold_start.json"))
     p.add_argument("--first-command-only", action="store_true", help="only first_command()")
+    p.add_argument("--warmup-jobs-only", action="store_true", help="only warmup_jobs()")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of warmup_jobs()")
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args.child, args.repeats)))
+        return 0
+    if args.warmup_jobs_only:
+        with tempfile.TemporaryDirectory(prefix="straggler-jobs-") as tmp:
+            r = warmup_jobs(tmp, args.rounds)
+        path = pathlib.Path(args.out)
+        report = json.loads(path.read_text()) if path.exists() else {}
+        report["warmup_jobs"] = r
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(format_warmup_jobs(r))
         return 0
     if args.first_command_only:
         with tempfile.TemporaryDirectory(prefix="straggler-first-") as tmp:
@@ -315,6 +385,7 @@ def main(argv=None) -> int:
         }
         if not args.skip_cold:
             report["cold_first"] = _run("cold_first", os.path.join(tmp, "fresh"), args.repeats)
+            report["warmup_jobs"] = warmup_jobs(tmp, args.rounds)
             report["first_command"] = first_command(tmp)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
@@ -362,6 +433,8 @@ def format_report(r: dict) -> str:
         )
     if "first_command" in r:
         lines.append(format_first_command(r["first_command"]))
+    if "warmup_jobs" in r:
+        lines.append(format_warmup_jobs(r["warmup_jobs"]))
     if "cold_first" in r:
         d = r["cold_first"]["dispatch_first"]
         lines.append(

@@ -18,6 +18,13 @@ to the installed sources (numba falls back to a per-user folder when those are r
 A fresh install starts with a cold cache; reinstalling or editing a kernel's file invalidates
 that file's entries.
 
+In parallel (``warmup(jobs=2)``, ``straggler-warmup --jobs 2``): numba compiles in one thread,
+so the steps are first split over child processes (``python -c`` running this module's
+:func:`main` on the chosen steps, same ``NUMBA_CACHE_DIR``), which compile into the disk
+cache side by side; then this process runs every step as with ``jobs=1``, loading their
+work from the cache, and ends exactly as warm. The split keeps steps that share kernels in
+one child: the dispatch methods with EPLB, the routing policies, the simulator's engine.
+
 Examples
 --------
 >>> rep = warmup(routing=False, simulator=False, methods=["round_robin", "tempo"])
@@ -28,8 +35,12 @@ Examples
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -38,7 +49,8 @@ import numpy as np
 
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.validation import check_bool, check_choice, check_type
+from ..formulations.errors import StragglerError
+from ..formulations.validation import check_bool, check_choice, check_int, check_type
 from ..solvers._backend import PAIRS, kernel_mode
 from ..solvers._compile import JitTimer, is_cached
 from ..solvers.dispatch import solve_dispatch
@@ -52,10 +64,13 @@ __all__ = [
     "warmup",
     "WarmupReport",
     "WarmupStep",
+    "WarmupChild",
+    "WarmupChildError",
     "dispatch_kernels",
     "eplb_kernels",
     "needs_compile",
     "main",
+    "MAX_JOBS",
 ]
 
 
@@ -85,17 +100,45 @@ class WarmupStep:
 
 
 @dataclass(frozen=True)
+class WarmupChild:
+    """One child process of a parallel warm-up (``warmup(jobs=N)``)."""
+
+    steps: tuple
+    """The steps it ran, by name, in order."""
+    wall_s: float
+    """Wall time of the process, interpreter start and imports included."""
+    compile_s: float
+    """Seconds of real compilation in it."""
+    cpu_s: float
+    """CPU seconds of its steps."""
+    kernels: dict
+    """Compile seconds per top-level kernel it compiled (callees included)."""
+    functions: tuple
+    """Every disk-cached jitted function it compiled, callees included, by ``module.name``
+    (:attr:`WarmupReport.compiled_twice` compares them across children)."""
+    skipped: tuple = ()
+    """Steps it did not know (a method or policy registered at run time in the parent),
+    which the parent then compiles."""
+
+
+class WarmupChildError(StragglerError, RuntimeError):
+    """A child process of a parallel warm-up failed; the message names the step it was
+    running and ends with the tail of its stderr."""
+
+
+@dataclass(frozen=True)
 class WarmupReport:
     """What :func:`warmup` did and how long it took."""
 
     total_s: float
-    """Wall time of the whole warm-up."""
+    """Wall time of the whole warm-up (child processes included)."""
     jit_s: float
-    """Seconds of numba JIT (compilation and cache loads)."""
+    """Seconds of numba JIT in this process (compilation and cache loads)."""
     compile_s: float
-    """Seconds of real compilation (about 0 with a warm cache)."""
+    """Seconds of real compilation in this process (about 0 with a warm cache, and after
+    child processes filled it)."""
     steps: tuple
-    """One :class:`WarmupStep` per call, in order."""
+    """One :class:`WarmupStep` per call in this process, in order."""
     missed_kernels: tuple
     """Dispatch kernels (those ``solve_dispatch`` calls from Python, :func:`dispatch_kernels`)
     and EPLB's (:func:`eplb_kernels`) still without a compiled version after the warm-up: a
@@ -104,35 +147,77 @@ class WarmupReport:
     cache_dir: str
     """numba's cache folder (``NUMBA_CACHE_DIR``, or ``""`` for the default beside the
     sources)."""
+    children: tuple = ()
+    """One :class:`WarmupChild` per child process that compiled into the disk cache before
+    this process ran the steps (empty for a serial warm-up)."""
+    serial_reason: str = ""
+    """Why a warm-up asked for ``jobs > 1`` ran serially (``""`` otherwise)."""
 
     @property
     def kernels(self) -> dict:
-        """Compile seconds per top-level kernel over all steps."""
+        """Compile seconds per top-level kernel over all steps in this process."""
         out: dict = {}
         for s in self.steps:
             for k, v in s.compiled.items():
                 out[k] = out.get(k, 0.0) + v
         return out
 
+    @property
+    def children_compile_s(self) -> float:
+        """Seconds of compilation in the child processes, summed."""
+        return float(sum(c.compile_s for c in self.children))
+
+    @property
+    def compiled_twice(self) -> tuple:
+        """Disk-cached jitted functions that more than one child compiled (work done twice;
+        each compiles the same signature, so the cache holds one entry either way)."""
+        seen: dict = {}
+        for c in self.children:
+            for f in c.functions:
+                seen[f] = seen.get(f, 0) + 1
+        return tuple(sorted(f for f, n in seen.items() if n > 1))
+
     def summary(self) -> str:
         """One line: what was compiled and how long it took."""
         n = len(self.kernels)
         where = self.cache_dir or "numba's default cache beside the sources"
+        if not self.children:
+            return (
+                f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s; {n} kernel(s) "
+                f"compiled in {self.compile_s:.1f} s, {self.jit_s - self.compile_s:.1f} s "
+                f"loading from the cache ({where})"
+            )
+        each = " + ".join(f"{c.compile_s:.1f}" for c in self.children)
         return (
-            f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s; {n} kernel(s) compiled "
-            f"in {self.compile_s:.1f} s, {self.jit_s - self.compile_s:.1f} s loading from the "
-            f"cache ({where})"
+            f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s with "
+            f"{len(self.children)} child processes compiling {self.children_compile_s:.1f} s "
+            f"({each} s); then this process compiled {n} kernel(s) in {self.compile_s:.1f} s, "
+            f"{self.jit_s - self.compile_s:.1f} s loading from the cache ({where})"
         )
 
     def table(self) -> str:
         """Per-step table (seconds)."""
         head = f"{'step':32s} {'wall_s':>8s} {'jit_s':>8s} {'compile_s':>9s} {'cpu_s':>8s}"
         rows = [head, "-" * len(head)]
+        for i, c in enumerate(self.children):
+            rows.append(
+                f"{'child ' + str(i):32s} {c.wall_s:8.2f} {'':8s} {c.compile_s:9.2f} "
+                f"{c.cpu_s:8.2f}  {', '.join(c.steps)}"
+            )
         for s in self.steps:
             rows.append(
                 f"{s.name:32s} {s.wall_s:8.2f} {s.jit_s:8.2f} {s.compile_s:9.2f} {s.cpu_s:8.2f}"
             )
         rows.append(self.summary())
+        if self.children and self.kernels:
+            rows.append(f"compiled in this process: {', '.join(sorted(self.kernels))}")
+        skipped = [n for c in self.children for n in c.skipped]
+        if skipped:
+            rows.append(f"unknown to the children, compiled here: {', '.join(skipped)}")
+        if self.compiled_twice:
+            rows.append(f"compiled by more than one child: {', '.join(self.compiled_twice)}")
+        if self.serial_reason:
+            rows.append(f"serial: {self.serial_reason}")
         if self.missed_kernels:
             rows.append(f"not compiled by the warm-up: {', '.join(self.missed_kernels)}")
         return "\n".join(rows)
@@ -156,6 +241,21 @@ class WarmupReport:
                 }
                 for s in self.steps
             ],
+            "children": [
+                {
+                    "steps": list(c.steps),
+                    "wall_s": c.wall_s,
+                    "compile_s": c.compile_s,
+                    "cpu_s": c.cpu_s,
+                    "kernels": c.kernels,
+                    "functions": list(c.functions),
+                    "skipped": list(c.skipped),
+                }
+                for c in self.children
+            ],
+            "children_compile_s": self.children_compile_s,
+            "compiled_twice": list(self.compiled_twice),
+            "serial_reason": self.serial_reason,
         }
 
 
@@ -219,12 +319,14 @@ def _tiny_trace() -> Trace:
     )
 
 
-def _warmup_iv(dispatch, routing, simulator, methods, policies, verbose):
+def _warmup_iv(dispatch, routing, simulator, methods, policies, verbose, placement, jobs):
     func = "warmup"
     dispatch = check_bool(dispatch, "dispatch", func)
     routing = check_bool(routing, "routing", func)
     simulator = check_bool(simulator, "simulator", func)
     verbose = check_bool(verbose, "verbose", func)
+    placement = check_bool(placement, "placement", func)
+    jobs = check_int(jobs, "jobs", func, lo=1)
     registered = dispatch_methods()
     if methods is None:
         methods = registered
@@ -237,7 +339,288 @@ def _warmup_iv(dispatch, routing, simulator, methods, policies, verbose):
     else:
         check_type(policies, "policies", func, (list, tuple), "a list of policy names")
         policies = [check_choice(p, "policies", func, registered) for p in policies]
-    return dispatch, routing, simulator, list(methods), list(policies), verbose
+    return dispatch, routing, simulator, list(methods), list(policies), verbose, placement, jobs
+
+
+def _dispatch_step(method, cases):
+    with kernel_mode("kernel"):  # compile: never the references' one-shot path
+        for p, c in cases:
+            solve_dispatch(p, c, method=method, time_limit=5.0, rng=0)
+
+
+def _plan(dispatch, routing, simulator, methods, policies, placement) -> list:
+    """The warm-up's calls, in order, as ``(name, call)`` pairs."""
+    plan = []
+    if dispatch:
+        cases = _dispatch_cases()
+        for m in methods:
+            plan.append((f"solve_dispatch[{m}]", functools.partial(_dispatch_step, m, cases)))
+        plan.append(("rebalance_experts", _eplb_cases))
+    if routing:
+        for pol in policies:
+            plan.append((f"route_batch[{pol}]", functools.partial(_routing_case, pol)))
+    if simulator:
+        from .simulator import simulate
+
+        trace = _tiny_trace()
+        for pol in policies:
+            call = functools.partial(simulate, trace, policy=pol, n_replicas=2, max_slots=2)
+            plan.append((f"simulate[{pol}]", call))
+    if placement:
+        plan.append(("place_experts", warm_placement))
+    return plan
+
+
+#: Printed to stderr by a child process before each step, so that a failure names its step.
+_MARKER = "warmup child: step "
+
+
+def _run(plan, verbose: bool, marker: bool = False) -> list:
+    """Run the ``(name, call)`` pairs of ``plan``, each timed (wall, CPU, JIT, compile)."""
+    steps = []
+    for name, fn in plan:
+        if marker:
+            print(_MARKER + name, file=sys.stderr, flush=True)
+        with JitTimer() as jt:
+            t, cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+        steps.append(WarmupStep(name, wall, jt.jit_s, jt.compile_s, cpu, dict(jt.compiled)))
+        if verbose:
+            print(
+                f"  {name}: {wall:.2f} s (compile {jt.compile_s:.2f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return steps
+
+
+#: The units a parallel warm-up hands to child processes, by the call a step makes: steps
+#: of one unit share kernels (the first compiles them for the rest), so a unit is never split.
+_UNITS = {
+    "solve_dispatch": "dispatch",
+    "rebalance_experts": "dispatch",
+    "place_experts": "dispatch",
+    "route_batch": "routing",
+    "simulate": "simulator",
+}
+#: Expected seconds of compiling on an empty cache, to balance the children (only their
+#: order matters). Per unit, what its first step compiles for all of them: the bounds, score
+#: and token-LP kernels; ``route_batch``'s jitted entry; the simulator's engine. Per step,
+#: what it adds: a dispatch method its own kernels, a routing policy its kernel (the same
+#: for ``route_batch`` and ``simulate``). From ``straggler-warmup --json`` on an empty cache,
+#: 2 busy cores; a step not listed counts 1 s.
+_UNIT_COST = {"dispatch": 8.4, "routing": 6.1, "simulator": 17.4}
+_STEP_COST = {"solve_dispatch[tempo]": 36.4, "rebalance_experts": 1.6, "place_experts": 15.0}
+_POLICY_COST = {"br0": 6.1, "brh": 5.5, "brs": 4.5}
+#: Most child processes worth starting: one per unit.
+MAX_JOBS = len(_UNIT_COST)
+
+
+def _step_cost(name: str) -> float:
+    call, _, arg = name.partition("[")
+    if call in ("route_batch", "simulate"):
+        return _POLICY_COST.get(arg.rstrip("]"), 1.0)
+    return _STEP_COST.get(name, 1.0)
+
+
+def _child_plans(names, jobs: int) -> list:
+    """The steps ``names`` (in warm-up order) split over at most ``jobs`` child processes,
+    as tuples of names in warm-up order; ``[]`` when fewer than two children would work.
+
+    Units (``_UNITS``) go longest-first to the child with the least expected work. The
+    simulator's unit, when routing runs too, needs one policy's ``simulate`` only (the
+    engine is one for every policy; each policy's kernel is ``route_batch``'s): the
+    cheapest, whose kernel both children then compile (with the least-tokens helper that
+    ``route_batch``'s entry and the engine share), when they are apart.
+
+    >>> _child_plans(["solve_dispatch[tempo]", "rebalance_experts", "route_batch[jsq]",
+    ...               "route_batch[br0]", "simulate[jsq]", "simulate[br0]"], 2)
+    [('solve_dispatch[tempo]', 'rebalance_experts'),
+     ('route_batch[jsq]', 'route_batch[br0]', 'simulate[jsq]')]
+    """
+    units: dict = {}
+    for n in names:
+        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+    if "simulator" in units and "routing" in units:
+        units["simulator"] = [min(units["simulator"], key=_step_cost)]
+    n_children = min(jobs, len(units))
+    if n_children < 2:
+        return []
+    load, members = [0.0] * n_children, [[] for _ in range(n_children)]
+    cost = {u: _UNIT_COST[u] + sum(map(_step_cost, steps)) for u, steps in units.items()}
+    for unit in sorted(units, key=lambda u: -cost[u]):
+        i = load.index(min(load))
+        load[i] += cost[unit]
+        members[i] += units[unit]
+    order = {n: i for i, n in enumerate(names)}
+    return [tuple(sorted(m, key=order.__getitem__)) for m in members]
+
+
+def _cache_obstacle(kernels) -> str:
+    """Why child processes could not hand ``kernels`` (dispatchers) to this one through
+    numba's disk cache (``""`` when they can)."""
+    for k in kernels:
+        path = getattr(getattr(k, "_cache", None), "cache_path", None)
+        name = getattr(getattr(k, "py_func", k), "__qualname__", repr(k))
+        if path is None:
+            return f"{name} has no disk cache (cache=False)"
+        if not (os.path.isdir(path) and os.access(path, os.W_OK)):
+            return f"numba's cache folder {path} is not writable"
+    return ""
+
+
+def _unit_kernels(unit: str, names) -> list:
+    """The kernels (dispatchers) the steps ``names`` of ``unit`` reach from Python: those
+    whose disk-cache entries say whether the unit still has to compile."""
+    if unit == "dispatch":
+        kernels = [*dispatch_kernels().values(), *eplb_kernels().values()]
+        if "place_experts" in names:
+            from ..solvers.placement import placement_kernels
+
+            kernels += placement_kernels().values()
+        return kernels
+    from ..solvers._jit import cache_depends_on
+    from ..solvers._routing_core import route_batch_kernel
+    from ..solvers.routing_registry import get_routing_policy
+    from ._engine import engine_depends, run_engine
+
+    policies = [get_routing_policy(n.partition("[")[2].rstrip("]")) for n in names]
+    if unit == "routing":
+        return [route_batch_kernel] + [p.kernel for p in policies]
+    cache_depends_on(run_engine, *engine_depends())  # its cache key, as simulate sets it
+    return [run_engine] + [p.kernel for p in policies]
+
+
+def _parallel_plan(names, jobs: int) -> tuple:
+    """``(plans, reason)``: the steps each child process runs (:func:`_child_plans`) for
+    ``warmup(jobs=jobs)`` with the steps ``names``, or ``[]`` and why they run serially.
+
+    Only units with a kernel neither in memory nor in numba's disk cache go to children
+    (a warm cache needs none: starting one costs more than loading)."""
+    if numba.config.DISABLE_JIT:
+        return [], "NUMBA_DISABLE_JIT=1 (nothing compiles)"
+    units: dict = {}
+    for n in names:
+        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+    kernels, pending = [], []
+    for unit, steps in units.items():
+        reach = _unit_kernels(unit, steps)
+        if not all(k.signatures or is_cached(k) for k in reach):
+            kernels += reach
+            pending += steps
+    obstacle = _cache_obstacle(kernels)
+    if obstacle:
+        return [], obstacle
+    plans = _child_plans([n for n in names if n in pending], jobs)
+    if not plans:
+        n_units = len({_UNITS[n.partition("[")[0]] for n in pending})
+        why = "every kernel is in numba's disk cache" if not pending else "one unit compiles"
+        return [], f"{why} ({n_units} of {len(units)} units to compile)"
+    return plans, ""
+
+
+_CHILD_CODE = "import sys; from straggler.sim.warmup import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _child_argv(steps) -> list:
+    """The command of a child process running the steps ``steps`` (names)."""
+    return [sys.executable, "-c", _CHILD_CODE, "--child-steps", ",".join(steps)]
+
+
+def _child_main(names) -> dict:
+    """In a child process: run the steps ``names`` and say what they compiled. A step this
+    process does not know (a method or policy registered at run time in the parent) is
+    skipped and listed: the parent compiles it."""
+    from numba.core import event
+    from numba.core.caching import NullCache
+
+    full = dict(_plan(True, True, True, dispatch_methods(), routing_policies(), True))
+    plan = [(n, full[n]) for n in names if n in full]
+    with event.install_recorder("numba:compile") as rec:
+        steps = _run(plan, verbose=False, marker=True)
+    functions = set()
+    for _, ev in rec.buffer:
+        d = ev.data["dispatcher"]
+        if ev.is_start and not isinstance(getattr(d, "_cache", None), NullCache):
+            functions.add(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
+    kernels: dict = {}
+    for s in steps:
+        for k, v in s.compiled.items():
+            kernels[k] = kernels.get(k, 0.0) + v
+    return {
+        "compile_s": float(sum(s.compile_s for s in steps)),
+        "cpu_s": float(sum(s.cpu_s for s in steps)),
+        "kernels": kernels,
+        "functions": sorted(functions),
+        "skipped": [n for n in names if n not in full],
+    }
+
+
+def _run_children(plans, verbose: bool) -> tuple:
+    """Start one child process per tuple of step names in ``plans``, all at once, on this
+    process's numba cache folder; wait for all of them. Raises :class:`WarmupChildError`
+    (after stopping the others) when one fails."""
+    env = dict(os.environ)
+    if numba.config.CACHE_DIR:
+        env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
+    runs = []  # [steps, process, stdout file, stderr file, start, wall]
+    try:
+        for steps in plans:
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            runs.append([steps, None, out, err, time.perf_counter(), None])
+            runs[-1][1] = subprocess.Popen(_child_argv(steps), env=env, stdout=out, stderr=err)
+            if verbose:
+                print(f"  child {len(runs) - 1}: {', '.join(steps)}", file=sys.stderr, flush=True)
+        while any(r[5] is None for r in runs):
+            for r in runs:
+                if r[5] is None and r[1].poll() is not None:
+                    r[5] = time.perf_counter() - r[4]
+                    if r[1].returncode:
+                        raise _child_error(r[0], r[1].returncode, r[3])
+            time.sleep(0.02)
+        children = []
+        for steps, _, out, _, _, wall in runs:
+            out.seek(0)
+            got = json.loads(out.read().decode())
+            children.append(
+                WarmupChild(
+                    steps=tuple(steps),
+                    wall_s=wall,
+                    compile_s=got["compile_s"],
+                    cpu_s=got["cpu_s"],
+                    kernels=got["kernels"],
+                    functions=tuple(got["functions"]),
+                    skipped=tuple(got["skipped"]),
+                )
+            )
+            if verbose:
+                c = children[-1]
+                print(
+                    f"  child {len(children) - 1} done: {c.wall_s:.1f} s "
+                    f"(compile {c.compile_s:.1f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return tuple(children)
+    finally:
+        for r in runs:
+            if r[1] is not None and r[1].poll() is None:
+                r[1].kill()
+                r[1].wait()
+            r[2].close()
+            r[3].close()
+
+
+def _child_error(steps, returncode: int, err) -> WarmupChildError:
+    err.seek(0)
+    text = err.read().decode(errors="replace")
+    started = [ln[len(_MARKER) :] for ln in text.splitlines() if ln.startswith(_MARKER)]
+    where = f"in step {started[-1]!r}" if started else "before its first step"
+    return WarmupChildError(
+        f"warmup: the child process compiling {', '.join(steps)} failed {where} (exit status "
+        f"{returncode}); the end of its stderr:\n{text[-3000:]}"
+    )
 
 
 def warmup(
@@ -249,6 +632,7 @@ def warmup(
     policies=None,
     verbose: bool = False,
     placement: bool = False,
+    jobs: int = 1,
 ) -> WarmupReport:
     """Compile (or load from numba's disk cache) every kernel the chosen entry points use.
 
@@ -273,64 +657,50 @@ def warmup(
         Print each step as it finishes (to stderr).
     placement : bool, default False
         ``place_experts`` and EPLB (:func:`straggler.solvers.placement.warm_placement`).
+    jobs : int, default 1
+        Child processes that compile into numba's disk cache first (at most
+        :data:`MAX_JOBS` are used: dispatch with EPLB and placement, routing, and the
+        simulator each go to one); this process then runs every step, loading what they
+        compiled. 1: everything compiles here, one step after another.
 
     Returns
     -------
     WarmupReport
         Per-step wall, JIT and compile seconds, per-kernel compile seconds, the kernels
-        still uncompiled, numba's cache folder. ``str(report)`` is one line.
+        still uncompiled, numba's cache folder, the child processes. ``str(report)`` is one
+        line.
+
+    Raises
+    ------
+    InvalidInputError
+        A parameter of the wrong type or value (``jobs`` not an integer >= 1, ...).
+    WarmupChildError
+        A child process failed (the message names its step and ends with its stderr).
 
     Notes
     -----
     A cold cache costs the full compile once per machine (the figures are in
     ``benchmarks/cold_start.py``); a warm one costs the cache loads, well under a second per
-    entry point. Compilation is single-threaded (numba holds a global compiler lock).
+    entry point. Compilation is single-threaded (numba holds a global compiler lock), so on
+    a cold cache ``jobs=2`` cuts the wall time nearly in half on two cores: the children
+    compile apart, then this process loads their work, compiling about nothing, and ends
+    exactly as warm as with ``jobs=1``. The steps run serially (``serial_reason`` says why)
+    under ``NUMBA_DISABLE_JIT=1``, without a writable disk cache, or when the selection is
+    one unit. Two children may compile the same jitted callee; numba writes each cache file
+    to a temporary name and renames it, and both write the same entry.
     """
-    dispatch, routing, simulator, methods, policies, verbose = _warmup_iv(
-        dispatch, routing, simulator, methods, policies, verbose
+    dispatch, routing, simulator, methods, policies, verbose, placement, jobs = _warmup_iv(
+        dispatch, routing, simulator, methods, policies, verbose, placement, jobs
     )
-    placement = check_bool(placement, "placement", "warmup")
-    steps = []
     t_start = time.perf_counter()
-
-    def step(name, fn):
-        with JitTimer() as jt:
-            t, cpu = time.perf_counter(), time.process_time()
-            fn()
-            wall, cpu = time.perf_counter() - t, time.process_time() - cpu
-        steps.append(WarmupStep(name, wall, jt.jit_s, jt.compile_s, cpu, dict(jt.compiled)))
-        if verbose:
-            print(
-                f"  {name}: {wall:.2f} s (compile {jt.compile_s:.2f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    if dispatch:
-        cases = _dispatch_cases()
-        for m in methods:
-            with kernel_mode("kernel"):  # compile: never the references' one-shot path
-                step(
-                    f"solve_dispatch[{m}]",
-                    lambda m=m: [
-                        solve_dispatch(p, c, method=m, time_limit=5.0, rng=0) for p, c in cases
-                    ],
-                )
-        step("rebalance_experts", _eplb_cases)
-    if routing:
-        for pol in policies:
-            step(f"route_batch[{pol}]", lambda pol=pol: _routing_case(pol))
-    if simulator:
-        from .simulator import simulate
-
-        trace = _tiny_trace()
-        for pol in policies:
-            step(
-                f"simulate[{pol}]",
-                lambda pol=pol: simulate(trace, policy=pol, n_replicas=2, max_slots=2),
-            )
-    if placement:
-        step("place_experts", warm_placement)
+    plan = _plan(dispatch, routing, simulator, methods, policies, placement)
+    names = [name for name, _ in plan]
+    children, reason = (), ""
+    if jobs > 1:
+        plans, reason = _parallel_plan(names, jobs)
+        if plans:
+            children = _run_children(plans, verbose)
+    steps = _run(plan, verbose)
     total = time.perf_counter() - t_start
     missed = ()
     if dispatch and not numba.config.DISABLE_JIT:  # without the JIT nothing compiles
@@ -343,6 +713,8 @@ def warmup(
         steps=tuple(steps),
         missed_kernels=missed,
         cache_dir=numba.config.CACHE_DIR or "",
+        children=children,
+        serial_reason=reason,
     )
 
 
@@ -365,8 +737,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-simulator", action="store_true", help="skip simulate")
     p.add_argument("--methods", default=None, help="comma-separated dispatch methods")
     p.add_argument("--policies", default=None, help="comma-separated routing policies")
+    p.add_argument(
+        "--jobs",
+        default="1",
+        help=f"child processes compiling in parallel first: an integer >= 1 or 'auto' "
+        f"(the CPU count, at most {MAX_JOBS}); default 1",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--child-steps", default=None, help=argparse.SUPPRESS)
     return p
+
+
+def _jobs_arg(text: str) -> int:
+    """``--jobs``: ``"auto"`` or an integer (checked by :func:`warmup`)."""
+    if text == "auto":
+        return max(1, min(os.cpu_count() or 1, MAX_JOBS))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"The '--jobs' option of straggler-warmup must be an integer >= 1 or 'auto'. "
+            f"Got {text!r} instead."
+        ) from None
 
 
 def main(argv=None) -> int:
@@ -377,6 +769,9 @@ def main(argv=None) -> int:
     def names(s):
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
 
+    if args.child_steps is not None:  # a child process of warmup(jobs=N)
+        print(json.dumps(_child_main(names(args.child_steps))))
+        return 0
     try:
         rep = warmup(
             dispatch=not args.no_dispatch,
@@ -385,6 +780,7 @@ def main(argv=None) -> int:
             methods=names(args.methods),
             policies=names(args.policies),
             verbose=not args.json,
+            jobs=_jobs_arg(args.jobs),
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -109,7 +109,8 @@ def test_warmup_validates_and_the_cli_reports(capsys):
 
 def test_warmup_runs_without_the_jit():
     """With ``NUMBA_DISABLE_JIT=1`` (the plain-Python functions serve) the warm-up runs and
-    reports no missed kernel: nothing compiles, so nothing can be missed."""
+    reports no missed kernel: nothing compiles, so nothing can be missed; ``jobs=2`` starts
+    no child."""
     import subprocess
     import sys
 
@@ -117,8 +118,149 @@ def test_warmup_runs_without_the_jit():
         "from straggler.sim import warmup\n"
         "r = warmup(routing=False, simulator=False, methods=['round_robin'])\n"
         "print(r.missed_kernels)\n"
+        "r = warmup(simulator=False, methods=['round_robin'], policies=['jsq'], jobs=2)\n"
+        "print(r.children, r.serial_reason)\n"
     )
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "()"
+    assert out.stdout.strip().splitlines() == ["()", "() NUMBA_DISABLE_JIT=1 (nothing compiles)"]
+
+
+_REPORT_CODE = """
+import gc, json, sys
+from numba.core.registry import CPUDispatcher
+from straggler.sim.warmup import warmup
+r = warmup(dispatch=False, policies=["jsq"], jobs=int(sys.argv[1]))
+warm = sorted(
+    f"{d.py_func.__module__}.{d.py_func.__qualname__}"
+    for d in gc.get_objects()
+    if isinstance(d, CPUDispatcher) and d.signatures
+)
+print(json.dumps({
+    "children": [[list(c.steps), c.compile_s] for c in r.children],
+    "compile_s": r.compile_s, "kernels": r.kernels, "missed": list(r.missed_kernels),
+    "twice": list(r.compiled_twice), "reason": r.serial_reason, "warm": warm,
+}))
+"""
+
+
+def _report_in_new_process(jobs: int, cache) -> dict:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    cmd = [sys.executable, "-c", _REPORT_CODE, str(jobs)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path):
+    """``jobs=2`` on an empty cache: the routing and the simulator units compile in two
+    children, the parent compiles nothing and ends with the same kernels in memory as a
+    serial warm-up (run next, in a new process, on the cache the children filled)."""
+    par = _report_in_new_process(2, tmp_path / "cache")
+    assert [steps for steps, _ in par["children"]] == [["simulate[jsq]"], ["route_batch[jsq]"]]
+    assert all(compile_s > 0 for _, compile_s in par["children"])
+    assert par["kernels"] == {} and par["compile_s"] == 0.0 and par["missed"] == []
+    # both children compile jsq's kernel and the least-tokens helper (route_batch's entry and
+    # the simulator's engine both call them), each the same signature: both write the same
+    # cache entries, which the parent then loads
+    assert par["twice"] == [
+        "straggler.baselines.sglang_routers.jsq_kernel",
+        "straggler.solvers._routing_core.least_tokens_kernel",
+    ]
+    ser = _report_in_new_process(1, tmp_path / "cache")
+    assert ser["children"] == [] and ser["kernels"] == {}
+    assert par["warm"] == ser["warm"] and "straggler.sim._engine.run_engine" in par["warm"]
+
+
+def test_child_plans_keep_units_whole_and_balance_them():
+    from straggler.sim.warmup import _child_plans
+
+    methods = [f"solve_dispatch[{m}]" for m in registry.dispatch_methods()]
+    dispatch = [*methods, "rebalance_experts"]
+    routing = ["route_batch[br0]", "route_batch[jsq]", "route_batch[brs]"]
+    simulate = ["simulate[br0]", "simulate[jsq]", "simulate[brs]"]
+    names = dispatch + routing + simulate
+    # tempo's kernels weigh as much as routing and the engine together
+    assert _child_plans(names, 2) == [tuple(dispatch), (*routing, "simulate[jsq]")]
+    assert _child_plans(names, 3) == [tuple(dispatch), ("simulate[jsq]",), tuple(routing)]
+    assert _child_plans(names, 8) == _child_plans(names, 3)
+    assert _child_plans(names, 1) == [] and _child_plans(dispatch, 2) == []
+    # without routing, the simulator's child compiles every policy's kernel itself
+    no_routing = [n for n in names if not n.startswith("route_batch")]
+    assert _child_plans(no_routing, 2) == [tuple(dispatch), tuple(simulate)]
+
+
+def test_parallel_warmup_runs_serially_when_it_cannot_help(tmp_path):
+    import types
+
+    from straggler.sim.warmup import _cache_obstacle
+
+    rep = warmup(routing=False, simulator=False, methods=["round_robin"], jobs=1)
+    assert rep.children == () and rep.serial_reason == ""
+    # the session's warm-up compiled every dispatch kernel: nothing left for a child
+    rep = warmup(routing=False, simulator=False, jobs=2)
+    assert rep.children == ()
+    assert rep.serial_reason.startswith("every kernel is in numba's disk cache")
+    assert _cache_obstacle(list(dispatch_kernels().values())) == ""
+    assert "has no disk cache" in _cache_obstacle([_fresh_kernel()])
+    gone = types.SimpleNamespace(
+        _cache=types.SimpleNamespace(cache_path=str(tmp_path / "gone")), py_func=_fresh_kernel
+    )
+    assert "is not writable" in _cache_obstacle([gone])
+
+
+def test_warmup_validates_jobs():
+    from straggler.sim.warmup import MAX_JOBS, _jobs_arg
+
+    for bad in (0, -1, 1.5, True, "2", None):
+        with pytest.raises(InvalidInputError, match="'jobs' parameter of warmup"):
+            warmup(jobs=bad)
+    assert 1 <= _jobs_arg("auto") <= MAX_JOBS and _jobs_arg("3") == 3
+    with pytest.raises(SystemExit):
+        main(["--jobs", "two"])
+
+
+def test_a_failing_child_names_its_step_and_stops_the_others(monkeypatch):
+    import subprocess
+    import sys
+
+    wm = sys.modules["straggler.sim.warmup"]
+    started = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    def argv(steps):
+        if steps == ("route_batch[jsq]",):  # fails in its step, after printing a traceback
+            code = (
+                "import sys; print('warmup child: step route_batch[jsq]', file=sys.stderr, "
+                "flush=True); raise RuntimeError('typing of route_batch_kernel failed')"
+            )
+        else:  # still compiling when the other fails
+            code = "import time; time.sleep(60)"
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(wm, "_child_argv", argv)
+    monkeypatch.setattr(wm.subprocess, "Popen", Recorded)
+    plans = [("simulate[jsq]",), ("route_batch[jsq]",)]
+    monkeypatch.setattr(wm, "_parallel_plan", lambda names, jobs: (plans, ""))
+    with pytest.raises(wm.WarmupChildError) as err:
+        warmup(dispatch=False, policies=["jsq"], jobs=2)
+    msg = str(err.value)
+    assert "in step 'route_batch[jsq]'" in msg and "typing of route_batch_kernel failed" in msg
+    assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+def test_a_child_skips_the_steps_it_does_not_know():
+    """A policy or method registered at run time in the parent is unknown to a child: it
+    skips the step and says so (the parent compiles it)."""
+    import sys
+
+    got = sys.modules["straggler.sim.warmup"]._child_main(["route_batch[registered_here]"])
+    assert got["skipped"] == ["route_batch[registered_here]"] and got["compile_s"] == 0.0

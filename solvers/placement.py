@@ -108,10 +108,11 @@ from ..formulations.validation import (
     check_real,
     check_type,
 )
+from ._placement_greedy import greedy_placement_kernel
 from ._placement_kernels import hall_score_kernel, placement_search_kernel
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
-from .eplb import EPLB_VERSIONS, rebalance_experts
+from .eplb import EPLB_VERSIONS, balanced_packing, rebalance_experts
 from .tempo import tempo_layer_bound
 
 __all__ = [
@@ -126,7 +127,11 @@ __all__ = [
 
 _FUNC = "place_experts"
 #: ``method`` values of :func:`place_experts`.
-PLACEMENT_METHODS = ("local_search", "eplb", "exhaustive")
+PLACEMENT_METHODS = ("greedy", "local_search", "eplb", "exhaustive")
+#: ``alpha`` and ``spread`` of ``method="greedy"`` (:mod:`._placement_greedy`): chosen on the
+#: 80 cells of ``benchmarks/placement.py`` (``alpha`` 1-3 and ``spread`` 0.1-0.5 kept every
+#: cell at or above EPLB's makespan there; ``spread`` 0.05 lost 3.1% in one cell).
+GREEDY_ALPHA, GREEDY_SPREAD = 2.0, 0.2
 #: The cost model used when none is given: DSv3 Testbed A offline fit (TEMPO Table 6).
 DEFAULT_PLACEMENT_COST = "dsv3_a_offline"
 
@@ -485,7 +490,8 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
     elif isinstance(cost, str):
         cost = CostModel.preset(cost)
     check_type(cost, "cost", _FUNC, CostModel, "a CostModel, a preset name or None")
-    method = check_choice(method, "method", _FUNC, PLACEMENT_METHODS)
+    if method is not None:
+        method = check_choice(method, "method", _FUNC, PLACEMENT_METHODS)
     n_samples = check_int(n_samples, "n_samples", _FUNC, lo=1)
     n_resamples = check_int(n_resamples, "n_resamples", _FUNC, lo=0, hi=100_000)
     if max_evals is not None:
@@ -505,6 +511,34 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
             n_resamples, max_evals)  # fmt: skip
 
 
+def _greedy_layout(h, P, G, N, g):
+    """Each expert's node (``(L, E)``) and the number of nodes for ``method="greedy"``:
+    EPLB's layout (``rebalance_experts``): with ``G % N == 0`` its groups packed onto the
+    nodes by their mean tokens (its hierarchical step 1, float32 group loads), else one
+    node. Raises where EPLB with ``distinct=True`` would."""
+    L, E = h.shape[1:]
+    if G % N:
+        N = 1
+    elif E % G:
+        raise param_error("num_groups", _FUNC, f"a divisor of the number of experts ({E})",
+                          repr(G))  # fmt: skip
+    if P < E:
+        raise param_error("num_replicas", _FUNC, f"at least the number of experts ({E})",
+                          repr(P))  # fmt: skip
+    most = (E // N) * (g // N)
+    if P // N > most:
+        raise InvalidInputError(
+            f"{_FUNC} never puts two replicas of one expert on one GPU, so {E // N} experts "
+            f"per node on {g // N} GPUs fill at most {most} slots per node. Got "
+            f"num_replicas={P} on {N} nodes instead."
+        )
+    if N == 1:
+        return np.zeros((L, E), dtype=np.int64), 1
+    loads = h.mean(axis=0).astype(np.float32).reshape(L, G, E // G).sum(-1, dtype=np.float32)
+    pack, _ = balanced_packing(loads, N)
+    return np.ascontiguousarray(np.repeat(pack, E // G, axis=1)), N
+
+
 def place_experts(
     history,
     num_replicas: int,
@@ -513,7 +547,7 @@ def place_experts(
     num_gpus: int,
     *,
     cost: CostModel | str | None = None,
-    method: str = "local_search",
+    method: str | None = None,
     n_samples: int = 8,
     n_resamples: int = 64,
     max_evals: int | None = None,
@@ -625,13 +659,24 @@ def place_experts(
     budget = P if max_moves is None else max_moves
     ls_evals = 300 if max_evals is None else max_evals
     move_evals = 40 + 60 * min(budget, P) if max_evals is None else max_evals
-    mean = h.mean(axis=0)
+    if method is None:  # the rebalance's figures were measured with the search's target
+        method = "local_search" if budgeted else "greedy"
     counts = np.rint(h).astype(np.int64)
-    try:
-        start_p2l, _, _ = rebalance_experts(mean, P, G, N, g, distinct=True)
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
     per = P // g
+    if method == "greedy":
+        expert_node, n_nodes = _greedy_layout(h, P, G, N, g)
+        p2l, l2p, cnt = greedy_placement_kernel(
+            counts, expert_node, n_nodes, P, g, GREEDY_ALPHA, GREEDY_SPREAD, *_cost_args(cost)
+        )  # fmt: skip
+        if prev is None:
+            return p2l, np.ascontiguousarray(l2p[:, :, : int(cnt.max())]), cnt
+        start_p2l = p2l
+    mean = h.mean(axis=0)
+    if method != "greedy":
+        try:
+            start_p2l, _, _ = rebalance_experts(mean, P, G, N, g, distinct=True)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
     node_of = np.arange(g) // (g // N) if G % N == 0 else np.zeros(g, dtype=np.int64)
     if method == "exhaustive":
         n = math.comb(E, per) ** g

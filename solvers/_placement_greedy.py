@@ -52,6 +52,23 @@ __all__ = ["greedy_placement_kernel", "greedy_placement_reference"]
 
 
 @njit(**NJIT)
+def _sift_down(heap, n, i, ratio):
+    """Restore the heap order of ``heap[:n]`` below position ``i``: a parent comes before
+    its children by larger ``ratio``, ties by lower expert index."""
+    while True:
+        top = i
+        for j in (2 * i + 1, 2 * i + 2):
+            if j < n:
+                x, y = heap[j], heap[top]
+                if ratio[x] > ratio[y] or (ratio[x] == ratio[y] and x < y):
+                    top = j
+        if top == i:
+            return
+        heap[i], heap[top] = heap[top], heap[i]
+        i = top
+
+
+@njit(**NJIT)
 def greedy_placement_kernel(
     counts, expert_node, n_nodes, n_slots, n_gpus, alpha, spread, a, b, c, beta, c2, gamma,
     has3,
@@ -74,6 +91,8 @@ def greedy_placement_kernel(
     w = np.empty(E)
     key = np.empty(E)
     ex = np.empty(epn, np.int64)
+    heap = np.empty(epn, np.int64)
+    ratio = np.empty(E)
     neg = np.empty(epn)
     on = np.zeros((E, n_gpus), np.bool_)
     F = np.zeros(n_gpus)
@@ -81,6 +100,7 @@ def greedy_placement_kernel(
     size = np.zeros(n_gpus, np.int64)
     C = np.zeros((n_gpus, n_gpus), np.int64)  # experts with replicas on both GPUs
     fill = np.zeros(E, np.int64)
+    where = np.empty(gpn, np.int64)  # the GPUs of the expert being packed
     for l in range(L):
         for e in range(E):
             live = 0
@@ -107,16 +127,25 @@ def greedy_placement_kernel(
                 if expert_node[l, e] == k:
                     ex[n_ex] = e
                     n_ex += 1
-            # Stage 1: each redundant slot to the largest w / r (first on ties)
-            for _ in range(extra):
-                best = -1
+            # Stage 1: each redundant slot to the largest w / r (first on ties), the
+            # experts below the cap kept in a heap by (w / r descending, index ascending)
+            n_heap = 0
+            if gpn > 1:
                 for i in range(epn):
-                    e = ex[i]
-                    if cnt[l, e] >= gpn:
-                        continue
-                    if best < 0 or w[e] / cnt[l, e] > w[best] / cnt[l, best]:
-                        best = e
-                cnt[l, best] += 1
+                    heap[n_heap] = ex[i]
+                    ratio[ex[i]] = w[ex[i]]
+                    n_heap += 1
+                for i in range(n_heap // 2 - 1, -1, -1):
+                    _sift_down(heap, n_heap, i, ratio)
+            for _ in range(extra):
+                e = heap[0]
+                cnt[l, e] += 1
+                if cnt[l, e] < gpn:
+                    ratio[e] = w[e] / cnt[l, e]
+                else:
+                    n_heap -= 1
+                    heap[0] = heap[n_heap]
+                _sift_down(heap, n_heap, 0, ratio)
             # Stage 2: replicas by decreasing packing key, expert by expert
             for i in range(epn):
                 e = ex[i]
@@ -128,7 +157,7 @@ def greedy_placement_kernel(
                 e = ex[order[i]]
                 fw = f[e] / cnt[l, e]
                 mw = m[e] / cnt[l, e]
-                for _ in range(cnt[l, e]):
+                for placed in range(cnt[l, e]):
                     best = -1
                     bv = 0.0
                     bs = 0.0
@@ -136,9 +165,8 @@ def greedy_placement_kernel(
                         if size[h] >= per or on[e, h]:
                             continue
                         shared = 0
-                        for x in range(h0, h0 + gpn):
-                            if on[e, x]:
-                                shared += C[h, x]
+                        for j in range(placed):
+                            shared += C[h, where[j]]
                         v = max(a + b * (F[h] + fw), c + beta * (M[h] + mw))
                         if has3:
                             v = max(v, c2 + gamma * (M[h] + mw))
@@ -186,10 +214,10 @@ def greedy_placement_kernel(
                         size[q] -= 1
                         size[p] += 1
                         best = q
-                    for x in range(h0, h0 + gpn):
-                        if on[e, x]:
-                            C[best, x] += 1
-                            C[x, best] += 1
+                    for j in range(placed):
+                        C[best, where[j]] += 1
+                        C[where[j], best] += 1
+                    where[placed] = best
                     on[e, best] = True
                     F[best] += fw
                     M[best] += mw

@@ -1,4 +1,4 @@
-"""``place_experts(method="greedy")``: EPLB's two stages on time-aware weights, kernel and reference.
+"""``place_experts(method="greedy")``: EPLB's two stages on time-aware weights; kernel, reference.
 
 EPLB (deepseek-ai/EPLB ``eplb.py``) replicates (every redundant slot to the expert with the
 largest load per replica) and packs (every replica, heaviest first, onto the lightest GPU
@@ -267,7 +267,7 @@ def greedy_placement_reference(
                 r[max(ok, key=lambda e: w[e] / r[e])] += 1  # max: the first maximum
             key = {e: max(b * f[e] / r[e], s * m[e] / r[e]) for e in experts}
 
-            def shared(h, e):
+            def shared(h, e, held=held, gpus=gpus):
                 # experts on both h and a GPU holding e (e itself excluded: not on h)
                 return sum(len(held[h] & held[x]) for x in gpus if e in held[x])
 

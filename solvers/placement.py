@@ -719,10 +719,11 @@ def place_experts(
 def placement_kernels() -> dict[str, object]:
     """The Numba kernels :func:`place_experts` and
     :func:`~straggler.solvers.eplb.rebalance_experts` call, by ``module.name``."""
-    from . import _eplb_kernels, _placement_kernels
+    from . import _eplb_kernels, _placement_greedy, _placement_kernels
 
     out = {}
     for mod, names in (
+        (_placement_greedy, ("greedy_placement_kernel",)),
         (_placement_kernels, ("hall_score_kernel", "placement_search_kernel")),
         (_eplb_kernels, ("packing_kernel", "packing_distinct_kernel", "replicate_kernel")),
     ):
@@ -733,8 +734,9 @@ def placement_kernels() -> dict[str, object]:
 
 def warm_placement() -> None:
     """Compile (or load from numba's disk cache) every kernel of :func:`placement_kernels`
-    with the argument types the public calls pass: a tiny window placed from scratch and
-    rebalanced from the placement in force, and EPLB in each version and distinct.
+    with the argument types the public calls pass: a tiny window placed from scratch (the
+    greedy placement and the local search) and rebalanced from the placement in force, and
+    EPLB in each version and distinct.
 
     Examples
     --------
@@ -743,7 +745,8 @@ def warm_placement() -> None:
     True
     """
     hist = np.random.default_rng(0).poisson([40, 20, 5, 5, 3, 1, 1, 1], size=(4, 1, 8))
-    p2l = place_experts(hist, 12, 1, 1, 4, n_resamples=4)[0]
+    place_experts(hist, 12, 1, 1, 4)
+    p2l = place_experts(hist, 12, 1, 1, 4, method="local_search", n_resamples=4)[0]
     place_experts(hist, 12, 1, 1, 4, n_resamples=4, previous=p2l, max_moves=1)
     for version in EPLB_VERSIONS:
         rebalance_experts(hist.mean(axis=0), 12, 1, 1, 4, version=version)

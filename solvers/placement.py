@@ -7,7 +7,25 @@ assumption holds: tempo keeps cold experts whole, splits hot ones where it pays,
 step costs the *per-batch* maximum over GPUs of ``max(a + b G, c + beta N)``. This module
 places for that.
 
-``method="local_search"`` (default), per layer:
+``method="greedy"`` (the default from scratch; :mod:`._placement_greedy` states it): EPLB's
+two stages, one pass each, on weights that see what tempo pays for. Replicate: each
+redundant slot to the largest ``max(s * peak tokens, alpha * b * share of batches live) /
+replicas`` (``s`` the token slope), so an expert gets replicas for its peak tokens or, live in
+most batches, to let the dispatch even out the GPUs' activated experts. Pack: replicas by
+decreasing ``max(b * live share, s * mean tokens) / replicas`` onto the GPU whose pressure
+``max(a + b F, c + beta M)`` (``F``, ``M``: the live shares and mean tokens of its replicas,
+each a replica's ``1 / r``) ends lowest, plus ``spread * b`` per expert already sharing that
+GPU with one holding the replica's expert: replica sets kept apart, so no pair of GPUs
+shares so many replicated experts that the dispatch cannot relieve it (packed by load
+alone, equally weighted replicas fall on the same pairs). No candidate is scored: it costs
+about one EPLB call (``O(T E + (P - E) log E + P g)`` per layer), and on
+``benchmarks/placement.py``'s cells it captured more of the headroom than the local search
+below with its default budget, never below EPLB in a cell (README, "Placement for a
+time-aware dispatch"). ``alpha`` and ``spread`` are :data:`GREEDY_ALPHA` and
+:data:`GREEDY_SPREAD`. With several nodes, EPLB's group-to-node packing is kept and both
+stages run inside each node.
+
+``method="local_search"`` (the rebalance's target by default), per layer:
 
 1. **Batches.** The scored batches are the window's (``n_samples`` of them, evenly spaced)
    and ``n_resamples`` batches built expert by expert from it (each expert's counts are the
@@ -52,8 +70,8 @@ places for that.
 The search's budget is ``n_resamples``, ``max_evals`` and ``patience``: its time grows with
 the batches times the candidates scored (each costs one pass over the scored batches). The
 defaults (64, 300, 50) are the cheapest budget of ``benchmarks/placement.py``'s frontier
-that kept at least 80% of the headroom and no cell below -0.3% on both its cell sets; that
-frontier is in the README.
+that kept at least 80% of the headroom and no cell below -0.3% on both its cell sets, at
+hundreds of times one EPLB call; that frontier is in the README.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
@@ -575,8 +593,12 @@ def place_experts(
         As for :func:`~straggler.solvers.eplb.rebalance_experts`.
     cost : CostModel or preset name, optional
         The dispatch cost model; default :data:`DEFAULT_PLACEMENT_COST` (DSv3 Table 6).
-    method : {"local_search", "eplb", "exhaustive"}, default "local_search"
-        See the module notes; ``"exhaustive"`` is the exact reference of the searches for
+    method : {"greedy", "local_search", "eplb", "exhaustive"}, optional
+        See the module notes. Default: ``"greedy"``, except for a rebalance with a move
+        budget (``previous`` with ``max_moves`` or ``move_cost``), whose target stays the
+        ``"local_search"`` plan (its figures were measured with it). ``n_samples``,
+        ``n_resamples``, ``max_evals`` and ``patience`` apply to the searches, not to
+        ``"greedy"``. ``"exhaustive"`` is the exact reference of the searches for
         small layouts (one node, at most :data:`EXHAUSTIVE_LIMIT` placements per layer): the
         optimum of the objective they approximate (the mean exact tempo layer bound on the
         window's sampled batches, plus ``move_cost`` per moved replica, within

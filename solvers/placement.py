@@ -147,8 +147,9 @@ _FUNC = "place_experts"
 #: ``method`` values of :func:`place_experts`.
 PLACEMENT_METHODS = ("greedy", "local_search", "eplb", "exhaustive")
 #: ``alpha`` and ``spread`` of ``method="greedy"`` (:mod:`._placement_greedy`): chosen on the
-#: 80 cells of ``benchmarks/placement.py`` (``alpha`` 1-3 and ``spread`` 0.1-0.5 kept every
-#: cell at or above EPLB's makespan there; ``spread`` 0.05 lost 3.1% in one cell).
+#: 80 cells of ``benchmarks/placement.py`` (every variant tried, ``alpha`` 1-3 with ``spread``
+#: 0.1 and ``spread`` 0.1-0.5 with ``alpha`` 2, kept every cell at or above EPLB's makespan;
+#: ``spread`` 0.05 lost 3.1% in one cell).
 GREEDY_ALPHA, GREEDY_SPREAD = 2.0, 0.2
 #: The cost model used when none is given: DSv3 Testbed A offline fit (TEMPO Table 6).
 DEFAULT_PLACEMENT_COST = "dsv3_a_offline"
@@ -587,8 +588,9 @@ def place_experts(
     history : array_like, shape (n_batches, n_layers, n_experts) or (n_batches, n_experts)
         Recorded routed batches (tokens per expert), the window to place for. Non-negative
         real loads are accepted, as :func:`~straggler.solvers.eplb.rebalance_experts`
-        accepts them: the EPLB start uses them as given; tempo, which dispatches whole
-        tokens, scores them rounded to the nearest integer.
+        accepts them: the EPLB start and the group-to-node packing use them as given; the
+        greedy placement's weights and tempo, which dispatches whole tokens, use them rounded
+        to the nearest integer.
     num_replicas, num_groups, num_nodes, num_gpus : int
         As for :func:`~straggler.solvers.eplb.rebalance_experts`.
     cost : CostModel or preset name, optional

@@ -35,7 +35,8 @@ where expert ``e`` is live, ``m_e`` its mean tokens, ``p_e`` its peak tokens and
 Nodes: each expert's node is given (EPLB's group-to-node packing, from the caller); the
 stages run inside each node on its experts, its GPUs and its ``P / n_nodes`` slots.
 
-Cost: ``O(T E)`` for the statistics, ``O((P - E) E / n_nodes)`` to replicate and
+Cost: ``O(T E)`` for the statistics, ``O(E + (P - E) log E)`` to replicate (the kernel keeps
+the experts below the cap in a heap ordered as the rule, the reference scans them all) and
 ``O(P g / n_nodes)`` to pack, per layer: the order of one EPLB call (no candidate is scored).
 Slots of a GPU hold its experts in increasing order; ``logical_to_physical`` lists each
 expert's slots in increasing order, ``-1`` padded to ``g / n_nodes``.

@@ -179,6 +179,10 @@ def main(argv=None) -> int:
         help="cells never used to choose the score's weight or the resamples: other skews and "
         "batch sizes, seed 1",
     )  # fmt: skip
+    ap.add_argument(
+        "--seed", type=int, default=None,
+        help="workload seed of the 80 cells (default 0; --heldout: its cells, seed 1)",
+    )  # fmt: skip
     ap.add_argument("--out", default=None, help="default results/placement[_heldout].json")
     args = ap.parse_args(argv)
     if args.out is None:
@@ -189,6 +193,8 @@ def main(argv=None) -> int:
     seed = 0
     if args.heldout:
         Bs, skews, seed = (96, 192, 384, 768), (0.75, 1.05, 1.35), 1
+    if args.seed is not None:
+        seed = args.seed
     reps = (1.25,) if args.quick else (1.25, 1.5)
     budgets = [
         "greedy" if b == "greedy" else (*(int(x) for x in b.split(":")), None)[:3]

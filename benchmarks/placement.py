@@ -23,6 +23,7 @@ Usage::
     python benchmarks/placement.py --quick
     python benchmarks/placement.py
     python benchmarks/placement.py --heldout
+    python benchmarks/placement.py --seed 2 --window 16 --frontier greedy,64:300:50
 """
 
 from __future__ import annotations

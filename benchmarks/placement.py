@@ -2,15 +2,16 @@
 
 For each cell of the phase grid (shape, EP8, B tokens per GPU, Zipf s, replication), a
 window of ``--window`` routed batches (Dirichlet kappa 2000 around a Zipf popularity, one
-layer per placement, ``--layers`` placements) builds three placements: upstream EPLB
-(``rebalance_experts``, duplicates allowed), EPLB ``distinct=True`` and
-``place_experts(method="local_search")``, the latter once per search budget of
-``--frontier`` (``n_resamples:max_evals[:patience]``; no patience: none; the first is the
-reported one). Each is
+layer per placement, ``--layers`` placements) builds the placements: upstream EPLB
+(``rebalance_experts``, duplicates allowed), EPLB ``distinct=True`` and ``place_experts``
+once per entry of ``--frontier``: ``greedy`` (``method="greedy"``, the default) or a budget
+``n_resamples:max_evals[:patience]`` of ``method="local_search"`` (no patience: none); the
+first entry is the reported one. Each is
 scored on the next ``--window`` batches (held out) by tempo's mean makespan. Placement time
-is measured side by side in one run, each call's median over ``--repeat`` calls (shared
-2-core machine: ratios, not absolute times); the frontier is the headroom captured against
-the median time ratio.
+is measured side by side in one run, each call's median over ``--repeat`` calls; upstream
+EPLB and the ``greedy`` entries, calls of well under a millisecond, are timed alternately,
+``--repeat-fast`` calls each (shared 2-core machine: ratios, not absolute times); the
+frontier is the headroom captured against the median time ratio.
 
 Goal: capture >= 80% of the headroom in the mixed cells (headroom: 1 - the absolute bound
 over EPLB's tempo makespan on the held-out window; mixed: EPLB over the bound > 1.005; the
@@ -22,6 +23,7 @@ Usage::
     python benchmarks/placement.py --quick
     python benchmarks/placement.py
     python benchmarks/placement.py --heldout
+    python benchmarks/placement.py --seed 2 --window 16 --frontier greedy,64:300:50
 """
 
 from __future__ import annotations
@@ -68,7 +70,24 @@ def _timed(f, repeat):
     return out, float(np.median(times))
 
 
-def cell(shape, g, B, s, r, window, layers, seed, budgets=((64, 300, 50),), repeat=1):
+def _timed_pair(f1, f2, repeat):
+    """``f1()``'s and ``f2()``'s results and median times over ``repeat`` alternate calls."""
+    t1, t2 = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out1 = f1()
+        t1.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out2 = f2()
+        t2.append(time.perf_counter() - t0)
+    return out1, float(np.median(t1)), out2, float(np.median(t2))
+
+
+def _label(budget):
+    return "greedy" if budget == "greedy" else ":".join(str(x) for x in budget)
+
+
+def cell(shape, g, B, s, r, window, layers, seed, budgets=("greedy",), repeat=1, repeat_fast=5):
     sh = SHAPES[shape]
     cost = CostModel.preset(DEFAULT_PRESETS[shape])
     rng = np.random.default_rng([seed, B, round(s * 100), round(r * 100)])
@@ -79,22 +98,36 @@ def cell(shape, g, B, s, r, window, layers, seed, budgets=((64, 300, 50),), repe
     G = sh.n_groups if sh.n_experts % sh.n_groups == 0 else 1
     out = {}
     mean = build.mean(axis=0)
-    up, t_up = _timed(lambda: rebalance_experts(mean, P, G, 1, g)[0], max(repeat, 5))
+
+    def eplb():
+        return rebalance_experts(mean, P, G, 1, g)[0]
+
+    def greedy():
+        return place_experts(build, P, G, 1, g, cost=cost, method="greedy")[0]
+
+    # the calls of well under a millisecond, alternately (the machine's load shifts)
+    up, t_up, ours_greedy, t_greedy = _timed_pair(eplb, greedy, repeat_fast)
     dist, t_dist = _timed(lambda: rebalance_experts(mean, P, G, 1, g, distinct=True)[0], repeat)
     key = (shape, g, B, s, r, seed)
     for name, p2l in (("eplb", up), ("eplb_distinct", dist)):
         out[name] = _score(held, p2l, g, cost, key)
     frontier = []
-    for n_res, evals, pat in budgets:
-        ours, t_ours = _timed(
-            lambda n_res=n_res, evals=evals, pat=pat: place_experts(
-                build, P, G, 1, g, cost=cost, n_resamples=n_res, max_evals=evals, patience=pat
-            )[0],
-            repeat,
-        )  # fmt: skip
+    for budget in budgets:
+        if budget == "greedy":
+            ours, t_ours, entry = ours_greedy, t_greedy, dict(method="greedy")
+        else:
+            n_res, evals, pat = budget
+            ours, t_ours = _timed(
+                lambda n_res=n_res, evals=evals, pat=pat: place_experts(
+                    build, P, G, 1, g, cost=cost, method="local_search", n_resamples=n_res,
+                    max_evals=evals, patience=pat,
+                )[0],
+                repeat,
+            )  # fmt: skip
+            entry = dict(method="local_search", n_resamples=n_res, max_evals=evals,
+                         patience=pat)  # fmt: skip
         m = _score(held, ours, g, cost, key)
-        frontier.append(dict(n_resamples=n_res, max_evals=evals, patience=pat, makespan=m,
-                             gain_vs_eplb=1 - m / out["eplb"], time_s=t_ours))  # fmt: skip
+        frontier.append(dict(entry, makespan=m, gain_vs_eplb=1 - m / out["eplb"], time_s=t_ours))
     out["place_experts"] = frontier[0]["makespan"]
     t_ours = frontier[0]["time_s"]
     # the placement-independent bound max(b ceil(E_live / g), beta N / g) on the held window
@@ -131,15 +164,25 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=8, help="batches per window")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument(
-        "--frontier", default="64:300:50,64:300,0:100:50,16:300:50,64:1000:50,256:1000:50",
-        help="place_experts(n_resamples:max_evals[:patience]) budgets, comma separated; the "
-        "first is the one reported per cell (the default's)",
+        "--frontier",
+        default="greedy,64:300:50,64:300,0:100:50,16:300:50,64:1000:50,256:1000:50",
+        help="place_experts entries, comma separated: greedy (method='greedy') or a "
+        "local_search budget n_resamples:max_evals[:patience]; the first is the one reported "
+        "per cell (the default's)",
     )  # fmt: skip
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per placement (median)")
+    ap.add_argument(
+        "--repeat-fast", type=int, default=21,
+        help="alternate timed calls of upstream EPLB and the greedy placement (median)",
+    )  # fmt: skip
     ap.add_argument(
         "--heldout", action="store_true",
         help="cells never used to choose the score's weight or the resamples: other skews and "
         "batch sizes, seed 1",
+    )  # fmt: skip
+    ap.add_argument(
+        "--seed", type=int, default=None,
+        help="workload seed of the 80 cells (default 0; --heldout: its cells, seed 1)",
     )  # fmt: skip
     ap.add_argument("--out", default=None, help="default results/placement[_heldout].json")
     args = ap.parse_args(argv)
@@ -151,8 +194,13 @@ def main(argv=None) -> int:
     seed = 0
     if args.heldout:
         Bs, skews, seed = (96, 192, 384, 768), (0.75, 1.05, 1.35), 1
+    if args.seed is not None:
+        seed = args.seed
     reps = (1.25,) if args.quick else (1.25, 1.5)
-    budgets = [(*(int(x) for x in b.split(":")), None)[:3] for b in args.frontier.split(",")]
+    budgets = [
+        "greedy" if b == "greedy" else (*(int(x) for x in b.split(":")), None)[:3]
+        for b in args.frontier.split(",")
+    ]
     rows = []
     cell("qwen3_30b", 8, 16, 1.5, 1.25, 2, 1, 1, budgets)  # warm-up: JIT, first calls; untimed
     print(f"{'shape':>9} {'B':>5} {'s':>4} {'r':>5} {'vs EPLB':>8} {'vs dist':>8} "
@@ -162,7 +210,8 @@ def main(argv=None) -> int:
             for s in skews:
                 for B in Bs:
                     row = cell(
-                        shape, 8, B, s, r, args.window, args.layers, seed, budgets, args.repeat
+                        shape, 8, B, s, r, args.window, args.layers, seed, budgets, args.repeat,
+                        args.repeat_fast,
                     )  # fmt: skip
                     rows.append(row)
                     t = row["time_s"]
@@ -177,14 +226,12 @@ def main(argv=None) -> int:
     head = np.array([r["headroom"] for r in rows])
     tr = np.array([r["time_s"]["place_experts"] / r["time_s"]["eplb"] for r in rows])
     frontier = []
-    for i, (n_res, evals, pat) in enumerate(budgets):
+    for i, budget in enumerate(budgets):
         gi = np.array([r["frontier"][i]["gain_vs_eplb"] for r in rows])
         ti = np.array([r["frontier"][i]["time_s"] / r["time_s"]["eplb"] for r in rows])
         frontier.append(
             {
-                "n_resamples": n_res,
-                "max_evals": evals,
-                "patience": pat,
+                "method": _label(budget),
                 "headroom_captured_mixed": float(gi[mixed].mean() / head[mixed].mean())
                 if mixed.any()
                 else None,
@@ -207,11 +254,10 @@ def main(argv=None) -> int:
             "time_ratio_max": float(td.max()),
         }
     )
-    head_row = ("resamples:evals:patience", "captured", "worst", "t/EPLB med", "max")
+    head_row = ("greedy|resamples:evals:pat", "captured", "worst", "t/EPLB med", "max")
     print("\n{:>24} {:>9} {:>8} {:>10} {:>8}".format(*head_row))
     for f in frontier:
-        name = f.get("method", f"{f.get('n_resamples')}:{f.get('max_evals')}:{f.get('patience')}")
-        name = name[:24]
+        name = f["method"][:24]
         cap = f["headroom_captured_mixed"]
         print(f"{name:>24} {100 * cap if cap is not None else float('nan'):>8.1f}% "
               f"{100 * f['gain_min']:>7.2f}% {f['time_ratio_median']:>10.1f} "
@@ -238,8 +284,9 @@ def main(argv=None) -> int:
                 "heldout": args.heldout,
                 "seed": seed,
                 "window": args.window,
-                "budgets": budgets,
+                "budgets": [_label(b) for b in budgets],
                 "repeat": args.repeat,
+                "repeat_fast": args.repeat_fast,
                 "layers": args.layers,
                 "summary": summary,
                 "frontier": frontier,

@@ -10,7 +10,7 @@ loads of window ``i`` and is scored on window ``i + 1``, which nothing saw:
 * ``eplb``: DeepSeek's EPLB (SGLang, DeepSeek; every changed slot copied);
 * ``vllm_eplb``: vLLM's ``DefaultEplbPolicy`` (EPLB + ``preserve_intragpu_slots``);
 * ``flashlb``: FlashLB's update from the placement in force;
-* ``place_experts``: from scratch, slots kept where they can be;
+* ``place_experts``: from scratch (``method="local_search"``), slots kept where they can be;
 * ``place_experts_k``: ``place_experts(previous=..., max_moves=k)``, ``k`` = 5% and 10%
   of the slots.
 
@@ -68,7 +68,10 @@ def _rebalancers(prev, plan, cost, lay, budgets):
             mean, *lay, version="vllm", old_physical_to_logical=prev
         )[0],
         "flashlb": lambda: flashlb_rebalance(plan, P, G_GPUS, previous=prev)[0],
-        "place_experts": lambda: place_experts(plan, *lay, cost=cost, previous=prev)[0],
+        # the search from scratch, whose results are recorded (the default is now greedy)
+        "place_experts": lambda: place_experts(
+            plan, *lay, cost=cost, previous=prev, method="local_search"
+        )[0],
     }
     for name, k in budgets.items():
         runs[name] = lambda k=k: place_experts(

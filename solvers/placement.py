@@ -7,7 +7,25 @@ assumption holds: tempo keeps cold experts whole, splits hot ones where it pays,
 step costs the *per-batch* maximum over GPUs of ``max(a + b G, c + beta N)``. This module
 places for that.
 
-``method="local_search"`` (default), per layer:
+``method="greedy"`` (the default from scratch; :mod:`._placement_greedy` states it): EPLB's
+two stages, one pass each, on weights that see what tempo pays for. Replicate: each
+redundant slot to the largest ``max(s * peak tokens, alpha * b * share of batches live) /
+replicas`` (``s`` the token slope), so an expert gets replicas for its peak tokens or, live in
+most batches, to let the dispatch even out the GPUs' activated experts. Pack: replicas by
+decreasing ``max(b * live share, s * mean tokens) / replicas`` onto the GPU whose pressure
+``max(a + b F, c + beta M)`` (``F``, ``M``: the live shares and mean tokens of its replicas,
+each a replica's ``1 / r``) ends lowest, plus ``spread * b`` per expert already sharing that
+GPU with one holding the replica's expert: replica sets kept apart, so no pair of GPUs
+shares so many replicated experts that the dispatch cannot relieve it (packed by load
+alone, equally weighted replicas fall on the same pairs). No candidate is scored: it costs
+about one EPLB call (``O(T E + (P - E) log E + P g)`` per layer), and on
+``benchmarks/placement.py``'s cells it captured more of the headroom than the local search
+below with its default budget, never below EPLB in a cell (README, "Placement for a
+time-aware dispatch"). ``alpha`` and ``spread`` are :data:`GREEDY_ALPHA` and
+:data:`GREEDY_SPREAD`. With several nodes, EPLB's group-to-node packing is kept and both
+stages run inside each node.
+
+``method="local_search"`` (the rebalance's target by default), per layer:
 
 1. **Batches.** The scored batches are the window's (``n_samples`` of them, evenly spaced)
    and ``n_resamples`` batches built expert by expert from it (each expert's counts are the
@@ -52,8 +70,8 @@ places for that.
 The search's budget is ``n_resamples``, ``max_evals`` and ``patience``: its time grows with
 the batches times the candidates scored (each costs one pass over the scored batches). The
 defaults (64, 300, 50) are the cheapest budget of ``benchmarks/placement.py``'s frontier
-that kept at least 80% of the headroom and no cell below -0.3% on both its cell sets; that
-frontier is in the README.
+that kept at least 80% of the headroom and no cell below -0.3% on both its cell sets, at
+hundreds of times one EPLB call; that frontier is in the README.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
@@ -108,10 +126,11 @@ from ..formulations.validation import (
     check_real,
     check_type,
 )
+from ._placement_greedy import greedy_placement_kernel
 from ._placement_kernels import hall_score_kernel, placement_search_kernel
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
-from .eplb import EPLB_VERSIONS, rebalance_experts
+from .eplb import EPLB_VERSIONS, balanced_packing, rebalance_experts
 from .tempo import tempo_layer_bound
 
 __all__ = [
@@ -126,7 +145,12 @@ __all__ = [
 
 _FUNC = "place_experts"
 #: ``method`` values of :func:`place_experts`.
-PLACEMENT_METHODS = ("local_search", "eplb", "exhaustive")
+PLACEMENT_METHODS = ("greedy", "local_search", "eplb", "exhaustive")
+#: ``alpha`` and ``spread`` of ``method="greedy"`` (:mod:`._placement_greedy`): chosen on the
+#: 80 cells of ``benchmarks/placement.py`` (every variant tried, ``alpha`` 1-3 with ``spread``
+#: 0.1 and ``spread`` 0.1-0.5 with ``alpha`` 2, kept every cell at or above EPLB's makespan;
+#: ``spread`` 0.05 lost 3.1% in one cell).
+GREEDY_ALPHA, GREEDY_SPREAD = 2.0, 0.2
 #: The cost model used when none is given: DSv3 Testbed A offline fit (TEMPO Table 6).
 DEFAULT_PLACEMENT_COST = "dsv3_a_offline"
 
@@ -485,7 +509,8 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
     elif isinstance(cost, str):
         cost = CostModel.preset(cost)
     check_type(cost, "cost", _FUNC, CostModel, "a CostModel, a preset name or None")
-    method = check_choice(method, "method", _FUNC, PLACEMENT_METHODS)
+    if method is not None:
+        method = check_choice(method, "method", _FUNC, PLACEMENT_METHODS)
     n_samples = check_int(n_samples, "n_samples", _FUNC, lo=1)
     n_resamples = check_int(n_resamples, "n_resamples", _FUNC, lo=0, hi=100_000)
     if max_evals is not None:
@@ -505,6 +530,34 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
             n_resamples, max_evals)  # fmt: skip
 
 
+def _greedy_layout(h, P, G, N, g):
+    """Each expert's node (``(L, E)``) and the number of nodes for ``method="greedy"``:
+    EPLB's layout (``rebalance_experts``): with ``G % N == 0`` its groups packed onto the
+    nodes by their mean tokens (its hierarchical step 1, float32 group loads), else one
+    node. Raises where EPLB with ``distinct=True`` would."""
+    L, E = h.shape[1:]
+    if G % N:
+        N = 1
+    elif E % G:
+        raise param_error("num_groups", _FUNC, f"a divisor of the number of experts ({E})",
+                          repr(G))  # fmt: skip
+    if P < E:
+        raise param_error("num_replicas", _FUNC, f"at least the number of experts ({E})",
+                          repr(P))  # fmt: skip
+    most = (E // N) * (g // N)
+    if P // N > most:
+        raise InvalidInputError(
+            f"{_FUNC} never puts two replicas of one expert on one GPU, so {E // N} experts "
+            f"per node on {g // N} GPUs fill at most {most} slots per node. Got "
+            f"num_replicas={P} on {N} nodes instead."
+        )
+    if N == 1:
+        return np.zeros((L, E), dtype=np.int64), 1
+    loads = h.mean(axis=0).astype(np.float32).reshape(L, G, E // G).sum(-1, dtype=np.float32)
+    pack, _ = balanced_packing(loads, N)
+    return np.ascontiguousarray(np.repeat(pack, E // G, axis=1)), N
+
+
 def place_experts(
     history,
     num_replicas: int,
@@ -513,7 +566,7 @@ def place_experts(
     num_gpus: int,
     *,
     cost: CostModel | str | None = None,
-    method: str = "local_search",
+    method: str | None = None,
     n_samples: int = 8,
     n_resamples: int = 64,
     max_evals: int | None = None,
@@ -535,14 +588,19 @@ def place_experts(
     history : array_like, shape (n_batches, n_layers, n_experts) or (n_batches, n_experts)
         Recorded routed batches (tokens per expert), the window to place for. Non-negative
         real loads are accepted, as :func:`~straggler.solvers.eplb.rebalance_experts`
-        accepts them: the EPLB start uses them as given; tempo, which dispatches whole
-        tokens, scores them rounded to the nearest integer.
+        accepts them: the EPLB start and the group-to-node packing use them as given; the
+        greedy placement's weights and tempo, which dispatches whole tokens, use them rounded
+        to the nearest integer.
     num_replicas, num_groups, num_nodes, num_gpus : int
         As for :func:`~straggler.solvers.eplb.rebalance_experts`.
     cost : CostModel or preset name, optional
         The dispatch cost model; default :data:`DEFAULT_PLACEMENT_COST` (DSv3 Table 6).
-    method : {"local_search", "eplb", "exhaustive"}, default "local_search"
-        See the module notes; ``"exhaustive"`` is the exact reference of the searches for
+    method : {"greedy", "local_search", "eplb", "exhaustive"}, optional
+        See the module notes. Default: ``"greedy"``, except for a rebalance with a move
+        budget (``previous`` with ``max_moves`` or ``move_cost``), whose target stays the
+        ``"local_search"`` plan (its figures were measured with it). ``n_samples``,
+        ``n_resamples``, ``max_evals`` and ``patience`` apply to the searches, not to
+        ``"greedy"``. ``"exhaustive"`` is the exact reference of the searches for
         small layouts (one node, at most :data:`EXHAUSTIVE_LIMIT` placements per layer): the
         optimum of the objective they approximate (the mean exact tempo layer bound on the
         window's sampled batches, plus ``move_cost`` per moved replica, within
@@ -625,13 +683,24 @@ def place_experts(
     budget = P if max_moves is None else max_moves
     ls_evals = 300 if max_evals is None else max_evals
     move_evals = 40 + 60 * min(budget, P) if max_evals is None else max_evals
-    mean = h.mean(axis=0)
+    if method is None:  # the rebalance's figures were measured with the search's target
+        method = "local_search" if budgeted else "greedy"
     counts = np.rint(h).astype(np.int64)
-    try:
-        start_p2l, _, _ = rebalance_experts(mean, P, G, N, g, distinct=True)
-    except InvalidInputError as exc:
-        raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
     per = P // g
+    if method == "greedy":
+        expert_node, n_nodes = _greedy_layout(h, P, G, N, g)
+        p2l, l2p, cnt = greedy_placement_kernel(
+            counts, expert_node, n_nodes, P, g, GREEDY_ALPHA, GREEDY_SPREAD, *_cost_args(cost)
+        )  # fmt: skip
+        if prev is None:
+            return p2l, np.ascontiguousarray(l2p[:, :, : int(cnt.max())]), cnt
+        start_p2l = p2l
+    mean = h.mean(axis=0)
+    if method != "greedy":
+        try:
+            start_p2l, _, _ = rebalance_experts(mean, P, G, N, g, distinct=True)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
     node_of = np.arange(g) // (g // N) if G % N == 0 else np.zeros(g, dtype=np.int64)
     if method == "exhaustive":
         n = math.comb(E, per) ** g
@@ -674,10 +743,11 @@ def place_experts(
 def placement_kernels() -> dict[str, object]:
     """The Numba kernels :func:`place_experts` and
     :func:`~straggler.solvers.eplb.rebalance_experts` call, by ``module.name``."""
-    from . import _eplb_kernels, _placement_kernels
+    from . import _eplb_kernels, _placement_greedy, _placement_kernels
 
     out = {}
     for mod, names in (
+        (_placement_greedy, ("greedy_placement_kernel",)),
         (_placement_kernels, ("hall_score_kernel", "placement_search_kernel")),
         (_eplb_kernels, ("packing_kernel", "packing_distinct_kernel", "replicate_kernel")),
     ):
@@ -688,8 +758,9 @@ def placement_kernels() -> dict[str, object]:
 
 def warm_placement() -> None:
     """Compile (or load from numba's disk cache) every kernel of :func:`placement_kernels`
-    with the argument types the public calls pass: a tiny window placed from scratch and
-    rebalanced from the placement in force, and EPLB in each version and distinct.
+    with the argument types the public calls pass: a tiny window placed from scratch (the
+    greedy placement and the local search) and rebalanced from the placement in force, and
+    EPLB in each version and distinct.
 
     Examples
     --------
@@ -698,7 +769,8 @@ def warm_placement() -> None:
     True
     """
     hist = np.random.default_rng(0).poisson([40, 20, 5, 5, 3, 1, 1, 1], size=(4, 1, 8))
-    p2l = place_experts(hist, 12, 1, 1, 4, n_resamples=4)[0]
+    place_experts(hist, 12, 1, 1, 4)
+    p2l = place_experts(hist, 12, 1, 1, 4, method="local_search", n_resamples=4)[0]
     place_experts(hist, 12, 1, 1, 4, n_resamples=4, previous=p2l, max_moves=1)
     for version in EPLB_VERSIONS:
         rebalance_experts(hist.mean(axis=0), 12, 1, 1, 4, version=version)

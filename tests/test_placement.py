@@ -52,7 +52,7 @@ def _check_maps(p2l, l2p, cnt, E, P, g):
     assert (cnt >= 1).all()
 
 
-@pytest.mark.parametrize("method", ["local_search", "eplb"])
+@pytest.mark.parametrize("method", ["greedy", "local_search", "eplb"])
 def test_maps_distinct_and_deterministic(method):
     hist = _window()
     out = place_experts(hist, 40, 1, 1, 4, cost="qwen3_30b_a_offline", method=method)
@@ -77,7 +77,7 @@ def test_never_worse_than_start_on_its_window(seed):
     cost = CostModel.preset("qwen3_30b_a_offline")
     hist = _window(seed=seed, tokens=512)
     kw = dict(cost=cost, n_samples=len(hist), n_resamples=0)
-    ls = place_experts(hist, 40, 1, 1, 4, **kw)[0]
+    ls = place_experts(hist, 40, 1, 1, 4, method="local_search", **kw)[0]
     ep = place_experts(hist, 40, 1, 1, 4, method="eplb", **kw)[0]
     assert _bound_mean(hist, ls, 4, cost) <= _bound_mean(hist, ep, 4, cost)
 
@@ -87,14 +87,16 @@ def test_search_can_improve():
     s = 1.5) the search lowers tempo's mean makespan on the window (it is not a no-op)."""
     cost = CostModel.preset("qwen3_30b_a_offline")
     hist = _window(E=128, seed=0, tokens=4096, skew=1.5, n=16)
-    ls = place_experts(hist, 160, 1, 1, 8, cost=cost, max_evals=80)[0]
+    ls = place_experts(hist, 160, 1, 1, 8, cost=cost, method="local_search", max_evals=80)[0]
     ep = place_experts(hist, 160, 1, 1, 8, cost=cost, method="eplb")[0]
     assert _tempo_mean(hist, ls, 8, cost) < _tempo_mean(hist, ep, 8, cost)
 
 
-def test_two_nodes_keep_replicas_on_their_node():
+@pytest.mark.parametrize("method", ["greedy", "local_search"])
+def test_two_nodes_keep_replicas_on_their_node(method):
+    """EPLB's group-to-node packing is kept: each node holds the experts EPLB gives it."""
     hist = _window(E=32)
-    p2l, _, _ = place_experts(hist, 48, 4, 2, 4)
+    p2l, _, _ = place_experts(hist, 48, 4, 2, 4, method=method)
     ep, _, _ = place_experts(hist, 48, 4, 2, 4, method="eplb")
     for l in range(2):
         for half in (slice(0, 24), slice(24, 48)):
@@ -107,7 +109,10 @@ def test_two_nodes_keep_replicas_on_their_node():
         ((np.zeros((2, 2, 3, 4)), 8, 1, 1, 2), {}),
         ((np.ones((2, 8)), 9, 1, 1, 2), {}),
         ((np.ones((2, 8)), 40, 1, 1, 2), {}),  # 20 slots per GPU > 8 experts
-        ((np.ones((2, 8)), 8, 1, 1, 2), {"method": "greedy"}),
+        ((np.ones((2, 8)), 8, 1, 1, 2), {"method": "annealing"}),
+        ((np.ones((2, 8)), 6, 1, 1, 2), {"method": "greedy"}),  # fewer slots than experts
+        ((np.ones((2, 8)), 20, 4, 2, 4), {"method": "greedy"}),  # 5 slots, 4 experts a node
+        ((np.ones((2, 9)), 10, 2, 2, 2), {"method": "greedy"}),  # 9 experts in 2 groups
         ((-np.ones((2, 8)), 8, 1, 1, 2), {}),
         ((np.ones((2, 8)), 8, 1, 1, 2), {"cost": 3}),
         ((np.ones((2, 8)), 8, 1, 1, 2), {"patience": 0}),
@@ -149,6 +154,7 @@ def test_resampled_batches_are_scored():
         np.testing.assert_array_equal(np.sort(twice[:, e]), np.sort(np.tile(hist[:, 0, e], 2)))
     other = _window(E=64, L=1, n=8, seed=5, tokens=512)  # where the resamples matter
     kw = dict(cost="qwen3_30b_a_offline")
+    kw = dict(kw, method="local_search")
     alone = place_experts(other, 80, 1, 1, 8, n_resamples=0, **kw)[0]
     assert not np.array_equal(alone, place_experts(other, 80, 1, 1, 8, **kw)[0])
 
@@ -259,7 +265,7 @@ def test_warmup_reaches_the_placement_kernels():
 
     rep = warmup(dispatch=False, routing=False, simulator=False, placement=True)
     assert [s.name for s in rep.steps] == ["place_experts"]
-    assert len(placement_kernels()) == 5
+    assert len(placement_kernels()) == 6
     assert all(k.signatures for k in placement_kernels().values())
     with pytest.raises(InvalidInputError):
         warmup(placement="yes")
@@ -296,3 +302,133 @@ def test_score_by_hand():
     for w, want in ((0.0, 4.0), (1.0, 5.0), (0.5, 4.5)):
         for f in (pk.hall_score_kernel, pk.hall_score_reference):
             assert f(slots, counts, np.array([4.0, 3, 1]), w, *cost) == want
+
+
+def _random_window(rng):
+    """A window ``(T, L, E)`` with dead experts, spikes and ties, each expert's node (one or
+    two nodes, each holding E / n_nodes experts) and a layout the greedy placement can fill:
+    ``(counts, expert_node, n_nodes, P, g)``."""
+    n_nodes, gpn = int(rng.integers(1, 3)), int(rng.integers(1, 5))
+    epn = int(rng.integers(1, 9))
+    per = int(rng.integers(-(-epn // gpn), epn + 1))  # fits, no expert twice on a GPU
+    T, L, E = int(rng.integers(1, 5)), int(rng.integers(1, 3)), epn * n_nodes
+    counts = rng.poisson(rng.choice([0.0, 0.5, 3, 30, 300], E), size=(T, L, E))
+    node = np.stack([rng.permutation(np.repeat(np.arange(n_nodes), epn)) for _ in range(L)])
+    return (
+        counts.astype(np.int64),
+        node.astype(np.int64),
+        n_nodes,
+        per * gpn * n_nodes,
+        gpn * n_nodes,
+    )
+
+
+def _check_greedy(out, expert_node, n_nodes, P, g):
+    """Distinct, every expert placed, exact slot counts, each replica on its expert's node."""
+    p2l, l2p, cnt = out
+    L, E = cnt.shape
+    _check_maps(p2l, l2p, cnt, E, P, g)
+    gpn, per = g // n_nodes, P // g
+    assert (cnt <= gpn).all()
+    for l in range(L):
+        for h in range(g):
+            assert (expert_node[l, p2l[l, h * per : (h + 1) * per]] == h // gpn).all()
+
+
+# one instance where a late replicated expert finds room only on GPUs that hold it: the
+# one swap of the packing (three-term cost, two nodes)
+_SWAP_CASE = (
+    np.array([[[0, 0, 29, 33, 304, 6, 3, 3, 0, 4, 316, 4, 0, 23]],
+              [[0, 1, 32, 28, 325, 3, 4, 3, 0, 2, 291, 3, 0, 30]]], np.int64),
+    np.array([[1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0]], np.int64), 2, 20, 4,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [*range(40), "swap"])
+def test_greedy_kernel_equals_its_reference(seed):
+    """kernel == its py_func == the plain reference, bit for bit (all three maps), and the
+    placement keeps every constraint."""
+    from straggler.solvers import _placement_greedy as pg
+    from straggler.solvers.placement import _cost_args
+
+    if seed == "swap":
+        case, cost, alpha = _SWAP_CASE, _COSTS[2], 2.0
+    else:
+        case, cost = _random_window(np.random.default_rng(seed)), _COSTS[seed % 3]
+        alpha = [2.0, 0.5, 4.0][seed % 3]
+    args = (*case, alpha, 0.2, *_cost_args(cost))
+    k = pg.greedy_placement_kernel
+    outs = [f(*args) for f in (k, getattr(k, "py_func", k), pg.greedy_placement_reference)]
+    for other in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
+    _check_greedy(outs[0], *case[1:])
+
+
+def test_greedy_swap_case_takes_the_swap():
+    """The pinned instance does reach the swap: packing without it leaves a replica with
+    room only on GPUs that hold its expert (the reference, stopped there, raises)."""
+    import inspect
+
+    from straggler.solvers import _placement_greedy as pg
+    from straggler.solvers.placement import _cost_args
+
+    src = inspect.getsource(pg.greedy_placement_reference)
+    src = src.replace(
+        "else:  # the one swap", "else:  # the one swap\n" + " " * 24 + "raise KeyError"
+    )
+    ns = {"np": np}
+    exec(src, ns)
+    with pytest.raises(KeyError):
+        ns["greedy_placement_reference"](*_SWAP_CASE, 2.0, 0.2, *_cost_args(_COSTS[2]))
+
+
+def test_greedy_is_the_default_from_scratch():
+    """Without a move budget the default is the greedy placement (with ``previous``: its
+    slots arranged as before); with one, the rebalance keeps the local search's target."""
+    hist = _window(E=32)
+    kw = dict(cost="qwen3_30b_a_offline")
+    greedy = place_experts(hist, 40, 1, 1, 4, method="greedy", **kw)
+    for a, b in zip(place_experts(hist, 40, 1, 1, 4, **kw), greedy):
+        np.testing.assert_array_equal(a, b)
+    old = place_experts(hist, 40, 1, 1, 4, method="eplb", **kw)[0]
+    kept = place_experts(hist, 40, 1, 1, 4, previous=old, **kw)[0]
+    for l in range(2):
+        for h in range(4):
+            assert sorted(kept[l, 10 * h : 10 * h + 10]) == sorted(
+                greedy[0][l, 10 * h : 10 * h + 10]
+            )
+    moves = dict(previous=old, max_moves=3, **kw)
+    np.testing.assert_array_equal(
+        place_experts(hist, 40, 1, 1, 4, **moves)[0],
+        place_experts(hist, 40, 1, 1, 4, method="local_search", **moves)[0],
+    )
+
+
+def test_greedy_spreads_replica_sets():
+    """Every expert live in every batch, equal loads: 128 experts, 8 GPUs of 20 slots, so 32
+    experts get a second replica. Packed by load alone (``spread=0``) their replica pairs
+    fall on few GPU pairs; with the spread term no two GPUs share more than two of them, and
+    tempo's makespan meets the floor ``ceil(128 / 8) = 16`` activations in every batch."""
+    from straggler.solvers import _placement_greedy as pg
+    from straggler.solvers.placement import _cost_args
+
+    cost = CostModel.preset("qwen3_30b_a_offline")
+    rng = np.random.default_rng(0)
+    hist = rng.poisson(60, size=(8, 1, 128)) + 1
+    args = (hist, np.zeros((1, 128), np.int64), 1, 160, 8, 2.0)
+
+    def pair_counts(p2l):
+        on = np.zeros((128, 8), bool)
+        on[p2l[0], np.arange(160) // 20] = True
+        rep = on[on.sum(1) == 2]
+        return rep.T.astype(int) @ rep.astype(int) - np.diag(rep.sum(0))
+
+    packed = pg.greedy_placement_kernel(*args, 0.0, *_cost_args(cost))[0]
+    spread = pg.greedy_placement_kernel(*args, 0.2, *_cost_args(cost))[0]
+    assert pair_counts(packed).max() > 2 >= pair_counts(spread).max()
+    floor = cost.b * 16
+    for c in hist[:4]:
+        p = DispatchProblem.from_placement(c, spread, 8)
+        assert float(np.sum(solve_dispatch(p, cost, method="tempo").makespan)) == pytest.approx(
+            floor
+        )

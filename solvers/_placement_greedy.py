@@ -47,7 +47,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._jit import NJIT
+from . import _order
+from ._jit import NJIT, cache_depends_on
+from ._order import stable_argsort_desc
 
 __all__ = ["greedy_placement_kernel", "greedy_placement_reference"]
 
@@ -94,7 +96,7 @@ def greedy_placement_kernel(
     ex = np.empty(epn, np.int64)
     heap = np.empty(epn, np.int64)
     ratio = np.empty(E)
-    neg = np.empty(epn)
+    pos = np.empty(epn)
     on = np.zeros((E, n_gpus), np.bool_)
     F = np.zeros(n_gpus)
     M = np.zeros(n_gpus)
@@ -151,8 +153,8 @@ def greedy_placement_kernel(
             for i in range(epn):
                 e = ex[i]
                 key[e] = max(b * f[e] / cnt[l, e], s * m[e] / cnt[l, e])
-                neg[i] = -key[e]
-            order = np.argsort(neg, kind="mergesort")
+                pos[i] = key[e]
+            order = stable_argsort_desc(pos)
             h0 = k * gpn
             for i in range(epn):
                 e = ex[order[i]]
@@ -233,6 +235,9 @@ def greedy_placement_kernel(
                     fill[e] += 1
                     j += 1
     return p2l, l2p, cnt
+
+
+cache_depends_on(greedy_placement_kernel, _order)
 
 
 def greedy_placement_reference(

@@ -175,7 +175,12 @@ def _call_at(typingctx, handle, function, args):
     return ret(types.UniTuple(types.int64, 2), function, args), codegen
 
 
-@overload(call_compiled)
+# Inlined at numba's IR level, so the caller passes ``function`` (a dispatcher, lowered as a
+# dynamic address) only to the intrinsic, whose code never reads it: LLVM drops the address, as
+# it does for an ordinary call, and the caller stays cacheable. A call of a compiled ``impl``
+# instead would keep the address wherever LLVM does not inline that call, and numba refuses to
+# cache code holding a dynamic address.
+@overload(call_compiled, inline="always")
 def _call_compiled_jit(handle, function, args):
     if not isinstance(function, types.Dispatcher):
         return None

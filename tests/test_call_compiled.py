@@ -89,3 +89,13 @@ def test_cached_caller_in_a_new_process(tmp_path):
         for _ in range(2)
     ]
     assert runs == [["12.0", "0"], ["12.0", "1"]]
+
+
+def test_caller_holds_no_dynamic_address():
+    """numba refuses to cache code that keeps a dispatcher's run-time address; the caller's
+    final module must not keep one, even where LLVM would not inline a helper."""
+    compiled_address(_stage, ARGTYPES)
+    _caller(compiled_address(_stage, ARGTYPES), X, 3)
+    (cres,) = _caller.overloads.values()
+    assert not cres.library.has_dynamic_globals
+    assert "numba.dynamic.globals" not in cres.library.get_llvm_str()

@@ -118,12 +118,19 @@ _ORACLE = int(predictors.PredictorKind.ORACLE)
 _EXACT_MATCH = int(predictors.PredictorKind.EXACT_MATCH)
 _TWO_STAGE = int(predictors.PredictorKind.TWO_STAGE)
 
+#: For a function only jitted code calls (the loop's phases and helpers): numba builds, besides
+#: the function, a CPython entry point (unboxing every argument, a tuple of arrays field by
+#: field) and a C-callable wrapper, and optimizes and emits both; without them such a function
+#: compiles in about 30% less time (and the loop that links it in, less too). A Python call
+#: of one has no entry point to run and crashes: Python runs its ``py_func``.
+_NJIT_JITTED = dict(NJIT, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 #: The per-step phases: compiled apart (each once, on the disk cache; LLVM inlines them into
-#: the loop when it links them) and without numba's reference counting (``_nrt=False``): a
-#: phase only borrows the loop's arrays, so counting a reference at every binding (an atomic
-#: increment and decrement per array, per phase, per step) is pure cost. Such a function must
-#: neither allocate nor return an array (the caller would own a reference never counted).
-_NJIT_BORROW = dict(NJIT, _nrt=False)
+#: the loop when it links them), for jitted callers only (``_NJIT_JITTED``), and without
+#: numba's reference counting (``_nrt=False``): a phase only borrows the loop's arrays, so
+#: counting a reference at every binding (an atomic increment and decrement per array, per
+#: phase, per step) is pure cost. Such a function must neither allocate nor return an array
+#: (the caller would own a reference never counted).
+_NJIT_BORROW = dict(_NJIT_JITTED, _nrt=False)
 #: A small helper of those phases only (never of the loop itself), inlined into them at
 #: numba's IR level: one compile fewer each.
 _NJIT_BORROW_INLINE = dict(_NJIT_BORROW, inline="always")
@@ -469,7 +476,7 @@ def _unslot(D, i):
     vals[i] = -1
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
     """Touch block ``h`` in replica ``g``'s LRU prefix cache (``cap`` blocks).
 
@@ -505,7 +512,7 @@ def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
     return tg, th, ts, T
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
     """Prompt tokens of request ``i`` in replica ``g``'s cache: its leading blocks present in
     ``D`` (a :func:`_slot` table), times ``blk_tokens``, at most its prompt."""
@@ -609,9 +616,14 @@ class EngineState(NamedTuple):
     clock: np.ndarray
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_JITTED)
 def _new_state(inp):
-    """The state before the first step: nothing arrived, every slot and queue empty."""
+    """The state before the first step: nothing arrived, every slot and queue empty.
+
+    Compiled apart, as :func:`_cfg` (not inlined into :func:`run_engine`): inlined, each
+    built their record of many arrays (or read ``inp``'s fields one by one) inside the loop's
+    function, where LLVM's SROA splits every such record value field by field; that doubled
+    the time of the loop function's own optimization passes."""
     n = inp.arrival_t.shape[0]
     G, S, H, R = inp.n_replicas, inp.max_slots, inp.horizon, inp.stale + 1
     cap = max(min(inp.max_pool, n), 1)
@@ -716,7 +728,7 @@ class _Cfg(NamedTuple):
     moe_key: int
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_JITTED)
 def _cfg(inp):
     """The :class:`_Cfg` of ``inp``."""
     return _Cfg(
@@ -910,7 +922,7 @@ def _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g):
     c[_ADM_N] += 1
 
 
-@njit(**dict(NJIT, _nrt=True))
+@njit(**_NJIT_JITTED)
 def _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch):
     """Phase 6c (with prefix caches): the step's admissions in order, each reading its
     cached prefix on its replica (``cache_hit`` at its first admission; a cached prefix needs
@@ -1006,7 +1018,7 @@ def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, ring, buf
     return P
 
 
-@njit(**dict(NJIT, _nrt=True))
+@njit(**_NJIT_JITTED)
 def _cached_view(cfg, cache, prompt, pool, P, cached):
     """Phase 6a (a policy that reads the prefix caches): ``cached[j, g]``, the prompt tokens
     of the ``j``-th visible pool request found in replica ``g``'s cache."""
@@ -1089,7 +1101,7 @@ def _moe_seconds(key, load, nrun, clock):
     return moe
 
 
-@njit(**_NJIT_BORROW)
+@njit(**dict(NJIT, _nrt=False))  # public: keeps its Python entry point
 def step_time(cfg, load, nrun, ctx, clock):
     """Phase 7: the duration of this decode step from the loads at its start (``cfg``: the
     engine's scalars, ``load``/``nrun``/``ctx`` per replica, ``clock`` the time now).
@@ -1167,7 +1179,7 @@ def _record(cfg, c, clock, rep, series, dt, n_preempted):
     series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _grown(x):
     """A copy of the 1-d ``x`` with twice its length (the entries beyond ``x``'s
     uninitialized; copied element by element: no broadcasting, and its compile)."""
@@ -1177,7 +1189,7 @@ def _grown(x):
     return out
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _grown_rows(x):
     """A copy of the 2-d ``x`` with twice its rows (as :func:`_grown_rows`)."""
     out = np.empty((2 * x.shape[0], x.shape[1]), dtype=x.dtype)

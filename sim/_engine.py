@@ -536,82 +536,58 @@ _RUN = 6  # running requests, every replica
 _QUEUED = 7  # requests in the engines' own queues (queue mode)
 _TICKS = 8  # routing ticks so far
 _LRU_N = 9  # entries of the prefix caches' touch log
-_ADM_N = 10  # admissions in this step (EngineState.adm_i/adm_g[:ADM_N])
+_ADM_N = 10  # admissions in this step (adm_i/adm_g[:ADM_N] of EngineState.adm)
 _N_CNT = 11
 
 
 class EngineState(NamedTuple):
-    """Everything the step loop changes, updated in place by the phases.
+    """Everything the step loop changes, updated in place by the phases, in the groups the
+    phases take (tuples of arrays).
 
-    Per request (arrival order): times ``ready_t``, ``start_t``, ``first_t``, ``finish_t``,
-    ``enter_t`` (last entry into the pool), ``pool_wait``; ``replica``, ``n_pre``,
-    ``decoded``, ``adm_seq`` (admission order), ``enter_tick``, ``admit_tick``, ``in_pool``,
-    ``cache_hit`` (-1 until its first admission), ``q_next`` (the engines' queues as linked
-    lists). ``pool``: the pool, oldest first (``pool[:cnt[_POOL_N]]``). Per replica:
-    ``slot_req (G, S)`` (request in each slot, -1 empty), ``load`` (resident KV tokens),
-    ``nrun``, ``ptok`` (running requests' prompt tokens), ``ctx`` / ``ctx_n`` (context-phase
-    tokens and requests admitted in this step), queues ``q_head``, ``q_tail``, ``q_len``,
-    ``q_tok``. The router's views of the last ``stale + 1`` steps, ring-indexed by step:
-    ``view_ring (R, G, H+1)``, ``nrun_ring``, ``ptok_ring``, ``qlen_ring``, ``qtok_ring``, and
-    what it sent at each step (``add_ring`` tokens, ``addn_ring`` requests, ``addp_ring``
-    prompt tokens). Prefill: ``pf_free`` (each instance's next free time) and the heap
-    ``ht/hs/hi`` of ``(done, order) -> request``. ``memo``: the last finished output length per
-    prompt-hash group. ``adm_i``/``adm_g``: the requests admitted in this step and their
-    replicas, in order. ``tick_in`` (capacity ``max_pool``) and ``tick_view``: what the
-    policy is shown at a tick (:func:`_tick_state`), allocated once. Prefix caches:
-    ``cache_d`` (block * G + replica -> stamp, a :func:`_slot` table ``(keys, vals)``
-    sized to the most blocks the caches can hold at once), ``c_hp``, ``c_sz`` (see
-    :func:`_cache_touch`).
-    ``cnt``: the loop's counters (``_K`` .. ``_ADM_N``);
-    ``clock`` ``(1,)``: the simulated time.
+    ``rep``, per replica: ``(slot_req (G, S)`` (request in each slot, -1 empty), ``load``
+    (resident KV tokens), ``nrun``, ``ptok`` (running requests' prompt tokens), ``ctx``,
+    ``ctx_n)`` (context-phase tokens and requests admitted in this step). ``pq``, prefill:
+    ``(pf_free`` (each instance's next free time), ``ht, hs, hi)`` (the heap of ``(done,
+    order) -> request``). ``queues``, the engines' queues: ``(q_head, q_tail, q_next`` (per
+    request: the queues as linked lists), ``q_len, q_tok)``. ``ring``, the router's views of
+    the last ``stale + 1`` steps, ring-indexed by step: ``(view (R, G, H+1), nrun, ptok, qlen,
+    qtok`` and what it sent at each step: ``add`` tokens, ``addn`` requests, ``addp`` prompt
+    tokens ``)``. ``adm``, what an admission writes (see :func:`_admit`): per request
+    ``(replica, start_t, admit_tick, adm_seq`` (admission order), ``pool_wait, enter_t`` (last
+    entry into the pool), ``in_pool``, and ``adm_i, adm_g)`` (the requests admitted in this
+    step and their replicas, in order). Per request (arrival order): ``ready_t``,
+    ``first_t``, ``finish_t``, ``decoded``, ``n_pre``, ``enter_tick``, ``cache_hit`` (-1
+    until its first admission); ``pool``: the pool, oldest first (``pool[:cnt[_POOL_N]]``).
+    ``memo``: the last finished output length per prompt-hash group. ``tick_in`` (capacity
+    ``max_pool``) and ``tick_view``: what the policy is shown at a tick
+    (:func:`_tick_state`), allocated once. ``cache``, the prefix caches: ``(cache_d``
+    (block * G + replica -> stamp, a :func:`_slot` table ``(keys, vals)`` sized to the most
+    blocks the caches can hold at once), ``c_hp, c_sz)`` (see :func:`_cache_touch`).
+    ``cnt``: the loop's counters (``_K`` .. ``_ADM_N``); ``clock`` ``(1,)``: the simulated
+    time.
+
+    Grouped, :func:`run_engine` binds a few fields (each read of a field of a record
+    variable loads the whole record, which LLVM's SROA then splits field by field: with one
+    field per array, those reads were a large part of the loop function's compile).
     """
 
+    rep: tuple
+    pq: tuple
+    queues: tuple
+    ring: tuple
+    adm: tuple
     ready_t: np.ndarray
-    start_t: np.ndarray
     first_t: np.ndarray
     finish_t: np.ndarray
-    enter_t: np.ndarray
-    pool_wait: np.ndarray
-    replica: np.ndarray
-    n_pre: np.ndarray
     decoded: np.ndarray
-    adm_seq: np.ndarray
+    n_pre: np.ndarray
     enter_tick: np.ndarray
-    admit_tick: np.ndarray
-    in_pool: np.ndarray
     cache_hit: np.ndarray
-    q_next: np.ndarray
     pool: np.ndarray
-    slot_req: np.ndarray
-    load: np.ndarray
-    nrun: np.ndarray
-    ptok: np.ndarray
-    ctx: np.ndarray
-    ctx_n: np.ndarray
-    q_head: np.ndarray
-    q_tail: np.ndarray
-    q_len: np.ndarray
-    q_tok: np.ndarray
-    view_ring: np.ndarray
-    nrun_ring: np.ndarray
-    ptok_ring: np.ndarray
-    qlen_ring: np.ndarray
-    qtok_ring: np.ndarray
-    add_ring: np.ndarray
-    addn_ring: np.ndarray
-    addp_ring: np.ndarray
-    pf_free: np.ndarray
-    ht: np.ndarray
-    hs: np.ndarray
-    hi: np.ndarray
     memo: np.ndarray
-    adm_i: np.ndarray
-    adm_g: np.ndarray
     tick_in: PoolState
     tick_view: ReplicaState
-    cache_d: tuple
-    c_hp: np.ndarray
-    c_sz: np.ndarray
+    cache: tuple
     cnt: np.ndarray
     clock: np.ndarray
 
@@ -629,47 +605,57 @@ def _new_state(inp):
     cap = max(min(inp.max_pool, n), 1)
     n_cached = cap if inp.cache_router else 0
     return EngineState(
+        rep=(
+            np.full((G, S), -1, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+        ),
+        pq=(
+            np.zeros(max(inp.prefill_instances, 1)),
+            np.empty(n),
+            np.empty(n, dtype=np.int64),
+            np.empty(n, dtype=np.int64),
+        ),
+        queues=(
+            np.full(G, -1, dtype=np.int64),
+            np.full(G, -1, dtype=np.int64),
+            np.full(n, -1, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+        ),
+        ring=(
+            np.zeros((R, G, H + 1)),
+            np.zeros((R, G), dtype=np.int64),
+            np.zeros((R, G)),
+            np.zeros((R, G), dtype=np.int64),
+            np.zeros((R, G)),
+            np.zeros((R, G)),
+            np.zeros((R, G), dtype=np.int64),
+            np.zeros((R, G)),
+        ),
+        adm=(
+            np.full(n, -1, dtype=np.int64),
+            np.full(n, np.nan),
+            np.full(n, -1, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n),
+            np.zeros(n),
+            np.zeros(n, dtype=np.bool_),
+            np.empty(n, dtype=np.int64),
+            np.empty(n, dtype=np.int64),
+        ),
         ready_t=np.full(n, np.nan),
-        start_t=np.full(n, np.nan),
         first_t=np.full(n, np.nan),
         finish_t=np.full(n, np.nan),
-        enter_t=np.zeros(n),
-        pool_wait=np.zeros(n),
-        replica=np.full(n, -1, dtype=np.int64),
-        n_pre=np.zeros(n, dtype=np.int64),
         decoded=np.zeros(n, dtype=np.int64),
-        adm_seq=np.zeros(n, dtype=np.int64),
+        n_pre=np.zeros(n, dtype=np.int64),
         enter_tick=np.full(n, -1, dtype=np.int64),
-        admit_tick=np.full(n, -1, dtype=np.int64),
-        in_pool=np.zeros(n, dtype=np.bool_),
         cache_hit=np.full(n, -1.0),
-        q_next=np.full(n, -1, dtype=np.int64),
         pool=np.empty(n, dtype=np.int64),
-        slot_req=np.full((G, S), -1, dtype=np.int64),
-        load=np.zeros(G, dtype=np.int64),
-        nrun=np.zeros(G, dtype=np.int64),
-        ptok=np.zeros(G, dtype=np.int64),
-        ctx=np.zeros(G, dtype=np.int64),
-        ctx_n=np.zeros(G, dtype=np.int64),
-        q_head=np.full(G, -1, dtype=np.int64),
-        q_tail=np.full(G, -1, dtype=np.int64),
-        q_len=np.zeros(G, dtype=np.int64),
-        q_tok=np.zeros(G, dtype=np.int64),
-        view_ring=np.zeros((R, G, H + 1)),
-        nrun_ring=np.zeros((R, G), dtype=np.int64),
-        ptok_ring=np.zeros((R, G)),
-        qlen_ring=np.zeros((R, G), dtype=np.int64),
-        qtok_ring=np.zeros((R, G)),
-        add_ring=np.zeros((R, G)),
-        addn_ring=np.zeros((R, G), dtype=np.int64),
-        addp_ring=np.zeros((R, G)),
-        pf_free=np.zeros(max(inp.prefill_instances, 1)),
-        ht=np.empty(n),
-        hs=np.empty(n, dtype=np.int64),
-        hi=np.empty(n, dtype=np.int64),
         memo=np.full(max(inp.n_groups, 1), -1, dtype=np.int64),
-        adm_i=np.empty(n, dtype=np.int64),
-        adm_g=np.empty(n, dtype=np.int64),
         tick_in=PoolState(
             np.empty(cap),
             np.empty(cap, np.int64),
@@ -686,9 +672,11 @@ def _new_state(inp):
             np.zeros(G),
             np.full(G, float(inp.kv_cap)),
         ),
-        cache_d=(np.zeros(inp.cache_slots, np.int64), np.full(inp.cache_slots, -1, np.int64)),
-        c_hp=np.zeros(G, dtype=np.int64),
-        c_sz=np.zeros(G, dtype=np.int64),
+        cache=(
+            (np.zeros(inp.cache_slots, np.int64), np.full(inp.cache_slots, -1, np.int64)),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+        ),
         cnt=np.zeros(_N_CNT, dtype=np.int64),
         clock=np.zeros(1),
     )
@@ -1242,30 +1230,25 @@ def run_engine(kernel, inp):
     reference counting (``_NJIT_BORROW``) and allocate nothing; what allocates (the
     kernel's assignment, a log that grows, the prefix caches) happens here or in a phase
     that counts references."""
+    # one binding per line: a tuple on the right of a multiple assignment (four names or
+    # more) is built and unpacked in the compiled code
     st = _new_state(inp)
     cfg = _cfg(inp)
     c, clock = st.cnt, st.clock
-    arrival_t, prompt, output, group = inp.arrival_t, inp.prompt, inp.output, inp.group
-    decoded, pool, memo, adm_seq, n_pre = st.decoded, st.pool, st.memo, st.adm_seq, st.n_pre
-    ready_t, enter_t, enter_tick, in_pool = st.ready_t, st.enter_t, st.enter_tick, st.in_pool
-    first_t, finish_t, slot_req, room = st.first_t, st.finish_t, st.slot_req, inp.room
-    rep = (slot_req, st.load, st.nrun, st.ptok, st.ctx, st.ctx_n)
-    load, nrun, ctx = st.load, st.nrun, st.ctx
-    pq = (st.pf_free, st.ht, st.hs, st.hi)
-    ht = st.ht
-    queues = (st.q_head, st.q_tail, st.q_next, st.q_len, st.q_tok)
-    ring = (
-        st.view_ring, st.nrun_ring, st.ptok_ring, st.qlen_ring, st.qtok_ring, st.add_ring,
-        st.addn_ring, st.addp_ring,
-    )  # fmt: skip
-    view_ring = st.view_ring
-    adm_i, adm_g = st.adm_i, st.adm_g
-    adm = (
-        st.replica, st.start_t, st.admit_tick, adm_seq, st.pool_wait, enter_t, in_pool, adm_i,
-        adm_g,
-    )  # fmt: skip
-    cache = (st.cache_d, st.c_hp, st.c_sz, inp.blk_off, inp.blk_ids)
-    cache_hit = st.cache_hit
+    rep, pq, queues = st.rep, st.pq, st.queues
+    ring, adm, cache_hit = st.ring, st.adm, st.cache_hit
+    decoded, pool, memo = st.decoded, st.pool, st.memo
+    ready_t, first_t, finish_t = st.ready_t, st.first_t, st.finish_t
+    n_pre, enter_tick = st.n_pre, st.enter_tick
+    arrival_t, prompt, output = inp.arrival_t, inp.prompt, inp.output
+    group, room = inp.group, inp.room
+    slot_req, load = rep[0], rep[1]
+    nrun, ctx = rep[2], rep[4]
+    ht, view_ring = pq[1], ring[0]
+    adm_seq, pool_wait, enter_t = adm[3], adm[4], adm[5]
+    in_pool, adm_i, adm_g = adm[6], adm[7], adm[8]
+    cache_d, c_hp, c_sz = st.cache
+    cache = (cache_d, c_hp, c_sz, inp.blk_off, inp.blk_ids)
     pred = (prompt, output, group, inp.surv_p, inp.surv_mu)
     tick_in, tick_view, options = st.tick_in, st.tick_view, inp.options
     series = np.empty((1024, len(SERIES)))
@@ -1325,22 +1308,22 @@ def run_engine(kernel, inp):
         c[_K] += 1
     for i in range(arrival_t.shape[0]):  # requests still waiting at the end
         if in_pool[i]:
-            st.pool_wait[i] += clock[0] - enter_t[i]
+            pool_wait[i] += clock[0] - enter_t[i]
     k, n_ticks = c[_K], c[_TICKS]
     return EngineOutput(
-        st.ready_t,
-        st.start_t,
-        st.first_t,
-        st.finish_t,
-        st.replica,
-        st.n_pre,
-        st.pool_wait,
-        st.enter_tick,
-        st.admit_tick,
+        ready_t,
+        adm[1],
+        first_t,
+        finish_t,
+        adm[0],
+        n_pre,
+        pool_wait,
+        enter_tick,
+        adm[2],
         series[:k].copy(),
         tick_ns[:n_ticks].copy(),
         tick_pool[:n_ticks].copy(),
-        np.maximum(st.cache_hit, 0.0),
+        np.maximum(cache_hit, 0.0),
     )
 
 

@@ -120,9 +120,11 @@ _TWO_STAGE = int(predictors.PredictorKind.TWO_STAGE)
 
 #: For a function only jitted code calls (the loop's phases and helpers): numba builds, besides
 #: the function, a CPython entry point (unboxing every argument, a tuple of arrays field by
-#: field) and a C-callable wrapper, and optimizes and emits both; without them such a function
-#: compiles in about 30% less time (and the loop that links it in, less too). A Python call
-#: of one has no entry point to run and crashes: Python runs its ``py_func``.
+#: field) and a C-callable wrapper, and optimizes and emits both; without them a phase
+#: compiles in a third to a half less time. A Python call of such a function has no entry
+#: point to run and crashes: Python runs its ``py_func`` (``step_time``, public, and
+#: ``_slot``/``_unslot``, which a test calls, keep their entry points; ``_moe_seconds`` too:
+#: its object-mode block is called through them).
 _NJIT_JITTED = dict(NJIT, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 #: The per-step phases: compiled apart (each once, on the disk cache; LLVM inlines them into
 #: the loop when it links them), for jitted callers only (``_NJIT_JITTED``), and without

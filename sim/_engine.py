@@ -118,12 +118,21 @@ _ORACLE = int(predictors.PredictorKind.ORACLE)
 _EXACT_MATCH = int(predictors.PredictorKind.EXACT_MATCH)
 _TWO_STAGE = int(predictors.PredictorKind.TWO_STAGE)
 
+#: For a function only jitted code calls (the loop's phases and helpers): numba builds, besides
+#: the function, a CPython entry point (unboxing every argument, a tuple of arrays field by
+#: field) and a C-callable wrapper, and optimizes and emits both; without them a phase
+#: compiles in a third to a half less time. A Python call of such a function has no entry
+#: point to run and crashes: Python runs its ``py_func`` (``step_time``, public, and
+#: ``_slot``/``_unslot``, which a test calls, keep their entry points; ``_moe_seconds`` too:
+#: its object-mode block is called through them).
+_NJIT_JITTED = dict(NJIT, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 #: The per-step phases: compiled apart (each once, on the disk cache; LLVM inlines them into
-#: the loop when it links them) and without numba's reference counting (``_nrt=False``): a
-#: phase only borrows the loop's arrays, so counting a reference at every binding (an atomic
-#: increment and decrement per array, per phase, per step) is pure cost. Such a function must
-#: neither allocate nor return an array (the caller would own a reference never counted).
-_NJIT_BORROW = dict(NJIT, _nrt=False)
+#: the loop when it links them), for jitted callers only (``_NJIT_JITTED``), and without
+#: numba's reference counting (``_nrt=False``): a phase only borrows the loop's arrays, so
+#: counting a reference at every binding (an atomic increment and decrement per array, per
+#: phase, per step) is pure cost. Such a function must neither allocate nor return an array
+#: (the caller would own a reference never counted).
+_NJIT_BORROW = dict(_NJIT_JITTED, _nrt=False)
 #: A small helper of those phases only (never of the loop itself), inlined into them at
 #: numba's IR level: one compile fewer each.
 _NJIT_BORROW_INLINE = dict(_NJIT_BORROW, inline="always")
@@ -469,7 +478,7 @@ def _unslot(D, i):
     vals[i] = -1
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
     """Touch block ``h`` in replica ``g``'s LRU prefix cache (``cap`` blocks).
 
@@ -505,7 +514,7 @@ def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
     return tg, th, ts, T
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
     """Prompt tokens of request ``i`` in replica ``g``'s cache: its leading blocks present in
     ``D`` (a :func:`_slot` table), times ``blk_tokens``, at most its prompt."""
@@ -529,135 +538,126 @@ _RUN = 6  # running requests, every replica
 _QUEUED = 7  # requests in the engines' own queues (queue mode)
 _TICKS = 8  # routing ticks so far
 _LRU_N = 9  # entries of the prefix caches' touch log
-_ADM_N = 10  # admissions in this step (EngineState.adm_i/adm_g[:ADM_N])
+_ADM_N = 10  # admissions in this step (adm_i/adm_g[:ADM_N] of EngineState.adm)
 _N_CNT = 11
 
 
 class EngineState(NamedTuple):
-    """Everything the step loop changes, updated in place by the phases.
+    """Everything the step loop changes, updated in place by the phases, in the groups the
+    phases take (tuples of arrays).
 
-    Per request (arrival order): times ``ready_t``, ``start_t``, ``first_t``, ``finish_t``,
-    ``enter_t`` (last entry into the pool), ``pool_wait``; ``replica``, ``n_pre``,
-    ``decoded``, ``adm_seq`` (admission order), ``enter_tick``, ``admit_tick``, ``in_pool``,
-    ``cache_hit`` (-1 until its first admission), ``q_next`` (the engines' queues as linked
-    lists). ``pool``: the pool, oldest first (``pool[:cnt[_POOL_N]]``). Per replica:
-    ``slot_req (G, S)`` (request in each slot, -1 empty), ``load`` (resident KV tokens),
-    ``nrun``, ``ptok`` (running requests' prompt tokens), ``ctx`` / ``ctx_n`` (context-phase
-    tokens and requests admitted in this step), queues ``q_head``, ``q_tail``, ``q_len``,
-    ``q_tok``. The router's views of the last ``stale + 1`` steps, ring-indexed by step:
-    ``view_ring (R, G, H+1)``, ``nrun_ring``, ``ptok_ring``, ``qlen_ring``, ``qtok_ring``, and
-    what it sent at each step (``add_ring`` tokens, ``addn_ring`` requests, ``addp_ring``
-    prompt tokens). Prefill: ``pf_free`` (each instance's next free time) and the heap
-    ``ht/hs/hi`` of ``(done, order) -> request``. ``memo``: the last finished output length per
-    prompt-hash group. ``adm_i``/``adm_g``: the requests admitted in this step and their
-    replicas, in order. ``tick_in`` (capacity ``max_pool``) and ``tick_view``: what the
-    policy is shown at a tick (:func:`_tick_state`), allocated once. Prefix caches:
-    ``cache_d`` (block * G + replica -> stamp, a :func:`_slot` table ``(keys, vals)``
-    sized to the most blocks the caches can hold at once), ``c_hp``, ``c_sz`` (see
-    :func:`_cache_touch`).
-    ``cnt``: the loop's counters (``_K`` .. ``_ADM_N``);
-    ``clock`` ``(1,)``: the simulated time.
+    ``rep``, per replica: ``(slot_req (G, S)`` (request in each slot, -1 empty), ``load``
+    (resident KV tokens), ``nrun``, ``ptok`` (running requests' prompt tokens), ``ctx``,
+    ``ctx_n)`` (context-phase tokens and requests admitted in this step). ``pq``, prefill:
+    ``(pf_free`` (each instance's next free time), ``ht, hs, hi)`` (the heap of ``(done,
+    order) -> request``). ``queues``, the engines' queues: ``(q_head, q_tail, q_next`` (per
+    request: the queues as linked lists), ``q_len, q_tok)``. ``ring``, the router's views of
+    the last ``stale + 1`` steps, ring-indexed by step: ``(view (R, G, H+1), nrun, ptok, qlen,
+    qtok`` and what it sent at each step: ``add`` tokens, ``addn`` requests, ``addp`` prompt
+    tokens ``)``. ``adm``, what an admission writes (see :func:`_admit`): per request
+    ``(replica, start_t, admit_tick, adm_seq`` (admission order), ``pool_wait, enter_t`` (last
+    entry into the pool), ``in_pool``, and ``adm_i, adm_g)`` (the requests admitted in this
+    step and their replicas, in order). Per request (arrival order): ``ready_t``,
+    ``first_t``, ``finish_t``, ``decoded``, ``n_pre``, ``enter_tick``, ``cache_hit`` (-1
+    until its first admission); ``pool``: the pool, oldest first (``pool[:cnt[_POOL_N]]``).
+    ``memo``: the last finished output length per prompt-hash group. ``tick_in`` (capacity
+    ``max_pool``) and ``tick_view``: what the policy is shown at a tick
+    (:func:`_tick_state`), allocated once. ``cache``, the prefix caches: ``(cache_d``
+    (block * G + replica -> stamp, a :func:`_slot` table ``(keys, vals)`` sized to the most
+    blocks the caches can hold at once), ``c_hp, c_sz)`` (see :func:`_cache_touch`).
+    ``cnt``: the loop's counters (``_K`` .. ``_ADM_N``); ``clock`` ``(1,)``: the simulated
+    time.
+
+    Grouped, :func:`run_engine` binds a few fields (each read of a field of a record
+    variable loads the whole record, which LLVM's SROA then splits field by field: with one
+    field per array, those reads were a large part of the loop function's compile).
     """
 
+    rep: tuple
+    pq: tuple
+    queues: tuple
+    ring: tuple
+    adm: tuple
     ready_t: np.ndarray
-    start_t: np.ndarray
     first_t: np.ndarray
     finish_t: np.ndarray
-    enter_t: np.ndarray
-    pool_wait: np.ndarray
-    replica: np.ndarray
-    n_pre: np.ndarray
     decoded: np.ndarray
-    adm_seq: np.ndarray
+    n_pre: np.ndarray
     enter_tick: np.ndarray
-    admit_tick: np.ndarray
-    in_pool: np.ndarray
     cache_hit: np.ndarray
-    q_next: np.ndarray
     pool: np.ndarray
-    slot_req: np.ndarray
-    load: np.ndarray
-    nrun: np.ndarray
-    ptok: np.ndarray
-    ctx: np.ndarray
-    ctx_n: np.ndarray
-    q_head: np.ndarray
-    q_tail: np.ndarray
-    q_len: np.ndarray
-    q_tok: np.ndarray
-    view_ring: np.ndarray
-    nrun_ring: np.ndarray
-    ptok_ring: np.ndarray
-    qlen_ring: np.ndarray
-    qtok_ring: np.ndarray
-    add_ring: np.ndarray
-    addn_ring: np.ndarray
-    addp_ring: np.ndarray
-    pf_free: np.ndarray
-    ht: np.ndarray
-    hs: np.ndarray
-    hi: np.ndarray
     memo: np.ndarray
-    adm_i: np.ndarray
-    adm_g: np.ndarray
     tick_in: PoolState
     tick_view: ReplicaState
-    cache_d: tuple
-    c_hp: np.ndarray
-    c_sz: np.ndarray
+    cache: tuple
     cnt: np.ndarray
     clock: np.ndarray
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_JITTED)
 def _new_state(inp):
-    """The state before the first step: nothing arrived, every slot and queue empty."""
+    """The state before the first step: nothing arrived, every slot and queue empty.
+
+    Compiled apart, as :func:`_cfg` (not inlined into :func:`run_engine`): inlined, each
+    built their record of many arrays (or read ``inp``'s fields one by one) inside the loop's
+    function, where LLVM's SROA splits every such record value field by field; that doubled
+    the time of the loop function's own optimization passes."""
     n = inp.arrival_t.shape[0]
     G, S, H, R = inp.n_replicas, inp.max_slots, inp.horizon, inp.stale + 1
     cap = max(min(inp.max_pool, n), 1)
     n_cached = cap if inp.cache_router else 0
     return EngineState(
+        rep=(
+            np.full((G, S), -1, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+        ),
+        pq=(
+            np.zeros(max(inp.prefill_instances, 1)),
+            np.empty(n),
+            np.empty(n, dtype=np.int64),
+            np.empty(n, dtype=np.int64),
+        ),
+        queues=(
+            np.full(G, -1, dtype=np.int64),
+            np.full(G, -1, dtype=np.int64),
+            np.full(n, -1, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+        ),
+        ring=(
+            np.zeros((R, G, H + 1)),
+            np.zeros((R, G), dtype=np.int64),
+            np.zeros((R, G)),
+            np.zeros((R, G), dtype=np.int64),
+            np.zeros((R, G)),
+            np.zeros((R, G)),
+            np.zeros((R, G), dtype=np.int64),
+            np.zeros((R, G)),
+        ),
+        adm=(
+            np.full(n, -1, dtype=np.int64),
+            np.full(n, np.nan),
+            np.full(n, -1, dtype=np.int64),
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n),
+            np.zeros(n),
+            np.zeros(n, dtype=np.bool_),
+            np.empty(n, dtype=np.int64),
+            np.empty(n, dtype=np.int64),
+        ),
         ready_t=np.full(n, np.nan),
-        start_t=np.full(n, np.nan),
         first_t=np.full(n, np.nan),
         finish_t=np.full(n, np.nan),
-        enter_t=np.zeros(n),
-        pool_wait=np.zeros(n),
-        replica=np.full(n, -1, dtype=np.int64),
-        n_pre=np.zeros(n, dtype=np.int64),
         decoded=np.zeros(n, dtype=np.int64),
-        adm_seq=np.zeros(n, dtype=np.int64),
+        n_pre=np.zeros(n, dtype=np.int64),
         enter_tick=np.full(n, -1, dtype=np.int64),
-        admit_tick=np.full(n, -1, dtype=np.int64),
-        in_pool=np.zeros(n, dtype=np.bool_),
         cache_hit=np.full(n, -1.0),
-        q_next=np.full(n, -1, dtype=np.int64),
         pool=np.empty(n, dtype=np.int64),
-        slot_req=np.full((G, S), -1, dtype=np.int64),
-        load=np.zeros(G, dtype=np.int64),
-        nrun=np.zeros(G, dtype=np.int64),
-        ptok=np.zeros(G, dtype=np.int64),
-        ctx=np.zeros(G, dtype=np.int64),
-        ctx_n=np.zeros(G, dtype=np.int64),
-        q_head=np.full(G, -1, dtype=np.int64),
-        q_tail=np.full(G, -1, dtype=np.int64),
-        q_len=np.zeros(G, dtype=np.int64),
-        q_tok=np.zeros(G, dtype=np.int64),
-        view_ring=np.zeros((R, G, H + 1)),
-        nrun_ring=np.zeros((R, G), dtype=np.int64),
-        ptok_ring=np.zeros((R, G)),
-        qlen_ring=np.zeros((R, G), dtype=np.int64),
-        qtok_ring=np.zeros((R, G)),
-        add_ring=np.zeros((R, G)),
-        addn_ring=np.zeros((R, G), dtype=np.int64),
-        addp_ring=np.zeros((R, G)),
-        pf_free=np.zeros(max(inp.prefill_instances, 1)),
-        ht=np.empty(n),
-        hs=np.empty(n, dtype=np.int64),
-        hi=np.empty(n, dtype=np.int64),
         memo=np.full(max(inp.n_groups, 1), -1, dtype=np.int64),
-        adm_i=np.empty(n, dtype=np.int64),
-        adm_g=np.empty(n, dtype=np.int64),
         tick_in=PoolState(
             np.empty(cap),
             np.empty(cap, np.int64),
@@ -674,9 +674,11 @@ def _new_state(inp):
             np.zeros(G),
             np.full(G, float(inp.kv_cap)),
         ),
-        cache_d=(np.zeros(inp.cache_slots, np.int64), np.full(inp.cache_slots, -1, np.int64)),
-        c_hp=np.zeros(G, dtype=np.int64),
-        c_sz=np.zeros(G, dtype=np.int64),
+        cache=(
+            (np.zeros(inp.cache_slots, np.int64), np.full(inp.cache_slots, -1, np.int64)),
+            np.zeros(G, dtype=np.int64),
+            np.zeros(G, dtype=np.int64),
+        ),
         cnt=np.zeros(_N_CNT, dtype=np.int64),
         clock=np.zeros(1),
     )
@@ -716,7 +718,7 @@ class _Cfg(NamedTuple):
     moe_key: int
 
 
-@njit(**NJIT_INLINE)
+@njit(**_NJIT_JITTED)
 def _cfg(inp):
     """The :class:`_Cfg` of ``inp``."""
     return _Cfg(
@@ -910,7 +912,7 @@ def _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g):
     c[_ADM_N] += 1
 
 
-@njit(**dict(NJIT, _nrt=True))
+@njit(**_NJIT_JITTED)
 def _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch):
     """Phase 6c (with prefix caches): the step's admissions in order, each reading its
     cached prefix on its replica (``cache_hit`` at its first admission; a cached prefix needs
@@ -1006,7 +1008,7 @@ def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, ring, buf
     return P
 
 
-@njit(**dict(NJIT, _nrt=True))
+@njit(**_NJIT_JITTED)
 def _cached_view(cfg, cache, prompt, pool, P, cached):
     """Phase 6a (a policy that reads the prefix caches): ``cached[j, g]``, the prompt tokens
     of the ``j``-th visible pool request found in replica ``g``'s cache."""
@@ -1089,7 +1091,7 @@ def _moe_seconds(key, load, nrun, clock):
     return moe
 
 
-@njit(**_NJIT_BORROW)
+@njit(**dict(NJIT, _nrt=False))  # public: keeps its Python entry point
 def step_time(cfg, load, nrun, ctx, clock):
     """Phase 7: the duration of this decode step from the loads at its start (``cfg``: the
     engine's scalars, ``load``/``nrun``/``ctx`` per replica, ``clock`` the time now).
@@ -1167,7 +1169,7 @@ def _record(cfg, c, clock, rep, series, dt, n_preempted):
     series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _grown(x):
     """A copy of the 1-d ``x`` with twice its length (the entries beyond ``x``'s
     uninitialized; copied element by element: no broadcasting, and its compile)."""
@@ -1177,7 +1179,7 @@ def _grown(x):
     return out
 
 
-@njit(**NJIT)
+@njit(**_NJIT_JITTED)
 def _grown_rows(x):
     """A copy of the 2-d ``x`` with twice its rows (as :func:`_grown_rows`)."""
     out = np.empty((2 * x.shape[0], x.shape[1]), dtype=x.dtype)
@@ -1230,30 +1232,25 @@ def run_engine(kernel, inp):
     reference counting (``_NJIT_BORROW``) and allocate nothing; what allocates (the
     kernel's assignment, a log that grows, the prefix caches) happens here or in a phase
     that counts references."""
+    # one binding per line: a tuple on the right of a multiple assignment (four names or
+    # more) is built and unpacked in the compiled code
     st = _new_state(inp)
     cfg = _cfg(inp)
     c, clock = st.cnt, st.clock
-    arrival_t, prompt, output, group = inp.arrival_t, inp.prompt, inp.output, inp.group
-    decoded, pool, memo, adm_seq, n_pre = st.decoded, st.pool, st.memo, st.adm_seq, st.n_pre
-    ready_t, enter_t, enter_tick, in_pool = st.ready_t, st.enter_t, st.enter_tick, st.in_pool
-    first_t, finish_t, slot_req, room = st.first_t, st.finish_t, st.slot_req, inp.room
-    rep = (slot_req, st.load, st.nrun, st.ptok, st.ctx, st.ctx_n)
-    load, nrun, ctx = st.load, st.nrun, st.ctx
-    pq = (st.pf_free, st.ht, st.hs, st.hi)
-    ht = st.ht
-    queues = (st.q_head, st.q_tail, st.q_next, st.q_len, st.q_tok)
-    ring = (
-        st.view_ring, st.nrun_ring, st.ptok_ring, st.qlen_ring, st.qtok_ring, st.add_ring,
-        st.addn_ring, st.addp_ring,
-    )  # fmt: skip
-    view_ring = st.view_ring
-    adm_i, adm_g = st.adm_i, st.adm_g
-    adm = (
-        st.replica, st.start_t, st.admit_tick, adm_seq, st.pool_wait, enter_t, in_pool, adm_i,
-        adm_g,
-    )  # fmt: skip
-    cache = (st.cache_d, st.c_hp, st.c_sz, inp.blk_off, inp.blk_ids)
-    cache_hit = st.cache_hit
+    rep, pq, queues = st.rep, st.pq, st.queues
+    ring, adm, cache_hit = st.ring, st.adm, st.cache_hit
+    decoded, pool, memo = st.decoded, st.pool, st.memo
+    ready_t, first_t, finish_t = st.ready_t, st.first_t, st.finish_t
+    n_pre, enter_tick = st.n_pre, st.enter_tick
+    arrival_t, prompt, output = inp.arrival_t, inp.prompt, inp.output
+    group, room = inp.group, inp.room
+    slot_req, load = rep[0], rep[1]
+    nrun, ctx = rep[2], rep[4]
+    ht, view_ring = pq[1], ring[0]
+    adm_seq, pool_wait, enter_t = adm[3], adm[4], adm[5]
+    in_pool, adm_i, adm_g = adm[6], adm[7], adm[8]
+    cache_d, c_hp, c_sz = st.cache
+    cache = (cache_d, c_hp, c_sz, inp.blk_off, inp.blk_ids)
     pred = (prompt, output, group, inp.surv_p, inp.surv_mu)
     tick_in, tick_view, options = st.tick_in, st.tick_view, inp.options
     series = np.empty((1024, len(SERIES)))
@@ -1313,22 +1310,22 @@ def run_engine(kernel, inp):
         c[_K] += 1
     for i in range(arrival_t.shape[0]):  # requests still waiting at the end
         if in_pool[i]:
-            st.pool_wait[i] += clock[0] - enter_t[i]
+            pool_wait[i] += clock[0] - enter_t[i]
     k, n_ticks = c[_K], c[_TICKS]
     return EngineOutput(
-        st.ready_t,
-        st.start_t,
-        st.first_t,
-        st.finish_t,
-        st.replica,
-        st.n_pre,
-        st.pool_wait,
-        st.enter_tick,
-        st.admit_tick,
+        ready_t,
+        adm[1],
+        first_t,
+        finish_t,
+        adm[0],
+        n_pre,
+        pool_wait,
+        enter_tick,
+        adm[2],
         series[:k].copy(),
         tick_ns[:n_ticks].copy(),
         tick_pool[:n_ticks].copy(),
-        np.maximum(st.cache_hit, 0.0),
+        np.maximum(cache_hit, 0.0),
     )
 
 

@@ -19,7 +19,7 @@ counted where it is first compiled) it records:
 The last three do not depend on the machine's load (CPU seconds on a busy machine vary by
 10-20% from run to run): they show what a change removed, the CPU seconds what it is worth.
 The counts are read by wrapping two methods of ``numba.core.codegen.CPUCodeLibrary`` in the
-child process (numba 0.60-0.61 internals; measurement only).
+child process (numba 0.68 internals; measurement only).
 
 ``--old PATH`` runs an earlier checkout of this repository too (imported through a temporary
 folder whose ``straggler`` links to it), alternating with this one run by run.

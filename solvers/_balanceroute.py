@@ -20,7 +20,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from . import _order, _routing_core
-from ._jit import NJIT, cache_depends_on
+from ._jit import NJIT, NJIT_INLINE, cache_depends_on
 from ._order import radix_order as _radix_order
 from ._order import stable_argsort as _stable_argsort
 from ._order import stable_argsort_desc as _stable_argsort_desc
@@ -48,7 +48,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def best_subset_kernel(prefill, cand, nc, q, margin, n_replicas_f, best, comb):
     """Stage 2's subset search: the ``Q`` among candidates ``cand[:nc]`` with ``|Q| <= q``
     maximizing ``F(Q) = D(Q) - G*(D(Q) - m)_+``.
@@ -92,7 +92,7 @@ def _next_combination(comb, size, n):
     return True
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _kth_largest(w, k):
     """The ``k``-th largest (``1 <= k <= len(w)``) of int64 ``w``: ``np.sort(w)[len(w) - k]``,
     by :func:`_radix_order` of ``w`` with its sign bit flipped (unsigned order = signed order)."""
@@ -224,7 +224,23 @@ def _prev_live(words, summary, p):
     return (w << 6) + _high_bit(words[w])
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
+def _count_at_most(sv, x):
+    """``np.searchsorted(sv, x, side="right")`` for ascending ``sv`` and ``x`` without NaN:
+    the number of entries ``<= x``, by binary search (numba's ``searchsorted`` compiles its
+    ``side`` string handling and NaN-aware comparisons, about a third of a second)."""
+    lo = 0
+    hi = sv.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if sv[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(**NJIT_INLINE)
 def _br0_candidates(sv, order, run_start, words, summary, mg, Gf, k, cand, cand_f):
     """The ``k`` live requests with the largest ``F(s) = s - G*(s - m)_+``, ties to lower index.
 
@@ -233,7 +249,7 @@ def _br0_candidates(sv, order, run_start, words, summary, mg, Gf, k, cand, cand_
     ``s <= m`` (each run of equal ``s`` in index order) and upward over ``s > m``.
     """
     n = sv.shape[0]
-    p = np.searchsorted(sv, mg, side="right")  # first position with s > m
+    p = _count_at_most(sv, mg)  # first position with s > m
     lo_q = _prev_live(words, summary, p - 1)  # last live position with s <= m (-1: none)
     # walk inside lo_q's run, in index order
     lo = _next_live(words, summary, run_start[lo_q], n) if lo_q >= 0 else -1
@@ -537,7 +553,7 @@ def _brh_score(s, gain, beta, d, m, idx, hs):
     return gain * s - beta * pen
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _brh_candidates(
     sv, order, words, summary, m, d, sd, spread, gain, beta, k, cand, cand_f, idx, hs
 ):
@@ -583,7 +599,7 @@ def _brh_candidates(
         return 0
     smax = sv[top]
     eps = 1e-10 * (gain * smax + beta * (sd * smax + spread)) + 1e-300
-    p = np.searchsorted(sv, s_lo, side="right")  # first position with s > s_lo
+    p = _count_at_most(sv, s_lo)  # first position with s > s_lo
     nc = np.int64(0)  # int64 from the start: a literal 0 makes numba compile _brh_insert for it
     q = _prev_live(words, summary, p - 1)  # downward walk
     while q >= 0:

@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit
 
 from . import _order
-from ._jit import NJIT, cache_depends_on
+from ._jit import NJIT, NJIT_INLINE, cache_depends_on
 from ._order import stable_argsort_uint
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _larger(n, j, u, v):
     """Whether expert u's piece ``n[u] / j[u]`` is larger than v's (exact, cross-multiplied)."""
     return n[u] * j[v] > n[v] * j[u]
@@ -67,7 +67,7 @@ def _sift_down(heap, p, m, n, j):
         p = ch
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def coupling_bound_kernel(counts, replicas, params, best):
     """``max(best, B6)``: the activation-token coupling bound over all GPUs (module notes).
 
@@ -259,44 +259,44 @@ def lower_bound_kernel(counts, replicas, params, sm):
             v = a + (b * jj[i] + b2 * (kk[i] - jj[i])) / s
             if v > best:
                 best = v
-        return coupling_bound_kernel(counts, replicas, params, best)
-    # aggregate experts by distinct replica set, then sum over subsets: O(E log E + D^2)
-    order = stable_argsort_uint(masks)
-    dm = np.zeros(n_live, np.uint64)
-    dn = np.zeros(n_live, np.int64)
-    dj = np.zeros(n_live, np.int64)
-    dk = np.zeros(n_live, np.int64)
-    dr = np.zeros(n_live, np.int64)
-    D = 0
-    for t in range(n_live):
-        i = order[t]
-        if D == 0 or dm[D - 1] != masks[i]:
-            dm[D] = masks[i]
-            dr[D] = rr[i]
-            D += 1
-        dn[D - 1] += ntok[i]
-        dj[D - 1] += jj[i]
-        dk[D - 1] += kk[i]
-    for d in range(D):
-        s_mask = dm[d]
-        sn = np.int64(0)
-        sj = np.int64(0)
-        sk = np.int64(0)
-        for q in range(D):
-            if dm[q] & ~s_mask == np.uint64(0):
-                sn += dn[q]
-                sj += dj[q]
-                sk += dk[q]
-        s = dr[d]
-        v = c + beta * sn / s
-        if v > best:
-            best = v
-        v = c2 + gamma * sn / s
-        if v > best:
-            best = v
-        v = a + (b * sj + b2 * (sk - sj)) / s
-        if v > best:
-            best = v
+    else:
+        # aggregate experts by distinct replica set, then sum over subsets: O(E log E + D^2)
+        order = stable_argsort_uint(masks)
+        dm = np.zeros(n_live, np.uint64)
+        dn = np.zeros(n_live, np.int64)
+        dj = np.zeros(n_live, np.int64)
+        dk = np.zeros(n_live, np.int64)
+        dr = np.zeros(n_live, np.int64)
+        D = 0
+        for t in range(n_live):
+            i = order[t]
+            if D == 0 or dm[D - 1] != masks[i]:
+                dm[D] = masks[i]
+                dr[D] = rr[i]
+                D += 1
+            dn[D - 1] += ntok[i]
+            dj[D - 1] += jj[i]
+            dk[D - 1] += kk[i]
+        for d in range(D):
+            s_mask = dm[d]
+            sn = np.int64(0)
+            sj = np.int64(0)
+            sk = np.int64(0)
+            for q in range(D):
+                if dm[q] & ~s_mask == np.uint64(0):
+                    sn += dn[q]
+                    sj += dj[q]
+                    sk += dk[q]
+            s = dr[d]
+            v = c + beta * sn / s
+            if v > best:
+                best = v
+            v = c2 + gamma * sn / s
+            if v > best:
+                best = v
+            v = a + (b * sj + b2 * (sk - sj)) / s
+            if v > best:
+                best = v
     return coupling_bound_kernel(counts, replicas, params, best)
 
 

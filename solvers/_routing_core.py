@@ -32,7 +32,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ..formulations.errors import InvalidInputError
-from ._jit import NJIT
+from ._jit import NJIT, NJIT_INLINE
 
 __all__ = [
     "ReplicaState",
@@ -288,22 +288,41 @@ def least_tokens_reference(pool, reps, optimistic, add_tokens):
     return np.array(out, dtype=np.int64)
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def tick_summary_kernel(loads, prefill, assignment):
     """``(I_before, I_after, loads_after, n_placed)`` on current loads ``loads[:, 0]``:
     ``loads_after`` adds each placed request's prefill to its replica (no reference needed: the
     tests compare it with :func:`straggler.formulations.routing.imbalance`)."""
     G = loads.shape[0]
     L = loads[:, 0].copy()
-    before_max = L.max()
-    before = G * before_max - L.sum()
+    before = G * _max(L) - _sum(L)
     placed = 0
     for i in range(assignment.shape[0]):
         if assignment[i] >= 0:
             L[assignment[i]] += prefill[i]
             placed += 1
-    after = G * L.max() - L.sum()
+    after = G * _max(L) - _sum(L)
     return before, after, L, placed
+
+
+@njit(**NJIT_INLINE)
+def _max(x):
+    """``x.max()`` of a non-empty float64 vector without NaN (a loop: numba's ``max`` and
+    ``sum`` are generic reductions, dearer to compile)."""
+    m = x[0]
+    for i in range(1, x.shape[0]):
+        if x[i] > m:
+            m = x[i]
+    return m
+
+
+@njit(**NJIT_INLINE)
+def _sum(x):
+    """``x.sum()`` of a float64 vector: numba's own order (left to right from 0.0)."""
+    t = 0.0
+    for i in range(x.shape[0]):
+        t += x[i]
+    return t
 
 
 #: Codes of :func:`check_inputs_kernel`: the parameter of ``route_batch`` at fault.
@@ -325,10 +344,10 @@ BAD_INPUT = (
 
 
 @njit(**NJIT)
-def _bad_tokens(x):
-    """Flat index of the first value of ``x`` outside ``[0, MAX_ROUTED_TOKENS]`` (NaN
-    included), -1."""
-    v = x.ravel()
+def _bad_tokens(v):
+    """Index of the first value of the float64 vector ``v`` outside ``[0,
+    MAX_ROUTED_TOKENS]`` (NaN included), -1. (A matrix is passed raveled: one compiled
+    version serves both.)"""
     for i in range(v.shape[0]):
         if not (v[i] >= 0.0 and v[i] <= MAX_ROUTED_TOKENS):
             return i
@@ -344,7 +363,7 @@ def _bad_count(x):
     return -1
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def check_inputs_kernel(pool, reps):
     """``(code, index)``: ``(0, -1)`` when every value is valid, else the first bad array (its
     code in :data:`BAD_INPUT`) and the flat index of its first bad value, in one pass.
@@ -357,7 +376,7 @@ def check_inputs_kernel(pool, reps):
     i = _bad_tokens(pool.prefill)
     if i >= 0:
         return 1, i
-    i = _bad_tokens(reps.loads)
+    i = _bad_tokens(reps.loads.ravel())
     if i >= 0:
         return 2, i
     total = 0
@@ -389,7 +408,7 @@ def check_inputs_kernel(pool, reps):
     i = _bad_count(pool.wait)
     if i >= 0:
         return 10, i
-    i = _bad_tokens(pool.cached)
+    i = _bad_tokens(pool.cached.ravel())
     if i >= 0:
         return 11, i
     i = _bad_count(pool.key)
@@ -528,10 +547,13 @@ def route_batch_kernel(
     out, new_carry = call_policy(kernel, pool, reps, opts, carry, seed)
     before, after, L, placed = tick_summary_kernel(loads, prefill, out)
     ns = monotonic_ns() - t0
-    assignment[:] = out
-    loads_after[:] = L
+    # element loops, not slice assignments: those compile numba's shape-mismatch error path
+    # (string formatting, about a second and a half of a cold compile)
+    for i in range(out.shape[0]):
+        assignment[i] = out[i]
     s_tot = 0
     for g in range(free_slots.shape[0]):
+        loads_after[g] = L[g]
         s_tot += free_slots[g]
     c = new_carry
     return (0, -1, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,

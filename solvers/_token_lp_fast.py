@@ -45,7 +45,7 @@ from numba import njit, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload
 
-from ._jit import NJIT
+from ._jit import NJIT, NJIT_INLINE
 
 __all__ = [
     "token_lp_kernel",
@@ -87,7 +87,7 @@ def _frozen_jit(a):
     return lambda a: _as_readonly(a)
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _replica_lists(replicas):
     """CSR lists: GPUs of each expert, and experts of each GPU (increasing order)."""
     E, g = replicas.shape
@@ -118,7 +118,7 @@ def _replica_lists(replicas):
     return e_ptr, e_gpus, g_ptr, g_exps
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _expert_order(counts):
     """Experts by descending tokens, ties lower index (LSD radix sort on max - n, stable).
 
@@ -216,7 +216,7 @@ def _push(x, load, cap, e_ptr, e_gpus, g_ptr, g_exps):
         load[t] += delta
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _gcd(p, q):
     while q:
         p, q = q, p % q
@@ -277,8 +277,13 @@ def token_lp_kernel(counts, replicas):
         cap = max(cap + 1, (w + k - 1) // k)
     # Step 3: exact ratio by Dinkelbach on scaled copies of the integral dispatch.
     while p != cap * q:
-        xs = x * q
-        ls = load * q
+        xs = np.empty((E, g), np.int64)  # loops, not x * q: numba's array arithmetic
+        for e in range(E):  # compiles its broadcasting machinery into the kernel
+            for h in range(g):
+                xs[e, h] = x[e, h] * q
+        ls = np.empty(g, np.int64)
+        for h in range(g):
+            ls[h] = load[h] * q
         ok, w, k = _push(xs, ls, p, e_ptr, e_gpus, g_ptr, g_exps)
         if ok:
             break
@@ -411,6 +416,18 @@ def _makespan(x, cost):
 
 
 @njit(**NJIT)
+def _support(x):
+    """``x > 0`` of an int64 matrix, by a loop (numba's array comparison compiles its
+    broadcasting machinery into each kernel that uses it)."""
+    E, g = x.shape
+    sup = np.empty((E, g), np.bool_)
+    for e in range(E):
+        for h in range(g):
+            sup[e, h] = x[e, h] > 0
+    return sup
+
+
+@njit(**NJIT)
 def support_rebalance_kernel(counts, shares, cost):
     """Token-optimal dispatch on the support of ``shares``, kept iff its makespan is lower.
 
@@ -426,7 +443,7 @@ def support_rebalance_kernel(counts, shares, cost):
     makespan : float
         Of the returned dispatch.
     """
-    y, _, _ = token_lp_kernel(counts, _frozen(shares > 0))
+    y, _, _ = token_lp_kernel(counts, _frozen(_support(shares)))
     m0 = _makespan(shares, cost)
     m1 = _makespan(y, cost)
     if m1 < m0:
@@ -499,7 +516,7 @@ def support_contract_kernel(counts, shares, cost):
     m = _makespan(x, cost)
     rounds = 0
     while True:
-        sup = x > 0
+        sup = _support(x)
         best_m = m
         best_y = x
         for e in range(E):
@@ -600,7 +617,7 @@ def support_swap_kernel(counts, replicas, shares, cost, max_rounds):
     times = np.empty(g)
     rounds = 0
     while rounds < max_rounds:
-        sup = x > 0
+        sup = _support(x)
         _gpu_times(x, cost, times)
         best_m = m
         best_y = x

@@ -2,12 +2,13 @@
 
 Private module (stumpy's split): :func:`tempo_kernel` is the jitted kernel, read as the
 paper's stages (:func:`_stage_seed` -> :func:`_stage_chains` -> :func:`_stage_local_search`
--> :func:`_stage_ensemble`, each a function of this file, with one function per
-neighbourhood of the local search); :func:`tempo_reference` is the plain-Python reference
-directly below it, written from the stage descriptions and sharing no helper with the
-kernel. The kernel is ``nogil``: the wrapper solves a stack of layers on a thread pool. The
-public wrapper is :mod:`straggler.solvers.tempo`, which documents the stages and every
-tie-breaking rule.
+-> :func:`_stage_ensemble` -> :func:`_stage_restarts`, each a function of this file, with one
+function per neighbourhood of the local search; each compiles once on its own and is called
+by the address of its code, :func:`stage_handles`); :func:`tempo_reference` is the
+plain-Python reference directly below it, written from the stage descriptions and sharing no
+helper with the kernel. The kernel is ``nogil``: the wrapper solves a stack of layers on a
+thread pool. The public wrapper is :mod:`straggler.solvers.tempo`, which documents the stages
+and every tie-breaking rule.
 
 Both take the token-LP candidate of stage 4 and a certified lower bound as inputs
 (computed by :mod:`~straggler.solvers._token_lp_fast` and :mod:`~straggler.solvers._bounds`),
@@ -33,7 +34,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ._jit import NJIT, NJIT_INLINE
+from . import _jit
+from ._jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
 
 __all__ = [
     "CHOICES",
@@ -41,6 +43,7 @@ __all__ = [
     "KernelCost",
     "KernelOptions",
     "kernel_cost",
+    "stage_handles",
     "tempo_kernel",
     "tempo_reference",
 ]
@@ -425,7 +428,7 @@ def _record(mv, k, e, src, dst, q):
 # --------------------------------------------------------------------------------------
 
 
-@njit(**NJIT_INLINE)
+@njit(**NJIT)
 def _stage_seed(counts, order, lists, cost, seed):
     """Whole experts by descending tokens (ties: lower index), each on the replica
     minimizing (marginal cost t_new - t_old of that GPU, t_new, GPU index); ``seed=False``
@@ -483,7 +486,7 @@ def _rest_max(times, top, i, j, k):
     return -np.inf
 
 
-@njit(**NJIT_INLINE)
+@njit(**NJIT)
 def _stage_chains(st, lists, cost):
     """1- and 2-step augmenting chains on max G (see the wrapper's stage 2); returns the
     number of chains applied. The applied chain minimizes (makespan, max time of the GPUs
@@ -1081,7 +1084,7 @@ def _nb_exchanges(st, lists, cost, theta, s_sel, best_v, wk):
 
 
 @njit(**NJIT)
-def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
+def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters, stages):
     """Stage 3 on the state, in place: bottleneck neighbourhoods, then leximax moves.
 
     Each iteration applies, over the GPUs at the makespan ``M`` (all new times below
@@ -1092,7 +1095,8 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
     own time (a strict decrease of the sorted vector of times, so the search cannot
     cycle). It stops at ``stop_at`` (a lower
     bound), at ``opts.max_iter`` iterations, or without a move. ``counters``: moves, of
-    which token paths, of which exchanges (incremented in place).
+    which token paths, of which exchanges (incremented in place). ``stages``: the kernel's
+    (the neighbourhoods are called by address).
     """
     g = st.times.shape[0]
     times = st.times
@@ -1105,7 +1109,7 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
             break
         mv[4, 0] = 0
         kind = -1
-        best_v = _nb_moves(st, lists, cost, M, _NO, M, mv)
+        best_v = call_compiled(stages[_MOVES], _nb_moves, (st, lists, cost, M, _NO, M, mv))
         if mv[4, 0] > 0:
             kind = 0
         else:
@@ -1113,13 +1117,18 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
             for nb in range(4):
                 v = best_v
                 if nb == 0 and opts.flows:
-                    v = _nb_flows(st, lists, cost, M, _NO, best_v, wk)
+                    v = call_compiled(stages[_FLOWS], _nb_flows,
+                                      (st, lists, cost, M, _NO, best_v, wk))  # fmt: skip
                 elif nb == 1:
-                    v = _nb_swaps(st, lists, cost, M, _NO, best_v, mv)
+                    v = call_compiled(stages[_SWAPS], _nb_swaps,
+                                      (st, lists, cost, M, _NO, best_v, mv))  # fmt: skip
                 elif nb == 2:
-                    v = _nb_ejections(st, lists, cost, M, _NO, best_v, opts.tile_chains, mv)
+                    v = call_compiled(stages[_EJECTIONS], _nb_ejections,
+                                      (st, lists, cost, M, _NO, best_v, opts.tile_chains,
+                                       mv))  # fmt: skip
                 elif nb == 3 and opts.exchanges:
-                    v = _nb_exchanges(st, lists, cost, M, _NO, best_v, wk)
+                    v = call_compiled(stages[_EXCHANGES], _nb_exchanges,
+                                      (st, lists, cost, M, _NO, best_v, wk))  # fmt: skip
                 if v < best_v:
                     best_v = v
                     kind = 1 if nb == 0 else (2 if nb == 3 else 0)
@@ -1131,16 +1140,19 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
                 th = times[s]
                 if th == M:
                     continue
-                v = _nb_moves(st, lists, cost, th, s, th, mv)
+                v = call_compiled(stages[_MOVES], _nb_moves, (st, lists, cost, th, s, th, mv))
                 if mv[4, 0] > 0:
                     kind = 0
                     break
                 if opts.flows:
-                    v = _nb_flows(st, lists, cost, th, s, th, wk)
+                    v = call_compiled(stages[_FLOWS], _nb_flows, (st, lists, cost, th, s, th, wk))
                     if v < th:
                         kind = 1
-                if opts.exchanges and _nb_exchanges(st, lists, cost, th, s, v, wk) < v:
-                    kind = 2
+                if opts.exchanges:
+                    v2 = call_compiled(stages[_EXCHANGES], _nb_exchanges,
+                                       (st, lists, cost, th, s, v, wk))  # fmt: skip
+                    if v2 < v:
+                        kind = 2
                 if kind >= 0:
                     break
         if mv[4, 0] == 0:
@@ -1159,9 +1171,9 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
 # --------------------------------------------------------------------------------------
 
 
-@njit(**NJIT_INLINE)
+@njit(**NJIT)
 def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, stop_at, hst, wk,
-                    info):  # fmt: skip
+                    info, stages):  # fmt: skip
     """Candidates, in this order: the token-LP dispatch, A3 round robin (rank r -> GPU
     r mod g) when every live expert is replicated on every GPU, the optimal semi-matching
     (whole experts) polished first under the activation cap SM, and the same polished
@@ -1233,10 +1245,12 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
                     capped = KernelCost(cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2,
                                         cost.gamma, cost.tile, float(sm + cand - 3),
                                         cost.floor_cap)  # fmt: skip
-                    _stage_local_search(_state_of(y, lists, capped), lists, capped, opts, stop_at,
-                                        wk, counters)  # fmt: skip
+                    call_compiled(stages[_SEARCH], _stage_local_search,
+                                  (_state_of(y, lists, capped), lists, capped, opts, stop_at, wk,
+                                   counters, stages))  # fmt: skip
                 cst = _state_of(y, lists, cost)
-                _stage_local_search(cst, lists, cost, opts, stop_at, wk, counters)
+                call_compiled(stages[_SEARCH], _stage_local_search,
+                              (cst, lists, cost, opts, stop_at, wk, counters, stages))  # fmt: skip
                 m_c = cst.times.max()
                 take = m_c < m_out
             if take:
@@ -1331,7 +1345,7 @@ def _recreate(x, ruin, counts, order, lists, cost):
 
 
 @njit(**NJIT)
-def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, wk):
+def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, wk, stages):
     """Stage 4b: best-improvement ruin and recreate of each GPU, polished by stage 3.
 
     A round tries, for every GPU ``h`` (increasing), the dispatch with the experts active
@@ -1374,10 +1388,12 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
                 if k > 0:  # the floor cap makes the search keep every floor at most F
                     capped = KernelCost(cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2,
                                         cost.gamma, cost.tile, cost.cap, levels[k - 1])  # fmt: skip
-                    _stage_local_search(_state_of(z, lists, capped), lists, capped, opts, stop_at,
-                                        wk, counters)  # fmt: skip
+                    call_compiled(stages[_SEARCH], _stage_local_search,
+                                  (_state_of(z, lists, capped), lists, capped, opts, stop_at, wk,
+                                   counters, stages))  # fmt: skip
                 cst = _state_of(z, lists, cost)
-                _stage_local_search(cst, lists, cost, opts, stop_at, wk, counters)
+                call_compiled(stages[_SEARCH], _stage_local_search,
+                              (cst, lists, cost, opts, stop_at, wk, counters, stages))  # fmt: skip
                 mz = cst.times.max()
                 if mz < best_m:
                     best_m = mz
@@ -1395,9 +1411,80 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
 # The kernel
 # --------------------------------------------------------------------------------------
 
+#: ``rounds_max`` of stage 4b as an int64 (a literal argument is another type)
+_ROUNDS = np.int64(RESTART_ROUNDS)
+
+
+@njit(**NJIT_INLINE)
+def _canonical_cost(cost):
+    """:class:`KernelCost` with float fields and an int64 tile."""
+    return KernelCost(float(cost.a), float(cost.b), float(cost.b2), float(cost.c),
+                      float(cost.beta), float(cost.c2), float(cost.gamma), np.int64(cost.tile),
+                      float(cost.cap), float(cost.floor_cap))  # fmt: skip
+
+
+@njit(**NJIT_INLINE)
+def _canonical_opts(opts):
+    """:class:`KernelOptions` with bool, float and int64 fields."""
+    return KernelOptions(bool(opts.seed), bool(opts.chains), bool(opts.local_search),
+                         bool(opts.ensemble), bool(opts.flows), bool(opts.exchanges),
+                         bool(opts.tile_chains), float(opts.tau), np.int64(opts.max_iter),
+                         bool(opts.restarts), float(opts.restart_gap),
+                         np.int64(opts.restart_moves))  # fmt: skip
+
+
+def _stage_argtypes():
+    """The stages of :data:`_STAGE_FUNCTIONS` and the numba types of the arguments they are
+    called with (by :func:`tempo_kernel` and each other)."""
+    import numba
+
+    i1, i2 = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
+    st = _State(i2, i2, np.zeros(1), i2, i1)
+    lists = _Lists(np.zeros((1, 1), np.bool_), i1, i1, i1, i1)
+    cost = _canonical_cost.py_func(kernel_cost(np.zeros(8)))
+    opts = _canonical_opts.py_func(KernelOptions(*[False] * 7, 0.0, 0))
+    wk = _Work(i2, i2, np.zeros((1, 1)))
+    v, s_sel = 0.0, _NO  # a time, a GPU
+    stages = ((0, 0),) * len(_STAGE_FUNCTIONS)
+    ensemble = (i1, i1, lists, cost, i2, i1, _ZERO, opts, v, st, wk, np.zeros(1), stages)
+    args = (
+        (st, lists, cost, opts, v, wk, i1, stages),  # _stage_local_search
+        (i1, i1, lists, cost, opts, v, i2, _ROUNDS, wk, stages),  # _stage_restarts
+        (st, lists, cost, v, s_sel, v, i2),  # _nb_moves
+        (st, lists, cost, v, s_sel, v, wk),  # _nb_flows
+        (st, lists, cost, v, s_sel, v, i2),  # _nb_swaps
+        (st, lists, cost, v, s_sel, v, False, i2),  # _nb_ejections
+        (st, lists, cost, v, s_sel, v, wk),  # _nb_exchanges
+        (i1, i1, lists, cost, False),  # _stage_seed
+        (st, lists, cost),  # _stage_chains
+        ensemble,  # _stage_ensemble
+    )
+    return [tuple(numba.typeof(a) for a in arg) for arg in args]
+
+
+#: The functions :func:`tempo_kernel` and its stages call by address, at these indices of
+#: its ``stages`` argument (:func:`stage_handles`)
+_STAGE_FUNCTIONS = (_stage_local_search, _stage_restarts, _nb_moves, _nb_flows, _nb_swaps,
+                    _nb_ejections, _nb_exchanges, _stage_seed, _stage_chains,
+                    _stage_ensemble)  # fmt: skip
+(_SEARCH, _RESTARTS, _MOVES, _FLOWS, _SWAPS, _EJECTIONS, _EXCHANGES, _SEED, _CHAINS,
+ _ENSEMBLE) = range(10)  # fmt: skip
+_STAGES: list = []
+
+
+def stage_handles() -> tuple:
+    """The ``stages`` argument of :func:`tempo_kernel`: the handles
+    (:func:`~straggler.solvers._jit.compiled_address`) of the stages and of the neighbourhoods
+    of stage 3 (:data:`_STAGE_FUNCTIONS`), compiled here or loaded from numba's disk cache on
+    the first call of the process, then kept."""
+    if not _STAGES:
+        argtypes = _stage_argtypes()
+        _STAGES.append(tuple(compiled_address(f, a) for f, a in zip(_STAGE_FUNCTIONS, argtypes)))
+    return _STAGES[0]
+
 
 @njit(**NJIT)
-def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
+def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stages):
     """One layer of tempo_fast.
 
     Parameters
@@ -1415,12 +1502,25 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         A certified lower bound on the optimal makespan (``-inf``: none); stage 3 stops
         there too.
     opts : KernelOptions
+    stages : tuple
+        :func:`stage_handles`: the compiled stages, which the kernel and the stages call by
+        address (:func:`~straggler.solvers._jit.call_compiled`), so that each compiles once
+        and is never linked into (and optimized again with) a caller; ignored in Python.
 
     Returns
     -------
     shares : ndarray of int64, shape (n_experts, n_gpus)
     info : ndarray of float64, shape (len(INFO_FIELDS),)
     """
+    # the stages run by address were compiled for exactly these types (stage_handles):
+    # fresh arrays and float / int64 fields, whatever the caller passed (a read-only array
+    # or an int field is another numba type)
+    counts = counts.copy()
+    replicas = replicas.copy()
+    lp_shares = lp_shares.copy()
+    sm_assign = sm_assign.copy()
+    cost = _canonical_cost(cost)
+    opts = _canonical_opts(opts)
     E, g = replicas.shape
     info = np.full(_N_INFO, np.nan)
     lists = _replica_lists(replicas)
@@ -1432,9 +1532,13 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     wk.wi[_MARK, :] = 0
     wk.wi[_STAMP, 0] = 0
 
-    st = _stage_seed(counts, order, lists, cost, opts.seed)  # Stage 1
+    st = call_compiled(
+        stages[_SEED], _stage_seed, (counts, order, lists, cost, opts.seed)
+    )  # Stage 1
     info[1] = st.times.max()
-    n_chain = _stage_chains(st, lists, cost) if opts.chains else 0  # Stage 2
+    n_chain = 0
+    if opts.chains:  # Stage 2
+        n_chain = call_compiled(stages[_CHAINS], _stage_chains, (st, lists, cost))
     info[2] = st.times.max()
 
     # integral lower bound: no whole-token dispatch goes below it, so the searches stop there
@@ -1449,21 +1553,27 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         if counts[e] > 0:
             sm_cnt[sm_assign[e]] += 1
     sm = sm_cnt.max()
-    stop_at = max(bound, max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
+    stop_at = max(float(bound), max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
     counters = np.zeros(3, np.int64)
     if opts.local_search:  # Stage 3
-        _stage_local_search(st, lists, cost, opts, stop_at, wk, counters)
+        call_compiled(stages[_SEARCH], _stage_local_search,
+                      (st, lists, cost, opts, stop_at, wk, counters, stages))  # fmt: skip
     info[3] = st.times.max()
     out = st.x
     m_out = info[3]
     choice = 0
     if opts.ensemble:  # Stage 4
-        out, m_out, choice = _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign,
-                                             sm, opts, stop_at, st, wk, info)  # fmt: skip
+        out, m_out, choice = call_compiled(
+            stages[_ENSEMBLE], _stage_ensemble,
+            (counts, order, lists, cost, lp_shares, sm_assign, sm, opts, stop_at, st, wk, info,
+             stages),
+        )  # fmt: skip
     n_restart = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
-        out, m_out, n_restart = _stage_restarts(counts, order, lists, cost, opts, stop_at, out,
-                                                RESTART_ROUNDS, wk)  # fmt: skip
+        out, m_out, n_restart = call_compiled(
+            stages[_RESTARTS], _stage_restarts,
+            (counts, order, lists, cost, opts, stop_at, out, _ROUNDS, wk, stages),
+        )  # fmt: skip
     info[0] = m_out
     info[8] = choice
     info[9] = n_chain
@@ -1472,6 +1582,11 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     info[12] = counters[2]
     info[13] = n_restart
     return out, info
+
+
+# call_compiled is lowered by solvers/_jit.py: an edit there recompiles its callers
+for _f in (tempo_kernel, _stage_local_search, _stage_restarts):
+    cache_depends_on(_f, _jit)
 
 
 def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):

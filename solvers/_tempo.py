@@ -1084,7 +1084,7 @@ def _nb_exchanges(st, lists, cost, theta, s_sel, best_v, wk):
 
 
 @njit(**NJIT)
-def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters, stages):
+def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
     """Stage 3 on the state, in place: bottleneck neighbourhoods, then leximax moves.
 
     Each iteration applies, over the GPUs at the makespan ``M`` (all new times below
@@ -1095,8 +1095,7 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters, stages):
     own time (a strict decrease of the sorted vector of times, so the search cannot
     cycle). It stops at ``stop_at`` (a lower
     bound), at ``opts.max_iter`` iterations, or without a move. ``counters``: moves, of
-    which token paths, of which exchanges (incremented in place). ``stages``: the kernel's
-    (the neighbourhoods are called by address).
+    which token paths, of which exchanges (incremented in place).
     """
     g = st.times.shape[0]
     times = st.times
@@ -1109,7 +1108,7 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters, stages):
             break
         mv[4, 0] = 0
         kind = -1
-        best_v = call_compiled(stages[_MOVES], _nb_moves, (st, lists, cost, M, _NO, M, mv))
+        best_v = _nb_moves(st, lists, cost, M, _NO, M, mv)
         if mv[4, 0] > 0:
             kind = 0
         else:
@@ -1117,18 +1116,13 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters, stages):
             for nb in range(4):
                 v = best_v
                 if nb == 0 and opts.flows:
-                    v = call_compiled(stages[_FLOWS], _nb_flows,
-                                      (st, lists, cost, M, _NO, best_v, wk))  # fmt: skip
+                    v = _nb_flows(st, lists, cost, M, _NO, best_v, wk)
                 elif nb == 1:
-                    v = call_compiled(stages[_SWAPS], _nb_swaps,
-                                      (st, lists, cost, M, _NO, best_v, mv))  # fmt: skip
+                    v = _nb_swaps(st, lists, cost, M, _NO, best_v, mv)
                 elif nb == 2:
-                    v = call_compiled(stages[_EJECTIONS], _nb_ejections,
-                                      (st, lists, cost, M, _NO, best_v, opts.tile_chains,
-                                       mv))  # fmt: skip
+                    v = _nb_ejections(st, lists, cost, M, _NO, best_v, opts.tile_chains, mv)
                 elif nb == 3 and opts.exchanges:
-                    v = call_compiled(stages[_EXCHANGES], _nb_exchanges,
-                                      (st, lists, cost, M, _NO, best_v, wk))  # fmt: skip
+                    v = _nb_exchanges(st, lists, cost, M, _NO, best_v, wk)
                 if v < best_v:
                     best_v = v
                     kind = 1 if nb == 0 else (2 if nb == 3 else 0)
@@ -1140,19 +1134,16 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters, stages):
                 th = times[s]
                 if th == M:
                     continue
-                v = call_compiled(stages[_MOVES], _nb_moves, (st, lists, cost, th, s, th, mv))
+                v = _nb_moves(st, lists, cost, th, s, th, mv)
                 if mv[4, 0] > 0:
                     kind = 0
                     break
                 if opts.flows:
-                    v = call_compiled(stages[_FLOWS], _nb_flows, (st, lists, cost, th, s, th, wk))
+                    v = _nb_flows(st, lists, cost, th, s, th, wk)
                     if v < th:
                         kind = 1
-                if opts.exchanges:
-                    v2 = call_compiled(stages[_EXCHANGES], _nb_exchanges,
-                                       (st, lists, cost, th, s, v, wk))  # fmt: skip
-                    if v2 < v:
-                        kind = 2
+                if opts.exchanges and _nb_exchanges(st, lists, cost, th, s, v, wk) < v:
+                    kind = 2
                 if kind >= 0:
                     break
         if mv[4, 0] == 0:
@@ -1247,10 +1238,10 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
                                         cost.floor_cap)  # fmt: skip
                     call_compiled(stages[_SEARCH], _stage_local_search,
                                   (_state_of(y, lists, capped), lists, capped, opts, stop_at, wk,
-                                   counters, stages))  # fmt: skip
+                                   counters))  # fmt: skip
                 cst = _state_of(y, lists, cost)
                 call_compiled(stages[_SEARCH], _stage_local_search,
-                              (cst, lists, cost, opts, stop_at, wk, counters, stages))  # fmt: skip
+                              (cst, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
                 m_c = cst.times.max()
                 take = m_c < m_out
             if take:
@@ -1390,10 +1381,10 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
                                         cost.gamma, cost.tile, cost.cap, levels[k - 1])  # fmt: skip
                     call_compiled(stages[_SEARCH], _stage_local_search,
                                   (_state_of(z, lists, capped), lists, capped, opts, stop_at, wk,
-                                   counters, stages))  # fmt: skip
+                                   counters))  # fmt: skip
                 cst = _state_of(z, lists, cost)
                 call_compiled(stages[_SEARCH], _stage_local_search,
-                              (cst, lists, cost, opts, stop_at, wk, counters, stages))  # fmt: skip
+                              (cst, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
                 mz = cst.times.max()
                 if mz < best_m:
                     best_m = mz
@@ -1444,17 +1435,12 @@ def _stage_argtypes():
     cost = _canonical_cost.py_func(kernel_cost(np.zeros(8)))
     opts = _canonical_opts.py_func(KernelOptions(*[False] * 7, 0.0, 0))
     wk = _Work(i2, i2, np.zeros((1, 1)))
-    v, s_sel = 0.0, _NO  # a time, a GPU
+    v = 0.0  # a time
     stages = ((0, 0),) * len(_STAGE_FUNCTIONS)
     ensemble = (i1, i1, lists, cost, i2, i1, _ZERO, opts, v, st, wk, np.zeros(1), stages)
     args = (
-        (st, lists, cost, opts, v, wk, i1, stages),  # _stage_local_search
+        (st, lists, cost, opts, v, wk, i1),  # _stage_local_search
         (i1, i1, lists, cost, opts, v, i2, _ROUNDS, wk, stages),  # _stage_restarts
-        (st, lists, cost, v, s_sel, v, i2),  # _nb_moves
-        (st, lists, cost, v, s_sel, v, wk),  # _nb_flows
-        (st, lists, cost, v, s_sel, v, i2),  # _nb_swaps
-        (st, lists, cost, v, s_sel, v, False, i2),  # _nb_ejections
-        (st, lists, cost, v, s_sel, v, wk),  # _nb_exchanges
         (i1, i1, lists, cost, False),  # _stage_seed
         (st, lists, cost),  # _stage_chains
         ensemble,  # _stage_ensemble
@@ -1464,11 +1450,9 @@ def _stage_argtypes():
 
 #: The functions :func:`tempo_kernel` and its stages call by address, at these indices of
 #: its ``stages`` argument (:func:`stage_handles`)
-_STAGE_FUNCTIONS = (_stage_local_search, _stage_restarts, _nb_moves, _nb_flows, _nb_swaps,
-                    _nb_ejections, _nb_exchanges, _stage_seed, _stage_chains,
+_STAGE_FUNCTIONS = (_stage_local_search, _stage_restarts, _stage_seed, _stage_chains,
                     _stage_ensemble)  # fmt: skip
-(_SEARCH, _RESTARTS, _MOVES, _FLOWS, _SWAPS, _EJECTIONS, _EXCHANGES, _SEED, _CHAINS,
- _ENSEMBLE) = range(10)  # fmt: skip
+_SEARCH, _RESTARTS, _SEED, _CHAINS, _ENSEMBLE = range(5)
 _STAGES: list = []
 
 
@@ -1557,7 +1541,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     counters = np.zeros(3, np.int64)
     if opts.local_search:  # Stage 3
         call_compiled(stages[_SEARCH], _stage_local_search,
-                      (st, lists, cost, opts, stop_at, wk, counters, stages))  # fmt: skip
+                      (st, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
     info[3] = st.times.max()
     out = st.x
     m_out = info[3]

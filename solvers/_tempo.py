@@ -2,9 +2,9 @@
 
 Private module (stumpy's split): :func:`tempo_kernel` is the jitted kernel, read as the
 paper's stages (:func:`_stage_seed` -> :func:`_stage_chains` -> :func:`_stage_local_search`
--> :func:`_stage_ensemble` -> :func:`_stage_restarts`, each a function of this file, with one
-function per neighbourhood of the local search; each compiles once on its own and is called
-by the address of its code, :func:`stage_handles`); :func:`tempo_reference` is the
+-> :func:`_stage_ensemble` -> :func:`_stage_restarts`, each a function of this file compiled
+once on its own and called by the address of its code, :func:`stage_handles`, with one
+function per neighbourhood of the local search, linked into it); :func:`tempo_reference` is the
 plain-Python reference directly below it, written from the stage descriptions and sharing no
 helper with the kernel. The kernel is ``nogil``: the wrapper solves a stack of layers on a
 thread pool. The public wrapper is :mod:`straggler.solvers.tempo`, which documents the stages
@@ -1458,9 +1458,9 @@ _STAGES: list = []
 
 def stage_handles() -> tuple:
     """The ``stages`` argument of :func:`tempo_kernel`: the handles
-    (:func:`~straggler.solvers._jit.compiled_address`) of the stages and of the neighbourhoods
-    of stage 3 (:data:`_STAGE_FUNCTIONS`), compiled here or loaded from numba's disk cache on
-    the first call of the process, then kept."""
+    (:func:`~straggler.solvers._jit.compiled_address`) of the stages (:data:`_STAGE_FUNCTIONS`),
+    compiled here or loaded from numba's disk cache on the first call of the process, then
+    kept."""
     if not _STAGES:
         argtypes = _stage_argtypes()
         _STAGES.append(tuple(compiled_address(f, a) for f, a in zip(_STAGE_FUNCTIONS, argtypes)))

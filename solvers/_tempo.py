@@ -2,9 +2,10 @@
 
 Private module (stumpy's split): :func:`tempo_kernel` is the jitted kernel, read as the
 paper's stages (:func:`_stage_seed` -> :func:`_stage_chains` -> :func:`_stage_local_search`
--> :func:`_stage_ensemble` -> :func:`_stage_restarts`, each a function of this file compiled
-once on its own and called by the address of its code, :func:`stage_handles`, with one
-function per neighbourhood of the local search, linked into it); :func:`tempo_reference` is the
+-> :func:`_stage_ensemble` -> :func:`_stage_restarts`, each a function of this file, with one
+function per neighbourhood of the local search; stage 3, which three callers run, and stage
+4b compile once on their own and are called by the address of their code,
+:func:`stage_handles`); :func:`tempo_reference` is the
 plain-Python reference directly below it, written from the stage descriptions and sharing no
 helper with the kernel. The kernel is ``nogil``: the wrapper solves a stack of layers on a
 thread pool. The public wrapper is :mod:`straggler.solvers.tempo`, which documents the stages
@@ -428,7 +429,7 @@ def _record(mv, k, e, src, dst, q):
 # --------------------------------------------------------------------------------------
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _stage_seed(counts, order, lists, cost, seed):
     """Whole experts by descending tokens (ties: lower index), each on the replica
     minimizing (marginal cost t_new - t_old of that GPU, t_new, GPU index); ``seed=False``
@@ -486,7 +487,7 @@ def _rest_max(times, top, i, j, k):
     return -np.inf
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _stage_chains(st, lists, cost):
     """1- and 2-step augmenting chains on max G (see the wrapper's stage 2); returns the
     number of chains applied. The applied chain minimizes (makespan, max time of the GPUs
@@ -1162,7 +1163,7 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
 # --------------------------------------------------------------------------------------
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, stop_at, hst, wk,
                     info, stages):  # fmt: skip
     """Candidates, in this order: the token-LP dispatch, A3 round robin (rank r -> GPU
@@ -1437,30 +1438,25 @@ def _stage_argtypes():
     wk = _Work(i2, i2, np.zeros((1, 1)))
     v = 0.0  # a time
     stages = ((0, 0),) * len(_STAGE_FUNCTIONS)
-    ensemble = (i1, i1, lists, cost, i2, i1, _ZERO, opts, v, st, wk, np.zeros(1), stages)
     args = (
         (st, lists, cost, opts, v, wk, i1),  # _stage_local_search
         (i1, i1, lists, cost, opts, v, i2, _ROUNDS, wk, stages),  # _stage_restarts
-        (i1, i1, lists, cost, False),  # _stage_seed
-        (st, lists, cost),  # _stage_chains
-        ensemble,  # _stage_ensemble
     )
     return [tuple(numba.typeof(a) for a in arg) for arg in args]
 
 
 #: The functions :func:`tempo_kernel` and its stages call by address, at these indices of
 #: its ``stages`` argument (:func:`stage_handles`)
-_STAGE_FUNCTIONS = (_stage_local_search, _stage_restarts, _stage_seed, _stage_chains,
-                    _stage_ensemble)  # fmt: skip
-_SEARCH, _RESTARTS, _SEED, _CHAINS, _ENSEMBLE = range(5)
+_STAGE_FUNCTIONS = (_stage_local_search, _stage_restarts)
+_SEARCH, _RESTARTS = range(2)
 _STAGES: list = []
 
 
 def stage_handles() -> tuple:
     """The ``stages`` argument of :func:`tempo_kernel`: the handles
-    (:func:`~straggler.solvers._jit.compiled_address`) of the stages (:data:`_STAGE_FUNCTIONS`),
-    compiled here or loaded from numba's disk cache on the first call of the process, then
-    kept."""
+    (:func:`~straggler.solvers._jit.compiled_address`) of stage 3 and stage 4b
+    (:data:`_STAGE_FUNCTIONS`), compiled here or loaded from numba's disk cache on the first
+    call of the process, then kept."""
     if not _STAGES:
         argtypes = _stage_argtypes()
         _STAGES.append(tuple(compiled_address(f, a) for f, a in zip(_STAGE_FUNCTIONS, argtypes)))
@@ -1487,9 +1483,10 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
         there too.
     opts : KernelOptions
     stages : tuple
-        :func:`stage_handles`: the compiled stages, which the kernel and the stages call by
-        address (:func:`~straggler.solvers._jit.call_compiled`), so that each compiles once
-        and is never linked into (and optimized again with) a caller; ignored in Python.
+        :func:`stage_handles`: the compiled stage 3 and stage 4b, which the kernel, stage 4
+        and stage 4b call by address (:func:`~straggler.solvers._jit.call_compiled`), so that
+        each compiles once and is never linked into (and optimized again with) a caller;
+        ignored in Python.
 
     Returns
     -------
@@ -1501,8 +1498,6 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     # or an int field is another numba type)
     counts = counts.copy()
     replicas = replicas.copy()
-    lp_shares = lp_shares.copy()
-    sm_assign = sm_assign.copy()
     cost = _canonical_cost(cost)
     opts = _canonical_opts(opts)
     E, g = replicas.shape
@@ -1516,13 +1511,9 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     wk.wi[_MARK, :] = 0
     wk.wi[_STAMP, 0] = 0
 
-    st = call_compiled(
-        stages[_SEED], _stage_seed, (counts, order, lists, cost, opts.seed)
-    )  # Stage 1
+    st = _stage_seed(counts, order, lists, cost, opts.seed)  # Stage 1
     info[1] = st.times.max()
-    n_chain = 0
-    if opts.chains:  # Stage 2
-        n_chain = call_compiled(stages[_CHAINS], _stage_chains, (st, lists, cost))
+    n_chain = _stage_chains(st, lists, cost) if opts.chains else 0  # Stage 2
     info[2] = st.times.max()
 
     # integral lower bound: no whole-token dispatch goes below it, so the searches stop there
@@ -1547,11 +1538,9 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     m_out = info[3]
     choice = 0
     if opts.ensemble:  # Stage 4
-        out, m_out, choice = call_compiled(
-            stages[_ENSEMBLE], _stage_ensemble,
-            (counts, order, lists, cost, lp_shares, sm_assign, sm, opts, stop_at, st, wk, info,
-             stages),
-        )  # fmt: skip
+        out, m_out, choice = _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign,
+                                             sm, opts, stop_at, st, wk, info,
+                                             stages)  # fmt: skip
     n_restart = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
         out, m_out, n_restart = call_compiled(

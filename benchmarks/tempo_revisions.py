@@ -1,8 +1,9 @@
 """tempo's kernel at two git revisions side by side: time per layer and makespan.
 
 Both kernels take today's interface (``tempo_kernel(counts, replicas, KernelCost, lp,
-assign, bound, KernelOptions)``), so any revision since the kernel took its cost and options
-by name compares with the working tree. The revision's ``solvers/_tempo.py`` and
+assign, bound, KernelOptions)``, followed by ``stage_handles()`` in a revision that has it),
+so any revision since the kernel took its cost and options by name compares with the working
+tree. The revision's ``solvers/_tempo.py`` and
 ``solvers/_jit.py`` are extracted with ``git show`` into a private package (as
 ``tempo_speed.py`` does for its baseline); the token LP, semi-matching and certified bound
 are computed once per layer and handed to both.
@@ -71,6 +72,15 @@ def load_revision(rev):
     return importlib.import_module(f"{name}._tempo")
 
 
+def _kernel(mod):
+    """``kernel(*args, opts)`` for the tempo module ``mod`` (its stage handles appended where
+    its kernel takes them)."""
+    if not hasattr(mod, "stage_handles"):
+        return mod.tempo_kernel
+    stages = mod.stage_handles()
+    return lambda *a: mod.tempo_kernel(*a, stages)
+
+
 def _layers(which):
     if which == "speed":
         stack = make_decode_problem("dsv3", n_gpus=8, tokens_per_gpu=256, skew=0.85,
@@ -98,6 +108,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tempo_revisions.json"))
     args = ap.parse_args(argv)
     old = load_revision(args.old)
+    old_kernel, new_kernel = _kernel(old), _kernel(today)
     opts = Tempo()._kernel_opts
     full, bare = Tempo(), Tempo(contract=False, swap=False)
     summary = {}
@@ -121,14 +132,14 @@ def main(argv=None):
             t_full.append(bf * 1e6)
             m_bare.append(lb.makespan)
             m_full.append(lf.makespan)
-            _, io = old.tempo_kernel(*a, opts)  # warm-up (and compile on the first layer)
-            _, inew = today.tempo_kernel(*a, opts)
+            _, io = old_kernel(*a, opts)  # warm-up (and compile on the first layer)
+            _, inew = new_kernel(*a, opts)
             bo = bn = math.inf
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
-                old.tempo_kernel(*a, opts)
+                old_kernel(*a, opts)
                 t1 = time.perf_counter()
-                today.tempo_kernel(*a, opts)
+                new_kernel(*a, opts)
                 t2 = time.perf_counter()
                 bo, bn = min(bo, t1 - t0), min(bn, t2 - t1)
             t_old.append(bo * 1e6)

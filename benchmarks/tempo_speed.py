@@ -137,7 +137,8 @@ def compile_time(d_baseline):
     cases = {
         "today": ("from straggler.solvers import _tempo as T",
                   "T.tempo_kernel(counts, R, T.kernel_cost(c), lp, sm, -math.inf, "
-                  "T.KernelOptions(True, True, True, True, True, True, True, 0.01, 300))"),
+                  "T.KernelOptions(True, True, True, True, True, True, True, 0.01, 300), "
+                  "T.stage_handles())"),
     }  # fmt: skip
     if d_baseline is not None:
         cases["baseline"] = (

@@ -43,7 +43,7 @@ from ._compile import is_cached
 from ._round_robin import a3_kernel, a3_reference
 from ._score import score_kernel, score_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
-from ._tempo import tempo_kernel, tempo_reference
+from ._tempo import stage_handles, tempo_kernel, tempo_reference
 from ._token_lp_fast import (
     support_contract_kernel,
     support_contract_reference,
@@ -107,6 +107,10 @@ class Pair:
         Reference seconds this process may spend on the pair in ``"auto"`` mode before the
         kernel is compiled: about a third of the kernel's cold compile on a 2-core machine
         (``benchmarks/cold_start.py`` measures both).
+    stages : callable, optional
+        For a kernel that calls separately compiled stages by address: returns its last
+        argument (their handles), which the reference does not take; called only when the
+        kernel runs, so a call the reference serves compiles nothing.
 
     Attributes
     ----------
@@ -116,12 +120,14 @@ class Pair:
         Seconds those calls took (interrupted ones included).
     """
 
-    __slots__ = ("kernel", "reference", "budget_s", "reference_calls", "reference_s", "_ready")
+    __slots__ = ("kernel", "reference", "budget_s", "stages", "reference_calls", "reference_s",
+                 "_ready")  # fmt: skip
 
-    def __init__(self, kernel, reference, budget_s: float) -> None:
+    def __init__(self, kernel, reference, budget_s: float, stages=None) -> None:
         self.kernel = kernel
         self.reference = reference
         self.budget_s = float(budget_s)
+        self.stages = stages
         self.reference_calls = 0
         self.reference_s = 0.0
         self._ready = False
@@ -149,13 +155,18 @@ class Pair:
     def __call__(self, *args):
         mode = _MODE[0]
         if mode == "kernel" or (self._ready and mode == "auto"):  # the steady state
-            return self.kernel(*args)
+            return self._kernel(args)
         if mode == "reference":
             return self._reference(args, math.inf)
         if self.uses_kernel():
-            return self.kernel(*args)
+            return self._kernel(args)
         out = self._reference(args, self.budget_s - self.reference_s)
-        return self.kernel(*args) if out is _INTERRUPTED else out
+        return self._kernel(args) if out is _INTERRUPTED else out
+
+    def _kernel(self, args):
+        if self.stages is None:
+            return self.kernel(*args)
+        return self.kernel(*args, self.stages())
 
     def _reference(self, args, budget: float):
         t0 = time.perf_counter()
@@ -204,7 +215,7 @@ def _within(budget: float, fn, args):
 
 # Budgets: about a third of each kernel's cold compile measured on the 2-core development
 # machine (benchmarks/results/cold_start.json), at least 0.5 s.
-TEMPO = Pair(tempo_kernel, tempo_reference, 8.0)
+TEMPO = Pair(tempo_kernel, tempo_reference, 8.0, stage_handles)
 TOKEN_LP = Pair(token_lp_kernel, token_lp_reference, 2.0)
 SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)

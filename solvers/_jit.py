@@ -14,10 +14,14 @@ import pathlib
 from numba import types
 from numba.core import cgutils
 from numba.core.errors import TypingError
-from numba.extending import intrinsic, overload
+from numba.core.imputils import impl_ret_new_ref
+from numba.extending import lower_builtin, type_callable
 
-NJIT = dict(nogil=True, cache=True, fastmath=False, error_model="numpy")
-NJIT_PARALLEL = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", parallel=True)
+#: ``no_cfunc_wrapper``: numba otherwise compiles, beside each function, a C-ABI wrapper that
+#: only a first-class function value or a ``cfunc`` would call (jitted callers and
+#: :func:`call_compiled` call the function itself, Python calls the CPython wrapper).
+NJIT = dict(nogil=True, cache=True, fastmath=False, error_model="numpy", no_cfunc_wrapper=True)
+NJIT_PARALLEL = dict(NJIT, parallel=True)
 #: For a jitted helper with one call site, inlined into its caller at numba's IR level: every
 #: jitted function's library links and re-optimizes all its callees, so each level of calls
 #: adds a pass over everything below it (this keeps tempo's cold compile down).
@@ -130,8 +134,8 @@ def call_compiled(handle, function, args):
     return function(*args)
 
 
-@intrinsic
-def _call_at(typingctx, handle, function, args):
+def _call_type(context, handle, function, args):
+    """The signature ``call_compiled`` is typed with in jitted code, or None."""
     if not (
         isinstance(handle, types.BaseTuple)
         and len(handle) == 2
@@ -141,51 +145,48 @@ def _call_at(typingctx, handle, function, args):
     ):
         return None
     argtys = tuple(args.types)
-    sig = function.get_call_type(typingctx, argtys, {})
+    sig = function.get_call_type(context, argtys, {})
     if sig is None or tuple(sig.args) != argtys:
         raise TypingError(
             f"call_compiled: {function.dispatcher.py_func.__name__} has no compiled version for "
             f"exactly {argtys} (got {sig})"
         )
+    return sig.return_type
+
+
+# Typed and lowered directly (not an @overload, whose implementation numba would compile once
+# more for every signature): the call is a few instructions in the caller.
+@type_callable(call_compiled)
+def _call_compiled_typer(context):
+    def typer(handle, function, args):
+        return _call_type(context, handle, function, args)
+
+    return typer
+
+
+@lower_builtin(call_compiled, types.BaseTuple, types.Dispatcher, types.BaseTuple)
+def _call_compiled_lower(context, builder, sig, llargs):
+    handle_ty, function, args_ty = sig.args
+    argtys = tuple(args_ty.types)
     ret = sig.return_type
     expected = _fingerprint(argtys, ret)
-
-    def codegen(context, builder, signature, llargs):
-        handle_v, _, tup = llargs
-        address = builder.extract_value(handle_v, 0)
-        fp = builder.extract_value(handle_v, 1)
-        wrong = builder.icmp_signed("!=", fp, context.get_constant(types.int64, expected))
-        with cgutils.if_unlikely(builder, wrong):
-            context.call_conv.return_user_exc(
-                builder,
-                ValueError,
-                (
-                    "call_compiled: the handle is not the address of "
-                    f"{function.dispatcher.py_func.__name__}{argtys}",
-                ),
-            )
-        values = [builder.extract_value(tup, i) for i in range(len(argtys))]
-        fnty = context.call_conv.get_function_type(ret, argtys)
-        fn = builder.inttoptr(address, fnty.as_pointer())
-        status, res = context.call_conv.call_function(builder, fn, ret, argtys, values)
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        return res
-
-    return ret(types.UniTuple(types.int64, 2), function, args), codegen
-
-
-# Inlined at numba's IR level, so the caller passes ``function`` (a dispatcher, lowered as a
-# dynamic address) only to the intrinsic, whose code never reads it: LLVM drops the address, as
-# it does for an ordinary call, and the caller stays cacheable. A call of a compiled ``impl``
-# instead would keep the address wherever LLVM does not inline that call, and numba refuses to
-# cache code holding a dynamic address.
-@overload(call_compiled, inline="always")
-def _call_compiled_jit(handle, function, args):
-    if not isinstance(function, types.Dispatcher):
-        return None
-
-    def impl(handle, function, args):
-        return _call_at((types.int64(handle[0]), types.int64(handle[1])), function, args)
-
-    return impl
+    name = function.dispatcher.py_func.__name__
+    handle_v, _, tup = llargs
+    address, fp = (
+        context.cast(builder, builder.extract_value(handle_v, i), handle_ty[i], types.int64)
+        for i in range(2)
+    )
+    wrong = builder.icmp_signed("!=", fp, context.get_constant(types.int64, expected))
+    with cgutils.if_unlikely(builder, wrong):
+        context.call_conv.return_user_exc(
+            builder,
+            ValueError,
+            (f"call_compiled: the handle is not the address of {name}{argtys}",),
+        )
+    values = [builder.extract_value(tup, i) for i in range(len(argtys))]
+    fnty = context.call_conv.get_function_type(ret, argtys)
+    fn = builder.inttoptr(address, fnty.as_pointer())
+    status, res = context.call_conv.call_function(builder, fn, ret, argtys, values)
+    with cgutils.if_unlikely(builder, status.is_error):
+        context.call_conv.return_status_propagate(builder, status)
+    return impl_ret_new_ref(context, builder, ret, res)

@@ -2,12 +2,14 @@
 
 Private module (stumpy's split): :func:`tempo_kernel` is the jitted kernel, read as the
 paper's stages (:func:`_stage_seed` -> :func:`_stage_chains` -> :func:`_stage_local_search`
--> :func:`_stage_ensemble`, each a function of this file, with one function per
-neighbourhood of the local search); :func:`tempo_reference` is the plain-Python reference
-directly below it, written from the stage descriptions and sharing no helper with the
-kernel. The kernel is ``nogil``: the wrapper solves a stack of layers on a thread pool. The
-public wrapper is :mod:`straggler.solvers.tempo`, which documents the stages and every
-tie-breaking rule.
+-> :func:`_stage_ensemble` -> :func:`_stage_restarts`, each a function of this file, with one
+function per neighbourhood of the local search; stage 3, which three callers run, and stage
+4b compile once on their own and are called by the address of their code,
+:func:`stage_handles`); :func:`tempo_reference` is the
+plain-Python reference directly below it, written from the stage descriptions and sharing no
+helper with the kernel. The kernel is ``nogil``: the wrapper solves a stack of layers on a
+thread pool. The public wrapper is :mod:`straggler.solvers.tempo`, which documents the stages
+and every tie-breaking rule.
 
 Both take the token-LP candidate of stage 4 and a certified lower bound as inputs
 (computed by :mod:`~straggler.solvers._token_lp_fast` and :mod:`~straggler.solvers._bounds`),
@@ -33,7 +35,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ._jit import NJIT, NJIT_INLINE
+from . import _jit
+from ._jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
 
 __all__ = [
     "CHOICES",
@@ -41,6 +44,7 @@ __all__ = [
     "KernelCost",
     "KernelOptions",
     "kernel_cost",
+    "stage_handles",
     "tempo_kernel",
     "tempo_reference",
 ]
@@ -1161,7 +1165,7 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
 
 @njit(**NJIT_INLINE)
 def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, stop_at, hst, wk,
-                    info):  # fmt: skip
+                    info, stages):  # fmt: skip
     """Candidates, in this order: the token-LP dispatch, A3 round robin (rank r -> GPU
     r mod g) when every live expert is replicated on every GPU, the optimal semi-matching
     (whole experts) polished first under the activation cap SM, and the same polished
@@ -1233,10 +1237,12 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
                     capped = KernelCost(cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2,
                                         cost.gamma, cost.tile, float(sm + cand - 3),
                                         cost.floor_cap)  # fmt: skip
-                    _stage_local_search(_state_of(y, lists, capped), lists, capped, opts, stop_at,
-                                        wk, counters)  # fmt: skip
+                    call_compiled(stages[_SEARCH], _stage_local_search,
+                                  (_state_of(y, lists, capped), lists, capped, opts, stop_at, wk,
+                                   counters))  # fmt: skip
                 cst = _state_of(y, lists, cost)
-                _stage_local_search(cst, lists, cost, opts, stop_at, wk, counters)
+                call_compiled(stages[_SEARCH], _stage_local_search,
+                              (cst, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
                 m_c = cst.times.max()
                 take = m_c < m_out
             if take:
@@ -1331,7 +1337,7 @@ def _recreate(x, ruin, counts, order, lists, cost):
 
 
 @njit(**NJIT)
-def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, wk):
+def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, wk, stages):
     """Stage 4b: best-improvement ruin and recreate of each GPU, polished by stage 3.
 
     A round tries, for every GPU ``h`` (increasing), the dispatch with the experts active
@@ -1374,10 +1380,12 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
                 if k > 0:  # the floor cap makes the search keep every floor at most F
                     capped = KernelCost(cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2,
                                         cost.gamma, cost.tile, cost.cap, levels[k - 1])  # fmt: skip
-                    _stage_local_search(_state_of(z, lists, capped), lists, capped, opts, stop_at,
-                                        wk, counters)  # fmt: skip
+                    call_compiled(stages[_SEARCH], _stage_local_search,
+                                  (_state_of(z, lists, capped), lists, capped, opts, stop_at, wk,
+                                   counters))  # fmt: skip
                 cst = _state_of(z, lists, cost)
-                _stage_local_search(cst, lists, cost, opts, stop_at, wk, counters)
+                call_compiled(stages[_SEARCH], _stage_local_search,
+                              (cst, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
                 mz = cst.times.max()
                 if mz < best_m:
                     best_m = mz
@@ -1395,9 +1403,68 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
 # The kernel
 # --------------------------------------------------------------------------------------
 
+#: ``rounds_max`` of stage 4b as an int64 (a literal argument is another type)
+_ROUNDS = np.int64(RESTART_ROUNDS)
+
+
+@njit(**NJIT_INLINE)
+def _canonical_cost(cost):
+    """:class:`KernelCost` with float fields and an int64 tile."""
+    return KernelCost(float(cost.a), float(cost.b), float(cost.b2), float(cost.c),
+                      float(cost.beta), float(cost.c2), float(cost.gamma), np.int64(cost.tile),
+                      float(cost.cap), float(cost.floor_cap))  # fmt: skip
+
+
+@njit(**NJIT_INLINE)
+def _canonical_opts(opts):
+    """:class:`KernelOptions` with bool, float and int64 fields."""
+    return KernelOptions(bool(opts.seed), bool(opts.chains), bool(opts.local_search),
+                         bool(opts.ensemble), bool(opts.flows), bool(opts.exchanges),
+                         bool(opts.tile_chains), float(opts.tau), np.int64(opts.max_iter),
+                         bool(opts.restarts), float(opts.restart_gap),
+                         np.int64(opts.restart_moves))  # fmt: skip
+
+
+def _stage_argtypes():
+    """The stages of :data:`_STAGE_FUNCTIONS` and the numba types of the arguments they are
+    called with (by :func:`tempo_kernel` and each other)."""
+    import numba
+
+    i1, i2 = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
+    st = _State(i2, i2, np.zeros(1), i2, i1)
+    lists = _Lists(np.zeros((1, 1), np.bool_), i1, i1, i1, i1)
+    cost = _canonical_cost.py_func(kernel_cost(np.zeros(8)))
+    opts = _canonical_opts.py_func(KernelOptions(*[False] * 7, 0.0, 0))
+    wk = _Work(i2, i2, np.zeros((1, 1)))
+    v = 0.0  # a time
+    stages = ((0, 0),) * len(_STAGE_FUNCTIONS)
+    args = (
+        (st, lists, cost, opts, v, wk, i1),  # _stage_local_search
+        (i1, i1, lists, cost, opts, v, i2, _ROUNDS, wk, stages),  # _stage_restarts
+    )
+    return [tuple(numba.typeof(a) for a in arg) for arg in args]
+
+
+#: The functions :func:`tempo_kernel` and its stages call by address, at these indices of
+#: its ``stages`` argument (:func:`stage_handles`)
+_STAGE_FUNCTIONS = (_stage_local_search, _stage_restarts)
+_SEARCH, _RESTARTS = range(2)
+_STAGES: list = []
+
+
+def stage_handles() -> tuple:
+    """The ``stages`` argument of :func:`tempo_kernel`: the handles
+    (:func:`~straggler.solvers._jit.compiled_address`) of stage 3 and stage 4b
+    (:data:`_STAGE_FUNCTIONS`), compiled here or loaded from numba's disk cache on the first
+    call of the process, then kept."""
+    if not _STAGES:
+        argtypes = _stage_argtypes()
+        _STAGES.append(tuple(compiled_address(f, a) for f, a in zip(_STAGE_FUNCTIONS, argtypes)))
+    return _STAGES[0]
+
 
 @njit(**NJIT)
-def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
+def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stages):
     """One layer of tempo_fast.
 
     Parameters
@@ -1415,12 +1482,24 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         A certified lower bound on the optimal makespan (``-inf``: none); stage 3 stops
         there too.
     opts : KernelOptions
+    stages : tuple
+        :func:`stage_handles`: the compiled stage 3 and stage 4b, which the kernel, stage 4
+        and stage 4b call by address (:func:`~straggler.solvers._jit.call_compiled`), so that
+        each compiles once and is never linked into (and optimized again with) a caller;
+        ignored in Python.
 
     Returns
     -------
     shares : ndarray of int64, shape (n_experts, n_gpus)
     info : ndarray of float64, shape (len(INFO_FIELDS),)
     """
+    # the stages run by address were compiled for exactly these types (stage_handles):
+    # fresh arrays and float / int64 fields, whatever the caller passed (a read-only array
+    # or an int field is another numba type)
+    counts = counts.copy()
+    replicas = replicas.copy()
+    cost = _canonical_cost(cost)
+    opts = _canonical_opts(opts)
     E, g = replicas.shape
     info = np.full(_N_INFO, np.nan)
     lists = _replica_lists(replicas)
@@ -1449,21 +1528,25 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         if counts[e] > 0:
             sm_cnt[sm_assign[e]] += 1
     sm = sm_cnt.max()
-    stop_at = max(bound, max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
+    stop_at = max(float(bound), max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
     counters = np.zeros(3, np.int64)
     if opts.local_search:  # Stage 3
-        _stage_local_search(st, lists, cost, opts, stop_at, wk, counters)
+        call_compiled(stages[_SEARCH], _stage_local_search,
+                      (st, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
     info[3] = st.times.max()
     out = st.x
     m_out = info[3]
     choice = 0
     if opts.ensemble:  # Stage 4
         out, m_out, choice = _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign,
-                                             sm, opts, stop_at, st, wk, info)  # fmt: skip
+                                             sm, opts, stop_at, st, wk, info,
+                                             stages)  # fmt: skip
     n_restart = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
-        out, m_out, n_restart = _stage_restarts(counts, order, lists, cost, opts, stop_at, out,
-                                                RESTART_ROUNDS, wk)  # fmt: skip
+        out, m_out, n_restart = call_compiled(
+            stages[_RESTARTS], _stage_restarts,
+            (counts, order, lists, cost, opts, stop_at, out, _ROUNDS, wk, stages),
+        )  # fmt: skip
     info[0] = m_out
     info[8] = choice
     info[9] = n_chain
@@ -1472,6 +1555,11 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     info[12] = counters[2]
     info[13] = n_restart
     return out, info
+
+
+# call_compiled is lowered by solvers/_jit.py: an edit there recompiles its callers
+for _f in (tempo_kernel, _stage_local_search, _stage_restarts):
+    cache_depends_on(_f, _jit)
 
 
 def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):

@@ -19,6 +19,7 @@ from straggler.solvers._tempo import (
     INFO_FIELDS,
     KernelOptions,
     kernel_cost,
+    stage_handles,
     tempo_kernel,
     tempo_reference,
 )
@@ -87,9 +88,14 @@ def _kernel_args(counts, R, cost, opts=ALL_ON, bound=-math.inf):
     return (counts, R, kernel_cost(cost.as_array()), lp, sm, bound, opts)
 
 
+def _kernel(*args):
+    """``tempo_kernel`` with the handles of its separately compiled stages."""
+    return tempo_kernel(*args, stage_handles())
+
+
 def _assert_same(args):
-    x1, i1 = tempo_kernel(*args)
-    x2, i2 = tempo_kernel.py_func(*args)
+    x1, i1 = _kernel(*args)
+    x2, i2 = tempo_kernel.py_func(*args, stage_handles())
     x3, i3 = tempo_reference(*args)
     np.testing.assert_array_equal(x1, x2)
     np.testing.assert_array_equal(x1, x3)
@@ -260,8 +266,8 @@ def test_restarts_reach_the_decode_outlier():
     check_shares(p, on.shares)
     # kernel == py_func on it (the plain-Python reference is too slow at this size)
     args = _kernel_args(p.counts, p.replicas, cost, ALL_ON._replace(**RESTARTS))
-    x1, i1 = tempo_kernel(*args)
-    x2, i2 = tempo_kernel.py_func(*args)
+    x1, i1 = _kernel(*args)
+    x2, i2 = tempo_kernel.py_func(*args, stage_handles())
     np.testing.assert_array_equal(x1, x2)
     np.testing.assert_array_equal(i1, i2)
 
@@ -504,7 +510,7 @@ def test_feasible_bounded_deterministic_and_not_mutating():
     r = np.ones((2, 2), bool)
     for a in (c, r):
         a.setflags(write=False)
-    tempo_kernel(*_kernel_args(c, r, FIG1B_COST))
+    _kernel(*_kernel_args(c, r, FIG1B_COST))
 
 
 def _opt(problem, cost):
@@ -566,7 +572,7 @@ def test_proposition_1(tau, local_search):
     for i in range(60):
         counts, R = _random_instance(rng)
         opts = ALL_ON._replace(tau=tau, local_search=local_search)
-        _, info = tempo_kernel(*_kernel_args(counts, R, _cost(i), opts))
+        _, info = _kernel(*_kernel_args(counts, R, _cost(i), opts))
         cands = [info[F[k]] for k in ("makespan_lp", "makespan_a3", "makespan_sm")]
         cands = [c for c in cands if not np.isnan(c)]
         h = info[F["makespan_heuristic"]]
@@ -833,3 +839,20 @@ def test_cyclic_exchange_searched_per_leaving_share():
     assert res.makespan == pytest.approx(_opt(p, cost))
     assert solve_dispatch(p, cost, method="tempo", **NO_REPAIR, exchanges=False).makespan > 83
     _assert_same(_kernel_args(p.counts, p.replicas, cost))
+
+
+def test_stages_compiled_apart_and_reached_from_any_input_types():
+    """The kernel calls its stages by address (none is linked into its code), and inputs of
+    other numba types (read-only arrays, int fields) reach the same compiled stages."""
+    counts, R = [600] + [30] * 6, np.ones((7, 2), bool)
+    args = _kernel_args(counts, R, FIG1B_COST)
+    x1, i1 = _kernel(*args)
+    cost = args[2]._replace(a=0, b=15, tile=np.int32(128))
+    opts = ALL_ON._replace(tau=0.01, max_iter=np.int32(300), restart_gap=0)
+    x2, i2 = _kernel(*args[:2], cost, *args[3:6], opts)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(i1, i2)
+    stages = ("_stage_local_search", "_stage_restarts", "_stage_ensemble", "_nb_")
+    for cres in tempo_kernel.overloads.values():
+        linked = {lib.name for lib in cres.library._linking_libraries}
+        assert not any(s in name for name in linked for s in stages), linked

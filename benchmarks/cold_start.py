@@ -327,6 +327,20 @@ def _goal(first: float, steady: float) -> dict:
     return {"first_s": first, "steady_s": steady, "bound_s": bound, "met": first <= bound}
 
 
+def _one_study(out, key, run, fmt) -> int:
+    """Run one study on an empty cache folder, store it under ``key`` in the JSON at ``out``
+    (the other keys kept), print its table."""
+    with tempfile.TemporaryDirectory(prefix="straggler-study-") as tmp:
+        r = run(tmp)
+    path = pathlib.Path(out)
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report[key] = r
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(fmt(r))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -343,25 +357,10 @@ def main(argv=None) -> int:
         print(json.dumps(_child(args.child, args.repeats)))
         return 0
     if args.warmup_jobs_only:
-        with tempfile.TemporaryDirectory(prefix="straggler-jobs-") as tmp:
-            r = warmup_jobs(tmp, args.rounds)
-        path = pathlib.Path(args.out)
-        report = json.loads(path.read_text()) if path.exists() else {}
-        report["warmup_jobs"] = r
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(format_warmup_jobs(r))
-        return 0
+        return _one_study(args.out, "warmup_jobs", lambda tmp: warmup_jobs(tmp, args.rounds),
+                          format_warmup_jobs)  # fmt: skip
     if args.first_command_only:
-        with tempfile.TemporaryDirectory(prefix="straggler-first-") as tmp:
-            r = first_command(tmp)
-        path = pathlib.Path(args.out)
-        report = json.loads(path.read_text()) if path.exists() else {}
-        report["first_command"] = r
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(format_first_command(r))
-        return 0
+        return _one_study(args.out, "first_command", first_command, format_first_command)
 
     report = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="straggler-cold-") as tmp:

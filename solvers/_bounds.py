@@ -180,6 +180,22 @@ def coupling_bound_reference(counts, replicas, params, best):
     return max(best, result) if result < math.inf else best
 
 
+@njit(**NJIT_INLINE)
+def _b3(best, params, n, j, k, s):
+    """``max(best, B3)`` over ``s`` GPUs that together take ``n`` tokens of ``k`` tiles and at
+    least ``j`` expert activations: the mean of each of the three step-time terms."""
+    v = params[3] + params[4] * n / s
+    if v > best:
+        best = v
+    v = params[5] + params[6] * n / s
+    if v > best:
+        best = v
+    v = params[0] + (params[1] * j + params[2] * (k - j)) / s
+    if v > best:
+        best = v
+    return best
+
+
 @njit(**NJIT)
 def lower_bound_kernel(counts, replicas, params, sm):
     """Certified lower bound of one layer: B1-B4 and B6 (see module docstring)."""
@@ -187,10 +203,6 @@ def lower_bound_kernel(counts, replicas, params, sm):
     a = params[0]
     b = params[1]
     b2 = params[2]
-    c = params[3]
-    beta = params[4]
-    c2 = params[5]
-    gamma = params[6]
     tile = np.int64(params[7])
     split_cheaper = b2 > b
     best = a + b * sm
@@ -237,28 +249,11 @@ def lower_bound_kernel(counts, replicas, params, sm):
             best = v
         i += 1
     # B3 over all GPUs
-    v = c + beta * tot_n / g
-    if v > best:
-        best = v
-    v = c2 + gamma * tot_n / g
-    if v > best:
-        best = v
-    v = a + (b * tot_j + b2 * (tot_k - tot_j)) / g
-    if v > best:
-        best = v
+    best = _b3(best, params, tot_n, tot_j, tot_k, g)
     # B3 over the replica set of each live expert
     if g > 64:
         for i in range(n_live):
-            s = rr[i]
-            v = c + beta * ntok[i] / s
-            if v > best:
-                best = v
-            v = c2 + gamma * ntok[i] / s
-            if v > best:
-                best = v
-            v = a + (b * jj[i] + b2 * (kk[i] - jj[i])) / s
-            if v > best:
-                best = v
+            best = _b3(best, params, ntok[i], jj[i], kk[i], rr[i])
     else:
         # aggregate experts by distinct replica set, then sum over subsets: O(E log E + D^2)
         order = stable_argsort_uint(masks)
@@ -287,16 +282,7 @@ def lower_bound_kernel(counts, replicas, params, sm):
                     sn += dn[q]
                     sj += dj[q]
                     sk += dk[q]
-            s = dr[d]
-            v = c + beta * sn / s
-            if v > best:
-                best = v
-            v = c2 + gamma * sn / s
-            if v > best:
-                best = v
-            v = a + (b * sj + b2 * (sk - sj)) / s
-            if v > best:
-                best = v
+            best = _b3(best, params, sn, sj, sk, dr[d])
     return coupling_bound_kernel(counts, replicas, params, best)
 
 

@@ -130,7 +130,7 @@ from ._placement_greedy import greedy_placement_kernel
 from ._placement_kernels import hall_score_kernel, placement_search_kernel
 from ._semi_matching import semi_matching_kernel
 from ._token_lp_fast import token_lp_kernel
-from .eplb import EPLB_VERSIONS, balanced_packing, rebalance_experts
+from .eplb import EPLB_VERSIONS, _rebalance_experts_iv, balanced_packing, rebalance_experts
 from .tempo import tempo_layer_bound
 
 __all__ = [
@@ -530,32 +530,21 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
             n_resamples, max_evals)  # fmt: skip
 
 
-def _greedy_layout(h, P, G, N, g):
+def _greedy_layout(mean, P, G, N, g):
     """Each expert's node (``(L, E)``) and the number of nodes for ``method="greedy"``:
-    EPLB's layout (``rebalance_experts``): with ``G % N == 0`` its groups packed onto the
-    nodes by their mean tokens (its hierarchical step 1, float32 group loads), else one
-    node. Raises where EPLB with ``distinct=True`` would."""
-    L, E = h.shape[1:]
-    if G % N:
-        N = 1
-    elif E % G:
-        raise param_error("num_groups", _FUNC, f"a divisor of the number of experts ({E})",
-                          repr(G))  # fmt: skip
-    if P < E:
-        raise param_error("num_replicas", _FUNC, f"at least the number of experts ({E})",
-                          repr(P))  # fmt: skip
-    most = (E // N) * (g // N)
-    if P // N > most:
-        raise InvalidInputError(
-            f"{_FUNC} never puts two replicas of one expert on one GPU, so {E // N} experts "
-            f"per node on {g // N} GPUs fill at most {most} slots per node. Got "
-            f"num_replicas={P} on {N} nodes instead."
-        )
-    if N == 1:
+    EPLB's layout, checked by EPLB's own validation with ``distinct=True`` (``mean``: the
+    window's mean tokens, ``(L, E)``): with ``G % N == 0`` its groups packed onto the nodes
+    by their mean tokens (its hierarchical step 1, float32 group loads), else one node."""
+    L, E = mean.shape
+    try:
+        w, _, groups, nodes, *_ = _rebalance_experts_iv(mean, P, G, N, g, True, "deepseek")
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
+    if nodes == 1:
         return np.zeros((L, E), dtype=np.int64), 1
-    loads = h.mean(axis=0).astype(np.float32).reshape(L, G, E // G).sum(-1, dtype=np.float32)
-    pack, _ = balanced_packing(loads, N)
-    return np.ascontiguousarray(np.repeat(pack, E // G, axis=1)), N
+    loads = w.reshape(L, groups, E // groups).sum(-1, dtype=np.float32)
+    pack, _ = balanced_packing(loads, nodes)
+    return np.ascontiguousarray(np.repeat(pack, E // groups, axis=1)), nodes
 
 
 def place_experts(
@@ -687,16 +676,16 @@ def place_experts(
         method = "local_search" if budgeted else "greedy"
     counts = np.rint(h).astype(np.int64)
     per = P // g
+    mean = h.mean(axis=0)
     if method == "greedy":
-        expert_node, n_nodes = _greedy_layout(h, P, G, N, g)
+        expert_node, n_nodes = _greedy_layout(mean, P, G, N, g)
         p2l, l2p, cnt = greedy_placement_kernel(
             counts, expert_node, n_nodes, P, g, GREEDY_ALPHA, GREEDY_SPREAD, *_cost_args(cost)
         )  # fmt: skip
         if prev is None:
             return p2l, np.ascontiguousarray(l2p[:, :, : int(cnt.max())]), cnt
         start_p2l = p2l
-    mean = h.mean(axis=0)
-    if method != "greedy":
+    else:
         try:
             start_p2l, _, _ = rebalance_experts(mean, P, G, N, g, distinct=True)
         except InvalidInputError as exc:

@@ -126,6 +126,15 @@ class WarmupChildError(StragglerError, RuntimeError):
     running and ends with the tail of its stderr."""
 
 
+def _kernel_seconds(steps) -> dict:
+    """Compile seconds per top-level kernel over the :class:`WarmupStep` s ``steps``."""
+    out: dict = {}
+    for s in steps:
+        for k, v in s.compiled.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
 @dataclass(frozen=True)
 class WarmupReport:
     """What :func:`warmup` did and how long it took."""
@@ -156,11 +165,7 @@ class WarmupReport:
     @property
     def kernels(self) -> dict:
         """Compile seconds per top-level kernel over all steps in this process."""
-        out: dict = {}
-        for s in self.steps:
-            for k, v in s.compiled.items():
-                out[k] = out.get(k, 0.0) + v
-        return out
+        return _kernel_seconds(self.steps)
 
     @property
     def children_compile_s(self) -> float:
@@ -417,6 +422,14 @@ _POLICY_COST = {"br0": 6.1, "brh": 5.5, "brs": 4.5}
 MAX_JOBS = len(_UNIT_COST)
 
 
+def _by_unit(names) -> dict:
+    """The step names ``names`` grouped by their unit (:data:`_UNITS`), in order."""
+    units: dict = {}
+    for n in names:
+        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+    return units
+
+
 def _step_cost(name: str) -> float:
     call, _, arg = name.partition("[")
     if call in ("route_batch", "simulate"):
@@ -439,9 +452,7 @@ def _child_plans(names, jobs: int) -> list:
     [('solve_dispatch[tempo]', 'rebalance_experts'),
      ('route_batch[jsq]', 'route_batch[br0]', 'simulate[jsq]')]
     """
-    units: dict = {}
-    for n in names:
-        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+    units = _by_unit(names)
     if "simulator" in units and "routing" in units:
         units["simulator"] = [min(units["simulator"], key=_step_cost)]
     n_children = min(jobs, len(units))
@@ -500,9 +511,7 @@ def _parallel_plan(names, jobs: int) -> tuple:
     (a warm cache needs none: starting one costs more than loading)."""
     if numba.config.DISABLE_JIT:
         return [], "NUMBA_DISABLE_JIT=1 (nothing compiles)"
-    units: dict = {}
-    for n in names:
-        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+    units = _by_unit(names)
     kernels, pending = [], []
     for unit, steps in units.items():
         reach = _unit_kernels(unit, steps)
@@ -514,7 +523,7 @@ def _parallel_plan(names, jobs: int) -> tuple:
         return [], obstacle
     plans = _child_plans([n for n in names if n in pending], jobs)
     if not plans:
-        n_units = len({_UNITS[n.partition("[")[0]] for n in pending})
+        n_units = len(_by_unit(pending))
         why = "every kernel is in numba's disk cache" if not pending else "one unit compiles"
         return [], f"{why} ({n_units} of {len(units)} units to compile)"
     return plans, ""
@@ -544,14 +553,10 @@ def _child_main(names) -> dict:
         d = ev.data["dispatcher"]
         if ev.is_start and not isinstance(getattr(d, "_cache", None), NullCache):
             functions.add(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
-    kernels: dict = {}
-    for s in steps:
-        for k, v in s.compiled.items():
-            kernels[k] = kernels.get(k, 0.0) + v
     return {
         "compile_s": float(sum(s.compile_s for s in steps)),
         "cpu_s": float(sum(s.cpu_s for s in steps)),
-        "kernels": kernels,
+        "kernels": _kernel_seconds(steps),
         "functions": sorted(functions),
         "skipped": [n for n in names if n not in full],
     }

@@ -180,7 +180,7 @@ def coupling_bound_reference(counts, replicas, params, best):
     return max(best, result) if result < math.inf else best
 
 
-@njit(**NJIT_INLINE)
+@njit(**NJIT)
 def _b3(best, params, n, j, k, s):
     """``max(best, B3)`` over ``s`` GPUs that together take ``n`` tokens of ``k`` tiles and at
     least ``j`` expert activations: the mean of each of the three step-time terms."""

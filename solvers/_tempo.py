@@ -23,7 +23,8 @@ beta*N, c2 + gamma*N)`` (infinity when ``G`` exceeds the cap), evaluated in exac
 order in both implementations (and in :func:`~straggler.formulations.evaluate`), so the
 floats agree bit for bit.
 
-The expert order (descending tokens, ties lower index) comes from a stable radix sort.
+The expert order (descending tokens, ties lower index) comes from a stable radix sort
+(:func:`~straggler.solvers._order.stable_argsort_int_desc`, as A3 orders them).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from . import _jit
+from . import _jit, _order
 from ._jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
+from ._order import stable_argsort_int_desc
 
 __all__ = [
     "CHOICES",
@@ -189,6 +191,23 @@ def _t(cost, G, N, T):
 
 
 @njit(**NJIT)
+def _amax(a):
+    """``a.max()`` of a non-empty 1-D array, as numba's ``ndarray.max`` computes it (the
+    first NaN met is returned): one loop, instead of numba's general nditer implementation,
+    which compiles for about half a second per array type."""
+    m = a[0]
+    if m != m:
+        return m
+    for i in range(1, a.shape[0]):
+        v = a[i]
+        if v != v:
+            return v
+        if v > m:
+            m = v
+    return m
+
+
+@njit(**NJIT)
 def _tiles(v, tile):
     return (v + tile - 1) // tile
 
@@ -269,37 +288,6 @@ def _best_split(cost, x, gnt, s, d, e, xs, s_in, s_in_q, d_out, d_out_q, best_v)
             best_v = v
             bq = q
     return best_v, bq
-
-
-@njit(**NJIT)
-def _expert_order(counts):
-    """Experts by descending tokens, ties lower index (LSD radix sort on max - n, stable).
-
-    The same order as sorting the unique keys ``-n_e * E + e``, without the branch
-    mispredictions of a comparison sort (which dominate when layers stream past).
-    """
-    E = counts.shape[0]
-    mx = 0
-    for e in range(E):
-        mx = max(mx, counts[e])
-    order = np.arange(E)
-    tmp = np.empty(E, np.int64)
-    cnt = np.empty(257, np.int64)
-    shift = 0
-    while (mx >> shift) > 0:
-        cnt[:] = 0
-        for i in range(E):
-            cnt[((mx - counts[order[i]]) >> shift & 255) + 1] += 1
-        for d in range(256):
-            cnt[d + 1] += cnt[d]
-        for i in range(E):
-            e = order[i]
-            d = (mx - counts[e]) >> shift & 255
-            tmp[cnt[d]] = e
-            cnt[d] += 1
-        order, tmp = tmp, order
-        shift += 8
-    return order
 
 
 @njit(**NJIT)
@@ -512,8 +500,8 @@ def _stage_chains(st, lists, cost):
     top = np.full(4, -1, np.int64)
     n_chain = 0
     while True:
-        M = times.max()
-        Gmax = gnt[_G].max()
+        M = _amax(times)
+        Gmax = _amax(gnt[_G])
         low = 0
         for h in range(g):
             low += np.int64(gnt[_G, h] <= Gmax - 2)
@@ -1104,7 +1092,7 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
     g_order = np.empty(g, np.int64)
     n_it = 0
     while n_it < opts.max_iter:
-        M = times.max()
+        M = _amax(times)
         if M <= stop_at:
             break
         mv[4, 0] = 0
@@ -1175,7 +1163,7 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
     candidate replaces ``A_H`` iff it is below ``(1 - tau) M(A_H)`` (Proposition 1).
     Returns ``(shares, makespan, choice)``."""
     E, g = lists.replicas.shape
-    m_h = hst.times.max()
+    m_h = _amax(hst.times)
     out = hst.x
     m_out = m_h
     choice = 0
@@ -1243,7 +1231,7 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
                 cst = _state_of(y, lists, cost)
                 call_compiled(stages[_SEARCH], _stage_local_search,
                               (cst, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
-                m_c = cst.times.max()
+                m_c = _amax(cst.times)
                 take = m_c < m_out
             if take:
                 choice = cand
@@ -1353,7 +1341,7 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
     counters = np.zeros(3, np.int64)
     x = x0.copy()
     st = _state_of(x.copy(), lists, cost)
-    m = st.times.max()
+    m = _amax(st.times)
     levels = np.empty(RESTART_LEVELS)
     ruin = np.zeros(E, np.bool_)
     g_max = lists.e_ptr[E]  # activations: at most one per replica
@@ -1386,7 +1374,7 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
                 cst = _state_of(z, lists, cost)
                 call_compiled(stages[_SEARCH], _stage_local_search,
                               (cst, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
-                mz = cst.times.max()
+                mz = _amax(cst.times)
                 if mz < best_m:
                     best_m = mz
                     best_x = cst.x
@@ -1503,7 +1491,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     E, g = replicas.shape
     info = np.full(_N_INFO, np.nan)
     lists = _replica_lists(replicas)
-    order = _expert_order(counts)
+    order = stable_argsort_int_desc(counts)
     width = max(g + 1, lists.e_ptr[E])
     # (every entry is written before it is read, except the stamps)
     wk = _Work(np.empty((5, 2 * g + 2), np.int64), np.empty((14, width), np.int64),
@@ -1512,9 +1500,9 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     wk.wi[_STAMP, 0] = 0
 
     st = _stage_seed(counts, order, lists, cost, opts.seed)  # Stage 1
-    info[1] = st.times.max()
+    info[1] = _amax(st.times)
     n_chain = _stage_chains(st, lists, cost) if opts.chains else 0  # Stage 2
-    info[2] = st.times.max()
+    info[2] = _amax(st.times)
 
     # integral lower bound: no whole-token dispatch goes below it, so the searches stop there
     lp_nmax = 0
@@ -1527,13 +1515,13 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     for e in range(E):
         if counts[e] > 0:
             sm_cnt[sm_assign[e]] += 1
-    sm = sm_cnt.max()
+    sm = _amax(sm_cnt)
     stop_at = max(float(bound), max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
     counters = np.zeros(3, np.int64)
     if opts.local_search:  # Stage 3
         call_compiled(stages[_SEARCH], _stage_local_search,
                       (st, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
-    info[3] = st.times.max()
+    info[3] = _amax(st.times)
     out = st.x
     m_out = info[3]
     choice = 0
@@ -1557,9 +1545,10 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     return out, info
 
 
-# call_compiled is lowered by solvers/_jit.py: an edit there recompiles its callers
+# call_compiled is lowered by solvers/_jit.py, and the kernel orders the experts with
+# solvers/_order.py: an edit there recompiles the functions that use them
 for _f in (tempo_kernel, _stage_local_search, _stage_restarts):
-    cache_depends_on(_f, _jit)
+    cache_depends_on(_f, _jit, _order)
 
 
 def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):

@@ -33,7 +33,8 @@ Algorithm (all integer arithmetic, exact):
    the stuck set gives a strictly larger ratio ``W(S')/|S'|``, which becomes ``p/q``.
 
 Tokens are scaled by at most ``g``; counts below ``2**52`` with ``g, E < 2**11`` stay in int64.
-The expert order (descending tokens, ties lower index) comes from a stable radix sort.
+The expert order (descending tokens, ties lower index) comes from a stable radix sort
+(:func:`~straggler.solvers._order.stable_argsort_int_desc`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ from numba import njit, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload
 
-from ._jit import NJIT, NJIT_INLINE
+from . import _order
+from ._jit import NJIT, NJIT_INLINE, cache_depends_on
+from ._order import stable_argsort_int_desc
 
 __all__ = [
     "token_lp_kernel",
@@ -116,37 +119,6 @@ def _replica_lists(replicas):
             g_exps[k] = e
             k += np.int64(replicas[e, h])
     return e_ptr, e_gpus, g_ptr, g_exps
-
-
-@njit(**NJIT_INLINE)
-def _expert_order(counts):
-    """Experts by descending tokens, ties lower index (LSD radix sort on max - n, stable).
-
-    The same order as sorting the unique keys ``-n_e * E + e``, without the branch
-    mispredictions of a comparison sort (which dominate when layers stream past).
-    """
-    E = counts.shape[0]
-    mx = 0
-    for e in range(E):
-        mx = max(mx, counts[e])
-    order = np.arange(E)
-    tmp = np.empty(E, np.int64)
-    cnt = np.empty(257, np.int64)
-    shift = 0
-    while (mx >> shift) > 0:
-        cnt[:] = 0
-        for i in range(E):
-            cnt[((mx - counts[order[i]]) >> shift & 255) + 1] += 1
-        for d in range(256):
-            cnt[d + 1] += cnt[d]
-        for i in range(E):
-            e = order[i]
-            d = (mx - counts[e]) >> shift & 255
-            tmp[cnt[d]] = e
-            cnt[d] += 1
-        order, tmp = tmp, order
-        shift += 8
-    return order
 
 
 @njit(**NJIT)
@@ -246,7 +218,7 @@ def token_lp_kernel(counts, replicas):
     load = np.zeros(g, np.int64)
     # Step 1: whole experts, descending tokens, least-loaded replica.
     # descending tokens, ties lower index (radix sort; the reference sorts (-n_e, e))
-    order = _expert_order(counts)
+    order = stable_argsort_int_desc(counts)
     total = np.int64(0)  # int64 from the start: a literal 0 makes numba compile _push for it
     for i in range(E):
         e = order[i]
@@ -700,3 +672,9 @@ def support_swap_reference(counts, replicas, shares, cost, max_rounds):
         m, x = best
         rounds += 1
     return x, m, rounds
+
+
+# token_lp_kernel orders the experts with solvers/_order.py (and the support kernels call it):
+# an edit there recompiles them
+for _f in (token_lp_kernel, support_rebalance_kernel, support_contract_kernel, support_swap_kernel):
+    cache_depends_on(_f, _order)

@@ -108,9 +108,10 @@ def _child() -> dict:
     shares = np.array([[5, 0], [0, 3], [0, 0]], np.int64)
     _bounds.lower_bound_kernel(counts, replicas, cost, 2)
     _token_lp_fast.token_lp_kernel(counts, replicas)
-    _token_lp_fast.support_rebalance_kernel(counts, shares, cost)
-    _token_lp_fast.support_contract_kernel(counts, shares, cost)
-    _token_lp_fast.support_swap_kernel(counts, replicas, shares, cost, 4)
+    lp = _token_lp_fast.token_lp_handle()
+    _token_lp_fast.support_rebalance_kernel(counts, shares, cost, lp)
+    _token_lp_fast.support_contract_kernel(counts, shares, cost, lp)
+    _token_lp_fast.support_swap_kernel(counts, replicas, shares, cost, 4, lp)
     return out
 
 

@@ -199,7 +199,11 @@ def _baseline_makespan(base, problem, cost):
     the support rebalance, as ``tempo_speed.py`` times it)."""
     from straggler.formulations.dispatch import evaluate
     from straggler.solvers._semi_matching import semi_matching_kernel
-    from straggler.solvers._token_lp_fast import support_rebalance_kernel, token_lp_kernel
+    from straggler.solvers._token_lp_fast import (
+        support_rebalance_kernel,
+        token_lp_handle,
+        token_lp_kernel,
+    )
 
     counts = np.ascontiguousarray(problem.counts, np.int64)
     R = np.ascontiguousarray(problem.replicas)
@@ -209,7 +213,7 @@ def _baseline_makespan(base, problem, cost):
     x, info = base.tempo_kernel(counts, R, c, lp, assign, True, True, True, True, 0.01, 300)
     lam = num / den
     if info[0] > max(c[3] + c[4] * lam, c[0] + c[1] * sm, c[5] + c[6] * lam):
-        x, _, _ = support_rebalance_kernel(counts, x, c)
+        x, _, _ = support_rebalance_kernel(counts, x, c, token_lp_handle())
     return float(evaluate(problem, cost, x).makespan)
 
 

@@ -59,6 +59,7 @@ from straggler.solvers._semi_matching import semi_matching_kernel
 from straggler.solvers._tempo import KernelOptions, kernel_cost, tempo_reference
 from straggler.solvers._token_lp_fast import (
     support_rebalance_kernel,
+    token_lp_handle,
     token_lp_kernel,
     token_lp_reference,
 )
@@ -197,7 +198,7 @@ def main(argv=None):
         x, info = base.tempo_kernel(counts, R, c, lp, assign, True, True, True, True, 0.01, 300)
         lam = num / den
         if info[0] > max(c[3] + c[4] * lam, c[0] + c[1] * sm, c[5] + c[6] * lam):
-            x, _, _ = support_rebalance_kernel(counts, x, c)
+            x, _, _ = support_rebalance_kernel(counts, x, c, token_lp_handle())
         return x
 
     # warm up every jitted path (compilation is not timed)

@@ -51,6 +51,7 @@ from ._token_lp_fast import (
     support_rebalance_reference,
     support_swap_kernel,
     support_swap_reference,
+    token_lp_handle,
     token_lp_kernel,
     token_lp_reference,
 )
@@ -219,9 +220,11 @@ TEMPO = Pair(tempo_kernel, tempo_reference, 8.0, stage_handles)
 TOKEN_LP = Pair(token_lp_kernel, token_lp_reference, 2.0)
 SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
-SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0)
-SUPPORT_CONTRACT = Pair(support_contract_kernel, support_contract_reference, 1.0)
-SUPPORT_SWAP = Pair(support_swap_kernel, support_swap_reference, 1.0)
+# (the support kernels call the token LP by address: token_lp_handle is their last argument)
+SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0,
+                         token_lp_handle)  # fmt: skip
+SUPPORT_CONTRACT = Pair(support_contract_kernel, support_contract_reference, 1.0, token_lp_handle)
+SUPPORT_SWAP = Pair(support_swap_kernel, support_swap_reference, 1.0, token_lp_handle)
 A3 = Pair(a3_kernel, a3_reference, 0.6)
 SCORE = Pair(score_kernel, score_reference, 0.5)
 

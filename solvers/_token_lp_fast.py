@@ -46,8 +46,8 @@ from numba import njit, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload
 
-from . import _order
-from ._jit import NJIT, NJIT_INLINE, cache_depends_on
+from . import _jit, _order
+from ._jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
 from ._order import stable_argsort_int_desc
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "support_contract_reference",
     "support_swap_kernel",
     "support_swap_reference",
+    "token_lp_handle",
 ]
 
 
@@ -353,6 +354,28 @@ def token_lp_reference(counts, replicas):
     return np.array(x, dtype=np.int64), p // d, q // d
 
 
+_LP: list = []
+
+
+def token_lp_handle() -> tuple:
+    """The last argument (``lp``) of the support kernels: the handle
+    (:func:`~straggler.solvers._jit.compiled_address`) of :func:`token_lp_kernel` for
+    read-only int64 counts and a read-only bool support, the types they call it with (and
+    Python with a problem's arrays), compiled here or loaded from numba's disk cache on the
+    first call of the process, then kept.
+
+    The support kernels call the token LP by this address
+    (:func:`~straggler.solvers._jit.call_compiled`) instead of linking it: a jitted
+    function's library links and optimizes again every callee it links, so each of the three
+    would otherwise compile the token LP once more.
+    """
+    if not _LP:
+        counts = types.Array(types.int64, 1, "C", readonly=True)
+        support = types.Array(types.bool_, 2, "C", readonly=True)
+        _LP.append(compiled_address(token_lp_kernel, (counts, support)))
+    return _LP[0]
+
+
 @njit(**NJIT)
 def _gpu_time(x, cost, h, tile):
     """Modeled time of GPU ``h`` of a whole-token dispatch (the evaluator's order of operations)."""
@@ -400,12 +423,17 @@ def _support(x):
 
 
 @njit(**NJIT)
-def support_rebalance_kernel(counts, shares, cost):
+def support_rebalance_kernel(counts, shares, cost, lp):
     """Token-optimal dispatch on the support of ``shares``, kept iff its makespan is lower.
 
     The token LP restricted to the replicas ``shares > 0`` moves tokens only between
     replicas that are already active, so it adds no activation (and may drop some); its
     integral optimum is scored under ``cost`` (``CostModel.as_array()``).
+
+    Parameters
+    ----------
+    lp : tuple
+        :func:`token_lp_handle`: the compiled token LP, called by address; ignored in Python.
 
     Returns
     -------
@@ -415,7 +443,7 @@ def support_rebalance_kernel(counts, shares, cost):
     makespan : float
         Of the returned dispatch.
     """
-    y, _, _ = token_lp_kernel(counts, _frozen(_support(shares)))
+    y, _, _ = call_compiled(lp, token_lp_kernel, (_frozen(counts), _frozen(_support(shares))))
     m0 = _makespan(shares, cost)
     m1 = _makespan(y, cost)
     if m1 < m0:
@@ -462,7 +490,7 @@ def support_rebalance_reference(counts, shares, cost):
 
 
 @njit(**NJIT)
-def support_contract_kernel(counts, shares, cost):
+def support_contract_kernel(counts, shares, cost, lp):
     """Drop active replicas of split experts while the token LP on what is left is better.
 
     Each round tries every active replica of an expert active on two or more GPUs (experts
@@ -473,6 +501,11 @@ def support_contract_kernel(counts, shares, cost):
     activation on a GPU lowers its floor ``a + b*G``; the LP puts the tokens the replica
     held back through the remaining support. It is the un-split that a move of the local
     search cannot price, since the rebalance it needs runs through every split at once.
+
+    Parameters
+    ----------
+    lp : tuple
+        :func:`token_lp_handle`: the compiled token LP, called by address; ignored in Python.
 
     Returns
     -------
@@ -502,7 +535,7 @@ def support_contract_kernel(counts, shares, cost):
                 if not sup[e, h]:
                     continue
                 sup[e, h] = False
-                y, _, _ = token_lp_kernel(counts, _frozen(sup))
+                y, _, _ = call_compiled(lp, token_lp_kernel, (_frozen(counts), _frozen(sup)))
                 sup[e, h] = True
                 my = _makespan(y, cost)
                 if my < best_m:
@@ -562,7 +595,7 @@ def _gpu_times(x, cost, out):
 
 
 @njit(**NJIT)
-def support_swap_kernel(counts, replicas, shares, cost, max_rounds):
+def support_swap_kernel(counts, replicas, shares, cost, max_rounds, lp):
     """Swap an activation on a GPU below the makespan, the token LP re-routing the tokens.
 
     A round tries, on every GPU ``h`` whose time is below the makespan (increasing), every
@@ -573,6 +606,11 @@ def support_swap_kernel(counts, replicas, shares, cost, max_rounds):
     integral token-optimal dispatch) routes ``e``'s tokens into it through every split.
     The round's best strictly lower makespan (first found on ties) is applied; at most
     ``max_rounds`` rounds.
+
+    Parameters
+    ----------
+    lp : tuple
+        :func:`token_lp_handle`: the compiled token LP, called by address; ignored in Python.
 
     Returns
     -------
@@ -609,7 +647,9 @@ def support_swap_kernel(counts, replicas, shares, cost, max_rounds):
                         if e == f or sup[e, h] or not replicas[e, h] or counts[e] == 0:
                             continue
                         sup[e, h] = True
-                        y, _, _ = token_lp_kernel(counts, _frozen(sup))
+                        y, _, _ = call_compiled(
+                            lp, token_lp_kernel, (_frozen(counts), _frozen(sup))
+                        )
                         sup[e, h] = False
                         my = _makespan(y, cost)
                         if my < best_m:
@@ -674,7 +714,8 @@ def support_swap_reference(counts, replicas, shares, cost, max_rounds):
     return x, m, rounds
 
 
-# token_lp_kernel orders the experts with solvers/_order.py (and the support kernels call it):
-# an edit there recompiles them
-for _f in (token_lp_kernel, support_rebalance_kernel, support_contract_kernel, support_swap_kernel):
-    cache_depends_on(_f, _order)
+# token_lp_kernel orders the experts with solvers/_order.py, and call_compiled is lowered by
+# solvers/_jit.py: an edit there recompiles the functions that use them
+cache_depends_on(token_lp_kernel, _order)
+for _f in (support_rebalance_kernel, support_contract_kernel, support_swap_kernel):
+    cache_depends_on(_f, _jit)

@@ -31,6 +31,7 @@ from straggler.solvers._token_lp_fast import (
     support_rebalance_reference,
     support_swap_kernel,
     support_swap_reference,
+    token_lp_handle,
     token_lp_kernel,
     token_lp_reference,
 )
@@ -323,8 +324,8 @@ def test_support_rebalance_kernel_equals_reference():
             hs = rng.choice(hs, int(rng.integers(1, hs.size + 1)), replace=False)
             cut = np.sort(rng.integers(0, counts[e] + 1, hs.size - 1))
             x[e, hs] = np.diff(np.concatenate([[0], cut, [counts[e]]]))
-        y1, ok1, m1 = support_rebalance_kernel(counts, x, cost)
-        y2, ok2, m2 = support_rebalance_kernel.py_func(counts, x, cost)
+        y1, ok1, m1 = support_rebalance_kernel(counts, x, cost, token_lp_handle())
+        y2, ok2, m2 = support_rebalance_kernel.py_func(counts, x, cost, token_lp_handle())
         y3, ok3, m3 = support_rebalance_reference(counts, x, cost)
         np.testing.assert_array_equal(y1, y2)
         np.testing.assert_array_equal(y1, y3)
@@ -351,8 +352,8 @@ def test_support_contract_kernel_equals_reference():
         counts, R = _random_instance(rng, max_e=8, max_g=4, max_n=300)
         cost = _cost(i).as_array()
         x = _random_dispatch(rng, counts, R)
-        y1, m1, k1 = support_contract_kernel(counts, x, cost)
-        y2, m2, k2 = support_contract_kernel.py_func(counts, x, cost)
+        y1, m1, k1 = support_contract_kernel(counts, x, cost, token_lp_handle())
+        y2, m2, k2 = support_contract_kernel.py_func(counts, x, cost, token_lp_handle())
         y3, m3, k3 = support_contract_reference(counts, x, cost)
         np.testing.assert_array_equal(y1, y2)
         np.testing.assert_array_equal(y1, y3)
@@ -390,7 +391,7 @@ def test_support_contraction_matters():
     assert on.makespan >= on.lower_bound
     x = np.asarray(off.shares, np.int64)
     counts = np.asarray(p.counts, np.int64)
-    a = support_contract_kernel(counts, x, cost.as_array())
+    a = support_contract_kernel(counts, x, cost.as_array(), token_lp_handle())
     b = support_contract_reference(counts, x, cost.as_array())
     np.testing.assert_array_equal(a[0], b[0])
     assert a[1:] == b[1:] == (pytest.approx(454.666), 1)
@@ -404,8 +405,8 @@ def test_support_swap_kernel_equals_reference():
         cost = _cost(i).as_array()
         x = _random_dispatch(rng, counts, R)
         rounds = int(rng.integers(0, 4))
-        y1, m1, k1 = support_swap_kernel(counts, R, x, cost, rounds)
-        y2, m2, k2 = support_swap_kernel.py_func(counts, R, x, cost, rounds)
+        y1, m1, k1 = support_swap_kernel(counts, R, x, cost, rounds, token_lp_handle())
+        y2, m2, k2 = support_swap_kernel.py_func(counts, R, x, cost, rounds, token_lp_handle())
         y3, m3, k3 = support_swap_reference(counts, R, x, cost, rounds)
         np.testing.assert_array_equal(y1, y2)
         np.testing.assert_array_equal(y1, y3)
@@ -442,7 +443,7 @@ def test_activation_swap_matters():
     assert on.extras["swapped"] >= 1 and off.extras["swapped"] == 0
     x = np.asarray(off.shares, np.int64)
     counts = np.asarray(p.counts, np.int64)
-    a = support_swap_kernel(counts, p.replicas, x, cost.as_array(), 4)
+    a = support_swap_kernel(counts, p.replicas, x, cost.as_array(), 4, token_lp_handle())
     b = support_swap_reference(counts, p.replicas, x, cost.as_array(), 4)
     np.testing.assert_array_equal(a[0], b[0])
     assert a[1:] == b[1:]

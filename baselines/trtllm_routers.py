@@ -145,7 +145,7 @@ def trtllm_balance_kernel(pool, reps, opts, carry, seed):
     (``PyExecutor._balance_adp_requests``); the two counters live in the carry."""
     out, _ = trtllm_kernel(pool, reps, opts, carry, seed)
     G = reps.free_slots.shape[0]
-    new = np.zeros(G, np.int64)
+    new = np.full(G, 0, np.int64)
     for i in range(out.shape[0]):
         if out[i] >= 0:
             new[out[i]] += 1
@@ -205,7 +205,7 @@ def trtllm_balance_reference(pool, reps, opts, carry, seed):
         if wait >= int(opts.timeout_iters) or not have_gen:
             wait, held = 0, False
     if held:
-        out = np.full(len(out), -1, dtype=np.int64)
+        out = np.full(out.shape[0], -1, np.int64)
     return np.asarray(out, dtype=np.int64), carry._replace(adp_wait=wait, adp_batch=batch)
 
 

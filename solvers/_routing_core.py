@@ -245,8 +245,12 @@ def least_tokens_kernel(pool, reps, optimistic, add_tokens):
     free_slots = reps.free_slots
     n = prefill.shape[0]
     G = loads.shape[0]
-    tok = loads[:, 0] + reps.waiting_tokens
-    req = reps.n_running + reps.n_waiting
+    # element loops, not array expressions (numba compiles a broadcasting loop for each)
+    tok = np.empty(G)
+    req = np.empty(G, np.int64)
+    for j in range(G):
+        tok[j] = loads[j, 0] + reps.waiting_tokens[j]
+        req[j] = reps.n_running[j] + reps.n_waiting[j]
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     for i in range(n):
@@ -346,11 +350,22 @@ BAD_INPUT = (
 @njit(**NJIT)
 def _bad_tokens(v):
     """Index of the first value of the float64 vector ``v`` outside ``[0,
-    MAX_ROUTED_TOKENS]`` (NaN included), -1. (A matrix is passed raveled: one compiled
-    version serves both.)"""
+    MAX_ROUTED_TOKENS]`` (NaN included), -1."""
     for i in range(v.shape[0]):
         if not (v[i] >= 0.0 and v[i] <= MAX_ROUTED_TOKENS):
             return i
+    return -1
+
+
+@njit(**NJIT)
+def _bad_tokens_2d(a):
+    """:func:`_bad_tokens` of a C-contiguous float64 matrix: the flat index of its first bad
+    value, -1. Row by row (a row has the vectors' type, so one compiled ``_bad_tokens``
+    serves both; ``a.ravel()`` would compile numba's reshape code)."""
+    for r in range(a.shape[0]):
+        i = _bad_tokens(a[r])
+        if i >= 0:
+            return r * a.shape[1] + i
     return -1
 
 
@@ -376,7 +391,7 @@ def check_inputs_kernel(pool, reps):
     i = _bad_tokens(pool.prefill)
     if i >= 0:
         return 1, i
-    i = _bad_tokens(reps.loads.ravel())
+    i = _bad_tokens_2d(reps.loads)
     if i >= 0:
         return 2, i
     total = 0
@@ -408,7 +423,7 @@ def check_inputs_kernel(pool, reps):
     i = _bad_count(pool.wait)
     if i >= 0:
         return 10, i
-    i = _bad_tokens(pool.cached.ravel())
+    i = _bad_tokens_2d(pool.cached)
     if i >= 0:
         return 11, i
     i = _bad_count(pool.key)

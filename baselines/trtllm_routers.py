@@ -60,6 +60,14 @@ def trtllm_kernel(pool, reps, opts, carry, seed):
 
     Tokens per rank: the active requests' ORIGINAL prompt lengths (``prompt_tokens`` plus the
     queued ``waiting_tokens``), not resident KV; requests: ``running + waiting``."""
+    return _trtllm_assign(pool, reps, opts), carry
+
+
+@njit(**NJIT)
+def _trtllm_assign(pool, reps, opts):
+    """:func:`trtllm_kernel`'s assignment, the one compiled copy both trtllm kernels call
+    (a kernel calling another policy's kernel would compile that kernel once more, beside
+    the version its own policy calls by address)."""
     prefill = pool.prefill
     free_slots = reps.free_slots
     n = prefill.shape[0]
@@ -97,9 +105,10 @@ def trtllm_kernel(pool, reps, opts, carry, seed):
         if optimistic:
             tok[g] += prefill[i]
             req[g] += 1
-    return out, carry
+    return out
 
 
+cache_depends_on(_trtllm_assign, _order)
 cache_depends_on(trtllm_kernel, _order)
 
 
@@ -143,9 +152,9 @@ def trtllm_reference(pool, reps, opts, carry, seed):
 def trtllm_balance_kernel(pool, reps, opts, carry, seed):
     """``trtllm``'s assignment, released or held back by ``attention_dp_config.enable_balance``
     (``PyExecutor._balance_adp_requests``); the two counters live in the carry."""
-    out, _ = trtllm_kernel(pool, reps, opts, carry, seed)
+    out = _trtllm_assign(pool, reps, opts)
     G = reps.free_slots.shape[0]
-    new = np.zeros(G, np.int64)
+    new = np.full(G, 0, np.int64)
     for i in range(out.shape[0]):
         if out[i] >= 0:
             new[out[i]] += 1
@@ -205,7 +214,7 @@ def trtllm_balance_reference(pool, reps, opts, carry, seed):
         if wait >= int(opts.timeout_iters) or not have_gen:
             wait, held = 0, False
     if held:
-        out = np.full(len(out), -1, dtype=np.int64)
+        out = np.full(out.shape[0], -1, np.int64)
     return np.asarray(out, dtype=np.int64), carry._replace(adp_wait=wait, adp_batch=batch)
 
 

@@ -60,7 +60,7 @@ def vllm_kernel(pool, reps, opts, carry, seed):
     rotate = version != 2
     start = int(carry.vllm_start) % G if rotate else 0
     waiting = n_waiting.copy()
-    picks = np.zeros(G, np.int64)
+    picks = np.full(G, 0, np.int64)
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     for i in range(n):

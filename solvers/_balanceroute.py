@@ -688,7 +688,7 @@ def brh_kernel(pool, reps, opts, carry, seed):
         pos_of[order[p]] = p
     words, summary = _live_set(n)  # live sorted positions (BR-0's two-level bitset)
     perm = np.empty((G, H1), np.int64)  # per replica: its horizon offsets by margin
-    sorted_once = np.zeros(G, np.bool_)
+    sorted_once = np.full(G, 0, np.int64)  # (the allocation the other kernels spell)
     hs = np.empty(H1, np.int64)  # scratch of _brh_score
     # Replica keys d'm_j = d'M - d'L_j, kept incrementally: d'L_j moves by D * (1'd) when j
     # takes D, d'M is recomputed only when a column's maximum moves. They decide the pop up to
@@ -750,7 +750,7 @@ def brh_kernel(pool, reps, opts, carry, seed):
             pg = _stable_argsort_float(m)
             for h in range(H1):
                 perm[g, h] = pg[h]
-            sorted_once[g] = True
+            sorted_once[g] = 1
         stage1 = s_tot > s_greedy
         k = 1 if stage1 else min(r_max, n_live)
         nc = _brh_candidates(
@@ -908,7 +908,9 @@ def brs_kernel(pool, reps, opts, carry, seed):
     Gf = float(G)
     L0 = reps.loads[:, 0].copy()
     L = L0.copy()
-    req = reps.n_running + reps.n_waiting
+    req = np.empty(G, np.int64)  # a loop, not an array expression (a broadcasting loop compiled)
+    for g in range(G):
+        req[g] = reps.n_running[g] + reps.n_waiting[g]
     cap = reps.free_slots.copy()
     kv = reps.kv_capacity
     kv_load = L0.copy()  # what the replica holds, updated by every placement
@@ -966,15 +968,15 @@ def brs_kernel(pool, reps, opts, carry, seed):
             for g in range(G):
                 L[g] = L0[g]
                 kv_load[g] = L0[g]
-            req = reps.n_running + reps.n_waiting
-            cap = reps.free_slots.copy()
-            kv_run = reps.n_running.copy()
+                req[g] = reps.n_running[g] + reps.n_waiting[g]
+                cap[g] = reps.free_slots[g]
+                kv_run[g] = reps.n_running[g]
     if not fitted:
         # Slots are scarce: the replica with the largest margin takes, from the age window,
         # the request with the best F-score against its margin per free slot. The window:
         # waits >= the oldest live request's - A, and only the k * S_tot oldest; it is set at
         # the start and again whenever every request in it has been placed.
-        live = np.ones(n, np.bool_)
+        live = np.full(n, 1, np.int64)  # (the allocation the other kernels spell)
         n_live = n
         theta = 0
         in_window = 0
@@ -1032,7 +1034,7 @@ def brs_kernel(pool, reps, opts, carry, seed):
                 cap[g] = 0
                 continue
             out[best] = g
-            live[best] = False
+            live[best] = 0
             n_live -= 1
             in_window -= 1
             cap[g] -= 1

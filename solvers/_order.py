@@ -3,18 +3,24 @@
 
 numba's own ``np.argsort`` (its merge sort and quick sort) compiles to several seconds of
 machine code per key type; these loops compile in a fraction of that and return the same
-permutation as numpy's stable sort (ordered by ``(key, index)``). Each function states the
-numpy call it equals; ``tests/test_order.py`` checks it against numpy.
+permutation as numpy's stable sort (ordered by ``(key, index)``). Each key type is mapped to
+int64 keys whose unsigned order is the order wanted, then sorted by the one
+:func:`radix_order`; the float orders share one compiled function (:func:`float_order`), the
+names the kernels call are thin wrappers inlined into them. Each function states the numpy
+call it equals; ``tests/test_order.py`` checks it against numpy.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import lower_builtin, type_callable
 
-from ._jit import NJIT
+from ._jit import NJIT, NJIT_INLINE
 
 __all__ = [
+    "float_order",
     "radix_order",
     "stable_argsort",
     "stable_argsort_desc",
@@ -22,6 +28,41 @@ __all__ = [
     "stable_argsort_int_desc",
     "stable_argsort_uint",
 ]
+
+
+def bits64(x):
+    """The 64 bits of a float64, uint64 or int64 scalar ``x``, read as an int64.
+
+    In jitted code one LLVM ``bitcast`` (numba's ``arr.view(np.int64)`` would compile its
+    dtype-change and view code into every caller).
+
+    Examples
+    --------
+    >>> int(bits64(np.float64(1.0))) == 0x3FF0000000000000
+    True
+    >>> int(bits64(np.uint64(2**63)))
+    -9223372036854775808
+    """
+    return np.asarray(x).reshape(()).view(np.int64)[()]
+
+
+@type_callable(bits64)
+def _bits64_typer(context):
+    def typer(x):
+        if isinstance(x, (types.Float, types.Integer)) and x.bitwidth == 64:
+            return types.int64
+        return None
+
+    return typer
+
+
+@lower_builtin(bits64, types.Float)
+@lower_builtin(bits64, types.Integer)
+def _bits64_lower(context, builder, sig, args):
+    (x,) = args
+    if isinstance(sig.args[0], types.Integer):  # the same bits, another reading
+        return x
+    return builder.bitcast(x, ir.IntType(64))
 
 
 @njit(**NJIT)
@@ -37,7 +78,9 @@ def radix_order(keys):
     diff = 0
     for i in range(n):
         diff |= keys[i] ^ keys[0]
-    order = np.arange(n)
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        order[i] = i
     if diff == 0:
         return order
     lo = 0
@@ -69,35 +112,40 @@ def radix_order(keys):
 
 
 @njit(**NJIT)
-def stable_argsort(x):
-    """``np.argsort(x, kind="stable")`` for finite float64 ``x >= 0``: :func:`radix_order` of
-    the IEEE bits.
-
-    For non-negative doubles (``-0.0`` mapped to ``+0.0``) the bit patterns read as int64 are
-    ordered as the values.
-    """
+def float_order(x, descending):
+    """``np.argsort(x, kind="stable")`` (``descending``: ``np.argsort(-x, kind="stable")``)
+    for float64 ``x`` without NaN: :func:`radix_order` of the IEEE bits mapped to an unsigned
+    order (negative values complemented, the sign bit of the others flipped; ``-0.0`` taken as
+    ``+0.0``, as numpy compares them), complemented for ``descending`` (which reverses the
+    order, ties kept by index)."""
     n = x.shape[0]
-    buf = np.empty(n)
+    keys = np.empty(n, np.int64)
+    flip = np.int64(-9223372036854775808)
     for i in range(n):
-        buf[i] = x[i] + 0.0
-    return radix_order(buf.view(np.int64))
-
-
-@njit(**NJIT)
-def stable_argsort_desc(x):
-    """``np.argsort(-x, kind="stable")`` for finite float64 ``x >= 0``: :func:`radix_order` of
-    the IEEE bits subtracted from the largest int64 (which reverses their order, ties kept by
-    index).
-    """
-    n = x.shape[0]
-    buf = np.empty(n)
-    for i in range(n):
-        buf[i] = x[i] + 0.0
-    keys = buf.view(np.int64)
-    top = np.int64(0x7FFFFFFFFFFFFFFF)
-    for i in range(n):
-        keys[i] = top - keys[i]
+        k = bits64(x[i] + 0.0)
+        k = ~k if k < 0 else k ^ flip
+        keys[i] = ~k if descending else k
     return radix_order(keys)
+
+
+@njit(**NJIT_INLINE)
+def stable_argsort(x):
+    """``np.argsort(x, kind="stable")`` for float64 ``x`` without NaN: :func:`float_order`."""
+    return float_order(x, np.bool_(False))
+
+
+@njit(**NJIT_INLINE)
+def stable_argsort_desc(x):
+    """``np.argsort(-x, kind="stable")`` for float64 ``x`` without NaN: :func:`float_order`,
+    descending."""
+    return float_order(x, np.bool_(True))
+
+
+@njit(**NJIT_INLINE)
+def stable_argsort_float(x):
+    """``np.argsort(x, kind="stable")`` for float64 ``x`` without NaN (the same function as
+    :func:`stable_argsort`, named for the callers that sort values of either sign)."""
+    return float_order(x, np.bool_(False))
 
 
 @njit(**NJIT)
@@ -117,24 +165,7 @@ def stable_argsort_int_desc(x):
 def stable_argsort_uint(x):
     """``np.argsort(x, kind="stable")`` for uint64 ``x``: :func:`radix_order` of its bits."""
     n = x.shape[0]
-    keys = np.empty(n, np.uint64)
+    keys = np.empty(n, np.int64)
     for i in range(n):
-        keys[i] = x[i]
-    return radix_order(keys.view(np.int64))
-
-
-@njit(**NJIT)
-def stable_argsort_float(x):
-    """``np.argsort(x, kind="stable")`` for float64 ``x`` without NaN: :func:`radix_order` of
-    the IEEE bits mapped to an unsigned order (negative values complemented, the sign bit of
-    the others flipped; ``-0.0`` taken as ``+0.0``, as numpy compares them)."""
-    n = x.shape[0]
-    buf = np.empty(n)
-    for i in range(n):
-        buf[i] = x[i] + 0.0
-    keys = buf.view(np.int64)
-    flip = np.int64(-9223372036854775808)
-    for i in range(n):
-        k = keys[i]
-        keys[i] = ~k if k < 0 else k ^ flip
+        keys[i] = bits64(x[i])
     return radix_order(keys)

@@ -22,17 +22,21 @@ by both (each on numba's disk cache).
 
 from __future__ import annotations
 
+import sys
 import time
+import types as pytypes
 from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
+from numba.core import cgutils, compiler, lowering, typed_passes
+from numba.core.caching import FunctionCache, NullCache
+from numba.core.compiler_machinery import register_pass
 from numba.extending import intrinsic, overload
 
 from ..formulations.errors import InvalidInputError
-from ._jit import NJIT, NJIT_INLINE
+from ._jit import NJIT, NJIT_INLINE, source_digest
 
 __all__ = [
     "ReplicaState",
@@ -245,8 +249,12 @@ def least_tokens_kernel(pool, reps, optimistic, add_tokens):
     free_slots = reps.free_slots
     n = prefill.shape[0]
     G = loads.shape[0]
-    tok = loads[:, 0] + reps.waiting_tokens
-    req = reps.n_running + reps.n_waiting
+    # element loops, not array expressions (numba compiles a broadcasting loop for each)
+    tok = np.empty(G)
+    req = np.empty(G, np.int64)
+    for j in range(G):
+        tok[j] = loads[j, 0] + reps.waiting_tokens[j]
+        req[j] = reps.n_running[j] + reps.n_waiting[j]
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
     for i in range(n):
@@ -346,11 +354,22 @@ BAD_INPUT = (
 @njit(**NJIT)
 def _bad_tokens(v):
     """Index of the first value of the float64 vector ``v`` outside ``[0,
-    MAX_ROUTED_TOKENS]`` (NaN included), -1. (A matrix is passed raveled: one compiled
-    version serves both.)"""
+    MAX_ROUTED_TOKENS]`` (NaN included), -1."""
     for i in range(v.shape[0]):
         if not (v[i] >= 0.0 and v[i] <= MAX_ROUTED_TOKENS):
             return i
+    return -1
+
+
+@njit(**NJIT)
+def _bad_tokens_2d(a):
+    """:func:`_bad_tokens` of a C-contiguous float64 matrix: the flat index of its first bad
+    value, -1. Row by row (a row has the vectors' type, so one compiled ``_bad_tokens``
+    serves both; ``a.ravel()`` would compile numba's reshape code)."""
+    for r in range(a.shape[0]):
+        i = _bad_tokens(a[r])
+        if i >= 0:
+            return r * a.shape[1] + i
     return -1
 
 
@@ -376,7 +395,7 @@ def check_inputs_kernel(pool, reps):
     i = _bad_tokens(pool.prefill)
     if i >= 0:
         return 1, i
-    i = _bad_tokens(reps.loads.ravel())
+    i = _bad_tokens_2d(reps.loads)
     if i >= 0:
         return 2, i
     total = 0
@@ -408,7 +427,7 @@ def check_inputs_kernel(pool, reps):
     i = _bad_count(pool.wait)
     if i >= 0:
         return 10, i
-    i = _bad_tokens(pool.cached.ravel())
+    i = _bad_tokens_2d(pool.cached)
     if i >= 0:
         return 11, i
     i = _bad_count(pool.key)
@@ -461,12 +480,103 @@ def _call_policy_jit(kernel, pool, reps, opts, carry, seed):
     return impl
 
 
+# -- a policy's kernel compiled for calls by address only ----------------------------------
+#
+# Jitted code calls a policy's kernel by address (call_policy), never through its CPython
+# wrapper, which numba builds beside every compiled function: for a kernel it unboxes the four
+# records (13 arrays, 19 options) and boxes the result, about 650 LLVM instructions, as much
+# as a small kernel's own code, lowered, optimized and compiled to machine code for every
+# policy. The version that policy_address hands out is compiled without it, by a second
+# dispatcher of the same function: the same flags (so numba's overload implementations the
+# kernel uses are shared with everything else, not built again), the same code, only the
+# wrapper left out. The kernel itself stays callable from Python (it compiles its own version,
+# with the wrapper, on the first such call).
+
+
+class _LowerWithoutWrapper(lowering.Lower):
+    """numba's lowering, minus the CPython wrapper (the code is only called by address)."""
+
+    def create_cpython_wrapper(self, release_gil=False):
+        pass
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _NativeLoweringByAddress(typed_passes.NativeLowering):
+    """numba's native lowering pass with :class:`_LowerWithoutWrapper`."""
+
+    _name = "straggler_native_lowering_by_address"
+
+    @property
+    def lowering_class(self):
+        return _LowerWithoutWrapper
+
+
+class _ByAddressCompiler(compiler.CompilerBase):
+    """numba's nopython pipeline with :class:`_NativeLoweringByAddress` for its lowering."""
+
+    def define_pipelines(self):
+        pm = compiler.DefaultPassBuilder.define_nopython_pipeline(self.state)
+        pm.passes = [
+            (_NativeLoweringByAddress if cls is typed_passes.NativeLowering else cls, what)
+            for cls, what in pm.passes
+        ]
+        pm.finalize()
+        return [pm]
+
+
+class _ByAddressCache(FunctionCache):
+    """The kernel's own disk cache file, its entries keyed apart from the kernel's and on this
+    file's source (which decides how they are compiled)."""
+
+    def _index_key(self, sig, codegen):
+        return ("by address", _OWN_DIGEST, super()._index_key(sig, codegen))
+
+
+_OWN_DIGEST = source_digest(sys.modules[__name__])
+
+
+def _by_address(kernel):
+    """The dispatcher that compiles ``kernel`` (an ``@njit`` dispatcher) without a CPython
+    wrapper, made once per kernel: the same code and options, the same disk cache file and
+    cache key (the file and, from ``cache_depends_on``, its callees' files) as ``kernel``,
+    its entries keyed apart there (:class:`_ByAddressCache`). It compiles a copy of the
+    function named ``<name>__by_address``: the symbols of its code must differ from the
+    kernel's, which one process may load beside them (numba names a function's code by its
+    name, types and a counter local to the process that compiled it). Never called from
+    Python (its versions have no entry point there): :func:`policy_address` reads the
+    address of its code."""
+    twin = kernel.__dict__.get("_by_address")
+    if twin is None:
+        f = kernel.py_func
+        copy = pytypes.FunctionType(
+            f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__
+        )
+        copy.__kwdefaults__ = f.__kwdefaults__
+        copy.__qualname__ = f.__qualname__ + "__by_address"
+        twin = type(kernel)(
+            copy,
+            locals=kernel.locals,
+            targetoptions=dict(kernel.targetoptions),
+            pipeline_class=_ByAddressCompiler,
+        )
+        if not isinstance(kernel._cache, NullCache):
+            cache = _ByAddressCache(f)  # the kernel's file (named after f, keyed on f's code)
+            index, own = cache._cache_file, getattr(kernel._cache, "_cache_file", None)
+            if own is None or not hasattr(index, "_source_stamp"):
+                cache = NullCache()  # another numba's cache layout: correct, only slower
+            else:
+                index._source_stamp = own._source_stamp
+            twin._cache = cache
+        kernel._by_address = twin
+    return twin
+
+
 def policy_address(kernel, name: str, argtypes, func: str) -> int:
     """The address of the code of ``kernel`` (the ``@njit`` kernel of the policy ``name``)
     for the numba types ``argtypes`` ``(PoolState, ReplicaState, RouterOptions, RouterCarry,
-    int64)``, compiled here (or loaded from numba's disk cache), for :func:`call_policy` in
-    jitted code that passes exactly those types; with ``NUMBA_DISABLE_JIT=1``, the kernel
-    itself.
+    int64)``, compiled here without a CPython wrapper (:func:`_by_address`) or loaded from
+    numba's disk cache, for :func:`call_policy` in jitted code that passes exactly those
+    types; with ``NUMBA_DISABLE_JIT=1``, the kernel itself.
 
     Raises :class:`~straggler.formulations.errors.InvalidInputError` (naming ``func``, the
     caller, and the policy) when ``kernel`` is not an ``@njit`` function or does not return
@@ -480,8 +590,9 @@ def policy_address(kernel, name: str, argtypes, func: str) -> int:
             f"(jitted code calls it), got {type(kernel).__name__}"
         )
     argtypes = tuple(argtypes)
-    kernel.compile(argtypes)
-    cres = kernel.overloads[argtypes]
+    twin = _by_address(kernel)
+    twin.compile(argtypes)
+    cres = twin.overloads[argtypes]
     want = types.Tuple((types.int64[::1], argtypes[3]))
     if cres.signature.return_type != want:
         raise InvalidInputError(

@@ -454,7 +454,35 @@ def test_route_batch_compiles_its_entry_once_for_every_policy():
     inp = types.SimpleNamespace(options=_opts(), carry=ZERO)
     assert tuple(tick_signature(inp)) == (pool, reps, sig[13], sig[14], sig[15])
     for policy in POLICIES:
-        assert tuple(tick_signature(inp)) in get_routing_policy(policy).kernel.overloads
+        kernel = get_routing_policy(policy).kernel
+        assert tuple(tick_signature(inp)) in K._by_address(kernel).overloads
+
+
+def test_the_kernel_called_by_address_has_no_wrapper_and_its_own_symbols():
+    """route_batch calls a policy's version compiled without numba's CPython wrapper, named
+    apart from the kernel's own (both can be loaded in one process, e.g. from the disk cache:
+    same-named symbols would let one's wrapper call the other's code); the kernel itself is
+    still callable from Python and decides the same."""
+    if not hasattr(K.route_batch_kernel, "overloads"):
+        pytest.skip("NUMBA_DISABLE_JIT")
+    G = 3
+    pool = K.PoolState(np.array([5.0, 1.0, 3.0]), np.zeros(3, np.int64), np.zeros(3, np.int64),
+                       np.zeros((0, G)))  # fmt: skip
+    reps = K.ReplicaState(np.array([[4.0], [0.0], [2.0]]), np.array([1, 0, 2]),
+                          np.zeros(G, np.int64), np.zeros(G, np.int64), np.zeros(G), np.zeros(G),
+                          np.zeros(G), np.full(G, np.inf))  # fmt: skip
+    r = route_batch([5.0, 1.0, 3.0], [4.0, 0.0, 2.0], [1, 0, 2], policy="brs", rng=0,
+                    **{k: _BASE[k] for k in get_routing_policy("brs").options})  # fmt: skip
+    kernel = get_routing_policy("brs").kernel
+    out, _ = kernel(pool, reps, _opts(), ZERO, 0)
+    assert out.tolist() == r.assignment.tolist()
+    twin = K._by_address(kernel)
+    (sig,) = [s for s in twin.overloads if s in kernel.overloads]
+    mine, its = twin.overloads[sig], kernel.overloads[sig]
+    assert "__by_address" in mine.fndesc.mangled_name
+    assert "__by_address" not in its.fndesc.mangled_name
+    assert mine.library.get_pointer_to_function(mine.fndesc.llvm_cpython_wrapper_name) == 0
+    assert its.library.get_pointer_to_function(its.fndesc.llvm_cpython_wrapper_name) != 0
 
 
 def _raising_kernel(pool, reps, opts, carry, seed):

@@ -164,11 +164,11 @@ def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path):
     assert [steps for steps, _ in par["children"]] == [["simulate[jsq]"], ["route_batch[jsq]"]]
     assert all(compile_s > 0 for _, compile_s in par["children"])
     assert par["kernels"] == {} and par["compile_s"] == 0.0 and par["missed"] == []
-    # both children compile jsq's kernel and the least-tokens helper (route_batch's entry and
-    # the simulator's engine both call them), each the same signature: both write the same
-    # cache entries, which the parent then loads
+    # both children compile jsq's kernel (its version called by address) and the least-tokens
+    # helper (route_batch's entry and the simulator's engine both call them), each the same
+    # signature: both write the same cache entries, which the parent then loads
     assert par["twice"] == [
-        "straggler.baselines.sglang_routers.jsq_kernel",
+        "straggler.baselines.sglang_routers.jsq_kernel__by_address",
         "straggler.solvers._routing_core.least_tokens_kernel",
     ]
     ser = _report_in_new_process(1, tmp_path / "cache")

@@ -23,8 +23,8 @@ so the steps are split into shares, one per process: this process compiles its o
 while child processes (``python -c`` running this module's :func:`main` on their steps, same
 ``NUMBA_CACHE_DIR``) compile theirs into the disk cache side by side; then this process runs
 every other step as with ``jobs=1``, loading the children's work from the cache, and ends
-exactly as warm. The split keeps steps that share kernels in one share (the dispatch methods
-with EPLB, the routing policies, the simulator's engine) and balances the shares' expected
+exactly as warm. The split keeps steps that share kernels in one share (the dispatch methods,
+EPLB, the routing policies, the simulator's engine) and balances the shares' expected
 compile seconds, a child's start counted.
 
 Examples
@@ -435,20 +435,22 @@ def _run(plan, verbose: bool, marker: bool = False) -> list:
 
 #: The units a parallel warm-up splits into shares, by the call a step makes: steps of one
 #: unit share kernels (the first compiles them for the rest), so a unit is never split.
+#: EPLB's kernels call no other jitted code: a unit of their own, unless ``place_experts``
+#: (which runs EPLB and the dispatch kernels) joins them to dispatch (:func:`_by_unit`).
 _UNITS = {
     "solve_dispatch": "dispatch",
-    "rebalance_experts": "dispatch",
+    "rebalance_experts": "eplb",
     "place_experts": "dispatch",
     "route_batch": "routing",
     "simulate": "simulator",
 }
 #: Expected CPU seconds of compiling on an empty cache, to balance the shares. Per unit, what
-#: its first step compiles for all of them: the bounds, score and token-LP kernels;
-#: ``route_batch``'s jitted entry; the simulator's engine. Per step, what it adds: a dispatch
-#: method its own kernels, a routing policy its kernel (the same for ``route_batch`` and
-#: ``simulate``). From the steps' ``cpu_s`` of ``straggler-warmup --jobs 1 --json`` on an
+#: its first step compiles for all of them: the bounds, score and token-LP kernels; nothing
+#: (EPLB); ``route_batch``'s jitted entry; the simulator's engine. Per step, what it adds: a
+#: dispatch method its own kernels, a routing policy its kernel (the same for ``route_batch``
+#: and ``simulate``). From the steps' ``cpu_s`` of ``straggler-warmup --jobs 1 --json`` on an
 #: empty cache, 2 busy cores; a step not listed counts :data:`_OTHER_STEP_COST`.
-_UNIT_COST = {"dispatch": 8.4, "routing": 2.3, "simulator": 17.2}
+_UNIT_COST = {"dispatch": 8.4, "eplb": 0.0, "routing": 2.3, "simulator": 17.2}
 _STEP_COST = {
     "solve_dispatch[tempo]": 27.7,
     "solve_dispatch[lplb]": 1.3,
@@ -476,10 +478,14 @@ MAX_JOBS = len(_UNIT_COST)
 
 
 def _by_unit(names) -> dict:
-    """The step names ``names`` grouped by their unit (:data:`_UNITS`), in order."""
+    """The step names ``names`` grouped by their unit (:data:`_UNITS`), in order; EPLB's
+    step in dispatch's unit when ``place_experts`` is among them (it runs EPLB too)."""
     units: dict = {}
     for n in names:
-        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+        unit = _UNITS[n.partition("[")[0]]
+        if unit == "eplb" and "place_experts" in names:
+            unit = "dispatch"
+        units.setdefault(unit, []).append(n)
     return units
 
 
@@ -495,7 +501,7 @@ def _shares(names, jobs: int) -> list:
     of names in warm-up order: this process's first, then one per child process; ``[]``
     when this process alone is expected to be done soonest.
 
-    Units (:data:`_UNITS`) stay whole. Every placement of the units (at most 3 in 3 shares)
+    Units (:data:`_UNITS`) stay whole. Every placement of the units (at most 4 in 4 shares)
     is tried and the one expected to finish first kept: this process's share finishes
     after its compile seconds, a child's after its start (:data:`_CHILD_START_S`) and its
     compile seconds; on a tie, the one with fewer children. (This process then loads the
@@ -507,8 +513,8 @@ def _shares(names, jobs: int) -> list:
 
     >>> _shares(["solve_dispatch[tempo]", "rebalance_experts", "route_batch[jsq]",
     ...          "route_batch[br0]", "simulate[jsq]", "simulate[br0]"], 2)
-    [('solve_dispatch[tempo]', 'rebalance_experts'),
-     ('route_batch[jsq]', 'route_batch[br0]', 'simulate[jsq]')]
+    [('solve_dispatch[tempo]',),
+     ('rebalance_experts', 'route_batch[jsq]', 'route_batch[br0]', 'simulate[jsq]')]
     """
     units = _by_unit(names)
     if "simulator" in units and "routing" in units:
@@ -551,9 +557,11 @@ def _cache_obstacle(kernels) -> str:
 def _unit_kernels(unit: str, names) -> list:
     """The kernels (dispatchers) the steps ``names`` of ``unit`` reach from Python: those
     whose disk-cache entries say whether the unit still has to compile."""
+    if unit == "eplb":
+        return list(eplb_kernels().values())
     if unit == "dispatch":
-        kernels = [*dispatch_kernels().values(), *eplb_kernels().values()]
-        if "place_experts" in names:
+        kernels = list(dispatch_kernels().values())
+        if "place_experts" in names:  # EPLB's kernels among them
             from ..solvers.placement import placement_kernels
 
             kernels += placement_kernels().values()
@@ -768,9 +776,9 @@ def warmup(
         ``place_experts`` and EPLB (:func:`straggler.solvers.placement.warm_placement`).
     jobs : int, default 1
         Processes compiling side by side on a cold cache: this one and up to ``jobs - 1``
-        child processes, each with its share of the units (dispatch with EPLB and
-        placement, routing, the simulator; so at most :data:`MAX_JOBS` are used, fewer
-        when that is expected to finish as soon). The children compile into numba's disk
+        child processes, each with its share of the units (dispatch with placement,
+        EPLB, routing, the simulator; so at most :data:`MAX_JOBS` are used, fewer when
+        that is expected to finish as soon). The children compile into numba's disk
         cache; when they are done this process runs every step outside its share, loading
         what they compiled. 1: everything compiles here, one step after another.
 

@@ -201,19 +201,23 @@ def test_shares_keep_units_whole_and_balance_them(monkeypatch):
     simulate = ["simulate[br0]", "simulate[jsq]", "simulate[brs]"]
     names = dispatch + routing + simulate
     # tempo's kernels weigh more than routing and the engine together with a child's start:
-    # this process takes dispatch, one child the rest; a third process would not finish
+    # this process takes the dispatch methods, one child the rest (EPLB's kernels, apart
+    # from dispatch's, go where they balance best); a third process would not finish
     # sooner, so none starts
-    assert _shares(names, 2) == [tuple(dispatch), (*routing, "simulate[jsq]")]
+    assert _shares(names, 2) == [tuple(methods), ("rebalance_experts", *routing, "simulate[jsq]")]
     assert _shares(names, 3) == _shares(names, 8) == _shares(names, 2)
-    assert _shares(names, 1) == [] and _shares(dispatch, 2) == []
-    # without tempo the three units weigh alike: three processes, this one the heaviest
+    assert _shares(names, 1) == [] and _shares(methods, 2) == []
+    assert _shares(dispatch, 2) == [tuple(methods), ("rebalance_experts",)]
+    # without tempo the units weigh alike: three processes, this one the heaviest
     no_tempo = [n for n in names if n != "solve_dispatch[tempo]"]
     light = [n for n in dispatch if n != "solve_dispatch[tempo]"]
     assert _shares(no_tempo, 3) == [("simulate[jsq]",), tuple(light), tuple(routing)]
-    assert _shares(no_tempo, 2) == [(*light, *routing), ("simulate[jsq]",)]
+    assert _shares(no_tempo, 2) == [(*light[:-1], *routing), ("rebalance_experts", "simulate[jsq]")]
     # without routing, the simulator's share compiles every policy's kernel itself
     no_routing = [n for n in names if not n.startswith("route_batch")]
-    assert _shares(no_routing, 2) == [tuple(dispatch), tuple(simulate)]
+    assert _shares(no_routing, 2) == [tuple(methods), ("rebalance_experts", *simulate)]
+    # place_experts runs EPLB: one unit with dispatch
+    assert _shares([*dispatch, "place_experts"], 2) == []
     # a child that takes longer to start than the work it would take over: none starts
     monkeypatch.setattr(sys.modules["straggler.sim.warmup"], "_CHILD_START_S", 80.0)
     assert _shares(names, 2) == []

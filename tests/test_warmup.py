@@ -12,6 +12,7 @@ from straggler.sim.warmup import dispatch_kernels, eplb_kernels, main, needs_com
 from straggler.solvers import registry, solve_dispatch
 from straggler.solvers._compile import JitTimer, merged_length
 from straggler.solvers.registry import LayerSolution
+from straggler.solvers.routing_registry import routing_policies
 
 
 def test_warmup_reaches_every_dispatch_kernel():
@@ -216,6 +217,10 @@ def test_shares_keep_units_whole_and_balance_them(monkeypatch):
     # without routing, the simulator's share compiles every policy's kernel itself
     no_routing = [n for n in names if not n.startswith("route_batch")]
     assert _shares(no_routing, 2) == [tuple(methods), ("rebalance_experts", *simulate)]
+    # every registered policy: routing weighs about what dispatch does, EPLB with dispatch
+    policies = [f"route_batch[{p}]" for p in routing_policies()]
+    every = [*dispatch, *policies, *(f"simulate[{p}]" for p in routing_policies())]
+    assert _shares(every, 2)[0] == tuple(dispatch) and _shares(every, 2)[1][:-1] == tuple(policies)
     # place_experts runs EPLB: one unit with dispatch
     assert _shares([*dispatch, "place_experts"], 2) == []
     # a child that takes longer to start than the work it would take over: none starts

@@ -24,10 +24,11 @@ Every measurement runs in a fresh subprocess (nothing compiled in memory). Scena
   s, everything it compiles included. Whether the plain-Python references served
   (``straggler.solvers._backend``) is read from the command's output;
 * ``warmup_jobs`` (:func:`warmup_jobs`): the whole warm-up on an empty cache with ``jobs=1``
-  (everything compiles in the process) and ``jobs=2`` (two child processes compile side by
-  side, then the process loads their work), each in a new process on its own empty cache,
-  alternating, ``--rounds`` times: wall time, compile seconds in the process and in each
-  child, CPU seconds of the process and its children. ``--warmup-jobs-only`` runs it alone
+  (everything compiles in the process) and ``jobs=2`` (the process compiles its share while
+  a child process compiles the other, then the process loads the child's work), each in a
+  new process on its own empty cache, alternating, ``--rounds`` times: wall time, compile
+  seconds in the process (its share apart) and in each child (and the child's start), CPU
+  seconds of the process and its children. ``--warmup-jobs-only`` runs it alone
   (goal, issue 19: the test suite's warm-up halved, <= 32 s from 64.8 s);
 * ``first_route_batch`` and ``first_simulate``: each in its own fresh process on its own empty
   cache, the first ``route_batch(policy="jsq")`` on a 3-request tick (goal <= 10 s) and the
@@ -161,19 +162,23 @@ def format_warmup_jobs(runs: dict) -> str:
     lines = ["full warm-up on an empty cache, new process each (jobs=1 | jobs=2, alternating):"]
     for one, two in zip(runs["jobs_1"], runs["jobs_2"], strict=True):
         w1, w2 = one["warmup"], two["warmup"]
-        each = " + ".join(f"{c['compile_s']:.1f}" for c in w2["children"])
+        each = " + ".join(
+            f"{c['compile_s']:.1f} s (started in {c['start_s']:.1f} s)" for c in w2["children"]
+        )
+        share = w2["share"]["compile_s"] if w2["share"] else 0.0
         lines.append(
             f"  jobs=1: {w1['total_s']:.1f} s wall, compiling {w1['compile_s']:.1f} s, "
             f"CPU {one['cpu_s']:.1f} s (load {one['load_avg']:.1f}) | jobs=2: "
             f"{w2['total_s']:.1f} s wall ({w2['total_s'] / w1['total_s']:.2f}x), compiling "
-            f"{w2['compile_s']:.1f} s in the process and {each} s in "
-            f"{len(w2['children'])} children, CPU {two['cpu_s']:.1f} + "
+            f"{w2['compile_s']:.1f} s in the process ({share:.1f} s its share) and {each} "
+            f"in {len(w2['children'])} child(ren), CPU {two['cpu_s']:.1f} + "
             f"{two['children_cpu_s']:.1f} s (load {two['load_avg']:.1f})"
         )
-        if w2["kernels"]:
-            lines.append(f"    compiled in the process: {', '.join(w2['kernels'])}")
+        after = w2["compiled_after_children"] if w2["children"] else {}
+        if after:
+            lines.append(f"    compiled in the process after the children: {', '.join(after)}")
         if w2["compiled_twice"]:
-            lines.append(f"    compiled by both children: {', '.join(w2['compiled_twice'])}")
+            lines.append(f"    compiled by more than one share: {', '.join(w2['compiled_twice'])}")
     return "\n".join(lines)
 
 

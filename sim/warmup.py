@@ -19,11 +19,13 @@ A fresh install starts with a cold cache; reinstalling or editing a kernel's fil
 that file's entries.
 
 In parallel (``warmup(jobs=2)``, ``straggler-warmup --jobs 2``): numba compiles in one thread,
-so the steps are first split over child processes (``python -c`` running this module's
-:func:`main` on the chosen steps, same ``NUMBA_CACHE_DIR``), which compile into the disk
-cache side by side; then this process runs every step as with ``jobs=1``, loading their
-work from the cache, and ends exactly as warm. The split keeps steps that share kernels in
-one child: the dispatch methods with EPLB, the routing policies, the simulator's engine.
+so the steps are split into shares, one per process: this process compiles its own share
+while child processes (``python -c`` running this module's :func:`main` on their steps, same
+``NUMBA_CACHE_DIR``) compile theirs into the disk cache side by side; then this process runs
+every other step as with ``jobs=1``, loading the children's work from the cache, and ends
+exactly as warm. The split keeps steps that share kernels in one share (the dispatch methods,
+EPLB, the routing policies, the simulator's engine) and balances the shares' expected
+compile seconds, a child's start counted.
 
 Examples
 --------
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import subprocess
@@ -101,12 +104,14 @@ class WarmupStep:
 
 @dataclass(frozen=True)
 class WarmupChild:
-    """One child process of a parallel warm-up (``warmup(jobs=N)``)."""
+    """One share of a parallel warm-up (``warmup(jobs=N)``): a child process's
+    (:attr:`WarmupReport.children`) or the warming process's own (:attr:`WarmupReport.share`)."""
 
     steps: tuple
     """The steps it ran, by name, in order."""
     wall_s: float
-    """Wall time of the process, interpreter start and imports included."""
+    """Wall time of the share: for a child, from its launch to its exit (interpreter start
+    and imports included)."""
     compile_s: float
     """Seconds of real compilation in it."""
     cpu_s: float
@@ -115,10 +120,13 @@ class WarmupChild:
     """Compile seconds per top-level kernel it compiled (callees included)."""
     functions: tuple
     """Every disk-cached jitted function it compiled, callees included, by ``module.name``
-    (:attr:`WarmupReport.compiled_twice` compares them across children)."""
+    (:attr:`WarmupReport.compiled_twice` compares them across shares)."""
     skipped: tuple = ()
-    """Steps it did not know (a method or policy registered at run time in the parent),
+    """Steps a child did not know (a method or policy registered at run time in the parent),
     which the parent then compiles."""
+    start_s: float = 0.0
+    """For a child, seconds from its launch to its first step: interpreter start and imports
+    (0 for the warming process's own share)."""
 
 
 class WarmupChildError(StragglerError, RuntimeError):
@@ -144,10 +152,11 @@ class WarmupReport:
     jit_s: float
     """Seconds of numba JIT in this process (compilation and cache loads)."""
     compile_s: float
-    """Seconds of real compilation in this process (about 0 with a warm cache, and after
-    child processes filled it)."""
+    """Seconds of real compilation in this process: its share of a parallel warm-up
+    (:attr:`share`) included, about 0 with a warm cache."""
     steps: tuple
-    """One :class:`WarmupStep` per call in this process, in order."""
+    """One :class:`WarmupStep` per call in this process, in the order run (a parallel
+    warm-up runs this process's share first, then the other steps in warm-up order)."""
     missed_kernels: tuple
     """Dispatch kernels (those ``solve_dispatch`` calls from Python, :func:`dispatch_kernels`)
     and EPLB's (:func:`eplb_kernels`) still without a compiled version after the warm-up: a
@@ -157,10 +166,13 @@ class WarmupReport:
     """numba's cache folder (``NUMBA_CACHE_DIR``, or ``""`` for the default beside the
     sources)."""
     children: tuple = ()
-    """One :class:`WarmupChild` per child process that compiled into the disk cache before
-    this process ran the steps (empty for a serial warm-up)."""
+    """One :class:`WarmupChild` per child process that compiled its share into the disk
+    cache while this process compiled its own (empty for a serial warm-up)."""
     serial_reason: str = ""
     """Why a warm-up asked for ``jobs > 1`` ran serially (``""`` otherwise)."""
+    share: WarmupChild | None = None
+    """This process's own share of a parallel warm-up, compiled while the children compiled
+    theirs (``None`` for a serial warm-up); its steps are also in :attr:`steps`."""
 
     @property
     def kernels(self) -> dict:
@@ -173,54 +185,71 @@ class WarmupReport:
         return float(sum(c.compile_s for c in self.children))
 
     @property
+    def compiled_after_children(self) -> dict:
+        """Compile seconds per top-level kernel this process compiled outside its share, i.e.
+        after the children ended: work no share covered (empty when the shares left every
+        kernel in the cache). All of :attr:`kernels` for a serial warm-up."""
+        own = self.share.steps if self.share else ()
+        return _kernel_seconds(s for s in self.steps if s.name not in own)
+
+    @property
     def compiled_twice(self) -> tuple:
-        """Disk-cached jitted functions that more than one child compiled (work done twice;
-        each compiles the same signature, so the cache holds one entry either way)."""
+        """Disk-cached jitted functions that more than one share (this process's, the
+        children's) compiled: work done twice; each compiles the same signature, so the
+        cache holds one entry either way."""
         seen: dict = {}
-        for c in self.children:
+        for c in (self.share, *self.children) if self.share else self.children:
             for f in c.functions:
                 seen[f] = seen.get(f, 0) + 1
         return tuple(sorted(f for f, n in seen.items() if n > 1))
 
     def summary(self) -> str:
-        """One line: what was compiled and how long it took."""
+        """One line: what was compiled where and how long it took."""
         n = len(self.kernels)
         where = self.cache_dir or "numba's default cache beside the sources"
+        loading = f"{self.jit_s - self.compile_s:.1f} s loading from the cache ({where})"
         if not self.children:
             return (
                 f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s; {n} kernel(s) "
-                f"compiled in {self.compile_s:.1f} s, {self.jit_s - self.compile_s:.1f} s "
-                f"loading from the cache ({where})"
+                f"compiled in {self.compile_s:.1f} s, {loading}"
             )
         each = " + ".join(f"{c.compile_s:.1f}" for c in self.children)
+        after = self.compiled_after_children
         return (
-            f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s with "
-            f"{len(self.children)} child processes compiling {self.children_compile_s:.1f} s "
-            f"({each} s); then this process compiled {n} kernel(s) in {self.compile_s:.1f} s, "
-            f"{self.jit_s - self.compile_s:.1f} s loading from the cache ({where})"
+            f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s; compiling side by side, "
+            f"this process {self.share.compile_s:.1f} s ({len(self.share.steps)} steps) and "
+            f"{len(self.children)} child process(es) {self.children_compile_s:.1f} s "
+            f"({each} s); then {len(after)} kernel(s) compiled in "
+            f"{self.compile_s - self.share.compile_s:.1f} s, {loading}"
         )
 
     def table(self) -> str:
         """Per-step table (seconds)."""
         head = f"{'step':32s} {'wall_s':>8s} {'jit_s':>8s} {'compile_s':>9s} {'cpu_s':>8s}"
         rows = [head, "-" * len(head)]
-        for i, c in enumerate(self.children):
+        shares = [("this process's share", self.share)] if self.share else []
+        shares += [(f"child {i}", c) for i, c in enumerate(self.children)]
+        for name, c in shares:
+            start = f" (started in {c.start_s:.2f} s)" if c.start_s else ""
             rows.append(
-                f"{'child ' + str(i):32s} {c.wall_s:8.2f} {'':8s} {c.compile_s:9.2f} "
-                f"{c.cpu_s:8.2f}  {', '.join(c.steps)}"
+                f"{name:32s} {c.wall_s:8.2f} {'':8s} {c.compile_s:9.2f} "
+                f"{c.cpu_s:8.2f}  {', '.join(c.steps)}{start}"
             )
         for s in self.steps:
             rows.append(
                 f"{s.name:32s} {s.wall_s:8.2f} {s.jit_s:8.2f} {s.compile_s:9.2f} {s.cpu_s:8.2f}"
             )
         rows.append(self.summary())
-        if self.children and self.kernels:
-            rows.append(f"compiled in this process: {', '.join(sorted(self.kernels))}")
+        if self.children and self.compiled_after_children:
+            rows.append(
+                f"compiled in this process after the children: "
+                f"{', '.join(sorted(self.compiled_after_children))}"
+            )
         skipped = [n for c in self.children for n in c.skipped]
         if skipped:
             rows.append(f"unknown to the children, compiled here: {', '.join(skipped)}")
         if self.compiled_twice:
-            rows.append(f"compiled by more than one child: {', '.join(self.compiled_twice)}")
+            rows.append(f"compiled by more than one share: {', '.join(self.compiled_twice)}")
         if self.serial_reason:
             rows.append(f"serial: {self.serial_reason}")
         if self.missed_kernels:
@@ -246,22 +275,26 @@ class WarmupReport:
                 }
                 for s in self.steps
             ],
-            "children": [
-                {
-                    "steps": list(c.steps),
-                    "wall_s": c.wall_s,
-                    "compile_s": c.compile_s,
-                    "cpu_s": c.cpu_s,
-                    "kernels": c.kernels,
-                    "functions": list(c.functions),
-                    "skipped": list(c.skipped),
-                }
-                for c in self.children
-            ],
+            "share": _share_dict(self.share) if self.share else None,
+            "children": [_share_dict(c) for c in self.children],
             "children_compile_s": self.children_compile_s,
+            "compiled_after_children": self.compiled_after_children,
             "compiled_twice": list(self.compiled_twice),
             "serial_reason": self.serial_reason,
         }
+
+
+def _share_dict(c: WarmupChild) -> dict:
+    return {
+        "steps": list(c.steps),
+        "wall_s": c.wall_s,
+        "start_s": c.start_s,
+        "compile_s": c.compile_s,
+        "cpu_s": c.cpu_s,
+        "kernels": c.kernels,
+        "functions": list(c.functions),
+        "skipped": list(c.skipped),
+    }
 
 
 def _dispatch_cases():
@@ -400,72 +433,118 @@ def _run(plan, verbose: bool, marker: bool = False) -> list:
     return steps
 
 
-#: The units a parallel warm-up hands to child processes, by the call a step makes: steps
-#: of one unit share kernels (the first compiles them for the rest), so a unit is never split.
+#: The units a parallel warm-up splits into shares, by the call a step makes: steps of one
+#: unit share kernels (the first compiles them for the rest), so a unit is never split.
+#: EPLB's kernels call no other jitted code: a unit of their own, unless ``place_experts``
+#: (which runs EPLB and the dispatch kernels) joins them to dispatch (:func:`_by_unit`).
 _UNITS = {
     "solve_dispatch": "dispatch",
-    "rebalance_experts": "dispatch",
+    "rebalance_experts": "eplb",
     "place_experts": "dispatch",
     "route_batch": "routing",
     "simulate": "simulator",
 }
-#: Expected seconds of compiling on an empty cache, to balance the children (only their
-#: order matters). Per unit, what its first step compiles for all of them: the bounds, score
-#: and token-LP kernels; ``route_batch``'s jitted entry; the simulator's engine. Per step,
-#: what it adds: a dispatch method its own kernels, a routing policy its kernel (the same
-#: for ``route_batch`` and ``simulate``). From ``straggler-warmup --json`` on an empty cache,
-#: 2 busy cores; a step not listed counts 1 s.
-_UNIT_COST = {"dispatch": 8.4, "routing": 6.1, "simulator": 17.4}
-_STEP_COST = {"solve_dispatch[tempo]": 36.4, "rebalance_experts": 1.6, "place_experts": 15.0}
-_POLICY_COST = {"br0": 6.1, "brh": 5.5, "brs": 4.5}
-#: Most child processes worth starting: one per unit.
+#: Expected CPU seconds of compiling on an empty cache, to balance the shares. Per unit, what
+#: its first step compiles for all of them: the bounds, score and token-LP kernels; nothing
+#: (EPLB); ``route_batch``'s jitted entry; the simulator's engine. Per step, what it adds: a
+#: dispatch method its own kernels, a routing policy its kernel (the same for ``route_batch``
+#: and ``simulate``). From the steps' ``cpu_s`` of ``straggler-warmup --jobs 1 --json`` on an
+#: empty cache (2 busy cores), routing's unit raised to what it costs apart from dispatch (a
+#: serial warm-up compiles the stable-order helpers they share in dispatch's steps; alone,
+#: dispatch and routing compile in the ratio 40 : 22). Checked at load 5 on 2 cores: this
+#: process's share (dispatch, EPLB) compiled for 103-141 s while the child (routing, the
+#: engine) started in about 9 s and compiled for 95-128 s. A step not listed counts
+#: :data:`_OTHER_STEP_COST`.
+_UNIT_COST = {"dispatch": 8.4, "eplb": 0.0, "routing": 6.4, "simulator": 17.2}
+_STEP_COST = {
+    "solve_dispatch[tempo]": 27.7,
+    "solve_dispatch[lplb]": 1.3,
+    "solve_dispatch[round_robin]": 0.6,
+    "rebalance_experts": 1.3,
+    "place_experts": 11.5,
+}
+_POLICY_COST = {
+    "br0": 4.0,
+    "brh": 3.2,
+    "brs": 3.2,
+    "trtllm_balance": 1.4,
+    "p2c": 1.0,
+    "dynamo": 0.9,
+    "trtllm": 0.8,
+    "jsq_requests": 0.7,
+    "vllm": 0.7,
+}
+_OTHER_STEP_COST = 0.35
+#: Expected seconds from a child's launch to its first step (interpreter start, importing
+#: numba, scipy and this package; :attr:`WarmupChild.start_s`), in the same units: 8.9 s
+#: measured at load 5 on 2 cores, where compiling took 3.9 times its CPU seconds.
+_CHILD_START_S = 2.0
+#: Most processes worth compiling side by side: one per unit.
 MAX_JOBS = len(_UNIT_COST)
 
 
 def _by_unit(names) -> dict:
-    """The step names ``names`` grouped by their unit (:data:`_UNITS`), in order."""
+    """The step names ``names`` grouped by their unit (:data:`_UNITS`), in order; EPLB's
+    step in dispatch's unit when ``place_experts`` is among them (it runs EPLB too)."""
     units: dict = {}
     for n in names:
-        units.setdefault(_UNITS[n.partition("[")[0]], []).append(n)
+        unit = _UNITS[n.partition("[")[0]]
+        if unit == "eplb" and "place_experts" in names:
+            unit = "dispatch"
+        units.setdefault(unit, []).append(n)
     return units
 
 
 def _step_cost(name: str) -> float:
     call, _, arg = name.partition("[")
     if call in ("route_batch", "simulate"):
-        return _POLICY_COST.get(arg.rstrip("]"), 1.0)
-    return _STEP_COST.get(name, 1.0)
+        return _POLICY_COST.get(arg.rstrip("]"), _OTHER_STEP_COST)
+    return _STEP_COST.get(name, _OTHER_STEP_COST)
 
 
-def _child_plans(names, jobs: int) -> list:
-    """The steps ``names`` (in warm-up order) split over at most ``jobs`` child processes,
-    as tuples of names in warm-up order; ``[]`` when fewer than two children would work.
+def _shares(names, jobs: int) -> list:
+    """The steps ``names`` (in warm-up order) split into at most ``jobs`` shares, as tuples
+    of names in warm-up order: this process's first, then one per child process; ``[]``
+    when this process alone is expected to be done soonest.
 
-    Units (``_UNITS``) go longest-first to the child with the least expected work. The
+    Units (:data:`_UNITS`) stay whole. Every placement of the units (at most 4 in 4 shares)
+    is tried and the one expected to finish first kept: this process's share finishes
+    after its compile seconds, a child's after its start (:data:`_CHILD_START_S`) and its
+    compile seconds; on a tie, the one with fewer children. (This process then loads the
+    children's work from the cache, about 1-2% of its compile seconds, left out here.) The
     simulator's unit, when routing runs too, needs one policy's ``simulate`` only (the
     engine is one for every policy; each policy's kernel is ``route_batch``'s): the
-    cheapest, whose kernel both children then compile (with the least-tokens helper that
+    cheapest, whose kernel both shares then compile (with the least-tokens helper that
     ``route_batch``'s entry and the engine share), when they are apart.
 
-    >>> _child_plans(["solve_dispatch[tempo]", "rebalance_experts", "route_batch[jsq]",
-    ...               "route_batch[br0]", "simulate[jsq]", "simulate[br0]"], 2)
-    [('solve_dispatch[tempo]', 'rebalance_experts'),
-     ('route_batch[jsq]', 'route_batch[br0]', 'simulate[jsq]')]
+    >>> _shares(["solve_dispatch[tempo]", "rebalance_experts", "route_batch[jsq]",
+    ...          "route_batch[br0]", "simulate[jsq]", "simulate[br0]"], 2)
+    [('solve_dispatch[tempo]',),
+     ('rebalance_experts', 'route_batch[jsq]', 'route_batch[br0]', 'simulate[jsq]')]
     """
     units = _by_unit(names)
     if "simulator" in units and "routing" in units:
         units["simulator"] = [min(units["simulator"], key=_step_cost)]
-    n_children = min(jobs, len(units))
-    if n_children < 2:
+    cost = [_UNIT_COST[u] + sum(map(_step_cost, steps)) for u, steps in units.items()]
+    n = min(jobs, len(units))
+    if n < 2:
         return []
-    load, members = [0.0] * n_children, [[] for _ in range(n_children)]
-    cost = {u: _UNIT_COST[u] + sum(map(_step_cost, steps)) for u, steps in units.items()}
-    for unit in sorted(units, key=lambda u: -cost[u]):
-        i = load.index(min(load))
-        load[i] += cost[unit]
-        members[i] += units[unit]
-    order = {n: i for i, n in enumerate(names)}
-    return [tuple(sorted(m, key=order.__getitem__)) for m in members]
+    best, best_key = None, None
+    for where in itertools.product(range(n), repeat=len(units)):
+        load = [0.0] * n
+        for share, c in zip(where, cost):
+            load[share] += c
+        children = [i for i in set(where) if i > 0]
+        key = (max([load[0]] + [_CHILD_START_S + load[i] for i in children]), len(children))
+        if best_key is None or key < best_key:
+            best, best_key = where, key
+    if best_key[1] == 0:
+        return []
+    members = [[] for _ in range(n)]
+    for share, steps in zip(best, units.values()):
+        members[share] += steps
+    order = {name: i for i, name in enumerate(names)}
+    return [tuple(sorted(m, key=order.__getitem__)) for m in members if m]
 
 
 def _cache_obstacle(kernels) -> str:
@@ -484,9 +563,11 @@ def _cache_obstacle(kernels) -> str:
 def _unit_kernels(unit: str, names) -> list:
     """The kernels (dispatchers) the steps ``names`` of ``unit`` reach from Python: those
     whose disk-cache entries say whether the unit still has to compile."""
+    if unit == "eplb":
+        return list(eplb_kernels().values())
     if unit == "dispatch":
-        kernels = [*dispatch_kernels().values(), *eplb_kernels().values()]
-        if "place_experts" in names:
+        kernels = list(dispatch_kernels().values())
+        if "place_experts" in names:  # EPLB's kernels among them
             from ..solvers.placement import placement_kernels
 
             kernels += placement_kernels().values()
@@ -504,11 +585,12 @@ def _unit_kernels(unit: str, names) -> list:
 
 
 def _parallel_plan(names, jobs: int) -> tuple:
-    """``(plans, reason)``: the steps each child process runs (:func:`_child_plans`) for
-    ``warmup(jobs=jobs)`` with the steps ``names``, or ``[]`` and why they run serially.
+    """``(shares, reason)``: the steps this process and each child process compile
+    (:func:`_shares`) for ``warmup(jobs=jobs)`` with the steps ``names``, or ``[]`` and why
+    they run serially.
 
-    Only units with a kernel neither in memory nor in numba's disk cache go to children
-    (a warm cache needs none: starting one costs more than loading)."""
+    Only units with a kernel neither in memory nor in numba's disk cache are shared out
+    (a warm cache needs no child: starting one costs more than loading)."""
     if numba.config.DISABLE_JIT:
         return [], "NUMBA_DISABLE_JIT=1 (nothing compiles)"
     units = _by_unit(names)
@@ -521,12 +603,17 @@ def _parallel_plan(names, jobs: int) -> tuple:
     obstacle = _cache_obstacle(kernels)
     if obstacle:
         return [], obstacle
-    plans = _child_plans([n for n in names if n in pending], jobs)
-    if not plans:
+    shares = _shares([n for n in names if n in pending], jobs)
+    if not shares:
         n_units = len(_by_unit(pending))
-        why = "every kernel is in numba's disk cache" if not pending else "one unit compiles"
+        if not pending:
+            why = "every kernel is in numba's disk cache"
+        elif n_units == 1:
+            why = "one unit compiles"
+        else:
+            why = "a child's start is expected to cost more than it saves"
         return [], f"{why} ({n_units} of {len(units)} units to compile)"
-    return plans, ""
+    return shares, ""
 
 
 _CHILD_CODE = "import sys; from straggler.sim.warmup import main; sys.exit(main(sys.argv[1:]))"
@@ -537,84 +624,115 @@ def _child_argv(steps) -> list:
     return [sys.executable, "-c", _CHILD_CODE, "--child-steps", ",".join(steps)]
 
 
-def _child_main(names) -> dict:
-    """In a child process: run the steps ``names`` and say what they compiled. A step this
-    process does not know (a method or policy registered at run time in the parent) is
-    skipped and listed: the parent compiles it."""
+def _run_recorded(plan, verbose: bool, marker: bool = False) -> tuple:
+    """``(steps, functions)``: :func:`_run` of ``plan``, and every disk-cached jitted
+    function it compiled, callees included, by ``module.name`` (sorted)."""
     from numba.core import event
     from numba.core.caching import NullCache
 
-    full = dict(_plan(True, True, True, dispatch_methods(), routing_policies(), True))
-    plan = [(n, full[n]) for n in names if n in full]
     with event.install_recorder("numba:compile") as rec:
-        steps = _run(plan, verbose=False, marker=True)
+        steps = _run(plan, verbose, marker)
     functions = set()
     for _, ev in rec.buffer:
         d = ev.data["dispatcher"]
         if ev.is_start and not isinstance(getattr(d, "_cache", None), NullCache):
             functions.add(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
+    return steps, sorted(functions)
+
+
+def _child_main(names) -> dict:
+    """In a child process: run the steps ``names`` and say what they compiled, and when it
+    began and ended (``time.time()``, for the parent to time the child's start and wall). A
+    step this process does not know (a method or policy registered at run time in the
+    parent) is skipped and listed: the parent compiles it."""
+    began = time.time()
+    full = dict(_plan(True, True, True, dispatch_methods(), routing_policies(), True))
+    plan = [(n, full[n]) for n in names if n in full]
+    steps, functions = _run_recorded(plan, verbose=False, marker=True)
     return {
         "compile_s": float(sum(s.compile_s for s in steps)),
         "cpu_s": float(sum(s.cpu_s for s in steps)),
         "kernels": _kernel_seconds(steps),
-        "functions": sorted(functions),
+        "functions": functions,
         "skipped": [n for n in names if n not in full],
+        "began": began,
+        "ended": time.time(),
     }
 
 
-def _run_children(plans, verbose: bool) -> tuple:
-    """Start one child process per tuple of step names in ``plans``, all at once, on this
-    process's numba cache folder; wait for all of them. Raises :class:`WarmupChildError`
-    (after stopping the others) when one fails."""
-    env = dict(os.environ)
-    if numba.config.CACHE_DIR:
-        env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
-    runs = []  # [steps, process, stdout file, stderr file, start, wall]
-    try:
-        for steps in plans:
-            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-            runs.append([steps, None, out, err, time.perf_counter(), None])
-            runs[-1][1] = subprocess.Popen(_child_argv(steps), env=env, stdout=out, stderr=err)
-            if verbose:
-                print(f"  child {len(runs) - 1}: {', '.join(steps)}", file=sys.stderr, flush=True)
-        while any(r[5] is None for r in runs):
-            for r in runs:
-                if r[5] is None and r[1].poll() is not None:
-                    r[5] = time.perf_counter() - r[4]
-                    if r[1].returncode:
-                        raise _child_error(r[0], r[1].returncode, r[3])
+class _Children:
+    """Child processes compiling their shares of a parallel warm-up: one per tuple of step
+    names in ``shares``, launched at once on this process's numba cache folder when the
+    ``with`` block is entered. :meth:`wait` collects them; leaving the block stops any still
+    running (this process's own share failed, or another child did)."""
+
+    def __init__(self, shares, verbose: bool) -> None:
+        self.shares, self.verbose = [tuple(s) for s in shares], verbose
+        self.runs: list = []  # [process, stdout file, stderr file]
+        self.launched = 0.0
+
+    def __enter__(self) -> _Children:
+        env = dict(os.environ)
+        if numba.config.CACHE_DIR:
+            env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
+        self.launched = time.time()
+        try:
+            for i, steps in enumerate(self.shares):
+                out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+                self.runs.append([None, out, err])
+                argv = _child_argv(steps)
+                self.runs[-1][0] = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
+                if self.verbose:
+                    print(f"  child {i}: {', '.join(steps)}", file=sys.stderr, flush=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def wait(self) -> tuple:
+        """Wait for every child; one :class:`WarmupChild` each. Raises
+        :class:`WarmupChildError` as soon as one fails."""
+        done = [False] * len(self.runs)
+        while not all(done):
+            for i, (proc, _, err) in enumerate(self.runs):
+                if not done[i] and proc.poll() is not None:
+                    if proc.returncode:
+                        raise _child_error(self.shares[i], proc.returncode, err)
+                    done[i] = True
             time.sleep(0.02)
         children = []
-        for steps, _, out, _, _, wall in runs:
+        for steps, (_, out, _) in zip(self.shares, self.runs):
             out.seek(0)
             got = json.loads(out.read().decode())
             children.append(
                 WarmupChild(
-                    steps=tuple(steps),
-                    wall_s=wall,
+                    steps=steps,
+                    wall_s=got["ended"] - self.launched,
                     compile_s=got["compile_s"],
                     cpu_s=got["cpu_s"],
                     kernels=got["kernels"],
                     functions=tuple(got["functions"]),
                     skipped=tuple(got["skipped"]),
+                    start_s=got["began"] - self.launched,
                 )
             )
-            if verbose:
+            if self.verbose:
                 c = children[-1]
                 print(
-                    f"  child {len(children) - 1} done: {c.wall_s:.1f} s "
-                    f"(compile {c.compile_s:.1f} s)",
+                    f"  child {len(children) - 1} done: {c.wall_s:.1f} s (started in "
+                    f"{c.start_s:.1f} s, compile {c.compile_s:.1f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
         return tuple(children)
-    finally:
-        for r in runs:
-            if r[1] is not None and r[1].poll() is None:
-                r[1].kill()
-                r[1].wait()
-            r[2].close()
-            r[3].close()
+
+    def __exit__(self, *exc) -> None:
+        for proc, out, err in self.runs:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+            err.close()
 
 
 def _child_error(steps, returncode: int, err) -> WarmupChildError:
@@ -663,16 +781,18 @@ def warmup(
     placement : bool, default False
         ``place_experts`` and EPLB (:func:`straggler.solvers.placement.warm_placement`).
     jobs : int, default 1
-        Child processes that compile into numba's disk cache first (at most
-        :data:`MAX_JOBS` are used: dispatch with EPLB and placement, routing, and the
-        simulator each go to one); this process then runs every step, loading what they
-        compiled. 1: everything compiles here, one step after another.
+        Processes compiling side by side on a cold cache: this one and up to ``jobs - 1``
+        child processes, each with its share of the units (dispatch with placement,
+        EPLB, routing, the simulator; so at most :data:`MAX_JOBS` are used, fewer when
+        that is expected to finish as soon). The children compile into numba's disk
+        cache; when they are done this process runs every step outside its share, loading
+        what they compiled. 1: everything compiles here, one step after another.
 
     Returns
     -------
     WarmupReport
         Per-step wall, JIT and compile seconds, per-kernel compile seconds, the kernels
-        still uncompiled, numba's cache folder, the child processes. ``str(report)`` is one
+        still uncompiled, numba's cache folder, each process's share. ``str(report)`` is one
         line.
 
     Raises
@@ -680,19 +800,24 @@ def warmup(
     InvalidInputError
         A parameter of the wrong type or value (``jobs`` not an integer >= 1, ...).
     WarmupChildError
-        A child process failed (the message names its step and ends with its stderr).
+        A child process failed (the message names its step and ends with its stderr; the
+        other children are stopped). An exception in this process's own share stops the
+        children and propagates.
 
     Notes
     -----
     A cold cache costs the full compile once per machine (the figures are in
     ``benchmarks/cold_start.py``); a warm one costs the cache loads, well under a second per
     entry point. Compilation is single-threaded (numba holds a global compiler lock), so on
-    a cold cache ``jobs=2`` cuts the wall time nearly in half on two cores: the children
-    compile apart, then this process loads their work, compiling about nothing, and ends
-    exactly as warm as with ``jobs=1``. The steps run serially (``serial_reason`` says why)
-    under ``NUMBA_DISABLE_JIT=1``, without a writable disk cache, or when the selection is
-    one unit. Two children may compile the same jitted callee; numba writes each cache file
-    to a temporary name and renames it, and both write the same entry.
+    a cold cache ``jobs=2`` cuts the wall time nearly in half on two cores: this process
+    compiles its share while one child compiles the other, then this process loads the
+    child's work, compiling about nothing more, and ends exactly as warm as with
+    ``jobs=1`` (:attr:`WarmupReport.compiled_after_children` lists anything it still had
+    to compile). The steps run serially (``serial_reason`` says why) under
+    ``NUMBA_DISABLE_JIT=1``, without a writable disk cache, when the selection is one unit,
+    or when a child's start is expected to cost more than it saves. Two shares may compile
+    the same jitted callee; numba writes each cache file to a temporary name and renames
+    it, and both write the same entry.
     """
     dispatch, routing, simulator, methods, policies, verbose, placement, jobs = _warmup_iv(
         dispatch, routing, simulator, methods, policies, verbose, placement, jobs
@@ -700,12 +825,27 @@ def warmup(
     t_start = time.perf_counter()
     plan = _plan(dispatch, routing, simulator, methods, policies, placement)
     names = [name for name, _ in plan]
-    children, reason = (), ""
-    if jobs > 1:
-        plans, reason = _parallel_plan(names, jobs)
-        if plans:
-            children = _run_children(plans, verbose)
-    steps = _run(plan, verbose)
+    shares, reason = _parallel_plan(names, jobs) if jobs > 1 else ([], "")
+    children, share = (), None
+    if shares:
+        own = shares[0]
+        if verbose:
+            print(f"  this process: {', '.join(own)}", file=sys.stderr, flush=True)
+        with _Children(shares[1:], verbose) as kids:
+            t, cpu = time.perf_counter(), time.process_time()
+            steps, functions = _run_recorded([(n, c) for n, c in plan if n in own], verbose)
+            share = WarmupChild(
+                steps=own,
+                wall_s=time.perf_counter() - t,
+                compile_s=float(sum(s.compile_s for s in steps)),
+                cpu_s=time.process_time() - cpu,
+                kernels=_kernel_seconds(steps),
+                functions=tuple(functions),
+            )
+            children = kids.wait()
+        steps += _run([(n, c) for n, c in plan if n not in own], verbose)
+    else:
+        steps = _run(plan, verbose)
     total = time.perf_counter() - t_start
     missed = ()
     if dispatch and not numba.config.DISABLE_JIT:  # without the JIT nothing compiles
@@ -720,6 +860,7 @@ def warmup(
         cache_dir=numba.config.CACHE_DIR or "",
         children=children,
         serial_reason=reason,
+        share=share,
     )
 
 
@@ -745,8 +886,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--jobs",
         default="1",
-        help=f"child processes compiling in parallel first: an integer >= 1 or 'auto' "
-        f"(the CPU count, at most {MAX_JOBS}); default 1",
+        help=f"processes compiling side by side on a cold cache (this one and jobs-1 "
+        f"children): an integer >= 1 or 'auto' (the CPU count, at most {MAX_JOBS}); default 1",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--child-steps", default=None, help=argparse.SUPPRESS)

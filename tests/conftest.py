@@ -6,9 +6,11 @@ kernel the selected tests reach, once, before the first test: compilation is the
 charged to whichever test happens to run first, and a slow test is slow for its own work.
 It warms only what the selected test files use (dispatch always; routing and the simulator
 when a selected file names them), so a targeted run of one file stays quick. On a cold cache
-it compiles in ``min(2, os.cpu_count())`` child processes side by side (``warmup(jobs=...)``;
-``STRAGGLER_WARMUP_JOBS=1`` compiles in the test process itself). The terminal summary says
-how long it took: wall time, compiling in the test process, compiling in the children.
+it compiles in ``min(2, os.cpu_count())`` processes side by side (``warmup(jobs=...)``: the
+test process compiles its share while a child process compiles the other;
+``STRAGGLER_WARMUP_JOBS=1`` compiles everything in the test process). The terminal summary
+says how long it took: wall time, compiling in the test process (its share, and anything
+left after the children), compiling in the children.
 """
 
 import os
@@ -60,7 +62,8 @@ def warm_jit(request):
 
 
 def _warmup_jobs() -> int:
-    """Child processes of the warm-up: ``STRAGGLER_WARMUP_JOBS``, else ``min(2, cpus)``."""
+    """Processes compiling side by side in the warm-up (the test process and children):
+    ``STRAGGLER_WARMUP_JOBS``, else ``min(2, cpus)``."""
     text = os.environ.get("STRAGGLER_WARMUP_JOBS")
     if text is None:
         return min(2, os.cpu_count() or 1)
@@ -103,9 +106,16 @@ def pytest_terminal_summary(terminalreporter):
         )
         if rep.children:
             each = " + ".join(f"{c.compile_s:.1f}" for c in rep.children)
-            line += f", {rep.children_compile_s:.1f} s in {len(rep.children)} children ({each})"
+            line += (
+                f" ({rep.share.compile_s:.1f} s its share) and, side by side, "
+                f"{rep.children_compile_s:.1f} s in {len(rep.children)} child process(es) "
+                f"({each})"
+            )
         elif rep.serial_reason:
             line += f" (serial: {rep.serial_reason})"
         terminalreporter.write_line(line + " (straggler.sim.warmup, once per run)")
-        if rep.children and rep.kernels:
-            terminalreporter.write_line(f"  compiled in this process: {', '.join(rep.kernels)}")
+        after = rep.compiled_after_children
+        if rep.children and after:
+            terminalreporter.write_line(
+                f"  compiled in this process after the children: {', '.join(after)}"
+            )

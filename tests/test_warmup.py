@@ -12,6 +12,7 @@ from straggler.sim.warmup import dispatch_kernels, eplb_kernels, main, needs_com
 from straggler.solvers import registry, solve_dispatch
 from straggler.solvers._compile import JitTimer, merged_length
 from straggler.solvers.registry import LayerSolution
+from straggler.solvers.routing_registry import routing_policies
 
 
 def test_warmup_reaches_every_dispatch_kernel():
@@ -138,9 +139,11 @@ warm = sorted(
     if isinstance(d, CPUDispatcher) and d.signatures
 )
 print(json.dumps({
-    "children": [[list(c.steps), c.compile_s] for c in r.children],
+    "share": [list(r.share.steps), r.share.compile_s] if r.share else None,
+    "children": [[list(c.steps), c.compile_s, c.start_s, c.wall_s] for c in r.children],
     "compile_s": r.compile_s, "kernels": r.kernels, "missed": list(r.missed_kernels),
-    "twice": list(r.compiled_twice), "reason": r.serial_reason, "warm": warm,
+    "after": r.compiled_after_children, "twice": list(r.compiled_twice),
+    "reason": r.serial_reason, "warm": warm, "summary": r.summary(), "steps": len(r.steps),
 }))
 """
 
@@ -157,41 +160,72 @@ def _report_in_new_process(jobs: int, cache) -> dict:
 
 
 def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path):
-    """``jobs=2`` on an empty cache: the routing and the simulator units compile in two
-    children, the parent compiles nothing and ends with the same kernels in memory as a
-    serial warm-up (run next, in a new process, on the cache the children filled)."""
+    """``jobs=2`` on an empty cache: the process compiles the simulator's unit while one
+    child compiles routing, then loads the child's work, compiling nothing more, and ends
+    with every kernel in memory that a serial warm-up has (run next, in a new process, on
+    the cache the two filled)."""
     par = _report_in_new_process(2, tmp_path / "cache")
-    assert [steps for steps, _ in par["children"]] == [["simulate[jsq]"], ["route_batch[jsq]"]]
-    assert all(compile_s > 0 for _, compile_s in par["children"])
-    assert par["kernels"] == {} and par["compile_s"] == 0.0 and par["missed"] == []
-    # both children compile jsq's kernel (its version called by address) and the least-tokens
-    # helper (route_batch's entry and the simulator's engine both call them), each the same
-    # signature: both write the same cache entries, which the parent then loads
-    assert par["twice"] == [
+    share, share_compile_s = par["share"]
+    assert share == ["simulate[jsq]"] and share_compile_s > 0
+    [(steps, compile_s, start_s, wall_s)] = par["children"]
+    assert steps == ["route_batch[jsq]"] and compile_s > 0 and 0 < start_s < wall_s
+    assert par["compile_s"] == share_compile_s and par["after"] == {} and par["missed"] == []
+    assert "run_engine" in str(par["kernels"]) and "route_batch_kernel" not in str(par["kernels"])
+    assert "this process" in par["summary"] and "1 child process" in par["summary"]
+    # jsq's kernel and the least-tokens helper (route_batch's entry and the simulator's
+    # engine both call them) are compiled by both shares, each the same signature (both
+    # write the same cache entries), unless the child wrote them before this process
+    # reached them, which then loads them
+    assert set(par["twice"]) <= {
         "straggler.baselines.sglang_routers.jsq_kernel__by_address",
         "straggler.solvers._routing_core.least_tokens_kernel",
-    ]
+    }
     ser = _report_in_new_process(1, tmp_path / "cache")
-    assert ser["children"] == [] and ser["kernels"] == {}
-    assert par["warm"] == ser["warm"] and "straggler.sim._engine.run_engine" in par["warm"]
+    assert ser["children"] == [] and ser["share"] is None and ser["kernels"] == {}
+    # every function warm after the serial warm-up is warm after the parallel one (which
+    # also holds the callees and numba overloads it compiled itself in its share, as a
+    # serial warm-up on an empty cache does)
+    assert (
+        set(ser["warm"]) <= set(par["warm"]) and "straggler.sim._engine.run_engine" in ser["warm"]
+    )
+    assert par["steps"] == ser["steps"] == 2
 
 
-def test_child_plans_keep_units_whole_and_balance_them():
-    from straggler.sim.warmup import _child_plans
+def test_shares_keep_units_whole_and_balance_them(monkeypatch):
+    import sys
+
+    from straggler.sim.warmup import _shares
 
     methods = [f"solve_dispatch[{m}]" for m in registry.dispatch_methods()]
     dispatch = [*methods, "rebalance_experts"]
     routing = ["route_batch[br0]", "route_batch[jsq]", "route_batch[brs]"]
     simulate = ["simulate[br0]", "simulate[jsq]", "simulate[brs]"]
     names = dispatch + routing + simulate
-    # tempo's kernels weigh as much as routing and the engine together
-    assert _child_plans(names, 2) == [tuple(dispatch), (*routing, "simulate[jsq]")]
-    assert _child_plans(names, 3) == [tuple(dispatch), ("simulate[jsq]",), tuple(routing)]
-    assert _child_plans(names, 8) == _child_plans(names, 3)
-    assert _child_plans(names, 1) == [] and _child_plans(dispatch, 2) == []
-    # without routing, the simulator's child compiles every policy's kernel itself
+    # tempo's kernels weigh more than routing and the engine together with a child's start:
+    # this process takes the dispatch methods, one child the rest (EPLB's kernels, apart
+    # from dispatch's, go where they balance best); a third process would not finish
+    # sooner, so none starts
+    assert _shares(names, 2) == [tuple(methods), ("rebalance_experts", *routing, "simulate[jsq]")]
+    assert _shares(names, 3) == _shares(names, 8) == _shares(names, 2)
+    assert _shares(names, 1) == [] and _shares(methods, 2) == []
+    assert _shares(dispatch, 2) == [tuple(methods), ("rebalance_experts",)]
+    # without tempo the units weigh alike: three processes, this one the heaviest
+    no_tempo = [n for n in names if n != "solve_dispatch[tempo]"]
+    light = [n for n in dispatch if n != "solve_dispatch[tempo]"]
+    assert _shares(no_tempo, 3) == [("simulate[jsq]",), tuple(light), tuple(routing)]
+    assert _shares(no_tempo, 2) == [(*light[:-1], *routing), ("rebalance_experts", "simulate[jsq]")]
+    # without routing, the simulator's share compiles every policy's kernel itself
     no_routing = [n for n in names if not n.startswith("route_batch")]
-    assert _child_plans(no_routing, 2) == [tuple(dispatch), tuple(simulate)]
+    assert _shares(no_routing, 2) == [tuple(methods), ("rebalance_experts", *simulate)]
+    # every registered policy: routing weighs about what dispatch does, EPLB with dispatch
+    policies = [f"route_batch[{p}]" for p in routing_policies()]
+    every = [*dispatch, *policies, *(f"simulate[{p}]" for p in routing_policies())]
+    assert _shares(every, 2)[0] == tuple(dispatch) and _shares(every, 2)[1][:-1] == tuple(policies)
+    # place_experts runs EPLB: one unit with dispatch
+    assert _shares([*dispatch, "place_experts"], 2) == []
+    # a child that takes longer to start than the work it would take over: none starts
+    monkeypatch.setattr(sys.modules["straggler.sim.warmup"], "_CHILD_START_S", 80.0)
+    assert _shares(names, 2) == []
 
 
 def test_parallel_warmup_runs_serially_when_it_cannot_help(tmp_path):
@@ -224,7 +258,11 @@ def test_warmup_validates_jobs():
         main(["--jobs", "two"])
 
 
-def test_a_failing_child_names_its_step_and_stops_the_others(monkeypatch):
+def _fake_children(monkeypatch, shares) -> list:
+    """Make ``warmup(jobs=...)`` use ``shares`` (this process's first) and start, for a
+    child's share, a stand-in process: one that fails in step ``route_batch[jsq]`` after
+    printing the step marker and a traceback, or one that sleeps (still compiling). Returns
+    the list the started processes are appended to."""
     import subprocess
     import sys
 
@@ -237,24 +275,51 @@ def test_a_failing_child_names_its_step_and_stops_the_others(monkeypatch):
             started.append(self)
 
     def argv(steps):
-        if steps == ("route_batch[jsq]",):  # fails in its step, after printing a traceback
+        if steps == ("route_batch[jsq]",):
             code = (
                 "import sys; print('warmup child: step route_batch[jsq]', file=sys.stderr, "
                 "flush=True); raise RuntimeError('typing of route_batch_kernel failed')"
             )
-        else:  # still compiling when the other fails
+        else:
             code = "import time; time.sleep(60)"
         return [sys.executable, "-c", code]
 
     monkeypatch.setattr(wm, "_child_argv", argv)
     monkeypatch.setattr(wm.subprocess, "Popen", Recorded)
-    plans = [("simulate[jsq]",), ("route_batch[jsq]",)]
-    monkeypatch.setattr(wm, "_parallel_plan", lambda names, jobs: (plans, ""))
+    monkeypatch.setattr(wm, "_parallel_plan", lambda names, jobs: (shares, ""))
+    return started
+
+
+def test_a_failing_child_names_its_step_and_stops_the_others(monkeypatch):
+    """This process runs its share (warm: the session's warm-up compiled it), then waits:
+    one child fails, the other, still compiling, is stopped."""
+    import sys
+
+    wm = sys.modules["straggler.sim.warmup"]
+    shares = [("simulate[jsq]",), ("simulate[jsq]",), ("route_batch[jsq]",)]
+    started = _fake_children(monkeypatch, shares)
     with pytest.raises(wm.WarmupChildError) as err:
-        warmup(dispatch=False, policies=["jsq"], jobs=2)
+        warmup(dispatch=False, policies=["jsq"], jobs=3)
     msg = str(err.value)
     assert "in step 'route_batch[jsq]'" in msg and "typing of route_batch_kernel failed" in msg
     assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+def test_a_failing_share_in_this_process_stops_the_children(monkeypatch):
+    """An exception in this process's own share propagates as in a serial warm-up, and the
+    child still compiling is stopped."""
+    import sys
+
+    wm = sys.modules["straggler.sim.warmup"]
+    started = _fake_children(monkeypatch, [("route_batch[jsq]",), ("simulate[jsq]",)])
+
+    def fails(policy):
+        raise RuntimeError(f"typing of {policy}'s kernel failed")
+
+    monkeypatch.setattr(wm, "_routing_case", fails)
+    with pytest.raises(RuntimeError, match="typing of jsq's kernel failed"):
+        warmup(dispatch=False, policies=["jsq"], jobs=2)
+    assert len(started) == 1 and started[0].poll() is not None
 
 
 def test_a_child_skips_the_steps_it_does_not_know():

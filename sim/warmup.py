@@ -37,6 +37,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -46,6 +47,11 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+try:
+    import fcntl
+except ImportError:  # Windows: no parallel warm-up
+    fcntl = None
 
 import numba
 import numpy as np
@@ -593,6 +599,8 @@ def _parallel_plan(names, jobs: int) -> tuple:
     (a warm cache needs no child: starting one costs more than loading)."""
     if numba.config.DISABLE_JIT:
         return [], "NUMBA_DISABLE_JIT=1 (nothing compiles)"
+    if fcntl is None:
+        return [], "no fcntl file locks on this platform (numba's cache saves must not overlap)"
     units = _by_unit(names)
     kernels, pending = [], []
     for unit, steps in units.items():
@@ -614,6 +622,40 @@ def _parallel_plan(names, jobs: int) -> tuple:
             why = "a child's start is expected to cost more than it saves"
         return [], f"{why} ({n_units} of {len(units)} units to compile)"
     return shares, ""
+
+
+@contextlib.contextmanager
+def _cache_saves_locked():
+    """While the block runs, every numba disk-cache save of this process holds an exclusive
+    ``fcntl`` lock on a file in the entry's cache folder, which the other processes of a
+    parallel warm-up take too.
+
+    numba saves an entry (numba/core/caching.py, ``IndexDataCacheFile.save``) by reading the
+    function's index, picking the first data file name the index does not use, and rewriting
+    the index and that data file, with no lock between the read and the writes. Two processes
+    compiling two signatures of one function at once (a shared callee such as a stable sort
+    or an EPLB kernel) can then both pick the same name: the index that survives maps one
+    signature to the other's machine code, and a later process loading that entry runs the
+    wrong code or fails to type its call. Under the lock each save reads the index the other
+    process wrote, so the names differ and both entries survive."""
+    from numba.core import caching
+
+    cls = caching.IndexDataCacheFile
+    original = cls.save
+
+    def save(self, key, data):
+        with open(os.path.join(self._cache_path, ".straggler-warmup.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return original(self, key, data)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    cls.save = save
+    try:
+        yield
+    finally:
+        cls.save = original
 
 
 _CHILD_CODE = "import sys; from straggler.sim.warmup import main; sys.exit(main(sys.argv[1:]))"
@@ -648,7 +690,8 @@ def _child_main(names) -> dict:
     began = time.time()
     full = dict(_plan(True, True, True, dispatch_methods(), routing_policies(), True))
     plan = [(n, full[n]) for n in names if n in full]
-    steps, functions = _run_recorded(plan, verbose=False, marker=True)
+    with _cache_saves_locked():
+        steps, functions = _run_recorded(plan, verbose=False, marker=True)
     return {
         "compile_s": float(sum(s.compile_s for s in steps)),
         "cpu_s": float(sum(s.cpu_s for s in steps)),
@@ -815,9 +858,10 @@ def warmup(
     ``jobs=1`` (:attr:`WarmupReport.compiled_after_children` lists anything it still had
     to compile). The steps run serially (``serial_reason`` says why) under
     ``NUMBA_DISABLE_JIT=1``, without a writable disk cache, when the selection is one unit,
-    or when a child's start is expected to cost more than it saves. Two shares may compile
-    the same jitted callee; numba writes each cache file to a temporary name and renames
-    it, and both write the same entry.
+    or when a child's start is expected to cost more than it saves, and where ``fcntl`` is
+    missing. Two shares may compile the same jitted callee, with the same or other
+    signatures: every process of the warm-up saves numba's cache entries under one lock per
+    cache folder (:func:`_cache_saves_locked`), so no entry overwrites another.
     """
     dispatch, routing, simulator, methods, policies, verbose, placement, jobs = _warmup_iv(
         dispatch, routing, simulator, methods, policies, verbose, placement, jobs
@@ -831,7 +875,7 @@ def warmup(
         own = shares[0]
         if verbose:
             print(f"  this process: {', '.join(own)}", file=sys.stderr, flush=True)
-        with _Children(shares[1:], verbose) as kids:
+        with _cache_saves_locked(), _Children(shares[1:], verbose) as kids:
             t, cpu = time.perf_counter(), time.process_time()
             steps, functions = _run_recorded([(n, c) for n, c in plan if n in own], verbose)
             share = WarmupChild(

@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -329,3 +330,35 @@ def test_a_child_skips_the_steps_it_does_not_know():
 
     got = sys.modules["straggler.sim.warmup"]._child_main(["route_batch[registered_here]"])
     assert got["skipped"] == ["route_batch[registered_here]"] and got["compile_s"] == 0.0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks")
+def test_cache_saves_wait_for_the_lock_other_warmup_processes_hold(tmp_path):
+    """Under ``_cache_saves_locked`` a numba cache save (which reads the index, picks a free
+    data file name and rewrites both) waits while another process of the warm-up holds the
+    folder's lock, then keeps the entry that process wrote: two signatures of one function
+    saved side by side never share a data file."""
+    import fcntl
+    import threading
+
+    from numba.core.caching import IndexDataCacheFile
+    from straggler.sim.warmup import _cache_saves_locked
+
+    def index(stamp="s"):
+        return IndexDataCacheFile(str(tmp_path), "f-1.py311", stamp)
+
+    index().save(("sig A",), "code A")  # another process's entry, saved before
+    with open(tmp_path / ".straggler-warmup.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process is saving
+        with _cache_saves_locked():
+            t = threading.Thread(target=index().save, args=(("sig B",), "code B"))
+            t.start()
+            t.join(0.5)
+            assert t.is_alive()  # waiting for the lock, nothing written yet
+            assert index()._load_index() == {("sig A",): "f-1.py311.1.nbc"}
+            fcntl.flock(held, fcntl.LOCK_UN)
+            t.join(30)
+            assert not t.is_alive()
+    assert index()._load_index() == {("sig A",): "f-1.py311.1.nbc", ("sig B",): "f-1.py311.2.nbc"}
+    assert index().load(("sig A",)) == "code A" and index().load(("sig B",)) == "code B"
+    assert IndexDataCacheFile.save.__qualname__ == "IndexDataCacheFile.save"  # numba's again

@@ -141,11 +141,9 @@ def stable_argsort_desc(x):
     return float_order(x, np.bool_(True))
 
 
-@njit(**NJIT_INLINE)
-def stable_argsort_float(x):
-    """``np.argsort(x, kind="stable")`` for float64 ``x`` without NaN (the same function as
-    :func:`stable_argsort`, named for the callers that sort values of either sign)."""
-    return float_order(x, np.bool_(False))
+#: ``np.argsort(x, kind="stable")`` for float64 ``x`` without NaN: :func:`stable_argsort`
+#: itself, under the name the callers that sort values of either sign use.
+stable_argsort_float = stable_argsort
 
 
 @njit(**NJIT)

@@ -201,8 +201,8 @@ class WarmupReport:
     @property
     def compiled_twice(self) -> tuple:
         """Disk-cached jitted functions that more than one share (this process's, the
-        children's) compiled: work done twice; each compiles the same signature, so the
-        cache holds one entry either way."""
+        children's) compiled: work done twice, with the same or other signatures; every
+        entry survives in the cache (:func:`_cache_saves_locked`)."""
         seen: dict = {}
         for c in (self.share, *self.children) if self.share else self.children:
             for f in c.functions:
@@ -441,8 +441,9 @@ def _run(plan, verbose: bool, marker: bool = False) -> list:
 
 #: The units a parallel warm-up splits into shares, by the call a step makes: steps of one
 #: unit share kernels (the first compiles them for the rest), so a unit is never split.
-#: EPLB's kernels call no other jitted code: a unit of their own, unless ``place_experts``
-#: (which runs EPLB and the dispatch kernels) joins them to dispatch (:func:`_by_unit`).
+#: EPLB's kernels call no other jitted code (dispatch's LPLB also compiles them, for its own
+#: types): a unit of their own, unless ``place_experts`` (which runs EPLB and the dispatch
+#: kernels) joins them to dispatch (:func:`_by_unit`).
 _UNITS = {
     "solve_dispatch": "dispatch",
     "rebalance_experts": "eplb",

@@ -596,8 +596,8 @@ def _parallel_plan(names, jobs: int) -> tuple:
     (:func:`_shares`) for ``warmup(jobs=jobs)`` with the steps ``names``, or ``[]`` and why
     they run serially.
 
-    Only units with a kernel neither in memory nor in numba's disk cache are shared out
-    (a warm cache needs no child: starting one costs more than loading)."""
+    Only units not yet warm in numba's disk cache (:func:`_unit_warm`) are shared out (a
+    warm cache needs no child: starting one costs more than loading)."""
     if numba.config.DISABLE_JIT:
         return [], "NUMBA_DISABLE_JIT=1 (nothing compiles)"
     if fcntl is None:
@@ -606,7 +606,7 @@ def _parallel_plan(names, jobs: int) -> tuple:
     kernels, pending = [], []
     for unit, steps in units.items():
         reach = _unit_kernels(unit, steps)
-        if not all(k.signatures or is_cached(k) for k in reach):
+        if not _unit_warm(unit, steps, reach):
             kernels += reach
             pending += steps
     obstacle = _cache_obstacle(kernels)
@@ -623,6 +623,85 @@ def _parallel_plan(names, jobs: int) -> tuple:
             why = "a child's start is expected to cost more than it saves"
         return [], f"{why} ({n_units} of {len(units)} units to compile)"
     return shares, ""
+
+
+def _record_path(unit: str, kernels) -> str | None:
+    """The file in numba's cache folder (that of ``kernels[0]``) recording which steps of
+    ``unit`` a warm-up ran there, or ``None`` without a disk cache."""
+    folder = getattr(getattr(kernels[0], "_cache", None), "cache_path", None) if kernels else None
+    return None if folder is None else os.path.join(folder, f"straggler-warmup-{unit}.json")
+
+
+def _stamps(kernels) -> dict | None:
+    """Each kernel's cache stamp (its source file's, with ``cache_depends_on``'s digest of
+    its callees' files), by ``module.name``, as text; ``None`` when one has none."""
+    out = {}
+    for k in kernels:
+        stamp = getattr(
+            getattr(getattr(k, "_cache", None), "_cache_file", None), "_source_stamp", None
+        )
+        if stamp is None:
+            return None
+        out[f"{k.py_func.__module__}.{k.py_func.__qualname__}"] = repr(stamp)
+    return out
+
+
+def _read_record(path: str) -> dict:
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+        return rec if isinstance(rec, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _unit_warm(unit: str, steps, kernels) -> bool:
+    """Whether the steps ``steps`` of ``unit`` need no compiling: a warm-up ran them on
+    numba's disk cache as it is now (:func:`_record_units` recorded them, with the same
+    source stamps) and every kernel of ``kernels`` still has entries there.
+
+    A kernel's versions in memory, or entries on disk, do not by themselves say so: other
+    code compiles the unit's kernels for other argument types (LPLB and
+    ``make_decode_problem`` compile EPLB's, for instance at a test module's import), and
+    the steps would then compile theirs after all."""
+    path = _record_path(unit, kernels)
+    if path is None:
+        return False
+    rec = _read_record(path)
+    return (
+        set(steps) <= set(rec.get("steps", ()))
+        and rec.get("stamps") == _stamps(kernels)
+        and all(is_cached(k) for k in kernels)
+    )
+
+
+def _record_units(names) -> None:
+    """Record, beside each unit's kernels in numba's disk cache, that this process ran its
+    steps among ``names`` (so they are compiled there; :func:`_unit_warm`). Best effort: a
+    record not written only means a later warm-up compiles, or loads, in a child."""
+    if fcntl is None or numba.config.DISABLE_JIT:
+        return
+    for unit, steps in _by_unit(names).items():
+        kernels = _unit_kernels(unit, steps)
+        path, stamps = _record_path(unit, kernels), _stamps(kernels)
+        if path is None or stamps is None or not all(is_cached(k) for k in kernels):
+            continue
+        try:
+            with open(os.path.join(os.path.dirname(path), ".straggler-warmup.lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                rec = _read_record(path)
+                if rec.get("stamps") == stamps:
+                    steps = sorted(set(steps) | set(rec.get("steps", ())))
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump({"steps": sorted(steps), "stamps": stamps}, f)
+                    os.replace(tmp, path)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+        except OSError:
+            continue
 
 
 @contextlib.contextmanager
@@ -891,6 +970,7 @@ def warmup(
         steps += _run([(n, c) for n, c in plan if n not in own], verbose)
     else:
         steps = _run(plan, verbose)
+    _record_units(names)
     total = time.perf_counter() - t_start
     missed = ()
     if dispatch and not numba.config.DISABLE_JIT:  # without the JIT nothing compiles

@@ -362,3 +362,59 @@ def test_cache_saves_wait_for_the_lock_other_warmup_processes_hold(tmp_path):
     assert index()._load_index() == {("sig A",): "f-1.py311.1.nbc", ("sig B",): "f-1.py311.2.nbc"}
     assert index().load(("sig A",)) == "code A" and index().load(("sig B",)) == "code B"
     assert IndexDataCacheFile.save.__qualname__ == "IndexDataCacheFile.save"  # numba's again
+
+
+_EPLB_UNIT_CODE = r"""
+import importlib, json, sys
+import numpy as np
+wm = importlib.import_module("straggler.sim.warmup")
+from straggler.solvers.eplb import rebalance_experts
+
+kernels = list(wm.eplb_kernels().values())
+before = wm._unit_warm("eplb", ["rebalance_experts"], kernels)
+if sys.argv[1] == "other types":  # compiled, and cached, for vLLM's types only
+    rebalance_experts(np.arange(1.0, 17.0).reshape(2, 8), 12, 2, 2, 4, version="vllm")
+other = wm._unit_warm("eplb", ["rebalance_experts"], kernels)
+if sys.argv[1] == "other types":
+    wm.warmup(methods=[], routing=False, simulator=False)  # the unit's steps, serially
+plan = wm._parallel_plan(["rebalance_experts", "route_batch[jsq]"], 2)
+print(json.dumps({
+    "before": before, "other": other, "plan": plan,
+    "warm": wm._unit_warm("eplb", ["rebalance_experts"], kernels),
+    "more_steps": wm._unit_warm("eplb", ["rebalance_experts", "x"], kernels),
+    "signatures": [len(k.signatures) for k in kernels],
+}))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks")
+def test_a_unit_compiled_for_other_types_is_still_shared_out(tmp_path):
+    """EPLB's kernels compiled and cached for other argument types (vLLM's, as LPLB or
+    ``make_decode_problem`` at a test module's import compile them) do not make the EPLB
+    unit warm: a parallel warm-up still gives it to a share, instead of this process
+    compiling it after the children. Once a warm-up has run the unit's steps on that cache,
+    a new process finds it warm and compiles nothing for it."""
+    import subprocess
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(mode):
+        cmd = [sys.executable, "-c", _EPLB_UNIT_CODE, mode]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run("other types")
+    assert first["before"] is first["other"] is False
+    assert first["warm"] is True and first["more_steps"] is False
+    assert first["plan"][0] == []  # only routing left: one unit, no child
+    assert "1 of 2 units" in first["plan"][1]
+    again = run("new process")
+    assert again["before"] is again["warm"] is True and again["signatures"] == [0, 0]
+    # another stamp (the sources changed): not warm
+    folder = tmp_path / "cache"
+    [record] = folder.rglob("straggler-warmup-eplb.json")
+    text = json.loads(record.read_text())
+    text["stamps"] = {k: "(0, 0)" for k in text["stamps"]}
+    record.write_text(json.dumps(text))
+    assert run("new process")["before"] is False

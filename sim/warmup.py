@@ -45,6 +45,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -783,6 +784,23 @@ def _child_main(names) -> dict:
     }
 
 
+def _exit_with_parent(interval_s: float = 0.2) -> None:
+    """End this process (exit status 1) soon after its parent is gone: a child of a parallel
+    warm-up whose parent was killed (a SIGKILL or SIGTERM skips the parent's clean-up, which
+    stops its children) stops compiling for nobody. A daemon thread polls ``os.getppid()``
+    (the parent's end makes another process this one's parent); numba's cache writes each
+    file through a temporary one, and an entry whose data file is missing loads as absent,
+    so an exit between two writes leaves nothing wrong behind."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="straggler-warmup-parent", daemon=True).start()
+
+
 class _Children:
     """Child processes compiling their shares of a parallel warm-up: one per tuple of step
     names in ``shares``, launched at once on this process's numba cache folder when the
@@ -1041,6 +1059,7 @@ def main(argv=None) -> int:
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
 
     if args.child_steps is not None:  # a child process of warmup(jobs=N)
+        _exit_with_parent()
         print(json.dumps(_child_main(names(args.child_steps))))
         return 0
     try:

@@ -418,3 +418,48 @@ def test_a_unit_compiled_for_other_types_is_still_shared_out(tmp_path):
     text["stamps"] = {k: "(0, 0)" for k in text["stamps"]}
     record.write_text(json.dumps(text))
     assert run("new process")["before"] is False
+
+
+_ORPHAN_CODE = r"""
+import importlib, sys, time
+wm = importlib.import_module("straggler.sim.warmup")
+with wm._Children([("solve_dispatch[tempo]",)], False) as kids:
+    print(kids.runs[0][0].pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_child_stops_when_its_parent_is_killed(tmp_path):
+    """A child of a parallel warm-up compiling on an empty cache (tempo: many seconds) ends
+    within seconds of its parent's SIGKILL, which skips the parent's own clean-up."""
+    import signal
+    import subprocess
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_CODE], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child = int(parent.stdout.readline())
+        time.sleep(2.0)  # the child is importing or compiling
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+
+        def alive():
+            try:
+                with open(f"/proc/{child}/status") as f:
+                    return "\nState:\tZ" not in f.read()
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 15.0
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        still = alive()
+        if still:
+            os.kill(child, signal.SIGKILL)
+        assert not still
+    finally:
+        parent.kill()
+        parent.stdout.close()

@@ -1421,8 +1421,9 @@ def _stage_argtypes():
     i1, i2 = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
     st = _State(i2, i2, np.zeros(1), i2, i1)
     lists = _Lists(np.zeros((1, 1), np.bool_), i1, i1, i1, i1)
-    cost = _canonical_cost.py_func(kernel_cost(np.zeros(8)))
-    opts = _canonical_opts.py_func(KernelOptions(*[False] * 7, 0.0, 0))
+    # the plain functions (under NUMBA_DISABLE_JIT=1 they are the functions themselves)
+    cost = getattr(_canonical_cost, "py_func", _canonical_cost)(kernel_cost(np.zeros(8)))
+    opts = getattr(_canonical_opts, "py_func", _canonical_opts)(KernelOptions(*[False] * 7, 0.0, 0))
     wk = _Work(i2, i2, np.zeros((1, 1)))
     v = 0.0  # a time
     stages = ((0, 0),) * len(_STAGE_FUNCTIONS)

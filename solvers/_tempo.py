@@ -29,6 +29,7 @@ The expert order (descending tokens, ties lower index) comes from a stable radix
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from typing import NamedTuple
@@ -1438,18 +1439,16 @@ def _stage_argtypes():
 #: its ``stages`` argument (:func:`stage_handles`)
 _STAGE_FUNCTIONS = (_stage_local_search, _stage_restarts)
 _SEARCH, _RESTARTS = range(2)
-_STAGES: list = []
 
 
+@functools.cache
 def stage_handles() -> tuple:
     """The ``stages`` argument of :func:`tempo_kernel`: the handles
     (:func:`~straggler.solvers._jit.compiled_address`) of stage 3 and stage 4b
     (:data:`_STAGE_FUNCTIONS`), compiled here or loaded from numba's disk cache on the first
     call of the process, then kept."""
-    if not _STAGES:
-        argtypes = _stage_argtypes()
-        _STAGES.append(tuple(compiled_address(f, a) for f, a in zip(_STAGE_FUNCTIONS, argtypes)))
-    return _STAGES[0]
+    argtypes = _stage_argtypes()
+    return tuple(compiled_address(f, a) for f, a in zip(_STAGE_FUNCTIONS, argtypes))
 
 
 @njit(**NJIT)

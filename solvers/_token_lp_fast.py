@@ -39,6 +39,7 @@ The expert order (descending tokens, ties lower index) comes from a stable radix
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -354,9 +355,7 @@ def token_lp_reference(counts, replicas):
     return np.array(x, dtype=np.int64), p // d, q // d
 
 
-_LP: list = []
-
-
+@functools.cache
 def token_lp_handle() -> tuple:
     """The last argument (``lp``) of the support kernels: the handle
     (:func:`~straggler.solvers._jit.compiled_address`) of :func:`token_lp_kernel` for
@@ -369,11 +368,9 @@ def token_lp_handle() -> tuple:
     function's library links and optimizes again every callee it links, so each of the three
     would otherwise compile the token LP once more.
     """
-    if not _LP:
-        counts = types.Array(types.int64, 1, "C", readonly=True)
-        support = types.Array(types.bool_, 2, "C", readonly=True)
-        _LP.append(compiled_address(token_lp_kernel, (counts, support)))
-    return _LP[0]
+    counts = types.Array(types.int64, 1, "C", readonly=True)
+    support = types.Array(types.bool_, 2, "C", readonly=True)
+    return compiled_address(token_lp_kernel, (counts, support))
 
 
 @njit(**NJIT)

@@ -459,13 +459,14 @@ _UNITS = {
 #: and ``simulate``). From the steps' ``cpu_s`` of ``straggler-warmup --jobs 1 --json`` on an
 #: empty cache (2 busy cores), routing's unit raised to what it costs apart from dispatch (a
 #: serial warm-up compiles the stable-order helpers they share in dispatch's steps; alone,
-#: dispatch and routing compile in the ratio 40 : 22). Checked at load 5 on 2 cores: this
-#: process's share (dispatch, EPLB) compiled for 103-141 s while the child (routing, the
-#: engine) started in about 9 s and compiled for 95-128 s. A step not listed counts
+#: dispatch and routing compile in the ratio 40 : 22); tempo's raised to what the shares
+#: compiled side by side on an empty cache (2 cores, every method and policy, 4 runs and a CI
+#: run): dispatch with EPLB 1.05-1.21 times routing with the engine, which the child
+#: compiled while this process compiled dispatch. A step not listed counts
 #: :data:`_OTHER_STEP_COST`.
 _UNIT_COST = {"dispatch": 8.4, "eplb": 0.0, "routing": 6.4, "simulator": 17.2}
 _STEP_COST = {
-    "solve_dispatch[tempo]": 27.7,
+    "solve_dispatch[tempo]": 31.0,
     "solve_dispatch[lplb]": 1.3,
     "solve_dispatch[round_robin]": 0.6,
     "rebalance_experts": 1.3,

@@ -218,10 +218,12 @@ def test_shares_keep_units_whole_and_balance_them(monkeypatch):
     # without routing, the simulator's share compiles every policy's kernel itself
     no_routing = [n for n in names if not n.startswith("route_batch")]
     assert _shares(no_routing, 2) == [tuple(methods), ("rebalance_experts", *simulate)]
-    # every registered policy: routing weighs about what dispatch does, EPLB with dispatch
+    # every registered policy: routing and the engine weigh a little less than dispatch, and
+    # EPLB joins them
     policies = [f"route_batch[{p}]" for p in routing_policies()]
     every = [*dispatch, *policies, *(f"simulate[{p}]" for p in routing_policies())]
-    assert _shares(every, 2)[0] == tuple(dispatch) and _shares(every, 2)[1][:-1] == tuple(policies)
+    assert _shares(every, 2)[0] == tuple(methods)
+    assert _shares(every, 2)[1][:-1] == ("rebalance_experts", *policies)
     # place_experts runs EPLB: one unit with dispatch
     assert _shares([*dispatch, "place_experts"], 2) == []
     # a child that takes longer to start than the work it would take over: none starts

@@ -24,9 +24,12 @@ import statistics
 import subprocess
 import sys
 
+from straggler.sim.load_sweep import traces_dir
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-TRACE = ROOT / ".." / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+#: the trace, in ``$STRAGGLER_TRACES`` or ``../shared/data/traces`` (``traces_dir``)
+TRACE = traces_dir() / "AzureLLMInferenceTrace_conv.csv"
 GOAL = 1.1
 
 _WORKER = r"""
@@ -73,6 +76,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(RESULTS / "engine_speed.json"))
     args = ap.parse_args(argv)
     policies = args.policies.split(",")
+    if not TRACE.is_file():
+        ap.error(f"the trace {TRACE} is missing (set STRAGGLER_TRACES to its folder)")
     workers = {"old": _worker(args.old), "new": _worker(None)}
     try:
         first = {w: {p: _ask(proc, p) for p in policies} for w, proc in workers.items()}

@@ -18,9 +18,11 @@ import statistics
 import time
 
 from straggler.sim import generate_trace, load_trace, simulate
+from straggler.sim.load_sweep import traces_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TRACE = ROOT / ".." / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+#: the trace, in ``$STRAGGLER_TRACES`` or ``../shared/data/traces`` (``traces_dir``)
+TRACE = traces_dir() / "AzureLLMInferenceTrace_conv.csv"
 POLICIES = [
     ("brs", {}),
     ("random", {}),

@@ -57,9 +57,10 @@ except ImportError:  # Windows: no parallel warm-up
 import numba
 import numpy as np
 
+from ..formulations._io import atomic_open
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
-from ..formulations.errors import StragglerError
+from ..formulations.errors import InvalidInputError, StragglerError
 from ..formulations.validation import check_bool, check_choice, check_int, check_type
 from ..solvers._backend import PAIRS, kernel_mode
 from ..solvers._compile import JitTimer, is_cached
@@ -689,21 +690,26 @@ def _record_units(names) -> None:
         if path is None or stamps is None or not all(is_cached(k) for k in kernels):
             continue
         try:
-            with open(os.path.join(os.path.dirname(path), ".straggler-warmup.lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with _folder_locked(os.path.dirname(path)):
                 rec = _read_record(path)
                 if rec.get("stamps") == stamps:
                     steps = sorted(set(steps) | set(rec.get("steps", ())))
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "w") as f:
-                        json.dump({"steps": sorted(steps), "stamps": stamps}, f)
-                    os.replace(tmp, path)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-        except OSError:
+                with atomic_open(path) as f:
+                    json.dump({"steps": sorted(steps), "stamps": stamps}, f)
+        except (OSError, InvalidInputError):
             continue
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: str):
+    """Hold the exclusive ``fcntl`` lock of the cache folder ``folder`` (a file in it) that
+    every process of a parallel warm-up takes before writing there."""
+    with open(os.path.join(folder, ".straggler-warmup.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -726,12 +732,8 @@ def _cache_saves_locked():
     original = cls.save
 
     def save(self, key, data):
-        with open(os.path.join(self._cache_path, ".straggler-warmup.lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                return original(self, key, data)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with _folder_locked(self._cache_path):
+            return original(self, key, data)
 
     cls.save = save
     try:

@@ -746,8 +746,9 @@ _CHILD_CODE = "import sys; from straggler.sim.warmup import main; sys.exit(main(
 
 
 def _child_argv(steps) -> list:
-    """The command of a child process running the steps ``steps`` (names)."""
-    return [sys.executable, "-c", _CHILD_CODE, "--child-steps", ",".join(steps)]
+    """The command of a child process of this one running the steps ``steps`` (names)."""
+    steps = ",".join(steps)
+    return [sys.executable, "-c", _CHILD_CODE, "--child-steps", steps, "--parent", str(os.getpid())]
 
 
 def _run_recorded(plan, verbose: bool, marker: bool = False) -> tuple:
@@ -787,14 +788,15 @@ def _child_main(names) -> dict:
     }
 
 
-def _exit_with_parent(interval_s: float = 0.2) -> None:
-    """End this process (exit status 1) soon after its parent is gone: a child of a parallel
-    warm-up whose parent was killed (a SIGKILL or SIGTERM skips the parent's clean-up, which
-    stops its children) stops compiling for nobody. A daemon thread polls ``os.getppid()``
-    (the parent's end makes another process this one's parent); numba's cache writes each
-    file through a temporary one, and an entry whose data file is missing loads as absent,
-    so an exit between two writes leaves nothing wrong behind."""
-    parent = os.getppid()
+def _exit_with_parent(parent: int, interval_s: float = 0.2) -> None:
+    """End this process (exit status 1) soon after its parent, the process ``parent`` (its
+    pid, passed at launch), is gone: a child of a parallel warm-up whose parent was killed (a
+    SIGKILL or SIGTERM skips the parent's clean-up, which stops its children) stops compiling
+    for nobody. A daemon thread polls ``os.getppid()`` (the parent's end makes another
+    process this one's parent; the pid comes from the launch, so a parent gone while this
+    process was still starting counts too); numba's cache writes each file through a
+    temporary one, and an entry whose data file is missing loads as absent, so an exit
+    between two writes leaves nothing wrong behind."""
 
     def watch():
         while os.getppid() == parent:
@@ -1037,6 +1039,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--child-steps", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -1062,7 +1065,8 @@ def main(argv=None) -> int:
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
 
     if args.child_steps is not None:  # a child process of warmup(jobs=N)
-        _exit_with_parent()
+        if args.parent is not None:
+            _exit_with_parent(args.parent)
         print(json.dumps(_child_main(names(args.child_steps))))
         return 0
     try:

@@ -432,9 +432,11 @@ with wm._Children([("solve_dispatch[tempo]",)], False) as kids:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_child_stops_when_its_parent_is_killed(tmp_path):
+@pytest.mark.parametrize("after_s", [0.0, 2.0])
+def test_a_child_stops_when_its_parent_is_killed(tmp_path, after_s):
     """A child of a parallel warm-up compiling on an empty cache (tempo: many seconds) ends
-    within seconds of its parent's SIGKILL, which skips the parent's own clean-up."""
+    within seconds of its parent's SIGKILL, which skips the parent's own clean-up: killed
+    while the child still starts (0 s) or while it compiles (2 s)."""
     import signal
     import subprocess
 
@@ -444,7 +446,7 @@ def test_a_child_stops_when_its_parent_is_killed(tmp_path):
     )
     try:
         child = int(parent.stdout.readline())
-        time.sleep(2.0)  # the child is importing or compiling
+        time.sleep(after_s)
         parent.send_signal(signal.SIGKILL)
         parent.wait(30)
 

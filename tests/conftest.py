@@ -97,6 +97,23 @@ def jitted_reach():
     return reach
 
 
+@pytest.fixture(scope="session")
+def run_python():
+    """``run(code, *args, env=None)``: ``code`` run by a new interpreter (``python -c code
+    *args``) with ``env`` added to this process's environment; returns its stdout, and fails
+    the test with the tail of its stderr when it exits with an error."""
+    import subprocess
+    import sys
+
+    def run(code, *args, env=None):
+        cmd = [sys.executable, "-c", code, *args]
+        out = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    return run
+
+
 def pytest_terminal_summary(terminalreporter):
     if _WARMUP:
         rep = _WARMUP["report"]

@@ -1,8 +1,5 @@
 """``call_compiled``: a jitted caller runs a separately compiled kernel by its address."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numba
@@ -55,7 +52,7 @@ def test_handle_for_other_types_is_refused():
         _caller(wrong, X, 3)
 
 
-def test_cached_caller_in_a_new_process(tmp_path):
+def test_cached_caller_in_a_new_process(tmp_path, run_python):
     (tmp_path / "ccmod.py").write_text(
         textwrap.dedent(
             """
@@ -78,16 +75,7 @@ def test_cached_caller_in_a_new_process(tmp_path):
         )
     )
     env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", "import ccmod"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **env},
-            check=True,
-        ).stdout.split()
-        for _ in range(2)
-    ]
+    runs = [run_python("import ccmod", env=env).split() for _ in range(2)]
     assert runs == [["12.0", "0"], ["12.0", "1"]]
 
 

@@ -79,20 +79,16 @@ def test_no_bare_folder_imports():
     assert not offenders, f"bare folder imports in {offenders}"
 
 
-def test_layers_import_only_downward():
+def test_layers_import_only_downward(run_python):
     """Importing a layer loads nothing above it (formulations <- solvers <- baselines <- sim,
     runtime): the solvers' name tables in ``baselines`` are read on first use, not imported."""
-    import subprocess
-    import sys
-
     order = ["formulations", "solvers", "baselines", "sim"]
     for k, pkg in enumerate(order[:-1]):
         code = (
             f"import sys, straggler.{pkg}\n"
             f"print(sorted({{m.split('.')[1] for m in sys.modules if m.startswith('straggler.')}}))"
         )
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        loaded = set(eval(out.stdout.strip()))
+        loaded = set(eval(run_python(code).strip()))
         assert not loaded & set(order[k + 1 :]), (pkg, loaded)
 
 

@@ -1,10 +1,7 @@
 """The lock-step simulator: kernel == py_func == reference, invariants checked from scratch,
 projection == project_loads, metrics, staleness, saturated mode, validation."""
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -223,7 +220,7 @@ def test_a_kernel_the_engine_cannot_call_is_refused_by_name(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_new_process_with_a_warm_cache_does_not_recompile(tmp_path):
+def test_a_new_process_with_a_warm_cache_does_not_recompile(run_python):
     code = (
         "from straggler.sim import simulate\n"
         "from straggler.sim._engine import run_engine\n"
@@ -233,8 +230,7 @@ def test_a_new_process_with_a_warm_cache_does_not_recompile(tmp_path):
         "print(sum(run_engine.stats.cache_misses.values()))\n"
     )
     simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0"
+    assert run_python(code).strip() == "0"
 
 
 def _replay_loads(series, req, G, kv_prompt=None):
@@ -786,7 +782,7 @@ def test_R8_pool_wait_bound_in_a_saturated_run():
     assert _max_overtake(simulate(tr, "jsq", **kw)) <= 0  # FCFS
 
 
-def test_the_engine_frees_everything_it_allocates(tmp_path):
+def test_the_engine_frees_everything_it_allocates(run_python):
     """The phases that borrow the loop's arrays (no reference counting) leave numba's
     allocation counts balanced: a run frees every allocation it makes, in pool and queue
     mode, with a predictor and with prefix caches (NRT statistics, in a new process)."""
@@ -810,8 +806,5 @@ def test_the_engine_frees_everything_it_allocates(tmp_path):
         "    print(b.alloc - b.free - a.alloc + a.free)\n"
         "    print(b.mi_alloc - b.mi_free - a.mi_alloc + a.mi_free)\n"
     )
-    env = {**os.environ, "NUMBA_NRT_STATS": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
-    )
-    assert out.stdout.split() == ["0"] * 8, out.stdout
+    out = run_python(code, env={"NUMBA_NRT_STATS": "1"})
+    assert out.split() == ["0"] * 8, out

@@ -859,13 +859,10 @@ def test_stages_compiled_apart_and_reached_from_any_input_types():
         assert not any(s in name for name in linked for s in stages), linked
 
 
-def test_tempo_runs_without_the_jit():
+def test_tempo_runs_without_the_jit(run_python):
     """With ``NUMBA_DISABLE_JIT=1`` (the plain-Python functions serve; the stages' handles
     are unused) tempo solves a layer, with the compiled kernel's result."""
     import json
-    import os
-    import subprocess
-    import sys
 
     code = (
         "import json, numpy as np\n"
@@ -875,9 +872,7 @@ def test_tempo_runs_without_the_jit():
         "r = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method='tempo')\n"
         "print(json.dumps([r.status.name, r.makespan, r.shares.tolist()]))\n"
     )
-    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_python(code, env={"NUMBA_DISABLE_JIT": "1"})
     p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
     r = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method="tempo")
-    assert json.loads(out.stdout) == [r.status.name, r.makespan, r.shares.tolist()]
+    assert json.loads(out) == [r.status.name, r.makespan, r.shares.tolist()]

@@ -109,13 +109,10 @@ def test_warmup_validates_and_the_cli_reports(capsys):
     assert {"total_s", "jit_s", "compile_s", "kernels", "cache_dir"} <= set(out)
 
 
-def test_warmup_runs_without_the_jit():
+def test_warmup_runs_without_the_jit(run_python):
     """With ``NUMBA_DISABLE_JIT=1`` (the plain-Python functions serve) the warm-up runs and
     reports no missed kernel: nothing compiles, so nothing can be missed; ``jobs=2`` starts
     no child."""
-    import subprocess
-    import sys
-
     code = (
         "from straggler.sim import warmup\n"
         "r = warmup(routing=False, simulator=False, methods=['round_robin'])\n"
@@ -123,10 +120,8 @@ def test_warmup_runs_without_the_jit():
         "r = warmup(simulator=False, methods=['round_robin'], policies=['jsq'], jobs=2)\n"
         "print(r.children, r.serial_reason)\n"
     )
-    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines() == ["()", "() NUMBA_DISABLE_JIT=1 (nothing compiles)"]
+    out = run_python(code, env={"NUMBA_DISABLE_JIT": "1"})
+    assert out.strip().splitlines() == ["()", "() NUMBA_DISABLE_JIT=1 (nothing compiles)"]
 
 
 _REPORT_CODE = """
@@ -149,23 +144,17 @@ print(json.dumps({
 """
 
 
-def _report_in_new_process(jobs: int, cache) -> dict:
-    import subprocess
-    import sys
-
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
-    cmd = [sys.executable, "-c", _REPORT_CODE, str(jobs)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _report_in_new_process(run_python, jobs: int, cache) -> dict:
+    out = run_python(_REPORT_CODE, str(jobs), env={"NUMBA_CACHE_DIR": str(cache)})
+    return json.loads(out.strip().splitlines()[-1])
 
 
-def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path):
+def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path, run_python):
     """``jobs=2`` on an empty cache: the process compiles the simulator's unit while one
     child compiles routing, then loads the child's work, compiling nothing more, and ends
     with every kernel in memory that a serial warm-up has (run next, in a new process, on
     the cache the two filled)."""
-    par = _report_in_new_process(2, tmp_path / "cache")
+    par = _report_in_new_process(run_python, 2, tmp_path / "cache")
     share, share_compile_s = par["share"]
     assert share == ["simulate[jsq]"] and share_compile_s > 0
     [(steps, compile_s, start_s, wall_s)] = par["children"]
@@ -181,7 +170,7 @@ def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path):
         "straggler.baselines.sglang_routers.jsq_kernel__by_address",
         "straggler.solvers._routing_core.least_tokens_kernel",
     }
-    ser = _report_in_new_process(1, tmp_path / "cache")
+    ser = _report_in_new_process(run_python, 1, tmp_path / "cache")
     assert ser["children"] == [] and ser["share"] is None and ser["kernels"] == {}
     # every function warm after the serial warm-up is warm after the parallel one (which
     # also holds the callees and numba overloads it compiled itself in its share, as a
@@ -390,21 +379,17 @@ print(json.dumps({
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks")
-def test_a_unit_compiled_for_other_types_is_still_shared_out(tmp_path):
+def test_a_unit_compiled_for_other_types_is_still_shared_out(tmp_path, run_python):
     """EPLB's kernels compiled and cached for other argument types (vLLM's, as LPLB or
     ``make_decode_problem`` at a test module's import compile them) do not make the EPLB
     unit warm: a parallel warm-up still gives it to a share, instead of this process
     compiling it after the children. Once a warm-up has run the unit's steps on that cache,
     a new process finds it warm and compiles nothing for it."""
-    import subprocess
-
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def run(mode):
-        cmd = [sys.executable, "-c", _EPLB_UNIT_CODE, mode]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        out = run_python(_EPLB_UNIT_CODE, mode, env=env)
+        return json.loads(out.strip().splitlines()[-1])
 
     first = run("other types")
     assert first["before"] is first["other"] is False

@@ -29,7 +29,7 @@ Every measurement runs in a fresh subprocess (nothing compiled in memory). Scena
   new process on its own empty cache, alternating, ``--rounds`` times: wall time, compile
   seconds in the process (its share apart) and in each child (and the child's start), CPU
   seconds of the process and its children. ``--warmup-jobs-only`` runs it alone
-  (goal, issue 19: the test suite's warm-up halved, <= 32 s from 64.8 s);
+  (the test suite's own warm-up, beside an older checkout: ``benchmarks/suite_warmup.py``);
 * ``first_route_batch`` and ``first_simulate``: each in its own fresh process on its own empty
   cache, the first ``route_batch(policy="jsq")`` on a 3-request tick (goal <= 10 s) and the
   first ``simulate(policy="brs")`` on the default trace (goal <= 20 s), each beside the next

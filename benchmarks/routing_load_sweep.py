@@ -20,6 +20,13 @@ median imbalance ratio <= 0.25, TTFT p99 <= 1.0x JSQ's and throughput >= BR-0's.
 one line per policy, one panel per trace (rows: G).
 
     python benchmarks/routing_load_sweep.py [--quick] [--workers 2] [--requests 8000]
+        [--compare OTHER.json]
+
+``--compare``: after the run, every cell's results compared field by field with the same cell
+of another run's JSON (an older checkout's, say: results unchanged means 0 fields differ);
+the fields that measure the machine (``wall_s``, ``sched_us_p99``) and the trace folder are
+left out, as are fields one of the two runs does not have. The count is printed and stored
+under ``compared_with``.
 
 ``--quick``: Azure conversation and the generated workload, G = 8, loads 0.4 / 1.0 / 1.5,
 2,000 requests (about a minute).
@@ -142,6 +149,41 @@ def plot(by, traces, Gs, loads, policies, path):
     fig.savefig(path, dpi=110)
 
 
+#: Cell fields that measure the machine or name a folder, not the routing.
+_NOT_COMPARED = {"wall_s", "sched_us_p99", "directory"}
+
+
+def compare_cells(cells, other, name: str) -> dict:
+    """``cells`` against ``other`` (another run's cells), matched by trace, G, load and policy:
+    how many fields both have (:data:`_NOT_COMPARED` left out) and how many differ (NaN equals
+    NaN)."""
+
+    def key(c):
+        return (c["trace"], c["n_replicas"], c["load"], c["policy"])
+
+    here = {key(c): c for c in cells}
+    there = {key(c): c for c in other}
+    fields = differ = 0
+    first = []
+    for k in here.keys() & there.keys():
+        for f in (here[k].keys() & there[k].keys()) - _NOT_COMPARED:
+            fields += 1
+            a, b = here[k][f], there[k][f]
+            if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
+                differ += 1
+                if len(first) < 10:
+                    first.append([*k, f, here[k][f], there[k][f]])
+    return {
+        "other": name,
+        "cells": len(here.keys() & there.keys()),
+        "only_here": len(here.keys() - there.keys()),
+        "only_there": len(there.keys() - here.keys()),
+        "fields": fields,
+        "differ": differ,
+        "first_differences": first,
+    }
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -165,7 +207,14 @@ def main(argv=None) -> dict:
         "16,000 requests, after the defaults were chosen on the first 8,000)",
     )
     ap.add_argument("--traces", default=None, help="comma-separated subset of the traces")
+    ap.add_argument("--compare", default=None, help="another run's JSON, compared cell by cell")
     args = ap.parse_args(argv)
+    other = None
+    if args.compare is not None:
+        try:
+            other = json.loads(pathlib.Path(args.compare).read_text())["cells"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.exit(2, f"routing_load_sweep: --compare must be a JSON file of this script: {e}\n")
     policies = routing_policies()
     if args.quick:
         traces, Gs, loads, n = ["azure_conv", "generated"], [8], [0.4, 1.0, 1.5], 2000
@@ -256,6 +305,15 @@ def main(argv=None) -> dict:
             for r in zip(*(table.column(c).tolist() for c in table.columns))
         ],
     }
+    if other is not None:
+        out["compared_with"] = compare_cells(out["cells"], other, args.compare)
+        c = out["compared_with"]
+        print(
+            f"\ncompared with {args.compare}: {c['cells']} cells in both ({c['only_here']} only "
+            f"here, {c['only_there']} only there), {c['fields']} fields, {c['differ']} differ"
+        )
+        for d in c["first_differences"]:
+            print("  ", d)
     pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"\nwrote {args.out} ({wall:.0f} s)")
     if args.plot:

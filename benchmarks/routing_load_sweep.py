@@ -151,6 +151,8 @@ def plot(by, traces, Gs, loads, policies, path):
 
 #: Cell fields that measure the machine or name a folder, not the routing.
 _NOT_COMPARED = {"wall_s", "sched_us_p99", "directory"}
+#: The fields that name a cell.
+_KEY = {"trace", "n_replicas", "load", "policy"}
 
 
 def compare_cells(cells, other, name: str) -> dict:
@@ -172,7 +174,7 @@ def compare_cells(cells, other, name: str) -> dict:
             if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
                 differ += 1
                 if len(first) < 10:
-                    first.append([*k, f, here[k][f], there[k][f]])
+                    first.append([*k, f, a, b])
     return {
         "other": name,
         "cells": len(here.keys() & there.keys()),
@@ -210,10 +212,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--compare", default=None, help="another run's JSON, compared cell by cell")
     args = ap.parse_args(argv)
     other = None
-    if args.compare is not None:
+    if args.compare is not None:  # read before the sweep: a bad file fails at once
         try:
-            other = json.loads(pathlib.Path(args.compare).read_text())["cells"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            data = json.loads(pathlib.Path(args.compare).read_text())
+            other = data.get("cells") if isinstance(data, dict) else None
+            if not isinstance(other, list):
+                raise ValueError("no list of cells under 'cells'")
+            if not all(isinstance(c, dict) and _KEY <= c.keys() for c in other):
+                raise ValueError(f"a cell without the fields {sorted(_KEY)}")
+        except (OSError, ValueError) as e:
             ap.exit(2, f"routing_load_sweep: --compare must be a JSON file of this script: {e}\n")
     policies = routing_policies()
     if args.quick:

@@ -418,21 +418,21 @@ def _record(mv, k, e, src, dst, q):
 # --------------------------------------------------------------------------------------
 
 
-@njit(**NJIT_INLINE)
-def _stage_seed(counts, order, lists, cost, seed):
-    """Whole experts by descending tokens (ties: lower index), each on the replica
-    minimizing (marginal cost t_new - t_old of that GPU, t_new, GPU index); ``seed=False``
-    puts each on its lowest-index replica instead."""
-    E, g = lists.replicas.shape
-    x = np.zeros((E, g), np.int64)
-    gnt = np.zeros((3, g), np.int64)
-    times = np.full(g, _t(cost, _ZERO, _ZERO, _ZERO))
-    st = _State(x, gnt, times, np.empty((g, E), np.int64), np.zeros(g, np.int64))
-    for i in range(E):
+@njit(**NJIT)
+def _put_whole(x, gnt, put, counts, order, lists, cost, seed):
+    """Stage 1's rule, in place: the experts ``e`` with ``put[e]``, by descending tokens
+    (``order``; ties: lower index), each put whole (``x[e, h] = counts[e]``) on the replica
+    ``h`` minimizing (marginal cost t_new - t_old of its GPU, t_new, GPU index), the GPUs'
+    ``(G, N, T)`` in ``gnt`` updated; ``seed=False`` puts each on its lowest-index replica
+    instead. Stage 1 puts every expert on empty GPUs; stage 4b's recreate puts back the
+    experts it removed."""
+    for i in range(order.shape[0]):
         e = order[i]
         n = counts[e]
         if n == 0:
             break
+        if not put[e]:
+            continue
         best = -1
         bk1 = np.inf
         bk2 = np.inf
@@ -441,8 +441,9 @@ def _stage_seed(counts, order, lists, cost, seed):
             if not seed:
                 best = h
                 break
+            t0 = _t(cost, gnt[_G, h], gnt[_N, h], gnt[_T, h])
             tn = _t(cost, gnt[_G, h] + 1, gnt[_N, h] + n, gnt[_T, h] + _tiles(n, cost.tile))
-            k1 = tn - times[h]
+            k1 = tn - t0
             if best < 0 or k1 < bk1 or (k1 == bk1 and tn < bk2):
                 best = h
                 bk1 = k1
@@ -451,7 +452,21 @@ def _stage_seed(counts, order, lists, cost, seed):
         gnt[_G, best] += 1
         gnt[_N, best] += n
         gnt[_T, best] += _tiles(n, cost.tile)
-        times[best] = _t(cost, gnt[_G, best], gnt[_N, best], gnt[_T, best])
+
+
+@njit(**NJIT_INLINE)
+def _stage_seed(counts, order, lists, cost, seed):
+    """Whole experts by descending tokens (ties: lower index), each on the replica
+    minimizing (marginal cost t_new - t_old of that GPU, t_new, GPU index); ``seed=False``
+    puts each on its lowest-index replica instead (:func:`_put_whole` on empty GPUs)."""
+    E, g = lists.replicas.shape
+    x = np.zeros((E, g), np.int64)
+    gnt = np.zeros((3, g), np.int64)
+    _put_whole(x, gnt, np.ones(E, np.bool_), counts, order, lists, cost, seed)
+    times = np.empty(g)
+    for h in range(g):
+        times[h] = _t(cost, gnt[_G, h], gnt[_N, h], gnt[_T, h])
+    st = _State(x, gnt, times, np.empty((g, E), np.int64), np.zeros(g, np.int64))
     _act_build(x, lists, st.act, st.act_n)
     return st
 
@@ -1285,7 +1300,7 @@ def _floor_levels(cost, m, g_max, j_max, out):
 def _recreate(x, ruin, counts, order, lists, cost):
     """A copy of ``x`` with the experts ``ruin`` removed and put back whole, by descending
     tokens (ties: lower index), each on the replica of lowest (marginal cost, new time,
-    GPU index): stage 1's rule on the rest of the dispatch."""
+    GPU index): stage 1's rule (:func:`_put_whole`) on the rest of the dispatch."""
     E, g = x.shape
     y = x.copy()
     gnt = np.zeros((3, g), np.int64)
@@ -1299,29 +1314,7 @@ def _recreate(x, ruin, counts, order, lists, cost):
                 gnt[_G, h] += 1
                 gnt[_N, h] += v
                 gnt[_T, h] += _tiles(v, cost.tile)
-    for i in range(E):
-        e = order[i]
-        n = counts[e]
-        if n == 0:
-            break
-        if not ruin[e]:
-            continue
-        best = -1
-        bk1 = np.inf
-        bk2 = np.inf
-        for j in range(lists.e_ptr[e], lists.e_ptr[e + 1]):
-            h = lists.e_gpus[j]
-            t0 = _t(cost, gnt[_G, h], gnt[_N, h], gnt[_T, h])
-            tn = _t(cost, gnt[_G, h] + 1, gnt[_N, h] + n, gnt[_T, h] + _tiles(n, cost.tile))
-            k1 = tn - t0
-            if best < 0 or k1 < bk1 or (k1 == bk1 and tn < bk2):
-                best = h
-                bk1 = k1
-                bk2 = tn
-        y[e, best] = n
-        gnt[_G, best] += 1
-        gnt[_N, best] += n
-        gnt[_T, best] += _tiles(n, cost.tile)
+    _put_whole(y, gnt, ruin, counts, order, lists, cost, True)
     return y
 
 

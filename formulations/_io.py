@@ -3,7 +3,9 @@ work, and an argument parser whose usage errors are one line.
 
 A write goes to a temporary name in the destination's directory and is renamed over the
 destination (``os.replace``, atomic on POSIX within one file system), so a write that fails
-half way leaves the destination as it was and no partial file beside it.
+half way leaves the destination as it was and no partial file beside it. The file ends with
+the permissions a plain ``open(path, "w")`` gives it: an existing destination's mode, else
+``0o666`` less the process's umask (so an engine running as another user can read it).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
+import stat
 import sys
-import tempfile
 
 from .errors import InvalidInputError
 
@@ -23,6 +26,24 @@ __all__ = [
     "check_output_file",
     "OneLineParser",
 ]
+
+
+def _create_beside(p: str, d: str) -> str:
+    """A new empty file in ``d`` named after ``p`` (its extension kept: some writers, torch
+    and numpy, act on it), created with mode ``0o666`` so that the umask applies as for
+    ``open`` (``tempfile.mkstemp`` would make it ``0o600``)."""
+    base = os.path.basename(p)
+    for _ in range(100):
+        tmp = os.path.join(d, f".{base}.{secrets.token_hex(4)}.tmp{os.path.splitext(base)[1]}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
+        os.close(fd)
+        return tmp
+    raise InvalidInputError(f"Cannot write {p}: no free temporary name beside it.")
 
 
 @contextlib.contextmanager
@@ -49,17 +70,11 @@ def atomic_path(path):
         os.makedirs(d, exist_ok=True)
     except OSError as exc:
         raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
-    base = os.path.basename(p)
-    # keep the extension: some writers (torch, numpy) act on it
-    try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{base}.", suffix=f".tmp{os.path.splitext(base)[1]}", dir=d
-        )
-    except OSError as exc:
-        raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
-    os.close(fd)
+    tmp = _create_beside(p, d)
     try:
         yield tmp
+        with contextlib.suppress(FileNotFoundError):  # keep an existing file's mode
+            os.chmod(tmp, stat.S_IMODE(os.stat(p).st_mode))
         os.replace(tmp, p)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -330,3 +330,34 @@ def test_score_kernel_equals_reference_check_shares_and_the_evaluator():
             assert np.array_equal(ev.G, want[1]) and np.array_equal(ev.N, want[2])
             assert np.array_equal(ev.T, want[3]) and np.array_equal(ev.times, want[4])
     assert min(seen.values()) > 50  # both answers exercised
+
+
+def test_atomic_writes_get_the_permissions_open_gives(tmp_path):
+    """A file written through ``atomic_open`` ends as ``open(path, "w")`` leaves it: a new
+    file ``0o666`` less the umask (readable by an engine running as another user, not
+    ``mkstemp``'s ``0o600``), an existing file with its own mode; a write that raises
+    leaves the destination as it was and nothing beside it."""
+    import os
+    import stat
+
+    from straggler.formulations._io import atomic_open
+
+    old = os.umask(0o022)
+    try:
+        new = tmp_path / "table.json"
+        with atomic_open(new) as f:
+            f.write("{}")
+        assert stat.S_IMODE(new.stat().st_mode) == 0o644
+        kept = tmp_path / "kept.json"
+        kept.write_text("old")
+        kept.chmod(0o640)
+        with atomic_open(kept) as f:
+            f.write("new")
+        assert kept.read_text() == "new" and stat.S_IMODE(kept.stat().st_mode) == 0o640
+        with pytest.raises(RuntimeError), atomic_open(kept) as f:
+            f.write("half")
+            raise RuntimeError("the writer failed")
+        assert kept.read_text() == "new"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "table.json"]
+    finally:
+        os.umask(old)

@@ -57,7 +57,7 @@ except ImportError:  # Windows: no parallel warm-up
 import numba
 import numpy as np
 
-from ..formulations._io import atomic_open
+from ..formulations._io import OneLineParser, atomic_open
 from ..formulations.cost import CostModel
 from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, StragglerError
@@ -1019,7 +1019,7 @@ def needs_compile() -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="straggler-warmup",
         description=(
             "Compile every Numba kernel of straggler (or load it from numba's disk cache) and "

@@ -239,15 +239,20 @@ def test_parallel_warmup_runs_serially_when_it_cannot_help(tmp_path):
     assert "is not writable" in _cache_obstacle([gone])
 
 
-def test_warmup_validates_jobs():
+def test_warmup_validates_jobs(capsys):
     from straggler.sim.warmup import MAX_JOBS, _jobs_arg
 
     for bad in (0, -1, 1.5, True, "2", None):
         with pytest.raises(InvalidInputError, match="'jobs' parameter of warmup"):
             warmup(jobs=bad)
     assert 1 <= _jobs_arg("auto") <= MAX_JOBS and _jobs_arg("3") == 3
-    with pytest.raises(SystemExit):
-        main(["--jobs", "two"])
+    # the command: one line naming the parameter, exit status 2
+    for argv, what in ((["--jobs", "two"], "jobs"), (["--jobs", "0"], "'jobs'"),
+                       (["--methods", "nope"], "'methods'"), (["--bogus"], "--bogus")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and what in err, (argv, err)
 
 
 def _fake_children(monkeypatch, shares) -> list:

@@ -193,7 +193,8 @@ def _levers_main(args, trace) -> int:
     print(f"{trace.name}: {len(trace):,} requests, {args.max_slots} slots per rank")
     print(table.format())
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(table.rows, indent=1))
+        with atomic_open(args.json, "w") as f:
+            f.write(json.dumps(table.rows, indent=1))
         print(f"wrote {args.json}")
     if args.plot:
         from .levers import plot_step_decomposition
@@ -255,6 +256,7 @@ def _check_args(args) -> None:
     """Every option's range, before any work (one line and exit 2 otherwise)."""
     bounds = (
         ("replicas", 1, CMD_MAX_REPLICAS),
+        ("ep", 1, CMD_MAX_REPLICAS),
         ("max_slots", 1, CMD_MAX_SLOTS),
         ("kv_capacity", 1, 2**40),
         ("requests", 0, None),
@@ -284,28 +286,33 @@ def _check_args(args) -> None:
         raise InvalidInputError(f"--policies must name at least one policy; got {args.policies!r}")
 
 
+def _check_outputs(args) -> None:
+    """``--json`` and ``--plot`` writable (and matplotlib there for a plot), before any work."""
+    if args.json:
+        check_output_file(args.json, "--json")
+    if args.plot:
+        check_output_file(args.plot, "--plot")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise BackendUnavailableError("--plot needs matplotlib: pip install 'straggler[plot]'.")
+
+
 def main(argv=None) -> int:
     """Console entry point ``straggler-simulate``; returns the exit status (0 ok, 2 bad
     arguments or input, one line on stderr)."""
     args = _parser().parse_args(argv)
     if args.moe is not None:
         try:
+            _check_args(args)
+            _check_outputs(args)
             return _levers_main(
                 args, resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
             )
-        except StragglerError as e:
-            print(f"straggler-simulate: {e}", file=sys.stderr)
+        except (StragglerError, ValueError, OSError) as e:
+            print(f"straggler-simulate: error: {e}", file=sys.stderr)
             return 2
     try:
         _check_args(args)
-        if args.json:
-            check_output_file(args.json, "--json")
-        if args.plot:
-            check_output_file(args.plot, "--plot")
-            if importlib.util.find_spec("matplotlib") is None:
-                raise BackendUnavailableError(
-                    "--plot needs matplotlib: pip install 'straggler[plot]'."
-                )
+        _check_outputs(args)
         if args.policies:
             policies = [p.strip() for p in args.policies.split(",") if p.strip()]
             for p in policies:

@@ -132,3 +132,21 @@ def test_outputs_checked_before_the_work(tmp_path, capsys, monkeypatch):
         simulate_cmd.main(["bursty", "--replicas", "two"])
     assert e.value.code == 2
     assert "--replicas" in _one_line(capsys.readouterr().err)
+
+
+def test_the_levers_table_checks_its_arguments_and_outputs_first(tmp_path, capsys, monkeypatch):
+    """``--moe`` (the levers table) checks the flags and ``--json`` before any work, as the
+    policy table does: one line, exit 2, the levers never run."""
+    import importlib
+
+    levers_module = importlib.import_module("straggler.sim.levers")
+    monkeypatch.setattr(levers_module, "levers", lambda *a, **k: pytest.fail("ran"))
+    moe = ["bursty", "--requests", "20", "--moe", "dsv3"]
+    for bad, flag in (
+        (["--json", str(tmp_path)], "--json"),
+        (["--replicas", "0"], "--replicas"),
+        (["--ep", "0"], "--ep"),
+        (["--load", "-1"], "--load"),
+    ):
+        assert simulate_cmd.main([*moe, *bad]) == 2
+        assert flag in _one_line(capsys.readouterr().err), bad

@@ -562,6 +562,11 @@ _LOG_COLUMNS = ("G", "N", "T", "t_us")
 def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) -> None:
     """Write a timing log as CSV: ``# key: value`` metadata lines, then ``G,N[,T],t_us`` rows.
 
+    The file is written atomically. :func:`read_calibration_log` gives back the metadata as
+    text (``str(value)``), so a key or value it could not give back as written is refused:
+    a key that is not a non-empty string, or holds ``:``, and either with a line break or
+    surrounding spaces.
+
     Examples
     --------
     >>> import tempfile, os
@@ -578,8 +583,20 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
     t = check_array(t, "t", func, kind="real", lo=0, lo_open=True, shape=(n,))
     if T is not None:
         T = check_array(T, "T", func, kind="real", lo=0, shape=(n,))
+    if meta is not None and not isinstance(meta, dict):
+        raise param_error("meta", func, "None or a dict", type(meta).__name__)
     buf = io.StringIO()
     for k, v in (meta or {}).items():
+        for text, what in ((k, "key"), (str(v), "value")):
+            if not isinstance(k, str) or (what == "key" and (not k or ":" in k)):
+                raise param_error(
+                    "meta", func, "a dict whose keys are non-empty strings without ':'", repr(k)
+                )
+            if text != text.strip() or (text and text.splitlines() != [text]):
+                raise param_error(
+                    "meta", func, f"a dict whose {what}s have no line breaks or surrounding "
+                    "spaces (stored as '# key: value' lines)", repr(text),
+                )  # fmt: skip
         buf.write(f"# {k}: {v}\n")
     cols = ["G", "N"] + (["T"] if T is not None else []) + ["t_us"]
     w = csv.writer(buf, lineterminator="\n")
@@ -590,7 +607,7 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
             row.append(repr(float(T[i])))
         row.append(repr(float(t[i])))
         w.writerow(row)
-    with open(path, "w") as f:
+    with atomic_open(path, "w") as f:
         f.write(buf.getvalue())
 
 

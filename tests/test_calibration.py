@@ -146,6 +146,13 @@ def test_log_round_trip_and_malformed_logs(tmp_path):
     np.testing.assert_array_equal(log["T"], T)
     np.testing.assert_array_equal(log["t"], t)
     assert log["meta"] == {"gpu": "test", "dtype": "bf16"}
+    # metadata the log could not give back as written is refused, and the file is untouched
+    before = p.read_bytes()
+    for meta in ({"gpu": "x\n1,1,1"}, {"a:b": 1}, {"": 1}, {" gpu": "x"}, {"gpu": " x"},
+                 {3: "x"}, {"gpu": "x\u2028y"}, ["gpu"]):  # fmt: skip
+        with pytest.raises(InvalidInputError, match="'meta' parameter of write_calibration_log"):
+            write_calibration_log(p, G, N, t, T=T, meta=meta)
+    assert p.read_bytes() == before
     bad = {
         "noheader.csv": "1,2,3\n",
         "short.csv": "G,N,t_us\n1,2\n",

@@ -652,12 +652,15 @@ def read_calibration_log(path) -> dict:
                 f"fields ({', '.join(header)}). Got {len(cells)} instead."
             )
         try:
-            rows.append([float(c) for c in cells])
+            row = [float(c) for c in cells]
         except ValueError:
+            row = [math.nan]
+        if not all(map(math.isfinite, row)):
             raise InvalidInputError(
-                f"Line {lineno} of the calibration log {where!r} must hold numbers. "
+                f"Line {lineno} of the calibration log {where!r} must hold finite numbers. "
                 f"Got {line!r} instead."
-            ) from None
+            )
+        rows.append(row)
     if header is None or not rows:
         raise InvalidInputError(
             f"The calibration log {where!r} must hold a header (G,N,t_us) and at least one "

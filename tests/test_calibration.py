@@ -157,6 +157,8 @@ def test_log_round_trip_and_malformed_logs(tmp_path):
         "noheader.csv": "1,2,3\n",
         "short.csv": "G,N,t_us\n1,2\n",
         "text.csv": "G,N,t_us\n1,x,3\n",
+        "nan.csv": "G,N,t_us\n1,2,nan\n",
+        "inf.csv": "G,N,t_us\n1,2,3\n2,-inf,4\n",
         "empty.csv": "# gpu: x\n",
     }
     for name, text in bad.items():

@@ -587,15 +587,15 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
         raise param_error("meta", func, "None or a dict", type(meta).__name__)
     buf = io.StringIO()
     for k, v in (meta or {}).items():
-        for text, what in ((k, "key"), (str(v), "value")):
-            if not isinstance(k, str) or (what == "key" and (not k or ":" in k)):
-                raise param_error(
-                    "meta", func, "a dict whose keys are non-empty strings without ':'", repr(k)
-                )
+        if not isinstance(k, str) or not k or ":" in k:
+            raise param_error(
+                "meta", func, "a dict whose keys are non-empty strings without ':'", repr(k)
+            )
+        for text in (k, str(v)):
             if text != text.strip() or (text and text.splitlines() != [text]):
                 raise param_error(
-                    "meta", func, f"a dict whose {what}s have no line breaks or surrounding "
-                    "spaces (stored as '# key: value' lines)", repr(text),
+                    "meta", func, "a dict whose keys and values have no line breaks or "
+                    "surrounding spaces (stored as '# key: value' lines)", repr(text),
                 )  # fmt: skip
         buf.write(f"# {k}: {v}\n")
     cols = ["G", "N"] + (["T"] if T is not None else []) + ["t_us"]

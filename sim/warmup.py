@@ -693,6 +693,8 @@ def _record_units(names) -> None:
             with _folder_locked(os.path.dirname(path)):
                 rec = _read_record(path)
                 if rec.get("stamps") == stamps:
+                    if set(steps) <= set(rec.get("steps", ())):
+                        continue  # recorded already: a warm run writes nothing
                     steps = sorted(set(steps) | set(rec.get("steps", ())))
                 with atomic_open(path) as f:
                     json.dump({"steps": sorted(steps), "stamps": stamps}, f)

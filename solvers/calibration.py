@@ -653,9 +653,10 @@ def read_calibration_log(path) -> dict:
             )
         try:
             row = [float(c) for c in cells]
+            finite = all(map(math.isfinite, row))
         except ValueError:
-            row = [math.nan]
-        if not all(map(math.isfinite, row)):
+            finite = False
+        if not finite:
             raise InvalidInputError(
                 f"Line {lineno} of the calibration log {where!r} must hold finite numbers. "
                 f"Got {line!r} instead."

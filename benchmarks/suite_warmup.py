@@ -49,9 +49,8 @@ def run_once(checkout: pathlib.Path, pythonpath: str | None, jobs: int) -> dict:
     """One warm-up of ``checkout``'s test suite on an empty cache, in a new process."""
     cache = tempfile.mkdtemp(prefix="straggler-suite-warmup-")
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, STRAGGLER_WARMUP_JOBS=str(jobs))
-    env.pop("PYTHONPATH", None)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    if pythonpath:  # ahead of the caller's own path, which may name this checkout
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "pytest", "tests", "-k", "test_version", "-q"]
     cmd += ["-p", "no:cacheprovider"]
     load = os.getloadavg()[0]

@@ -4,9 +4,9 @@
 callable objects). :mod:`.tables` names them for the entry points; importing a module
 registers nothing."""
 
-from ..solvers.eplb import rebalance_experts
-from .flashlb import flashlb_rebalance
-from .tokens import TokenLayout, token_layout
+from ..solvers.placement.eplb import rebalance_experts
+from .dispatch.tokens import TokenLayout, token_layout
+from .placement.flashlb import flashlb_rebalance
 
 __all__: list[str] = [
     "rebalance_experts",

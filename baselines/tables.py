@@ -8,31 +8,35 @@ functions); importing a module registers nothing.
 
 The tables list this library's methods (``straggler.solvers``) beside the upstream baselines
 (``straggler.baselines``), so they live here, the higher layer; the registries of ``solvers``
-read them on first use (:mod:`straggler.solvers.registry`,
-:mod:`straggler.solvers.routing_registry`).
+read them on first use (:mod:`straggler.solvers.dispatch.registry`,
+:mod:`straggler.solvers.routing.registry`).
 """
 
 from __future__ import annotations
 
-from ..solvers import _balanceroute
-from ..solvers.exact import MilpDispatch
-from ..solvers.round_robin import RoundRobin
-from ..solvers.semi_matching import SemiMatching
-from ..solvers.tempo import Tempo
-from . import dynamo_router, random_router, sglang_routers, trtllm_routers, vllm_router
-from .dynamic import SGLangDynamic
-from .llep import LLEP
-from .lplb import LPLB
-from .metro import Metro
-from .moonep import MoonEP
-from .static import StaticDispatch
-from .token_lp import SGLangLP, TokenLP
-from .uniform import UniformSplit
-from .vllm_ep import VllmEP
+from ..solvers.dispatch.exact import MilpDispatch
+from ..solvers.dispatch.round_robin import RoundRobin
+from ..solvers.dispatch.semi_matching import SemiMatching
+from ..solvers.dispatch.tempo import Tempo
+from ..solvers.routing import _balanceroute
+from .dispatch.dynamic import SGLangDynamic
+from .dispatch.llep import LLEP
+from .dispatch.lplb import LPLB
+from .dispatch.metro import Metro
+from .dispatch.moonep import MoonEP
+from .dispatch.static import StaticDispatch
+from .dispatch.token_lp import SGLangLP, TokenLP
+from .dispatch.uniform import UniformSplit
+from .dispatch.vllm_ep import VllmEP
+from .routing import dynamo as dynamo_router
+from .routing import random as random_router
+from .routing import sglang as sglang_routers
+from .routing import trtllm as trtllm_routers
+from .routing import vllm as vllm_router
 
 __all__ = ["ROUTING_POLICIES", "DISPATCH_METHODS"]
 
-#: Routing policy name -> :class:`~straggler.solvers.routing_registry.RoutingPolicy`.
+#: Routing policy name -> :class:`~straggler.solvers.routing.registry.RoutingPolicy`.
 ROUTING_POLICIES = {
     "br0": _balanceroute.BR0,
     "brh": _balanceroute.BRH,

@@ -64,7 +64,7 @@ from straggler.runtime.engines import (
     write_vllm_state,
 )
 from straggler.runtime.engines._common import save_json
-from straggler.sim.sweep import SweepTable, grid_cells, sweep
+from straggler.sim.experiments.sweep import SweepTable, grid_cells, sweep
 
 try:
     import torch  # noqa: F401
@@ -532,9 +532,9 @@ case(
 
 # --- commands ------------------------------------------------------------------------------
 def run_cli(command, argv):
-    from straggler.runtime.plan import main as plan_main
-    from straggler.sim.compare import main as compare_main
-    from straggler.sim.simulate_cmd import main as simulate_main
+    from straggler.runtime.commands.compare import main as compare_main
+    from straggler.runtime.commands.plan import main as plan_main
+    from straggler.runtime.commands.simulate import main as simulate_main
 
     main = {"plan": plan_main, "simulate": simulate_main, "compare": compare_main}[command]
     err, out = io.StringIO(), io.StringIO()

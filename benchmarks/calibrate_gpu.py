@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 from straggler.solvers import fit_cost_model
-from straggler.solvers.calibration import write_calibration_log
+from straggler.solvers.dispatch.calibration import write_calibration_log
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 G_GRID = "1,2,4,8,12,16,24,32,40"

@@ -2,7 +2,8 @@
 
 Every measurement runs in a fresh subprocess (nothing compiled in memory). Scenarios:
 
-* ``cold``: a fresh, empty ``NUMBA_CACHE_DIR`` (a fresh install, or CI): ``straggler.sim.warmup``
+* ``cold``: a fresh, empty ``NUMBA_CACHE_DIR`` (a fresh install, or CI):
+``straggler.runtime.warmup``
   of everything (dispatch methods, routing policies, the simulator), with the compile seconds
   per step and per kernel;
 * ``warm``: the same cache folder again, now filled: the first ``solve_dispatch`` on the default
@@ -22,7 +23,7 @@ Every measurement runs in a fresh subprocess (nothing compiled in memory). Scena
   first cell (``solve_dispatch`` on the default instance,
   then on 61 layers generated beforehand). Goal: the first ``straggler-compare`` in <= 15
   s, everything it compiles included. Whether the plain-Python references served
-  (``straggler.solvers._backend``) is read from the command's output;
+  (``straggler.solvers.dispatch._backend``) is read from the command's output;
 * ``warmup_jobs`` (:func:`warmup_jobs`): the whole warm-up on an empty cache with ``jobs=1``
   (everything compiles in the process) and ``jobs=2`` (the process compiles its share while
   a child process compiles the other, then the process loads the child's work), each in a
@@ -69,8 +70,8 @@ def _child(mode: str, repeats: int) -> dict:
         return _child_warmup_jobs(int(mode.partition("=")[2]))
     t_import = time.perf_counter()
     from straggler.formulations import CostModel
+    from straggler.runtime.warmup import warmup
     from straggler.sim import make_decode_problem, simulate
-    from straggler.sim.warmup import warmup
     from straggler.solvers import solve_dispatch
 
     out = {"import_s": time.perf_counter() - t_import}
@@ -134,7 +135,7 @@ def _child_warmup_jobs(jobs: int) -> dict:
     """The whole ``warmup(jobs=jobs)``, with the CPU seconds of this process and of the
     child processes it waited for."""
     t = time.perf_counter()
-    from straggler.sim.warmup import warmup
+    from straggler.runtime.warmup import warmup
 
     out = {"import_s": time.perf_counter() - t, "load_avg": os.getloadavg()[0]}
     cpu, kids = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)

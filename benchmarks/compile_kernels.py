@@ -95,8 +95,8 @@ def _child() -> dict:
     codegen.CPUCodeLibrary.add_ir_module = add_counted
 
     import numpy as np
-    from straggler.solvers import _bounds, _token_lp_fast
-    from straggler.solvers.routing import route_batch
+    from straggler.solvers.dispatch import _bounds, _token_lp_fast
+    from straggler.solvers.routing.route import route_batch
 
     for policy in POLICIES:
         route_batch([900, 120, 40, 300, 7], [5000, 4200, 4800, 3000], [2, 2, 1, 2], policy=policy)

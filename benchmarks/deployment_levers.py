@@ -1,7 +1,8 @@
 """The deployment simulator against its anchors (TEMPO §5.10, TensorRT-LLM's ADP balance).
 
 Three studies on the first ``--requests`` requests of the Azure conversation trace (one
-generated hour when absent), each a :func:`~straggler.sim.levers.levers` table (gains relative
+generated hour when absent), each a :func:`~straggler.sim.experiments.levers.levers` table (gains
+relative
 to JSQ + EPLB's even split, same seed and trace in every cell):
 
 1. Qwen3-235B, EP8 (inside TEMPO's win region; anchor: +4-6% throughput, p99 -15.6%):
@@ -34,8 +35,8 @@ import time
 
 import numpy as np
 from straggler.sim import generate_trace, load_trace, simulate
-from straggler.sim.deployment import DeploymentConfig, simulate_steps
-from straggler.sim.levers import levers
+from straggler.sim.engine.deployment import DeploymentConfig, simulate_steps
+from straggler.sim.experiments.levers import levers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACE = ROOT / ".." / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"

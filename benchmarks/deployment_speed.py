@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 from straggler.sim import generate_trace, load_trace, simulate
-from straggler.sim.deployment import DeploymentConfig, StepModel
-from straggler.sim.traces import Trace
+from straggler.sim.engine.deployment import DeploymentConfig, StepModel
+from straggler.sim.workloads.traces import Trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACE = ROOT / ".." / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"

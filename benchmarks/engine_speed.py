@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 
-from straggler.sim.load_sweep import traces_dir
+from straggler.sim.experiments.load_sweep import traces_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

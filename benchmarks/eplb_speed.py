@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 from straggler.sim import drifting_windows
-from straggler.solvers.eplb import rebalance_experts
+from straggler.solvers.placement.eplb import rebalance_experts
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 DEFAULT_DIR = "/work/envs/sglang/lib/python3.11/site-packages/sglang/srt/eplb/eplb_algorithms"

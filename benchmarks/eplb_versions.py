@@ -29,8 +29,13 @@ import platform
 import time
 
 import numpy as np
-from straggler.sim.workload import SHAPES, num_physical_slots, sample_counts, zipf_popularity
-from straggler.solvers.eplb import rebalance_experts
+from straggler.sim.workloads.batches import (
+    SHAPES,
+    num_physical_slots,
+    sample_counts,
+    zipf_popularity,
+)
+from straggler.solvers.placement.eplb import rebalance_experts
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 VERSIONS = ("deepseek", "sglang", "sglang_vec", "vllm")

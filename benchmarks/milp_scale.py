@@ -8,7 +8,7 @@ long-run expert probabilities. For each instance both models run through
 mip_rel_gap = 1e-4) and the median wall time (seeds included). ``--models cold`` adds the
 plain model handed to HiGHS with no seed at all.
 
-Instances come from ``straggler.sim.workload`` when it is importable (Zipf popularity,
+Instances come from ``straggler.sim.workloads.batches`` when it is importable (Zipf popularity,
 Dirichlet batch fluctuation, EPLB's own placement from 16 history batches, distinct GPUs per
 expert); ``--generator local`` uses a self-contained generator instead: a Gumbel top-k
 sampler for routing and a greedy replication (hottest experts by load per replica get the
@@ -89,10 +89,10 @@ def make_instance_local(s, E, g, B, seed):
 
 
 def make_instance_sim(s, E, g, B, seed, n_history=16):
-    """``straggler.sim.workload``: Zipf popularity, Dirichlet-fluctuating top-k batches,
+    """``straggler.sim.workloads.batches``: Zipf popularity, Dirichlet-fluctuating top-k batches,
     EPLB's placement (no two replicas of one expert on one GPU) from the mean of
     ``n_history`` batches, then one fresh batch."""
-    from straggler.sim.workload import eplb_placement, sample_counts, zipf_popularity
+    from straggler.sim.workloads.batches import eplb_placement, sample_counts, zipf_popularity
 
     rng = np.random.default_rng(seed)
     pop = zipf_popularity(E, s, rng=rng)
@@ -107,7 +107,7 @@ def make_instance_sim(s, E, g, B, seed, n_history=16):
 
 def sim_available() -> bool:
     try:
-        from straggler.sim.workload import eplb_placement  # noqa: F401
+        from straggler.sim.workloads.batches import eplb_placement  # noqa: F401
     except ImportError:
         return False
     return True
@@ -214,7 +214,8 @@ def main(argv=None):
         "--generator",
         choices=("auto", "sim", "local"),
         default="auto",
-        help="instances from straggler.sim.workload (auto: when importable) or the local one",
+        help="instances from straggler.sim.workloads.batches (auto: when importable) or the "
+        "local one",
     )
     args = ap.parse_args(argv)
     global make_instance

@@ -1,6 +1,6 @@
 """TEMPO's phase diagram (§3.2, Fig. 6) and scale extrapolation (§3.3, Fig. 12), measured.
 
-Parts (each a :func:`straggler.sim.phase_diagram.phase_diagram` sweep, resumable):
+Parts (each a :func:`straggler.sim.experiments.phase_diagram.phase_diagram` sweep, resumable):
 
 * ``dsv3``: DeepSeek-V3 shape (256 experts top-8, 8 groups), EP8, cost ``dsv3_a_offline``
   (Table 6), the §3.2 grid (B 16..2048, s 0..1.5, 1.25x and 1.5x); M = the exact activation
@@ -8,7 +8,7 @@ Parts (each a :func:`straggler.sim.phase_diagram.phase_diagram` sweep, resumable
 * ``dsv3_greedy``: the same with M = METRO's deployed greedy (``activation="metro"``).
 * ``qwen3``: Qwen3-30B shape (128 experts top-8), EP8, cost ``qwen3_30b_a_offline``.
 * ``scale``: DSv3, 1.25x, s in {0, 1.2}, EP 8/16/32/64, compute-only vs comm-aware
-  (:func:`~straggler.sim.phase_diagram.comm_aware`, k_r = 0.0037 us/token).
+  (:func:`~straggler.sim.experiments.phase_diagram.comm_aware`, k_r = 0.0037 us/token).
 
 Goals checked and printed: B* inside the observed flip band (12/12 columns), tempo's gain
 over the best fixed policy >= -0.3% everywhere and its maximum (paper: 8.5% DSv3, 10.2%
@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 from straggler.formulations import CostModel
-from straggler.sim.phase_diagram import BATCH_SIZES, K_R, comm_aware, phase_diagram
+from straggler.sim.experiments.phase_diagram import BATCH_SIZES, K_R, comm_aware, phase_diagram
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 PARTS = ("dsv3", "dsv3_greedy", "qwen3", "scale")

@@ -36,10 +36,15 @@ import time
 
 import numpy as np
 from straggler.formulations import CostModel, DispatchProblem
-from straggler.sim.compare import DEFAULT_PRESETS
-from straggler.sim.workload import SHAPES, num_physical_slots, sample_counts, zipf_popularity
+from straggler.sim.experiments.compare import DEFAULT_PRESETS
+from straggler.sim.workloads.batches import (
+    SHAPES,
+    num_physical_slots,
+    sample_counts,
+    zipf_popularity,
+)
 from straggler.solvers import place_experts, solve_dispatch
-from straggler.solvers.eplb import rebalance_experts
+from straggler.solvers.placement.eplb import rebalance_experts
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 from straggler.sim import drifting_windows
-from straggler.solvers.eplb import rebalance_experts
-from straggler.solvers.placement import place_experts
+from straggler.solvers.placement.eplb import rebalance_experts
+from straggler.solvers.placement.place import place_experts
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SHAPE = (288, 8, 4, 32)  # num_replicas, num_groups, num_nodes, num_gpus

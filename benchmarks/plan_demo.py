@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 from straggler.proofs.engine_strategies import write_demo_dumps
+from straggler.runtime.commands.plan import main as plan_main
 from straggler.runtime.engines import write_trtllm_statistics
-from straggler.runtime.plan import main as plan_main
-from straggler.sim.workload import sample_counts, zipf_popularity
+from straggler.sim.workloads.batches import sample_counts, zipf_popularity
 
 
 def run(args: list[str]) -> tuple[int, str, dict]:

@@ -37,12 +37,12 @@ import platform
 import time
 
 import numpy as np
-from straggler.baselines.flashlb import flashlb_rebalance
+from straggler.baselines.placement.flashlb import flashlb_rebalance
 from straggler.formulations import CostModel
 from straggler.sim import drifting_windows, rebalance_frontier, tempo_makespan
 from straggler.solvers import place_experts
-from straggler.solvers.eplb import rebalance_experts
-from straggler.solvers.placement import moved_replicas, warm_placement
+from straggler.solvers.placement.eplb import rebalance_experts
+from straggler.solvers.placement.place import moved_replicas, warm_placement
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 E, P, G_GPUS, NODES, GROUPS = 256, 288, 32, 4, 8

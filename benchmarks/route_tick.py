@@ -50,10 +50,10 @@ import tempfile
 import time
 
 import numpy as np
-from straggler.solvers import _balanceroute as B
-from straggler.solvers import _routing_core as K
-from straggler.solvers.routing import route_batch
-from straggler.solvers.routing_registry import OPTIONS, router_options
+from straggler.solvers.routing import _balanceroute as B
+from straggler.solvers.routing import _core as K
+from straggler.solvers.routing.registry import OPTIONS, router_options
+from straggler.solvers.routing.route import route_batch
 
 PATIENCE = int(OPTIONS["patience"].default)  # BR-S's backlog threshold (ticks)
 

@@ -31,7 +31,7 @@ import pathlib
 import time
 
 from routing_load_sweep import GOAL_SAT, goals
-from straggler.sim.load_sweep import load_sweep_cell, traces_dir
+from straggler.sim.experiments.load_sweep import load_sweep_cell, traces_dir
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 NO_GUARD = {"age_window": 10**6, "age_fraction": 1.0, "window": 0}

@@ -1,6 +1,7 @@
 """Where BR-S's run-level imbalance differs from JSQ's in one sweep cell (the mechanism check).
 
-One cell of the load sweep (``straggler.sim.load_sweep.load_sweep_cell``'s setting: the first
+One cell of the load sweep (``straggler.sim.experiments.load_sweep.load_sweep_cell``'s setting: the
+first
 ``--requests`` of ``--trace``, prefill sized to twice the decode capacity) is simulated under
 JSQ and under BR-S with each ``--patience`` value. For each run it reports the mean imbalance
 as a multiple of JSQ's, how many requests went to another replica than under JSQ, the mean
@@ -21,7 +22,7 @@ import pathlib
 
 import numpy as np
 from straggler.sim import simulate
-from straggler.sim.load_sweep import sized_prefill_instances, sweep_trace, traces_dir
+from straggler.sim.experiments.load_sweep import sized_prefill_instances, sweep_trace, traces_dir
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BINS = ((0, 16), (16, 64), (64, 192), (192, 1 << 30))

@@ -1,13 +1,15 @@
 """Routing across offered load: every policy, every shipped trace and the generated workload.
 
-Grid: traces (``straggler.sim.load_sweep.SWEEP_TRACES``: Azure conversation and code, Mooncake
+Grid: traces (``straggler.sim.experiments.load_sweep.SWEEP_TRACES``: Azure conversation and code,
+Mooncake
 conversation and synthetic, ShareGPT, arXiv, the generated ``bursty`` workload; the first
 ``--requests`` of each) x G = 8, 16, 32 x load 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5 (multiples of
 the cluster's decode capacity, ``straggler.sim.decode_capacity``: ``load_basis="decode"``,
 pinned, as the recorded figures were made) x every registered policy,
 16 slots per replica, 500k KV tokens, the default step time, prefill sized to twice the decode
 capacity (``load_sweep_cell(prefill="sized")``), BR-H with the survival predictor at H = 80.
-The cells run through ``straggler.sim.sweep`` (a local process pool; resumable: the journal
+The cells run through ``straggler.sim.experiments.sweep`` (a local process pool; resumable: the
+journal
 is ``benchmarks/results/routing_load_sweep.csv.cells.jsonl``).
 
 It prints, per trace, G and load, each policy's mean imbalance (whole run) as a multiple of
@@ -42,7 +44,7 @@ import statistics
 import time
 
 from straggler.sim import sweep
-from straggler.sim.load_sweep import SWEEP_TRACES, load_sweep_cell, traces_dir
+from straggler.sim.experiments.load_sweep import SWEEP_TRACES, load_sweep_cell, traces_dir
 from straggler.solvers import DEFAULT_POLICY, routing_policies
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"

@@ -31,7 +31,7 @@ import numpy as np
 from straggler.formulations.routing import check_assignment
 from straggler.formulations.routing_milp import build_joint_tick_milp
 from straggler.solvers.highs import solve_milp
-from straggler.solvers.routing import route_batch
+from straggler.solvers.routing.route import route_batch
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "routing_milp_gap.json"
 SIGMA = math.sqrt(2 * math.log(1155 / 1020))

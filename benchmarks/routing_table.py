@@ -22,7 +22,7 @@ paper; see ``straggler.sim.simulate``): slots freed within the horizon are proje
 by a pool-mean prompt, and each horizon column of the F-score is weighed by the chance that a
 newly placed request is still resident then.
 
-Baseline rows, each as its upstream ships it (``straggler.baselines.routers``):
+Baseline rows, each as its upstream ships it (``straggler.baselines.routing.routers``):
 SGLang ``total_tokens`` (JSQ; also its "+1 only" version before #22614) and ``total_requests``,
 vLLM's DP load balancer (current, and the legacy ``4*waiting + running``), the SGLang gateway's
 power of two (current expected-wait score, and the 2025 token-load version), TensorRT-LLM's
@@ -57,8 +57,8 @@ import sys
 import time
 
 from straggler.sim import generate_trace, load_trace, simulate
-from straggler.sim.load_sweep import sized_prefill_instances
-from straggler.sim.prefix import load_prefix_blocks
+from straggler.sim.experiments.load_sweep import sized_prefill_instances
+from straggler.sim.workloads.prefix import load_prefix_blocks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "data" / "traces"
@@ -446,7 +446,7 @@ def main(argv=None):
         if args.plot:
             import matplotlib
             from cycler import cycler
-            from straggler.sim.plots import plot_imbalance
+            from straggler.sim.experiments.plots import plot_imbalance
 
             # more series than the 10 default colors: solid lines first, then dashed ones
             styles = cycler(linestyle=["-", "--"]) * cycler(

@@ -1,7 +1,7 @@
 """Speed of the runtime adapter: the dispatch kernel per batch size, the solver worker's refresh.
 
 Part 1, dispatch (``--skip-kernel`` to leave it out). DeepSeek-V3 shape: E = 256 experts,
-top-8, an EPLB placement with 1.25x replication over 8 GPUs (``straggler.sim.workload``),
+top-8, an EPLB placement with 1.25x replication over 8 GPUs (``straggler.sim.workloads.batches``),
 Zipf-skewed ids with 5% padding rows; batches of 4k-64k tokens x 8. Side by side on the one
 device that exists (CUDA if present, else the CPU):
 
@@ -48,7 +48,7 @@ import time
 import numpy as np
 from straggler.formulations import CostModel
 from straggler.runtime import SolverWorker
-from straggler.sim.workload import eplb_placement, sample_counts, zipf_popularity
+from straggler.sim.workloads.batches import eplb_placement, sample_counts, zipf_popularity
 
 E, TOP_K, N_GPUS, REPLICATION = 256, 8, 8, 1.25
 

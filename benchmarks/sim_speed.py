@@ -18,7 +18,7 @@ import statistics
 import time
 
 from straggler.sim import generate_trace, load_trace, simulate
-from straggler.sim.load_sweep import traces_dir
+from straggler.sim.experiments.load_sweep import traces_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: the trace, in ``$STRAGGLER_TRACES`` or ``../shared/data/traces`` (``traces_dir``)

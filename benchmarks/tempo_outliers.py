@@ -11,7 +11,7 @@ For each layer given as ``FAMILY:I`` (the layer ``i = I`` of a family of
   makespan fixed to the target); with the GPUs those changes touch and the shares changed.
   A local-search neighbourhood that changes fewer activations than this cannot improve
   the layer.
-* the exact repair of ``solvers/_tempo_repair.py`` (its tightened MILP, one thread,
+* the exact repair of ``solvers/dispatch/_tempo_repair.py`` (its tightened MILP, one thread,
   warm-started with ``x0``, its upper bound and gap), per budget, on the whole layer and
   restricted to a replica-graph neighbourhood of the makespan GPUs: depth 0 is the GPUs at
   the makespan, depth ``d + 1`` adds every GPU holding a replica of an expert with a replica
@@ -37,7 +37,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 from straggler.formulations import CostModel, DispatchProblem, evaluate
 from straggler.solvers import Tempo, solve_dispatch
-from straggler.solvers._tempo_repair import _milp, repair_layer, whole_tokens
+from straggler.solvers.dispatch._tempo_repair import _milp, repair_layer, whole_tokens
 from tempo_quality import RESULTS as QUALITY_RESULTS  # (this folder)
 from tempo_quality import _key, instances
 

@@ -5,7 +5,7 @@ Families; ``--full`` runs the sizes below, the default a subset of each:
 * ``small``: mixed-regime random layers, E = 3-15 experts, g = 2-4 GPUs, full replication
   or EPLB-like restricted replicas at 1.0/1.25/1.5x (the hottest experts replicated), Zipf
   popularity (skew 0-1.5), 32-512 tokens per GPU, every ``CostModel`` preset;
-* ``decode``: ``straggler.sim.workload.make_decode_problem`` (Zipf skew 0.3/0.85/1.2,
+* ``decode``: ``straggler.sim.workloads.batches.make_decode_problem`` (Zipf skew 0.3/0.85/1.2,
   Dirichlet batch fluctuation, DeepSeek's EPLB on 16 history batches), every preset,
   E = 128 (Qwen3-235B shape) / 256 (DeepSeek-V3), g = 8/16, replication 1.0/1.25/1.5,
   16-512 tokens per GPU;
@@ -66,7 +66,7 @@ import time
 import numpy as np
 from straggler.formulations import PRESETS, CostModel, DispatchProblem
 from straggler.formulations.dispatch_milp import build_dispatch_milp
-from straggler.sim.workload import make_decode_problem
+from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import solve_dispatch, solve_milp
 
 FAMILIES = ("small", "decode", "wide", "prefill", "heldout", "decode16", "heldout16", "heldout16b")
@@ -198,8 +198,8 @@ def _baseline_makespan(base, problem, cost):
     """Makespan of the baseline tempo kernel path (token LP, semi-matching, its kernel and
     the support rebalance, as ``tempo_speed.py`` times it)."""
     from straggler.formulations.dispatch import evaluate
-    from straggler.solvers._semi_matching import semi_matching_kernel
-    from straggler.solvers._token_lp_fast import (
+    from straggler.solvers.dispatch._semi_matching import semi_matching_kernel
+    from straggler.solvers.dispatch._token_lp_fast import (
         support_rebalance_kernel,
         token_lp_handle,
         token_lp_kernel,

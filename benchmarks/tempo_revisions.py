@@ -3,8 +3,8 @@
 Both kernels take today's interface (``tempo_kernel(counts, replicas, KernelCost, lp,
 assign, bound, KernelOptions)``, followed by ``stage_handles()`` in a revision that has it),
 so any revision since the kernel took its cost and options by name compares with the working
-tree. The revision's ``solvers/_tempo.py`` and
-``solvers/_jit.py`` are extracted with ``git show`` into a private package (as
+tree. The revision's ``solvers/dispatch/_tempo.py`` and
+``solvers/_numba/jit.py`` are extracted with ``git show`` into a private package (as
 ``tempo_speed.py`` does for its baseline); the token LP, semi-matching and certified bound
 are computed once per layer and handed to both.
 
@@ -44,12 +44,12 @@ import time
 
 import numpy as np
 from straggler.formulations import CostModel
-from straggler.sim.workload import make_decode_problem
-from straggler.solvers import _tempo as today
-from straggler.solvers._semi_matching import semi_matching_kernel
-from straggler.solvers._token_lp_fast import token_lp_kernel
-from straggler.solvers.bounds import layer_bound
-from straggler.solvers.tempo import Tempo
+from straggler.sim.workloads.batches import make_decode_problem
+from straggler.solvers.dispatch import _tempo as today
+from straggler.solvers.dispatch._semi_matching import semi_matching_kernel
+from straggler.solvers.dispatch._token_lp_fast import token_lp_kernel
+from straggler.solvers.dispatch.bounds import layer_bound
+from straggler.solvers.dispatch.tempo import Tempo
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from tempo_quality import instances  # noqa: E402  (this folder)

@@ -1,7 +1,8 @@
 """tempo's solve time per layer and per 61-layer stack, beside today's kernel, HiGHS and the
 Python reference; optionally the cold compile time of both kernels.
 
-Instance: ``straggler.sim.workload.make_decode_problem("dsv3", n_gpus=8, tokens_per_gpu=256,
+Instance: ``straggler.sim.workloads.batches.make_decode_problem("dsv3", n_gpus=8,
+tokens_per_gpu=256,
 replication=1.25, n_layers=61)`` (E = 256 experts, top-8, EPLB placement, Zipf skew 0.85
 by default), cost preset ``dsv3_a_offline``; ``--cost`` and ``--skew`` change them.
 
@@ -53,11 +54,11 @@ import time
 import numba
 import numpy as np
 from straggler.formulations import CostModel, evaluate
-from straggler.sim.workload import make_decode_problem
+from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import Tempo, solve_dispatch, solve_token_lp
-from straggler.solvers._semi_matching import semi_matching_kernel
-from straggler.solvers._tempo import KernelOptions, kernel_cost, tempo_reference
-from straggler.solvers._token_lp_fast import (
+from straggler.solvers.dispatch._semi_matching import semi_matching_kernel
+from straggler.solvers.dispatch._tempo import KernelOptions, kernel_cost, tempo_reference
+from straggler.solvers.dispatch._token_lp_fast import (
     support_rebalance_kernel,
     token_lp_handle,
     token_lp_kernel,
@@ -136,7 +137,7 @@ def compile_time(d_baseline):
     process with an empty numba cache."""
     out = {}
     cases = {
-        "today": ("from straggler.solvers import _tempo as T",
+        "today": ("from straggler.solvers.dispatch import _tempo as T",
                   "T.tempo_kernel(counts, R, T.kernel_cost(c), lp, sm, -math.inf, "
                   "T.KernelOptions(True, True, True, True, True, True, True, 0.01, 300), "
                   "T.stage_handles())"),

@@ -85,11 +85,11 @@ class DispatchResult:
         Method-specific details (MILP gap, dual bound, stage switches, ...).
     compile_s : float
         Seconds numba spent compiling kernels, or loading them from its disk cache, during
-        the call (0 once the kernels are in memory; see ``straggler.sim.warmup``). Never
+        the call (0 once the kernels are in memory; see ``straggler.runtime.warmup``). Never
         part of ``runtime_s``.
     reference_s : float
         Of ``runtime_s``, the seconds the plain-Python references ran in place of kernels
-        not compiled yet (a one-shot call on a cold cache, ``straggler.solvers._backend``:
+        not compiled yet (a one-shot call on a cold cache, ``straggler.solvers.dispatch._backend``:
         same results, slower); 0 once the kernels are compiled.
     """
 

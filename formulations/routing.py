@@ -14,7 +14,7 @@ barrier, so the step costs what the most loaded replica costs. With ``M = max_g 
   ``m_{g,h} = max_g' L_{g',h} - L_{g,h}`` and discount ``d = (1, gamma, ..., gamma^H)``.
 
 This module states the problem and nothing else: the cluster state, these quantities, and the
-independent checker of a routing decision. Solvers live in ``straggler.solvers.routing``.
+independent checker of a routing decision. Solvers live in ``straggler.solvers.routing.route``.
 
 References
 ----------

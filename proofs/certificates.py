@@ -15,7 +15,8 @@ result's own numbers) and checks, with a relative tolerance of ``1e-9``:
 * ``token_lp`` with ``a = b = b2 = 0``: Lemma 1, ``M = max(c + beta*V, c2 + gamma*V)``
   with ``V`` the token-LP value.
 
-``delta`` is :func:`~straggler.solvers.round_robin.a3_bound`. ``REF`` is ``opt`` when given,
+``delta`` is :func:`~straggler.solvers.dispatch.round_robin.a3_bound`. ``REF`` is ``opt`` when
+given,
 else the certified lower bound of :func:`~straggler.solvers.certified_lower_bound`; the
 latter is a stronger check that the proofs still guarantee (Theorem 2's proof bounds
 ``M(A3)`` by the averaging bound plus ``delta``, and the certified bound dominates it).
@@ -33,11 +34,11 @@ from ..formulations.dispatch import DispatchProblem, check_shares, evaluate
 from ..formulations.errors import InfeasibleSharesError, param_error
 from ..formulations.results import DispatchResult
 from ..formulations.validation import check_array, check_real, check_type
-from ..solvers.bounds import certified_lower_bound
-from ..solvers.exact import solve_token_lp
-from ..solvers.registry import dispatch_methods, get_dispatch_method
-from ..solvers.round_robin import a3_bound, is_full_replication
-from ..solvers.semi_matching import semi_matching
+from ..solvers.dispatch.bounds import certified_lower_bound
+from ..solvers.dispatch.exact import solve_token_lp
+from ..solvers.dispatch.registry import dispatch_methods, get_dispatch_method
+from ..solvers.dispatch.round_robin import a3_bound, is_full_replication
+from ..solvers.dispatch.semi_matching import semi_matching
 
 __all__ = ["Certificate", "certify", "RTOL"]
 

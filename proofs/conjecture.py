@@ -1,9 +1,9 @@
 """The restricted-replication conjecture of TEMPO (Appendix A.4, Remark), tested.
 
 Conjecture: under restricted replicas, the "fewest-experts replica, token tie-break"
-variant of A3 (:func:`~straggler.solvers.round_robin.round_robin_shares`) satisfies
+variant of A3 (:func:`~straggler.solvers.dispatch.round_robin.round_robin_shares`) satisfies
 ``M(A3') <= OPT + delta`` with ``delta`` the additive term of Theorem 2
-(:func:`~straggler.solvers.round_robin.a3_bound`). This module measures the excess
+(:func:`~straggler.solvers.dispatch.round_robin.a3_bound`). This module measures the excess
 ``M(A3') - OPT - delta`` against an exact optimum and searches for counterexamples
 (random search here; ``benchmarks/conjecture_search.py`` adds hypothesis ``target()``).
 
@@ -23,8 +23,8 @@ from ..formulations.dispatch import DispatchProblem, evaluate
 from ..formulations.errors import param_error
 from ..formulations.results import Status
 from ..formulations.validation import check_int, check_type
-from ..solvers.dispatch import solve_dispatch
-from ..solvers.round_robin import a3_bound, round_robin_shares
+from ..solvers.dispatch.round_robin import a3_bound, round_robin_shares
+from ..solvers.dispatch.solve import solve_dispatch
 
 __all__ = [
     "exact_optimum",

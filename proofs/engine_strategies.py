@@ -2,7 +2,7 @@
 
 :func:`synthetic_recording` routes decode tokens the way an EP deployment records them:
 per pass and per rank, each of ``tokens_per_gpu`` tokens picks ``top_k`` distinct logical
-experts (Zipf popularity fluctuating from pass to pass, as :mod:`straggler.sim.workload`
+experts (Zipf popularity fluctuating from pass to pass, as :mod:`straggler.sim.workloads.batches`
 draws it), each choice then goes to a uniformly random replica of the expert (SGLang's
 ``dynamic`` dispatch), giving the physical slot ids the engines count. The placement is
 EPLB's on the long-run popularity, optionally changed halfway (an EPLB rebalance inside
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from ..sim.workload import zipf_popularity
-from ..solvers.eplb import rebalance_experts
+from ..sim.workloads.batches import zipf_popularity
+from ..solvers.placement.eplb import rebalance_experts
 
 __all__ = [
     "synthetic_recording",

@@ -326,7 +326,7 @@ def routing_calls(draw) -> Call:
     """A ``route_batch`` call: pool lengths, loads (1-D, or 2-D for BR-H), free slots, policy
     and options, some spoiled; edge values (free slots summing past int64, lengths near the
     float maximum, empty pools) included."""
-    from ..solvers.routing_registry import get_routing_policy, routing_policies
+    from ..solvers.routing.registry import get_routing_policy, routing_policies
 
     G = draw(st.integers(1, 5))
     n = draw(st.integers(0, 8))
@@ -378,8 +378,8 @@ def routing_calls(draw) -> Call:
 def simulate_calls(draw) -> Call:
     """A ``simulate`` call on a tiny trace (six to twelve requests) with a policy and some
     settings spoiled."""
-    from ..sim.traces import Trace
-    from ..solvers.routing_registry import routing_policies
+    from ..sim.workloads.traces import Trace
+    from ..solvers.routing.registry import routing_policies
 
     n = draw(st.integers(1, 12))
     arrival = np.cumsum(draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))) / 100

@@ -1,7 +1,7 @@
 """Hypothesis strategies for the routing problem (small sizes first; zeros, ties, G = 1).
 
 ``routing_instances()`` draws the arguments of the common kernel signature of
-:mod:`straggler.solvers.routing_registry` as a dict: ``pool`` (a ``PoolState``), ``reps`` (a
+:mod:`straggler.solvers.routing.registry` as a dict: ``pool`` (a ``PoolState``), ``reps`` (a
 ``ReplicaState`` with loads ``(G, H+1)``), ``options`` (a ``RouterOptions`` filled by the
 registry: each option its default or a drawn value), ``carry`` (a ``RouterCarry``) and
 ``seed``. Values are small integers so that every float sum is exact and ties are frequent.
@@ -35,8 +35,8 @@ def routing_instances(
     baselines' options and carried counters; ``options.version`` is 0 (the tests set each
     version in turn).
     """
-    from straggler.solvers._routing_core import PoolState, ReplicaState, RouterCarry
-    from straggler.solvers.routing_registry import router_options
+    from straggler.solvers.routing._core import PoolState, ReplicaState, RouterCarry
+    from straggler.solvers.routing.registry import router_options
 
     G = draw(st.integers(1, max_replicas))
     n = draw(st.integers(0, max_pool))

@@ -23,6 +23,7 @@ from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_avai
 from .engines import EngineLog, detect_format, read_engine_log
 from .publisher import TablePublisher, normalize_table, uniform_table
 from .table_solver import TableSolver, install_table_solvers
+from .warmup import WarmupReport, warmup
 from .worker import SolverWorker, WorkerStatus, WorkerTables, window_delta
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "WorkerStatus",
     "WorkerTables",
     "window_delta",
+    "warmup",
+    "WarmupReport",
     "EngineLog",
     "detect_format",
     "read_engine_log",

@@ -213,7 +213,7 @@ class _Solver:
     """The worker's solving state for one placement (the process side)."""
 
     def __init__(self, cfg: _Config, p2l: np.ndarray):
-        from ..solvers.registry import make_method
+        from ..solvers.dispatch.registry import make_method
 
         self.cfg = cfg
         self.method = make_method(cfg.method, dict(cfg.options), "SolverWorker")
@@ -229,7 +229,7 @@ class _Solver:
 
     def solve(self, counts: np.ndarray):
         """Tables ``[L, E, width]`` float32 and per-layer makespans for one window."""
-        from ..solvers.dispatch import solve_layers
+        from ..solvers.dispatch.solve import solve_layers
 
         cfg = self.cfg
         problem = DispatchProblem(counts=counts, replicas=self.replicas, gpu_node=self.gpu_node)
@@ -296,7 +296,7 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
     solver = _Solver(cfg, p2l)
     # Warm up (JIT compile or cache load) on the real placement before declaring ready: a
     # server compiles its kernels up front, never runs their plain-Python references
-    from ..solvers._backend import set_kernel_mode
+    from ..solvers.dispatch._backend import set_kernel_mode
 
     set_kernel_mode("kernel")
     solver.solve(solver.replicas.any(axis=-1).astype(np.int64))
@@ -478,7 +478,7 @@ class SolverWorker:
         gpu_node=None,
         seed: int = 0,
     ):
-        from ..solvers.registry import make_method
+        from ..solvers.dispatch.registry import make_method
 
         func = "SolverWorker"
         p2l = check_array(

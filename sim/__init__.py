@@ -1,13 +1,8 @@
 """Workloads, trace loaders, the lock-step decode simulator and experiments."""
 
-from .config import SimConfig
-from .deployment import MODEL_PRESETS, DeploymentConfig, ModelPreset, StepModel
-from .drift import drifting_windows
-from .levers import LeversTable, levers
-from .phase_diagram import PhaseDiagram, phase_diagram
-from .prefix import PrefixBlocks, load_prefix_blocks
-from .rebalance import RebalanceFrontier, rebalance_frontier, tempo_makespan
-from .simulator import (
+from .engine.config import SimConfig
+from .engine.deployment import MODEL_PRESETS, DeploymentConfig, ModelPreset, StepModel
+from .engine.simulator import (
     DEFAULT_PREFILL,
     DEFAULT_STEP_TIME,
     DISPATCH_MODES,
@@ -20,8 +15,21 @@ from .simulator import (
     prefill_capacity,
     simulate,
 )
-from .sweep import SweepTable, sweep
-from .traces import (
+from .experiments.levers import LeversTable, levers
+from .experiments.phase_diagram import PhaseDiagram, phase_diagram
+from .experiments.rebalance import RebalanceFrontier, rebalance_frontier, tempo_makespan
+from .experiments.sweep import SweepTable, sweep
+from .workloads.batches import (
+    SHAPES,
+    SKEWS,
+    eplb_placement,
+    make_decode_problem,
+    sample_counts,
+    zipf_popularity,
+)
+from .workloads.drift import drifting_windows
+from .workloads.prefix import PrefixBlocks, load_prefix_blocks
+from .workloads.traces import (
     WORKLOAD_PRESETS,
     LengthModel,
     Trace,
@@ -30,15 +38,6 @@ from .traces import (
     generate_trace,
     load_trace,
     saturate_trace,
-)
-from .warmup import WarmupReport, warmup
-from .workload import (
-    SHAPES,
-    SKEWS,
-    eplb_placement,
-    make_decode_problem,
-    sample_counts,
-    zipf_popularity,
 )
 
 __all__: list[str] = [
@@ -74,8 +73,6 @@ __all__: list[str] = [
     "generate_arrivals",
     "fit_length_model",
     "saturate_trace",
-    "warmup",
-    "WarmupReport",
     "sweep",
     "SweepTable",
     "phase_diagram",

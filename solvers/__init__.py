@@ -3,25 +3,25 @@
 ``from straggler.solvers import solve_dispatch, route_batch``.
 """
 
-from .bounds import certified_lower_bound
-from .calibration import CalibrationResult, fit_cost_model
-from .dispatch import DEFAULT_METHOD, solve_dispatch
-from .exact import MilpDispatch, solve_token_lp
+from .dispatch.bounds import certified_lower_bound
+from .dispatch.calibration import CalibrationResult, fit_cost_model
+from .dispatch.exact import MilpDispatch, solve_token_lp
+from .dispatch.registry import LayerSolution, dispatch_methods, register_dispatch_method
+from .dispatch.round_robin import RoundRobin, a3_bound, round_robin_shares
+from .dispatch.semi_matching import SemiMatching, semi_matching
+from .dispatch.solve import DEFAULT_METHOD, solve_dispatch
+from .dispatch.tempo import ExactTokenLP, Tempo, token_lp_fast
+from .dispatch.topology import TopologySplit, topology_split
 from .highs import MilpSolution, solve_milp
-from .placement import place_experts
-from .registry import LayerSolution, dispatch_methods, register_dispatch_method
-from .round_robin import RoundRobin, a3_bound, round_robin_shares
-from .routing import project_loads, route_batch
-from .routing_registry import (
+from .placement.place import place_experts
+from .routing.registry import (
     DEFAULT_POLICY,
     get_routing_policy,
     register_routing_policy,
     routing_policies,
     routing_policy,
 )
-from .semi_matching import SemiMatching, semi_matching
-from .tempo import ExactTokenLP, Tempo, token_lp_fast
-from .topology import TopologySplit, topology_split
+from .routing.route import project_loads, route_batch
 
 __all__ = [
     "CalibrationResult",

@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import lower_builtin, type_callable
 
-from ._jit import NJIT, NJIT_INLINE
+from ._numba.jit import NJIT, NJIT_INLINE
 
 __all__ = [
     "float_order",

@@ -1,7 +1,7 @@
 """Test configuration: hypothesis profiles (loaded here, so they take effect) and one JIT
 warm-up per test run.
 
-The warm-up (``straggler.sim.warmup``) compiles, or loads from numba's disk cache, every
+The warm-up (``straggler.runtime.warmup``) compiles, or loads from numba's disk cache, every
 kernel the selected tests reach, once, before the first test: compilation is then never
 charged to whichever test happens to run first, and a slow test is slow for its own work.
 It warms only what the selected test files use (dispatch always; routing and the simulator
@@ -53,7 +53,7 @@ def _sections(items) -> dict:
 @pytest.fixture(scope="session", autouse=True)
 def warm_jit(request):
     """Warm the JIT once per test run (session-scoped; see the module docstring)."""
-    from straggler.sim.warmup import warmup
+    from straggler.runtime.warmup import warmup
 
     t = time.perf_counter()
     rep = warmup(**_sections(request.session.items), jobs=_warmup_jobs())
@@ -130,7 +130,7 @@ def pytest_terminal_summary(terminalreporter):
             )
         elif rep.serial_reason:
             line += f" (serial: {rep.serial_reason})"
-        terminalreporter.write_line(line + " (straggler.sim.warmup, once per run)")
+        terminalreporter.write_line(line + " (straggler.runtime.warmup, once per run)")
         after = rep.compiled_after_children
         if rep.children and after:
             terminalreporter.write_line(

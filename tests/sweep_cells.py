@@ -3,7 +3,7 @@ put this folder on sys.path and PYTHONPATH), as a sweep's func must be."""
 
 import numpy as np
 from straggler.formulations import CostModel
-from straggler.sim.workload import make_decode_problem
+from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import solve_dispatch
 
 

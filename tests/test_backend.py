@@ -1,4 +1,4 @@
-"""Kernel or reference (straggler.solvers._backend): same results, the ski-rental rule, and
+"""Kernel or reference (straggler.solvers.dispatch._backend): same results, the ski-rental rule, and
 the typed certificate solve_dispatch takes from tempo instead of recomputing the bound."""
 
 import time
@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from numba import njit
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError
-from straggler.sim import compare as compare_mod
+from straggler.runtime.commands import compare as compare_mod
 from straggler.sim import make_decode_problem
-from straggler.solvers import _backend, certified_lower_bound, solve_dispatch
-from straggler.solvers import dispatch as dispatch_mod
-from straggler.solvers._backend import Pair, kernel_mode, set_kernel_mode
+from straggler.solvers import certified_lower_bound, solve_dispatch
+from straggler.solvers.dispatch import _backend
+from straggler.solvers.dispatch import solve as dispatch_mod
+from straggler.solvers.dispatch._backend import Pair, kernel_mode, set_kernel_mode
 
 _CASES = [
     (make_decode_problem(n_layers=1, seed=3).layer(0), CostModel.preset("dsv3_a_offline")),
@@ -149,8 +150,8 @@ def test_compare_runs_the_references_on_a_cold_cache_and_says_so(monkeypatch, ca
 def test_method_instances_are_shared_only_when_frozen(monkeypatch):
     import dataclasses
 
-    from straggler.solvers import registry
-    from straggler.solvers.registry import LayerSolution
+    from straggler.solvers.dispatch import registry
+    from straggler.solvers.dispatch.registry import LayerSolution
 
     assert dispatch_mod._method("tempo", {}, "f") is dispatch_mod._method("tempo", {}, "f")
     assert dispatch_mod._method("tempo", {"tau": 0.0}, "f").tau == 0.0

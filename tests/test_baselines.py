@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from straggler.baselines.llep import llep_plan
-from straggler.baselines.metro import metro_exact, metro_greedy
-from straggler.baselines.moonep import MoonEP, moonep_plan
+from straggler.baselines.dispatch.llep import llep_plan
+from straggler.baselines.dispatch.metro import metro_exact, metro_greedy
+from straggler.baselines.dispatch.moonep import MoonEP, moonep_plan
 from straggler.formulations import (
     BackendUnavailableError,
     CostModel,
@@ -19,9 +19,9 @@ from straggler.formulations import (
     check_shares,
     evaluate,
 )
-from straggler.sim.workload import make_decode_problem
+from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import dispatch_methods, solve_dispatch
-from straggler.solvers.registry import get_dispatch_method
+from straggler.solvers.dispatch.registry import get_dispatch_method
 
 FIG1B = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
 FIG1B_COST = CostModel(a=0, b=15, c=0, beta=0.1)

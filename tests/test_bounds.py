@@ -9,14 +9,14 @@ from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.conjecture import exact_optimum, support_optimum
 from straggler.proofs.strategies import coupled_instances, dispatch_instances
 from straggler.solvers import certified_lower_bound, semi_matching, solve_token_lp
-from straggler.solvers._bounds import (
+from straggler.solvers.dispatch._bounds import (
     coupling_bound_kernel,
     coupling_bound_reference,
     lower_bound_kernel,
     lower_bound_reference,
 )
-from straggler.solvers._semi_matching import semi_matching_reference
-from straggler.solvers.bounds import token_lp_bound
+from straggler.solvers.dispatch._semi_matching import semi_matching_reference
+from straggler.solvers.dispatch.bounds import token_lp_bound
 
 
 def _both(p, cost):

@@ -8,7 +8,7 @@ import runpy
 import numpy as np
 import pytest
 from straggler.solvers import CalibrationResult
-from straggler.solvers.calibration import read_calibration_log
+from straggler.solvers.dispatch.calibration import read_calibration_log
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate_gpu.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None

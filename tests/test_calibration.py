@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from straggler.formulations import CostModel, InvalidInputError, InvalidOptionError
 from straggler.solvers import CalibrationResult, fit_cost_model
-from straggler.solvers.calibration import read_calibration_log, write_calibration_log
+from straggler.solvers.dispatch.calibration import read_calibration_log, write_calibration_log
 
 G_GRID = np.array([1, 2, 4, 8, 12, 16, 24, 32, 40])
 TPE = 2 ** np.arange(13)  # tokens per expert 1..4096 (App. B's log ladder)

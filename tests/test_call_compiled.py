@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import pytest
 from numba import njit, types
-from straggler.solvers._jit import call_compiled, compiled_address
+from straggler.solvers._numba.jit import call_compiled, compiled_address
 
 
 @njit
@@ -58,7 +58,7 @@ def test_cached_caller_in_a_new_process(tmp_path, run_python):
             """
             import numba, numpy as np
             from numba import njit, types
-            from straggler.solvers._jit import call_compiled, compiled_address
+            from straggler.solvers._numba.jit import call_compiled, compiled_address
 
             @njit(cache=True)
             def stage(x):

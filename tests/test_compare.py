@@ -3,9 +3,9 @@
 import json
 
 import pytest
-import straggler.sim.compare as compare_mod
+import straggler.sim.experiments.compare as compare_mod
 from straggler.formulations import BackendUnavailableError
-from straggler.sim.compare import main
+from straggler.runtime.commands.compare import main
 from straggler.solvers import dispatch_methods
 
 SMALL = ["--shape", "qwen2_57b", "--gpus", "4", "--tokens-per-gpu", "8", "--time-limit", "5"]

@@ -16,7 +16,7 @@ from straggler.solvers import solve_dispatch
 
 pytest.importorskip("ortools")
 
-from straggler.solvers.cpsat import grid_error, solve_dispatch_cpsat  # noqa: E402
+from straggler.solvers.dispatch.cpsat import grid_error, solve_dispatch_cpsat  # noqa: E402
 
 COSTS = [
     CostModel(a=0, b=15, c=0, beta=0.1),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError, evaluate
-from straggler.sim import _deployment_kernels as K
-from straggler.sim.deployment import (
+from straggler.sim.engine import _deployment_kernels as K
+from straggler.sim.engine.deployment import (
     METHOD_OPTIONS,
     MODEL_PRESETS,
     AttentionCost,
@@ -406,7 +406,7 @@ def test_step_and_recorded_validation():
 
 
 def _trace(n=120, seed=0):
-    from straggler.sim.traces import Trace
+    from straggler.sim.workloads.traces import Trace
 
     rng = np.random.default_rng(seed)
     return Trace(
@@ -475,7 +475,7 @@ def test_deployment_must_match_the_cluster():
 
 def test_load_basis_and_binding_stage():
     from straggler.sim import simulate
-    from straggler.sim.simulator import decode_capacity, prefill_capacity
+    from straggler.sim.engine.simulator import decode_capacity, prefill_capacity
 
     tr = _trace(200, 2)
     kw = dict(n_replicas=4, max_slots=8, prefill_instances=1, prefill_tokens_per_s=5_000.0)
@@ -511,7 +511,7 @@ def test_load_basis_and_binding_stage():
 
 
 def test_levers_table_cells_and_labels():
-    from straggler.sim.levers import DEFAULT_CELL, levers
+    from straggler.sim.experiments.levers import DEFAULT_CELL, levers
 
     dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=1, seed=1)
     table = levers(
@@ -536,7 +536,7 @@ def test_levers_table_cells_and_labels():
 
 
 def test_simulate_command_prints_the_levers_table(capsys):
-    from straggler.sim.simulate_cmd import main
+    from straggler.runtime.commands.simulate import main
 
     args = ["bursty", "--moe", "qwen3_235b", "--ep", "4", "--requests", "40", "--layers", "1"]
     rc = main(args + ["--routings", "jsq", "--dispatches", "even,tempo", "--placements",
@@ -548,7 +548,7 @@ def test_simulate_command_prints_the_levers_table(capsys):
 
 
 def test_load_sweep_cells_say_which_stage_binds():
-    from straggler.sim.load_sweep import load_sweep_cell, traces_dir
+    from straggler.sim.experiments.load_sweep import load_sweep_cell, traces_dir
 
     if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
         pytest.skip("the shipped Azure code trace is not here")
@@ -564,8 +564,8 @@ def test_load_sweep_cells_say_which_stage_binds():
 
 
 def test_simulate_command_states_the_load_basis(capsys):
-    from straggler.sim.load_sweep import traces_dir
-    from straggler.sim.simulate_cmd import main
+    from straggler.runtime.commands.simulate import main
+    from straggler.sim.experiments.load_sweep import traces_dir
 
     if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
         pytest.skip("the shipped Azure code trace is not here")

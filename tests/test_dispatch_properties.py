@@ -21,7 +21,7 @@ from straggler.solvers import (
     semi_matching,
     solve_dispatch,
 )
-from straggler.solvers.registry import get_dispatch_method
+from straggler.solvers.dispatch.registry import get_dispatch_method
 
 # moonep replays a weight-moving policy (it creates replicas on the fly) and lplb builds its
 # own placement, so neither is a dispatch of the given instance (moves_weights): each is
@@ -112,9 +112,9 @@ def test_deterministic_and_inputs_untouched(inst):
         assert np.array_equal(a.shares, b.shares), name
     assert np.array_equal(p.counts, counts) and np.array_equal(p.replicas, rep)
     # kernels on writable inputs leave them unchanged
-    from straggler.solvers._bounds import lower_bound_kernel
-    from straggler.solvers._round_robin import a3_kernel
-    from straggler.solvers._semi_matching import semi_matching_kernel
+    from straggler.solvers.dispatch._bounds import lower_bound_kernel
+    from straggler.solvers.dispatch._round_robin import a3_kernel
+    from straggler.solvers.dispatch._semi_matching import semi_matching_kernel
 
     c2, r2, live = counts.copy(), rep.copy(), counts > 0
     semi_matching_kernel(r2, live)

@@ -37,7 +37,7 @@ from straggler.runtime.engines import (
     write_vllm_state,
 )
 from straggler.runtime.engines._yaml import dump_yaml, parse_yaml
-from straggler.solvers.eplb import rebalance_experts
+from straggler.solvers.placement.eplb import rebalance_experts
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_ST = importlib.util.find_spec("safetensors") is not None

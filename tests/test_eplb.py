@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from straggler.formulations import DispatchProblem, InvalidInputError, InvalidOptionError
-from straggler.solvers import eplb
-from straggler.solvers.eplb import rebalance_experts
+from straggler.solvers.placement import eplb
+from straggler.solvers.placement.eplb import rebalance_experts
 
 README_WEIGHT = [
     [90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -289,7 +289,7 @@ def test_invalid_input(args, param):
 def test_compiled_loops_equal_their_references(L, E, extra, cap, f64, seed):
     # kernel == its py_func == the plain reference (upstream's loop as written), bit for bit,
     # on integer loads (ties) and on real ones, for both accumulation dtypes
-    from straggler.solvers import _eplb_kernels as k
+    from straggler.solvers.placement import _eplb_kernels as k
 
     rng = np.random.default_rng(seed)
     P = E + extra
@@ -342,7 +342,7 @@ def test_vllm_old_map_keeps_slots_by_hand():
 
 
 def test_vllm_old_map_rule():
-    from straggler.solvers.eplb import _preserve_intragpu_slots
+    from straggler.solvers.placement.eplb import _preserve_intragpu_slots
 
     # slot 0's old expert 3 left the GPU; 1 and 2 stay in their slots; 4 fills slot 0
     new = np.array([[1, 2, 4, 5, 5, 6]])
@@ -391,7 +391,7 @@ def test_vllm_old_map_refused_where_it_does_not_apply():
 
 @given(st.lists(st.integers(0, 5), max_size=80))
 def test_torch_sort_order_is_a_descending_permutation(keys):
-    from straggler.solvers._torch_order import torch_sort_descending
+    from straggler.solvers.placement._torch_order import torch_sort_descending
 
     order = torch_sort_descending(keys)
     assert sorted(order) == list(range(len(keys)))

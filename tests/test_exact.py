@@ -166,7 +166,7 @@ def test_time_limit_before_the_backend_runs():
 
 def test_no_incumbent_falls_back_honestly(monkeypatch):
     """A backend that finds nothing: seed shares returned, NO_SOLUTION kept, success False."""
-    import straggler.solvers.exact as exact
+    import straggler.solvers.dispatch.exact as exact
     from straggler.solvers.highs import MilpSolution
 
     real = exact.solve_milp
@@ -242,7 +242,7 @@ def test_token_lp_baseline_is_feasible_and_not_better_than_milp(seed):
     ],
 )
 def test_token_lp_topologies(topology, n_gpus, gpu_node):
-    from straggler.baselines.token_lp import restrict_to_topology, topology_r2o
+    from straggler.baselines.dispatch.token_lp import restrict_to_topology, topology_r2o
 
     rng = np.random.default_rng(n_gpus)
     E = 3 * n_gpus
@@ -285,7 +285,7 @@ def test_token_lp_topology_errors():
 
 def test_token_lp_seed_timeout_is_not_fatal(monkeypatch):
     """A token-LP seed that stops at its limit is not used as a seed; the solve goes on."""
-    import straggler.solvers.exact as exact
+    import straggler.solvers.dispatch.exact as exact
 
     real = exact.solve_token_lp
 

@@ -274,7 +274,7 @@ def test_score_kernel_equals_reference_check_shares_and_the_evaluator():
     feasibility answer is check_shares's, and G, N, T, times equal evaluate_arrays's bit for
     bit (fractional shares, tiles, the traffic piece, stacks)."""
     from straggler.formulations.dispatch import evaluate_arrays
-    from straggler.solvers._score import score_kernel, score_reference
+    from straggler.solvers.dispatch._score import score_kernel, score_reference
 
     rng = np.random.default_rng(11)
     costs = [

@@ -86,9 +86,9 @@ def test_engine_files(ef):
 
 
 def _run_cli(command: str, argv: list) -> tuple[int, str]:
-    from straggler.runtime.plan import main as plan_main
-    from straggler.sim.compare import main as compare_main
-    from straggler.sim.simulate_cmd import main as simulate_main
+    from straggler.runtime.commands.compare import main as compare_main
+    from straggler.runtime.commands.plan import main as plan_main
+    from straggler.runtime.commands.simulate import main as simulate_main
 
     main = {"plan": plan_main, "simulate": simulate_main, "compare": compare_main}[command]
     err, out = io.StringIO(), io.StringIO()

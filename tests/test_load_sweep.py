@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.sim import simulate, sweep
-from straggler.sim.load_sweep import (
+from straggler.sim.experiments.load_sweep import (
     SWEEP_METRICS,
     load_sweep_cell,
     sized_prefill_instances,

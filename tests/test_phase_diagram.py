@@ -1,4 +1,4 @@
-"""straggler.sim.phase_diagram: the grid, the winners, tempo's gain, the analytic B*."""
+"""straggler.sim.experiments.phase_diagram: the grid, the winners, tempo's gain, the analytic B*."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from straggler.formulations import CostModel
 from straggler.formulations.errors import InvalidInputError
-from straggler.sim.phase_diagram import (
+from straggler.sim.experiments.phase_diagram import (
     b_star,
     comm_aware,
     effective_activations,

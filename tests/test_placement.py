@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from straggler.formulations import CostModel, DispatchProblem
 from straggler.formulations.errors import InvalidInputError
-from straggler.sim.workload import sample_counts, zipf_popularity
+from straggler.sim.workloads.batches import sample_counts, zipf_popularity
 from straggler.solvers import place_experts, solve_dispatch
-from straggler.solvers.eplb import rebalance_experts
+from straggler.solvers.placement.eplb import rebalance_experts
 
 
 def _window(E=32, L=2, n=12, skew=1.2, tokens=256, seed=0):
@@ -28,7 +28,7 @@ def _tempo_mean(hist, p2l, g, cost):
 def _bound_mean(hist, p2l, g, cost):
     """Mean of tempo's exact layer bound (token LP and semi-matching) over the window's
     batches, summed over the layers."""
-    from straggler.solvers.placement import _mask_from_p2l, _Scorer
+    from straggler.solvers.placement.place import _mask_from_p2l, _Scorer
 
     E = hist.shape[-1]
     return sum(
@@ -124,7 +124,7 @@ def test_bad_input(args, kw):
 
 
 def test_repair_fills_duplicates_distinctly():
-    from straggler.solvers.placement import _mask_from_p2l, _repair
+    from straggler.solvers.placement.place import _mask_from_p2l, _repair
 
     # upstream EPLB puts two replicas of the hot expert on GPU 0 (slots 0-2)
     p2l, _, _ = rebalance_experts([[9, 1, 1, 1]], 6, 1, 1, 2)
@@ -139,7 +139,7 @@ def test_repair_fills_duplicates_distinctly():
 def test_resampled_batches_are_scored():
     """The search also scores batches resampled expert by expert from the window: each
     expert's counts are ones it had in the window, seeded, and they change the result."""
-    from straggler.solvers.placement import _resample
+    from straggler.solvers.placement.place import _resample
 
     hist = _window(seed=4, tokens=512, skew=1.5)
     extra = _resample(hist[:, 0], 32, 0)
@@ -180,8 +180,8 @@ _COSTS = [CostModel.preset("dsv3_a_offline"), CostModel.preset("qwen3_30b_a_offl
 def test_hall_score_bounds_tempos_layer_bound(seed):
     """The Hall score is a lower bound of the mean exact layer bound (token LP and optimal
     semi-matching), and equals it when every expert has one replica."""
-    from straggler.solvers._placement_kernels import hall_score_kernel
-    from straggler.solvers.placement import _cost_args, _Scorer
+    from straggler.solvers.placement._kernels import hall_score_kernel
+    from straggler.solvers.placement.place import _cost_args, _Scorer
 
     rng = np.random.default_rng(seed)
     slots, counts = _random_layout(rng)
@@ -199,9 +199,9 @@ def test_hall_score_bounds_tempos_layer_bound(seed):
 def test_search_kernels_equal_their_references(seed):
     """kernel == its py_func == the plain reference, bit for bit: the Hall score, the
     search (slots, score, evaluations; one and two nodes) and EPLB's distinct packing."""
-    from straggler.solvers import _eplb_kernels as ek
-    from straggler.solvers import _placement_kernels as pk
-    from straggler.solvers.placement import _cost_args
+    from straggler.solvers.placement import _eplb_kernels as ek
+    from straggler.solvers.placement import _kernels as pk
+    from straggler.solvers.placement.place import _cost_args
 
     rng = np.random.default_rng(seed)
     slots, counts = _random_layout(rng)
@@ -243,8 +243,8 @@ def test_search_ends_where_no_candidate_improves(seed):
     """Rejected candidates are skipped until a full pass: when the search stops before its
     budget, a new search from its result finds nothing (same slots, same score, one full
     round of evaluations) though it skips nothing."""
-    from straggler.solvers import _placement_kernels as pk
-    from straggler.solvers.placement import _cost_args
+    from straggler.solvers.placement import _kernels as pk
+    from straggler.solvers.placement.place import _cost_args
 
     rng = np.random.default_rng(seed)
     slots, counts = _random_layout(rng)
@@ -260,8 +260,8 @@ def test_search_ends_where_no_candidate_improves(seed):
 
 
 def test_warmup_reaches_the_placement_kernels():
-    from straggler.sim.warmup import warmup
-    from straggler.solvers.placement import placement_kernels
+    from straggler.runtime.warmup import warmup
+    from straggler.solvers.placement.place import placement_kernels
 
     rep = warmup(dispatch=False, routing=False, simulator=False, placement=True)
     assert [s.name for s in rep.steps] == ["place_experts"]
@@ -276,7 +276,7 @@ def test_search_from_scratch_against_the_exhaustive_optimum(seed):
     """6 experts, 3 GPUs of 3 slots: the exhaustive reference (the exact layer bound's
     optimum on the window) is never beaten, and the search never ends above either EPLB
     start under that bound."""
-    from straggler.solvers.placement import _mask_from_p2l, _Scorer
+    from straggler.solvers.placement.place import _mask_from_p2l, _Scorer
 
     rng = np.random.default_rng(seed)
     hist = rng.poisson(rng.choice([200.0, 60, 20, 5, 1, 0.5], 6, replace=False), (4, 1, 6))
@@ -294,7 +294,7 @@ def test_score_by_hand():
     (4, 3, 1). Hall bound: max(ceil(3 / 2), (4 + 3 + 1) / 2) = 4. Greedy dispatch: rigid
     loads G = (1, 1), N = (3, 1); expert 0 whole ends at max(2, 7) = 7 on GPU 0, max(2, 5)
     = 5 on GPU 1, split (2 + 2) at max(5, 3) = 5, not lower: whole on GPU 1, makespan 5."""
-    from straggler.solvers import _placement_kernels as pk
+    from straggler.solvers.placement import _kernels as pk
 
     slots = np.array([[0, 1], [0, 2]], np.int64)
     counts = np.array([[4, 3, 1]], np.int64)
@@ -348,8 +348,8 @@ _SWAP_CASE = (
 def test_greedy_kernel_equals_its_reference(seed):
     """kernel == its py_func == the plain reference, bit for bit (all three maps), and the
     placement keeps every constraint."""
-    from straggler.solvers import _placement_greedy as pg
-    from straggler.solvers.placement import _cost_args
+    from straggler.solvers.placement import _greedy as pg
+    from straggler.solvers.placement.place import _cost_args
 
     if seed == "swap":
         case, cost, alpha = _SWAP_CASE, _COSTS[2], 2.0
@@ -369,8 +369,8 @@ def test_greedy_swap_case_takes_the_swap():
     room only on GPUs that hold its expert (the reference, stopped there, raises)."""
     import inspect
 
-    from straggler.solvers import _placement_greedy as pg
-    from straggler.solvers.placement import _cost_args
+    from straggler.solvers.placement import _greedy as pg
+    from straggler.solvers.placement.place import _cost_args
 
     src = inspect.getsource(pg.greedy_placement_reference)
     src = src.replace(
@@ -409,8 +409,8 @@ def test_greedy_spreads_replica_sets():
     experts get a second replica. Packed by load alone (``spread=0``) their replica pairs
     fall on few GPU pairs; with the spread term no two GPUs share more than two of them, and
     tempo's makespan meets the floor ``ceil(128 / 8) = 16`` activations in every batch."""
-    from straggler.solvers import _placement_greedy as pg
-    from straggler.solvers.placement import _cost_args
+    from straggler.solvers.placement import _greedy as pg
+    from straggler.solvers.placement.place import _cost_args
 
     cost = CostModel.preset("qwen3_30b_a_offline")
     rng = np.random.default_rng(0)

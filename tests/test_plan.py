@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from straggler.formulations import CostModel, DispatchProblem, evaluate
 from straggler.proofs.engine_strategies import write_demo_dumps
+from straggler.runtime.commands.plan import main
 from straggler.runtime.engines import (
     read_engine_log,
     read_moe_load_balancer,
@@ -16,12 +17,12 @@ from straggler.runtime.engines import (
     read_vllm_state,
     write_sglang_init_location,
 )
-from straggler.runtime.plan import _table_split, main, plan
+from straggler.runtime.plan import _table_split, plan
 from straggler.solvers import fit_cost_model
-from straggler.solvers.calibration import write_calibration_log
+from straggler.solvers.dispatch.calibration import write_calibration_log
 
 # the module, not the function straggler.sim re-exports under the same name
-warmup_mod = importlib.import_module("straggler.sim.warmup")
+plan_cmd = importlib.import_module("straggler.runtime.commands.plan")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_ST = importlib.util.find_spec("safetensors") is not None
 ENGINES = tuple(e for e, ok in (("sglang", HAS_TORCH), ("vllm", True), ("trtllm", HAS_ST)) if ok)
@@ -154,13 +155,13 @@ def test_plot_progress_and_compile_notice(dumps, tmp_path, capsys, monkeypatch):
     assert "tempo" in err  # a progress bar (tqdm) or the plain counter
 
     # a first run (kernels neither compiled nor cached): one line says the references run
-    monkeypatch.setattr(warmup_mod, "needs_compile", lambda: True)
+    monkeypatch.setattr(plan_cmd, "needs_compile", lambda: True)
     monkeypatch.setitem(__import__("sys").modules, "tqdm", None)  # no tqdm: plain counter
     assert main([dumps["vllm"], "--gpus", "8", "--slots", "80"]) == 0
     err = capsys.readouterr().err
     assert "kernels are not compiled yet: their plain-Python references run first" in err
     assert "tempo: layer 4/4" in err
-    monkeypatch.setattr(warmup_mod, "needs_compile", lambda: False)
+    monkeypatch.setattr(plan_cmd, "needs_compile", lambda: False)
     assert main([dumps["vllm"], "--gpus", "8", "--slots", "80", "--no-progress"]) == 0
     assert "not compiled" not in capsys.readouterr().err
 
@@ -227,7 +228,7 @@ def test_previous_max_moves_and_the_rebalance_line(dumps, tmp_path, capsys):
     """``--previous MAP --max-moves K``: plans from the placement in force with at most K
     replicas moved per layer, and reports whether to rebalance on the held-out batches."""
     from straggler.solvers import place_experts
-    from straggler.solvers.placement import moved_replicas
+    from straggler.solvers.placement.place import moved_replicas
 
     first = tmp_path / "first"
     assert main([dumps["vllm"], *ARGS, "--out", str(first), "--format", "eplb"]) == 0

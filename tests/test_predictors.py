@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from straggler.formulations import ClusterState, InvalidInputError
-from straggler.solvers import _balanceroute as B
-from straggler.solvers.predictors import (
+from straggler.solvers.routing import _balanceroute as B
+from straggler.solvers.routing.predictors import (
     ExactMatchPredictor,
     OraclePredictor,
     SurvivalPredictor,
@@ -16,7 +16,7 @@ from straggler.solvers.predictors import (
     calibration_report,
     termination_samples,
 )
-from straggler.solvers.routing import (
+from straggler.solvers.routing.route import (
     new_request_presence,
     presence_from_prediction,
     project_loads,

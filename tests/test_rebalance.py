@@ -8,8 +8,8 @@ from straggler.formulations import CostModel, DispatchProblem
 from straggler.formulations.errors import InvalidInputError
 from straggler.sim import drifting_windows
 from straggler.solvers import solve_dispatch
-from straggler.solvers.eplb import rebalance_experts
-from straggler.solvers.placement import _mask_from_p2l, _Scorer, moved_replicas, place_experts
+from straggler.solvers.placement.eplb import rebalance_experts
+from straggler.solvers.placement.place import _mask_from_p2l, _Scorer, moved_replicas, place_experts
 
 COST = CostModel.preset("qwen3_30b_a_offline")
 
@@ -200,7 +200,7 @@ def test_drifting_windows_keep_the_skew_and_drift():
 
 
 def test_preserve_intragpu_slots_by_hand():
-    from straggler.solvers.eplb import _preserve_intragpu_slots
+    from straggler.solvers.placement.eplb import _preserve_intragpu_slots
 
     # GPU 0: new [2, 1], old [1, 4]: 1 keeps slot 0, 2 fills slot 1. GPU 1: new [0, 3],
     # old [3, 5]: 3 keeps slot 2, 0 fills slot 3.

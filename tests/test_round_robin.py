@@ -14,8 +14,8 @@ from straggler.formulations import (
 from straggler.proofs.conjecture import exact_optimum
 from straggler.proofs.strategies import dispatch_instances, replica_masks, token_counts
 from straggler.solvers import certified_lower_bound, dispatch_methods, solve_dispatch
-from straggler.solvers._round_robin import a3_kernel, a3_reference
-from straggler.solvers.round_robin import a3_bound, a3_paper_term, round_robin_shares
+from straggler.solvers.dispatch._round_robin import a3_kernel, a3_reference
+from straggler.solvers.dispatch.round_robin import a3_bound, a3_paper_term, round_robin_shares
 
 
 @st.composite
@@ -39,8 +39,8 @@ def test_kernel_equals_reference(inst):
 def test_dispatch_and_routing_round_robin_names_are_distinct():
     """``round_robin`` names a dispatch method (TEMPO's A3) and a routing policy (SGLang's
     DP round-robin); their code names differ, so neither import shadows the other."""
-    from straggler.baselines import sglang_routers
-    from straggler.solvers import _backend, _round_robin
+    from straggler.baselines.routing import sglang as sglang_routers
+    from straggler.solvers.dispatch import _backend, _round_robin
 
     dispatch = set(_round_robin.__all__) | set(_backend.__all__)
     assert not dispatch & set(sglang_routers.__all__)

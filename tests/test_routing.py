@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
-from straggler.baselines import sglang_routers as SG
+from straggler.baselines.routing import sglang as SG
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.results import RoutingResult, Status
 from straggler.formulations.routing import (
@@ -24,16 +24,17 @@ from straggler.proofs.routing_strategies import (
     routing_instances,
 )
 from straggler.sim import simulate
-from straggler.sim.traces import Trace
-from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_policies, routing_registry
-from straggler.solvers import _balanceroute as B
-from straggler.solvers import _routing_core as K
-from straggler.solvers.routing import route_batch
-from straggler.solvers.routing_registry import (
+from straggler.sim.workloads.traces import Trace
+from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_policies
+from straggler.solvers.routing import _balanceroute as B
+from straggler.solvers.routing import _core as K
+from straggler.solvers.routing import registry as routing_registry
+from straggler.solvers.routing.registry import (
     register_routing_policy,
     router_options,
     routing_policy,
 )
+from straggler.solvers.routing.route import route_batch
 
 POLICIES = routing_policies()
 ZERO = K.RouterCarry(0, 0, 0, 0, False)
@@ -260,7 +261,7 @@ def test_policy_kernels_are_cached_with_their_callees(jitted_reach):
     import sys
 
     from numba.core.registry import CPUDispatcher
-    from straggler.solvers._jit import source_digest
+    from straggler.solvers._numba.jit import source_digest
 
     if not isinstance(get_routing_policy("jsq").kernel, CPUDispatcher):
         pytest.skip("NUMBA_DISABLE_JIT")
@@ -441,7 +442,7 @@ def test_route_batch_compiles_its_entry_once_for_every_policy():
     """route_batch's jitted entry calls a policy's kernel by the address of its code: one
     compiled entry serves every policy (one specialised per policy would add one version
     each), and the kernel it calls is the very version simulate's engine calls."""
-    from straggler.sim._engine import tick_signature
+    from straggler.sim.engine._loop import tick_signature
 
     if not hasattr(K.route_batch_kernel, "overloads"):
         pytest.skip("NUMBA_DISABLE_JIT")

@@ -15,7 +15,7 @@ from straggler.formulations.routing import (
 from straggler.formulations.routing_milp import build_fscore_knapsack_milp, build_joint_tick_milp
 from straggler.solvers import routing_policies
 from straggler.solvers.highs import solve_milp
-from straggler.solvers.routing import route_batch
+from straggler.solvers.routing.route import route_batch
 
 small = st.integers(0, 20)
 

@@ -6,11 +6,11 @@ router and balance, Dynamo's KV router), version by version.
 """
 
 import pytest
-from straggler.baselines.routers import ROUTERS, Router
+from straggler.baselines.routing.routers import ROUTERS, Router
 from straggler.formulations import InvalidInputError, InvalidOptionError
-from straggler.solvers import _routing_core as K
 from straggler.solvers import get_routing_policy
-from straggler.solvers.routing import route_batch
+from straggler.solvers.routing import _core as K
+from straggler.solvers.routing.route import route_batch
 
 _M, _A = 2147483647, 48271
 
@@ -183,7 +183,7 @@ def test_trtllm_balance_defaults_are_upstreams():
     pol = get_routing_policy("trtllm_balance")
     d = route_batch([5], [0, 0], [2, 2], policy=pol.name, n_running=[1, 1])
     assert d.extras["carry"].adp_wait == 1  # held: 50 iterations before the timeout
-    from straggler.solvers.routing_registry import OPTIONS
+    from straggler.solvers.routing.registry import OPTIONS
 
     assert OPTIONS["timeout_iters"].default == 50 and OPTIONS["batching_wait_iters"].default == 10
 

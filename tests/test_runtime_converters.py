@@ -123,7 +123,7 @@ def test_vllm_rule_on_the_map_realises_the_shares():
     rule, which tests/conformance checks against vLLM's kernel; and the older position
     modulo the count) splits a batch in the published proportions: exactly for a width
     that is a power of two, within a token per block of ``width`` tokens otherwise."""
-    from straggler.baselines.vllm_ep import vllm_replica_choice
+    from straggler.baselines.dispatch.vllm_ep import vllm_replica_choice
 
     l2p = np.array([[[10, 11, 12]]])
     probs = np.array([[[0.5, 0.25, 0.25]]])

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError, evaluate
 from straggler.proofs.strategies import replica_masks
 from straggler.solvers import solve_dispatch
-from straggler.solvers._semi_matching import semi_matching_kernel, semi_matching_reference
-from straggler.solvers.semi_matching import semi_matching, semi_matching_witness
+from straggler.solvers.dispatch._semi_matching import semi_matching_kernel, semi_matching_reference
+from straggler.solvers.dispatch.semi_matching import semi_matching, semi_matching_witness
 
 
 def _brute(rep, live):

@@ -4,7 +4,7 @@ notice, bad input."""
 import json
 
 import pytest
-from straggler.sim import simulate_cmd
+from straggler.runtime.commands import simulate as simulate_cmd
 
 
 def test_table_json_and_progress(tmp_path, capsys):
@@ -139,7 +139,7 @@ def test_the_levers_table_checks_its_arguments_and_outputs_first(tmp_path, capsy
     policy table does: one line, exit 2, the levers never run."""
     import importlib
 
-    levers_module = importlib.import_module("straggler.sim.levers")
+    levers_module = importlib.import_module("straggler.sim.experiments.levers")
     monkeypatch.setattr(levers_module, "levers", lambda *a, **k: pytest.fail("ran"))
     moe = ["bursty", "--requests", "20", "--moe", "dsv3"]
     for bad, flag in (

@@ -9,7 +9,7 @@ from numba import njit, types
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.formulations.routing import ClusterState
 from straggler.sim import SimConfig, engine_inputs
-from straggler.sim._engine import (
+from straggler.sim.engine._loop import (
     SERIES,
     engine_depends,
     engine_entry,
@@ -19,26 +19,29 @@ from straggler.sim._engine import (
     run_engine_reference,
     two_stage_predict,
 )
-from straggler.sim.prefix import PrefixBlocks
-from straggler.sim.simulator import (
+from straggler.sim.engine.simulator import (
     SimReport,
     _two_stage,
     decode_capacity,
     offered_load,
     simulate,
 )
-from straggler.sim.traces import Trace, generate_trace, load_trace
-from straggler.solvers import _jit, _routing_core, get_routing_policy, predictors, routing_policies
-from straggler.solvers._jit import source_digest
-from straggler.solvers.predictors import (
+from straggler.sim.workloads.prefix import PrefixBlocks
+from straggler.sim.workloads.traces import Trace, generate_trace, load_trace
+from straggler.solvers import get_routing_policy, routing_policies
+from straggler.solvers._numba import jit as _jit
+from straggler.solvers._numba.jit import source_digest
+from straggler.solvers.routing import _core as _routing_core
+from straggler.solvers.routing import predictors
+from straggler.solvers.routing.predictors import (
     ExactMatchPredictor,
     OraclePredictor,
     SurvivalPredictor,
     TwoStagePredictor,
     termination_samples,
 )
-from straggler.solvers.routing import project_loads
-from straggler.solvers.routing_registry import routing_policy
+from straggler.solvers.routing.registry import routing_policy
+from straggler.solvers.routing.route import project_loads
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 
@@ -175,7 +178,7 @@ def test_engine_is_cached_with_its_callees(jitted_reach):
     """The engine's disk cache is keyed on every file holding one of its jitted callees (its
     own helpers through its globals, the routing records and clock); no policy's kernel is
     among them: the loop calls the kernel through a function pointer."""
-    from straggler.sim import _engine
+    from straggler.sim.engine import _loop as _engine
 
     simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
     deps = engine_depends()
@@ -202,7 +205,7 @@ def test_the_step_loop_compiles_once_for_every_policy():
 
 
 def test_a_kernel_the_engine_cannot_call_is_refused_by_name(monkeypatch):
-    from straggler.solvers import routing_registry
+    from straggler.solvers.routing import registry as routing_registry
 
     monkeypatch.setattr(routing_registry, "_USER", {})  # this test's registrations only
     jsq = get_routing_policy("jsq")
@@ -223,8 +226,8 @@ def test_a_kernel_the_engine_cannot_call_is_refused_by_name(monkeypatch):
 def test_a_new_process_with_a_warm_cache_does_not_recompile(run_python):
     code = (
         "from straggler.sim import simulate\n"
-        "from straggler.sim._engine import run_engine\n"
-        "from straggler.sim.traces import Trace\n"
+        "from straggler.sim.engine._loop import run_engine\n"
+        "from straggler.sim.workloads.traces import Trace\n"
         "tr = Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2])\n"
         "simulate(tr, 'jsq', n_replicas=2)\n"
         "print(sum(run_engine.stats.cache_misses.values()))\n"
@@ -740,7 +743,7 @@ def test_full_hour_replay_every_policy():
 
 def test_plot_imbalance_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from straggler.sim.plots import plot_imbalance
+    from straggler.sim.experiments.plots import plot_imbalance
 
     tr = _small_trace(n=30)
     reps = [simulate(tr, p, n_replicas=2, max_slots=4) for p in ("jsq", "br0")]
@@ -789,8 +792,8 @@ def test_the_engine_frees_everything_it_allocates(run_python):
     code = (
         "from numba.core.runtime import rtsys\n"
         "from straggler.sim import simulate\n"
-        "from straggler.sim.prefix import PrefixBlocks\n"
-        "from straggler.sim.traces import generate_trace\n"
+        "from straggler.sim.workloads.prefix import PrefixBlocks\n"
+        "from straggler.sim.workloads.traces import generate_trace\n"
         "tr = generate_trace('azure_conv', n_requests=200, rng=1, rate=40.0)\n"
         "pb = PrefixBlocks.from_lists([[i % 7, i % 3 + 7] for i in range(200)], block_tokens=4)\n"
         "kws = (dict(policy='br0'), dict(policy='jsq', dispatch='queue'),\n"

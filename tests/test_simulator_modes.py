@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.sim import SimConfig, engine_inputs, simulate
-from straggler.sim._engine import run_engine_reference
-from straggler.sim.prefix import PrefixBlocks, load_prefix_blocks
-from straggler.sim.simulator import bootstrap_rooms
-from straggler.sim.traces import Trace, generate_trace, load_trace
+from straggler.sim.engine._loop import run_engine_reference
+from straggler.sim.engine.simulator import bootstrap_rooms
+from straggler.sim.workloads.prefix import PrefixBlocks, load_prefix_blocks
+from straggler.sim.workloads.traces import Trace, generate_trace, load_trace
 from straggler.solvers import get_routing_policy
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
@@ -109,7 +109,7 @@ def test_the_block_table_behaves_as_a_dict(n_keys):
     """The prefix caches' open-addressing table (insert, look up, delete with backward shift)
     against a Python dict, on random operations over keys that collide often (a table of
     ``n_keys`` keys, keys drawn from a few times more, sequential and far apart)."""
-    from straggler.sim._engine import _slot, _table_size, _unslot
+    from straggler.sim.engine._loop import _slot, _table_size, _unslot
 
     rng = np.random.default_rng(n_keys)
     size = _table_size(n_keys)

@@ -1,4 +1,5 @@
-"""straggler.sim.sweep: one table from independent cells, on every backend, resumable."""
+"""straggler.sim.experiments.sweep: one table from independent cells, on every backend,
+resumable."""
 
 import json
 import os
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from straggler.formulations.errors import BackendUnavailableError, InvalidInputError
-from straggler.sim.sweep import SweepError, SweepTable, grid_cells, sweep
+from straggler.sim.experiments.sweep import SweepError, SweepTable, grid_cells, sweep
 
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:
@@ -197,7 +198,7 @@ def test_process_backend_in_a_script_without_main_guard(tmp_path):
         "import sys\n"
         f"sys.path.insert(0, {HERE!r})\n"
         "import sweep_cells\n"
-        "from straggler.sim.sweep import sweep\n"
+        "from straggler.sim.experiments.sweep import sweep\n"
         "try:\n"
         "    sweep(sweep_cells.square_cell, {'x': [1, 2]}, progress=False, workers=2)\n"
         "except Exception as exc:\n"

@@ -11,10 +11,10 @@ from straggler.formulations.dispatch import check_shares, evaluate
 from straggler.formulations.errors import InvalidInputError
 from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.strategies import dispatch_instances
-from straggler.sim.workload import make_decode_problem
+from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import certified_lower_bound, solve_dispatch, solve_token_lp
-from straggler.solvers._semi_matching import semi_matching_kernel
-from straggler.solvers._tempo import (
+from straggler.solvers.dispatch._semi_matching import semi_matching_kernel
+from straggler.solvers.dispatch._tempo import (
     CHOICES,
     INFO_FIELDS,
     KernelOptions,
@@ -23,8 +23,8 @@ from straggler.solvers._tempo import (
     tempo_kernel,
     tempo_reference,
 )
-from straggler.solvers._tempo_repair import _milp, repair_layer, whole_tokens
-from straggler.solvers._token_lp_fast import (
+from straggler.solvers.dispatch._tempo_repair import _milp, repair_layer, whole_tokens
+from straggler.solvers.dispatch._token_lp_fast import (
     support_contract_kernel,
     support_contract_reference,
     support_rebalance_kernel,
@@ -35,7 +35,7 @@ from straggler.solvers._token_lp_fast import (
     token_lp_kernel,
     token_lp_reference,
 )
-from straggler.solvers.tempo import (
+from straggler.solvers.dispatch.tempo import (
     RESTART_GAP,
     RESTART_MOVES,
     SUPPORT_GAP,
@@ -370,7 +370,7 @@ def test_support_contract_kernel_equals_reference():
 
 def _decode67():
     """decode16 layer 67 of benchmarks/tempo_quality.py (optimum 454.2284, MILP)."""
-    from straggler.sim.workload import make_decode_problem
+    from straggler.sim.workloads.batches import make_decode_problem
 
     p = make_decode_problem("qwen2_57b", n_gpus=16, tokens_per_gpu=64, skew=0.85,
                             replication=1.5, n_layers=1, seed=3067).layer(0)  # fmt: skip
@@ -422,7 +422,7 @@ def test_support_swap_kernel_equals_reference():
 
 def _heldout99():
     """heldout16 layer 99 of benchmarks/tempo_quality.py (optimum 74.844, MILP)."""
-    from straggler.sim.workload import make_decode_problem
+    from straggler.sim.workloads.batches import make_decode_problem
 
     p = make_decode_problem("qwen2_57b", n_gpus=16, tokens_per_gpu=96, skew=1.0,
                             replication=1.5, n_layers=1, num_nodes=2, distinct=True,
@@ -811,7 +811,7 @@ def test_repair_budget_is_per_call():
     """A stack shares one repair budget, largest relative gap first: with a budget that one
     repair exhausts, at most the first layer in gap order is repaired, the others report
     "budget spent"; the total repair time stays near the budget."""
-    from straggler.sim.workload import make_decode_problem
+    from straggler.sim.workloads.batches import make_decode_problem
 
     # (4 of these 6 layers sit 1-3% above tempo's certified bound)
     stack = make_decode_problem(

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 from straggler.formulations.errors import InvalidInputError
-from straggler.solvers.topology import (
+from straggler.solvers.dispatch.topology import (
     flat_cross_node,
     node_uniform_sources,
     topology_split,
@@ -120,8 +120,8 @@ def test_bad_input():
 
 def test_compare_reports_traffic_on_two_nodes():
     from straggler.formulations import CostModel
-    from straggler.sim.compare import compare, format_table
-    from straggler.sim.workload import make_decode_problem
+    from straggler.sim.experiments.compare import compare, format_table
+    from straggler.sim.workloads.batches import make_decode_problem
 
     p = make_decode_problem("qwen3_30b", n_gpus=4, tokens_per_gpu=64, num_nodes=2, n_layers=1)
     rows = compare(p, CostModel.preset("qwen3_30b_a_offline"), methods=["uniform", "tempo"])

@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError, InvalidOptionError
-from straggler.sim.traces import (
+from straggler.sim.workloads.traces import (
     WORKLOAD_PRESETS,
     Trace,
     fit_length_model,

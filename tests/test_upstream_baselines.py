@@ -6,19 +6,9 @@ import random
 
 import numpy as np
 import pytest
-from straggler.baselines.dynamic import sglang_dynamic_choice, sglang_dynamic_lists
-from straggler.baselines.flashlb import (
-    FLASHLB_Z,
-    _flash_tree,
-    _flashlb_statistics,
-    _lpt_deployment,
-    _min_max_replica,
-    _minimize_moves,
-    _placement_score,
-    flashlb_rebalance,
-)
-from straggler.baselines.llep import native_imbalance
-from straggler.baselines.lplb import (
+from straggler.baselines.dispatch.dynamic import sglang_dynamic_choice, sglang_dynamic_lists
+from straggler.baselines.dispatch.llep import native_imbalance
+from straggler.baselines.dispatch.lplb import (
     _HYPERCUBE16,
     _kept_on_original,
     _lane_max,
@@ -29,15 +19,25 @@ from straggler.baselines.lplb import (
     lplb_placement,
     lplb_r2o,
 )
-from straggler.baselines.metro import metro_greedy
-from straggler.baselines.static import _nearest_replica, sglang_static_table
-from straggler.baselines.tokens import (
+from straggler.baselines.dispatch.metro import metro_greedy
+from straggler.baselines.dispatch.static import _nearest_replica, sglang_static_table
+from straggler.baselines.dispatch.tokens import (
     _local_positions,
     _mask_candidates,
     _shares_from_slots,
     token_layout,
 )
-from straggler.baselines.vllm_ep import vllm_replica_choice
+from straggler.baselines.dispatch.vllm_ep import vllm_replica_choice
+from straggler.baselines.placement.flashlb import (
+    FLASHLB_Z,
+    _flash_tree,
+    _flashlb_statistics,
+    _lpt_deployment,
+    _min_max_replica,
+    _minimize_moves,
+    _placement_score,
+    flashlb_rebalance,
+)
 from straggler.formulations import (
     CostModel,
     DispatchProblem,
@@ -45,9 +45,9 @@ from straggler.formulations import (
     InvalidOptionError,
     check_shares,
 )
-from straggler.sim.workload import make_decode_problem
+from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import solve_dispatch, solve_token_lp
-from straggler.solvers.eplb import rebalance_experts
+from straggler.solvers.placement.eplb import rebalance_experts
 
 COST = CostModel(a=0, b=15, c=0, beta=0.1)
 

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from numba import njit
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError
-from straggler.sim.warmup import dispatch_kernels, eplb_kernels, main, needs_compile, warmup
-from straggler.solvers import registry, solve_dispatch
-from straggler.solvers._compile import JitTimer, merged_length
-from straggler.solvers.registry import LayerSolution
-from straggler.solvers.routing_registry import routing_policies
+from straggler.runtime.commands.warmup import main
+from straggler.runtime.warmup import dispatch_kernels, eplb_kernels, needs_compile, warmup
+from straggler.solvers import solve_dispatch
+from straggler.solvers._numba.compile import JitTimer, merged_length
+from straggler.solvers.dispatch import registry
+from straggler.solvers.dispatch.registry import LayerSolution
+from straggler.solvers.routing.registry import routing_policies
 
 
 def test_warmup_reaches_every_dispatch_kernel():
@@ -114,7 +116,7 @@ def test_warmup_runs_without_the_jit(run_python):
     reports no missed kernel: nothing compiles, so nothing can be missed; ``jobs=2`` starts
     no child."""
     code = (
-        "from straggler.sim import warmup\n"
+        "from straggler.runtime import warmup\n"
         "r = warmup(routing=False, simulator=False, methods=['round_robin'])\n"
         "print(r.missed_kernels)\n"
         "r = warmup(simulator=False, methods=['round_robin'], policies=['jsq'], jobs=2)\n"
@@ -127,7 +129,7 @@ def test_warmup_runs_without_the_jit(run_python):
 _REPORT_CODE = """
 import gc, json, sys
 from numba.core.registry import CPUDispatcher
-from straggler.sim.warmup import warmup
+from straggler.runtime.warmup import warmup
 r = warmup(dispatch=False, policies=["jsq"], jobs=int(sys.argv[1]))
 warm = sorted(
     f"{d.py_func.__module__}.{d.py_func.__qualname__}"
@@ -167,8 +169,8 @@ def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path, run_
     # write the same cache entries), unless the child wrote them before this process
     # reached them, which then loads them
     assert set(par["twice"]) <= {
-        "straggler.baselines.sglang_routers.jsq_kernel__by_address",
-        "straggler.solvers._routing_core.least_tokens_kernel",
+        "straggler.baselines.routing.sglang.jsq_kernel__by_address",
+        "straggler.solvers.routing._core.least_tokens_kernel",
     }
     ser = _report_in_new_process(run_python, 1, tmp_path / "cache")
     assert ser["children"] == [] and ser["share"] is None and ser["kernels"] == {}
@@ -176,7 +178,8 @@ def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path, run_
     # also holds the callees and numba overloads it compiled itself in its share, as a
     # serial warm-up on an empty cache does)
     assert (
-        set(ser["warm"]) <= set(par["warm"]) and "straggler.sim._engine.run_engine" in ser["warm"]
+        set(ser["warm"]) <= set(par["warm"])
+        and "straggler.sim.engine._loop.run_engine" in ser["warm"]
     )
     assert par["steps"] == ser["steps"] == 2
 
@@ -184,7 +187,7 @@ def test_parallel_warmup_on_an_empty_cache_ends_as_warm_as_serial(tmp_path, run_
 def test_shares_keep_units_whole_and_balance_them(monkeypatch):
     import sys
 
-    from straggler.sim.warmup import _shares
+    from straggler.runtime.warmup import _shares
 
     methods = [f"solve_dispatch[{m}]" for m in registry.dispatch_methods()]
     dispatch = [*methods, "rebalance_experts"]
@@ -216,14 +219,14 @@ def test_shares_keep_units_whole_and_balance_them(monkeypatch):
     # place_experts runs EPLB: one unit with dispatch
     assert _shares([*dispatch, "place_experts"], 2) == []
     # a child that takes longer to start than the work it would take over: none starts
-    monkeypatch.setattr(sys.modules["straggler.sim.warmup"], "_CHILD_START_S", 80.0)
+    monkeypatch.setattr(sys.modules["straggler.runtime.warmup"], "_CHILD_START_S", 80.0)
     assert _shares(names, 2) == []
 
 
 def test_parallel_warmup_runs_serially_when_it_cannot_help(tmp_path):
     import types
 
-    from straggler.sim.warmup import _cache_obstacle
+    from straggler.runtime.warmup import _cache_obstacle
 
     rep = warmup(routing=False, simulator=False, methods=["round_robin"], jobs=1)
     assert rep.children == () and rep.serial_reason == ""
@@ -240,7 +243,8 @@ def test_parallel_warmup_runs_serially_when_it_cannot_help(tmp_path):
 
 
 def test_warmup_validates_jobs(capsys):
-    from straggler.sim.warmup import MAX_JOBS, _jobs_arg
+    from straggler.runtime.commands.warmup import _jobs_arg
+    from straggler.runtime.warmup import MAX_JOBS
 
     for bad in (0, -1, 1.5, True, "2", None):
         with pytest.raises(InvalidInputError, match="'jobs' parameter of warmup"):
@@ -263,7 +267,7 @@ def _fake_children(monkeypatch, shares) -> list:
     import subprocess
     import sys
 
-    wm = sys.modules["straggler.sim.warmup"]
+    wm = sys.modules["straggler.runtime.warmup"]
     started = []
 
     class Recorded(subprocess.Popen):
@@ -292,7 +296,7 @@ def test_a_failing_child_names_its_step_and_stops_the_others(monkeypatch):
     one child fails, the other, still compiling, is stopped."""
     import sys
 
-    wm = sys.modules["straggler.sim.warmup"]
+    wm = sys.modules["straggler.runtime.warmup"]
     shares = [("simulate[jsq]",), ("simulate[jsq]",), ("route_batch[jsq]",)]
     started = _fake_children(monkeypatch, shares)
     with pytest.raises(wm.WarmupChildError) as err:
@@ -307,7 +311,7 @@ def test_a_failing_share_in_this_process_stops_the_children(monkeypatch):
     child still compiling is stopped."""
     import sys
 
-    wm = sys.modules["straggler.sim.warmup"]
+    wm = sys.modules["straggler.runtime.warmup"]
     started = _fake_children(monkeypatch, [("route_batch[jsq]",), ("simulate[jsq]",)])
 
     def fails(policy):
@@ -324,7 +328,7 @@ def test_a_child_skips_the_steps_it_does_not_know():
     skips the step and says so (the parent compiles it)."""
     import sys
 
-    got = sys.modules["straggler.sim.warmup"]._child_main(["route_batch[registered_here]"])
+    got = sys.modules["straggler.runtime.warmup"]._child_main(["route_batch[registered_here]"])
     assert got["skipped"] == ["route_batch[registered_here]"] and got["compile_s"] == 0.0
 
 
@@ -338,7 +342,7 @@ def test_cache_saves_wait_for_the_lock_other_warmup_processes_hold(tmp_path):
     import threading
 
     from numba.core.caching import IndexDataCacheFile
-    from straggler.sim.warmup import _cache_saves_locked
+    from straggler.runtime.warmup import _cache_saves_locked
 
     def index(stamp="s"):
         return IndexDataCacheFile(str(tmp_path), "f-1.py311", stamp)
@@ -363,8 +367,8 @@ def test_cache_saves_wait_for_the_lock_other_warmup_processes_hold(tmp_path):
 _EPLB_UNIT_CODE = r"""
 import importlib, json, sys
 import numpy as np
-wm = importlib.import_module("straggler.sim.warmup")
-from straggler.solvers.eplb import rebalance_experts
+wm = importlib.import_module("straggler.runtime.warmup")
+from straggler.solvers.placement.eplb import rebalance_experts
 
 kernels = list(wm.eplb_kernels().values())
 before = wm._unit_warm("eplb", ["rebalance_experts"], kernels)
@@ -414,7 +418,7 @@ def test_a_unit_compiled_for_other_types_is_still_shared_out(tmp_path, run_pytho
 
 _ORPHAN_CODE = r"""
 import importlib, sys, time
-wm = importlib.import_module("straggler.sim.warmup")
+wm = importlib.import_module("straggler.runtime.warmup")
 with wm._Children([("solve_dispatch[tempo]",)], False) as kids:
     print(kids.runs[0][0].pid, flush=True)
     time.sleep(120)

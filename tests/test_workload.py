@@ -4,7 +4,7 @@ fluctuation, EPLB placement, ready-to-solve problems."""
 import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError
-from straggler.sim.workload import (
+from straggler.sim.workloads.batches import (
     SHAPES,
     SKEWS,
     eplb_placement,

@@ -3,7 +3,7 @@
 ``eplb.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)`` returns
 ``phy2log [n_layers, P]`` (expert of each slot), ``log2phy [n_layers, n_experts, X]``
 (each expert's slots **in replica-rank order**, ``-1`` padded, ``X`` the largest replica
-count) and ``logcnt [n_layers, n_experts]``; :func:`straggler.solvers.eplb.
+count) and ``logcnt [n_layers, n_experts]``; :func:`straggler.solvers.placement.eplb.
 rebalance_experts` returns the same. EPLB has no file format of its own: this module
 stores the three maps under those names (plus, optionally, the ``weight [n_layers,
 n_experts]`` they were built from) in ``.json`` (no dependency) or ``.pt`` (torch), and

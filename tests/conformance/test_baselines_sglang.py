@@ -4,13 +4,13 @@ Each test builds random instances, runs the released function (imported from the
 ``sglang`` package) and ours on the same input, and compares every output:
 
 * EPLB: ``sglang.srt.eplb.eplb_algorithms.rebalance_experts`` (``deepseek`` and
-  ``deepseek_hierarchical``) against :func:`straggler.solvers.eplb.rebalance_experts`.
+  ``deepseek_hierarchical``) against :func:`straggler.solvers.placement.eplb.rebalance_experts`.
 * Static dispatch: SGLang's table (``expert_location.compute_logical_to_rank_dispatch_physical_map``
   via ``ExpertLocationMetadata._init_raw``, on lists from ``_compute_logical_to_all_physical_map``
-  or from SGLang's EPLB) against :func:`straggler.baselines.static.sglang_static_table`.
+  or from SGLang's EPLB) against :func:`straggler.baselines.dispatch.static.sglang_static_table`.
 * Dynamic dispatch: ``expert_location_dispatch.topk_ids_logical_to_physical`` (random draws
   from torch's generator, and ``rank_invariant``) against
-  :func:`straggler.baselines.dynamic.sglang_dynamic_choice` fed the same draws.
+  :func:`straggler.baselines.dispatch.dynamic.sglang_dynamic_choice` fed the same draws.
 
 SGLang reads its server configuration through ``get_exec()`` / ``get_parallel()``; the tests
 replace those two accessors in ``expert_location`` with the few fields its functions read
@@ -27,9 +27,9 @@ torch = pytest.importorskip("torch")
 eplb_algorithms = pytest.importorskip("sglang.srt.eplb.eplb_algorithms")
 expert_location = pytest.importorskip("sglang.srt.eplb.expert_location")
 
-from straggler.baselines.dynamic import sglang_dynamic_choice, sglang_dynamic_lists  # noqa: E402
-from straggler.baselines.static import sglang_static_table  # noqa: E402
-from straggler.solvers.eplb import rebalance_experts  # noqa: E402
+from straggler.baselines.dispatch.dynamic import sglang_dynamic_choice, sglang_dynamic_lists  # noqa: E402
+from straggler.baselines.dispatch.static import sglang_static_table  # noqa: E402
+from straggler.solvers.placement.eplb import rebalance_experts  # noqa: E402
 
 N_CASES = 200
 

@@ -2,7 +2,7 @@
 
 * EPLB: ``vllm.distributed.eplb.policy.default.DefaultEplbPolicy.rebalance_experts``, with
   and without ``old_global_expert_indices`` (``preserve_intragpu_slots``), against
-  :func:`straggler.solvers.eplb.rebalance_experts` with ``version="vllm"``.
+  :func:`straggler.solvers.placement.eplb.rebalance_experts` with ``version="vllm"``.
 * DP load balancer: ``vllm.v1.engine.core_client.DPLBAsyncMPClient.get_core_engine_for_request``,
   built without a server (``object.__new__`` plus the attributes the method reads), fed a
   coordinator snapshot per tick and a burst of requests, against our ``vllm`` router
@@ -22,7 +22,7 @@ default_policy = pytest.importorskip("vllm.distributed.eplb.policy.default")
 core_client = pytest.importorskip("vllm.v1.engine.core_client")
 
 from straggler.solvers import route_batch  # noqa: E402
-from straggler.solvers.eplb import rebalance_experts  # noqa: E402
+from straggler.solvers.placement.eplb import rebalance_experts  # noqa: E402
 
 N_CASES = 200
 Policy = default_policy.DefaultEplbPolicy

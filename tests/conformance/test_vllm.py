@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from straggler.baselines.vllm_ep import vllm_replica_choice  # noqa: E402
+from straggler.baselines.dispatch.vllm_ep import vllm_replica_choice  # noqa: E402
 from straggler.runtime.engines import (  # noqa: E402
     VLLM_DUMP_FORMAT,
     VLLM_MAP_WIDTH,

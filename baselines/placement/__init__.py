@@ -1,0 +1,3 @@
+"""Placement baselines beside EPLB (FlashLB)."""
+
+__all__: list[str] = []

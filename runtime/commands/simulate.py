@@ -1,0 +1,408 @@
+"""``straggler-simulate``: every routing policy on one trace in the lock-step simulator.
+
+``straggler-simulate TRACE [--load X] [--replicas G] [--policies a,b:version,...]
+[--dispatch pool|queue] [--prefix-cache] [--ctx-cost S] [--plot PNG]``
+
+``straggler-simulate TRACE --moe PRESET --ep G [--layers K] [--nodes N] [--routings ...]
+[--dispatches ...] [--placements ...] [--table-period S]`` prices every step with the
+deployment step model (DP attention + EP MoE, :mod:`straggler.sim.engine.deployment`) and prints
+the levers table (:func:`~straggler.sim.experiments.levers.levers`): routing x dispatch x placement,
+each cell relative to JSQ + EPLB's even split; ``--plot`` then draws the step decomposition.
+
+``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
+:func:`~straggler.sim.workloads.traces.load_trace`), a name of
+:data:`~straggler.sim.experiments.load_sweep.SWEEP_TRACES` (the shipped traces, read from
+``../shared/data/traces`` or ``$STRAGGLER_TRACES``), or a generator preset
+(:data:`~straggler.sim.workloads.traces.WORKLOAD_PRESETS`). Each policy is simulated with the same
+settings; the table gives the whole-run metrics with their ratio to JSQ's (units in the
+header), a progress bar runs over the policies (tqdm when installed, else a line on stderr),
+and a one-line notice says when the kernels are compiled (the first run with a cold cache).
+
+Run ``straggler-simulate --help`` for the flags.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+import time
+
+from ...formulations._io import OneLineParser, atomic_open, check_output_file
+from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
+from ...sim.engine.simulator import LOAD_BASES, engine_cache_is_warm, simulate, warm_engine
+from ...sim.experiments.load_sweep import SWEEP_TRACES, sweep_trace
+from ...sim.workloads.prefix import load_prefix_blocks
+from ...sim.workloads.traces import WORKLOAD_PRESETS, Trace, generate_trace, load_trace
+from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy, routing_policies
+
+__all__ = [
+    "main",
+    "format_reports",
+    "resolve_trace",
+    "CMD_MAX_REPLICAS",
+    "CMD_MAX_SLOTS",
+    "CMD_MAX_SLOTS_TOTAL",
+]
+
+#: Bounds of ``--replicas``, ``--max-slots`` and their product: the simulator keeps state per
+#: slot of every replica, so an absurd value would run for minutes before anything is shown.
+CMD_MAX_REPLICAS = 4096
+CMD_MAX_SLOTS = 65536
+CMD_MAX_SLOTS_TOTAL = 2**22
+
+#: Table columns: (header, SimReport field, scale, format, ratio to JSQ's).
+COLUMNS = (
+    ("mean imbalance (tok)", "mean_imbalance", 1.0, "{:,.0f}", True),
+    ("TPOT p95 (ms)", "tpot_p95_ms", 1.0, "{:.1f}", True),
+    ("TTFT p99 (s)", "ttft_p99_ms", 1e-3, "{:.2f}", True),
+    ("throughput (tok/s)", "throughput_tps", 1.0, "{:,.0f}", True),
+    ("preempted", "n_preempted", 1.0, "{:d}", False),
+    ("unfinished", "n_unfinished", 1.0, "{:d}", False),
+    ("max pool wait (s)", "max_pool_wait_s", 1.0, "{:.1f}", False),
+)
+
+
+def resolve_trace(spec: str, *, rate: float | None, n_requests: int) -> Trace:
+    """The trace named by ``spec``: a file, a sweep trace name, or a generator preset."""
+    path = pathlib.Path(spec)
+    if path.exists():
+        tr = load_trace(path, rate=rate) if rate is not None else load_trace(path)
+    elif spec in SWEEP_TRACES:
+        tr = sweep_trace(spec)
+    elif spec in WORKLOAD_PRESETS:
+        tr = generate_trace(spec)
+    else:
+        raise InvalidInputError(
+            f"{spec!r} is neither a file, a shipped trace "
+            f"({', '.join(SWEEP_TRACES)}) nor a generator preset ({', '.join(WORKLOAD_PRESETS)})."
+        )
+    if n_requests and n_requests < len(tr):
+        tr = tr.subset(list(range(n_requests)))
+    return tr
+
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(
+        prog="straggler-simulate",
+        description="Replay a trace on lock-step decode replicas under every routing policy.",
+    )
+    p.add_argument("trace", help="a trace file, a shipped trace name or a generator preset")
+    p.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="offered load as a multiple of the capacity of the stage that binds, decode or "
+        "prefill (--load-basis; default: the trace as recorded)",
+    )
+    p.add_argument(
+        "--load-basis",
+        choices=LOAD_BASES,
+        default="binding",
+        help="the capacity --load is a multiple of: the smaller of the decode cluster's and "
+        "the prefill instances' (binding, the default), or the one named",
+    )
+    p.add_argument("--replicas", type=int, default=8, help="decode replicas G (default 8)")
+    p.add_argument(
+        "--policies",
+        default=None,
+        help=f"comma-separated policies, NAME or NAME:VERSION for a baseline's upstream "
+        f"version (e.g. vllm:legacy; default: all, {DEFAULT_POLICY} and jsq first)",
+    )
+    p.add_argument(
+        "--dispatch",
+        choices=("pool", "queue"),
+        default="pool",
+        help="pool: one central pool, a request goes only to a free slot (default); queue: "
+        "routed on arrival to each engine's own queue (vLLM, SGLang)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="a Mooncake trace file: track each replica's prefix cache from its hash_ids "
+        "(dynamo reads it; the table adds the hit rate)",
+    )
+    p.add_argument("--requests", type=int, default=0, help="use the first N requests (0: all)")
+    p.add_argument("--max-slots", type=int, default=16, help="slots per replica (default 16)")
+    p.add_argument("--kv-capacity", type=int, default=500_000, help="KV tokens per replica")
+    p.add_argument(
+        "--prefill-instances", type=int, default=None, help="default ceil(G/2); 0: unlimited"
+    )
+    p.add_argument(
+        "--rate", type=float, default=None, help="requests/s for a length-only trace file"
+    )
+    p.add_argument(
+        "--ctx-cost",
+        type=float,
+        default=0.0,
+        help="seconds per prompt token of a context phase inside the decode step (aggregated "
+        "serving; default 0: prefill elsewhere)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random policies")
+    p.add_argument("--plot", default=None, help="write a PNG of the imbalance over time")
+    p.add_argument("--json", default=None, help="write the metrics of every run as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("deployment (DP attention + EP MoE): the levers table")
+    g.add_argument("--moe", default=None, help="model preset (qwen3_235b, dsv3): levers table")
+    g.add_argument("--ep", type=int, default=None, help="EP = DP width G (default --replicas)")
+    g.add_argument("--nodes", type=int, default=1, help="nodes of the EP group (default 1)")
+    g.add_argument(
+        "--layers", type=int, default=4, help="MoE layers simulated, scaled to depth (default 4)"
+    )
+    g.add_argument(
+        "--table-period", type=float, default=0.2, help="simulated s between table refreshes"
+    )
+    g.add_argument("--routings", default=None, help="routing policies (default jsq,brs,br0,"
+                   "trtllm_balance)")  # fmt: skip
+    g.add_argument("--dispatches", default=None, help="dispatches (default even,token_lp,tempo)")
+    g.add_argument("--placements", default=None, help="placements (default eplb,place_experts)")
+    return p
+
+
+def _levers_main(args, trace) -> int:
+    """``--moe``: the levers table on ``trace``."""
+    from ...sim.engine.deployment import DeploymentConfig
+    from ...sim.experiments.levers import LEVER_DISPATCHES, LEVER_PLACEMENTS, ROUTINGS, levers
+
+    def names(text, default):
+        return default if text is None else [x.strip() for x in text.split(",") if x.strip()]
+
+    G = args.ep if args.ep is not None else args.replicas
+    dep = DeploymentConfig(
+        preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
+        dispatch_period_s=args.table_period, seed=args.seed,
+    )  # fmt: skip
+    warm = engine_cache_is_warm()
+    if not warm:
+        print("compiling kernels (first run only) ...", end="", file=sys.stderr, flush=True)
+        seconds, _ = warm_engine()
+        print(f" {seconds:.1f} s", file=sys.stderr)
+    table = levers(
+        trace, dep,
+        routings=names(args.routings, ROUTINGS),
+        dispatches=names(args.dispatches, LEVER_DISPATCHES),
+        placements=names(args.placements, LEVER_PLACEMENTS),
+        progress=not args.no_progress,
+        max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
+        load_basis=args.load_basis, prefill_instances=args.prefill_instances,
+        dispatch=args.dispatch,
+        ctx_cost=args.ctx_cost, seed=args.seed,
+    )  # fmt: skip
+    print(f"{trace.name}: {len(trace):,} requests, {args.max_slots} slots per rank")
+    print(table.format())
+    if args.json:
+        with atomic_open(args.json, "w") as f:
+            f.write(json.dumps(table.rows, indent=1))
+        print(f"wrote {args.json}")
+    if args.plot:
+        from ...sim.experiments.levers import plot_step_decomposition
+
+        plot_step_decomposition(table, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _progress(total: int, enabled: bool):
+    """A tqdm bar on stderr when tqdm is installed, else a plain line per finished run."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="simulating", unit="run", file=sys.stderr)
+    except ImportError:
+        return None
+
+
+#: Added with ``--prefix-cache``.
+COLUMNS_CACHE = (("prefix hits", "prefix_hit_rate", 1.0, "{:.3f}", False),)
+
+
+def format_reports(reports: dict, baseline: str = "jsq", extra=()) -> str:
+    """The comparison table: one row per policy, each metric with its ratio to ``baseline``'s.
+
+    Examples
+    --------
+    >>> from straggler.sim.workloads.traces import Trace
+    >>> tr = Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2])
+    >>> reps = {p: simulate(tr, p, n_replicas=2, max_slots=2) for p in ("jsq", "br0")}
+    >>> print(format_reports(reps).splitlines()[0].split("|")[0].strip())
+    policy
+    """
+    base = reports.get(baseline)
+    columns = COLUMNS + tuple(extra)
+    width = max([14] + [len(p) + 2 for p in reports])
+    head = f"{'policy':{width}s}"
+    for name, _, _, _, ratio in columns:
+        head += f" | {name}" + (f" {'x ' + baseline:>6s}" if ratio and base else "")
+    lines = [head, "-" * len(head)]
+    for pol, r in reports.items():
+        line = f"{pol + (' *' if pol == DEFAULT_POLICY else ''):{width}s}"
+        for name, field, scale, fmt, ratio in columns:
+            v = getattr(r, field)
+            shown = v * scale if isinstance(v, float) else v
+            text = "nan" if isinstance(v, float) and math.isnan(v) else fmt.format(shown)
+            line += f" | {text:>{len(name)}s}"
+            if ratio and base:
+                b = getattr(base, field)
+                line += f" {v / b if b else float('nan'):>6.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _check_args(args) -> None:
+    """Every option's range, before any work (one line and exit 2 otherwise)."""
+    bounds = (
+        ("replicas", 1, CMD_MAX_REPLICAS),
+        ("ep", 1, CMD_MAX_REPLICAS),
+        ("max_slots", 1, CMD_MAX_SLOTS),
+        ("kv_capacity", 1, 2**40),
+        ("requests", 0, None),
+        ("prefill_instances", 0, CMD_MAX_REPLICAS),
+        ("seed", 0, 2**63 - 1),
+    )
+    for name, lo, hi in bounds:
+        v = getattr(args, name)
+        if v is not None and (v < lo or (hi is not None and v > hi)):
+            flag = "--" + name.replace("_", "-")
+            raise InvalidInputError(
+                f"{flag} must be in [{lo}, {hi if hi is not None else 'inf'}]; got {v}"
+            )
+    if args.replicas * args.max_slots > CMD_MAX_SLOTS_TOTAL:
+        raise InvalidInputError(
+            f"--replicas x --max-slots must be at most {CMD_MAX_SLOTS_TOTAL:,}; got "
+            f"{args.replicas * args.max_slots:,}"
+        )
+    for name, lo_open in (("load", True), ("rate", True), ("ctx_cost", False)):
+        v = getattr(args, name)
+        if v is not None and (not math.isfinite(v) or v < 0 or (lo_open and v == 0)):
+            flag = "--" + name.replace("_", "-")
+            raise InvalidInputError(
+                f"{flag} must be a finite number {'> 0' if lo_open else '>= 0'}; got {v}"
+            )
+    if args.policies is not None and not [p for p in args.policies.split(",") if p.strip()]:
+        raise InvalidInputError(f"--policies must name at least one policy; got {args.policies!r}")
+
+
+def _check_outputs(args) -> None:
+    """``--json`` and ``--plot`` writable (and matplotlib there for a plot), before any work."""
+    if args.json:
+        check_output_file(args.json, "--json")
+    if args.plot:
+        check_output_file(args.plot, "--plot")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise BackendUnavailableError("--plot needs matplotlib: pip install 'straggler[plot]'.")
+
+
+def main(argv=None) -> int:
+    """Console entry point ``straggler-simulate``; returns the exit status (0 ok, 2 bad
+    arguments or input, one line on stderr)."""
+    args = _parser().parse_args(argv)
+    if args.moe is not None:
+        try:
+            _check_args(args)
+            _check_outputs(args)
+            return _levers_main(
+                args, resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+            )
+        except (StragglerError, ValueError, OSError) as e:
+            print(f"straggler-simulate: error: {e}", file=sys.stderr)
+            return 2
+    try:
+        _check_args(args)
+        _check_outputs(args)
+        if args.policies:
+            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+            for p in policies:
+                get_routing_policy(p.partition(":")[0], "straggler-simulate")
+        else:
+            rest = [p for p in routing_policies() if p not in (DEFAULT_POLICY, "jsq")]
+            policies = [DEFAULT_POLICY, "jsq", *rest]
+        trace = resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+        blocks = None
+        if args.prefix_cache:
+            if not pathlib.Path(args.trace).is_file():
+                raise InvalidInputError("--prefix-cache needs a Mooncake trace file")
+            blocks = load_prefix_blocks(args.trace)
+            if len(blocks) > len(trace):  # --requests kept the first N
+                blocks = blocks.subset([i < len(trace) for i in range(len(blocks))])
+        names = sorted({p.partition(":")[0] for p in policies})
+        warm = engine_cache_is_warm(names)
+        if not warm:
+            print("compiling kernels (first run only) ...", end="", file=sys.stderr, flush=True)
+        seconds, compiled = warm_engine(names)
+        if not warm:
+            print(f" {seconds:.1f} s", file=sys.stderr)
+        elif compiled:
+            print(f"compiling kernels (first run only) ... {seconds:.1f} s", file=sys.stderr)
+        bar = _progress(len(policies), not args.no_progress)
+        reports = {}
+        t0 = time.perf_counter()
+        for k, spec in enumerate(policies):
+            pol, _, version = spec.partition(":")
+            reports[spec] = simulate(
+                trace,
+                pol,
+                **({"version": version} if version else {}),
+                dispatch=args.dispatch,
+                prefix_blocks=blocks,
+                ctx_cost=args.ctx_cost,
+                n_replicas=args.replicas,
+                max_slots=args.max_slots,
+                kv_capacity=args.kv_capacity,
+                load=args.load,
+                load_basis=args.load_basis,
+                prefill_instances=args.prefill_instances,
+                seed=args.seed,
+            )
+            if bar is not None:
+                bar.update(1)
+            elif not args.no_progress:
+                print(
+                    f"simulating: {k + 1}/{len(policies)} runs ({pol}, "
+                    f"{time.perf_counter() - t0:.1f} s)",
+                    file=sys.stderr,
+                )
+        if bar is not None:
+            bar.close()
+    except (StragglerError, ValueError, OSError) as e:
+        print(f"straggler-simulate: error: {e}", file=sys.stderr)
+        return 2
+    first = next(iter(reports.values()))
+    load = f"{first.offered_load:.2f}x" + (" (as recorded)" if args.load is None else "")
+    print(
+        f"{trace.name}: {len(trace):,} requests, G = {args.replicas}, {args.max_slots} slots, "
+        f"offered load {load} of the {_basis(args.load_basis, first)} capacity, "
+        f"{args.dispatch} dispatch; whole-run metrics (* = default policy)"
+    )
+    print(format_reports(reports, extra=COLUMNS_CACHE if blocks is not None else ()))
+    try:
+        if args.json:
+            out = {pol: r.summary() for pol, r in reports.items()}
+            with atomic_open(args.json, "w") as f:
+                f.write(json.dumps(out, indent=1))
+            print(f"wrote {args.json}")
+        if args.plot:
+            from ...sim.experiments.plots import plot_imbalance
+
+            plot_imbalance(
+                reports, args.plot, window_only=False, title=f"{trace.name}, load {load}"
+            )
+            print(f"wrote {args.plot}")
+    except (StragglerError, ValueError, OSError) as e:
+        print(f"straggler-simulate: error: writing the outputs failed: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _basis(basis: str, report) -> str:
+    """The capacity the offered load is stated against, in words."""
+    if basis == "binding":
+        return f"binding ({report.binding_stage})"
+    return basis
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""``straggler-warmup``: compile every Numba kernel once (:func:`straggler.runtime.warmup.warmup`).
+
+Run ``straggler-warmup --help`` for the flags. The hidden ``--child-steps``/``--parent`` flags
+start one child process of ``warmup(jobs=N)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ...formulations._io import OneLineParser
+from ..warmup import MAX_JOBS, _child_main, _exit_with_parent, warmup
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="straggler-warmup",
+        description=(
+            "Compile every Numba kernel of straggler (or load it from numba's disk cache) and "
+            "report how long it took, so that a serving worker or a benchmark starts warm."
+        ),
+    )
+    p.add_argument("--no-dispatch", action="store_true", help="skip solve_dispatch")
+    p.add_argument("--no-routing", action="store_true", help="skip route_batch")
+    p.add_argument("--no-simulator", action="store_true", help="skip simulate")
+    p.add_argument("--methods", default=None, help="comma-separated dispatch methods")
+    p.add_argument("--policies", default=None, help="comma-separated routing policies")
+    p.add_argument(
+        "--jobs",
+        default="1",
+        help=f"processes compiling side by side on a cold cache (this one and jobs-1 "
+        f"children): an integer >= 1 or 'auto' (the CPU count, at most {MAX_JOBS}); default 1",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--child-steps", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _jobs_arg(text: str) -> int:
+    """``--jobs``: ``"auto"`` or an integer (checked by :func:`warmup`)."""
+    if text == "auto":
+        return max(1, min(os.cpu_count() or 1, MAX_JOBS))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"The '--jobs' option of straggler-warmup must be an integer >= 1 or 'auto'. "
+            f"Got {text!r} instead."
+        ) from None
+
+
+def main(argv=None) -> int:
+    """Console entry point ``straggler-warmup``; returns the exit status (2 on bad flags)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+
+    def names(s):
+        return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
+
+    if args.child_steps is not None:  # a child process of warmup(jobs=N)
+        if args.parent is not None:
+            _exit_with_parent(args.parent)
+        print(json.dumps(_child_main(names(args.child_steps))))
+        return 0
+    try:
+        rep = warmup(
+            dispatch=not args.no_dispatch,
+            routing=not args.no_routing,
+            simulator=not args.no_simulator,
+            methods=names(args.methods),
+            policies=names(args.policies),
+            verbose=not args.json,
+            jobs=_jobs_arg(args.jobs),
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(json.dumps(rep.as_dict(), indent=2) if args.json else rep.table())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,671 @@
+"""The routing kernels' common ground: the state records, the option and memory records, the
+input check, the tick summary and the one call of a policy's kernel from jitted code.
+
+Every policy's kernel has one signature, ``kernel(pool, reps, opts, carry, seed) ->
+(assignment, carry_out)``: ``pool`` a :class:`PoolState` (the visible requests, oldest
+first), ``reps`` a :class:`ReplicaState` (per replica), ``opts`` a :class:`RouterOptions`
+(filled by the registry, :mod:`straggler.solvers.routing.registry`), ``carry`` a
+:class:`RouterCarry` (the policy's memory from its previous tick), ``seed`` an int64 >= 0
+(MINSTD, for the seeded policies); ``assignment`` int64 ``(n,)``, fresh (-1: stays in the
+pool). Kernels never mutate their inputs and place a request only on a replica with a free
+slot. With ``opts.optimistic`` each policy applies its upstream's local update after each
+placement. The policies themselves live one family per module:
+:mod:`straggler.solvers.routing._balanceroute` (BR-0, BR-H, BR-S) and the upstream routers in
+:mod:`straggler.baselines` (``sglang_routers``, ``vllm_router``, ``trtllm_routers``,
+``dynamo_router``, ``random_router``), each kernel with its plain-Python reference below it.
+
+Jitted code calls a policy's kernel through :func:`call_policy`, by the address of its
+compiled code (:func:`policy_address`): ``route_batch_kernel`` here and the simulator's step
+loop compile once for every policy, and a policy adds only its own kernel's compile, shared
+by both (each on numba's disk cache).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types as pytypes
+from typing import NamedTuple
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils, compiler, lowering, typed_passes
+from numba.core.caching import FunctionCache, NullCache
+from numba.core.compiler_machinery import register_pass
+from numba.extending import intrinsic, overload
+
+from ...formulations.errors import InvalidInputError
+from .._numba.jit import NJIT, NJIT_INLINE, source_digest
+
+__all__ = [
+    "ReplicaState",
+    "PoolState",
+    "RouterOptions",
+    "RouterCarry",
+    "MAX_ROUTED_TOKENS",
+    "MINSTD_A",
+    "MINSTD_M",
+    "minstd_start",
+    "minstd_next",
+    "draw_eligible",
+    "BAD_INPUT",
+    "monotonic_ns",
+    "least_tokens_kernel",
+    "least_tokens_reference",
+    "tick_summary_kernel",
+    "check_inputs_kernel",
+    "call_policy",
+    "policy_address",
+    "route_batch_kernel",
+]
+
+
+class ReplicaState(NamedTuple):
+    """What every kernel knows about each replica: arrays of length ``G``, except ``loads``
+    ``(G, H+1)`` C-contiguous (column 0: resident KV tokens now; columns 1..H: projected loads
+    ``h`` steps ahead, BR-H). ``n_waiting``: requests queued in the replica's own engine (0 in
+    the simulator's pool mode); ``prompt_tokens``: the running requests' original prompt
+    lengths summed (TensorRT-LLM's metric); ``waiting_tokens``: prompt tokens of the
+    ``n_waiting`` requests (SGLang adds them); ``kv_usage``: fraction of the KV capacity in
+    use (vLLM's score); ``kv_capacity``: tokens (``inf``: unbounded)."""
+
+    loads: np.ndarray
+    free_slots: np.ndarray
+    n_running: np.ndarray
+    n_waiting: np.ndarray
+    prompt_tokens: np.ndarray
+    waiting_tokens: np.ndarray
+    kv_usage: np.ndarray
+    kv_capacity: np.ndarray
+
+
+class PoolState(NamedTuple):
+    """What every kernel knows about each visible pool request, oldest first: ``prefill``
+    float64 (tokens it brings: its prompt, or prompt + decoded after a preemption), ``wait``
+    int64 (routing ticks spent in the pool), ``key`` int64 (a stable id: SGLang's bootstrap
+    room), ``cached`` float64 ``(n, G)`` (prompt tokens already in replica ``g``'s prefix
+    cache) or ``(0, G)`` when unknown."""
+
+    prefill: np.ndarray
+    wait: np.ndarray
+    key: np.ndarray
+    cached: np.ndarray
+
+
+class RouterOptions(NamedTuple):
+    """A policy's options as every kernel reads them, one typed field per option.
+
+    Filled only by the registry (:func:`straggler.solvers.routing.registry.router_options`),
+    which holds each option's default, check and documentation
+    (:data:`~straggler.solvers.routing.registry.OPTIONS`); a policy reads the fields it
+    accepts and the others hold their defaults. ``new_presence`` is empty unless given.
+    """
+
+    r_max: int
+    s_greedy: float
+    alpha: float
+    beta: float
+    gamma: float
+    optimistic: bool
+    age_window: int
+    window: int
+    patience: int
+    age_fraction: float
+    safe: bool
+    version: int
+    kv_weight: float
+    throughput: float
+    block_size: int
+    overlap_weight: float
+    timeout_iters: int
+    batching_wait_iters: int
+    new_presence: np.ndarray
+
+
+class RouterCarry(NamedTuple):
+    """A policy's memory from one tick to the next (zeros at the start; a kernel returns it
+    updated, ``RoutingResult.extras["carry"]``)."""
+
+    cursor: int
+    """round_robin: the replica to try first."""
+    vllm_start: int
+    """vllm (rotating versions): where the next scan starts (``eng_start_index``)."""
+    adp_wait: int
+    """trtllm_balance: ticks waited for every rank to have a new request."""
+    adp_batch: int
+    """trtllm_balance: ticks of batching wait spent."""
+    brs_backlog: bool
+    """brs: True while a backlog lasts (entered at ``patience``, left when the pool fits)."""
+
+
+#: Largest token count (length, load) a kernel accepts: float64 holds every integer up to it
+#: exactly, and ``G * (max load + sum of lengths)`` stays finite for any realistic ``G``.
+MAX_ROUTED_TOKENS = float(2**53)
+
+#: MINSTD (``x <- 48271*x mod (2^31-1)``; Park, Miller and Stockmeyer, "Technical
+#: correspondence", CACM 36(7), 1993), the generator of the seeded policies: their kernels draw
+#: through :func:`minstd_start`, :func:`minstd_next` and :func:`draw_eligible`, their
+#: plain-Python references write the same steps out.
+MINSTD_A = 48271
+MINSTD_M = 2147483647
+
+
+def monotonic_ns() -> int:
+    """``CLOCK_MONOTONIC`` in nanoseconds, in Python and in jitted code.
+
+    Jitted code calls the C library's ``clock_gettime`` directly (:func:`_clock_gettime_ns`,
+    resolved by name when the code is linked, so a function that calls it can be cached on
+    disk, which a ctypes function pointer prevents); Python (a ``py_func``, or
+    ``NUMBA_DISABLE_JIT=1``) reads the same clock through :func:`time.monotonic_ns`.
+    """
+    return time.monotonic_ns()
+
+
+@intrinsic
+def _clock_gettime_ns(typingctx):
+    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (jitted code only)."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        i32 = ir.IntType(32)
+        timespec = ir.LiteralStructType([i64, i64])  # struct timespec on 64-bit Linux
+        fnty = ir.FunctionType(i32, [i32, timespec.as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        ts = cgutils.alloca_once(builder, timespec)
+        builder.call(fn, [ir.Constant(i32, 1), ts])  # CLOCK_MONOTONIC = 1
+        sec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 0))
+        nsec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 1))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+
+    return sig, codegen
+
+
+@overload(monotonic_ns)
+def _monotonic_ns_jit():
+    return lambda: _clock_gettime_ns()
+
+
+# --------------------------------------------------------------------------------------------
+# The seeded policies' draws: MINSTD, and one draw among the replicas with a free slot
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def minstd_start(seed):
+    """The MINSTD state of a kernel's ``seed`` (an integer ``>= 0``): ``seed mod (M - 1) + 1``,
+    in ``[1, M)`` (never 0, the generator's fixed point)."""
+    return seed % (MINSTD_M - 1) + 1
+
+
+@njit(**NJIT)
+def minstd_next(x):
+    """One MINSTD step: ``MINSTD_A * x mod MINSTD_M`` (exact in int64: ``x < 2**31``)."""
+    return (MINSTD_A * x) % MINSTD_M
+
+
+@njit(**NJIT)
+def draw_eligible(cap, elig, x, min_k):
+    """The replicas with a free slot and one uniform draw among them.
+
+    Writes the ``k`` replicas ``j`` with ``cap[j] > 0`` to ``elig[:k]`` in increasing order.
+    When ``k >= min_k``: one MINSTD step of the state ``x`` and the draw ``a = x' mod k``;
+    otherwise ``x`` is kept and ``a = 0``. Returns ``(k, x', a)``: replica ``elig[a]`` is the
+    draw. ``random`` draws with ``min_k = 1``; ``p2c`` with ``min_k = 2`` (one eligible
+    replica is taken without a draw), then draws its second choice with :func:`minstd_next`.
+
+    Examples
+    --------
+    >>> elig = np.empty(3, np.int64)
+    >>> k, x, a = draw_eligible(np.array([0, 2, 1]), elig, 1, 1)
+    >>> k, x, a, elig[:k].tolist()
+    (2, 48271, 1, [1, 2])
+    """
+    k = 0
+    for j in range(cap.shape[0]):
+        if cap[j] > 0:
+            elig[k] = j
+            k += 1
+    if k < min_k:
+        return k, x, 0
+    x = minstd_next(x)
+    return k, x, x % k
+
+
+# --------------------------------------------------------------------------------------------
+# Join the shortest queue by tokens: SGLang's total_tokens and BR-S's safety net
+# --------------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def least_tokens_kernel(pool, reps, optimistic, add_tokens):
+    """In pool order, each request to the replica with a free slot and the fewest ``loads +
+    waiting_tokens``, then the fewest ``running + waiting`` requests, then the lowest index.
+    ``optimistic``: after each pick ``requests += 1`` and, with ``add_tokens``, ``tokens +=
+    s``. Returns the assignment."""
+    prefill = pool.prefill
+    loads = reps.loads
+    free_slots = reps.free_slots
+    n = prefill.shape[0]
+    G = loads.shape[0]
+    # element loops, not array expressions (numba compiles a broadcasting loop for each)
+    tok = np.empty(G)
+    req = np.empty(G, np.int64)
+    for j in range(G):
+        tok[j] = loads[j, 0] + reps.waiting_tokens[j]
+        req[j] = reps.n_running[j] + reps.n_waiting[j]
+    cap = free_slots.copy()
+    out = np.full(n, -1, np.int64)
+    for i in range(n):
+        g = -1
+        for j in range(G):
+            if cap[j] <= 0:
+                continue
+            if g < 0 or tok[j] < tok[g] or (tok[j] == tok[g] and req[j] < req[g]):
+                g = j
+        if g < 0:
+            break
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            req[g] += 1
+            if add_tokens:
+                tok[g] += prefill[i]
+    return out
+
+
+def least_tokens_reference(pool, reps, optimistic, add_tokens):
+    """The same in plain Python (``min`` over the eligible replicas by a key tuple)."""
+    prefill = pool.prefill
+    tok = [float(row[0]) + float(w) for row, w in zip(reps.loads, reps.waiting_tokens)]
+    req = [int(a) + int(b) for a, b in zip(reps.n_running, reps.n_waiting)]
+    cap = [int(c) for c in reps.free_slots]
+    out = [-1] * len(prefill)
+    for i, s in enumerate(prefill):
+        elig = [j for j in range(len(cap)) if cap[j] > 0]
+        if not elig:
+            break
+        g = min(elig, key=lambda j: (tok[j], req[j], j))
+        out[i] = g
+        cap[g] -= 1
+        if optimistic:
+            req[g] += 1
+            if add_tokens:
+                tok[g] += float(s)
+    return np.array(out, dtype=np.int64)
+
+
+@njit(**NJIT_INLINE)
+def tick_summary_kernel(loads, prefill, assignment):
+    """``(I_before, I_after, loads_after, n_placed)`` on current loads ``loads[:, 0]``:
+    ``loads_after`` adds each placed request's prefill to its replica (no reference needed: the
+    tests compare it with :func:`straggler.formulations.routing.imbalance`)."""
+    G = loads.shape[0]
+    L = loads[:, 0].copy()
+    before = G * _max(L) - _sum(L)
+    placed = 0
+    for i in range(assignment.shape[0]):
+        if assignment[i] >= 0:
+            L[assignment[i]] += prefill[i]
+            placed += 1
+    after = G * _max(L) - _sum(L)
+    return before, after, L, placed
+
+
+@njit(**NJIT_INLINE)
+def _max(x):
+    """``x.max()`` of a non-empty float64 vector without NaN (a loop: numba's ``max`` and
+    ``sum`` are generic reductions, dearer to compile)."""
+    m = x[0]
+    for i in range(1, x.shape[0]):
+        if x[i] > m:
+            m = x[i]
+    return m
+
+
+@njit(**NJIT_INLINE)
+def _sum(x):
+    """``x.sum()`` of a float64 vector: numba's own order (left to right from 0.0)."""
+    t = 0.0
+    for i in range(x.shape[0]):
+        t += x[i]
+    return t
+
+
+#: Codes of :func:`check_inputs_kernel`: the parameter of ``route_batch`` at fault.
+BAD_INPUT = (
+    "",
+    "prefill_lengths",
+    "loads",
+    "free_slots",
+    "n_running",
+    "n_waiting",
+    "prompt_tokens",
+    "waiting_tokens",
+    "kv_usage",
+    "kv_capacity",
+    "pool_wait",
+    "pool_cached",
+    "pool_key",
+)
+
+
+@njit(**NJIT)
+def _bad_tokens(v):
+    """Index of the first value of the float64 vector ``v`` outside ``[0,
+    MAX_ROUTED_TOKENS]`` (NaN included), -1."""
+    for i in range(v.shape[0]):
+        if not (v[i] >= 0.0 and v[i] <= MAX_ROUTED_TOKENS):
+            return i
+    return -1
+
+
+@njit(**NJIT)
+def _bad_tokens_2d(a):
+    """:func:`_bad_tokens` of a C-contiguous float64 matrix: the flat index of its first bad
+    value, -1. Row by row (a row has the vectors' type, so one compiled ``_bad_tokens``
+    serves both; ``a.ravel()`` would compile numba's reshape code)."""
+    for r in range(a.shape[0]):
+        i = _bad_tokens(a[r])
+        if i >= 0:
+            return r * a.shape[1] + i
+    return -1
+
+
+@njit(**NJIT)
+def _bad_count(x):
+    """Index of the first negative entry of an int64 vector, -1."""
+    for i in range(x.shape[0]):
+        if x[i] < 0:
+            return i
+    return -1
+
+
+@njit(**NJIT_INLINE)
+def check_inputs_kernel(pool, reps):
+    """``(code, index)``: ``(0, -1)`` when every value is valid, else the first bad array (its
+    code in :data:`BAD_INPUT`) and the flat index of its first bad value, in one pass.
+
+    Token arrays (prefill, loads, prompt and waiting tokens, cached) must lie in
+    ``[0, MAX_ROUTED_TOKENS]``; counts must be ``>= 0``; the free slots must also sum to at most
+    ``2**63 - 1`` (index: where the running sum would overflow); ``kv_usage`` finite
+    ``>= 0``; ``kv_capacity > 0`` (``inf`` allowed); request keys ``>= 0``.
+    """
+    i = _bad_tokens(pool.prefill)
+    if i >= 0:
+        return 1, i
+    i = _bad_tokens_2d(reps.loads)
+    if i >= 0:
+        return 2, i
+    total = 0
+    free = reps.free_slots
+    for g in range(free.shape[0]):
+        if free[g] < 0 or free[g] > 9223372036854775807 - total:
+            return 3, g
+        total += free[g]
+    i = _bad_count(reps.n_running)
+    if i >= 0:
+        return 4, i
+    i = _bad_count(reps.n_waiting)
+    if i >= 0:
+        return 5, i
+    i = _bad_tokens(reps.prompt_tokens)
+    if i >= 0:
+        return 6, i
+    i = _bad_tokens(reps.waiting_tokens)
+    if i >= 0:
+        return 7, i
+    u = reps.kv_usage
+    for g in range(u.shape[0]):
+        if not (u[g] >= 0.0 and u[g] < np.inf):
+            return 8, g
+    c = reps.kv_capacity
+    for g in range(c.shape[0]):
+        if not (c[g] > 0.0):
+            return 9, g
+    i = _bad_count(pool.wait)
+    if i >= 0:
+        return 10, i
+    i = _bad_tokens_2d(pool.cached)
+    if i >= 0:
+        return 11, i
+    i = _bad_count(pool.key)
+    if i >= 0:
+        return 12, i
+    return 0, -1
+
+
+def call_policy(kernel, pool, reps, opts, carry, seed):
+    """``kernel(pool, reps, opts, carry, seed)``: one call of a policy's kernel.
+
+    In jitted code ``kernel`` is the address of the kernel's compiled code for exactly the
+    argument types of the call (an int64, :func:`policy_address`), and the call is an
+    indirect call of that code in numba's own calling convention: a jitted caller compiles
+    once for every policy and never includes a policy's code. In Python (a ``py_func``, or
+    ``NUMBA_DISABLE_JIT=1``) ``kernel`` is the kernel itself."""
+    return kernel(pool, reps, opts, carry, seed)
+
+
+@intrinsic
+def _call_at(typingctx, addr, pool, reps, opts, carry, seed):
+    """Call the compiled function at ``addr`` with numba's calling convention (as numba calls
+    a first-class function, ``numba.core.lowering.Lower._lower_call_FunctionType``): returns
+    ``(int64[::1] assignment, carry)``, propagates an exception the callee raised."""
+    if not isinstance(addr, types.Integer):
+        return None
+    ret = types.Tuple((types.int64[::1], carry))
+    sig = ret(addr, pool, reps, opts, carry, seed)
+
+    def codegen(context, builder, signature, args):
+        argtys = signature.args[1:]
+        fnty = context.call_conv.get_function_type(ret, argtys)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        status, res = context.call_conv.call_function(builder, fn, ret, argtys, args[1:])
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return res
+
+    return sig, codegen
+
+
+@overload(call_policy)
+def _call_policy_jit(kernel, pool, reps, opts, carry, seed):
+    if not isinstance(kernel, types.Integer):
+        return None
+
+    def impl(kernel, pool, reps, opts, carry, seed):
+        return _call_at(kernel, pool, reps, opts, carry, seed)
+
+    return impl
+
+
+# -- a policy's kernel compiled for calls by address only ----------------------------------
+#
+# Jitted code calls a policy's kernel by address (call_policy), never through its CPython
+# wrapper, which numba builds beside every compiled function: for a kernel it unboxes the four
+# records (13 arrays, 19 options) and boxes the result, about 650 LLVM instructions, as much
+# as a small kernel's own code, lowered, optimized and compiled to machine code for every
+# policy. The version that policy_address hands out is compiled without it, by a second
+# dispatcher of the same function: the same flags (so numba's overload implementations the
+# kernel uses are shared with everything else, not built again), the same code, only the
+# wrapper left out. The kernel itself stays callable from Python (it compiles its own version,
+# with the wrapper, on the first such call).
+
+
+class _LowerWithoutWrapper(lowering.Lower):
+    """numba's lowering, minus the CPython wrapper (the code is only called by address)."""
+
+    def create_cpython_wrapper(self, release_gil=False):
+        pass
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _NativeLoweringByAddress(typed_passes.NativeLowering):
+    """numba's native lowering pass with :class:`_LowerWithoutWrapper`."""
+
+    _name = "straggler_native_lowering_by_address"
+
+    @property
+    def lowering_class(self):
+        return _LowerWithoutWrapper
+
+
+class _ByAddressCompiler(compiler.CompilerBase):
+    """numba's nopython pipeline with :class:`_NativeLoweringByAddress` for its lowering."""
+
+    def define_pipelines(self):
+        pm = compiler.DefaultPassBuilder.define_nopython_pipeline(self.state)
+        pm.passes = [
+            (_NativeLoweringByAddress if cls is typed_passes.NativeLowering else cls, what)
+            for cls, what in pm.passes
+        ]
+        pm.finalize()
+        return [pm]
+
+
+class _ByAddressCache(FunctionCache):
+    """The kernel's own disk cache file, its entries keyed apart from the kernel's and on this
+    file's source (which decides how they are compiled)."""
+
+    def _index_key(self, sig, codegen):
+        return ("by address", _OWN_DIGEST, super()._index_key(sig, codegen))
+
+
+_OWN_DIGEST = source_digest(sys.modules[__name__])
+
+
+def _by_address(kernel):
+    """The dispatcher that compiles ``kernel`` (an ``@njit`` dispatcher) without a CPython
+    wrapper, made once per kernel: the same code and options, the same disk cache file and
+    cache key (the file and, from ``cache_depends_on``, its callees' files) as ``kernel``,
+    its entries keyed apart there (:class:`_ByAddressCache`). It compiles a copy of the
+    function named ``<name>__by_address``: the symbols of its code must differ from the
+    kernel's, which one process may load beside them (numba names a function's code by its
+    name, types and a counter local to the process that compiled it). Never called from
+    Python (its versions have no entry point there): :func:`policy_address` reads the
+    address of its code."""
+    twin = kernel.__dict__.get("_by_address")
+    if twin is None:
+        f = kernel.py_func
+        copy = pytypes.FunctionType(
+            f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__
+        )
+        copy.__kwdefaults__ = f.__kwdefaults__
+        copy.__qualname__ = f.__qualname__ + "__by_address"
+        twin = type(kernel)(
+            copy,
+            locals=kernel.locals,
+            targetoptions=dict(kernel.targetoptions),
+            pipeline_class=_ByAddressCompiler,
+        )
+        if not isinstance(kernel._cache, NullCache):
+            cache = _ByAddressCache(f)  # the kernel's file (named after f, keyed on f's code)
+            index, own = cache._cache_file, getattr(kernel._cache, "_cache_file", None)
+            if own is None or not hasattr(index, "_source_stamp"):
+                cache = NullCache()  # another numba's cache layout: correct, only slower
+            else:
+                index._source_stamp = own._source_stamp
+            twin._cache = cache
+        kernel._by_address = twin
+    return twin
+
+
+def policy_address(kernel, name: str, argtypes, func: str) -> int:
+    """The address of the code of ``kernel`` (the ``@njit`` kernel of the policy ``name``)
+    for the numba types ``argtypes`` ``(PoolState, ReplicaState, RouterOptions, RouterCarry,
+    int64)``, compiled here without a CPython wrapper (:func:`_by_address`) or loaded from
+    numba's disk cache, for :func:`call_policy` in jitted code that passes exactly those
+    types; with ``NUMBA_DISABLE_JIT=1``, the kernel itself.
+
+    Raises :class:`~straggler.formulations.errors.InvalidInputError` (naming ``func``, the
+    caller, and the policy) when ``kernel`` is not an ``@njit`` function or does not return
+    ``(int64 C-contiguous array, RouterCarry)``: the indirect call relies on both.
+    """
+    if not hasattr(route_batch_kernel, "compile"):  # NUMBA_DISABLE_JIT=1
+        return kernel
+    if not hasattr(kernel, "compile"):
+        raise InvalidInputError(
+            f"{func}: the kernel of routing policy {name!r} must be a numba.njit function "
+            f"(jitted code calls it), got {type(kernel).__name__}"
+        )
+    argtypes = tuple(argtypes)
+    twin = _by_address(kernel)
+    twin.compile(argtypes)
+    cres = twin.overloads[argtypes]
+    want = types.Tuple((types.int64[::1], argtypes[3]))
+    if cres.signature.return_type != want:
+        raise InvalidInputError(
+            f"{func}: the kernel of routing policy {name!r} must return (assignment int64 "
+            f"C-contiguous array, RouterCarry), i.e. {want}; it returns "
+            f"{cres.signature.return_type}"
+        )
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+
+
+@njit(**NJIT)
+def route_batch_kernel(
+    kernel,
+    prefill,
+    wait,
+    key,
+    cached,
+    loads,
+    free_slots,
+    n_running,
+    n_waiting,
+    prompt_tokens,
+    waiting_tokens,
+    kv_usage,
+    kv_capacity,
+    opts,
+    carry,
+    seed,
+    assignment,
+    loads_after,
+):
+    """One call for ``route_batch``: value check, the policy's kernel (``kernel``: its
+    address, :func:`policy_address`, for the argument types of this call; see
+    :func:`call_policy`), the tick summary. Compiled once for every policy.
+
+    Takes the fields of :class:`PoolState` and :class:`ReplicaState` as flat arrays (cheaper to
+    pass from Python than two tuples), and fills ``assignment`` (int64 ``(n,)``) and
+    ``loads_after`` (float64 ``(G,)``), fresh arrays of the caller (numba boxes an array it
+    returns by unpickling ``numpy.ndarray`` each call, dearer than taking one in). Returns
+    ``(code, index, *carry_out, I_before, I_after, n_placed, S_tot, ns)``, the five fields
+    of the :class:`RouterCarry` out as plain values (a NamedTuple is boxed by unpickling its
+    class, about a microsecond); ``(code, index)`` as in :func:`check_inputs_kernel` (nothing
+    is routed and nothing filled when ``code != 0``); ``S_tot`` = total free slots at the
+    start of the tick; ``ns`` the kernel's and the summary's time.
+    """
+    pool = PoolState(prefill, wait, key, cached)
+    reps = ReplicaState(
+        loads,
+        free_slots,
+        n_running,
+        n_waiting,
+        prompt_tokens,
+        waiting_tokens,
+        kv_usage,
+        kv_capacity,
+    )
+    code, index = check_inputs_kernel(pool, reps)
+    if code != 0:
+        c = carry
+        return (code, index, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,
+                0.0, 0.0, 0, 0, 0)  # fmt: skip
+    t0 = monotonic_ns()
+    out, new_carry = call_policy(kernel, pool, reps, opts, carry, seed)
+    before, after, L, placed = tick_summary_kernel(loads, prefill, out)
+    ns = monotonic_ns() - t0
+    # element loops, not slice assignments: those compile numba's shape-mismatch error path
+    # (string formatting, about a second and a half of a cold compile)
+    for i in range(out.shape[0]):
+        assignment[i] = out[i]
+    s_tot = 0
+    for g in range(free_slots.shape[0]):
+        loads_after[g] = L[g]
+        s_tot += free_slots[g]
+    c = new_carry
+    return (0, -1, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,
+            before, after, placed, s_tot, ns)  # fmt: skip

@@ -783,6 +783,17 @@ def test_bad_options(opts, param):
         solve_dispatch(FIG1B, FIG1B_COST, method="tempo", **opts)
 
 
+def test_a_valid_call_does_not_vouch_for_an_equal_invalid_one():
+    """Method instances are shared across calls with the same options; ``seed=True`` and
+    ``seed=1`` are equal and hash alike, yet the second is refused after the first ran."""
+    solve_dispatch(FIG1B, FIG1B_COST, method="tempo", seed=True, repair_budget_s=0.0)
+    with pytest.raises(InvalidInputError, match="'seed'"):
+        solve_dispatch(FIG1B, FIG1B_COST, method="tempo", seed=1, repair_budget_s=0.0)
+    solve_dispatch(FIG1B, FIG1B_COST, method="tempo", tau=0.01, repair_budget_s=0)
+    with pytest.raises(InvalidInputError, match="'repair_budget_s'"):
+        solve_dispatch(FIG1B, FIG1B_COST, method="tempo", tau=0.01, repair_budget_s=False)
+
+
 @given(st.integers(0, 2**32 - 1))
 @settings(max_examples=15)
 def test_zero_counts_and_single_gpu(seed):

@@ -63,7 +63,9 @@ def _method(name, options: dict, func: str):
     methods that are frozen dataclasses (immutable hyperparameters, so sharing is safe;
     validating and building one costs ~15 us per call otherwise)."""
     try:
-        key = (name, tuple(sorted(options.items())))
+        # the option's type is part of the key: ``1 == True`` and ``hash(1) == hash(True)``,
+        # so without it an instance built for ``seed=True`` would serve ``seed=1`` unchecked
+        key = (name, tuple(sorted((k, type(v).__qualname__, v) for k, v in options.items())))
         hash(key)
     except TypeError:  # an unhashable name or option value: built (and refused) each call
         return make_method(name, options, func)
@@ -75,7 +77,7 @@ def _method(name, options: dict, func: str):
 def _cached_method(key, func: str):
     """The shared instance, or None for a method that is not a frozen dataclass."""
     name, items = key
-    solver = make_method(name, dict(items), func)
+    solver = make_method(name, {k: v for k, _, v in items}, func)
     return solver if type(solver).__dataclass_params__.frozen else None
 
 

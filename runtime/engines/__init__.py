@@ -14,9 +14,14 @@ writes them):
 * TensorRT-LLM: ``meta_info.json`` + ``rank*.safetensors`` statistics, and
   ``moe_load_balancer.yaml``;
 * DeepSeek EPLB: ``phy2log``, ``log2phy``, ``logcnt`` (and the ``weight`` placed).
+
+The engine plug-ins serve straggler's placement through the engines' own extension points,
+named by one environment variable (:data:`PLUGIN_POLICY_ENV`): :func:`register_vllm_plugin`
+(vLLM's ``vllm.general_plugins`` entry point; :mod:`.vllm_plugin`).
 """
 
 from ._common import EngineLog, fold_physical_counts
+from ._policies import PLUGIN_POLICIES, PLUGIN_POLICY_ENV, plugin_policy
 from .detect import ENGINES, detect_format, read_engine_log
 from .eplb import read_eplb_maps, write_eplb_maps
 from .sglang import (
@@ -42,6 +47,7 @@ from .vllm import (
     vllm_maps,
     write_vllm_state,
 )
+from .vllm_plugin import register_vllm_plugin, vllm_policy_class, vllm_rebalance
 
 __all__ = [
     "EngineLog",
@@ -68,4 +74,10 @@ __all__ = [
     "VLLM_MAP_WIDTH",
     "dump_vllm_eplb_state",
     "write_vllm_state",
+    "PLUGIN_POLICIES",
+    "PLUGIN_POLICY_ENV",
+    "plugin_policy",
+    "register_vllm_plugin",
+    "vllm_policy_class",
+    "vllm_rebalance",
 ]

@@ -9,11 +9,14 @@ import tomllib
 import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError
+from straggler.formulations.dispatch import logical_to_physical
 from straggler.runtime.engines import (
     PLUGIN_POLICIES,
     PLUGIN_POLICY_ENV,
     plugin_policy,
+    register_sglang_plugin,
     register_vllm_plugin,
+    sglang_rebalance,
     vllm_rebalance,
 )
 from straggler.solvers import place_experts
@@ -38,20 +41,21 @@ def test_bad_policy_is_one_line_and_exit_2(capsys):
     assert err.count("\n") == 1 and err.startswith("error: STRAGGLER_EPLB_POLICY='eplb' names")
 
 
-def test_unset_registers_nothing(run_python):
-    """Unset, the entry point returns before importing the engine (vLLM is not needed)."""
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_unset_registers_nothing(run_python, engine):
+    """Unset, the entry point returns before importing the engine (not needed here)."""
     out = run_python(
         "import sys\n"
-        "from straggler.runtime.engines.vllm_plugin import register_vllm_plugin\n"
-        "print(register_vllm_plugin(), 'vllm' in sys.modules)",
+        f"from straggler.runtime.engines.{engine}_plugin import register_{engine}_plugin\n"
+        f"print(register_{engine}_plugin(), '{engine}' in sys.modules)",
         env={PLUGIN_POLICY_ENV: ""},
     )
     assert out.split() == ["None", "False"]
-    assert register_vllm_plugin({}) is None
+    assert register_vllm_plugin({}) is None and register_sglang_plugin({}) is None
 
 
 def test_entry_points_declared():
-    for group, name in [("vllm.general_plugins", "straggler")]:
+    for group, name in [("vllm.general_plugins", "straggler"), ("sglang.srt.plugins", "straggler")]:
         module, func = ENTRY_POINTS[group][name].split(":")
         assert callable(getattr(importlib.import_module(module), func))
 
@@ -105,3 +109,31 @@ def test_vllm_rebalance_global_policy_when_groups_do_not_split_over_nodes():
 def test_vllm_rebalance_refuses_what_vllm_asserts(args, name):
     with pytest.raises(InvalidInputError, match=f"'{name}' parameter of vllm_rebalance"):
         vllm_rebalance(*args)
+
+
+def test_sglang_rebalance_is_place_experts_on_the_window():
+    window = np.random.default_rng(3).integers(0, 100, size=(5, 2, 16))
+    p2l, l2p, cnt = sglang_rebalance(window, 24, 6, 4, 1)
+    want = place_experts(window, 24, 4, 1, 4)[0]
+    np.testing.assert_array_equal(p2l, want)
+    for got, ref in zip((l2p, cnt), logical_to_physical(want, 16)):
+        np.testing.assert_array_equal(got, ref)
+    # one step given 2-D, as init_by_eplb accepts; no groups (None) is one group
+    np.testing.assert_array_equal(
+        sglang_rebalance(window[0], 24, 6, None, 1)[0], place_experts(window[:1], 24, 1, 1, 4)[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((np.ones((2, 16)), 24, 5, 4, 1), "num_physical_experts"),
+        ((np.ones((2, 16)), 24, 0, 4, 1), "num_local_physical_experts"),
+        ((np.ones(16), 24, 6, 4, 1), "tokens_per_expert"),
+        ((-np.ones((2, 16)), 24, 6, 4, 1), "tokens_per_expert"),
+        ((np.ones((2, 16)), 24, 6, 0, 1), "num_groups"),
+    ],
+)
+def test_sglang_rebalance_refuses_bad_input(args, name):
+    with pytest.raises(InvalidInputError, match=f"'{name}' parameter of sglang_rebalance"):
+        sglang_rebalance(*args)

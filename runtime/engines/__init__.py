@@ -17,7 +17,9 @@ writes them):
 
 The engine plug-ins serve straggler's placement through the engines' own extension points,
 named by one environment variable (:data:`PLUGIN_POLICY_ENV`): :func:`register_vllm_plugin`
-(vLLM's ``vllm.general_plugins`` entry point; :mod:`.vllm_plugin`).
+(vLLM's ``vllm.general_plugins`` entry point; :mod:`.vllm_plugin`) and
+:func:`register_sglang_plugin` (SGLang's ``sglang.srt.plugins`` entry point, the EPLB
+algorithm ``--eplb-algorithm straggler``; :mod:`.sglang_plugin`).
 """
 
 from ._common import EngineLog, fold_physical_counts
@@ -32,6 +34,7 @@ from .sglang import (
     write_sglang_init_location,
     write_sglang_stat_dump,
 )
+from .sglang_plugin import SGLANG_ALGORITHM, register_sglang_plugin, sglang_rebalance
 from .trtllm import (
     read_moe_load_balancer,
     read_trtllm_statistics,
@@ -80,4 +83,7 @@ __all__ = [
     "register_vllm_plugin",
     "vllm_policy_class",
     "vllm_rebalance",
+    "SGLANG_ALGORITHM",
+    "register_sglang_plugin",
+    "sglang_rebalance",
 ]

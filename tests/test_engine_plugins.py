@@ -16,6 +16,7 @@ from straggler.runtime.engines import (
     plugin_policy,
     register_sglang_plugin,
     register_vllm_plugin,
+    sglang_dispatch_rule,
     sglang_rebalance,
     vllm_rebalance,
 )
@@ -66,7 +67,7 @@ def _weight(seed, L=3, E=16):
 
 def test_vllm_rebalance_is_place_experts_with_vllms_slot_rule():
     w = _weight(0)
-    want = place_experts(w[None], 24, 4, 2, 4)[0]
+    want = place_experts(w[None], 24, 4, 2, 4, dispatch="vllm")[0]
     got = vllm_rebalance(w, 24, 4, 2, 4)
     assert got.dtype == np.int64 and got.flags.c_contiguous
     np.testing.assert_array_equal(got, want)
@@ -74,6 +75,9 @@ def test_vllm_rebalance_is_place_experts_with_vllms_slot_rule():
     old = np.stack([rng.permutation(24) % 16 for _ in range(3)])
     kept = vllm_rebalance(w, 24, 4, 2, 4, old)
     np.testing.assert_array_equal(kept, preserve_intragpu_slots(want, 4, old))
+    np.testing.assert_array_equal(
+        kept, place_experts(w[None], 24, 4, 2, 4, dispatch="vllm", previous=old)[0]
+    )
     for h in range(4):  # the same experts on every GPU, only their slots differ
         sl = slice(6 * h, 6 * h + 6)
         assert (np.sort(kept[:, sl]) == np.sort(want[:, sl])).all()
@@ -89,7 +93,7 @@ def test_vllm_rebalance_is_place_experts_with_vllms_slot_rule():
 def test_vllm_rebalance_global_policy_when_groups_do_not_split_over_nodes():
     w = _weight(2, E=12)
     np.testing.assert_array_equal(
-        vllm_rebalance(w, 16, 3, 2, 4), place_experts(w[None], 16, 1, 1, 4)[0]
+        vllm_rebalance(w, 16, 3, 2, 4), place_experts(w[None], 16, 1, 1, 4, dispatch="vllm")[0]
     )
 
 
@@ -113,15 +117,17 @@ def test_vllm_rebalance_refuses_what_vllm_asserts(args, name):
 
 def test_sglang_rebalance_is_place_experts_on_the_window():
     window = np.random.default_rng(3).integers(0, 100, size=(5, 2, 16))
-    p2l, l2p, cnt = sglang_rebalance(window, 24, 6, 4, 1)
-    want = place_experts(window, 24, 4, 1, 4)[0]
+    p2l, l2p, cnt = sglang_rebalance(window, 24, 6, 4, 1)  # static dispatch by default
+    want = place_experts(window, 24, 4, 1, 4, dispatch="static")[0]
     np.testing.assert_array_equal(p2l, want)
     for got, ref in zip((l2p, cnt), logical_to_physical(want, 16)):
         np.testing.assert_array_equal(got, ref)
     # one step given 2-D, as init_by_eplb accepts; no groups (None) is one group
     np.testing.assert_array_equal(
-        sglang_rebalance(window[0], 24, 6, None, 1)[0], place_experts(window[:1], 24, 1, 1, 4)[0]
+        sglang_rebalance(window[0], 24, 6, None, 1, dispatch="lp")[0],
+        place_experts(window[:1], 24, 1, 1, 4, dispatch="lp")[0],
     )
+    assert sglang_dispatch_rule("fake") == "dynamic" and sglang_dispatch_rule(None) == "static"
 
 
 @pytest.mark.parametrize(
@@ -137,3 +143,7 @@ def test_sglang_rebalance_is_place_experts_on_the_window():
 def test_sglang_rebalance_refuses_bad_input(args, name):
     with pytest.raises(InvalidInputError, match=f"'{name}' parameter of sglang_rebalance"):
         sglang_rebalance(*args)
+    with pytest.raises(InvalidInputError, match="'dispatch' parameter of sglang_rebalance"):
+        sglang_rebalance(np.ones((2, 16)), 24, 6, 4, 1, dispatch="tempo")
+    with pytest.raises(InvalidInputError, match="'ep_dispatch_algorithm' parameter"):
+        sglang_dispatch_rule("random")

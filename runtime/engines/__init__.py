@@ -34,7 +34,13 @@ from .sglang import (
     write_sglang_init_location,
     write_sglang_stat_dump,
 )
-from .sglang_plugin import SGLANG_ALGORITHM, register_sglang_plugin, sglang_rebalance
+from .sglang_plugin import (
+    SGLANG_ALGORITHM,
+    SGLANG_DISPATCH_RULES,
+    register_sglang_plugin,
+    sglang_dispatch_rule,
+    sglang_rebalance,
+)
 from .trtllm import (
     read_moe_load_balancer,
     read_trtllm_statistics,
@@ -50,7 +56,7 @@ from .vllm import (
     vllm_maps,
     write_vllm_state,
 )
-from .vllm_plugin import register_vllm_plugin, vllm_policy_class, vllm_rebalance
+from .vllm_plugin import VLLM_DISPATCH, register_vllm_plugin, vllm_policy_class, vllm_rebalance
 
 __all__ = [
     "EngineLog",
@@ -80,10 +86,13 @@ __all__ = [
     "PLUGIN_POLICIES",
     "PLUGIN_POLICY_ENV",
     "plugin_policy",
+    "VLLM_DISPATCH",
     "register_vllm_plugin",
     "vllm_policy_class",
     "vllm_rebalance",
     "SGLANG_ALGORITHM",
+    "SGLANG_DISPATCH_RULES",
     "register_sglang_plugin",
+    "sglang_dispatch_rule",
     "sglang_rebalance",
 ]

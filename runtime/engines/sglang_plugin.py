@@ -42,7 +42,13 @@ from ...formulations.errors import param_error
 from ...formulations.validation import check_array, check_int
 from ._policies import PLUGIN_POLICIES, plugin_policy, run_policy
 
-__all__ = ["SGLANG_ALGORITHM", "register_sglang_plugin", "sglang_rebalance"]
+__all__ = [
+    "SGLANG_ALGORITHM",
+    "SGLANG_DISPATCH_RULES",
+    "register_sglang_plugin",
+    "sglang_dispatch_rule",
+    "sglang_rebalance",
+]
 
 _LOG = logging.getLogger(__name__)
 _FUNC = "sglang_rebalance"
@@ -50,6 +56,33 @@ _FUNC = "sglang_rebalance"
 #: hook returns for it).
 SGLANG_ALGORITHM = "straggler"
 _TARGET = "sglang.srt.eplb.eplb_algorithms."
+#: SGLang's ``--ep-dispatch-algorithm`` -> the rule ``place_experts`` places for (``fake``
+#: draws as ``dynamic`` does, ``expert_location_dispatch.py``).
+SGLANG_DISPATCH_RULES = {"static": "static", "dynamic": "dynamic", "fake": "dynamic", "lp": "lp"}
+
+
+def sglang_dispatch_rule(ep_dispatch_algorithm, moe_a2a_backend=None) -> str:
+    """The dispatch rule of SGLang's ``--ep-dispatch-algorithm`` (module notes).
+
+    Unset (``None``), SGLang resolves it when EPLB is on (``_handle_eplb_and_dispatch``,
+    ``sglang/srt/arg_groups/parallel_hook.py``): ``dynamic`` without an all-to-all backend
+    (``moe_a2a_backend == "none"``), ``static`` otherwise.
+
+    Examples
+    --------
+    >>> sglang_dispatch_rule("fake"), sglang_dispatch_rule(None, "none")
+    ('dynamic', 'dynamic')
+    """
+    if ep_dispatch_algorithm is None:
+        return "dynamic" if moe_a2a_backend == "none" else "static"
+    if ep_dispatch_algorithm not in SGLANG_DISPATCH_RULES:
+        raise param_error(
+            "ep_dispatch_algorithm", "sglang_dispatch_rule",
+            f"one of {sorted(SGLANG_DISPATCH_RULES)} or None", repr(ep_dispatch_algorithm),
+        )  # fmt: skip
+    return SGLANG_DISPATCH_RULES[ep_dispatch_algorithm]
+
+
 _ARGS = ("tokens_per_expert", "num_physical_experts", "num_local_physical_experts",
          "num_groups", "num_nodes", "algorithm")  # fmt: skip
 
@@ -84,6 +117,7 @@ def sglang_rebalance(
     num_nodes: int,
     *,
     policy: str = "place_experts",
+    dispatch: str = "static",
 ):
     """The maps of the plug-in's policy on SGLang's arguments (numpy in, numpy out).
 
@@ -101,6 +135,9 @@ def sglang_rebalance(
         rule), the global one otherwise.
     policy : str, default "place_experts"
         A key of :data:`~straggler.runtime.engines._policies.PLUGIN_POLICIES`.
+    dispatch : {"static", "dynamic", "lp"}, default "static"
+        SGLang's dispatch rule in force (:func:`sglang_dispatch_rule`); the hook reads it
+        from SGLang's ``--ep-dispatch-algorithm`` at each call.
 
     Returns
     -------
@@ -122,7 +159,12 @@ def sglang_rebalance(
         tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
         num_nodes, policy,
     )  # fmt: skip
-    p2l = run_policy(policy, h, P, G, N, g)
+    if dispatch not in SGLANG_DISPATCH_RULES.values():
+        raise param_error(
+            "dispatch", _FUNC, f"one of {sorted(set(SGLANG_DISPATCH_RULES.values()))}",
+            repr(dispatch),
+        )  # fmt: skip
+    p2l = run_policy(policy, h, P, G, N, g, dispatch=dispatch)
     l2p, cnt = logical_to_physical(p2l, h.shape[2])
     return p2l, l2p, cnt
 
@@ -141,14 +183,17 @@ def _hooks(policy: str):
         if bound.get("algorithm") != SGLANG_ALGORITHM:
             return original_fn(*args, **kwargs)
         import torch
+        from sglang.srt.runtime_context import get_exec
 
+        moe = get_exec().moe
+        rule = sglang_dispatch_rule(moe.ep_dispatch_algorithm, moe.moe_a2a_backend)
         tokens = bound["tokens_per_expert"]
         tokens = tokens.detach().cpu().numpy() if hasattr(tokens, "detach") else tokens
         maps = sglang_rebalance(
             tokens, bound["num_physical_experts"], bound["num_local_physical_experts"],
-            bound["num_groups"], bound["num_nodes"], policy=policy,
+            bound["num_groups"], bound["num_nodes"], policy=policy, dispatch=rule,
         )  # fmt: skip
-        _LOG.info("straggler %s: placed %d layers", policy, maps[0].shape[0])
+        _LOG.info("straggler %s (%s dispatch): placed %d layers", policy, rule, maps[0].shape[0])
         return tuple(torch.from_numpy(m) for m in maps)
 
     return compute_algorithm, rebalance_experts

@@ -7,9 +7,10 @@ among the installed package's ``sglang.srt.plugins``; with
 (the call its EPLB manager makes at each rebalance), configured ``--enable-eplb
 --eplb-algorithm straggler``, resolves the name through ``compute_algorithm`` and builds its
 metadata from our maps, equal to :func:`~straggler.solvers.place_experts` on the same
-window, and identical in two processes (every rank runs the algorithm on its own copy);
-SGLang's own algorithms are unchanged beside it; with the variable unset nothing is
-patched; a bad value stops the process at plug-in load with one line and exit status 2.
+window under SGLang's ``--ep-dispatch-algorithm`` (``dispatch=``), and identical in two
+processes (every rank runs the algorithm on its own copy); SGLang's own algorithms are
+unchanged beside it; with the variable unset nothing is patched; a bad value stops the
+process at plug-in load with one line and exit status 2.
 """
 
 import json
@@ -101,7 +102,7 @@ def test_init_by_eplb_runs_our_algorithm(model_dir):
     assert r["algorithm"] == "straggler"
     counts = np.array(r["counts"])
     # DeepSeek-V3's n_group=4 on one node: the hierarchical layout
-    want = place_experts(counts, P, 4, 1, EP)[0]
+    want = place_experts(counts, P, 4, 1, EP, dispatch="dynamic")[0]
     np.testing.assert_array_equal(r["p2l"], want)
     l2p, cnt = logical_to_physical(want, N_EXPERTS)
     got_l2p = np.array(r["l2p"])  # SGLang pads it to P columns

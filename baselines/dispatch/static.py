@@ -43,7 +43,7 @@ from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import InvalidOptionError, param_error
 from ...formulations.validation import check_array, check_bool, check_choice, check_int
 from ...solvers.dispatch.registry import LayerSolution
-from .tokens import _mask_candidates, token_layout
+from .tokens import _caller_int_dtype, _mask_candidates, token_layout
 
 __all__ = [
     "StaticDispatch",
@@ -168,9 +168,10 @@ def sglang_static_table(
 
     Returns
     -------
-    ndarray of int64, shape (n_gpus, n_layers, n_experts)
+    ndarray of the map's integer dtype (int64 for other input), shape (n_gpus, n_layers, n_experts)
         The slot each source rank sends each expert's tokens to (``-1`` for an expert with
-        no replica, which SGLang never has; no draw is made for it).
+        no replica, which SGLang never has; no draw is made for it). SGLang's table keeps
+        its map's dtype (``compute_logical_to_rank_dispatch_physical_map``).
 
     Examples
     --------
@@ -181,11 +182,12 @@ def sglang_static_table(
     >>> t[[0, 2], 0, 0].tolist(), sorted(t[[1, 3], 0, 0].tolist())
     ([0, 2], [0, 2])
     """
+    dtype = _caller_int_dtype(logical_to_physical)
     l2p, slot_gpu, gpu_node, version, seed, per_rank = _sglang_static_table_iv(
         logical_to_physical, slot_gpu, gpu_node, version, seed, per_rank_lists
     )
     if not per_rank:
-        return _static_table(l2p, slot_gpu, gpu_node, version, seed)
+        return _static_table(l2p, slot_gpu, gpu_node, version, seed).astype(dtype, copy=False)
     n_gpus = gpu_node.size
     table = np.empty((n_gpus, *l2p.shape[:2]), dtype=np.int64)
     for rank in range(n_gpus):
@@ -197,7 +199,7 @@ def sglang_static_table(
                 narrowed[layer, e] = -1
                 narrowed[layer, e, 0] = p
         table[rank] = _static_table(narrowed, slot_gpu, gpu_node, version, seed)[rank]
-    return table
+    return table.astype(dtype, copy=False)
 
 
 def _static_table(l2p, slot_gpu, gpu_node, version, seed) -> np.ndarray:

@@ -27,7 +27,8 @@ def _trace(n=60, seed=1):
 
 def _views(tr, policy, **kw):
     """The ReplicaState of every tick (the Python engine with a spying router)."""
-    inp, pol, *_ = engine_inputs(tr, SimConfig.from_settings(policy, **{**FAST, **kw}))
+    run = engine_inputs(tr, SimConfig.from_settings(policy, **{**FAST, **kw}))
+    inp, pol = run.inputs, run.policy
     seen = []
 
     def spy(pool, reps, params, carry, seed):

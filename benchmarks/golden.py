@@ -7,7 +7,7 @@ Run it on two checkouts and compare: a refactor that keeps behaviour leaves ever
 
 Covered, through the public names only (so the script runs unchanged across a reorganised
 tree): every ``route_batch`` policy on seeded ticks; ``simulate`` for every policy and over its
-modes (pool and queue dispatch, staleness, tick period, predictors, the reference engine, the
+modes (pool and queue admission, staleness, tick period, predictors, the reference engine, the
 deployment model with each placement and dispatch; the other simulator paths, on both engines:
 the engines' queues, prefix caches, aggregated serving, the load basis, the deployment model
 without MoE, with nodes, drift, context cost, and priced step by step in Python); every
@@ -140,7 +140,7 @@ def simulate_entries(out: dict) -> None:
         r = simulate(trace, policy, n_replicas=4, max_slots=8, seed=1)
         out[f"simulate/{policy}"] = _plain(r)
     modes = {
-        "queue": dict(dispatch="queue"),
+        "queue": dict(admission="queue"),
         "stale2_tick3": dict(stale=2, tick=3),
         "not_optimistic": dict(optimistic=False),
         "reference_engine": dict(engine="python"),
@@ -207,17 +207,17 @@ def simulate_mode_entries(out: dict) -> None:
     tight = int((trace.prompt_len + trace.output_len).max()) + 300  # preempts often
     instant = dict(prefill_instances=0, prefill_base_s=0.0, prefill_tokens_per_s=float("inf"))
     modes = {
-        "queue_blocks": ("dynamo", dict(dispatch="queue", prefix_blocks=blocks, load=1.5)),
+        "queue_blocks": ("dynamo", dict(admission="queue", prefix_blocks=blocks, load=1.5)),
         "pool_blocks": ("dynamo", dict(prefix_blocks=blocks, load=1.5)),
         "jsq_blocks_tight": ("jsq", dict(prefix_blocks=blocks, load=1.5, kv_capacity=tight)),
-        "ctx_queue": ("vllm", dict(ctx_cost=2e-6, dispatch="queue", load=1.5, **instant)),
+        "ctx_queue": ("vllm", dict(ctx_cost=2e-6, admission="queue", load=1.5, **instant)),
         "ctx_pool": ("trtllm_balance", dict(ctx_cost=2e-6, load=1.5, **instant)),
         "basis_decode": ("jsq", dict(load=1.2, load_basis="decode")),
         "basis_prefill": ("jsq", dict(load=0.8, load_basis="prefill", prefill_instances=1)),
         "min_output": ("br0", dict(min_output=20, saturated=True, max_steps=300)),
         "brh_fix": ("brh", dict(predictor="oracle", horizon=12, refill=True, new_presence=True)),
         "brh_stale": ("brh", dict(predictor="survival", horizon=8, stale=2, max_pool=5)),
-        "room_queue": ("follow_bootstrap_room", dict(dispatch="queue", load=2.0)),
+        "room_queue": ("follow_bootstrap_room", dict(admission="queue", load=2.0)),
     }
     for name, (policy, kw) in modes.items():
         for engine in ("numba", "python"):
@@ -242,7 +242,7 @@ def simulate_mode_entries(out: dict) -> None:
     dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=1, seed=5, dispatch="even")
     r = simulate(
         small, "vllm", n_replicas=4, max_slots=8, seed=3, deployment=dep, max_steps=80,
-        ctx_cost=1e-6, dispatch="queue", **instant,
+        ctx_cost=1e-6, admission="queue", **instant,
     )  # fmt: skip
     out["simulate_modes/deployment/ctx_queue"] = _plain(r)
     StepModel.fused = False  # every step priced in Python and numpy (the per-batch path)

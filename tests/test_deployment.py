@@ -417,8 +417,8 @@ def _trace(n=120, seed=0):
 
 
 @pytest.mark.parametrize("engine", ["numba", "python"])
-@pytest.mark.parametrize("policy, dispatch", [("jsq", "pool"), ("br0", "pool"), ("vllm", "queue")])
-def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, dispatch):
+@pytest.mark.parametrize("policy, admission", [("jsq", "pool"), ("br0", "pool"), ("vllm", "queue")])
+def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, admission):
     import dataclasses
 
     from straggler.sim import simulate
@@ -429,7 +429,7 @@ def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, 
         attention=AttentionCost(a=t0 * 1e6, b=kappa * 1e6, c=0.0),
     )  # fmt: skip
     assert pre.attention.a / 1e6 == t0 and pre.attention.b / 1e6 == kappa
-    kw = dict(n_replicas=4, max_slots=8, t0=t0, kappa=kappa, engine=engine, dispatch=dispatch)
+    kw = dict(n_replicas=4, max_slots=8, t0=t0, kappa=kappa, engine=engine, admission=admission)
     tr = _trace()
     base = simulate(tr, policy, **kw)
     dep = DeploymentConfig(preset=pre, n_gpus=4, moe=False, layers=1)

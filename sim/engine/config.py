@@ -91,7 +91,7 @@ __all__ = [
     "RunConfig",
     "DEFAULT_STEP_TIME",
     "DEFAULT_PREFILL",
-    "DISPATCH_MODES",
+    "ADMISSION_MODES",
     "MAX_REPLICAS",
     "MAX_SLOTS",
     "SETTINGS",
@@ -104,8 +104,9 @@ DEFAULT_STEP_TIME = (0.040, 0.22e-6)
 #: defaults to ``ceil(G / 2)``.
 DEFAULT_PREFILL = (50_000.0, 0.02)
 
-#: Values of ``dispatch``.
-DISPATCH_MODES = ("pool", "queue")
+#: Values of ``admission`` (where a routed request waits for its slot: in one central pool,
+#: or in the engine's own queue).
+ADMISSION_MODES = ("pool", "queue")
 
 #: Values of ``RunConfig.load_basis`` (``simulate(load_basis=...)``): the capacity ``load``
 #: is a multiple of (see :func:`straggler.sim.engine.simulator.simulate`).
@@ -134,9 +135,10 @@ class ClusterConfig:
     t0: float = DEFAULT_STEP_TIME[0]
     kappa: float = DEFAULT_STEP_TIME[1]
     ctx_cost: float = 0.0
-    dispatch: str = "pool"
-    """``"pool"``: one central pool, a request goes only to a replica with a free slot;
-    ``"queue"``: to one engine's own FIFO queue, whatever its slots."""
+    admission: str = "pool"
+    """``"pool"``: one central pool, a request goes only to a replica with a free slot and
+    starts there; ``"queue"``: to one engine's own FIFO queue, whatever its slots, and the
+    engine admits from its head."""
 
     def __post_init__(self):
         _set(
@@ -147,7 +149,8 @@ class ClusterConfig:
         _set(self, "t0", check_real(self.t0, "t0", _F, lo=0))
         _set(self, "kappa", check_real(self.kappa, "kappa", _F, lo=0))
         _set(self, "ctx_cost", check_real(self.ctx_cost, "ctx_cost", _F, lo=0))
-        _set(self, "dispatch", check_choice(self.dispatch, "dispatch", _F, list(DISPATCH_MODES)))
+        admission = check_choice(self.admission, "admission", _F, list(ADMISSION_MODES))
+        _set(self, "admission", admission)
         if self.t0 == 0 and self.kappa == 0:
             raise param_error("t0", _F, "positive when kappa is 0 (steps must take time)", "0")
 
@@ -263,7 +266,7 @@ _FLAT = {
     "t0": ("cluster", "t0"),
     "kappa": ("cluster", "kappa"),
     "ctx_cost": ("cluster", "ctx_cost"),
-    "dispatch": ("cluster", "dispatch"),
+    "admission": ("cluster", "admission"),
     "prefill_instances": ("prefill", "instances"),
     "prefill_tokens_per_s": ("prefill", "tokens_per_s"),
     "prefill_base_s": ("prefill", "base_s"),

@@ -23,12 +23,12 @@ decode: a replica whose next step would overflow preempts its most recently admi
 (vLLM's recompute preemption: back through prefill with ``prompt + decoded`` tokens, KV
 dropped). See :mod:`straggler.sim.engine._loop` for the exact order of events.
 
-Dispatch modes, bootstrap rooms, prefix caches, aggregated serving
-------------------------------------------------------------------
-``dispatch="pool"`` (default): one central prompt pool; the router places a request only on a
+Admission modes, bootstrap rooms, prefix caches, aggregated serving
+-------------------------------------------------------------------
+``admission="pool"`` (default): one central prompt pool; the router places a request only on a
 replica with a free slot, where it starts at once (BalanceRoute's model; TensorRT-LLM's
 capacity-limited fetch). The engines keep no queue, so ``n_waiting = waiting_tokens = 0`` in
-the policies' view. ``dispatch="queue"``: vLLM's and SGLang's DP front ends route every request
+the policies' view. ``admission="queue"``: vLLM's and SGLang's DP front ends route every request
 on arrival (here: at the first tick after its prefill) to one engine's own FIFO queue, whatever
 its slots; each engine admits from the head of its queue at every step while the head has a
 slot and KV room (the first that does not fit blocks those behind it, FCFS). The router then
@@ -80,6 +80,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -91,7 +92,7 @@ from ...formulations.errors import (
     StragglerError,
     param_error,
 )
-from ...formulations.validation import check_type
+from ...formulations.validation import check_choice, check_type
 from ...solvers._numba.jit import cache_depends_on
 from ...solvers.routing.predictors import (
     PredictorKind,
@@ -115,9 +116,9 @@ from ._loop import (
     run_engine_reference,
 )
 from .config import (
+    ADMISSION_MODES,
     DEFAULT_PREFILL,
     DEFAULT_STEP_TIME,
-    DISPATCH_MODES,
     LOAD_BASES,
     SETTINGS,
     SimConfig,
@@ -138,7 +139,7 @@ __all__ = [
     "offered_load",
     "LOAD_BASES",
     "bootstrap_rooms",
-    "DISPATCH_MODES",
+    "ADMISSION_MODES",
 ]
 
 
@@ -699,7 +700,7 @@ def engine_inputs(trace, config: SimConfig) -> SimRun:
         seed=int(config.run.seed),
         max_steps=int(max_steps),
         time_router=bool(config.run.time_router),
-        queue_mode=cl.dispatch == "queue",
+        queue_mode=cl.admission == "queue",
         room=bootstrap_rooms(n, config.run.seed),
         use_cache=blocks is not None,
         cache_router=cfg["prefix_cache_router"],
@@ -746,12 +747,13 @@ def simulate(
     max_steps: int | None = None,
     engine: str = "numba",
     time_router: bool = True,
-    dispatch: str = "pool",
+    admission: str = "pool",
     prefix_blocks: PrefixBlocks | None = None,
     ctx_cost: float = 0.0,
     deployment: DeploymentConfig | None = None,
     load_basis: str = "binding",
     config: SimConfig | None = None,
+    dispatch: str | None = None,
     **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
@@ -851,14 +853,15 @@ def simulate(
         The jitted step loop or its plain-Python reference (slow; for checks).
     time_router : bool
         Time each router call (a monotonic clock read around it).
-    dispatch : {"pool", "queue"}
-        ``"pool"`` (default; BalanceRoute's model and TensorRT-LLM's capacity-limited fetch):
-        one central prompt pool, a request is routed only to a replica with a free slot and
-        starts at once. ``"queue"`` (vLLM's and SGLang's DP front ends): every ready request is
-        routed at the next tick to one engine's own FIFO queue, whatever its slots; each engine
-        admits from the head of its queue at every step while the head fits (a slot and KV
-        room), so ``n_waiting`` and ``waiting_tokens`` are the queues the policies see (module
-        docstring, "Dispatch modes").
+    admission : {"pool", "queue"}
+        Where a routed request waits for its slot. ``"pool"`` (default; BalanceRoute's model
+        and TensorRT-LLM's capacity-limited fetch): one central prompt pool, a request is
+        routed only to a replica with a free slot and starts at once. ``"queue"`` (vLLM's and
+        SGLang's DP front ends): every ready request is routed at the next tick to one
+        engine's own FIFO queue, whatever its slots; each engine admits from the head of its
+        queue at every step while the head fits (a slot and KV room), so ``n_waiting`` and
+        ``waiting_tokens`` are the queues the policies see (module docstring, "Admission
+        modes").
     prefix_blocks : PrefixBlocks, optional
         Each request's prompt blocks (:func:`~straggler.sim.workloads.prefix.load_prefix_blocks`
         for a
@@ -893,9 +896,13 @@ def simulate(
         ``"binding"`` is ``"decode"``. ``SimReport`` gives the offered load against both and
         the binding stage either way.
     config : SimConfig, optional
-        Every setting as one record (:class:`~straggler.sim.engine.config.SimConfig`); the other
-        keywords are then ignored, and ``policy`` and options must not be given. By default
+        Every setting as one record (:class:`~straggler.sim.engine.config.SimConfig`); then
+        ``policy``, options and every other keyword but ``trace`` must be left out. By default
         one is built from the keywords (``SimConfig.from_settings``).
+    dispatch : {"pool", "queue"}, optional
+        Deprecated (a :class:`DeprecationWarning`): the former name of ``admission``
+        (``dispatch`` names the expert-parallel problem everywhere else, e.g.
+        ``DeploymentConfig.dispatch``).
     **options
         The policy's options (:data:`~straggler.solvers.routing.registry.OPTIONS`: ``r_max``,
         ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
@@ -924,10 +931,26 @@ def simulate(
     (3, 2, [100.0, 102.0], 0.5)
     """
     settings = {name: value for name, value in locals().items() if name in SETTINGS}
+    if dispatch is not None:
+        settings["admission"] = _admission_from_dispatch(dispatch, admission)
     config = _config(policy, settings, options, config)
     run = engine_inputs(trace, config)
     out, wall = _run(run)
     return _report(run, out, wall)
+
+
+def _admission_from_dispatch(dispatch, admission) -> str:
+    """``admission`` from its deprecated name ``dispatch`` (checked under that name)."""
+    warnings.warn(
+        "simulate(dispatch=...) is deprecated: use admission=... (same values)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if admission != "pool":
+        raise param_error(
+            "dispatch", _FUNC, "None when admission is given (its deprecated name)", repr(dispatch)
+        )
+    return check_choice(dispatch, "dispatch", _FUNC, list(ADMISSION_MODES))
 
 
 def _config(policy, settings: dict, options: dict, config: SimConfig | None) -> SimConfig:

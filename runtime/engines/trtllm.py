@@ -34,7 +34,7 @@ import re
 
 import numpy as np
 
-from ...formulations._io import atomic_open
+from ...formulations._io import atomic_dir, atomic_open
 from ...formulations.errors import InvalidInputError
 from ...formulations.validation import check_int
 from ._common import (
@@ -114,6 +114,14 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     Returns
     -------
     list of str : the files written.
+
+    Notes
+    -----
+    The files are written as a set: into a staging folder that then replaces the
+    directory's ``meta_info.json`` and ``rank*.safetensors`` whole
+    (:func:`~straggler.formulations._io.atomic_dir`; other files in the directory are
+    kept). Rank files of an earlier write with more ranks do not survive, and a failure
+    part way leaves the earlier set as it was.
     """
     func = "write_trtllm_statistics"
     d = check_path(directory, "directory", func)
@@ -139,14 +147,21 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     # never write a set its reader refuses: the reader's checks, on what is written
     where = Writing(func, {"num_experts_per_token": "top_k"}, "counts")
     _parse_statistics(meta, where, [(where, t) for t in ranks], where)
-    meta_path = os.path.join(d, "meta_info.json")
-    save_json(meta, meta_path)
-    files = [meta_path]
-    for r, tensors in enumerate(ranks):
-        path = os.path.join(d, f"rank{r}.safetensors")
-        save_safetensors(tensors, path)
-        files.append(path)
-    return files
+    # the set replaces the directory's statistics whole: no rank file of an earlier write
+    # survives, and a failure part way leaves the earlier set as it was
+    with atomic_dir(d, _is_statistics_file) as stage:
+        save_json(meta, os.path.join(stage, "meta_info.json"))
+        for r, tensors in enumerate(ranks):
+            save_safetensors(tensors, os.path.join(stage, f"rank{r}.safetensors"))
+    return [os.path.join(d, "meta_info.json")] + [
+        os.path.join(d, f"rank{r}.safetensors") for r in range(R)
+    ]
+
+
+def _is_statistics_file(name: str) -> bool:
+    """Whether a file of a statistics directory belongs to the set (what the reader reads:
+    ``meta_info.json`` and ``rank<r>.safetensors``)."""
+    return name == "meta_info.json" or _RANK_FILE_RE.match(name) is not None
 
 
 def _placement_in(d: str):
@@ -310,6 +325,11 @@ def read_trtllm_statistics(
     Counts are summed over ranks key by key (as TensorRT-LLM's scripts do); iterations in
     ``[iter_start, iter_stop)`` are kept (default: all). Every rank file must hold the same
     keys, every iteration every layer, each tensor ``[num_experts]`` (int32 or int64).
+
+    Every ``rank<r>.safetensors`` in the directory counts. TensorRT-LLM does not clear
+    ``EXPERT_STATISTIC_PATH`` before it writes, and nothing in its files tells a rank file
+    of an earlier recording from one of this recording: record into an empty directory
+    (:func:`write_trtllm_statistics` replaces the whole set).
 
     With the MoE load balancer on, TensorRT-LLM counts **slot ids** (``meta_info.json``'s
     ``num_experts`` is then ``num_slots``): they are folded to logical experts through

@@ -618,7 +618,8 @@ def read_vllm_state(path, *, physical_to_logical=None, model: int = 0) -> Engine
     folded to logical experts, with the saved placement (kind ``"vllm_maps"``, no loads,
     for files holding the maps alone, as ``straggler-plan --format vllm`` writes them).
     ``model`` picks the model state of :func:`dump_vllm_eplb_state` files (0: the main
-    model, 1: a drafter).
+    model, 1: a drafter). Every rank's file in the directory counts: each rank writes its
+    own (one process per rank), so dump one recording per directory.
 
     Raises
     ------

@@ -14,6 +14,12 @@ writes them):
 * TensorRT-LLM: ``meta_info.json`` + ``rank*.safetensors`` statistics, and
   ``moe_load_balancer.yaml``;
 * DeepSeek EPLB: ``phy2log``, ``log2phy``, ``logcnt`` (and the ``weight`` placed).
+
+Every writer runs its reader's own checks on what it is about to write (through
+``_common.Writing``, which words their errors as the writer's parameter errors), so a writer
+refuses exactly what its reader would refuse, before any file is touched. A placement must
+give every expert a slot in every layer, as every engine's routing requires
+(``_common.check_every_expert_placed``).
 """
 
 from ._common import EngineLog, fold_physical_counts

@@ -14,11 +14,14 @@ writes them):
 * TensorRT-LLM: ``meta_info.json`` + ``rank*.safetensors`` statistics, and
   ``moe_load_balancer.yaml``;
 * DeepSeek EPLB: ``phy2log``, ``log2phy``, ``logcnt`` (and the ``weight`` placed).
+
+:func:`sample_recording` gives the folder of a real recording shipped in each engine's format.
 """
 
 from ._common import EngineLog, fold_physical_counts
 from .detect import ENGINES, detect_format, read_engine_log
 from .eplb import read_eplb_maps, write_eplb_maps
+from .samples import SAMPLES, sample_recording
 from .sglang import (
     read_sglang_init_location,
     read_sglang_recorder,
@@ -50,6 +53,8 @@ __all__ = [
     "detect_format",
     "read_engine_log",
     "read_eplb_maps",
+    "SAMPLES",
+    "sample_recording",
     "write_eplb_maps",
     "read_sglang_init_location",
     "read_sglang_recorder",

@@ -5,8 +5,9 @@ One recording, three engine formats: 32 of the 213 ESFT sequences (seeded shuffl
 tasks pooled) served as 16 steps of 2 data-parallel ranks, one sequence per rank per step; each
 step's loads are ``[26 MoE layers, 64 experts]`` (top-6). Written as
 
-* ``sglang/``: a stat-mode recorder dump (``logical_count [16, 26, 64]`` int32, the ranks
-  summed, as SGLang all-reduces it; ``torch.save``, so reading it needs torch);
+* ``sglang/``: a stat-mode recorder dump (``logical_count [16, 27, 64]`` int32, the ranks
+  summed, as SGLang all-reduces it; one row per hidden layer as SGLang records DeepSeek
+  models, the dense layer 0 all zero; ``torch.save``, so reading it needs torch);
 * ``vllm/``: each rank's ``EplbState`` as JSON (``expert_load_window [16, 26, 64]``, the
   identity placement of 64 slots, window full; ``logical_to_physical_map``, 1,024 columns of
   padding, left out: the reader rebuilds the maps from ``physical_to_logical_map``);
@@ -54,7 +55,10 @@ def write(out, source=SOURCE) -> dict:
     folders = {e: out / e for e in ("sglang", "vllm", "trtllm")}
     for d in folders.values():
         shutil.rmtree(d, ignore_errors=True)
-    write_sglang_stat_dump(folders["sglang"], counts.sum(0), timestamp=TIMESTAMP)
+    # SGLang's recorder has a row per hidden layer of a DeepSeek model: layer 0 is dense
+    summed = counts.sum(0)
+    per_hidden_layer = np.concatenate([np.zeros_like(summed[:, :1]), summed], axis=1)
+    write_sglang_stat_dump(folders["sglang"], per_hidden_layer, timestamp=TIMESTAMP)
     identity = np.tile(np.arange(n_experts), (counts.shape[2], 1))
     for r in range(N_RANKS):
         state = dict(vllm_maps(identity, n_experts))

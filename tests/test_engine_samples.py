@@ -42,11 +42,15 @@ def test_every_sample_file_is_package_data():
 def test_each_sample_holds_the_same_real_loads(engine):
     _readable(engine)
     log = read_engine_log(sample_recording(engine))
-    assert log.engine == engine and log.counts.shape == (16, 26, 64)
+    counts = log.counts
+    if engine == "sglang":  # a row per hidden layer: DeepSeek-V2-Lite's layer 0 is dense
+        assert counts.shape == (16, 27, 64) and not counts[:, 0].any()
+        counts = counts[:, 1:]
+    assert log.engine == engine and counts.shape == (16, 26, 64)
     vllm = read_engine_log(sample_recording("vllm"))
-    np.testing.assert_array_equal(log.counts, vllm.counts)
+    np.testing.assert_array_equal(counts, vllm.counts)
     # top-6: every step's tokens add 6 per token to each layer, the same in every layer
-    per_layer = log.counts.sum(axis=2)
+    per_layer = counts.sum(axis=2)
     assert (per_layer % 6 == 0).all() and (per_layer == per_layer[:, :1]).all()
 
 

@@ -24,12 +24,15 @@ give every expert a slot in every layer, as every engine's routing requires
 The engine plug-ins serve straggler's placement through the engines' own extension points,
 named by one environment variable (:data:`PLUGIN_POLICY_ENV`): :func:`register_vllm_plugin`
 (vLLM's ``vllm.general_plugins`` entry point; :mod:`.vllm_plugin`).
+
+:func:`sample_recording` gives the folder of a real recording shipped in each engine's format.
 """
 
 from ._common import EngineLog, fold_physical_counts
 from ._policies import PLUGIN_POLICIES, PLUGIN_POLICY_ENV, plugin_policy
 from .detect import ENGINES, detect_format, read_engine_log
 from .eplb import read_eplb_maps, write_eplb_maps
+from .samples import SAMPLES, sample_recording
 from .sglang import (
     read_sglang_init_location,
     read_sglang_recorder,
@@ -62,6 +65,8 @@ __all__ = [
     "detect_format",
     "read_engine_log",
     "read_eplb_maps",
+    "SAMPLES",
+    "sample_recording",
     "write_eplb_maps",
     "read_sglang_init_location",
     "read_sglang_recorder",

@@ -374,7 +374,7 @@ class SimConfig:
 
     @classmethod
     def from_settings(cls, policy=None, **settings) -> SimConfig:
-        """A config from ``simulate``'s flat keywords: the names of :data:`_FLAT` go to their
+        """A config from ``simulate``'s flat keywords: the names of ``_FLAT`` go to their
         group, every other keyword is an option of the policy."""
         groups: dict[str, dict] = {g: {} for g in _GROUPS}
         options = {}

@@ -23,7 +23,7 @@ give every expert a slot in every layer, as every engine's routing requires
 
 The engine plug-ins serve straggler's placement through the engines' own extension points,
 named by one environment variable (:data:`PLUGIN_POLICY_ENV`): :func:`register_vllm_plugin`
-(vLLM's ``vllm.general_plugins`` entry point; :mod:`.vllm_plugin`).
+(vLLM's ``vllm.general_plugins`` entry point; ``runtime/engines/vllm_plugin.py``).
 
 :func:`sample_recording` gives the folder of a real recording shipped in each engine's format.
 """

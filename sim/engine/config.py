@@ -7,7 +7,7 @@ own fields when built (the message names the keyword of ``simulate``); :class:`S
 checks what depends on several groups (the policy's options, the projection settings a policy
 reads, a deployment's width against the cluster's), fills the defaults that depend on the
 cluster (``prefill_instances = ceil(G / 2)``, BR-H's horizon 80) and resolves the step time
-(:class:`StepTime`, with a deployment its step model): everything a run needs but the trace.
+(``StepTime``, with a deployment its step model): everything a run needs but the trace.
 
 Default prefill capacity
 ------------------------
@@ -336,14 +336,14 @@ class SimConfig:
     policy that reads no projected loads), the run's ``label`` (``"brh:survival"``), the
     policy's registry entry (``routing_policy``) and its options as the kernels read them
     (``router_options``, ``router_carry``) with ``resolved`` (each option of the policy and its
-    value), and the step time (``step``, :class:`StepTime`).
+    value), and the step time (``step``, ``StepTime``).
 
     With a ``deployment`` (:class:`~straggler.sim.engine.deployment.DeploymentConfig`, whose
     ``n_gpus`` must be ``n_replicas``) the step is the deployment's: ``step`` holds its
     attention, layers and dense part, :meth:`new_step_model` gives each run a fresh copy of its
     :class:`~straggler.sim.engine.deployment.StepModel` (which prices the MoE layers), and
     ``cluster.t0``/``cluster.kappa`` become the linear step the offered load is measured against
-    (:func:`~straggler.sim.engine.deployment.full_batch_step`).
+    (``deployment.full_batch_step``).
 
     Examples
     --------

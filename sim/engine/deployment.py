@@ -791,7 +791,7 @@ class StepModel:
         return StepBreakdown(*map(float, self._price(kv, req, now_s)))
 
     def _price(self, kv: np.ndarray, req, now_s: float) -> np.ndarray:
-        """Price and log one step; returns its log row (the :class:`StepBreakdown` fields).
+        """Price and log one step; returns its log row (the ``StepBreakdown`` fields).
 
         A step is priced on the placement and tables in force at its start (one
         :func:`~straggler.sim.engine._deployment_kernels.deployment_step_kernel` call, or
@@ -864,7 +864,7 @@ class StepModel:
         return [StepBreakdown(*map(float, r)) for r in self._log[: self.n_steps]]
 
     def summary(self) -> dict[str, float]:
-        """The mean logged step decomposed (:class:`StepBreakdown` fields, microseconds per
+        """The mean logged step decomposed (``StepBreakdown`` fields, microseconds per
         step; 0 before any step), and ``layers_simulated``, ``layer_scale``, ``placements``,
         ``table_refreshes``."""
         steps = self.breakdowns()

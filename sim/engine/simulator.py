@@ -6,7 +6,7 @@
    policy and its options, the groups, and with a ``deployment`` its step model and step
    time);
 2. :func:`engine_inputs`: the trace as simulated (filtered, rescaled to the load) and the step
-   loop's :class:`~straggler.sim.engine._loop.EngineInputs`, as a :class:`SimRun`;
+   loop's :class:`~straggler.sim.engine._loop.EngineInputs`, as a ``SimRun``;
 3. run the step loop of :mod:`straggler.sim.engine._loop` (Numba, on numba's disk cache, one
    compiled loop for every policy; or its plain-Python reference);
 4. summarise the run in a :class:`SimReport`.
@@ -631,7 +631,7 @@ def _simulated_trace(trace, config: SimConfig) -> tuple[Trace, PrefixBlocks | No
 
 def engine_inputs(trace, config: SimConfig) -> SimRun:
     """:func:`simulate` up to the step loop: the trace as simulated (filtered, rescaled),
-    the loop's inputs and the report's record of the settings, as a :class:`SimRun` (for
+    the loop's inputs and the report's record of the settings, as a ``SimRun`` (for
     checks of the engine against its plain-Python reference)."""
     check_type(config, "config", _FUNC, SimConfig, "a SimConfig")
     trace, blocks, cfg = _simulated_trace(trace, config)
@@ -886,7 +886,7 @@ def simulate(
         dispatch, routing model of the config) and the dense layers; ``t0`` and ``kappa``
         are then replaced by the preset's attention, and ``load`` is measured against the
         deployment's full-batch step (``max_slots`` requests per rank,
-        :func:`~straggler.sim.engine.deployment.full_batch_step`). Its ``n_gpus`` must equal
+        ``deployment.full_batch_step``). Its ``n_gpus`` must equal
         ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
     load_basis : {"binding", "decode", "prefill"}, default "binding"
         The capacity ``load`` (and ``SimReport.offered_load``) is a multiple of: whichever of

@@ -1,7 +1,7 @@
 """The placement policies the engine plug-ins serve, by name, and the variable naming one.
 
 One table, :data:`PLUGIN_POLICIES`, maps a policy name to a function of the engines' common
-arguments; both plug-ins (:mod:`.vllm_plugin`, :mod:`.sglang_plugin`) read the name from
+arguments; both plug-ins (``vllm_plugin``, ``sglang_plugin``) read the name from
 :data:`PLUGIN_POLICY_ENV` when the engine loads them and call the function at each
 rebalance. A second policy is one more entry: a function with the same signature.
 

@@ -506,7 +506,7 @@ def rebalance_experts(
     unreplicated. The global policy is the hierarchical code with one group and one node
     (upstream's current version; its first release replicated without packing).
     ``O(L * P * num_gpus)`` steps, in the compiled loops of
-    :mod:`straggler.solvers.placement._eplb_kernels`.
+    ``straggler.solvers.placement._eplb_kernels``.
 
     References
     ----------

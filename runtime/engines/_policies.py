@@ -8,7 +8,7 @@ rebalance. A second policy is one more entry: a function with the same signature
 Signature of an entry: ``policy(history, num_replicas, num_groups, num_nodes, num_gpus, *,
 dispatch, previous) -> physical_to_logical``, with ``history`` the recorded window
 ``(n_batches, n_layers, n_experts)`` as the engine hands it, ``dispatch`` the engine's own
-dispatch rule (a value of :data:`~straggler.solvers.placement.rules.DISPATCH_RULES`),
+dispatch rule (a value of ``straggler.solvers.placement.rules.DISPATCH_RULES``),
 ``previous`` the slot map in force
 (``(n_layers, num_replicas)``, or ``None``) and the result an int64 ``(n_layers,
 num_replicas)`` slot map (slot ``p`` on GPU

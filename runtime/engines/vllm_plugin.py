@@ -49,7 +49,7 @@ __all__ = ["VLLM_DISPATCH", "register_vllm_plugin", "vllm_policy_class", "vllm_r
 
 _LOG = logging.getLogger(__name__)
 #: The dispatch rule the plug-in places for: vLLM's per-token hash
-#: (:data:`~straggler.solvers.placement.rules.DISPATCH_RULES`).
+#: (``straggler.solvers.placement.rules.DISPATCH_RULES``).
 VLLM_DISPATCH = "vllm"
 _FUNC = "vllm_rebalance"
 

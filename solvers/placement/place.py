@@ -107,7 +107,7 @@ so the slot map changes in the moved replicas only.
 
 **Placement for an engine's dispatch rule** (``dispatch="vllm"``, ``"static"``,
 ``"dynamic"``, ``"lp"``). The engines do not run tempo: vLLM picks a replica per token by
-a hash, SGLang by its ``--ep-dispatch-algorithm``. :mod:`~straggler.solvers.placement.rules`
+a hash, SGLang by its ``--ep-dispatch-algorithm``. ``solvers/placement/rules.py``
 states each rule's expected per-GPU tokens and activated replicas and the modelled step
 ``max_h t_h`` they imply; per layer:
 
@@ -117,7 +117,7 @@ states each rule's expected per-GPU tokens and activated replicas and the modell
    experts, the greedy placement above and EPLB with ``distinct=True``; the one of lowest
    mean modelled step on the scored batches (the window's ``n_samples`` and
    ``n_resamples`` resampled ones, as the local search) is kept, ties to the earlier.
-2. **Search**: :func:`~straggler.solvers.placement.rules.rule_search`, replica moves and
+2. **Search**: ``rules.rule_search``, replica moves and
    swaps scored by the rule's mean modelled step, first improvement, within
    ``max_evals`` (default 300) and ``patience``; inside a node with several.
 3. **Guard**: the result is kept only if its mean modelled step on the window's own
@@ -669,7 +669,7 @@ def place_experts(
 
     With ``dispatch`` naming an engine's rule (module notes, "Placement for an engine's
     dispatch rule"), the placement minimises that rule's modelled step instead
-    (:mod:`~straggler.solvers.placement.rules`).
+    (``solvers/placement/rules.py``).
 
     Parameters
     ----------

@@ -5,7 +5,7 @@ vLLM's router writes ``topk_ids.dtype``. int32 ids from an engine come back int3
 import numpy as np
 import pytest
 from straggler.baselines.dispatch.dynamic import sglang_dynamic_choice, sglang_dynamic_lists
-from straggler.baselines.dispatch.static import sglang_static_table
+from straggler.baselines.dispatch.static import sglang_static_choice, sglang_static_table
 from straggler.baselines.dispatch.vllm_ep import vllm_replica_choice
 
 L2P = np.array([[0, 3], [1, -1], [2, 4], [5, -1]])  # 4 experts, 6 slots on 3 GPUs
@@ -32,6 +32,11 @@ def test_rules_keep_the_ids_dtype(dtype):
     np.testing.assert_array_equal(table, sglang_static_table(L2P, SLOT_GPU))
     per_rank = sglang_static_table(L2P.astype(dtype), SLOT_GPU, per_rank_lists=True)
     assert per_rank.dtype == dtype
+    got = sglang_static_choice(topk.astype(dtype), source, table[:, 0])
+    assert got.dtype == dtype
+    live = topk >= 0
+    np.testing.assert_array_equal(got[live], table[source[:, None].repeat(3, 1), 0, topk][live])
+    assert (got[~live] == -1).all()
     # vLLM: the ids' dtype
     got = vllm_replica_choice(topk.astype(dtype), source, L2P)
     assert got.dtype == dtype

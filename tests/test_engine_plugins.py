@@ -147,3 +147,23 @@ def test_sglang_rebalance_refuses_bad_input(args, name):
         sglang_rebalance(np.ones((2, 16)), 24, 6, 4, 1, dispatch="tempo")
     with pytest.raises(InvalidInputError, match="'ep_dispatch_algorithm' parameter"):
         sglang_dispatch_rule("random")
+
+
+def test_vllm_logical_maps_from_any_slot_map():
+    from straggler.runtime.engines import vllm_logical_maps
+
+    p2l = np.array([[2, -1, 0, 2], [1, 1, -1, -1]], dtype=np.int32)
+    l2p, cnt = vllm_logical_maps(p2l, 3)
+    assert l2p.dtype == cnt.dtype == np.int32
+    assert l2p.tolist() == [[[2, -1], [-1, -1], [0, 3]], [[-1, -1], [0, 1], [-1, -1]]]
+    assert cnt.tolist() == [[1, 0, 2], [0, 2, 0]]  # an expert without a slot: count 0
+    l2p1, cnt1 = vllm_logical_maps(p2l[0].tolist(), 3)  # one layer, 1-D, int64
+    assert l2p1.tolist() == l2p[0].tolist() and cnt1.dtype == np.int64
+    for bad, name in (
+        ([[0, 3]], "physical_to_logical_map"),
+        ([[0, -2]], "physical_to_logical_map"),
+    ):
+        with pytest.raises(InvalidInputError, match=f"'{name}' parameter of vllm_logical_maps"):
+            vllm_logical_maps(bad, 3)
+    with pytest.raises(InvalidInputError, match="'num_logical_experts' parameter"):
+        vllm_logical_maps([[0]], 0)

@@ -50,6 +50,7 @@ __all__ = [
     "STATIC_RULES",
     "SGLANG_STATIC_VERSIONS",
     "sglang_static_table",
+    "sglang_static_choice",
 ]
 
 #: Accepted values of :attr:`StaticDispatch.rule`.
@@ -200,6 +201,46 @@ def sglang_static_table(
                 narrowed[layer, e, 0] = p
         table[rank] = _static_table(narrowed, slot_gpu, gpu_node, version, seed)[rank]
     return table.astype(dtype, copy=False)
+
+
+def sglang_static_choice(topk, source, table) -> np.ndarray:
+    """The physical slot of every ``(token, top-k)`` entry under SGLang's static table.
+
+    SGLang's ``_topk_ids_logical_to_physical_static``: a lookup of each token's source
+    rank's row, ``table[source, expert]``, cast back to the ids' dtype.
+
+    Parameters
+    ----------
+    topk : array_like of int, shape (n_tokens, k)
+        Logical expert per entry (``-1``: none).
+    source : array_like of int, shape (n_tokens,)
+        Source rank of each token.
+    table : array_like of int, shape (n_gpus, n_experts)
+        One layer of :func:`sglang_static_table`.
+
+    Returns
+    -------
+    ndarray of ``topk``'s integer dtype (int64 for other input), shape (n_tokens, k)
+        ``-1`` where ``topk`` is ``-1``.
+
+    Examples
+    --------
+    >>> t = np.array([[0, 5], [3, 5]])                    # 2 ranks, 2 experts
+    >>> sglang_static_choice(np.array([[0, 1], [1, -1]], np.int32), [0, 1], t)
+    array([[ 0,  5],
+           [ 5, -1]], dtype=int32)
+    """
+    func = "sglang_static_choice"
+    dtype = _caller_int_dtype(topk)
+    table = check_array(table, "table", func, kind="int", ndim=2, lo=-1)
+    g, n_experts = table.shape
+    topk = check_array(topk, "topk", func, kind="int", ndim=2, lo=-1, hi=n_experts - 1)
+    source = check_array(
+        source, "source", func, kind="int", ndim=1, lo=0, hi=g - 1, shape=(topk.shape[0],)
+    )
+    live = topk >= 0
+    out = table[np.broadcast_to(source[:, None], topk.shape), np.where(live, topk, 0)]
+    return np.where(live, out, -1).astype(dtype, copy=False)
 
 
 def _static_table(l2p, slot_gpu, gpu_node, version, seed) -> np.ndarray:

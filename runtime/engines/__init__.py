@@ -62,6 +62,7 @@ from .vllm import (
     VLLM_MAP_WIDTH,
     dump_vllm_eplb_state,
     read_vllm_state,
+    vllm_logical_maps,
     vllm_maps,
     write_vllm_state,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "VLLM_FIELDS",
     "read_vllm_state",
     "vllm_maps",
+    "vllm_logical_maps",
     "VLLM_DUMP_FORMAT",
     "VLLM_MAP_WIDTH",
     "dump_vllm_eplb_state",

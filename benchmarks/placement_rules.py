@@ -24,10 +24,15 @@ batches and the layers) on the window and on the held-out half; the gain is ``1 
 EPLB``. Placement time per layer is measured in the same run (shared 2-core machine:
 compare within a row, not across runs).
 
+``--timing`` also times the plug-ins' call at DeepSeek-V3's shape (256 experts, 288 slots,
+32 GPUs on 4 nodes, 8 groups; ``--timing-layers`` of its 58 layers, a 100-step synthetic
+window of 2048 tokens, top-8, Zipf 1.0): seconds per layer for each rule against the
+engine's EPLB, side by side (vLLM's rule on the summed window, as vLLM calls its policy).
+
 Usage::
 
     python benchmarks/placement_rules.py --quick
-    python benchmarks/placement_rules.py
+    python benchmarks/placement_rules.py --timing
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import time
 
 import numpy as np
 from straggler.formulations import CostModel
+from straggler.sim.workloads.batches import sample_counts, zipf_popularity
 from straggler.solvers import place_experts
 from straggler.solvers.placement.eplb import rebalance_experts
 from straggler.solvers.placement.rules import ENGINE_DISPATCH_RULES, rule_step_times
@@ -111,12 +117,39 @@ def run_cell(name, counts, P, g, rule, cost, layers):
     return row
 
 
+def timing(n_layers, cost):
+    """Seconds per layer of the plug-ins' placement at DeepSeek-V3's shape (module notes)."""
+    E, P, g, groups, nodes = 256, 288, 32, 8, 4
+    rng = np.random.default_rng(0)
+    pop = zipf_popularity(E, 1.0, n_layers=n_layers, rng=rng)
+    window = np.stack(
+        [sample_counts(pop, n_tokens=2048, top_k=8, rng=rng) for _ in range(100)]
+    ).astype(np.int64)
+    out = {}
+    for rule in ENGINE_DISPATCH_RULES:
+        version = "vllm" if rule == "vllm" else "sglang"
+        hist = window.sum(0)[None] if rule == "vllm" else window
+        t = time.perf_counter()
+        rebalance_experts(window.sum(0), P, groups, nodes, g, version=version)
+        t_eplb = (time.perf_counter() - t) / n_layers
+        t = time.perf_counter()
+        place_experts(hist, P, groups, nodes, g, cost=cost, dispatch=rule)
+        t_ours = (time.perf_counter() - t) / n_layers
+        out[rule] = {"place_s_per_layer": t_ours, "eplb_s_per_layer": t_eplb}
+        print(
+            f"timing {rule:>7}: {t_ours:.3f} s per layer (EPLB {1e3 * t_eplb:.2f} ms)", flush=True
+        )
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two ESFT tasks, one Mixtral variant, "
                     "every fourth layer")  # fmt: skip
     ap.add_argument("--data", default=str(DATA), help="the expert_loads folder")
     ap.add_argument("--cost", default="dsv3_a_offline", help="cost model preset")
+    ap.add_argument("--timing", action="store_true", help="also time DeepSeek-V3's shape")
+    ap.add_argument("--timing-layers", type=int, default=2)
     ap.add_argument("--out", default=None, help="default results/placement_rules.json")
     args = ap.parse_args(argv)
     cost = CostModel.preset(args.cost)
@@ -165,6 +198,7 @@ def main(argv=None) -> int:
             line += (f"; from vLLM's summed window: held out {100 * s['sum_heldout_gain_min']:.2f}%"
                      f" / {100 * s['sum_heldout_gain_mean']:.2f}%")  # fmt: skip
         print(line)
+    timings = timing(args.timing_layers, cost) if args.timing else None
     out = (
         pathlib.Path(args.out)
         if args.out
@@ -174,7 +208,7 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({
         "args": vars(args), "cost": args.cost, "machine": platform.node(),
         "note": "shared 2-core machine: placement times are comparable within a row only",
-        "summary": summary, "rows": rows,
+        "summary": summary, "timing_dsv3": timings, "rows": rows,
     }, indent=1))  # fmt: skip
     print(f"wrote {out}")
     return 0

@@ -119,7 +119,7 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     -----
     The files are written as a set: into a staging folder that then replaces the
     directory's ``meta_info.json`` and ``rank*.safetensors`` whole
-    (:func:`~straggler.formulations._io.atomic_dir`; other files in the directory are
+    (``formulations._io.atomic_dir``; other files in the directory are
     kept). Rank files of an earlier write with more ranks do not survive, and a failure
     part way leaves the earlier set as it was.
     """

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...formulations._io import atomic_open, atomic_path
+from ...formulations._io import atomic_open, atomic_path, file_problem
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, param_error
 from ...formulations.validation import MAX_EXACT_INT, check_array, check_int
 
@@ -86,18 +85,11 @@ def require_file(path) -> str:
     """``path`` when it is a regular file (following symbolic links); otherwise one clear
     error. A FIFO or a device would block or never end, a directory cannot be read."""
     src = source_name(path)
-    try:
-        st = os.stat(src)
-    except OSError as exc:
-        if isinstance(exc, FileNotFoundError) and os.path.islink(src):
-            raise InvalidInputError(
-                f"{src} is a broken symbolic link or a symbolic-link loop."
-            ) from None
-        raise read_error(src, exc) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InvalidInputError(f"{src} is a directory, not a file.")
-    if not stat.S_ISREG(st.st_mode):
-        raise InvalidInputError(f"{src} is not a regular file (a FIFO, socket or device).")
+    why = file_problem(src)
+    if why == "does not exist":
+        raise InvalidInputError(f"No such file: {src}.")
+    if why is not None:
+        raise InvalidInputError(f"{src} {why}.")
     return src
 
 

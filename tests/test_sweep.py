@@ -239,7 +239,7 @@ def test_sweep_table_checks_rows_and_files(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(InvalidInputError, match="is a file"):
         t.to_csv(tmp_path / "f" / "t.csv")
-    with pytest.raises(InvalidInputError, match="Cannot read"):
+    with pytest.raises(InvalidInputError, match="missing.csv', which does not exist"):
         SweepTable.read_csv(tmp_path / "missing.csv")
     (tmp_path / "b.csv").write_bytes(b"\xff\xfe\x00a")
     with pytest.raises(InvalidInputError, match="not UTF-8 CSV"):

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formulations._io import atomic_open, atomic_path, check_output_file
+from ...formulations._io import atomic_open, atomic_path, check_input_file, check_output_file
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ...formulations.validation import check_bool, check_choice, check_int, check_type, describe
 
@@ -415,6 +415,7 @@ class SweepTable:
     def read_csv(cls, path, settings: Sequence[str] = ()) -> SweepTable:
         """Read a table written by :meth:`to_csv`; each value parsed as int, float, bool,
         None (empty) or left a string, in that order of preference."""
+        path = check_input_file(path, "path", "SweepTable.read_csv")
         try:
             with open(path, newline="", encoding="utf-8") as fh:
                 rows = list(csv.DictReader(fh))

@@ -1,0 +1,61 @@
+"""Where the benchmark scripts write: ``--out`` names a folder, by default
+``straggler-results/`` under the current directory (never the tracked tree); each script writes
+its JSON, tables and plots there under its own file names, with the command, the commit and the
+machine recorded in the JSON (``run_info``)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+
+#: The default output folder, relative to the current directory.
+DEFAULT_OUT = "straggler-results"
+
+
+def add_out_argument(parser, what: str = "the JSON and plots") -> None:
+    """``--out DIR``: the folder ``what`` are written to (created if missing)."""
+    parser.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"folder for {what} (default ./{DEFAULT_OUT}; created if missing)",
+    )
+
+
+def out_file(folder, name: str) -> pathlib.Path:
+    """``folder/name`` with ``folder`` created."""
+    path = pathlib.Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    return path / name
+
+
+def run_info() -> dict:
+    """The command line, the checkout's commit and the machine, for a results file."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", False
+    return {
+        "command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
+        "commit": commit + ("+dirty" if dirty else ""),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }

@@ -52,10 +52,16 @@ def run_info() -> dict:
         )
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", False
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
     return {
-        "command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
+        "command": " ".join(["python", os.path.relpath(sys.argv[0], root), *sys.argv[1:]]),
         "commit": commit + ("+dirty" if dirty else ""),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "machine": f"{platform.system()} {platform.machine()}, {cpu}",
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
     }

@@ -48,6 +48,7 @@ __all__ = [
     "placement_calls",
     "method_option_calls",
     "solve_calls",
+    "bound_calls",
     "routing_calls",
     "simulate_calls",
     "trace_files",
@@ -320,6 +321,20 @@ def solve_calls(draw, method: str) -> Call:
     return call
 
 
+@st.composite
+def bound_calls(draw) -> Call:
+    """A ``certified_lower_bound`` call: a valid small problem (sometimes a stack) and cost,
+    either possibly spoiled (its only parameters: no caller value enters the certificate)."""
+    from ..formulations.dispatch import DispatchProblem
+
+    problem, cost = draw(dispatch_instances(max_experts=5, max_gpus=3))
+    if draw(st.booleans()):
+        problem = DispatchProblem(
+            counts=np.stack([problem.counts, problem.counts[::-1]]), replicas=problem.replicas
+        )
+    return draw(spoil({"problem": problem, "cost": cost}, at_most=2))
+
+
 # --- routing ------------------------------------------------------------------------------
 @st.composite
 def routing_calls(draw) -> Call:
@@ -395,7 +410,7 @@ def simulate_calls(draw) -> Call:
         "tick": draw(st.integers(1, 3)),
         "stale": draw(st.integers(0, 2)),
         "seed": draw(st.integers(0, 3)),
-        "dispatch": draw(st.sampled_from(["pool", "queue"])),
+        "admission": draw(st.sampled_from(["pool", "queue"])),
     }
     call = draw(spoil(kw, at_most=1))
     call.kwargs["trace"] = trace

@@ -199,7 +199,7 @@ def _levers_main(args, trace) -> int:
         progress=not args.no_progress,
         max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
         load_basis=args.load_basis, prefill_instances=args.prefill_instances,
-        dispatch=args.dispatch,
+        admission=args.dispatch,
         ctx_cost=args.ctx_cost, seed=args.seed,
     )  # fmt: skip
     print(f"{trace.name}: {len(trace):,} requests, {args.max_slots} slots per rank")
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
                 trace,
                 pol,
                 **({"version": version} if version else {}),
-                dispatch=args.dispatch,
+                admission=args.dispatch,
                 prefix_blocks=blocks,
                 ctx_cost=args.ctx_cost,
                 n_replicas=args.replicas,

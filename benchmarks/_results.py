@@ -1,7 +1,8 @@
-"""Where the benchmark scripts write: ``--out`` names a folder, by default
-``straggler-results/`` under the current directory (never the tracked tree); each script writes
-its JSON, tables and plots there under its own file names, with the command, the commit and the
-machine recorded in the JSON (``run_info``)."""
+"""Where the benchmark scripts write: by default under ``straggler-results/`` in the current
+directory (``$STRAGGLER_RESULTS`` names another folder), never into the tracked tree. A script
+whose ``--out`` names a folder writes its files there under their own names; the scripts whose
+``--out`` (or ``--json``, ``--plot``) names a file default to a file in that folder. The JSON
+records the command, the commit and the machine (``run_info``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import sys
 
 #: The default output folder, relative to the current directory.
 DEFAULT_OUT = "straggler-results"
+
+
+def results_dir() -> pathlib.Path:
+    """The folder a script writes to by default: ``$STRAGGLER_RESULTS``, else
+    ``./straggler-results`` (created)."""
+    path = pathlib.Path(os.environ.get("STRAGGLER_RESULTS") or DEFAULT_OUT)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def add_out_argument(parser, what: str = "the JSON and plots") -> None:

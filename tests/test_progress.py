@@ -62,3 +62,17 @@ def test_a_sweep_says_its_cells_then_an_estimate(capsys, backend):
     err = capsys.readouterr().err
     assert "demo: 3 cells to run" in err
     assert "estimated" in err and "3/3" in err
+
+
+def test_warmup_says_its_steps_and_an_estimate_then_a_bar(capsys):
+    from straggler.runtime.warmup import estimate_warmup_seconds, warmup
+
+    rep = warmup(dispatch=False, simulator=False, policies=["jsq"], progress=True)
+    err = capsys.readouterr().err
+    assert "warm-up: 1 steps, " in err and "units to compile" in err and "estimated" in err
+    assert "1/1" in err
+    line = rep.summary()
+    assert line.startswith(f"warm-up {rep.total_s:.1f} s: ") and "\n" not in line
+    assert "loaded every kernel" in line or "kernel(s) compiled" in line or "loaded from" in line
+    seconds, cold, units = estimate_warmup_seconds(["route_batch[jsq]", "simulate[jsq]"])
+    assert units == 2 and 0 <= cold <= 2 and seconds >= 0

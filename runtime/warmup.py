@@ -997,8 +997,8 @@ def warmup(
         what they compiled. 1: everything compiles here, one step after another.
     progress : bool, default False
         On stderr before starting: the steps, the units still to compile and an estimate of
-        the compiling (:func:`estimate_warmup_seconds`); then a bar over this process's
-        steps with the time left.
+        the compiling (``estimate_warmup_seconds`` in this module); then a bar over this
+        process's steps with the time left.
 
     Returns
     -------

@@ -148,7 +148,8 @@ def levers(
         ``LEVER_PLACEMENTS``); the default cell ``DEFAULT_CELL`` is always run.
     progress : bool, default False
         On stderr: the planned cell count and an estimate of the time they take (from short
-        probe runs, :func:`estimate_levers_seconds`), then a progress bar with the time left.
+        probe runs, ``estimate_levers_seconds`` in this module), then a progress bar with the
+        time left.
     **simulate_kw
         Passed to :func:`~straggler.sim.simulate` (``n_replicas`` defaults to the
         deployment's ``n_gpus``; ``load``, ``max_slots``, ...).

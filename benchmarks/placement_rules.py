@@ -44,13 +44,13 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import CostModel
 from straggler.sim.workloads.batches import sample_counts, zipf_popularity
 from straggler.solvers import place_experts
 from straggler.solvers.placement.eplb import rebalance_experts
 from straggler.solvers.placement.rules import ENGINE_DISPATCH_RULES, rule_step_times
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "expert_loads"
 #: (recording family, layouts (P, g)).
 LAYOUTS = {"esft": [(80, 8), (96, 8), (96, 16)], "mixtral": [(12, 4), (16, 8)]}
@@ -202,7 +202,8 @@ def main(argv=None) -> int:
     out = (
         pathlib.Path(args.out)
         if args.out
-        else RESULTS / ("placement_rules_quick.json" if args.quick else "placement_rules.json")
+        else results_dir()
+        / ("placement_rules_quick.json" if args.quick else "placement_rules.json")
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

@@ -20,8 +20,8 @@ shares so many replicated experts that the dispatch cannot relieve it (packed by
 alone, equally weighted replicas fall on the same pairs). No candidate is scored: it costs
 about one EPLB call (``O(T E + (P - E) log E + P g)`` per layer), and on
 ``benchmarks/placement.py``'s cells it captured more of the headroom than the local search
-below with its default budget, never below EPLB in a cell (README, "Placement for a
-time-aware dispatch"). ``alpha`` and ``spread`` are :data:`GREEDY_ALPHA` and
+below with its default budget, never below EPLB in a cell (``docs/performance/dispatch.md``,
+"Placement for a time-aware dispatch"). ``alpha`` and ``spread`` are :data:`GREEDY_ALPHA` and
 :data:`GREEDY_SPREAD`. With several nodes, EPLB's group-to-node packing is kept and both
 stages run inside each node.
 
@@ -71,7 +71,7 @@ The search's budget is ``n_resamples``, ``max_evals`` and ``patience``: its time
 the batches times the candidates scored (each costs one pass over the scored batches). The
 defaults (64, 300, 50) are the cheapest budget of ``benchmarks/placement.py``'s frontier
 that kept at least 80% of the headroom and no cell below -0.3% on both its cell sets, at
-hundreds of times one EPLB call; that frontier is in the README.
+hundreds of times one EPLB call; that frontier is in ``docs/performance/dispatch.md``.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 

@@ -48,6 +48,7 @@ __all__ = [
     "placement_calls",
     "method_option_calls",
     "solve_calls",
+    "bound_calls",
     "routing_calls",
     "simulate_calls",
     "trace_files",
@@ -318,6 +319,20 @@ def solve_calls(draw, method: str) -> Call:
     call.kwargs.update(opts.kwargs)
     call.spoiled |= opts.spoiled
     return call
+
+
+@st.composite
+def bound_calls(draw) -> Call:
+    """A ``certified_lower_bound`` call: a valid small problem (sometimes a stack) and cost,
+    either possibly spoiled (its only parameters: no caller value enters the certificate)."""
+    from ..formulations.dispatch import DispatchProblem
+
+    problem, cost = draw(dispatch_instances(max_experts=5, max_gpus=3))
+    if draw(st.booleans()):
+        problem = DispatchProblem(
+            counts=np.stack([problem.counts, problem.counts[::-1]]), replicas=problem.replicas
+        )
+    return draw(spoil({"problem": problem, "cost": cost}, at_most=2))
 
 
 # --- routing ------------------------------------------------------------------------------

@@ -138,3 +138,24 @@ def test_coupling_never_above_the_optimum(inst):
     assert certified_lower_bound(p, cost) <= opt * (1 + 1e-9) + 1e-9
     b6 = coupling_bound_kernel(p.counts, p.replicas, cost.as_array(), 0.0)
     assert b6 <= opt * (1 + 1e-9) + 1e-9
+
+
+def test_certificate_validates_its_inputs_and_takes_no_hints():
+    """Junk is refused naming the parameter; the caller cannot hand in the semi-matching or
+    token-LP value (a wrong one made a "certified" bound 10^6 times the optimum); a stack
+    gets one bound per layer."""
+    from straggler.formulations import InvalidInputError
+
+    p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
+    cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    with pytest.raises(InvalidInputError, match="'problem' parameter of certified_lower_bound"):
+        certified_lower_bound([1, 2], cost)
+    with pytest.raises(InvalidInputError, match="'cost' parameter of certified_lower_bound"):
+        certified_lower_bound(p, None)
+    for hint in ("token_lp_value", "semi_matching_value"):
+        with pytest.raises(TypeError, match=hint):
+            certified_lower_bound(p, cost, **{hint: 1e9})
+    stack = DispatchProblem(counts=[p.counts, p.counts[::-1]], replicas=p.replicas)
+    lb = certified_lower_bound(stack, cost)
+    assert lb.shape == (2,)
+    assert lb.tolist() == [certified_lower_bound(q, cost) for q in stack.layers()]

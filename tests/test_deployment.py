@@ -568,10 +568,8 @@ def test_simulate_command_prints_the_levers_table(capsys):
 
 
 def test_load_sweep_cells_say_which_stage_binds():
-    from straggler.sim.experiments.load_sweep import load_sweep_cell, traces_dir
+    from straggler.sim.experiments.load_sweep import load_sweep_cell
 
-    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
-        pytest.skip("the shipped Azure code trace is not here")
     kw = dict(n_requests=150, prefill="default")
     cell = load_sweep_cell("azure_code", 2, 1.0, "jsq", load_basis="decode", **kw)
     assert cell["binding_stage"] == "prefill"  # one default prefill instance binds here
@@ -585,10 +583,7 @@ def test_load_sweep_cells_say_which_stage_binds():
 
 def test_simulate_command_states_the_load_basis(capsys):
     from straggler.runtime.commands.simulate import main
-    from straggler.sim.experiments.load_sweep import traces_dir
 
-    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
-        pytest.skip("the shipped Azure code trace is not here")
     args = ["azure_code", "--requests", "60", "--replicas", "2", "--policies", "jsq",
             "--load", "1.0", "--prefill-instances", "1", "--no-progress"]  # fmt: skip
     assert main(args) == 0

@@ -31,6 +31,7 @@ from straggler.formulations import (
 from straggler.proofs.certificates import certify
 from straggler.proofs.fuzz import (
     Call,
+    bound_calls,
     cost_model_calls,
     placement_calls,
     problem_calls,
@@ -42,7 +43,7 @@ from straggler.proofs.fuzz import (
 )
 from straggler.proofs.strategies import dispatch_instances
 from straggler.sim import Trace, load_trace, make_decode_problem, simulate
-from straggler.solvers import dispatch_methods, route_batch, solve_dispatch
+from straggler.solvers import certified_lower_bound, dispatch_methods, route_batch, solve_dispatch
 
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 #: Examples per fuzz test: small by default (the suite stays fast), more in CI.
@@ -185,6 +186,20 @@ def test_solve_dispatch(method):
             check_dispatch_result(problem, cost, res, kw)
 
     run()
+
+
+@FUZZ
+@given(bound_calls())
+def test_certified_lower_bound(call):
+    """The certificate takes only the problem and the cost: junk in either is refused naming
+    it, and a valid call's bound (one per layer) is never above a feasible dispatch's
+    makespan."""
+    lb = contract(lambda: certified_lower_bound(**call.kwargs), call)
+    if lb is not None:
+        problem, cost = call.kwargs["problem"], call.kwargs["cost"]
+        mk = np.atleast_1d(solve_dispatch(problem, cost, method="uniform").makespan)
+        assert np.shape(lb) == (() if not problem.is_stack else (problem.n_layers,))
+        assert np.all(np.atleast_1d(lb) <= mk * (1 + 1e-9) + 1e-9)
 
 
 def test_solve_dispatch_regressions():

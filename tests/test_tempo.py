@@ -887,3 +887,30 @@ def test_tempo_runs_without_the_jit(run_python):
     p = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
     r = solve_dispatch(p, CostModel(a=0, b=15, c=0, beta=0.1), method="tempo")
     assert json.loads(out) == [r.status.name, r.makespan, r.shares.tolist()]
+
+
+def test_each_kernel_stage_has_its_reference_twin_below_it():
+    """Every stage and neighbourhood function of the kernel has one plain-Python twin of
+    the same name with ``_reference`` appended, defined directly after it (nothing jitted
+    between them), and no function of ``solvers/dispatch`` exceeds 250 lines."""
+    import ast
+    import pathlib
+
+    import straggler.solvers.dispatch._tempo as mod
+
+    tree = ast.parse(pathlib.Path(mod.__file__).read_text())
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    names = [n.name for n in defs]
+    jitted = [d.name for d in defs if d.decorator_list]
+    stages = [n for n in jitted if n.startswith(("_stage_", "_nb_"))]
+    stages += ["_put_whole", "_floor_levels", "_recreate"]
+    assert len(stages) == 13, stages
+    for name in stages:
+        assert f"{name}_reference" in names, name
+        twin = names.index(f"{name}_reference")
+        between = defs[names.index(name) + 1 : twin]
+        assert all(not d.decorator_list for d in between), (name, [d.name for d in between])
+    for path in pathlib.Path(mod.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                assert node.end_lineno - node.lineno < 250, (path.name, node.name)

@@ -7,7 +7,7 @@ own fields when built (the message names the keyword of ``simulate``); :class:`S
 checks what depends on several groups (the policy's options, the projection settings a policy
 reads, a deployment's width against the cluster's), fills the defaults that depend on the
 cluster (``prefill_instances = ceil(G / 2)``, BR-H's horizon 80) and resolves the step time
-(:class:`StepTime`, with a deployment its step model): everything a run needs but the trace.
+(``StepTime``, with a deployment its step model): everything a run needs but the trace.
 
 Default prefill capacity
 ------------------------
@@ -344,7 +344,7 @@ class SimConfig:
     attention, layers and dense part, :meth:`new_step_model` gives each run a fresh copy of its
     :class:`~straggler.sim.engine.deployment.StepModel` (which prices the MoE layers), and
     ``cluster.t0``/``cluster.kappa`` become the linear step the offered load is measured against
-    (:func:`~straggler.sim.engine.deployment.full_batch_step`).
+    (``deployment.full_batch_step``).
 
     Examples
     --------
@@ -375,7 +375,7 @@ class SimConfig:
 
     @classmethod
     def from_settings(cls, policy=None, **settings) -> SimConfig:
-        """A config from ``simulate``'s flat keywords: the names of :data:`_FLAT` go to their
+        """A config from ``simulate``'s flat keywords: the names of ``_FLAT`` go to their
         group, every other keyword is an option of the policy."""
         groups: dict[str, dict] = {g: {} for g in _GROUPS}
         options = {}

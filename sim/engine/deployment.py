@@ -14,7 +14,7 @@ the most KV: what routing decides), then the MoE layer, which waits for the slow
   :data:`MODEL_PRESETS`).
 * **MoE** per layer: every running request's token (one per request per step, from its own
   rank: tokens keep their source) picks ``top_k`` distinct experts from the batch's expert
-  popularity (:class:`RoutingModel`: the phase diagram's Zipf skew with Dirichlet
+  popularity (``RoutingModel``: the phase diagram's Zipf skew with Dirichlet
   fluctuation, or batches resampled from an engine recording); the dispatch splits each
   expert's tokens over its replica GPUs; the layer's time is the slowest GPU under the
   :class:`~straggler.formulations.CostModel` (TEMPO Eq. 1, 2, 4: floor and tile staircase,
@@ -436,11 +436,11 @@ class DeploymentConfig:
     moe : bool, default True
         Whether the MoE term is on (off: attention and dense layers only).
     routing : None or RoutingModel
-        None: :meth:`RoutingModel.zipf` with the preset's skew, ``kappa`` and ``seed``.
+        None: ``RoutingModel.zipf`` with the preset's skew, ``kappa`` and ``seed``.
     kappa : float or None, default 2000
         Dirichlet concentration of the default routing model.
     drift : float, default 0
-        The default routing model's drift (:class:`RoutingModel`: standard deviation of
+        The default routing model's drift (``RoutingModel``: standard deviation of
         each expert's log-popularity step; 0: the hot experts never change).
     drift_steps : int, default 1000
         Steps between two drift steps.
@@ -472,7 +472,7 @@ class DeploymentConfig:
         either way; the traffic columns and the inter-node term follow): each source in the
         expert's proportions (a flat table), or the topology-aware split of TEMPO §4.3 (own
         GPU's replica first, then the source's node, the fewest tokens across nodes;
-        :func:`~straggler.sim.engine._deployment_kernels.layer_times_kernel`).
+        ``straggler.sim.engine._deployment_kernels.layer_times_kernel``).
     seed : int, default 0
     """
 
@@ -791,7 +791,7 @@ class StepModel:
         return StepBreakdown(*map(float, self._price(kv, req, now_s)))
 
     def _price(self, kv: np.ndarray, req, now_s: float) -> np.ndarray:
-        """Price and log one step; returns its log row (the :class:`StepBreakdown` fields).
+        """Price and log one step; returns its log row (the ``StepBreakdown`` fields).
 
         A step is priced on the placement and tables in force at its start (one
         :func:`~straggler.sim.engine._deployment_kernels.deployment_step_kernel` call, or
@@ -840,31 +840,31 @@ class StepModel:
         return StepBreakdown(dense_us=dense, total_us=total, **out)
 
     #: Whether a step with a table dispatch (``even``, ``tempo``, ``token_lp``, ``static``)
-    #: runs as one :func:`~straggler.sim.engine._deployment_kernels.deployment_step_kernel` call
-    #: (True) or step by step in Python (:meth:`moe_layers`, numpy, :meth:`_observe`; the
+    #: runs as one ``straggler.sim.engine._deployment_kernels.deployment_step_kernel`` call
+    #: (True) or step by step in Python (:meth:`moe_layers`, numpy, ``StepModel._observe``; the
     #: path per-batch dispatches take). Both give bit-identical results (tested); the
     #: Python path is kept for per-batch dispatches and for measuring the kernel against it.
     fused: bool = True
 
     def engine_step(self, load, nrun, now_s: float) -> float:
         """The MoE layers' time of one step of the simulator's engine, in seconds; the
-        step's :class:`StepBreakdown` (attention from the same loads) is logged
+        step's ``StepBreakdown`` (attention from the same loads) is logged
         (:meth:`breakdowns`). The engine has validated its state: no checks here."""
         return self._price(np.asarray(load, dtype=float), nrun, now_s)[2] * 1e-6
 
     def breakdowns(self) -> dict[str, np.ndarray]:
-        """The logged steps' :class:`StepBreakdown` fields, one ``(n_steps,)`` array each
+        """The logged steps' ``StepBreakdown`` fields, one ``(n_steps,)`` array each
         (microseconds; a copy)."""
         log = self._log[: self.n_steps]
         return {name: log[:, k].copy() for k, name in enumerate(STEP_COLUMNS)}
 
     @property
     def log(self) -> list[StepBreakdown]:
-        """The logged steps, one :class:`StepBreakdown` each (built on access)."""
+        """The logged steps, one ``StepBreakdown`` each (built on access)."""
         return [StepBreakdown(*map(float, r)) for r in self._log[: self.n_steps]]
 
     def summary(self) -> dict[str, float]:
-        """The mean logged step decomposed (:class:`StepBreakdown` fields, microseconds per
+        """The mean logged step decomposed (``StepBreakdown`` fields, microseconds per
         step; 0 before any step), and ``layers_simulated``, ``layer_scale``, ``placements``,
         ``table_refreshes``."""
         steps = self.breakdowns()
@@ -960,7 +960,7 @@ def engine_moe_seconds(key: int, load, nrun, clock: float) -> float:
 @dataclass(frozen=True)
 class DeploymentRun:
     """Per-step breakdowns of :func:`simulate_steps`: one array per
-    :class:`StepBreakdown` field (``(n_steps,)``, microseconds), and the step start times."""
+    ``StepBreakdown`` field (``(n_steps,)``, microseconds), and the step start times."""
 
     time_s: np.ndarray
     steps: dict

@@ -6,7 +6,7 @@
    policy and its options, the groups, and with a ``deployment`` its step model and step
    time);
 2. :func:`engine_inputs`: the trace as simulated (filtered, rescaled to the load) and the step
-   loop's :class:`~straggler.sim.engine._loop.EngineInputs`, as a :class:`SimRun`;
+   loop's :class:`~straggler.sim.engine._loop.EngineInputs`, as a ``SimRun``;
 3. run the step loop of :mod:`straggler.sim.engine._loop` (Numba, on numba's disk cache, one
    compiled loop for every policy; or its plain-Python reference);
 4. summarise the run in a :class:`SimReport`.
@@ -159,7 +159,8 @@ def bootstrap_rooms(n: int, seed: int) -> np.ndarray:
     return rng.integers(0, 2**63 - 1, size=int(n), dtype=np.int64, endpoint=True)
 
 
-#: Predictors BR-H can use inside the simulator (:class:`PredictorKind` labels).
+#: Predictors BR-H can use inside the simulator
+#: (``straggler.solvers.routing.predictors.PredictorKind`` labels).
 PREDICTORS = tuple(PredictorKind.names())
 
 _FUNC = "simulate"
@@ -219,7 +220,7 @@ class SimReport:
         prefix cache at each request's first admission over all admitted prompt tokens (the
         prefill a KV-aware router saves); NaN without.
     series : dict of ndarray
-        Per step (:data:`straggler.sim.engine._loop.SERIES`): ``time_s`` (start), ``step_s``,
+        Per step (``straggler.sim.engine._loop.SERIES``): ``time_s`` (start), ``step_s``,
         ``max_load``, ``sum_load``, ``running``, ``pool`` (requests waiting for a slot: the
         pool, and the engines' queues in queue mode), ``prefill`` (requests queued or in
         prefill), ``preempted``, ``ctx_tokens`` (the most context-phase tokens one replica
@@ -239,7 +240,7 @@ class SimReport:
         Host time of the simulation (engine call).
     step_breakdown : dict
         With a ``deployment`` (MoE term on): the mean step decomposed, microseconds per step
-        (:class:`~straggler.sim.engine.deployment.StepBreakdown`: ``attention_us``,
+        (``straggler.sim.engine.deployment.StepBreakdown``: ``attention_us``,
         ``attention_straggler_us``, ``moe_us``, ``moe_straggler_us``, ``comm_us``,
         ``dense_us``, ``total_us``, ``cross_node_tokens``), ``layers_simulated``,
         ``layer_scale``, ``placements``, ``table_refreshes``; the per-step values are in
@@ -407,7 +408,7 @@ def _two_stage(trace: Trace, horizon: int, fit) -> tuple[tuple, dict[str, Any]]:
     ``fit``: None (cross-fitting on the two halves of the trace in arrival order: the model
     fitted on the first half predicts the second half's requests and vice versa), ``"in_sample"``
     (one model fitted on every request of ``trace``), a :class:`Trace` (one model fitted on it),
-    or a fitted :class:`~straggler.solvers.routing.predictors.TwoStagePredictor` for ``horizon``.
+    or a fitted ``straggler.solvers.routing.predictors.TwoStagePredictor`` for ``horizon``.
     The
     summary holds the split and a :func:`~straggler.solvers.routing.predictors.calibration_report`
     of
@@ -630,7 +631,7 @@ def _simulated_trace(trace, config: SimConfig) -> tuple[Trace, PrefixBlocks | No
 
 def engine_inputs(trace, config: SimConfig) -> SimRun:
     """:func:`simulate` up to the step loop: the trace as simulated (filtered, rescaled),
-    the loop's inputs and the report's record of the settings, as a :class:`SimRun` (for
+    the loop's inputs and the report's record of the settings, as a ``SimRun`` (for
     checks of the engine against its plain-Python reference)."""
     check_type(config, "config", _FUNC, SimConfig, "a SimConfig")
     trace, blocks, cfg = _simulated_trace(trace, config)
@@ -812,11 +813,11 @@ def simulate(
         falling back to survival; traces without hashes fall back always), oracle (true
         remaining length), two-stage (the paper's calibrated termination classifier and
         conditional-mean regressor on prompt length and age,
-        :class:`~straggler.solvers.routing.predictors.TwoStagePredictor` trained for ``horizon``;
+        ``straggler.solvers.routing.predictors.TwoStagePredictor`` trained for ``horizon``;
         see
         ``predictor_fit``). The survival ECDF is fitted on the simulated trace itself (the
         marginal output lengths); the two-stage model by default is not. A
-        :class:`~straggler.solvers.routing.predictors.PredictorKind` is accepted too.
+        ``straggler.solvers.routing.predictors.PredictorKind`` is accepted too.
     horizon : int, optional
         BR-H's ``H`` (default 80, the paper's).
     predictor_fit : None, "in_sample", Trace or TwoStagePredictor
@@ -880,13 +881,13 @@ def simulate(
         ``prefill_instances=0, prefill_base_s=0, prefill_tokens_per_s=inf`` so requests are
         ready on arrival). Default 0: PD disaggregation, prefill elsewhere.
     deployment : DeploymentConfig, optional
-        Price every step with the deployment step model (:mod:`straggler.sim.engine.deployment`):
+        Price every step with the deployment step model (``straggler.sim.engine.deployment``):
         ``n_layers`` times the slowest rank's attention ``a + b L_g + c R_g`` (plus its
         context tokens at ``ctx_cost / n_layers`` per layer), the MoE layers (placement,
         dispatch, routing model of the config) and the dense layers; ``t0`` and ``kappa``
         are then replaced by the preset's attention, and ``load`` is measured against the
         deployment's full-batch step (``max_slots`` requests per rank,
-        :func:`~straggler.sim.engine.deployment.full_batch_step`). Its ``n_gpus`` must equal
+        ``deployment.full_batch_step``). Its ``n_gpus`` must equal
         ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
     load_basis : {"binding", "decode", "prefill"}, default "binding"
         The capacity ``load`` (and ``SimReport.offered_load``) is a multiple of: whichever of

@@ -5,18 +5,20 @@ paper's stages (:func:`_stage_seed` -> :func:`_stage_chains` -> :func:`_stage_lo
 -> :func:`_stage_ensemble` -> :func:`_stage_restarts`, each a function of this file, with one
 function per neighbourhood of the local search; stage 3, which three callers run, and stage
 4b compile once on their own and are called by the address of their code,
-:func:`stage_handles`); :func:`tempo_reference` is the
-plain-Python reference directly below it, written from the stage descriptions and sharing no
-helper with the kernel. The kernel is ``nogil``: the wrapper solves a stack of layers on a
-thread pool. The public wrapper is :mod:`straggler.solvers.dispatch.tempo`, which documents the
-stages
-and every tie-breaking rule.
+:func:`stage_handles`). :func:`tempo_reference` is the plain-Python reference, written from
+the stage descriptions and sharing no helper with the kernel: each stage and neighbourhood
+function of the kernel has one reference twin of the same name with ``_reference``
+appended, directly below it (``_nb_moves`` / ``_nb_moves_reference``, ...), so an edit to a
+kernel stage has its twin beside it. The kernel is ``nogil``: the wrapper solves a stack of
+layers on a thread pool. The public wrapper is :mod:`straggler.solvers.dispatch.tempo`,
+which documents the stages and every tie-breaking rule.
 
 Both take the token-LP candidate of stage 4 and a certified lower bound as inputs
 (computed by :mod:`~straggler.solvers.dispatch._token_lp_fast` and
-:mod:`~straggler.solvers.dispatch._bounds`),
-so that no jitted function here calls into another file (numba's cache would miss edits
-there).
+:mod:`~straggler.solvers.dispatch._bounds`). The jitted functions here call into other
+files only for the replica lists (:func:`~straggler.solvers.dispatch._csr.replica_lists`),
+the expert order and the by-address calls; :func:`~straggler.solvers._numba.jit.cache_depends_on`
+ties their disk cache to those files, so an edit there recompiles them.
 
 Parameters are named: :class:`KernelCost` holds the cost model (``CostModel.as_array`` by
 name) and the activation and floor caps, :class:`KernelOptions` the stage switches. A GPU with ``G``
@@ -43,6 +45,8 @@ from .. import _order
 from .._numba import jit as _jit
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
 from .._order import stable_argsort_int_desc
+from . import _csr
+from ._csr import replica_lists
 
 __all__ = [
     "CHOICES",
@@ -306,38 +310,6 @@ def _gpu_order(times, out):
 
 
 @njit(**NJIT)
-def _replica_lists(replicas):
-    """CSR replica lists, built without branches (unpredictable branches on the replica bits
-    dominate otherwise; each list carries a scratch slot at its end for the writes that do
-    not count)."""
-    E, g = replicas.shape
-    e_ptr = np.zeros(E + 1, np.int64)
-    g_ptr = np.zeros(g + 1, np.int64)
-    for e in range(E):
-        k = 0
-        for h in range(g):
-            r = np.int64(replicas[e, h])
-            k += r
-            g_ptr[h + 1] += r
-        e_ptr[e + 1] = e_ptr[e] + k
-    for h in range(g):
-        g_ptr[h + 1] += g_ptr[h]
-    e_gpus = np.empty(e_ptr[E] + 1, np.int64)
-    g_exps = np.empty(g_ptr[g] + 1, np.int64)
-    k = 0
-    for e in range(E):
-        for h in range(g):
-            e_gpus[k] = h
-            k += np.int64(replicas[e, h])
-    for h in range(g):
-        k = g_ptr[h]
-        for e in range(E):
-            g_exps[k] = e
-            k += np.int64(replicas[e, h])
-    return _Lists(replicas, e_ptr, e_gpus, g_ptr, g_exps)
-
-
-@njit(**NJIT)
 def _act_build(x, lists, act, act_n):
     """Experts with tokens on each GPU, increasing: ``act[h, :act_n[h]]`` (branch-free)."""
     for h in range(act_n.shape[0]):
@@ -417,6 +389,84 @@ def _record(mv, k, e, src, dst, q):
 
 
 # --------------------------------------------------------------------------------------
+# Shared pieces of the reference
+# --------------------------------------------------------------------------------------
+# The plain-Python reference (:func:`tempo_reference`) is written from the stage
+# descriptions, one function per kernel function of the same name with ``_reference``
+# appended, each directly below its twin. It keeps no incremental bookkeeping: every
+# candidate is scored by recomputing the GPUs it changes from the shares (:class:`_Ref`).
+
+#: The reference's caps ``(activation cap, floor cap)``: none.
+_NO_CAP = (math.inf, math.inf)
+
+
+class _Ref:
+    """One layer in plain Python: token counts, replica rows, the cost model, the options,
+    the expert order (descending tokens, ties lower index), and the GPU-time arithmetic
+    every reference stage scores with."""
+
+    def __init__(self, counts, replicas, cost, opts):
+        self.counts = [int(v) for v in counts]
+        self.R = [[bool(r) for r in row] for row in replicas]
+        self.a, self.b, self.b2, self.c, self.beta, self.c2, self.gamma = (
+            float(v) for v in cost[:7]
+        )
+        self.tile = int(cost.tile)
+        self.E, self.g = len(self.R), len(self.R[0])
+        self.opts = opts
+        self.order = sorted(range(self.E), key=lambda e: (-self.counts[e], e))
+
+    def tiles(self, v):
+        return -(-v // self.tile)
+
+    def time_of(self, G, N, T, cap=_NO_CAP):
+        """The time of a GPU with ``G`` activations, ``N`` tokens and ``T`` tiles (infinite
+        above a cap), in :func:`_t`'s order of operations."""
+        floor = self.a + self.b * G + self.b2 * (T - G)
+        if G > cap[0] or floor > cap[1]:
+            return math.inf
+        return max(floor, self.c + self.beta * N, self.c2 + self.gamma * N)
+
+    def gpu(self, h, y):
+        """(G, N, T) of GPU h under shares y."""
+        col = [y[e][h] for e in range(self.E) if y[e][h] > 0]
+        return len(col), sum(col), sum(self.tiles(v) for v in col)
+
+    def times_of(self, y, cap=_NO_CAP):
+        return [self.time_of(*self.gpu(h, y), cap) for h in range(self.g)]
+
+    def time_after(self, y, h, changes, cap):
+        """Time of GPU h after the share changes [(expert, tokens)] (summed per expert)."""
+        de = {}
+        for e, dq in changes:
+            de[e] = de.get(e, 0) + dq
+        col = [y[e][h] + de.get(e, 0) for e in range(self.E)]
+        col = [v for v in col if v > 0]
+        return self.time_of(len(col), sum(col), sum(self.tiles(v) for v in col), cap)
+
+    def after(self, y, moves, cap):
+        """New times of the GPUs the moves (e, src, dst, q) change."""
+        changes = {}
+        for e, src, dst, q in moves:
+            changes.setdefault(src, []).append((e, -q))
+            changes.setdefault(dst, []).append((e, q))
+        return {h: self.time_after(y, h, ch, cap) for h, ch in changes.items()}
+
+    def value(self, y, moves, cap):
+        """The largest new time of the GPUs the moves change."""
+        return max(self.after(y, moves, cap).values())
+
+
+def _moved(y, moves):
+    """Copy of y with moves (e, src, dst, q) applied in order."""
+    z = [row[:] for row in y]
+    for e, src, dst, q in moves:
+        z[e][src] -= q
+        z[e][dst] += q
+    return z
+
+
+# --------------------------------------------------------------------------------------
 # Stage 1: cost-aware greedy seeding
 # --------------------------------------------------------------------------------------
 
@@ -457,6 +507,30 @@ def _put_whole(x, gnt, put, counts, order, lists, cost, seed):
         gnt[_T, best] += _tiles(n, cost.tile)
 
 
+def _put_whole_reference(ref, x, put, seed):
+    """Plain-Python twin of :func:`_put_whole`: the experts in ``put``, by descending
+    tokens, each whole on the replica of lowest (marginal cost, new time, GPU index), or on
+    its lowest-index replica without ``seed``; in place on the lists ``x``."""
+    for e in ref.order:
+        n = ref.counts[e]
+        if n == 0:
+            break
+        if e not in put:
+            continue
+        cands = [h for h in range(ref.g) if ref.R[e][h]]
+        if seed:
+
+            def key(h, n=n, y=x):
+                G, N, T = ref.gpu(h, y)
+                tn = ref.time_of(G + 1, N + n, T + ref.tiles(n))
+                return (tn - ref.time_of(G, N, T), tn, h)
+
+            h = min(cands, key=key)
+        else:
+            h = cands[0]
+        x[e][h] = n
+
+
 @njit(**NJIT_INLINE)
 def _stage_seed(counts, order, lists, cost, seed):
     """Whole experts by descending tokens (ties: lower index), each on the replica
@@ -472,6 +546,13 @@ def _stage_seed(counts, order, lists, cost, seed):
     st = _State(x, gnt, times, np.empty((g, E), np.int64), np.zeros(g, np.int64))
     _act_build(x, lists, st.act, st.act_n)
     return st
+
+
+def _stage_seed_reference(ref):
+    """Plain-Python twin of :func:`_stage_seed`: the seeded dispatch, as lists."""
+    x = [[0] * ref.g for _ in range(ref.E)]
+    _put_whole_reference(ref, x, range(ref.E), ref.opts.seed)
+    return x
 
 
 # --------------------------------------------------------------------------------------
@@ -620,6 +701,63 @@ def _stage_chains(st, lists, cost):
         n_chain += 1
 
 
+def _stage_chains_reference(ref, x):
+    """Plain-Python twin of :func:`_stage_chains`: returns ``(x, chains applied)``."""
+    E, g, R = ref.E, ref.g, ref.R
+    n_chain = 0
+    while True:
+        times = ref.times_of(x)
+        M = max(times)
+        Gs = [ref.gpu(h, x)[0] for h in range(g)]
+        Gmax = max(Gs)
+
+        def allowed(e, d, y=x, Gs=Gs, Gmax=Gmax):
+            return y[e][d] > 0 or Gs[d] <= Gmax - 2
+
+        def chain_value(moves, y=x):
+            new = ref.times_of(_moved(y, moves))
+            touched = {h for _, s_, d_, _ in moves for h in (s_, d_)}
+            return max(new), max(new[h] for h in touched)
+
+        best = None
+        for s in range(g):
+            if Gs[s] != Gmax:
+                continue
+            for e in range(E):
+                if x[e][s] == 0:
+                    continue
+                for d in range(g):
+                    if d == s or not R[e][d] or not allowed(e, d):
+                        continue
+                    v = chain_value([(e, s, d, x[e][s])])
+                    if v[0] <= M and (best is None or v < best[0]):
+                        best = (v, [(e, s, d, x[e][s])])
+        if best is None:
+            for s in range(g):
+                if Gs[s] != Gmax:
+                    continue
+                for e in range(E):
+                    if x[e][s] == 0:
+                        continue
+                    for m in range(g):
+                        if m == s or not R[e][m] or x[e][m] != 0 or Gs[m] != Gmax - 1:
+                            continue
+                        for e2 in range(E):
+                            if e2 == e or x[e2][m] == 0:
+                                continue
+                            for d in range(g):
+                                if d in (m, s) or not R[e2][d] or not allowed(e2, d):
+                                    continue
+                                moves = [(e, s, m, x[e][s]), (e2, m, d, x[e2][m])]
+                                v = chain_value(moves)
+                                if v[0] <= M and (best is None or v < best[0]):
+                                    best = (v, moves)
+        if best is None:
+            return x, n_chain
+        x = _moved(x, best[1])
+        n_chain += 1
+
+
 # --------------------------------------------------------------------------------------
 # Stage 3: bottleneck local search, one function per neighbourhood
 # --------------------------------------------------------------------------------------
@@ -660,6 +798,91 @@ def _nb_moves(st, lists, cost, theta, s_sel, best_v, mv):
                 if q >= 0:
                     mv[4, 0] = 1
                     _record(mv, _ZERO, e, s, d, q)
+    return best_v
+
+
+def _nb_moves_reference(ref, y, times, sources, best_v, cap):
+    """Plain-Python twin of :func:`_nb_moves`: ``(best value, moves or None)``; the split
+    ``q*`` found by scanning ``q = 1, 2, ...`` instead of bisection."""
+    best = None
+    for s in sources:
+        for e in range(ref.E):
+            xs = y[e][s]
+            if xs == 0:
+                continue
+            for d in range(ref.g):
+                if d == s or not ref.R[e][d]:
+                    continue
+                v = ref.value(y, [(e, s, d, xs)], cap)
+                if v < best_v:
+                    best_v, best = v, [(e, s, d, xs)]
+                if xs < 2:
+                    continue
+
+                def f(q, e=e, s=s, d=d):
+                    new = ref.after(y, [(e, s, d, q)], cap)
+                    return new[s], new[d]
+
+                q_star = 1
+                while q_star < xs and f(q_star)[1] < f(q_star)[0]:
+                    q_star += 1
+                for q in (q_star - 1, q_star):
+                    if 1 <= q <= xs - 1:
+                        v = max(f(q))
+                        if v < best_v:
+                            best_v, best = v, [(e, s, d, q)]
+    return best_v, best
+
+
+@njit(**NJIT_INLINE)
+def _flow_value(x, gnt, cost, wi, s, v, q):
+    """Largest new time over the GPUs of the search-tree path s -> v moving q tokens."""
+    u = v
+    val = _time_with(cost, x, gnt, v, wi[_PARE, v], q, _NO, _ZERO)
+    while wi[_PARG, u] != s:
+        p = wi[_PARG, u]
+        val = max(val, _time_with(cost, x, gnt, p, wi[_PARE, p], q, wi[_PARE, u], q))
+        u = p
+    return max(val, _time_with(cost, x, gnt, s, _NO, _ZERO, wi[_PARE, u], q))
+
+
+@njit(**NJIT_INLINE)
+def _flow_end(st, cost, s, v, best_v, wk):
+    """Evaluate the search-tree path s -> v; record it if it beats best_v."""
+    x = st.x
+    gnt = st.gnt
+    wi = wk.wi
+    cap = x[wi[_PARE, v], wi[_PARG, v]]
+    u = v
+    while wi[_PARG, u] != s:
+        u = wi[_PARG, u]
+        cap = min(cap, x[wi[_PARE, u], wi[_PARG, u]])
+    e1 = wi[_PARE, u]  # the expert leaving s
+    f = wi[_PARE, v]  # the expert arriving on v
+    lo = 1
+    hi = cap + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        a_mid = _time_with(cost, x, gnt, s, _NO, _ZERO, e1, mid)
+        if _time_with(cost, x, gnt, v, f, mid, _NO, _ZERO) >= a_mid:
+            hi = mid
+        else:
+            lo = mid + 1
+    bq = _NO
+    for q in (lo - 1, lo, cap):
+        if q < 1 or q > cap:
+            continue
+        val = _flow_value(x, gnt, cost, wi, s, v, q)
+        if val < best_v:
+            best_v = val
+            bq = q
+    if bq >= 0:
+        n = wi[_DEPTH, v]
+        u = v
+        for k in range(n - 1, -1, -1):
+            _record(wk.mv, k, wi[_PARE, u], wi[_PARG, u], u, bq)
+            u = wi[_PARG, u]
+        wk.mv[4, 0] = n
     return best_v
 
 
@@ -716,56 +939,54 @@ def _nb_flows(st, lists, cost, theta, s_sel, best_v, wk):
     return best_v
 
 
-@njit(**NJIT_INLINE)
-def _flow_value(x, gnt, cost, wi, s, v, q):
-    """Largest new time over the GPUs of the search-tree path s -> v moving q tokens."""
-    u = v
-    val = _time_with(cost, x, gnt, v, wi[_PARE, v], q, _NO, _ZERO)
-    while wi[_PARG, u] != s:
-        p = wi[_PARG, u]
-        val = max(val, _time_with(cost, x, gnt, p, wi[_PARE, p], q, wi[_PARE, u], q))
-        u = p
-    return max(val, _time_with(cost, x, gnt, s, _NO, _ZERO, wi[_PARE, u], q))
+def _nb_flows_reference(ref, y, times, sources, best_v, cap):
+    """Plain-Python twin of :func:`_nb_flows` (with :func:`_flow_value` and
+    :func:`_flow_end`): ``(best value, moves or None)``."""
+    E, g, R = ref.E, ref.g, ref.R
+    best = None
+    for s in sources:
+        par = {s: None}
+        depth = {s: 0}
+        queue = [s]
+        for w in queue:  # breadth first; the list grows while iterating
+            for f in range(E):
+                if y[f][w] == 0:
+                    continue
+                for v in range(g):
+                    if not R[f][v] or v in par or times[v] >= best_v:
+                        continue
+                    Gv, Nv, Tv = ref.gpu(v, y)
+                    if y[f][v] == 0 and ref.time_of(Gv + 1, Nv, Tv + 1, cap) >= best_v:
+                        continue
+                    par[v] = (w, f)
+                    depth[v] = depth[w] + 1
+                    queue.append(v)
+                    if depth[v] < 2:
+                        continue
+                    legs = []
+                    u = v
+                    while par[u] is not None:
+                        p, fe = par[u]
+                        legs.append((fe, p, u))
+                        u = p
+                    legs.reverse()
+                    cap_q = min(y[fe][p] for fe, p, _ in legs)
+                    e1, fl = legs[0][0], legs[-1][0]
 
+                    def ends(q, e1=e1, fl=fl, v=v, s=s):
+                        t_v = ref.time_after(y, v, [(fl, q)], cap)
+                        return t_v, ref.time_after(y, s, [(e1, -q)], cap)
 
-@njit(**NJIT_INLINE)
-def _flow_end(st, cost, s, v, best_v, wk):
-    """Evaluate the search-tree path s -> v; record it if it beats best_v."""
-    x = st.x
-    gnt = st.gnt
-    wi = wk.wi
-    cap = x[wi[_PARE, v], wi[_PARG, v]]
-    u = v
-    while wi[_PARG, u] != s:
-        u = wi[_PARG, u]
-        cap = min(cap, x[wi[_PARE, u], wi[_PARG, u]])
-    e1 = wi[_PARE, u]  # the expert leaving s
-    f = wi[_PARE, v]  # the expert arriving on v
-    lo = 1
-    hi = cap + 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        a_mid = _time_with(cost, x, gnt, s, _NO, _ZERO, e1, mid)
-        if _time_with(cost, x, gnt, v, f, mid, _NO, _ZERO) >= a_mid:
-            hi = mid
-        else:
-            lo = mid + 1
-    bq = _NO
-    for q in (lo - 1, lo, cap):
-        if q < 1 or q > cap:
-            continue
-        val = _flow_value(x, gnt, cost, wi, s, v, q)
-        if val < best_v:
-            best_v = val
-            bq = q
-    if bq >= 0:
-        n = wi[_DEPTH, v]
-        u = v
-        for k in range(n - 1, -1, -1):
-            _record(wk.mv, k, wi[_PARE, u], wi[_PARG, u], u, bq)
-            u = wi[_PARG, u]
-        wk.mv[4, 0] = n
-    return best_v
+                    q_star = 1
+                    while q_star <= cap_q and ends(q_star)[0] < ends(q_star)[1]:
+                        q_star += 1
+                    for q in (q_star - 1, q_star, cap_q):
+                        if 1 <= q <= cap_q:
+                            mv = [(fe, p, u, q) for fe, p, u in legs]
+                            val = ref.value(y, mv, cap)
+                            if val < best_v:
+                                best_v, best = val, mv
+    return best_v, best
 
 
 @njit(**NJIT)
@@ -830,6 +1051,42 @@ def _nb_swaps(st, lists, cost, theta, s_sel, best_v, mv):
                         _record(mv, _ZERO, f, d, s, yd)
                         _record(mv, _ONE, e, s, d, q)
     return best_v
+
+
+def _nb_swaps_reference(ref, y, times, sources, best_v, cap):
+    """Plain-Python twin of :func:`_nb_swaps`: ``(best value, moves or None)``."""
+    best = None
+    for s in sources:
+        for e in range(ref.E):
+            xs = y[e][s]
+            if xs == 0:
+                continue
+            for d in range(ref.g):
+                if d == s or not ref.R[e][d]:
+                    continue
+                for f2 in range(ref.E):
+                    if f2 == e or y[f2][d] == 0 or not ref.R[f2][s]:
+                        continue
+                    back = (f2, d, s, y[f2][d])
+
+                    def fs(q, e=e, s=s, d=d, back=back):
+                        new = ref.after(y, [back, (e, s, d, q)], cap)
+                        return new[s], new[d]
+
+                    v = max(fs(xs))
+                    if v < best_v:
+                        best_v, best = v, [back, (e, s, d, xs)]
+                    if xs < 2:
+                        continue
+                    q_star = 1
+                    while q_star < xs and fs(q_star)[1] < fs(q_star)[0]:
+                        q_star += 1
+                    for q in (q_star - 1, q_star):
+                        if 1 <= q <= xs - 1:
+                            v = max(fs(q))
+                            if v < best_v:
+                                best_v, best = v, [back, (e, s, d, q)]
+    return best_v, best
 
 
 @njit(**NJIT)
@@ -911,6 +1168,39 @@ def _nb_ejections(st, lists, cost, theta, s_sel, best_v, tile_chains, mv):
                                 _record(mv, _ZERO, e, s, m, q)
                                 _record(mv, _ONE, e2, m, d, q2)
     return best_v
+
+
+def _nb_ejections_reference(ref, y, times, sources, best_v, cap):
+    """Plain-Python twin of :func:`_nb_ejections`: ``(best value, moves or None)``."""
+    E, g, R, tile = ref.E, ref.g, ref.R, ref.tile
+    best = None
+    partial = ref.opts.tile_chains and ref.b2 > 0
+    for s in sources:
+        for e in range(E):
+            xs = y[e][s]
+            if xs == 0:
+                continue
+            for m in range(g):
+                if m == s or not R[e][m]:
+                    continue
+                legs = [xs]
+                if partial:
+                    trim = xs % tile
+                    fill = (tile - y[e][m] % tile) % tile if y[e][m] > 0 else 0
+                    legs += [q for q in (trim,) if 0 < q < xs]
+                    legs += [q for q in (fill,) if 0 < q < xs and q != trim]
+                for q in legs:
+                    for e2 in range(E):
+                        if e2 == e or y[e2][m] == 0:
+                            continue
+                        for d in range(g):
+                            if d in (m, s) or not R[e2][d]:
+                                continue
+                            moves = [(e, s, m, q), (e2, m, d, y[e2][m])]
+                            v = ref.value(y, moves, cap)
+                            if v < best_v:
+                                best_v, best = v, moves
+    return best_v, best
 
 
 @njit(**NJIT)
@@ -1091,6 +1381,80 @@ def _nb_exchanges(st, lists, cost, theta, s_sel, best_v, wk):
     return best_v
 
 
+def _nb_exchanges_reference(ref, y, times, sources, best_v, cap):
+    """Plain-Python twin of :func:`_nb_exchanges`: ``(best value, moves or None)``; a lazy
+    ``heapq`` instead of the indexed heap."""
+    E, g, R = ref.E, ref.g, ref.R
+    best = None
+    items = [(h, e) for h in range(g) for e in range(E) if y[e][h] > 0]
+    index = {it: k for k, it in enumerate(items)}
+    for s in sources:
+        for e1 in range(E):
+            if y[e1][s] == 0:
+                continue
+            # one search per share leaving s: a cycle's closing arc depends on it
+            v = ref.time_after(y, s, [(e1, -y[e1][s])], cap)
+            if v >= best_v:
+                continue
+            k0 = index[(s, e1)]
+            lab, mid, pred = {k0: v}, {k0: -math.inf}, {k0: -1}
+            done = set()
+            heap = [(v, k0)]
+            found = None
+            while heap:
+                L, k = heapq.heappop(heap)
+                if k in done or L != lab[k]:
+                    continue
+                if L >= best_v:
+                    break
+                done.add(k)
+                h, e = items[k]
+                q = y[e][h]
+                on = set()
+                j = k
+                while j >= 0:
+                    on.add(items[j][0])
+                    j = pred[j]
+                for d in range(g):
+                    if not R[e][d] or d == h:
+                        continue
+                    if d == s:
+                        if pred[k] >= 0 and e != e1:
+                            v = max(mid[k], ref.time_after(y, s, [(e, q), (e1, -y[e1][s])], cap))
+                            if v < best_v:
+                                best_v, found = v, (k, d)
+                        continue
+                    if d in on:
+                        continue
+                    v = max(L, ref.time_after(y, d, [(e, q)], cap))
+                    if v < best_v:
+                        best_v, found = v, (k, d)
+                    for f in range(E):
+                        if f == e or y[f][d] == 0:
+                            continue
+                        k2 = index[(d, f)]
+                        if k2 in done:
+                            continue
+                        w = ref.time_after(y, d, [(e, q), (f, -y[f][d])], cap)
+                        if w >= best_v:
+                            continue
+                        nl = max(L, w)
+                        if nl < lab.get(k2, math.inf):
+                            lab[k2], mid[k2], pred[k2] = nl, max(mid[k], w), k
+                            heapq.heappush(heap, (nl, k2))
+            if found is not None:
+                k, dst = found
+                chain = []
+                while k >= 0:
+                    chain.append(k)
+                    k = pred[k]
+                chain.reverse()
+                gpus = [items[j][0] for j in chain] + [dst]
+                best = [(items[j][1], gpus[r], gpus[r + 1], y[items[j][1]][gpus[r]])
+                        for r, j in enumerate(chain)]  # fmt: skip
+    return best_v, best
+
+
 @njit(**NJIT)
 def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
     """Stage 3 on the state, in place: bottleneck neighbourhoods, then leximax moves.
@@ -1163,6 +1527,60 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
         if kind > 0:
             counters[kind] += 1
     return n_it
+
+
+def _stage_local_search_reference(ref, x, stop_at, cap=_NO_CAP):
+    """Plain-Python twin of :func:`_stage_local_search` on ``x`` under the caps ``(activation
+    cap, floor cap)``: returns ``(x, [moves, of which token paths, of which exchanges])``."""
+    opts = ref.opts
+    n_ls = [0, 0, 0]
+    while n_ls[0] < opts.max_iter:
+        times = ref.times_of(x, cap)
+        M = max(times)
+        if M <= stop_at:
+            break
+        at_m = [s for s in range(ref.g) if times[s] == M]
+        best_v, best = _nb_moves_reference(ref, x, times, at_m, M, cap)
+        kind = 0
+        if best is None:
+            # the best of the other neighbourhoods (first found on ties, in this order)
+            others = (
+                (1, opts.flows, _nb_flows_reference),
+                (0, True, _nb_swaps_reference),
+                (0, True, _nb_ejections_reference),
+                (2, opts.exchanges, _nb_exchanges_reference),
+            )
+            for k, on, nb in others:
+                if on:
+                    v, mv = nb(ref, x, times, at_m, best_v, cap)
+                    if mv is not None:
+                        best_v, best, kind = v, mv, k
+        if best is None:
+            # leximax: the first GPU below M with a move, else a token path or exchange
+            for s in sorted(range(ref.g), key=lambda h: (-times[h], h)):
+                th = times[s]
+                if th == M:
+                    continue
+                kind = 0
+                v, best = _nb_moves_reference(ref, x, times, [s], th, cap)
+                if best is None:
+                    for k, on, nb in (
+                        (1, opts.flows, _nb_flows_reference),
+                        (2, opts.exchanges, _nb_exchanges_reference),
+                    ):
+                        if on:
+                            v2, mv = nb(ref, x, times, [s], v, cap)
+                            if mv is not None:
+                                v, best, kind = v2, mv, k
+                if best is not None:
+                    break
+        if best is None:
+            break
+        x = _moved(x, best)
+        n_ls[0] += 1
+        if kind > 0:
+            n_ls[kind] += 1
+    return x, n_ls
 
 
 # --------------------------------------------------------------------------------------
@@ -1262,6 +1680,45 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
     return out, m_out, choice
 
 
+def _stage_ensemble_reference(ref, x_h, lp, sm_assign, sm, stop_at, info):
+    """Plain-Python twin of :func:`_stage_ensemble`: the candidates' makespans into
+    ``info``; returns ``(shares, makespan, choice)``."""
+    E, g, counts = ref.E, ref.g, ref.counts
+    m_h = max(ref.times_of(x_h))
+    out, m_out, choice = x_h, m_h, 0
+    live = [e for e in ref.order if counts[e] > 0]
+    a3 = [[0] * g for _ in range(E)]
+    for r, e in enumerate(live):
+        a3[e][r % g] = counts[e]
+    smx = [[0] * g for _ in range(E)]
+    for e in live:
+        smx[e][int(sm_assign[e])] = counts[e]
+    polish = ref.opts.local_search and stop_at < m_h
+    cands = [(1, lp, _NO_CAP), (2, a3, _NO_CAP), (3, smx, (sm, math.inf)),
+             (4, smx, (sm + 1, math.inf))]  # fmt: skip
+    if not all(all(ref.R[e]) for e in live):
+        cands.pop(1)
+    if not polish:
+        cands.pop()
+    best_c = math.inf
+    for cand, y, cap in cands:
+        m_c = max(ref.times_of(y))
+        if cand < 4:
+            info[3 + cand] = m_c
+        if polish:
+            if cap != _NO_CAP:
+                y, _ = _stage_local_search_reference(ref, y, stop_at, cap)
+            y, _ = _stage_local_search_reference(ref, y, stop_at)
+            m_c = max(ref.times_of(y))
+            if m_c < m_out:
+                out, m_out, choice = y, m_c, cand
+        elif m_c < best_c and m_c < (1.0 - ref.opts.tau) * m_h:
+            out, m_out, choice = y, m_c, cand
+        if m_c < best_c:
+            best_c = info[7] = m_c
+    return out, m_out, choice
+
+
 # --------------------------------------------------------------------------------------
 # Stage 4b: ruin-and-recreate restarts
 # --------------------------------------------------------------------------------------
@@ -1299,6 +1756,28 @@ def _floor_levels(cost, m, g_max, j_max, out):
     return k
 
 
+def _floor_levels_reference(ref, m):
+    """Plain-Python twin of :func:`_floor_levels`: the ``RESTART_LEVELS`` largest distinct
+    floors ``a + b*G + b2*j`` below ``m``, decreasing."""
+    a, b, b2 = ref.a, ref.b, ref.b2
+    g_max = sum(sum(row) for row in ref.R)
+    j_max = g_max + sum(ref.tiles(ref.counts[e]) * sum(ref.R[e]) for e in range(ref.E))
+    vals = set()
+    for G in range(1, g_max + 1):
+        if a + b * G >= m:
+            break
+        for j in range(j_max + 1):
+            v = a + b * G + b2 * j
+            if v >= m:
+                break
+            vals.add(v)
+            if b2 == 0:
+                break
+        if b == 0:
+            break
+    return sorted(vals, reverse=True)[:RESTART_LEVELS]
+
+
 @njit(**NJIT)
 def _recreate(x, ruin, counts, order, lists, cost):
     """A copy of ``x`` with the experts ``ruin`` removed and put back whole, by descending
@@ -1319,6 +1798,14 @@ def _recreate(x, ruin, counts, order, lists, cost):
                 gnt[_T, h] += _tiles(v, cost.tile)
     _put_whole(y, gnt, ruin, counts, order, lists, cost, True)
     return y
+
+
+def _recreate_reference(ref, y, ruined):
+    """Plain-Python twin of :func:`_recreate`: ``y`` without the experts ``ruined``, put back
+    whole by stage 1's rule."""
+    z = [[0 if e in ruined else y[e][h] for h in range(ref.g)] for e in range(ref.E)]
+    _put_whole_reference(ref, z, ruined, True)
+    return z
 
 
 @njit(**NJIT)
@@ -1381,6 +1868,34 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
             rounds += 1
         else:
             break
+    return x, m, rounds
+
+
+def _stage_restarts_reference(ref, x, m, stop_at):
+    """Plain-Python twin of :func:`_stage_restarts`: returns ``(shares, makespan, rounds)``."""
+    rounds = 0
+    moves = 0
+    while rounds < RESTART_ROUNDS and m > stop_at:
+        levels = _floor_levels_reference(ref, m)
+        best_m, best_x = m, x
+        for h in range(ref.g):
+            y = _recreate_reference(ref, x, {e for e in range(ref.E) if x[e][h] > 0})
+            for F in [None, *levels]:
+                if moves >= ref.opts.restart_moves:
+                    break
+                z = y
+                if F is not None:
+                    z, n = _stage_local_search_reference(ref, y, stop_at, (math.inf, F))
+                    moves += n[0]
+                z, n = _stage_local_search_reference(ref, z, stop_at)
+                moves += n[0]
+                mz = max(ref.times_of(z))
+                if mz < best_m:
+                    best_m, best_x = mz, z
+        if best_m >= m:
+            break
+        x, m = best_x, best_m
+        rounds += 1
     return x, m, rounds
 
 
@@ -1486,7 +2001,8 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     opts = _canonical_opts(opts)
     E, g = replicas.shape
     info = np.full(_N_INFO, np.nan)
-    lists = _replica_lists(replicas)
+    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
+    lists = _Lists(replicas, e_ptr, e_gpus, g_ptr, g_exps)
     order = stable_argsort_int_desc(counts)
     width = max(g + 1, lists.e_ptr[E])
     # (every entry is written before it is read, except the stamps)
@@ -1541,19 +2057,21 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     return out, info
 
 
-# call_compiled is lowered by solvers/_numba/jit.py, and the kernel orders the experts with
-# solvers/_order.py: an edit there recompiles the functions that use them
+# call_compiled is lowered by solvers/_numba/jit.py, the kernel orders the experts with
+# solvers/_order.py and builds its replica lists with _csr.py: an edit there recompiles the
+# functions that use them
 for _f in (tempo_kernel, _stage_local_search, _stage_restarts):
-    cache_depends_on(_f, _jit, _order)
+    cache_depends_on(_f, _jit, _order, _csr)
 
 
 def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     """Plain-Python reference of :func:`tempo_kernel`: same stages, same tie-breaking.
 
-    Written from the stage descriptions without incremental bookkeeping: every candidate
-    is scored by recomputing the GPUs it changes from the shares, the split ``q*`` is found
-    by scanning ``q = 1, 2, ...`` instead of bisection, and the exchange search keeps a
-    lazy ``heapq`` instead of an indexed heap.
+    Each stage is the ``_reference`` twin of the kernel function of the same name, written
+    from the stage descriptions without incremental bookkeeping: every candidate is scored
+    by recomputing the GPUs it changes from the shares, the split ``q*`` is found by
+    scanning ``q = 1, 2, ...`` instead of bisection, and the exchange search keeps a lazy
+    ``heapq`` instead of an indexed heap.
 
     Examples
     --------
@@ -1568,509 +2086,33 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     >>> (x > 0).sum(axis=1).tolist(), float(info[0])
     ([2, 1, 1, 1, 1, 1, 1], 60.0)
     """
-    counts = [int(v) for v in counts]
-    R = [[bool(r) for r in row] for row in replicas]
-    a, b, b2, c, beta, c2, gamma = (float(v) for v in cost[:7])
-    tile = int(cost.tile)
-    E, g = len(R), len(R[0])
-    inf = math.inf
-    no_cap = (inf, inf)  # (activation cap, floor cap)
-
-    def tiles(v):
-        return -(-v // tile)
-
-    def time_of(G, N, T, cap=no_cap):
-        floor = a + b * G + b2 * (T - G)
-        if G > cap[0] or floor > cap[1]:
-            return inf
-        return max(floor, c + beta * N, c2 + gamma * N)
-
-    def gpu(h, y):
-        """(G, N, T) of GPU h under shares y."""
-        col = [y[e][h] for e in range(E) if y[e][h] > 0]
-        return len(col), sum(col), sum(tiles(v) for v in col)
-
-    def times_of(y, cap=no_cap):
-        return [time_of(*gpu(h, y), cap) for h in range(g)]
-
-    def moved(y, moves):
-        """Copy of y with moves (e, src, dst, q) applied in order."""
-        z = [row[:] for row in y]
-        for e, src, dst, q in moves:
-            z[e][src] -= q
-            z[e][dst] += q
-        return z
-
-    def time_after(y, h, changes, cap):
-        """Time of GPU h after the share changes [(expert, tokens)] (summed per expert)."""
-        de = {}
-        for e, dq in changes:
-            de[e] = de.get(e, 0) + dq
-        col = [y[e][h] + de.get(e, 0) for e in range(E)]
-        col = [v for v in col if v > 0]
-        return time_of(len(col), sum(col), sum(tiles(v) for v in col), cap)
-
-    def after(y, moves, cap):
-        """New times of the GPUs the moves (e, src, dst, q) change."""
-        changes = {}
-        for e, src, dst, q in moves:
-            changes.setdefault(src, []).append((e, -q))
-            changes.setdefault(dst, []).append((e, q))
-        return {h: time_after(y, h, ch, cap) for h, ch in changes.items()}
-
-    def value(y, moves, cap):
-        return max(after(y, moves, cap).values())
-
-    # Stage 1: cost-aware greedy seeding.
-    order = sorted(range(E), key=lambda e: (-counts[e], e))
-    x = [[0] * g for _ in range(E)]
-    for e in order:
-        n = counts[e]
-        if n == 0:
-            break
-        cands = [h for h in range(g) if R[e][h]]
-        if opts.seed:
-
-            def key(h, n=n, y=x):
-                G, N, T = gpu(h, y)
-                tn = time_of(G + 1, N + n, T + tiles(n))
-                return (tn - time_of(G, N, T), tn, h)
-
-            h = min(cands, key=key)
-        else:
-            h = cands[0]
-        x[e][h] = n
+    ref = _Ref(counts, replicas, cost, opts)
+    E, g = ref.E, ref.g
     info = [float("nan")] * len(INFO_FIELDS)
-    info[1] = max(times_of(x))
-
-    # Stage 2: augmenting chains.
+    x = _stage_seed_reference(ref)  # Stage 1
+    info[1] = max(ref.times_of(x))
     n_chain = 0
-    while opts.chains:
-        times = times_of(x)
-        M = max(times)
-        Gs = [gpu(h, x)[0] for h in range(g)]
-        Gmax = max(Gs)
+    if opts.chains:  # Stage 2
+        x, n_chain = _stage_chains_reference(ref, x)
+    info[2] = max(ref.times_of(x))
 
-        def allowed(e, d, y=x, Gs=Gs, Gmax=Gmax):
-            return y[e][d] > 0 or Gs[d] <= Gmax - 2
-
-        def chain_value(moves, y=x):
-            new = times_of(moved(y, moves))
-            touched = {h for _, s_, d_, _ in moves for h in (s_, d_)}
-            return max(new), max(new[h] for h in touched)
-
-        best = None
-        for s in range(g):
-            if Gs[s] != Gmax:
-                continue
-            for e in range(E):
-                if x[e][s] == 0:
-                    continue
-                for d in range(g):
-                    if d == s or not R[e][d] or not allowed(e, d):
-                        continue
-                    v = chain_value([(e, s, d, x[e][s])])
-                    if v[0] <= M and (best is None or v < best[0]):
-                        best = (v, [(e, s, d, x[e][s])])
-        if best is None:
-            for s in range(g):
-                if Gs[s] != Gmax:
-                    continue
-                for e in range(E):
-                    if x[e][s] == 0:
-                        continue
-                    for m in range(g):
-                        if m == s or not R[e][m] or x[e][m] != 0 or Gs[m] != Gmax - 1:
-                            continue
-                        for e2 in range(E):
-                            if e2 == e or x[e2][m] == 0:
-                                continue
-                            for d in range(g):
-                                if d in (m, s) or not R[e2][d] or not allowed(e2, d):
-                                    continue
-                                moves = [(e, s, m, x[e][s]), (e2, m, d, x[e2][m])]
-                                v = chain_value(moves)
-                                if v[0] <= M and (best is None or v < best[0]):
-                                    best = (v, moves)
-        if best is None:
-            break
-        x = moved(x, best[1])
-        n_chain += 1
-    info[2] = max(times_of(x))
-
-    # Stage 3: bottleneck local search. Each neighbourhood returns (best value, moves).
+    # integral lower bound: no whole-token dispatch goes below it, so the searches stop there
     lp = [[int(v) for v in row] for row in lp_shares]
     lp_nmax = max(sum(lp[e][h] for e in range(E)) for h in range(g))
-    sm = max([[sm_assign[e] for e in range(E) if counts[e] > 0].count(h) for h in range(g)])
-    stop_at = max(float(bound), time_of(0, lp_nmax, 0), time_of(sm, 0, sm))
-
-    def nb_moves(y, times, sources, best_v, cap):
-        best = None
-        for s in sources:
-            for e in range(E):
-                xs = y[e][s]
-                if xs == 0:
-                    continue
-                for d in range(g):
-                    if d == s or not R[e][d]:
-                        continue
-                    v = value(y, [(e, s, d, xs)], cap)
-                    if v < best_v:
-                        best_v, best = v, [(e, s, d, xs)]
-                    if xs < 2:
-                        continue
-
-                    def f(q, e=e, s=s, d=d):
-                        new = after(y, [(e, s, d, q)], cap)
-                        return new[s], new[d]
-
-                    q_star = 1
-                    while q_star < xs and f(q_star)[1] < f(q_star)[0]:
-                        q_star += 1
-                    for q in (q_star - 1, q_star):
-                        if 1 <= q <= xs - 1:
-                            v = max(f(q))
-                            if v < best_v:
-                                best_v, best = v, [(e, s, d, q)]
-        return best_v, best
-
-    def nb_flows(y, times, sources, best_v, cap):
-        best = None
-        for s in sources:
-            par = {s: None}
-            depth = {s: 0}
-            queue = [s]
-            for w in queue:  # breadth first; the list grows while iterating
-                for f in range(E):
-                    if y[f][w] == 0:
-                        continue
-                    for v in range(g):
-                        if not R[f][v] or v in par or times[v] >= best_v:
-                            continue
-                        Gv, Nv, Tv = gpu(v, y)
-                        if y[f][v] == 0 and time_of(Gv + 1, Nv, Tv + 1, cap) >= best_v:
-                            continue
-                        par[v] = (w, f)
-                        depth[v] = depth[w] + 1
-                        queue.append(v)
-                        if depth[v] < 2:
-                            continue
-                        legs = []
-                        u = v
-                        while par[u] is not None:
-                            p, fe = par[u]
-                            legs.append((fe, p, u))
-                            u = p
-                        legs.reverse()
-                        cap_q = min(y[fe][p] for fe, p, _ in legs)
-                        e1, fl = legs[0][0], legs[-1][0]
-
-                        def ends(q, e1=e1, fl=fl, v=v, s=s):
-                            t_v = time_after(y, v, [(fl, q)], cap)
-                            return t_v, time_after(y, s, [(e1, -q)], cap)
-
-                        q_star = 1
-                        while q_star <= cap_q and ends(q_star)[0] < ends(q_star)[1]:
-                            q_star += 1
-                        for q in (q_star - 1, q_star, cap_q):
-                            if 1 <= q <= cap_q:
-                                mv = [(fe, p, u, q) for fe, p, u in legs]
-                                val = value(y, mv, cap)
-                                if val < best_v:
-                                    best_v, best = val, mv
-        return best_v, best
-
-    def nb_swaps(y, times, sources, best_v, cap):
-        best = None
-        for s in sources:
-            for e in range(E):
-                xs = y[e][s]
-                if xs == 0:
-                    continue
-                for d in range(g):
-                    if d == s or not R[e][d]:
-                        continue
-                    for f2 in range(E):
-                        if f2 == e or y[f2][d] == 0 or not R[f2][s]:
-                            continue
-                        back = (f2, d, s, y[f2][d])
-
-                        def fs(q, e=e, s=s, d=d, back=back):
-                            new = after(y, [back, (e, s, d, q)], cap)
-                            return new[s], new[d]
-
-                        v = max(fs(xs))
-                        if v < best_v:
-                            best_v, best = v, [back, (e, s, d, xs)]
-                        if xs < 2:
-                            continue
-                        q_star = 1
-                        while q_star < xs and fs(q_star)[1] < fs(q_star)[0]:
-                            q_star += 1
-                        for q in (q_star - 1, q_star):
-                            if 1 <= q <= xs - 1:
-                                v = max(fs(q))
-                                if v < best_v:
-                                    best_v, best = v, [back, (e, s, d, q)]
-        return best_v, best
-
-    def nb_ejections(y, times, sources, best_v, cap):
-        best = None
-        partial = opts.tile_chains and b2 > 0
-        for s in sources:
-            for e in range(E):
-                xs = y[e][s]
-                if xs == 0:
-                    continue
-                for m in range(g):
-                    if m == s or not R[e][m]:
-                        continue
-                    legs = [xs]
-                    if partial:
-                        trim = xs % tile
-                        fill = (tile - y[e][m] % tile) % tile if y[e][m] > 0 else 0
-                        legs += [q for q in (trim,) if 0 < q < xs]
-                        legs += [q for q in (fill,) if 0 < q < xs and q != trim]
-                    for q in legs:
-                        for e2 in range(E):
-                            if e2 == e or y[e2][m] == 0:
-                                continue
-                            for d in range(g):
-                                if d in (m, s) or not R[e2][d]:
-                                    continue
-                                moves = [(e, s, m, q), (e2, m, d, y[e2][m])]
-                                v = value(y, moves, cap)
-                                if v < best_v:
-                                    best_v, best = v, moves
-        return best_v, best
-
-    def nb_exchanges(y, times, sources, best_v, cap):
-        best = None
-        items = [(h, e) for h in range(g) for e in range(E) if y[e][h] > 0]
-        index = {it: k for k, it in enumerate(items)}
-        for s in sources:
-            for e1 in range(E):
-                if y[e1][s] == 0:
-                    continue
-                # one search per share leaving s: a cycle's closing arc depends on it
-                v = time_after(y, s, [(e1, -y[e1][s])], cap)
-                if v >= best_v:
-                    continue
-                k0 = index[(s, e1)]
-                lab, mid, pred = {k0: v}, {k0: -inf}, {k0: -1}
-                done = set()
-                heap = [(v, k0)]
-                found = None
-                while heap:
-                    L, k = heapq.heappop(heap)
-                    if k in done or L != lab[k]:
-                        continue
-                    if L >= best_v:
-                        break
-                    done.add(k)
-                    h, e = items[k]
-                    q = y[e][h]
-                    on = set()
-                    j = k
-                    while j >= 0:
-                        on.add(items[j][0])
-                        j = pred[j]
-                    for d in range(g):
-                        if not R[e][d] or d == h:
-                            continue
-                        if d == s:
-                            if pred[k] >= 0 and e != e1:
-                                v = max(mid[k], time_after(y, s, [(e, q), (e1, -y[e1][s])], cap))
-                                if v < best_v:
-                                    best_v, found = v, (k, d)
-                            continue
-                        if d in on:
-                            continue
-                        v = max(L, time_after(y, d, [(e, q)], cap))
-                        if v < best_v:
-                            best_v, found = v, (k, d)
-                        for f in range(E):
-                            if f == e or y[f][d] == 0:
-                                continue
-                            k2 = index[(d, f)]
-                            if k2 in done:
-                                continue
-                            w = time_after(y, d, [(e, q), (f, -y[f][d])], cap)
-                            if w >= best_v:
-                                continue
-                            nl = max(L, w)
-                            if nl < lab.get(k2, inf):
-                                lab[k2], mid[k2], pred[k2] = nl, max(mid[k], w), k
-                                heapq.heappush(heap, (nl, k2))
-                if found is not None:
-                    k, dst = found
-                    chain = []
-                    while k >= 0:
-                        chain.append(k)
-                        k = pred[k]
-                    chain.reverse()
-                    gpus = [items[j][0] for j in chain] + [dst]
-                    best = [(items[j][1], gpus[r], gpus[r + 1], y[items[j][1]][gpus[r]])
-                            for r, j in enumerate(chain)]  # fmt: skip
-        return best_v, best
-
-    def search(x, cap=no_cap):
-        """Stage 3 on x under the caps: returns (x, moves, flows, exchanges)."""
-        n_ls = [0, 0, 0]
-        while n_ls[0] < opts.max_iter:
-            times = times_of(x, cap)
-            M = max(times)
-            if M <= stop_at:
-                break
-            at_m = [s for s in range(g) if times[s] == M]
-            best_v, best = nb_moves(x, times, at_m, M, cap)
-            kind = 0
-            if best is None:
-                # the best of the other neighbourhoods (first found on ties, in this order)
-                others = (
-                    (1, opts.flows, nb_flows),
-                    (0, True, nb_swaps),
-                    (0, True, nb_ejections),
-                    (2, opts.exchanges, nb_exchanges),
-                )
-                for k, on, nb in others:
-                    if on:
-                        v, mv = nb(x, times, at_m, best_v, cap)
-                        if mv is not None:
-                            best_v, best, kind = v, mv, k
-            if best is None:
-                # leximax: the first GPU below M with a move, else a token path or exchange
-                for s in sorted(range(g), key=lambda h: (-times[h], h)):
-                    th = times[s]
-                    if th == M:
-                        continue
-                    kind = 0
-                    v, best = nb_moves(x, times, [s], th, cap)
-                    if best is None:
-                        for k, on, nb in (
-                            (1, opts.flows, nb_flows),
-                            (2, opts.exchanges, nb_exchanges),
-                        ):
-                            if on:
-                                v2, mv = nb(x, times, [s], v, cap)
-                                if mv is not None:
-                                    v, best, kind = v2, mv, k
-                    if best is not None:
-                        break
-            if best is None:
-                break
-            x = moved(x, best)
-            n_ls[0] += 1
-            if kind > 0:
-                n_ls[kind] += 1
-        return x, n_ls
-
+    live_gpus = [sm_assign[e] for e in range(E) if ref.counts[e] > 0]
+    sm = max([live_gpus.count(h) for h in range(g)])
+    stop_at = max(float(bound), ref.time_of(0, lp_nmax, 0), ref.time_of(sm, 0, sm))
     counters = [0, 0, 0]
-    if opts.local_search:
-        x, counters = search(x)
-    m_h = max(times_of(x))
-    info[3] = m_h
+    if opts.local_search:  # Stage 3
+        x, counters = _stage_local_search_reference(ref, x, stop_at)
+    info[3] = max(ref.times_of(x))
 
-    # Stage 4: ensemble; every candidate polished when there is room below M(A_H).
-    out, m_out, choice = x, m_h, 0
-    if opts.ensemble:
-        live = [e for e in order if counts[e] > 0]
-        a3 = [[0] * g for _ in range(E)]
-        for r, e in enumerate(live):
-            a3[e][r % g] = counts[e]
-        smx = [[0] * g for _ in range(E)]
-        for e in live:
-            smx[e][int(sm_assign[e])] = counts[e]
-        polish = opts.local_search and stop_at < m_h
-        cands = [(1, lp, no_cap), (2, a3, no_cap), (3, smx, (sm, inf)), (4, smx, (sm + 1, inf))]
-        if not all(all(R[e]) for e in live):
-            cands.pop(1)
-        if not polish:
-            cands.pop()
-        best_c = inf
-        for cand, y, cap in cands:
-            m_c = max(times_of(y))
-            if cand < 4:
-                info[3 + cand] = m_c
-            if polish:
-                if cap != no_cap:
-                    y, _ = search(y, cap)
-                y, _ = search(y)
-                m_c = max(times_of(y))
-                if m_c < m_out:
-                    out, m_out, choice = y, m_c, cand
-            elif m_c < best_c and m_c < (1.0 - opts.tau) * m_h:
-                out, m_out, choice = y, m_c, cand
-            if m_c < best_c:
-                best_c = info[7] = m_c
-
-    # Stage 4b: ruin-and-recreate restarts.
-    def floor_levels(m):
-        """The RESTART_LEVELS largest distinct floors a + b*G + b2*j below m, decreasing."""
-        g_max = sum(sum(row) for row in R)
-        j_max = g_max + sum(tiles(counts[e]) * sum(R[e]) for e in range(E))
-        vals = set()
-        for G in range(1, g_max + 1):
-            if a + b * G >= m:
-                break
-            for j in range(j_max + 1):
-                v = a + b * G + b2 * j
-                if v >= m:
-                    break
-                vals.add(v)
-                if b2 == 0:
-                    break
-            if b == 0:
-                break
-        return sorted(vals, reverse=True)[:RESTART_LEVELS]
-
-    def recreate(y, ruined):
-        """y without the ruined experts, put back whole by stage 1's rule."""
-        z = [[0 if e in ruined else y[e][h] for h in range(g)] for e in range(E)]
-        for e in order:
-            n = counts[e]
-            if n == 0:
-                break
-            if e not in ruined:
-                continue
-
-            def key(h, n=n, z=z):
-                G, N, T = gpu(h, z)
-                tn = time_of(G + 1, N + n, T + tiles(n))
-                return (tn - time_of(G, N, T), tn, h)
-
-            z[e][min((h for h in range(g) if R[e][h]), key=key)] = n
-        return z
-
-    def restarts(x, m):
-        rounds = 0
-        moves = 0
-        while rounds < RESTART_ROUNDS and m > stop_at:
-            levels = floor_levels(m)
-            best_m, best_x = m, x
-            for h in range(g):
-                y = recreate(x, {e for e in range(E) if x[e][h] > 0})
-                for F in [None, *levels]:
-                    if moves >= opts.restart_moves:
-                        break
-                    z = y
-                    if F is not None:
-                        z, n = search(y, (inf, F))
-                        moves += n[0]
-                    z, n = search(z)
-                    moves += n[0]
-                    mz = max(times_of(z))
-                    if mz < best_m:
-                        best_m, best_x = mz, z
-            if best_m >= m:
-                break
-            x, m = best_x, best_m
-            rounds += 1
-        return x, m, rounds
-
+    out, m_out, choice = x, info[3], 0
+    if opts.ensemble:  # Stage 4
+        out, m_out, choice = _stage_ensemble_reference(ref, x, lp, sm_assign, sm, stop_at, info)
     n_restart = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
-        out, m_out, n_restart = restarts(out, m_out)
+        out, m_out, n_restart = _stage_restarts_reference(ref, out, m_out, stop_at)  # Stage 4b
     info[0] = m_out
     info[13] = n_restart
     info[8], info[9] = choice, n_chain

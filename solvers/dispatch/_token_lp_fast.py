@@ -51,6 +51,8 @@ from .. import _order
 from .._numba import jit as _jit
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
 from .._order import stable_argsort_int_desc
+from . import _csr
+from ._csr import replica_lists
 
 __all__ = [
     "token_lp_kernel",
@@ -91,37 +93,6 @@ def _as_readonly(typingctx, a):
 @overload(_frozen)
 def _frozen_jit(a):
     return lambda a: _as_readonly(a)
-
-
-@njit(**NJIT_INLINE)
-def _replica_lists(replicas):
-    """CSR lists: GPUs of each expert, and experts of each GPU (increasing order)."""
-    E, g = replicas.shape
-    # branch-free (a scratch slot at the end of each list takes the writes that do not count)
-    e_ptr = np.zeros(E + 1, np.int64)
-    g_ptr = np.zeros(g + 1, np.int64)
-    for e in range(E):
-        k = 0
-        for h in range(g):
-            r = np.int64(replicas[e, h])
-            k += r
-            g_ptr[h + 1] += r
-        e_ptr[e + 1] = e_ptr[e] + k
-    for h in range(g):
-        g_ptr[h + 1] += g_ptr[h]
-    e_gpus = np.empty(e_ptr[E] + 1, np.int64)
-    g_exps = np.empty(g_ptr[g] + 1, np.int64)
-    k = 0
-    for e in range(E):
-        for h in range(g):
-            e_gpus[k] = h
-            k += np.int64(replicas[e, h])
-    for h in range(g):
-        k = g_ptr[h]
-        for e in range(E):
-            g_exps[k] = e
-            k += np.int64(replicas[e, h])
-    return e_ptr, e_gpus, g_ptr, g_exps
 
 
 @njit(**NJIT)
@@ -216,7 +187,7 @@ def token_lp_kernel(counts, replicas):
         ``lambda* = num / den`` in lowest terms (``0 / 1`` without tokens).
     """
     E, g = replicas.shape
-    e_ptr, e_gpus, g_ptr, g_exps = _replica_lists(replicas)
+    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
     x = np.zeros((E, g), np.int64)
     load = np.zeros(g, np.int64)
     # Step 1: whole experts, descending tokens, least-loaded replica.
@@ -714,6 +685,6 @@ def support_swap_reference(counts, replicas, shares, cost, max_rounds):
 
 # token_lp_kernel orders the experts with solvers/_order.py, and call_compiled is lowered by
 # solvers/_numba/jit.py: an edit there recompiles the functions that use them
-cache_depends_on(token_lp_kernel, _order)
+cache_depends_on(token_lp_kernel, _order, _csr)
 for _f in (support_rebalance_kernel, support_contract_kernel, support_swap_kernel):
     cache_depends_on(_f, _jit)

@@ -31,32 +31,40 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ...formulations.cost import CostModel
 from ...formulations.dispatch import DispatchProblem
+from ...formulations.validation import check_type
 from ._backend import LOWER_BOUND, SEMI_MATCHING, TOKEN_LP
 
 __all__ = ["certified_lower_bound", "layer_bound", "token_lp_bound"]
 
+_FUNC = "certified_lower_bound"
 
-def certified_lower_bound(
-    problem: DispatchProblem,
-    cost: CostModel,
-    *,
-    semi_matching_value: int | None = None,
-    token_lp_value: float | None = None,
-) -> float:
-    """A lower bound on the optimal makespan of one layer (layer 0 of a stack).
 
-    Returns ``max(B1, ..., B7)`` (see the module docstring); never above the optimum.
+def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float | np.ndarray:
+    """A lower bound on the optimal makespan of each layer, never above the optimum.
+
+    Returns ``max(B1, ..., B7)`` (see the module docstring), computed from the problem and
+    the cost alone: the semi-matching and token-LP values it needs are computed here by
+    this library's exact kernels, never taken from the caller.
 
     Parameters
     ----------
     problem : DispatchProblem
+        One layer, or a stack of layers.
     cost : CostModel
-    semi_matching_value, token_lp_value : optional
-        The exact optimal semi-matching value ``SM`` and token-LP value ``V`` of this
-        layer, when a caller already computed them with this library's kernels (``tempo``
-        does); they are then not recomputed. Passing anything else voids the certificate.
+
+    Returns
+    -------
+    float, or ndarray of shape (n_layers,) for a stack
+        The bound of the layer (of each layer).
+
+    Raises
+    ------
+    InvalidInputError
+        ``problem`` is not a :class:`DispatchProblem` or ``cost`` not a :class:`CostModel`.
 
     Examples
     --------
@@ -75,22 +83,38 @@ def certified_lower_bound(
     >>> certified_lower_bound(p, CostModel(a=0, b=0, c=0, beta=1))
     90.0
     """
-    p = problem.layer(0) if problem.is_stack else problem
-    counts = p.counts
-    replicas = p.replicas
-    if semi_matching_value is None:
-        _, semi_matching_value, _ = SEMI_MATCHING(replicas, counts > 0)
-    if token_lp_value is None:
-        _, num, den = TOKEN_LP(counts, replicas)
-        token_lp_value = num / den
-    return layer_bound(counts, replicas, cost, cost.as_array(), semi_matching_value, token_lp_value)
+    problem, cost = _certified_lower_bound_iv(problem, cost)
+    if problem.is_stack:
+        return np.array([_bound_of(p, cost) for p in problem.layers()], dtype=np.float64)
+    return _bound_of(problem, cost)
+
+
+def _certified_lower_bound_iv(problem, cost) -> tuple[DispatchProblem, CostModel]:
+    check_type(
+        problem, "problem", _FUNC, DispatchProblem,
+        "a DispatchProblem (see DispatchProblem(counts=, replicas=))",
+    )  # fmt: skip
+    check_type(cost, "cost", _FUNC, CostModel, "a CostModel (e.g. CostModel.preset(name))")
+    return problem, cost
+
+
+def _bound_of(p: DispatchProblem, cost: CostModel) -> float:
+    """The bound of one validated layer, its semi-matching and token-LP values computed here."""
+    counts = np.ascontiguousarray(p.counts, dtype=np.int64)
+    replicas = np.ascontiguousarray(p.replicas)
+    _, sm, _ = SEMI_MATCHING(replicas, counts > 0)
+    _, num, den = TOKEN_LP(counts, replicas)
+    return layer_bound(counts, replicas, cost, cost.as_array(), sm, num / den)
 
 
 def layer_bound(counts, replicas, cost: CostModel, cost_array, sm: int, lp_value: float) -> float:
     """:func:`certified_lower_bound` from arrays: ``counts`` int64 ``(n_experts,)``,
     ``replicas`` bool ``(n_experts, n_gpus)``, ``cost_array = cost.as_array()`` and the
-    layer's exact semi-matching value ``sm`` and token-LP value ``lp_value`` (unchecked: for
-    methods that computed them with this library's kernels, as ``tempo`` does).
+    layer's exact semi-matching value ``sm`` and token-LP value ``lp_value``.
+
+    A private path, unchecked: for this library's own callers that computed ``sm`` and
+    ``lp_value`` with its kernels on these very arrays (``tempo`` does); a wrong value voids
+    the bound, which is why :func:`certified_lower_bound` takes none.
 
     Examples
     --------

@@ -145,7 +145,7 @@ def routing_policy(
     versions: tuple[tuple[str, str], ...] = (),
     prefix_cache: bool = False,
 ) -> RoutingPolicy:
-    """A :class:`RoutingPolicy` (registers nothing).
+    """A ``RoutingPolicy`` (registers nothing).
 
     ``options``: the :class:`~straggler.solvers.routing._core.PolicyOption` s it accepts, in
     the order they are resolved (its kernel reads the scalar ones at the slots

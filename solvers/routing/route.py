@@ -526,7 +526,7 @@ def project_loads(state, predictor, horizon: int, *, refill=0.0) -> np.ndarray:
 
     ``L_{g,h} = sum_{i on g} w_ih * (prompt_i + decoded_i + h) + (1 - w_ih) * refill`` with
     ``w_ih = clip(c_i - h, 0, 1)``: each running request keeps growing by one token per step
-    while it is (expected to be) resident, with ``c_i`` from :func:`presence_from_prediction`
+    while it is (expected to be) resident, with ``c_i`` from ``presence_from_prediction``
     on the predictor's ``(p_fin, mu_rem)``. Column 0 equals the state's current loads when they
     are derived from the running requests (``w_i0 = 1``).
 
@@ -539,8 +539,9 @@ def project_loads(state, predictor, horizon: int, *, refill=0.0) -> np.ndarray:
     Parameters
     ----------
     state : ClusterState
-    predictor : object with ``predict(prompt, decoded, horizon, *, prefix=None, output=None)
-        -> (p_fin, mu_rem)`` (see :mod:`straggler.solvers.routing.predictors`).
+    predictor : object
+        With ``predict(prompt, decoded, horizon, *, prefix=None, output=None) -> (p_fin,
+        mu_rem)`` (see ``straggler.solvers.routing.predictors``).
     horizon : int
         ``H >= 0``.
     refill : float >= 0 or "pool"

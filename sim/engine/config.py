@@ -337,7 +337,7 @@ class SimConfig:
     policy's registry entry (``routing_policy``) and its options as its kernel reads them
     (``router_options``, and its memory at the first tick, ``router_carry``) with
     ``resolved`` (each option of the policy and its value), and the step time (``step``,
-    :class:`StepTime`).
+    ``StepTime``).
 
     With a ``deployment`` (:class:`~straggler.sim.engine.deployment.DeploymentConfig`, whose
     ``n_gpus`` must be ``n_replicas``) the step is the deployment's: ``step`` holds its

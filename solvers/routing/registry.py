@@ -147,14 +147,14 @@ def routing_policy(
 ) -> RoutingPolicy:
     """A ``RoutingPolicy`` (registers nothing).
 
-    ``options``: the :class:`~straggler.solvers.routing._core.PolicyOption` s it accepts, in
-    the order they are resolved (its kernel reads the scalar ones at the slots
-    :func:`~straggler.solvers.routing._core.option_slots` gives for this tuple); at most one
-    vector option; an option with ``to="carry"`` needs a field of that name in ``carry``.
-    ``carry``: its memory, a ``NamedTuple`` class of int and bool fields (its kernel reads them
-    at the slots of :func:`~straggler.solvers.routing._core.carry_slots`). ``versions``: ``(name,
-    upstream change)`` pairs, the current upstream behaviour first; the policy then accepts
-    ``version=`` (its kernel reads the index as ``opts.version``).
+    ``options``: the ``PolicyOption`` records (``straggler.solvers.routing._core``) it accepts,
+    in the order they are resolved (its kernel reads the scalar ones at the slots
+    ``option_slots`` gives for this tuple); at most one vector option; an option with
+    ``to="carry"`` needs a field of that name in ``carry``. ``carry``: its memory, a
+    ``NamedTuple`` class of int and bool fields (its kernel reads them at the slots of
+    ``carry_slots``). ``versions``: ``(name, upstream change)`` pairs, the current upstream
+    behaviour first; the policy then accepts ``version=`` (its kernel reads the index as
+    ``opts.version``).
     """
     options = tuple(options)
     bad = [o for o in options if not isinstance(o, PolicyOption) or o.to not in OPTION_TARGETS]

@@ -344,14 +344,14 @@ def route_batch(
     module, beside its kernel:
 
     * ``br0``, ``brh``, ``brs`` (BalanceRoute's F-score policies and this library's default):
-      :mod:`straggler.solvers.routing._balanceroute`;
+      ``straggler.solvers.routing._balanceroute``;
     * ``round_robin``, ``jsq``, ``jsq_requests``, ``p2c``, ``follow_bootstrap_room`` (SGLang's
-      DP controller and model gateway): :mod:`straggler.baselines.routing.sglang`;
-    * ``vllm`` (vLLM's DP load balancer): :mod:`straggler.baselines.routing.vllm`;
+      DP controller and model gateway): ``straggler.baselines.routing.sglang``;
+    * ``vllm`` (vLLM's DP load balancer): ``straggler.baselines.routing.vllm``;
     * ``trtllm``, ``trtllm_balance`` (TensorRT-LLM's attention-DP router):
-      :mod:`straggler.baselines.routing.trtllm`;
-    * ``dynamo`` (Dynamo's KV router): :mod:`straggler.baselines.routing.dynamo`;
-    * ``random``: :mod:`straggler.baselines.routing.random`.
+      ``straggler.baselines.routing.trtllm``;
+    * ``dynamo`` (Dynamo's KV router): ``straggler.baselines.routing.dynamo``;
+    * ``random``: ``straggler.baselines.routing.random``.
 
     The registry lists every policy with a one-line summary and its source
     (:func:`~straggler.solvers.routing.registry.get_routing_policy`); the baselines' versions

@@ -15,7 +15,7 @@ from ...formulations.results import DispatchResult, Status, worst_status
 from ...formulations.validation import check_rng, check_time_limit, check_type
 from .._numba.compile import JitTimer
 from ._backend import SCORE, reference_seconds
-from .bounds import certified_lower_bound
+from .bounds import validated_bound
 from .registry import LayerSolution, make_method
 
 __all__ = ["solve_dispatch", "solve_layers", "DEFAULT_METHOD"]
@@ -105,15 +105,19 @@ def _reporting_problem(problem: DispatchProblem, masks) -> DispatchProblem:
     return DispatchProblem(counts=problem.counts, replicas=rep, gpu_node=problem.gpu_node)
 
 
-def _layer_bound(report: DispatchProblem, l: int, cost, sol: LayerSolution, own_mask) -> float:
+def _layer_bound(
+    report: DispatchProblem, l: int, cost, sol: LayerSolution, own_mask, makespan: float
+) -> float:
     """The certified bound of layer ``l`` combined with the method's own: the method's
     :class:`~straggler.solvers.dispatch.registry.BoundCertificate` when it computed one on the
-    problem's
-    own mask (``tempo`` does), else :func:`certified_lower_bound` computed here."""
+    problem's own mask (``tempo`` does), else
+    :func:`~straggler.solvers.certified_lower_bound` computed here, its bound B8 tried from
+    the method's ``makespan`` (a feasible dispatch's: where the method is optimal, B8
+    usually proves it)."""
     if own_mask and sol.certificate is not None:
         lb = sol.certificate.bound
     else:
-        lb = certified_lower_bound(report.layer(l) if report.is_stack else report, cost)
+        lb = validated_bound(report.layer(l) if report.is_stack else report, cost, makespan)
     return max(lb, float(sol.lower_bound))
 
 
@@ -268,10 +272,11 @@ def _score(problem, cost, name, solver, sols) -> dict:
                 f"solve_dispatch: the method {name!r} returned an infeasible dispatch ({exc}); "
                 "this is a bug in the method."
             ) from exc
-    bounds = [
-        _layer_bound(report, l, cost, s, m is None) for l, (s, m) in enumerate(zip(sols, masks))
-    ]
     makespans = times.max(axis=-1)
+    bounds = [
+        _layer_bound(report, l, cost, s, m is None, float(mk))
+        for l, (s, m, mk) in enumerate(zip(sols, masks, makespans.tolist()))
+    ]
     for l, (lb, mk) in enumerate(zip(bounds, makespans.tolist())):
         if lb > mk * (1 + OPTIMALITY_RTOL) + 1e-9:
             raise StragglerError(

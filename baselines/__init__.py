@@ -1,8 +1,9 @@
 """The policies production deploys, each pinned to its upstream: the EP dispatch baselines
-(one module per system) and the DP routers (``sglang_routers``, ``vllm_router``,
-``trtllm_routers``, ``dynamo_router``, ``random_router``; :mod:`.routers` wraps them as
-callable objects). :mod:`.tables` names them for the entry points; importing a module
-registers nothing."""
+(``straggler.baselines.dispatch``, one module per system), EPLB and FlashLB placement, and
+the DP routers (``straggler.baselines.routing``: ``sglang``, ``vllm``, ``trtllm``, ``dynamo``,
+``random``; ``routing.routers`` wraps them as callable objects).
+``straggler.baselines.tables`` names them for the entry points; importing a module registers
+nothing."""
 
 from ..solvers.placement.eplb import rebalance_experts
 from .dispatch.tokens import TokenLayout, token_layout

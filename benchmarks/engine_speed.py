@@ -24,12 +24,12 @@ import statistics
 import subprocess
 import sys
 
-from straggler.sim.experiments.load_sweep import traces_dir
+from straggler.sim.workloads.traces import find_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-#: the trace, in ``$STRAGGLER_TRACES`` or ``../shared/data/traces`` (``traces_dir``)
-TRACE = traces_dir() / "AzureLLMInferenceTrace_conv.csv"
+#: the trace: the package's copy, or the file in ``$STRAGGLER_TRACES`` (``find_trace``)
+TRACE = find_trace("AzureLLMInferenceTrace_conv.csv")
 GOAL = 1.1
 
 _WORKER = r"""

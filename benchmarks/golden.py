@@ -7,13 +7,16 @@ Run it on two checkouts and compare: a refactor that keeps behaviour leaves ever
 
 Covered, through the public names only (so the script runs unchanged across a reorganised
 tree): every ``route_batch`` policy on seeded ticks; ``simulate`` for every policy and over its
-modes (pool and queue dispatch, staleness, tick period, predictors, the reference engine, the
-deployment model with each placement and dispatch); every ``solve_dispatch`` method on
-generated layers (tempo without the wall-clock-bounded repair, so the result does not depend on
-the machine's speed); placement (``place_experts`` per method, EPLB per version, FlashLB, the
-rebalance frontier); the certified bound; ``plan`` on a generated engine log. Arrays are stored
-as SHA-256 digests of their bytes with shape and dtype; floats as their ``repr``. Timing fields
-(``runtime_s``, ``wall_s``, scheduler microseconds) are left out.
+modes (pool and queue admission, staleness, tick period, predictors, the reference engine, the
+deployment model with each placement and dispatch; the other simulator paths, on both engines:
+the engines' queues, prefix caches, aggregated serving, the load basis, the deployment model
+without MoE, with nodes, drift, context cost, and priced step by step in Python); every
+``solve_dispatch`` method on generated layers (tempo without the wall-clock-bounded repair, so
+the result does not depend on the machine's speed); placement (``place_experts`` per method,
+EPLB per version, FlashLB, the rebalance frontier); the certified bound; ``plan`` on a
+generated engine log. Arrays are stored as SHA-256 digests of their bytes with shape and dtype;
+floats as their ``repr``. Timing fields (``runtime_s``, ``wall_s``, scheduler microseconds) are
+left out.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from straggler.baselines import flashlb_rebalance, rebalance_experts
 from straggler.formulations import CostModel
 from straggler.sim import (
     DeploymentConfig,
+    PrefixBlocks,
+    StepModel,
     generate_trace,
     make_decode_problem,
     rebalance_frontier,
@@ -135,7 +140,7 @@ def simulate_entries(out: dict) -> None:
         r = simulate(trace, policy, n_replicas=4, max_slots=8, seed=1)
         out[f"simulate/{policy}"] = _plain(r)
     modes = {
-        "queue": dict(dispatch="queue"),
+        "queue": dict(admission="queue"),
         "stale2_tick3": dict(stale=2, tick=3),
         "not_optimistic": dict(optimistic=False),
         "reference_engine": dict(engine="python"),
@@ -175,6 +180,78 @@ def simulate_entries(out: dict) -> None:
                 out[f"simulate/deployment/{placement}/{dispatch}"] = _plain(r)
             except Exception as e:
                 out[f"simulate/deployment/{placement}/{dispatch}"] = f"{type(e).__name__}: {e}"
+
+
+def _blocks(trace, block_tokens=64, seed=3) -> PrefixBlocks:
+    """Block chains for ``trace``: four shared prefixes of random depth, then the request's own
+    blocks (one id per ``block_tokens`` prompt tokens, as Mooncake's ``hash_ids``)."""
+    rng = np.random.default_rng(seed)
+    lists = []
+    for i, p in enumerate(trace.prompt_len):
+        nb = -(-int(p) // block_tokens)
+        conv, depth = int(rng.integers(4)), int(rng.integers(0, nb + 1))
+        lists.append(
+            [conv * 10_000 + j for j in range(depth)]
+            + [10**6 + 1000 * i + j for j in range(nb - depth)]
+        )
+    return PrefixBlocks.from_lists(lists, block_tokens=block_tokens)
+
+
+def simulate_mode_entries(out: dict) -> None:
+    """The simulator's other paths: both engines with the engines' queues, prefix caches and
+    aggregated serving; the load basis and filters; BR-H's options beyond the paper; the
+    deployment model without its MoE term, on the reference engine, with context cost,
+    nodes and drift, and its per-step Python path."""
+    trace = generate_trace("bursty", n_requests=160, rng=8)
+    blocks = _blocks(trace)
+    tight = int((trace.prompt_len + trace.output_len).max()) + 300  # preempts often
+    instant = dict(prefill_instances=0, prefill_base_s=0.0, prefill_tokens_per_s=float("inf"))
+    modes = {
+        "queue_blocks": ("dynamo", dict(admission="queue", prefix_blocks=blocks, load=1.5)),
+        "pool_blocks": ("dynamo", dict(prefix_blocks=blocks, load=1.5)),
+        "jsq_blocks_tight": ("jsq", dict(prefix_blocks=blocks, load=1.5, kv_capacity=tight)),
+        "ctx_queue": ("vllm", dict(ctx_cost=2e-6, admission="queue", load=1.5, **instant)),
+        "ctx_pool": ("trtllm_balance", dict(ctx_cost=2e-6, load=1.5, **instant)),
+        "basis_decode": ("jsq", dict(load=1.2, load_basis="decode")),
+        "basis_prefill": ("jsq", dict(load=0.8, load_basis="prefill", prefill_instances=1)),
+        "min_output": ("br0", dict(min_output=20, saturated=True, max_steps=300)),
+        "brh_fix": ("brh", dict(predictor="oracle", horizon=12, refill=True, new_presence=True)),
+        "brh_stale": ("brh", dict(predictor="survival", horizon=8, stale=2, max_pool=5)),
+        "room_queue": ("follow_bootstrap_room", dict(admission="queue", load=2.0)),
+    }
+    for name, (policy, kw) in modes.items():
+        for engine in ("numba", "python"):
+            r = simulate(trace, policy, n_replicas=4, max_slots=8, seed=1, engine=engine, **kw)
+            out[f"simulate_modes/{name}/{engine}"] = _plain(r)
+    small = generate_trace("bursty", n_requests=100, rng=9)
+    deps = {
+        "no_moe": dict(moe=False),
+        "nodes_split": dict(n_nodes=2, split="node_first", internode_us_per_token=0.05),
+        "drift_fixed": dict(drift=0.5, drift_steps=20, placement="fixed", dispatch="tempo"),
+        "short_period": dict(placement_period=30, placement_window=20, dispatch="token_lp"),
+        "window_counts": dict(dispatch="tempo", table_counts="window", dispatch_period_s=0.05),
+    }
+    for name, kw in deps.items():
+        dep = DeploymentConfig(preset="dsv3", n_gpus=8, layers=2, seed=4, **kw)
+        for engine in ("numba", "python"):
+            r = simulate(
+                small, "jsq", n_replicas=8, max_slots=8, seed=2, deployment=dep,
+                max_steps=100, engine=engine, load=2.0,
+            )  # fmt: skip
+            out[f"simulate_modes/deployment/{name}/{engine}"] = _plain(r)
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=1, seed=5, dispatch="even")
+    r = simulate(
+        small, "vllm", n_replicas=4, max_slots=8, seed=3, deployment=dep, max_steps=80,
+        ctx_cost=1e-6, admission="queue", **instant,
+    )  # fmt: skip
+    out["simulate_modes/deployment/ctx_queue"] = _plain(r)
+    StepModel.fused = False  # every step priced in Python and numpy (the per-batch path)
+    try:
+        dep = DeploymentConfig(preset="dsv3", n_gpus=8, layers=2, seed=4, dispatch="tempo")
+        r = simulate(small, "jsq", n_replicas=8, max_slots=8, seed=2, deployment=dep, max_steps=60)
+        out["simulate_modes/deployment/unfused"] = _plain(r)
+    finally:
+        del StepModel.fused
 
 
 def dispatch_entries(out: dict) -> None:
@@ -252,6 +329,7 @@ def plan_entries(out: dict) -> None:
 SECTIONS = {
     "routing": routing_entries,
     "simulate": simulate_entries,
+    "simulate_modes": simulate_mode_entries,
     "dispatch": dispatch_entries,
     "placement": placement_entries,
     "plan": plan_entries,

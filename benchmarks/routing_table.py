@@ -30,7 +30,7 @@ attention-DP router and its balance hold-back, SGLang ``follow_bootstrap_room``,
 router (with the Mooncake trace's prefix hashes). In this central-pool mode (a request goes
 only to a replica with a free slot) the engines keep no queue, so vLLM's waiting weight and
 SGLang's waiting tokens do not act; the queue tables route on arrival to each engine's own
-queue (``simulate(dispatch="queue")``), where they do (also with loads 2 steps old, as vLLM
+queue (``simulate(admission="queue")``), where they do (also with loads 2 steps old, as vLLM
 publishes its counts about every 100 ms). The attention-DP tables run
 TensorRT-LLM's setting (context phases inside the decode step, ``ctx_cost``; requests ready on
 arrival) at two context costs and two loads; the Dynamo tables give each policy's prefix-cache
@@ -212,7 +212,7 @@ def table(title, rows, *, paper=None):
 
 
 #: vLLM's and SGLang's front ends route on arrival to each engine's own queue
-#: (``simulate(dispatch="queue")``): the baselines there, every version.
+#: (``simulate(admission="queue")``): the baselines there, every version.
 QUEUE_ROWS = [
     ("JSQ", "jsq", {}),
     ("JSQ +1 only (SGLang < #22614)", "jsq", {"version": "plus_one"}),
@@ -365,7 +365,7 @@ def main(argv=None):
         for name in [k for k in ("azure_conv", "mooncake_conv", "generated") if k in data]:
             rows = {}
             for label, pol, extra in QUEUE_ROWS:
-                rows[label], _ = run_row(data[name], pol, extra, dispatch="queue")
+                rows[label], _ = run_row(data[name], pol, extra, admission="queue")
             key = f"queue/{name}/G={args.replicas}"
             table(f"{key} (engines' own queues, saturated)", rows)
             out["tables"][key] = rows
@@ -374,7 +374,7 @@ def main(argv=None):
         for name in [k for k in ("azure_conv", "mooncake_conv") if k in data]:
             rows = {}
             for label, pol, extra in QUEUE_ROWS[:10]:
-                rows[label], _ = run_row(data[name], pol, extra, dispatch="queue", stale=2)
+                rows[label], _ = run_row(data[name], pol, extra, admission="queue", stale=2)
             key = f"queue/{name}/G={args.replicas}/stale=2"
             table(f"{key} (engines' own queues, loads 2 steps old, saturated)", rows)
             out["tables"][key] = rows
@@ -408,7 +408,7 @@ def main(argv=None):
             for mode in ("pool", "queue"):
                 rows = {}
                 for label, pol, extra in DYNAMO_ROWS:
-                    rows[label], _ = run_row(data["mooncake_conv"], pol, extra, dispatch=mode)
+                    rows[label], _ = run_row(data["mooncake_conv"], pol, extra, admission=mode)
                 key = f"dynamo/mooncake_conv/G={args.replicas}/{mode}"
                 wide_table(
                     f"{key} (per-replica LRU prefix caches of kv_capacity / 512 blocks)",
@@ -427,7 +427,7 @@ def main(argv=None):
             rows = {}
             for label, pol, extra in DYNAMO_ROWS[:3]:
                 rows[label], _ = run_row(
-                    data["mooncake_conv"], pol, extra, dispatch="queue", ctx_cost=2e-5, **INSTANT
+                    data["mooncake_conv"], pol, extra, admission="queue", ctx_cost=2e-5, **INSTANT
                 )
             key = f"dynamo/mooncake_conv/G={args.replicas}/queue/ctx_cost=2e-05"
             wide_table(

@@ -18,11 +18,11 @@ import statistics
 import time
 
 from straggler.sim import generate_trace, load_trace, simulate
-from straggler.sim.experiments.load_sweep import traces_dir
+from straggler.sim.workloads.traces import find_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: the trace, in ``$STRAGGLER_TRACES`` or ``../shared/data/traces`` (``traces_dir``)
-TRACE = traces_dir() / "AzureLLMInferenceTrace_conv.csv"
+#: the trace: the package's copy, or the file in ``$STRAGGLER_TRACES`` (``find_trace``)
+TRACE = find_trace("AzureLLMInferenceTrace_conv.csv")
 POLICIES = [
     ("brs", {}),
     ("random", {}),

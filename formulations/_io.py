@@ -6,14 +6,19 @@ destination (``os.replace``, atomic on POSIX within one file system), so a write
 half way leaves the destination as it was and no partial file beside it. The file ends with
 the permissions a plain ``open(path, "w")`` gives it: an existing destination's mode, else
 ``0o666`` less the process's umask (so an engine running as another user can read it).
+
+A set of files (:func:`atomic_dir`) is staged in a folder beside its directory, which then
+replaces the directory whole: a reader sees the old set or the new one, never a mix.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import secrets
+import shutil
 import stat
 import sys
 
@@ -22,6 +27,7 @@ from .errors import InvalidInputError
 __all__ = [
     "atomic_path",
     "atomic_open",
+    "atomic_dir",
     "check_output_dir",
     "check_output_file",
     "OneLineParser",
@@ -87,6 +93,114 @@ def atomic_open(path, mode: str = "w", **kwargs):
     """``open`` on a temporary name, renamed over ``path`` when the block succeeds."""
     with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as f:
         yield f
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(..., RENAME_EXCHANGE)``); False where
+    the system or the file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _carry(src: str, dst: str) -> None:
+    """``src`` (a file, a link or a folder) recreated at ``dst``: files hard-linked (copied
+    where links fail), links as links, folders entry by entry."""
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(src):
+        shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(src, dst)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+@contextlib.contextmanager
+def atomic_dir(directory, owns):
+    """Write a set of files as a set: a staging folder beside ``directory``, which replaces
+    it whole when the block succeeds and is removed when the block raises.
+
+    The block writes the new set into the staging folder it is given. On success every entry
+    of the old ``directory`` whose name ``owns(name)`` is false (files the set does not
+    own: a placement beside statistics, a user's notes) is carried into the staging folder
+    (hard links, so nothing is copied), and the staging folder takes the place of
+    ``directory`` in one ``renameat2(RENAME_EXCHANGE)`` where Linux offers it (else two
+    renames, with a moment where ``directory`` is absent but never mixed). So a reader sees
+    the old set or the new one, never a mix, and never a file of the old set the new one
+    does not have (a ``rank3`` left by an earlier 4-rank write under a 2-rank one). A
+    ``directory`` that is a symbolic link is written through: the folder it points to is
+    replaced.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> d = os.path.join(tempfile.mkdtemp(), "stats")
+    >>> for n in (2, 1):
+    ...     with atomic_dir(d, lambda name: name.startswith("rank")) as stage:
+    ...         for r in range(n):
+    ...             _ = open(os.path.join(stage, f"rank{r}"), "w").write("x")
+    >>> sorted(os.listdir(d))
+    ['rank0']
+    """
+    p = os.fspath(directory)
+    if os.path.islink(p):
+        p = os.path.realpath(p)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise InvalidInputError(f"Cannot write the files of {p}: it is a file, not a directory.")
+    parent = os.path.dirname(os.path.abspath(p))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
+    base = os.path.basename(os.path.abspath(p))
+    for _ in range(100):
+        stage = os.path.join(parent, f".{base}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.mkdir(stage, 0o777)  # the umask applies, as for os.makedirs
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
+    else:
+        raise InvalidInputError(f"Cannot write {p}: no free temporary name beside it.")
+    retired = None  # the old set once swapped out, removed at the end
+    try:
+        yield stage
+        if os.path.isdir(p):
+            os.chmod(stage, stat.S_IMODE(os.stat(p).st_mode))
+            for name in sorted(os.listdir(p)):
+                if not owns(name) and not os.path.lexists(os.path.join(stage, name)):
+                    _carry(os.path.join(p, name), os.path.join(stage, name))
+            if _exchange(stage, p):
+                retired = stage
+            else:
+                aside = os.path.join(parent, f".{base}.{secrets.token_hex(4)}.old")
+                os.rename(p, aside)
+                try:
+                    os.rename(stage, p)
+                except BaseException:
+                    os.rename(aside, p)  # the old set back in place
+                    raise
+                retired = aside
+        else:
+            os.rename(stage, p)
+    except BaseException:
+        if retired is None:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
+    finally:
+        if retired is not None:
+            shutil.rmtree(retired, ignore_errors=True)
 
 
 def _probe_dir(d: str, what: str) -> None:

@@ -381,7 +381,7 @@ class Evaluation(NamedTuple):
 
 
 def tile_count(shares, tile: int) -> np.ndarray:
-    """``ceil(x / tile)`` per entry, with :data:`TILE_SLACK` tokens of slack at boundaries.
+    """``ceil(x / tile)`` per entry, with ``TILE_SLACK`` tokens of slack at boundaries.
 
     >>> tile_count([0.0, 1.0, 128.0000000001, 129.0], 128).tolist()
     [0, 1, 1, 2]

@@ -163,7 +163,7 @@ def build_dispatch_milp(
     Returns
     -------
     MilpModel
-        Blocks ``"x"``, ``"z"`` (one column per live entry, see :func:`live_pairs`), ``"t"``
+        Blocks ``"x"``, ``"z"`` (one column per live entry, see ``live_pairs``), ``"t"``
         (when ``b2 > 0``), ``"K"`` and, with tiles, ``"X"`` (tightened: one per GPU) and
         ``"M"``. ``encode(shares)``
         gives the column vector of a feasible dispatch (for the tightened model with an
@@ -177,7 +177,7 @@ def build_dispatch_milp(
     ``U_eg = n_e`` never cuts a dispatch: with ``z = [x > 0]``, ``x <= n_e z`` holds. With
     an ``upper_bound`` UB, any dispatch of makespan ``<= UB`` has ``c + beta N_g <= UB`` on
     every GPU, so ``x_eg <= N_g <= (UB - c)/beta`` (and ``(UB - c2)/gamma``), see
-    :func:`token_cap`; ``U_eg = min(n_e, cap)`` keeps every such dispatch, in particular
+    ``token_cap``; ``U_eg = min(n_e, cap)`` keeps every such dispatch, in particular
     every optimum (whose makespan is ``<= UB``).
 
     **Tightened rows**, each valid for every feasible dispatch with ``z = [x > 0]``,
@@ -515,7 +515,7 @@ def build_token_lp(problem: DispatchProblem, cost: CostModel | None = None) -> M
     Returns
     -------
     MilpModel
-        Blocks ``"x"`` (live entries, see :func:`live_pairs`) and ``"T"``; ``encode(shares)``
+        Blocks ``"x"`` (live entries, see ``live_pairs``) and ``"T"``; ``encode(shares)``
         sets ``T = max_g N_g``; ``decode`` snaps ``|x| < 1e-9 n_e`` to 0 and restores
         conservation exactly.
 

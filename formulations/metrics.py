@@ -10,7 +10,7 @@ every layer of every step. ``tests/test_metrics.py`` pins it for every metric.
 
 Loads are whatever the caller balances: routed tokens per GPU (what the engines log) or
 modeled time per GPU (what :func:`~straggler.formulations.evaluate` returns, what TEMPO
-balances). :func:`gpu_loads` sums physical-slot counts into GPU loads the way SGLang's
+balances). ``gpu_loads`` sums physical-slot counts into GPU loads the way SGLang's
 ``compute_gpu_physical_count`` does.
 
 The plain ratios of one layer:
@@ -243,7 +243,7 @@ def sglang_balancedness(load) -> np.ndarray:
 
     ``srt/eplb/expert_distribution.py``: ``compute_utilization_rate`` takes
     ``gpu_physical_count [..., n_layers, n_gpus]`` (tokens received by each GPU's slots,
-    :func:`gpu_loads`), returns ``(avg + 1e-5) / (max + 1e-5)`` per layer, and the
+    ``gpu_loads``), returns ``(avg + 1e-5) / (max + 1e-5)`` per layer, and the
     recorder logs ``torch.mean`` of it over layers as ``current_pass_balancedness`` (and
     means of that over the last 10/100/1000 passes). The eps makes an idle layer read 1.
 

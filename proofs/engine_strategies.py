@@ -34,6 +34,8 @@ __all__ = [
     "FILE_JUNK",
     "EngineFile",
     "engine_files",
+    "placement_maps",
+    "replica_maps",
 ]
 
 
@@ -407,3 +409,59 @@ def engine_files(draw) -> EngineFile:
         name = "eplb_maps.json"
     obj, valid = _json_mutation(draw, obj)
     return EngineFile(name, json.dumps(obj).encode(), valid, kind, want)
+
+
+# --- writer inputs, valid or not (for the writer/reader contract) --------------------------
+
+
+@st.composite
+def placement_maps(draw, *, max_layers: int = 3, max_slots: int = 5) -> np.ndarray:
+    """A ``(n_layers, P)`` expert map: a placement giving every expert a slot, or one spoiled
+    the ways a caller spoils it: an expert left without a slot, an empty slot (``-1``), an
+    id at or past ``P``, or random ids in ``[-1, P + 1]``."""
+    L = draw(st.integers(1, max_layers))
+    P = draw(st.integers(1, max_slots))
+    E = draw(st.integers(1, P))
+    m = _placement(draw, L, E, P)
+    how = draw(st.sampled_from(["valid", "valid", "hole", "empty", "past", "random"]))
+    if how == "hole" and E > 1:  # every slot of one expert given to another
+        layer, e = draw(st.integers(0, L - 1)), draw(st.integers(0, E - 1))
+        m[layer][m[layer] == e] = (e + 1) % E
+    elif how == "empty":
+        m.flat[draw(st.integers(0, m.size - 1))] = -1
+    elif how == "past":
+        m.flat[draw(st.integers(0, m.size - 1))] = P + draw(st.integers(0, 2))
+    elif how == "random":
+        ids = draw(st.lists(st.integers(-1, P + 1), min_size=L * P, max_size=L * P))
+        m = np.array(ids, dtype=np.int64).reshape(L, P)
+    return m
+
+
+@st.composite
+def replica_maps(draw, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(logical_to_physical [L, E, X], replica_count [L, E])`` of the map ``m`` (each
+    expert's slots in increasing order, ``-1`` padded), for ``E`` the map's own number of
+    experts or one drawn around it, and spoiled or not: a slot moved to another expert, a
+    replica count off by one, an expert's slots reordered (which the readers accept)."""
+    L, P = m.shape
+    top = int(m.max()) + 1
+    E = draw(st.sampled_from([max(top, 1), max(top, 1), max(1, top - 1), top + 1]))
+    slots = [[[p for p in range(P) if m[layer, p] == e] for e in range(E)] for layer in range(L)]
+    X = max(1, max((len(x) for row in slots for x in row), default=1)) + draw(st.integers(0, 1))
+    l2p = np.full((L, E, X), -1, dtype=np.int64)
+    cnt = np.zeros((L, E), dtype=np.int64)
+    for layer in range(L):
+        for e in range(E):
+            got = slots[layer][e]
+            l2p[layer, e, : len(got)] = got
+            cnt[layer, e] = len(got)
+    how = draw(st.sampled_from(["valid", "valid", "slot", "count", "reorder"]))
+    layer, e = draw(st.integers(0, L - 1)), draw(st.integers(0, E - 1))
+    if how == "slot":
+        l2p[layer, e, 0] = draw(st.integers(-1, P))
+    elif how == "count":
+        cnt[layer, e] += draw(st.sampled_from([-1, 1]))
+    elif how == "reorder":
+        k = int(cnt[layer, e])
+        l2p[layer, e, :k] = l2p[layer, e, :k][::-1]
+    return l2p, cnt

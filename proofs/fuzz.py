@@ -410,7 +410,7 @@ def simulate_calls(draw) -> Call:
         "tick": draw(st.integers(1, 3)),
         "stale": draw(st.integers(0, 2)),
         "seed": draw(st.integers(0, 3)),
-        "dispatch": draw(st.sampled_from(["pool", "queue"])),
+        "admission": draw(st.sampled_from(["pool", "queue"])),
     }
     call = draw(spoil(kw, at_most=1))
     call.kwargs["trace"] = trace

@@ -7,13 +7,14 @@
   with one copy from pinned staging; races with the kernel cannot route a token wrong.
 - :class:`SolverWorker`: tempo (or any dispatch method) in a spawned process, fed count
   windows through shared memory, posting tables at a refresh period; the engine never waits.
-- :mod:`straggler.runtime.converters`: the tables in SGLang's ``lp`` and vLLM's layouts.
+- ``converters``: the tables in SGLang's ``lp`` and vLLM's layouts.
 - :class:`TableSolver`: stands in for SGLang's per-layer ``LPLBSolver`` and serves the
   publisher's live table.
 - :mod:`straggler.runtime.engines`: readers and writers of the engines' files
   (:func:`read_engine_log`, :func:`detect_format`, :class:`EngineLog`).
 
-``runtime/INTEGRATION.md`` (shipped with the package) names the patch points an engine needs.
+The documentation's engine guide, *Putting straggler.runtime into an engine*
+(``docs/guides/engines/integration.md``), names the patch points an engine needs.
 
 torch and triton are imported lazily (the ``runtime`` extra), so ``import
 straggler.runtime`` works without them.

@@ -335,7 +335,7 @@ def dispatch_and_count(
     ``n * p_j / S`` by less than 1; a replica listed with probability zero receives nothing
     while a positive one exists; no token reaches a ``-1`` slot. The Triton kernel is one
     launch: count, rank and map in three phases over dynamically claimed tiles
-    (:func:`~straggler.runtime._dispatch_kernels.dispatch_triton`). Rank order is the flat
+    (``straggler.runtime._dispatch_kernels.dispatch_triton``). Rank order is the flat
     order of ``topk_ids``, so the output never depends on how the work is split.
 
     References

@@ -238,7 +238,7 @@ class TablePublisher:
         Parameters
         ----------
         probs : array_like or torch.Tensor, shape (n_layers, n_experts, X)
-            Non-negative finite weights in the columns of :attr:`log2phy` (rows are
+            Non-negative finite weights in the columns of ``log2phy`` (rows are
             normalised; weight on ``-1`` columns is dropped; a row without weight becomes
             uniform). The solver worker's tables come this way.
         rows : array_like of bool, shape (n_layers, n_experts), optional

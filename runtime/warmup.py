@@ -135,7 +135,7 @@ class WarmupChildError(StragglerError, RuntimeError):
 
 
 def _kernel_seconds(steps) -> dict:
-    """Compile seconds per top-level kernel over the :class:`WarmupStep` s ``steps``."""
+    """Compile seconds per top-level kernel over the ``WarmupStep`` records in ``steps``."""
     out: dict = {}
     for s in steps:
         for k, v in s.compiled.items():
@@ -155,18 +155,19 @@ class WarmupReport:
     """Seconds of real compilation in this process: its share of a parallel warm-up
     (:attr:`share`) included, about 0 with a warm cache."""
     steps: tuple
-    """One :class:`WarmupStep` per call in this process, in the order run (a parallel
+    """One ``WarmupStep`` per call in this process, in the order run (a parallel
     warm-up runs this process's share first, then the other steps in warm-up order)."""
     missed_kernels: tuple
-    """Dispatch kernels (those ``solve_dispatch`` calls from Python, :func:`dispatch_kernels`)
-    and EPLB's (:func:`eplb_kernels`) still without a compiled version after the warm-up: a
-    later call reaching one compiles then (empty when the warm-up covers them all, which
+    """Dispatch kernels (those ``solve_dispatch`` calls from Python,
+    ``straggler.solvers.dispatch._backend.dispatch_kernels``) and EPLB's (``eplb_kernels``)
+    still without a compiled version after the warm-up: a later call reaching one compiles
+    then (empty when the warm-up covers them all, which
     ``tests/test_warmup.py`` checks)."""
     cache_dir: str
     """numba's cache folder (``NUMBA_CACHE_DIR``, or ``""`` for the default beside the
     sources)."""
     children: tuple = ()
-    """One :class:`WarmupChild` per child process that compiled its share into the disk
+    """One ``WarmupChild`` per child process that compiled its share into the disk
     cache while this process compiled its own (empty for a serial warm-up)."""
     serial_reason: str = ""
     """Why a warm-up asked for ``jobs > 1`` ran serially (``""`` otherwise)."""
@@ -196,7 +197,7 @@ class WarmupReport:
     def compiled_twice(self) -> tuple:
         """Disk-cached jitted functions that more than one share (this process's, the
         children's) compiled: work done twice, with the same or other signatures; every
-        entry survives in the cache (:func:`_cache_saves_locked`)."""
+        entry survives in the cache (``_cache_saves_locked``)."""
         seen: dict = {}
         for c in (self.share, *self.children) if self.share else self.children:
             for f in c.functions:
@@ -833,7 +834,7 @@ class _Children:
         return self
 
     def wait(self) -> tuple:
-        """Wait for every child; one :class:`WarmupChild` each. Raises
+        """Wait for every child; one ``WarmupChild`` each. Raises
         :class:`WarmupChildError` as soon as one fails."""
         done = [False] * len(self.runs)
         while not all(done):
@@ -922,11 +923,11 @@ def warmup(
     verbose : bool, default False
         Print each step as it finishes (to stderr).
     placement : bool, default False
-        ``place_experts`` and EPLB (:func:`straggler.solvers.placement.place.warm_placement`).
+        ``place_experts`` and EPLB (``straggler.solvers.placement.place.warm_placement``).
     jobs : int, default 1
         Processes compiling side by side on a cold cache: this one and up to ``jobs - 1``
         child processes, each with its share of the units (dispatch with placement,
-        EPLB, routing, the simulator; so at most :data:`MAX_JOBS` are used, fewer when
+        EPLB, routing, the simulator; so at most ``MAX_JOBS`` are used, fewer when
         that is expected to finish as soon). The children compile into numba's disk
         cache; when they are done this process runs every step outside its share, loading
         what they compiled. 1: everything compiles here, one step after another.
@@ -961,7 +962,7 @@ def warmup(
     or when a child's start is expected to cost more than it saves, and where ``fcntl`` is
     missing. Two shares may compile the same jitted callee, with the same or other
     signatures: every process of the warm-up saves numba's cache entries under one lock per
-    cache folder (:func:`_cache_saves_locked`), so no entry overwrites another.
+    cache folder (``_cache_saves_locked``), so no entry overwrites another.
     """
     dispatch, routing, simulator, methods, policies, verbose, placement, jobs = _warmup_iv(
         dispatch, routing, simulator, methods, policies, verbose, placement, jobs

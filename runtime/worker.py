@@ -677,7 +677,7 @@ class SolverWorker:
 
     def set_placement(self, physical_to_logical) -> None:
         """A new placement (after an EPLB rebalance): tables solved for the old one are
-        dropped by :meth:`poll`; :attr:`log2phy` changes (reset the publisher with it)."""
+        dropped by :meth:`poll`; ``log2phy`` changes (reset the publisher with it)."""
         func = "SolverWorker.set_placement"
         cfg = self._cfg
         p2l = check_array(

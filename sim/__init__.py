@@ -3,9 +3,9 @@
 from .engine.config import SimConfig
 from .engine.deployment import MODEL_PRESETS, DeploymentConfig, ModelPreset, StepModel
 from .engine.simulator import (
+    ADMISSION_MODES,
     DEFAULT_PREFILL,
     DEFAULT_STEP_TIME,
-    DISPATCH_MODES,
     PREDICTORS,
     SimReport,
     bootstrap_rooms,
@@ -61,7 +61,7 @@ __all__: list[str] = [
     "prefill_capacity",
     "offered_load",
     "PREDICTORS",
-    "DISPATCH_MODES",
+    "ADMISSION_MODES",
     "bootstrap_rooms",
     "PrefixBlocks",
     "load_prefix_blocks",

@@ -210,12 +210,12 @@ def solve_milp(
     warm_start : ndarray, optional
         A feasible column vector offered to HiGHS as the first incumbent.
     **options
-        Further options from :data:`HIGHS_OPTIONS` (``node_limit``, ``presolve``, ...).
+        Further options from ``HIGHS_OPTIONS`` (``node_limit``, ``presolve``, ...).
 
     Raises
     ------
     InvalidOptionError
-        An option name not in :data:`HIGHS_OPTIONS`, or an unknown choice.
+        An option name not in ``HIGHS_OPTIONS``, or an unknown choice.
     InvalidInputError
         A bad option value or warm start.
     """

@@ -417,8 +417,8 @@ def _trace(n=120, seed=0):
 
 
 @pytest.mark.parametrize("engine", ["numba", "python"])
-@pytest.mark.parametrize("policy, dispatch", [("jsq", "pool"), ("br0", "pool"), ("vllm", "queue")])
-def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, dispatch):
+@pytest.mark.parametrize("policy, admission", [("jsq", "pool"), ("br0", "pool"), ("vllm", "queue")])
+def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, admission):
     import dataclasses
 
     from straggler.sim import simulate
@@ -429,7 +429,7 @@ def test_one_layer_without_moe_is_the_routing_simulator_exactly(engine, policy, 
         attention=AttentionCost(a=t0 * 1e6, b=kappa * 1e6, c=0.0),
     )  # fmt: skip
     assert pre.attention.a / 1e6 == t0 and pre.attention.b / 1e6 == kappa
-    kw = dict(n_replicas=4, max_slots=8, t0=t0, kappa=kappa, engine=engine, dispatch=dispatch)
+    kw = dict(n_replicas=4, max_slots=8, t0=t0, kappa=kappa, engine=engine, admission=admission)
     tr = _trace()
     base = simulate(tr, policy, **kw)
     dep = DeploymentConfig(preset=pre, n_gpus=4, moe=False, layers=1)
@@ -457,6 +457,26 @@ def test_engine_with_moe_kernel_equals_reference_and_decomposes_the_step():
     assert bd["table_refreshes"] > 0 and bd["moe_us"] > bd["moe_straggler_us"] >= 0
     # the engine's step is the decomposition's total (attention priced in seconds there)
     np.testing.assert_allclose(a.series["step_s"], a.series["total_us"] / 1e6, rtol=1e-9)
+
+
+def test_a_config_with_a_deployment_is_wired_once_and_every_run_starts_alike():
+    """SimConfig holds the deployment's step (attention, layers, dense part, the load basis's
+    linear step); each run prices with a fresh copy of its step model, so one config run
+    twice gives the same run."""
+    from straggler.sim import SimConfig, simulate
+    from straggler.sim.engine.deployment import full_batch_step
+
+    dep = DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=2, dispatch="tempo", seed=3,
+                           dispatch_period_s=0.05, placement_period=30)  # fmt: skip
+    cfg = SimConfig.from_settings("jsq", n_replicas=4, max_slots=8, deployment=dep)
+    pre = dep.preset
+    assert cfg.step.deploy and cfg.step.n_layers == pre.n_layers
+    assert (cfg.step.t0, cfg.step.kappa) == (pre.attention.a / 1e6, pre.attention.b / 1e6)
+    assert (cfg.cluster.t0, cfg.cluster.kappa) == full_batch_step(StepModel(dep), 8)
+    a, b = (simulate(_trace(60, 2), config=cfg) for _ in range(2))
+    assert a.step_breakdown == b.step_breakdown and a.step_breakdown["placements"] > 1
+    for k in a.series:
+        assert np.array_equal(a.series[k], b.series[k], equal_nan=True), k
 
 
 def test_deployment_must_match_the_cluster():
@@ -548,10 +568,8 @@ def test_simulate_command_prints_the_levers_table(capsys):
 
 
 def test_load_sweep_cells_say_which_stage_binds():
-    from straggler.sim.experiments.load_sweep import load_sweep_cell, traces_dir
+    from straggler.sim.experiments.load_sweep import load_sweep_cell
 
-    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
-        pytest.skip("the shipped Azure code trace is not here")
     kw = dict(n_requests=150, prefill="default")
     cell = load_sweep_cell("azure_code", 2, 1.0, "jsq", load_basis="decode", **kw)
     assert cell["binding_stage"] == "prefill"  # one default prefill instance binds here
@@ -565,10 +583,7 @@ def test_load_sweep_cells_say_which_stage_binds():
 
 def test_simulate_command_states_the_load_basis(capsys):
     from straggler.runtime.commands.simulate import main
-    from straggler.sim.experiments.load_sweep import traces_dir
 
-    if not (traces_dir() / "AzureLLMInferenceTrace_code.csv").exists():
-        pytest.skip("the shipped Azure code trace is not here")
     args = ["azure_code", "--requests", "60", "--replicas", "2", "--policies", "jsq",
             "--load", "1.0", "--prefill-instances", "1", "--no-progress"]  # fmt: skip
     assert main(args) == 0

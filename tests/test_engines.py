@@ -36,6 +36,7 @@ from straggler.runtime.engines import (
     write_trtllm_statistics,
     write_vllm_state,
 )
+from straggler.runtime.engines._common import save_json, save_pt
 from straggler.runtime.engines._yaml import dump_yaml, parse_yaml
 from straggler.solvers.placement.eplb import rebalance_experts
 
@@ -158,8 +159,14 @@ def test_sglang_rank_disagreements_are_refused(tmp_path, rec):
 def test_sglang_per_token_counts_must_match_their_ids(tmp_path, rec):
     r = sglang_per_token_record(0, rec["physical_ids"][0][0], rec["n_slots"])
     r["global_physical_count"] = r["global_physical_count"] + 1
-    write_sglang_detail_dump(tmp_path, [r], rec["maps"][0][1], rank=0)
-    with pytest.raises(InvalidInputError, match="global_physical_count"):
+    # the writer refuses what its reader refuses, and writes nothing
+    with pytest.raises(InvalidInputError, match="'global_physical_count' parameter"):
+        write_sglang_detail_dump(tmp_path, [r], rec["maps"][0][1], rank=0)
+    assert os.listdir(tmp_path) == []
+    r.update(rank=0, gatherer_key="primary")
+    raw = {"records": [r], "last_physical_to_logical_map": rec["maps"][0][1]}
+    save_pt(raw, tmp_path / "expert_distribution_recorder_1.0_0.pt")
+    with pytest.raises(InvalidInputError, match="'global_physical_count' field"):
         read_engine_log(tmp_path)
 
 
@@ -244,8 +251,13 @@ def test_vllm_maps_must_agree(tmp_path, rec):
     states = _vllm_states(rec, layout="local", step=0)
     bad = dict(states[1])
     bad["physical_to_logical_map"] = bad["physical_to_logical_map"][:, ::-1].copy()
+    # the writer refuses maps its reader refuses (and writes nothing) ...
+    with pytest.raises(InvalidInputError, match="'logical_to_physical_map' parameter"):
+        write_vllm_state(tmp_path / "s_rank1.json", bad)
+    assert not os.path.exists(tmp_path / "s_rank1.json")
+    # ... and the reader refuses them in a file written otherwise
     for r, st_ in enumerate(states):
-        write_vllm_state(tmp_path / f"s_rank{r}.json", bad if r == 1 else st_)
+        save_json(bad if r == 1 else st_, tmp_path / f"s_rank{r}.json")
     with pytest.raises(InvalidInputError, match="logical_to_physical_map|rank 0's map"):
         read_vllm_state(tmp_path)
     os.remove(tmp_path / "s_rank1.json")
@@ -253,8 +265,10 @@ def test_vllm_maps_must_agree(tmp_path, rec):
         read_vllm_state(tmp_path)
     l2p = dict(states[0])
     l2p["logical_replica_count"] = l2p["logical_replica_count"] + 1
-    write_vllm_state(tmp_path / "x_rank0.json", l2p)
-    with pytest.raises(InvalidInputError, match="logical_replica_count"):
+    with pytest.raises(InvalidInputError, match="'logical_replica_count' parameter"):
+        write_vllm_state(tmp_path / "x_rank0.json", l2p)
+    save_json(l2p, tmp_path / "x_rank0.json")
+    with pytest.raises(InvalidInputError, match="'logical_replica_count' field"):
         read_vllm_state([tmp_path / "x_rank0.json"])
 
 

@@ -342,12 +342,12 @@ def test_vllm_old_map_keeps_slots_by_hand():
 
 
 def test_vllm_old_map_rule():
-    from straggler.solvers.placement.eplb import _preserve_intragpu_slots
+    from straggler.solvers.placement.eplb import preserve_intragpu_slots
 
     # slot 0's old expert 3 left the GPU; 1 and 2 stay in their slots; 4 fills slot 0
     new = np.array([[1, 2, 4, 5, 5, 6]])
     old = np.array([[3, 1, 2, 6, 5, 0]])
-    out = _preserve_intragpu_slots(new, old, 2)
+    out = preserve_intragpu_slots(new, 2, old)
     # GPU 1: old 6 -> new position 2, old 5 -> position 0; the second 5 fills slot 2
     assert out.tolist() == [[4, 1, 2, 6, 5, 5]]
 
@@ -437,3 +437,63 @@ def test_sglang_vec_by_hand():
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     with pytest.raises(InvalidInputError, match="'weight'"):
         rebalance_experts(w, 12, 2, 2, 6)
+
+
+# --- the public helpers in the engines' argument order ------------------------------------
+
+
+def test_balanced_packing_public_versions():
+    """``version=`` selects each upstream copy's packing, the one rebalance_experts uses."""
+    from straggler.solvers.placement.eplb import balanced_packing
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 4, size=(6, 12)).astype(np.float32)  # many ties
+    for version in ("deepseek", "vllm", "sglang"):
+        pack, rank = balanced_packing(w, 3, version=version)
+        assert pack.shape == rank.shape == w.shape
+        for row_p, row_r in zip(pack, rank):
+            assert np.bincount(row_p, minlength=3).tolist() == [4, 4, 4]
+            assert len(set(zip(row_p.tolist(), row_r.tolist()))) == 12
+    # the deepseek version's ties go by increasing item index (stable order)
+    pack, rank = balanced_packing([[1.0, 1.0, 1.0, 1.0]], 2)
+    assert pack.tolist() == [[0, 1, 0, 1]] and rank.tolist() == [[0, 0, 1, 1]]
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        (([[1.0, 2.0, 3.0]], 2), "num_packs"),
+        (([[1.0, 2.0]], 0), "num_packs"),
+        (([1.0, 2.0], 1), "weight"),
+        (([[1.0, np.nan]], 1), "weight"),
+        ((np.zeros((0, 4)), 2), "weight"),
+    ],
+)
+def test_balanced_packing_refuses_bad_input(args, name):
+    with pytest.raises(InvalidInputError, match=f"'{name}' parameter of balanced_packing"):
+        eplb.balanced_packing(*args)
+    with pytest.raises(InvalidOptionError, match="'version' parameter"):
+        eplb.balanced_packing([[1.0, 2.0]], 1, version="torch")
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        (([[0, 1, 2, 3]], 3, [[0, 1, 2, 3]]), "num_ranks"),
+        (([[0, 1, 2, 3]], 0, [[0, 1, 2, 3]]), "num_ranks"),
+        (([[0, 1, 2, 3]], 2, [[0, 1, 2]]), "old_phy2log"),
+        (([[0, 1, 2, -2]], 2, [[0, 1, 2, 3]]), "phy2log"),
+    ],
+)
+def test_preserve_intragpu_slots_refuses_bad_input(args, name):
+    with pytest.raises(InvalidInputError, match=f"'{name}' parameter of preserve_intragpu"):
+        eplb.preserve_intragpu_slots(*args)
+
+
+def test_preserve_intragpu_slots_with_empty_old_slots():
+    # -1 (a slot elastic scale-up left empty) matches nothing: 0 keeps its slot, the
+    # newcomers fill the others in their new order
+    out = eplb.preserve_intragpu_slots([[2, 0, 1, 3]], 1, [[-1, 0, -1, 5]])
+    assert out.tolist() == [[2, 0, 1, 3]]
+    out = eplb.preserve_intragpu_slots([[2, 1, 0, 3]], 1, [[-1, 0, -1, 5]])
+    assert out.tolist() == [[2, 0, 1, 3]]

@@ -200,14 +200,14 @@ def test_drifting_windows_keep_the_skew_and_drift():
 
 
 def test_preserve_intragpu_slots_by_hand():
-    from straggler.solvers.placement.eplb import _preserve_intragpu_slots
+    from straggler.solvers.placement.eplb import preserve_intragpu_slots
 
     # GPU 0: new [2, 1], old [1, 4]: 1 keeps slot 0, 2 fills slot 1. GPU 1: new [0, 3],
     # old [3, 5]: 3 keeps slot 2, 0 fills slot 3.
-    out = _preserve_intragpu_slots(np.array([[2, 1, 0, 3]]), np.array([[1, 4, 3, 5]]), 2)
+    out = preserve_intragpu_slots(np.array([[2, 1, 0, 3]]), 2, np.array([[1, 4, 3, 5]]))
     assert out.tolist() == [[1, 2, 3, 0]]
     # duplicates: the old slots' order decides which copy is kept where
-    out = _preserve_intragpu_slots(np.array([[0, 0, 1]]), np.array([[1, 2, 0]]), 1)
+    out = preserve_intragpu_slots(np.array([[0, 0, 1]]), 1, np.array([[1, 2, 0]]))
     assert out.tolist() == [[1, 0, 0]]
 
 

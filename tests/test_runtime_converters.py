@@ -142,10 +142,11 @@ def test_vllm_rule_on_the_map_realises_the_shares():
         to_vllm_replica_map(l2p, probs, 0)
 
 
-def test_integration_page_is_shipped_and_names_the_patch_points():
-    from importlib.resources import files
+def test_integration_page_names_the_patch_points():
+    import pathlib
 
-    text = files("straggler.runtime").joinpath("INTEGRATION.md").read_text()
+    page = pathlib.Path(__file__).parents[1] / "docs" / "guides" / "engines" / "integration.md"
+    text = page.read_text()
     for needle in (
         "Dispatch hook",
         "Count window",

@@ -62,8 +62,8 @@ INSTANT = dict(prefill_instances=0, prefill_base_s=0.0, prefill_tokens_per_s=np.
 def _inputs(tr, policy, options=None, **kw):
     """simulate's engine inputs for ``tr`` (small cluster and fast steps unless overridden)."""
     full = {**dict(n_replicas=3, max_slots=4, t0=0.01, kappa=1e-5), **kw, **(options or {})}
-    inp, pol, trace, cfg = engine_inputs(tr, SimConfig.from_settings(policy, **full))
-    return inp, pol, trace, cfg, cfg["label"]
+    run = engine_inputs(tr, SimConfig.from_settings(policy, **full))
+    return run.inputs, run.policy, run.trace, run.record, run.record["label"]
 
 
 def _same(a, b):
@@ -110,20 +110,20 @@ CASES = [
     ("trtllm_balance", dict(load=1.5, stale=2), {}),
     ("follow_bootstrap_room", dict(load=1.5, tight_kv=True), {}),
     ("dynamo", dict(load=1.5, blocks=True), {"block_size": 16}),
-    ("dynamo", dict(load=1.5, blocks=True, tight_kv=True, dispatch="queue"), {}),
+    ("dynamo", dict(load=1.5, blocks=True, tight_kv=True, admission="queue"), {}),
     ("dynamo", dict(load=1.5), {}),
-    ("vllm", dict(load=2.0, dispatch="queue", stale=2), {}),
-    ("vllm", dict(load=2.0, dispatch="queue", tight_kv=True), {"version": "legacy"}),
-    ("jsq", dict(load=2.0, dispatch="queue", stale=3), {"version": "plus_one"}),
-    ("p2c", dict(load=2.0, dispatch="queue"), {"version": "expected_wait"}),
-    ("trtllm", dict(load=2.0, dispatch="queue", stale=1), {}),
-    ("follow_bootstrap_room", dict(load=2.0, dispatch="queue"), {}),
-    ("br0", dict(load=2.0, dispatch="queue", optimistic=False, stale=2), BR),
+    ("vllm", dict(load=2.0, admission="queue", stale=2), {}),
+    ("vllm", dict(load=2.0, admission="queue", tight_kv=True), {"version": "legacy"}),
+    ("jsq", dict(load=2.0, admission="queue", stale=3), {"version": "plus_one"}),
+    ("p2c", dict(load=2.0, admission="queue"), {"version": "expected_wait"}),
+    ("trtllm", dict(load=2.0, admission="queue", stale=1), {}),
+    ("follow_bootstrap_room", dict(load=2.0, admission="queue"), {}),
+    ("br0", dict(load=2.0, admission="queue", optimistic=False, stale=2), BR),
     ("jsq", dict(load=1.5, blocks=True, tight_kv=True), {}),
     ("trtllm_balance", dict(load=1.5, ctx_cost=2e-6, **INSTANT), {"timeout_iters": 4}),
     ("trtllm", dict(load=1.5, ctx_cost=2e-6, tight_kv=True, **INSTANT), {}),
-    ("vllm", dict(load=1.5, ctx_cost=2e-6, dispatch="queue", **INSTANT), {}),
-    ("dynamo", dict(load=1.5, ctx_cost=2e-6, dispatch="queue", blocks=True, **INSTANT), {}),
+    ("vllm", dict(load=1.5, ctx_cost=2e-6, admission="queue", **INSTANT), {}),
+    ("dynamo", dict(load=1.5, ctx_cost=2e-6, admission="queue", blocks=True, **INSTANT), {}),
 ]
 
 
@@ -153,7 +153,7 @@ def _check_engines(policy, kw, options):
     inp, pol, _, cfg, _ = _inputs(tr, policy, options, **kw)
     assert cfg["prefix_cache"] == ("prefix_blocks" in kw)
     assert cfg["prefix_cache_router"] == ("prefix_blocks" in kw and policy == "dynamo")
-    a = engine_entry(pol.name, inp)(inp)
+    a = engine_entry(pol, inp)(inp)
     c = run_engine_reference(inp, pol.reference)
     # (run_engine's py_func calls jitted phases and the kernel by its address; it runs as
     # Python, against the same reference, under NUMBA_DISABLE_JIT=1)
@@ -168,6 +168,24 @@ def test_kernel_equals_py_func_equals_reference(policy, kw, options):
     registered policy and with each mechanism on: staleness, ticks, preemption (tight KV),
     finite prefill capacity, the load knob, the four predictors."""
     _check_engines(policy, kw, options)
+
+
+def test_simulate_keywords_are_the_config_settings_with_their_defaults():
+    """simulate's keywords are SimConfig's flat settings, each defaulting to its group's
+    default: the settings are written once, in the config's groups."""
+    import inspect
+
+    from straggler.sim.engine import config as sim_config
+
+    params = inspect.signature(simulate).parameters
+    names = [
+        k for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k not in ("config", "dispatch")
+    ]
+    assert sorted(names) == sorted(sim_config.SETTINGS)
+    defaults = {g: typ() for g, typ in sim_config._GROUPS.items()}
+    for name in names:
+        group, field_name = sim_config._FLAT[name]
+        assert params[name].default == getattr(defaults[group], field_name), name
 
 
 def test_every_policy_is_covered_by_the_engine_cases():
@@ -796,7 +814,7 @@ def test_the_engine_frees_everything_it_allocates(run_python):
         "from straggler.sim.workloads.traces import generate_trace\n"
         "tr = generate_trace('azure_conv', n_requests=200, rng=1, rate=40.0)\n"
         "pb = PrefixBlocks.from_lists([[i % 7, i % 3 + 7] for i in range(200)], block_tokens=4)\n"
-        "kws = (dict(policy='br0'), dict(policy='jsq', dispatch='queue'),\n"
+        "kws = (dict(policy='br0'), dict(policy='jsq', admission='queue'),\n"
         "       dict(policy='brh', predictor='survival'),\n"
         "       dict(policy='dynamo', prefix_blocks=pb))\n"
         "for kw in kws:  # compiled or loaded first (NRT starts with the first jitted call)\n"

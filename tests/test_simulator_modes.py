@@ -27,7 +27,8 @@ def _trace(n=60, seed=1):
 
 def _views(tr, policy, **kw):
     """The ReplicaState of every tick (the Python engine with a spying router)."""
-    inp, pol, *_ = engine_inputs(tr, SimConfig.from_settings(policy, **{**FAST, **kw}))
+    run = engine_inputs(tr, SimConfig.from_settings(policy, **{**FAST, **kw}))
+    inp, pol = run.inputs, run.policy
     seen = []
 
     def spy(pool, reps, params, carry, seed):
@@ -41,7 +42,7 @@ def _views(tr, policy, **kw):
 def test_queue_mode_shows_the_engines_queues_to_the_router():
     tr = _trace()
     pool = _views(tr, "vllm", load=3.0)
-    queue = _views(tr, "vllm", load=3.0, dispatch="queue")
+    queue = _views(tr, "vllm", load=3.0, admission="queue")
     assert all(r.n_waiting.sum() == 0 and r.waiting_tokens.sum() == 0 for _, r in pool)
     assert any(r.n_waiting.sum() > 0 for _, r in queue)
     # every request is routed at its first tick: a queue takes it whatever the slots
@@ -54,8 +55,8 @@ def test_queue_mode_shows_the_engines_queues_to_the_router():
 def test_queue_mode_changes_the_run_and_vllm_versions_differ_there():
     tr = _trace(n=120)
     kw = dict(load=3.0, **FAST)
-    a = simulate(tr, "vllm", dispatch="queue", **kw)
-    b = simulate(tr, "vllm", dispatch="queue", version="legacy", **kw)
+    a = simulate(tr, "vllm", admission="queue", **kw)
+    b = simulate(tr, "vllm", admission="queue", version="legacy", **kw)
     c = simulate(tr, "vllm", **kw)
     assert a.n_finished == b.n_finished == c.n_finished == len(tr)
     assert not np.array_equal(a.requests["replica"], b.requests["replica"])
@@ -64,10 +65,27 @@ def test_queue_mode_changes_the_run_and_vllm_versions_differ_there():
     assert a.series["pool"].max() > 0
 
 
+def test_dispatch_is_the_deprecated_name_of_admission():
+    """``admission`` (pool or queue) was ``dispatch``, which names the expert-parallel problem
+    elsewhere (``DeploymentConfig.dispatch``): the old keyword still works, with a warning,
+    checked under its own name."""
+    tr = _trace(n=30)
+    new = simulate(tr, "vllm", admission="queue", load=2.0, **FAST)
+    with pytest.warns(DeprecationWarning, match="admission"):
+        old = simulate(tr, "vllm", dispatch="queue", load=2.0, **FAST)
+    assert new.config["admission"] == old.config["admission"] == "queue"
+    assert "dispatch" not in new.config
+    assert np.array_equal(new.series["step_s"], old.series["step_s"])
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidOptionError, match="'dispatch'"):
+        simulate(tr, "vllm", dispatch="fifo", **FAST)
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidInputError, match="'dispatch'"):
+        simulate(tr, "vllm", dispatch="queue", admission="queue", **FAST)
+
+
 def test_follow_bootstrap_room_sends_each_request_to_its_room_mod_G():
     tr = _trace(n=80)
-    for dispatch in ("pool", "queue"):
-        r = simulate(tr, "follow_bootstrap_room", dispatch=dispatch, seed=5, load=2.0, **FAST)
+    for admission in ("pool", "queue"):
+        r = simulate(tr, "follow_bootstrap_room", admission=admission, seed=5, load=2.0, **FAST)
         rooms = bootstrap_rooms(len(tr), 5)
         assert np.array_equal(r.requests["replica"], rooms % 3)
     other = simulate(tr, "follow_bootstrap_room", seed=6, load=2.0, **FAST)
@@ -214,8 +232,8 @@ def test_trtllm_balance_raises_the_token_balance_in_aggregated_serving():
 
 def test_bad_settings_name_the_parameter():
     tr, pb = _shared_prefix_trace()
-    with pytest.raises(InvalidOptionError, match="'dispatch'"):
-        simulate(tr, "jsq", dispatch="engines")
+    with pytest.raises(InvalidOptionError, match="'admission'"):
+        simulate(tr, "jsq", admission="engines")
     with pytest.raises(InvalidInputError, match="'ctx_cost'"):
         simulate(tr, "jsq", ctx_cost=-1.0)
     with pytest.raises(InvalidInputError, match="'prefix_blocks'"):

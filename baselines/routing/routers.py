@@ -3,9 +3,9 @@ policy's options, and calling it routes one tick through
 :func:`straggler.solvers.route_batch` and returns its
 :class:`~straggler.formulations.RoutingResult`. What each upstream router does, and which
 upstream file and change each version follows, is written beside its kernel:
-:mod:`.sglang_routers` (``round_robin``, ``jsq``, ``jsq_requests``, ``p2c``,
-``follow_bootstrap_room``), :mod:`.vllm_router`, :mod:`.trtllm_routers` (``trtllm``,
-``trtllm_balance``), :mod:`.dynamo_router`, :mod:`.random_router`. These are routing
+:mod:`.sglang` (``round_robin``, ``jsq``, ``jsq_requests``, ``p2c``,
+``follow_bootstrap_room``), :mod:`.vllm`, :mod:`.trtllm` (``trtllm``,
+``trtllm_balance``), :mod:`.dynamo`, :mod:`.random`. These are routing
 policies, not dispatch methods (:mod:`.tables` names both).
 
 Every router applies its upstream's local update after each placement unless built with

@@ -18,6 +18,7 @@ from ...formulations.errors import BackendUnavailableError, InvalidInputError, S
 from ...solvers.dispatch._backend import needs_compile
 from ...solvers.dispatch.calibration import CalibrationResult, fit_cost_model, read_calibration_log
 from ..engines import ENGINES, read_engine_log
+from ..engines.samples import SAMPLE_PREFIX, SAMPLES, sample_recording
 from ..plan import (
     DEFAULT_COST,
     PLAN_PLACEMENTS,
@@ -65,7 +66,9 @@ def _parser() -> OneLineParser:
         "on the recorded batches, write the placement and dispatch tables in an engine's layout.",
     )
     p.add_argument(
-        "logs", help="file or directory an engine wrote (format detected), or inline JSON"
+        "logs",
+        help="file or directory an engine wrote (format detected), inline JSON, or a shipped "
+        f"sample recording: {', '.join(SAMPLE_PREFIX + e for e in SAMPLES)}",
     )
     p.add_argument("--gpus", type=int, required=True, help="EP degree of the deployment")
     p.add_argument("--nodes", type=int, default=1, help="nodes (EPLB's hierarchical policy)")
@@ -145,9 +148,16 @@ def _parser() -> OneLineParser:
     return p
 
 
+def _recording(spec: str) -> str:
+    """The path a recording argument names: ``sample:ENGINE`` is the shipped sample."""
+    if spec.startswith(SAMPLE_PREFIX):
+        return str(sample_recording(spec[len(SAMPLE_PREFIX) :]))
+    return spec
+
+
 def _read_previous(path: str) -> np.ndarray:
     """The ``physical_to_logical`` map of the placement file ``--previous`` names."""
-    log = read_engine_log(path)
+    log = read_engine_log(_recording(path))
     if log.physical_to_logical is None:
         raise InvalidInputError(
             f"The --previous file must hold a placement (physical_to_logical). Got "
@@ -205,7 +215,9 @@ def main(argv=None) -> int:
         # a file: the placement the statistics were recorded under
         if placement not in PLAN_PLACEMENTS:
             placement, placement_file = "recorded", args.placement
-        log = read_engine_log(args.logs, format=args.input_format, placement=placement_file)
+        log = read_engine_log(
+            _recording(args.logs), format=args.input_format, placement=placement_file
+        )
         if not log.has_loads:
             raise StragglerError(
                 f"{log.summary()}: a placement only. straggler-plan needs recorded loads "

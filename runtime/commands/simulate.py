@@ -11,8 +11,8 @@ each cell relative to JSQ + EPLB's even split; ``--plot`` then draws the step de
 
 ``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
 :func:`~straggler.sim.workloads.traces.load_trace`), a name of
-:data:`~straggler.sim.experiments.load_sweep.SWEEP_TRACES` (the shipped traces, read from
-``../shared/data/traces`` or ``$STRAGGLER_TRACES``), or a generator preset
+:data:`~straggler.sim.experiments.load_sweep.SWEEP_TRACES` (the traces shipped with the
+package, or the same files in the folder ``$STRAGGLER_TRACES`` names), or a generator preset
 (:data:`~straggler.sim.workloads.traces.WORKLOAD_PRESETS`). Each policy is simulated with the same
 settings; the table gives the whole-run metrics with their ratio to JSQ's (units in the
 header), a progress bar runs over the policies (tqdm when installed, else a line on stderr),
@@ -68,8 +68,20 @@ COLUMNS = (
 def resolve_trace(spec: str, *, rate: float | None, n_requests: int) -> Trace:
     """The trace named by ``spec``: a file, a sweep trace name, or a generator preset."""
     path = pathlib.Path(spec)
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise InvalidInputError(f"--rate must be a positive number of requests/s; got {rate}.")
+    if path.is_dir():
+        raise InvalidInputError(f"TRACE {spec!r} is a folder; expected a trace file or a name.")
     if path.exists():
-        tr = load_trace(path, rate=rate) if rate is not None else load_trace(path)
+        try:
+            tr = load_trace(path, rate=rate) if rate is not None else load_trace(path)
+        except InvalidInputError as e:
+            if rate is None and "'rate' parameter" in str(e):
+                raise InvalidInputError(
+                    f"TRACE {spec!r} is a length-only trace (no arrival times): give --rate, "
+                    "its requests per second."
+                ) from None
+            raise
     elif spec in SWEEP_TRACES:
         tr = sweep_trace(spec)
     elif spec in WORKLOAD_PRESETS:
@@ -187,7 +199,7 @@ def _levers_main(args, trace) -> int:
         progress=not args.no_progress,
         max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
         load_basis=args.load_basis, prefill_instances=args.prefill_instances,
-        dispatch=args.dispatch,
+        admission=args.dispatch,
         ctx_cost=args.ctx_cost, seed=args.seed,
     )  # fmt: skip
     print(f"{trace.name}: {len(trace):,} requests, {args.max_slots} slots per rank")
@@ -346,7 +358,7 @@ def main(argv=None) -> int:
                 trace,
                 pol,
                 **({"version": version} if version else {}),
-                dispatch=args.dispatch,
+                admission=args.dispatch,
                 prefix_blocks=blocks,
                 ctx_cost=args.ctx_cost,
                 n_replicas=args.replicas,

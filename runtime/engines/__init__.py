@@ -14,11 +14,25 @@ writes them):
 * TensorRT-LLM: ``meta_info.json`` + ``rank*.safetensors`` statistics, and
   ``moe_load_balancer.yaml``;
 * DeepSeek EPLB: ``phy2log``, ``log2phy``, ``logcnt`` (and the ``weight`` placed).
+
+Every writer runs its reader's own checks on what it is about to write (through
+``_common.Writing``, which words their errors as the writer's parameter errors), so a writer
+refuses exactly what its reader would refuse, before any file is touched. A placement must
+give every expert a slot in every layer, as every engine's routing requires
+(``_common.check_every_expert_placed``).
+
+The engine plug-ins serve straggler's placement through the engines' own extension points,
+named by one environment variable (:data:`PLUGIN_POLICY_ENV`): :func:`register_vllm_plugin`
+(vLLM's ``vllm.general_plugins`` entry point; ``runtime/engines/vllm_plugin.py``).
+
+:func:`sample_recording` gives the folder of a real recording shipped in each engine's format.
 """
 
 from ._common import EngineLog, fold_physical_counts
+from ._policies import PLUGIN_POLICIES, PLUGIN_POLICY_ENV, plugin_policy
 from .detect import ENGINES, detect_format, read_engine_log
 from .eplb import read_eplb_maps, write_eplb_maps
+from .samples import SAMPLES, sample_recording
 from .sglang import (
     read_sglang_init_location,
     read_sglang_recorder,
@@ -42,6 +56,7 @@ from .vllm import (
     vllm_maps,
     write_vllm_state,
 )
+from .vllm_plugin import register_vllm_plugin, vllm_policy_class, vllm_rebalance
 
 __all__ = [
     "EngineLog",
@@ -50,6 +65,8 @@ __all__ = [
     "detect_format",
     "read_engine_log",
     "read_eplb_maps",
+    "SAMPLES",
+    "sample_recording",
     "write_eplb_maps",
     "read_sglang_init_location",
     "read_sglang_recorder",
@@ -68,4 +85,10 @@ __all__ = [
     "VLLM_MAP_WIDTH",
     "dump_vllm_eplb_state",
     "write_vllm_state",
+    "PLUGIN_POLICIES",
+    "PLUGIN_POLICY_ENV",
+    "plugin_policy",
+    "register_vllm_plugin",
+    "vllm_policy_class",
+    "vllm_rebalance",
 ]

@@ -41,6 +41,9 @@ __all__ = [
     "check_path",
     "read_error",
     "require_file",
+    "Writing",
+    "at_record",
+    "check_every_expert_placed",
 ]
 
 
@@ -148,13 +151,51 @@ def check_count_total(a, source: str, name: str) -> np.ndarray:
     return a
 
 
+class Writing(str):
+    """The ``source`` a writer passes to its reader's checks, so that a writer refuses
+    exactly what its reader would refuse, by running the very same checks on what it is
+    about to write: errors then name the writer and the parameter a field came from
+    (``params``: field name -> parameter name) instead of a file and its field.
+
+    >>> str(field_error(Writing("write_x", {"map": "placement"}), "map", "ids >= 0", "-1"))
+    "The 'placement' parameter of write_x must be ids >= 0. Got -1 instead (its reader refuses it)."
+    """
+
+    params: dict
+    default: str | None
+
+    def __new__(cls, func: str, params: dict | None = None, default: str | None = None):
+        self = super().__new__(cls, func)
+        self.params = dict(params or {})
+        self.default = default
+        return self
+
+    def name(self, field_name: str) -> str:
+        """The writer's parameter behind ``field_name`` (``default``, else the field name
+        itself, if none is listed)."""
+        return self.params.get(field_name, self.default or field_name)
+
+
+def at_record(source, i: int):
+    """``source`` narrowed to record ``i`` of a file (a :class:`Writing` stays one)."""
+    if isinstance(source, Writing):
+        return Writing(f"{source} (record {i})", source.params, source.default)
+    return f"{source} (record {i})"
+
+
 def field_error(source: str, field_name: str, expected: str, got: str) -> InvalidInputError:
     """``The 'f' field of FILE must be EXPECTED. Got GOT instead.`` (the library's wording,
-    with the file in place of the function).
+    with the file in place of the function; a :class:`Writing` source gives the writer's
+    ``The 'param' parameter of FUNC ...``).
 
     >>> str(field_error("a.pt", "logical_count", "a 3-D array", "shape (2,)"))
     "The 'logical_count' field of a.pt must be a 3-D array. Got shape (2,) instead."
     """
+    if isinstance(source, Writing):
+        return InvalidInputError(
+            f"The '{source.name(field_name)}' parameter of {source} must be {expected}. Got "
+            f"{got} instead (its reader refuses it)."
+        )
     return InvalidInputError(
         f"The '{field_name}' field of {source} must be {expected}. Got {got} instead."
     )
@@ -532,10 +573,17 @@ def field_array(
     """``value`` as an int64/float64 array (:func:`~straggler.formulations.validation.
     check_array`), or an error naming the file, the field and the expected shape; ``shape``
     entries that are not None must match."""
-    try:
-        a = check_array(value, name, source, kind=kind, ndim=ndim, lo=lo, hi=hi, expected=expected)
-    except InvalidInputError as exc:
-        raise InvalidInputError(str(exc).replace(" parameter of ", " field of ", 1)) from None
+    if isinstance(source, Writing):
+        a = check_array(
+            value, source.name(name), source, kind=kind, ndim=ndim, lo=lo, hi=hi, expected=expected
+        )
+    else:
+        try:
+            a = check_array(
+                value, name, source, kind=kind, ndim=ndim, lo=lo, hi=hi, expected=expected
+            )
+        except InvalidInputError as exc:
+            raise InvalidInputError(str(exc).replace(" parameter of ", " field of ", 1)) from None
     if shape is not None and (
         len(shape) != a.ndim or any(s is not None and s != d for s, d in zip(shape, a.shape))
     ):
@@ -582,6 +630,36 @@ def check_physical_to_logical(value, source: str, name: str, *, n_experts: int |
     if m.shape[0] == 0 or m.shape[1] == 0:
         raise field_error(
             source, name, "a non-empty (n_layers, n_physical_slots) map", "an empty one"
+        )
+    return m
+
+
+def check_every_expert_placed(m, n_experts: int, source: str, name: str, layer_ids=None):
+    """``m`` unchanged when every expert ``0..n_experts-1`` has a slot in every row of the
+    ``(n_layers, P)`` map ``m``, else an error naming the first expert without one.
+
+    The engines route every logical expert to one of its slots: SGLang draws among an
+    expert's slots (``compute_logical_to_rank_dispatch_physical_map`` divides by their
+    number, ``expert_location.py``), vLLM indexes ``logical_to_physical_map`` by
+    ``hash % logical_replica_count`` (``fused_moe/router/base_router.py``, an expert with
+    none gets slot ``-1``: its tokens are lost), TensorRT-LLM and DeepSeek EPLB give every
+    expert at least one replica. A map leaving an expert out is not a placement any of
+    them serves.
+    """
+    m = np.asarray(m)
+    L = m.shape[0]
+    key = np.where(m >= 0, np.arange(L)[:, None] * n_experts + m, L * n_experts)
+    count = np.bincount(key.ravel(), minlength=L * n_experts + 1)[: L * n_experts]
+    missing = np.flatnonzero(count == 0)
+    if missing.size:
+        layer, e = divmod(int(missing[0]), n_experts)
+        layer = layer if layer_ids is None else int(layer_ids[layer])
+        raise field_error(
+            source,
+            name,
+            f"a placement giving every expert 0..{n_experts - 1} a slot in every layer (the "
+            "engines route each expert to one of its slots)",
+            f"no slot for expert {e} in layer {layer}",
         )
     return m
 

@@ -18,6 +18,8 @@ from ...formulations.errors import InvalidInputError
 from ...formulations.validation import MAX_EXACT_INT, check_array
 from ._common import (
     EngineLog,
+    Writing,
+    check_every_expert_placed,
     check_path,
     check_physical_to_logical,
     exact_ints,
@@ -49,7 +51,7 @@ def write_eplb_maps(path, phy2log, log2phy, logcnt, *, weight=None) -> str:
     }
     if weight is not None:
         obj["weight"] = check_array(weight, "weight", func, kind="real", ndim=2, lo=0)
-    parse_eplb_maps(obj, func)  # never write maps that do not agree
+    parse_eplb_maps(obj, Writing(func))  # never write maps its reader refuses
     if p.endswith(".json"):
         save_json(obj, p)
     elif p.endswith(".pt"):
@@ -98,6 +100,7 @@ def parse_eplb_maps(obj, source: str) -> EngineLog:
             f"expert ids below n_experts={E} (from logcnt)",
             f"id {int(phy2log.max())}",
         )
+    check_every_expert_placed(phy2log, E, source, "phy2log")
     for layer in range(L):
         want = np.bincount(phy2log[layer], minlength=E)
         if not np.array_equal(want, logcnt[layer]):

@@ -47,7 +47,10 @@ from ...formulations.errors import InvalidInputError
 from ...formulations.validation import check_int, check_real
 from ._common import (
     EngineLog,
+    Writing,
+    at_record,
     check_count_total,
+    check_every_expert_placed,
     check_path,
     check_physical_to_logical,
     checked_sum,
@@ -119,19 +122,16 @@ def write_sglang_stat_dump(
     func = "write_sglang_stat_dump"
     count = exact_ints(logical_count, "logical_count", func, np.int32, ndim=3)
     rank = check_int(rank, "rank", func, lo=0)
-    if average_utilization_rate is not None:
-        average_utilization_rate = float(
-            check_real(average_utilization_rate, "average_utilization_rate", func)
-        )
+    obj = {
+        "rank": int(rank),
+        "logical_count": count,
+        "average_utilization_rate_over_window": average_utilization_rate,
+    }
+    where = Writing(func, {"average_utilization_rate_over_window": "average_utilization_rate"})
+    obj["average_utilization_rate_over_window"] = _utilization_rate(obj, where)
+    parse_sglang_dump([obj], [where])  # never write a dump its reader refuses
     path = os.path.join(check_path(directory, "directory", func), _dump_name(timestamp))
-    save_pt(
-        {
-            "rank": int(rank),
-            "logical_count": count,
-            "average_utilization_rate_over_window": average_utilization_rate,
-        },
-        path,
-    )
+    save_pt(obj, path)
     return path
 
 
@@ -228,8 +228,10 @@ def write_sglang_detail_dump(
             )
         r["global_physical_count"] = gpc
         out.append(r)
+    obj = {"records": out, "last_physical_to_logical_map": last}
+    parse_sglang_dump([obj], [Writing(func)])  # never write a dump its reader refuses
     path = os.path.join(check_path(directory, "directory", func), _dump_name(timestamp, rank))
-    save_pt({"records": out, "last_physical_to_logical_map": last}, path)
+    save_pt(obj, path)
     return path
 
 
@@ -253,19 +255,33 @@ def _counts_3d(value, source, name):
     return c
 
 
+def _utilization_rate(obj, source):
+    """The ``average_utilization_rate_over_window`` of a stat dump: None, or one real number
+    (SGLang saves ``tensor.item()`` of a float32, or None when the threshold is off)."""
+    rate = obj.get("average_utilization_rate_over_window")
+    if rate is None:
+        return None
+    a = None
+    if not isinstance(rate, (bool, np.bool_, str, bytes)):
+        try:
+            a = np.asarray(rate)
+        except Exception:  # noqa: BLE001 - anything numpy cannot take is not a number
+            a = None
+    if a is None or a.ndim != 0 or a.dtype.kind not in "iuf":
+        raise field_error(
+            source, "average_utilization_rate_over_window", "a number or None", repr(rate)[:60]
+        )
+    return float(a)
+
+
 def _stat_log(obj, source, kind):
     count = _counts_3d(get_field(obj, "logical_count", source), source, "logical_count")
     check_count_total(count, source, "logical_count")
     live = count.any(axis=(1, 2))
-    rate = obj.get("average_utilization_rate_over_window")
+    rate = _utilization_rate(obj, source)
     extras = {"buffer_steps": int(count.shape[0])}
     if rate is not None:
-        try:
-            extras["average_utilization_rate_over_window"] = float(np.asarray(rate))
-        except (TypeError, ValueError):
-            raise field_error(
-                source, "average_utilization_rate_over_window", "a number or None", repr(rate)[:60]
-            ) from None
+        extras["average_utilization_rate_over_window"] = rate
     return dict(
         engine="sglang",
         kind=kind,
@@ -345,7 +361,7 @@ def _detail_records(obj, source):
     L, P = last.shape
     out = []
     for i, rec in enumerate(records):
-        where = f"{source} (record {i})"
+        where = at_record(source, i)
         pid = field_int(get_field(rec, "forward_pass_id", where), where, "forward_pass_id")
         rank = field_int(get_field(rec, "rank", where), where, "rank", lo=0)
         gpc = field_array(
@@ -482,6 +498,8 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
     else:
         all_maps = [override]
     E = _n_experts_iv(n_experts, all_maps, sources[0])
+    for m in all_maps:
+        check_every_expert_placed(m, E, sources[0], "physical_to_logical")
     passes = sorted(by_pass)
     counts = []
     for pid in passes:
@@ -631,6 +649,7 @@ def parse_sglang_init_location(obj, source: str) -> EngineLog:
                 f"expert ids below the {m.shape[1]} slots (SGLang places every expert)",
                 f"id {int(m.max())}",
             )
+        check_every_expert_placed(m, int(m.max()) + 1, source, "physical_to_logical_map")
         return EngineLog(
             engine="sglang",
             kind="sglang_init_mapping",
@@ -673,25 +692,20 @@ def write_sglang_init_location(path, *, physical_to_logical=None, logical_count=
         raise InvalidInputError(
             "write_sglang_init_location needs exactly one of physical_to_logical and logical_count."
         )
+    func = "write_sglang_init_location"
     if physical_to_logical is not None:
-        m = check_physical_to_logical(
-            physical_to_logical, "write_sglang_init_location", "physical_to_logical"
-        )
-        if (m < 0).any():
-            raise InvalidInputError(
-                "SGLang has no empty slots: every entry of the 'physical_to_logical' parameter "
-                "of write_sglang_init_location must be an expert id >= 0."
-            )
-        obj = {"physical_to_logical_map": m}
-    else:
         obj = {
-            "logical_count": _counts_3d(
-                exact_ints(logical_count, "logical_count", "write_sglang_init_location"),
-                "write_sglang_init_location",
-                "logical_count",
+            "physical_to_logical_map": exact_ints(
+                physical_to_logical, "physical_to_logical", func, lo=-1
             )
         }
-    p = check_path(path, "path", "write_sglang_init_location")
+    else:
+        obj = {"logical_count": exact_ints(logical_count, "logical_count", func)}
+    # never write a file its reader refuses
+    parse_sglang_init_location(
+        obj, Writing(func, {"physical_to_logical_map": "physical_to_logical"})
+    )
+    p = check_path(path, "path", func)
     if p.endswith(".pt"):
         save_pt(obj, p)
     elif p.endswith(".json"):

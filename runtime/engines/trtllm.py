@@ -34,11 +34,12 @@ import re
 
 import numpy as np
 
-from ...formulations._io import atomic_open
+from ...formulations._io import atomic_dir, atomic_open
 from ...formulations.errors import InvalidInputError
 from ...formulations.validation import check_int
 from ._common import (
     EngineLog,
+    Writing,
     check_count_total,
     check_path,
     check_physical_to_logical,
@@ -113,6 +114,14 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     Returns
     -------
     list of str : the files written.
+
+    Notes
+    -----
+    The files are written as a set: into a staging folder that then replaces the
+    directory's ``meta_info.json`` and ``rank*.safetensors`` whole
+    (``formulations._io.atomic_dir``; other files in the directory are
+    kept). Rank files of an earlier write with more ranks do not survive, and a failure
+    part way leaves the earlier set as it was.
     """
     func = "write_trtllm_statistics"
     d = check_path(directory, "directory", func)
@@ -126,21 +135,33 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     iters = _distinct_ids(range(I) if iter_ids is None else iter_ids, I, "iter_ids", func)
     layers = _distinct_ids(layer_ids, L, "layer_ids", func, hi=MAX_LAYER_ID)
     top_k = check_int(top_k, "top_k", func, lo=1, hi=E)
-    meta = os.path.join(d, "meta_info.json")
-    save_json({"num_experts": int(E), "num_experts_per_token": top_k}, meta)
-    files = [meta]
-    for r in range(R):
-        path = os.path.join(directory, f"rank{r}.safetensors")
-        save_safetensors(
-            {
-                f"{it}_{layer}": c[r, i, j]
-                for i, it in enumerate(iters)
-                for j, layer in enumerate(layers)
-            },
-            path,
-        )
-        files.append(path)
-    return files
+    meta = {"num_experts": int(E), "num_experts_per_token": top_k}
+    ranks = [
+        {
+            f"{it}_{layer}": c[r, i, j]
+            for i, it in enumerate(iters)
+            for j, layer in enumerate(layers)
+        }
+        for r in range(R)
+    ]
+    # never write a set its reader refuses: the reader's checks, on what is written
+    where = Writing(func, {"num_experts_per_token": "top_k"}, "counts")
+    _parse_statistics(meta, where, [(where, t) for t in ranks], where)
+    # the set replaces the directory's statistics whole: no rank file of an earlier write
+    # survives, and a failure part way leaves the earlier set as it was
+    with atomic_dir(d, _is_statistics_file) as stage:
+        save_json(meta, os.path.join(stage, "meta_info.json"))
+        for r, tensors in enumerate(ranks):
+            save_safetensors(tensors, os.path.join(stage, f"rank{r}.safetensors"))
+    return [os.path.join(d, "meta_info.json")] + [
+        os.path.join(d, f"rank{r}.safetensors") for r in range(R)
+    ]
+
+
+def _is_statistics_file(name: str) -> bool:
+    """Whether a file of a statistics directory belongs to the set (what the reader reads:
+    ``meta_info.json`` and ``rank<r>.safetensors``)."""
+    return name == "meta_info.json" or _RANK_FILE_RE.match(name) is not None
 
 
 def _placement_in(d: str):
@@ -222,6 +243,80 @@ def _slot_placement(placement, d: str, n_ids: int, layers, n_experts, meta_path:
     return cfg.physical_to_logical[[rows[layer] for layer in layers]], src, cfg.n_experts
 
 
+def _parse_statistics(meta, meta_path, rank_data, d):
+    """Check a statistics set (``meta_info.json``'s dict and each rank file's ``{key:
+    array}``) as :func:`read_trtllm_statistics` reads it; returns ``(num_experts, top_k,
+    {(iter, layer): counts summed over ranks}, iterations, layers)``.
+    :func:`write_trtllm_statistics` runs it on what it is about to write."""
+    if not isinstance(meta, dict):
+        raise InvalidInputError(
+            f"{meta_path} must hold a dict with num_experts and num_experts_per_token. Got "
+            f"{type(meta).__name__} instead (TensorRT-LLM writes null when nothing was recorded)."
+        )
+    for key in ("num_experts", "num_experts_per_token"):
+        if key not in meta:
+            raise field_error(meta_path, key, "present", f"keys {sorted(meta)}")
+    E = field_int(meta["num_experts"], meta_path, "num_experts", lo=1)
+    k = field_int(meta["num_experts_per_token"], meta_path, "num_experts_per_token", lo=1)
+    if k > E:
+        raise field_error(
+            meta_path,
+            "num_experts_per_token",
+            f"at most num_experts={E} (a token picks distinct experts)",
+            str(k),
+        )
+    total: dict[tuple[int, int], np.ndarray] = {}
+    keys0 = None
+    for path, data in rank_data:
+        keys = set()
+        for key, arr in data.items():
+            m = _KEY_RE.match(key)
+            if m is None:
+                raise InvalidInputError(
+                    f"{path} must hold tensors keyed '{{iter}}_{{layer}}' (decimal integers "
+                    f"without leading zeros). Got the key {key!r} instead."
+                )
+            it, layer = int(m.group(1)), int(m.group(2))
+            if layer > MAX_LAYER_ID:
+                raise InvalidInputError(
+                    f"{path} must hold tensors of MoE layers at most {MAX_LAYER_ID}. Got the "
+                    f"key {key!r} instead."
+                )
+            v = field_array(
+                arr,
+                path,
+                key,
+                ndim=1,
+                lo=0,
+                shape=(E,),
+                expected=f"a non-negative integer array of shape ({E},) (num_experts)",
+            )
+            keys.add((it, layer))
+            total[(it, layer)] = checked_sum([total.get((it, layer), 0 * v), v], 0, path, key)
+        if keys0 is None:
+            keys0 = keys
+        elif keys != keys0:
+            missing = sorted(keys0 - keys)[:3] or sorted(keys - keys0)[:3]
+            raise InvalidInputError(
+                f"{path} must hold the same '{{iter}}_{{layer}}' keys as {rank_data[0][0]}. They "
+                f"differ at {[f'{a}_{b}' for a, b in missing]}."
+            )
+    if not total:
+        raise InvalidInputError(
+            f"The rank files of {d} hold no '{{iter}}_{{layer}}' tensor (nothing was recorded)."
+        )
+    iters = sorted({it for it, _ in total})
+    layers = sorted({layer for _, layer in total})
+    if len(total) != len(iters) * len(layers):
+        gap = next((it, layer) for it in iters for layer in layers if (it, layer) not in total)
+        raise InvalidInputError(
+            f"The statistics of {d} must cover every layer in every iteration. Got no tensor "
+            f"'{gap[0]}_{gap[1]}' instead."
+        )
+    check_count_total(np.stack(list(total.values())), d, "statistics")
+    return E, k, total, iters, layers
+
+
 def read_trtllm_statistics(
     directory, *, iter_start=None, iter_stop=None, placement=None, n_experts=None
 ) -> EngineLog:
@@ -230,6 +325,11 @@ def read_trtllm_statistics(
     Counts are summed over ranks key by key (as TensorRT-LLM's scripts do); iterations in
     ``[iter_start, iter_stop)`` are kept (default: all). Every rank file must hold the same
     keys, every iteration every layer, each tensor ``[num_experts]`` (int32 or int64).
+
+    Every ``rank<r>.safetensors`` in the directory counts. TensorRT-LLM does not clear
+    ``EXPERT_STATISTIC_PATH`` before it writes, and nothing in its files tells a rank file
+    of an earlier recording from one of this recording: record into an empty directory
+    (:func:`write_trtllm_statistics` replaces the whole set).
 
     With the MoE load balancer on, TensorRT-LLM counts **slot ids** (``meta_info.json``'s
     ``num_experts`` is then ``num_slots``): they are folded to logical experts through
@@ -278,16 +378,6 @@ def read_trtllm_statistics(
     if not os.path.isfile(meta_path):
         raise InvalidInputError(f"{d} has no meta_info.json (TensorRT-LLM expert statistics).")
     meta = load_json(meta_path)
-    if not isinstance(meta, dict):
-        raise InvalidInputError(
-            f"{meta_path} must hold a dict with num_experts and num_experts_per_token. Got "
-            f"{type(meta).__name__} instead (TensorRT-LLM writes null when nothing was recorded)."
-        )
-    for key in ("num_experts", "num_experts_per_token"):
-        if key not in meta:
-            raise field_error(meta_path, key, "present", f"keys {sorted(meta)}")
-    E = field_int(meta["num_experts"], meta_path, "num_experts", lo=1)
-    k = field_int(meta["num_experts_per_token"], meta_path, "num_experts_per_token", lo=1)
     files = sorted(
         (int(m.group(1)), f)
         for f in glob.glob(os.path.join(glob.escape(d), "rank*.safetensors"))
@@ -300,50 +390,9 @@ def read_trtllm_statistics(
         raise InvalidInputError(
             f"The rank files of {d} must be rank0..rank{len(ranks) - 1}. Got ranks {ranks} instead."
         )
-    total: dict[tuple[int, int], np.ndarray] = {}
-    keys0 = None
-    for _rank, path in files:
-        data = load_safetensors(path)
-        keys = set()
-        for key, arr in data.items():
-            m = _KEY_RE.match(key)
-            if m is None:
-                raise InvalidInputError(
-                    f"{path} must hold tensors keyed '{{iter}}_{{layer}}' (decimal integers "
-                    f"without leading zeros). Got the key {key!r} instead."
-                )
-            it, layer = int(m.group(1)), int(m.group(2))
-            v = field_array(
-                arr,
-                path,
-                key,
-                ndim=1,
-                lo=0,
-                shape=(E,),
-                expected=f"a non-negative integer array of shape ({E},) (num_experts)",
-            )
-            keys.add((it, layer))
-            total[(it, layer)] = checked_sum([total.get((it, layer), 0 * v), v], 0, path, key)
-        if keys0 is None:
-            keys0 = keys
-        elif keys != keys0:
-            missing = sorted(keys0 - keys)[:3] or sorted(keys - keys0)[:3]
-            raise InvalidInputError(
-                f"{path} must hold the same '{{iter}}_{{layer}}' keys as {files[0][1]}. They "
-                f"differ at {[f'{a}_{b}' for a, b in missing]}."
-            )
-    if not total:
-        raise InvalidInputError(
-            f"The rank files of {d} hold no '{{iter}}_{{layer}}' tensor (nothing was recorded)."
-        )
-    iters = sorted({it for it, _ in total})
-    layers = sorted({layer for _, layer in total})
-    if len(total) != len(iters) * len(layers):
-        gap = next((it, layer) for it in iters for layer in layers if (it, layer) not in total)
-        raise InvalidInputError(
-            f"The statistics of {d} must cover every layer in every iteration. Got no tensor "
-            f"'{gap[0]}_{gap[1]}' instead."
-        )
+    E, k, total, iters, layers = _parse_statistics(
+        meta, meta_path, [(f, load_safetensors(f)) for _, f in files], d
+    )
     keep = [
         it
         for it in iters
@@ -411,11 +460,6 @@ def write_moe_load_balancer(
         func,
         "physical_to_logical",
     )
-    if (m < 0).any():
-        raise InvalidInputError(
-            "TensorRT-LLM has no empty slots: every entry of the "
-            "'physical_to_logical' parameter must be an expert id >= 0."
-        )
     ids = _distinct_ids(
         range(m.shape[0]) if layer_ids is None else layer_ids,
         m.shape[0],
@@ -430,6 +474,18 @@ def write_moe_load_balancer(
         ),
         "num_slots": int(m.shape[1]),
     }
+    # never write a file its reader refuses: the reader's checks, on what is written
+    parse_moe_load_balancer(
+        cfg,
+        Writing(
+            func,
+            {
+                "initial_global_assignments": "physical_to_logical",
+                "initial_global_assignments key (layer)": "layer_ids",
+                "num_slots": "physical_to_logical",
+            },
+        ),
+    )
     with atomic_open(p, "w", encoding="utf-8") as f:
         f.write(dump_yaml(cfg))
     return p
@@ -492,7 +548,8 @@ def parse_moe_load_balancer(cfg, source: str, *, n_experts=None) -> EngineLog:
         ndim=2,
         lo=0,
         shape=(None, n_slots),
-        expected=f"one list of {n_slots or 'num_slots'} expert ids >= 0 per layer",
+        expected=f"one list of {n_slots or 'num_slots'} expert ids >= 0 per layer "
+        "(TensorRT-LLM has no empty slots)",
     )
     if m.shape[0] == 0 or m.shape[1] == 0:
         raise field_error(source, "initial_global_assignments", "non-empty rows", "empty ones")

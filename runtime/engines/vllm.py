@@ -52,7 +52,9 @@ from ...formulations.errors import InvalidInputError
 from ...formulations.validation import check_int
 from ._common import (
     EngineLog,
+    Writing,
     check_count_total,
+    check_every_expert_placed,
     check_path,
     check_physical_to_logical,
     checked_sum,
@@ -158,7 +160,7 @@ def write_vllm_state(path, state: dict) -> str:
         elif k in ("expert_load_pass", "expert_load_window"):
             out[k] = exact_ints(v, k, func, np.int32)
         elif k in _META:
-            out[k] = check_int(v, k, func, lo=0)
+            out[k] = check_int(v, k, func, lo=1 if k == "load_divisor" else 0)
         elif k in _TEXT_META:
             out[k] = str(v)
         else:
@@ -166,11 +168,17 @@ def write_vllm_state(path, state: dict) -> str:
                 f"write_vllm_state got an unknown field {k!r}; it writes {list(VLLM_FIELDS)}, "
                 f"{list(_META)} and {list(_TEXT_META)}."
             )
+    if not p.endswith(_EXTS):
+        raise InvalidInputError(
+            f"The 'path' parameter of write_vllm_state must end in {', '.join(_EXTS)}. "
+            f"Got {p!r} instead."
+        )
+    _check_state(out, Writing(func))  # never write a rank's file its reader refuses
     if p.endswith(".pt"):
         save_pt(out, p)
     elif p.endswith(".json"):
         save_json(out, p)
-    elif p.endswith(".safetensors"):
+    else:
         text = [k for k in out if k in _TEXT_META]
         if text:
             raise InvalidInputError(
@@ -183,11 +191,6 @@ def write_vllm_state(path, state: dict) -> str:
                 for k, v in out.items()
             },
             p,
-        )
-    else:
-        raise InvalidInputError(
-            f"The 'path' parameter of write_vllm_state must end in {', '.join(_EXTS)}. "
-            f"Got {p!r} instead."
         )
     return p
 
@@ -322,6 +325,7 @@ def _check_maps(obj, source):
         raise field_error(
             source, "physical_to_logical_map", f"expert ids below {E}", f"id {p2l.max()}"
         )
+    check_every_expert_placed(p2l, E, source, "physical_to_logical_map")
     want_l2p, want_cnt = logical_to_physical(p2l, E)
     if "logical_replica_count" in obj and not np.array_equal(cnt, want_cnt):
         raise field_error(
@@ -347,6 +351,93 @@ def _check_maps(obj, source):
                         f"{got.tolist()[:8]} for expert {e} of layer {layer}",
                     )
     return p2l, E
+
+
+def _window(obj, src, p2l):
+    """One rank's load in time order, ``[steps, L, width]`` (``expert_load_window`` from
+    ``expert_load_window_step``, or ``expert_load_pass`` as one step), or None when the file
+    holds neither. ``width`` divides the map's ``P`` slots (all of them, or the rank's own);
+    no token lies on an empty slot the window can be placed on."""
+    L, P = p2l.shape
+    if "expert_load_window" in obj:
+        w = field_array(
+            obj["expert_load_window"],
+            src,
+            "expert_load_window",
+            ndim=3,
+            lo=0,
+            shape=(None, L, None),
+            expected=f"a non-negative integer array of shape (window_size, {L}, P_local or {P})",
+        )
+        step = obj.get("expert_load_window_step")
+        if step is not None:
+            step = field_int(step, src, "expert_load_window_step", lo=0)
+            if w.shape[0] and step >= w.shape[0]:
+                raise field_error(
+                    src,
+                    "expert_load_window_step",
+                    f"an index below window_size={w.shape[0]}",
+                    str(step),
+                )
+            w = np.concatenate([w[step:], w[:step]]) if w.shape[0] else w
+        name = "expert_load_window"
+    elif "expert_load_pass" in obj:
+        w = field_array(
+            obj["expert_load_pass"],
+            src,
+            "expert_load_pass",
+            ndim=2,
+            lo=0,
+            shape=(L, None),
+            expected=f"a non-negative integer array of shape ({L}, P_local or {P})",
+        )[None]
+        name = "expert_load_pass"
+    else:
+        return None
+    if w.shape[2] == 0 or P % w.shape[2]:
+        raise field_error(
+            src,
+            name,
+            f"P_local (the rank's own slots, a divisor of {P}) or {P} (all slots) columns",
+            f"shape {w.shape}",
+        )
+    check_count_total(w, src, name)
+    rank = obj.get("rank")
+    if w.shape[2] == P:
+        empty = p2l < 0
+    elif rank is not None:  # the rank's own slots
+        r = field_int(rank, src, "rank", lo=0)
+        if (r + 1) * w.shape[2] > P:
+            raise field_error(
+                src,
+                "rank",
+                f"a rank below {P // w.shape[2]} (the ranks holding {w.shape[2]} of {P} slots)",
+                str(r),
+            )
+        empty = p2l[:, r * w.shape[2] : (r + 1) * w.shape[2]] < 0
+    else:
+        empty = None
+    if empty is not None and empty.any() and np.any(w[:, empty] != 0):
+        raise field_error(src, name, "zero on every empty slot (map entry -1)", "tokens on one")
+    return w
+
+
+def _check_state(obj, source):
+    """Everything one rank's file must satisfy on its own (its maps agree, its window fits
+    them, its fields are in range); returns ``(physical_to_logical, n_experts, window)``
+    (:func:`_window`). The
+    reader runs it on every file before comparing the ranks; :func:`write_vllm_state` on
+    what it is about to write."""
+    if not isinstance(obj, dict):
+        raise InvalidInputError(
+            f"{source} must hold a dict of EplbState fields. Got {type(obj).__name__} instead."
+        )
+    for key in ("rank", "model_index"):
+        if obj.get(key) is not None:
+            field_int(obj[key], source, key, lo=0)
+    field_int(obj.get("load_divisor", 1), source, "load_divisor", lo=1)
+    p2l, E = _check_maps(obj, source)
+    return p2l, E, _window(obj, source, p2l)
 
 
 def parse_vllm_states(objs, sources, *, physical_to_logical=None, model: int = 0) -> EngineLog:
@@ -391,9 +482,11 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None, model: int = 0
     objs = [objs[i] for i in order]
     sources = [sources[i] for i in order]
     n_ranks = len(objs)
-    p2l, E = _check_maps(objs[0], sources[0])
+    p2l, E, w0 = _check_state(objs[0], sources[0])
+    loads = [w0]
     for obj, src in zip(objs[1:], sources[1:]):
-        other, _ = _check_maps(obj, src)
+        other, _, w = _check_state(obj, src)
+        loads.append(w)
         if other.shape != p2l.shape or not np.array_equal(other, p2l):
             raise field_error(
                 src, "physical_to_logical_map", f"rank 0's map ({sources[0]})", "a different map"
@@ -425,8 +518,7 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None, model: int = 0
                 f"Got {fold_map.shape} instead."
             )
     P_local = P // n_ranks
-    has_load = ["expert_load_window" in o or "expert_load_pass" in o for o in objs]
-    if not any(has_load):  # the maps alone (what straggler-plan writes): a placement
+    if all(w is None for w in loads):  # the maps alone (what straggler-plan writes): a placement
         return EngineLog(
             engine="vllm",
             kind="vllm_maps",
@@ -436,53 +528,14 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None, model: int = 0
             n_ranks=n_ranks,
         )
     windows = []
-    for obj, src in zip(objs, sources):
-        if "expert_load_window" in obj:
-            w = field_array(
-                obj["expert_load_window"],
-                src,
-                "expert_load_window",
-                ndim=3,
-                lo=0,
-                shape=(None, L, None),
-                expected=f"a non-negative integer array of shape (window_size, {L}, {P_local} or "
-                f"{P})",
-            )
-            step = obj.get("expert_load_window_step")
-            if step is not None:
-                step = field_int(step, src, "expert_load_window_step", lo=0)
-                if w.shape[0] and step >= w.shape[0]:
-                    raise field_error(
-                        src,
-                        "expert_load_window_step",
-                        f"an index below window_size={w.shape[0]}",
-                        str(step),
-                    )
-                w = np.concatenate([w[step:], w[:step]]) if w.shape[0] else w
-        elif "expert_load_pass" in obj:
-            w = field_array(
-                obj["expert_load_pass"],
-                src,
-                "expert_load_pass",
-                ndim=2,
-                lo=0,
-                shape=(L, None),
-                expected=f"a non-negative integer array of shape ({L}, {P_local} or {P})",
-            )[None]
-        else:
+    for w, src in zip(loads, sources):
+        if w is None:
             raise field_error(src, "expert_load_window", "present (or expert_load_pass)", "neither")
-        if w.shape[2] not in (P_local, P) and w.shape[2] and P % w.shape[2] == 0:
+        if w.shape[2] not in (P_local, P):
             raise InvalidInputError(
                 f"{src} holds the load of {w.shape[2]} of {P} slots, the window of one of "
                 f"{P // w.shape[2]} ranks, but {n_ranks} rank file(s) were given: read the files "
                 "of every rank (their directory)."
-            )
-        if w.shape[2] not in (P_local, P):
-            raise field_error(
-                src,
-                "expert_load_window",
-                f"{P_local} (local slots) or {P} (all slots) columns",
-                f"shape {w.shape}",
             )
         windows.append(w)
     if len({w.shape for w in windows}) > 1:
@@ -493,8 +546,6 @@ def parse_vllm_states(objs, sources, *, physical_to_logical=None, model: int = 0
             f"shapes {[w.shape for w in windows]}",
         )
     W = windows[0].shape[0]
-    for w, src in zip(windows, sources):
-        check_count_total(w, src, "expert_load_window")
     if windows[0].shape[2] == P:
         physical = checked_sum(np.stack(windows), 0, sources[0], "expert_load_window")
         layout = "global"
@@ -567,7 +618,8 @@ def read_vllm_state(path, *, physical_to_logical=None, model: int = 0) -> Engine
     folded to logical experts, with the saved placement (kind ``"vllm_maps"``, no loads,
     for files holding the maps alone, as ``straggler-plan --format vllm`` writes them).
     ``model`` picks the model state of :func:`dump_vllm_eplb_state` files (0: the main
-    model, 1: a drafter).
+    model, 1: a drafter). Every rank's file in the directory counts: each rank writes its
+    own (one process per rank), so dump one recording per directory.
 
     Raises
     ------

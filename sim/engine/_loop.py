@@ -1354,9 +1354,9 @@ def tick_signature(inp):
     return (typeof(pool), typeof(reps), typeof(inp.options), typeof(inp.carry), types.int64)
 
 
-def engine_entry(policy: str, inp):
-    """:func:`run_engine` with the kernel of ``policy`` (a registered name), as a callable of
-    ``inp`` alone.
+def engine_entry(policy, inp):
+    """:func:`run_engine` with the kernel of ``policy`` (a
+    :class:`~straggler.solvers.routing.registry.RoutingPolicy`), as a callable of ``inp`` alone.
 
     The step loop is compiled once for every policy: it takes the address of the kernel's
     code compiled for :func:`tick_signature`
@@ -1367,10 +1367,8 @@ def engine_entry(policy: str, inp):
     ``NUMBA_DISABLE_JIT=1``, the Python loop with the kernel's Python function.
     """
     from ...solvers._numba.jit import cache_depends_on
-    from ...solvers.routing.registry import get_routing_policy
 
-    kernel = get_routing_policy(policy, "simulate").kernel
-    addr = policy_address(kernel, policy, tick_signature(inp), "simulate")
+    addr = policy_address(policy.kernel, policy.name, tick_signature(inp), "simulate")
     if not hasattr(run_engine, "compile"):  # NUMBA_DISABLE_JIT=1
         return lambda inp: run_engine(addr, inp)
     cache_depends_on(run_engine, *engine_depends())

@@ -1,11 +1,13 @@
 """The simulator's configuration as one frozen, validated record: :class:`SimConfig`.
 
 ``simulate(trace, policy, **settings)`` builds one with :meth:`SimConfig.from_settings` (its
-keyword arguments are the flat names below); ``simulate(trace, config=...)`` takes one built
-by the caller. Each group checks its own fields when built (the message names the keyword of
-``simulate``); :class:`SimConfig` checks what depends on several groups (the policy's options,
-the projection settings a policy reads) and fills the defaults that depend on the cluster
-(``prefill_instances = ceil(G / 2)``, BR-H's horizon 80).
+keyword arguments are the flat names of :data:`SETTINGS`, whose defaults are the groups'
+below); ``simulate(trace, config=...)`` takes one built by the caller. Each group checks its
+own fields when built (the message names the keyword of ``simulate``); :class:`SimConfig`
+checks what depends on several groups (the policy's options, the projection settings a policy
+reads, a deployment's width against the cluster's), fills the defaults that depend on the
+cluster (``prefill_instances = ceil(G / 2)``, BR-H's horizon 80) and resolves the step time
+(``StepTime``, with a deployment its step model): everything a run needs but the trace.
 
 Default prefill capacity
 ------------------------
@@ -51,10 +53,11 @@ tokens per replica) run at ~45-55 ms, where the barrier costs little.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...formulations.errors import InvalidOptionError, param_error
 from ...formulations.validation import (
@@ -66,13 +69,20 @@ from ...formulations.validation import (
     describe,
 )
 from ...solvers.routing.predictors import PredictorKind, TwoStagePredictor
-from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy, resolve_options
+from ...solvers.routing.registry import (
+    DEFAULT_POLICY,
+    RoutingPolicy,
+    get_routing_policy,
+    resolve_options,
+)
 from ..workloads.prefix import PrefixBlocks
 from ..workloads.traces import Trace
+from .deployment import DeploymentConfig, StepModel, full_batch_step
 
 __all__ = [
     "LOAD_BASES",
     "SimConfig",
+    "StepTime",
     "ClusterConfig",
     "PrefillConfig",
     "RoutingConfig",
@@ -81,9 +91,10 @@ __all__ = [
     "RunConfig",
     "DEFAULT_STEP_TIME",
     "DEFAULT_PREFILL",
-    "DISPATCH_MODES",
+    "ADMISSION_MODES",
     "MAX_REPLICAS",
     "MAX_SLOTS",
+    "SETTINGS",
 ]
 
 #: ``(t0 seconds, kappa seconds per token)``; derivation in the module docstring.
@@ -93,8 +104,9 @@ DEFAULT_STEP_TIME = (0.040, 0.22e-6)
 #: defaults to ``ceil(G / 2)``.
 DEFAULT_PREFILL = (50_000.0, 0.02)
 
-#: Values of ``dispatch``.
-DISPATCH_MODES = ("pool", "queue")
+#: Values of ``admission`` (where a routed request waits for its slot: in one central pool,
+#: or in the engine's own queue).
+ADMISSION_MODES = ("pool", "queue")
 
 #: Values of ``RunConfig.load_basis`` (``simulate(load_basis=...)``): the capacity ``load``
 #: is a multiple of (see :func:`straggler.sim.engine.simulator.simulate`).
@@ -123,9 +135,10 @@ class ClusterConfig:
     t0: float = DEFAULT_STEP_TIME[0]
     kappa: float = DEFAULT_STEP_TIME[1]
     ctx_cost: float = 0.0
-    dispatch: str = "pool"
-    """``"pool"``: one central pool, a request goes only to a replica with a free slot;
-    ``"queue"``: to one engine's own FIFO queue, whatever its slots."""
+    admission: str = "pool"
+    """``"pool"``: one central pool, a request goes only to a replica with a free slot and
+    starts there; ``"queue"``: to one engine's own FIFO queue, whatever its slots, and the
+    engine admits from its head."""
 
     def __post_init__(self):
         _set(
@@ -136,7 +149,8 @@ class ClusterConfig:
         _set(self, "t0", check_real(self.t0, "t0", _F, lo=0))
         _set(self, "kappa", check_real(self.kappa, "kappa", _F, lo=0))
         _set(self, "ctx_cost", check_real(self.ctx_cost, "ctx_cost", _F, lo=0))
-        _set(self, "dispatch", check_choice(self.dispatch, "dispatch", _F, list(DISPATCH_MODES)))
+        admission = check_choice(self.admission, "admission", _F, list(ADMISSION_MODES))
+        _set(self, "admission", admission)
         if self.t0 == 0 and self.kappa == 0:
             raise param_error("t0", _F, "positive when kappa is 0 (steps must take time)", "0")
 
@@ -224,13 +238,11 @@ class RunConfig:
     engine: str = "numba"
     time_router: bool = True
     load_basis: str = "binding"
-    deployment: Any = None
+    deployment: DeploymentConfig | None = None
 
     def __post_init__(self):
         _set(self, "load_basis", check_choice(self.load_basis, "load_basis", _F, LOAD_BASES))
         if self.deployment is not None:
-            from .deployment import DeploymentConfig
-
             check_type(
                 self.deployment, "deployment", _F, DeploymentConfig, "None or a DeploymentConfig"
             )
@@ -254,7 +266,7 @@ _FLAT = {
     "t0": ("cluster", "t0"),
     "kappa": ("cluster", "kappa"),
     "ctx_cost": ("cluster", "ctx_cost"),
-    "dispatch": ("cluster", "dispatch"),
+    "admission": ("cluster", "admission"),
     "prefill_instances": ("prefill", "instances"),
     "prefill_tokens_per_s": ("prefill", "tokens_per_s"),
     "prefill_base_s": ("prefill", "base_s"),
@@ -279,6 +291,9 @@ _FLAT = {
     "load_basis": ("run", "load_basis"),
     "deployment": ("run", "deployment"),
 }
+#: ``simulate``'s keywords that are settings (every keyword but ``policy``, ``config`` and the
+#: policy's options).
+SETTINGS = tuple(_FLAT)
 _GROUPS = {
     "cluster": ClusterConfig,
     "prefill": PrefillConfig,
@@ -289,23 +304,54 @@ _GROUPS = {
 }
 
 
+class StepTime(NamedTuple):
+    """The terms of a step's duration as the engine prices it (seconds;
+    :func:`~straggler.sim.engine._loop.step_time`).
+
+    Without a deployment (``deploy`` False): ``t0 + kappa * max_g L_g``, with ``ctx_cost > 0``
+    ``t0 + max_g (kappa * L_g + ctx_cost * C_g)``. With one: ``n_layers * max_g (t0 + kappa *
+    L_g + att_c * R_g + ctx_cost * C_g) + fixed_s`` (one layer's attention per rank, the
+    context phase spread over the layers, the dense FFN and shared-expert layers in
+    ``fixed_s``), plus the MoE layers priced by the run's
+    :class:`~straggler.sim.engine.deployment.StepModel`.
+    """
+
+    deploy: bool
+    t0: float
+    kappa: float
+    att_c: float
+    n_layers: int
+    fixed_s: float
+    ctx_cost: float
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimConfig:
-    """Everything a simulated run is given, validated: the policy and its options, then the
-    groups (cluster, prefill, routing, predictor, prefix cache, run).
+    """Everything a simulated run is given, validated and resolved once: the policy and its
+    options, then the groups (cluster, prefill, routing, predictor, prefix cache, run).
 
     Built from :func:`~straggler.sim.simulate`'s keywords by :meth:`from_settings`. Filled on
     construction (``init=False``): ``prefill.instances`` (``ceil(G / 2)`` when None), the
     projection (``pred_kind``, ``horizon``: the predictor's kind and ``H``, ``NONE`` and 0 for a
-    policy that reads no projected loads), the run's ``label`` (``"brh:survival"``), and the
-    policy's options as the kernels read them (``router_options``, ``router_carry``) with
-    ``resolved`` (each option of the policy and its value).
+    policy that reads no projected loads), the run's ``label`` (``"brh:survival"``), the
+    policy's registry entry (``routing_policy``) and its options as the kernels read them
+    (``router_options``, ``router_carry``) with ``resolved`` (each option of the policy and its
+    value), and the step time (``step``, ``StepTime``).
+
+    With a ``deployment`` (:class:`~straggler.sim.engine.deployment.DeploymentConfig`, whose
+    ``n_gpus`` must be ``n_replicas``) the step is the deployment's: ``step`` holds its
+    attention, layers and dense part, :meth:`new_step_model` gives each run a fresh copy of its
+    :class:`~straggler.sim.engine.deployment.StepModel` (which prices the MoE layers), and
+    ``cluster.t0``/``cluster.kappa`` become the linear step the offered load is measured against
+    (``deployment.full_batch_step``).
 
     Examples
     --------
     >>> c = SimConfig.from_settings("brh", n_replicas=4, r_max=2)
     >>> c.prefill.instances, c.horizon, c.label, c.resolved["r_max"], c.router_options.beta
     (2, 80, 'brh:survival', 2, 4.0)
+    >>> c.step.deploy, c.step.t0 == c.cluster.t0
+    (False, True)
     """
 
     policy: str | None = None
@@ -319,13 +365,16 @@ class SimConfig:
     pred_kind: PredictorKind = field(init=False)
     horizon: int = field(init=False)
     label: str = field(init=False)
+    routing_policy: RoutingPolicy = field(init=False, repr=False)
     router_options: Any = field(init=False, repr=False)
     router_carry: Any = field(init=False, repr=False)
     resolved: dict = field(init=False)
+    step: StepTime = field(init=False, repr=False)
+    _step_model: StepModel | None = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_settings(cls, policy=None, **settings) -> SimConfig:
-        """A config from ``simulate``'s flat keywords: the names of :data:`_FLAT` go to their
+        """A config from ``simulate``'s flat keywords: the names of ``_FLAT`` go to their
         group, every other keyword is an option of the policy."""
         groups: dict[str, dict] = {g: {} for g in _GROUPS}
         options = {}
@@ -341,11 +390,36 @@ class SimConfig:
     def __post_init__(self):
         pol = get_routing_policy(DEFAULT_POLICY if self.policy is None else self.policy, _F)
         _set(self, "policy", pol.name)
+        _set(self, "routing_policy", pol)
         for g, typ in _GROUPS.items():
             check_type(getattr(self, g), g, _F, typ, f"a {typ.__name__}")
         G = self.cluster.n_replicas
         if self.prefill.instances is None:
             _set(self, "prefill", dataclasses.replace(self.prefill, instances=math.ceil(G / 2)))
+        kind, H, label = self._projection(pol)
+        opts = dict(self.options)
+        if "new_presence" in opts:
+            raise param_error(
+                "new_presence",
+                _F,
+                "a bool (simulate computes the weights from the trace)",
+                "an array",
+            )
+        if "optimistic" in pol.options:
+            opts["optimistic"] = self.routing.optimistic
+        ropts, carry, resolved = resolve_options(pol, opts, G, H, _F)
+        _set(self, "options", dict(self.options))
+        _set(self, "pred_kind", kind)
+        _set(self, "horizon", H)
+        _set(self, "label", label)
+        _set(self, "router_options", ropts)
+        _set(self, "router_carry", carry)
+        _set(self, "resolved", {k: v for k, v in resolved.items() if k != "new_presence"})
+        self._step_time()
+
+    def _projection(self, pol: RoutingPolicy) -> tuple[PredictorKind, int, str]:
+        """The predictor's kind, the horizon and the run's label; refuses projection settings
+        for a policy that reads no projected loads."""
         pr = self.predictor
         if pol.horizon:  # projection settings: only for a policy that reads projected loads
             kind = PredictorKind.from_name("survival" if pr.kind is None else pr.kind)
@@ -383,28 +457,46 @@ class SimConfig:
                 describe(pr.fit),
                 InvalidOptionError,
             )
-        opts = dict(self.options)
-        if "new_presence" in opts:
-            raise param_error(
-                "new_presence",
-                _F,
-                "a bool (simulate computes the weights from the trace)",
-                "an array",
-            )
-        if "optimistic" in pol.options:
-            opts["optimistic"] = self.routing.optimistic
-        ropts, carry, resolved = resolve_options(pol, opts, G, H, _F)
-        _set(self, "options", dict(self.options))
-        _set(self, "pred_kind", kind)
-        _set(self, "horizon", H)
-        _set(self, "label", label)
-        _set(self, "router_options", ropts)
-        _set(self, "router_carry", carry)
-        _set(self, "resolved", {k: v for k, v in resolved.items() if k != "new_presence"})
+        return kind, H, label
+
+    def _step_time(self) -> None:
+        """``step`` (and, with a deployment, its step model and the load basis's linear
+        step in ``cluster``)."""
+        cl = self.cluster
+        dep = self.run.deployment
+        model = None
+        if dep is None:
+            step = StepTime(False, cl.t0, cl.kappa, 0.0, 1, 0.0, cl.ctx_cost)
+        else:
+            if dep.n_gpus != cl.n_replicas:
+                raise param_error(
+                    "deployment", _F, f"a DeploymentConfig with n_gpus = n_replicas = "
+                    f"{cl.n_replicas}", f"n_gpus={dep.n_gpus}",
+                )  # fmt: skip
+            model = StepModel(dep)
+            t0, kappa = full_batch_step(model, cl.max_slots)
+            _set(self, "cluster", dataclasses.replace(cl, t0=t0, kappa=kappa))
+            att, n_layers = dep.preset.attention, dep.preset.n_layers
+            step = StepTime(
+                True, att.a / 1e6, att.b / 1e6, att.c / 1e6, n_layers, model.dense_us / 1e6,
+                cl.ctx_cost / n_layers,
+            )  # fmt: skip
+        _set(self, "step", step)
+        _set(self, "_step_model", model)
+
+    def new_step_model(self) -> StepModel | None:
+        """A fresh copy of the deployment's step model for one run (its placement, tables and
+        random streams as built; the config's own is never stepped, so every run starts
+        alike), or None without a deployment or without its MoE term."""
+        dep = self.run.deployment
+        if dep is None or not dep.moe:
+            return None
+        return copy.deepcopy(self._step_model)
 
     def as_dict(self) -> dict[str, Any]:
         """Every setting under ``simulate``'s flat names (with ``policy``, ``label``,
-        ``horizon``, ``predictor`` as a label and the resolved ``options``)."""
+        ``horizon``, ``predictor`` as a label, the resolved ``options`` and, with one, the
+        deployment's ``repr``)."""
         out: dict[str, Any] = {"policy": self.policy}
         for flat, (g, name) in _FLAT.items():
             if flat in (
@@ -418,11 +510,12 @@ class SimConfig:
             ):
                 continue
             out[flat] = getattr(getattr(self, g), name)
-        pol = get_routing_policy(self.policy, _F)
         out.update(
-            predictor=self.pred_kind.label if pol.horizon else None,
+            predictor=self.pred_kind.label if self.routing_policy.horizon else None,
             horizon=self.horizon,
             label=self.label,
             options=dict(self.resolved),
         )
+        if self.run.deployment is not None:
+            out["deployment"] = repr(self.run.deployment)
         return out

@@ -14,7 +14,7 @@ the most KV: what routing decides), then the MoE layer, which waits for the slow
   :data:`MODEL_PRESETS`).
 * **MoE** per layer: every running request's token (one per request per step, from its own
   rank: tokens keep their source) picks ``top_k`` distinct experts from the batch's expert
-  popularity (:class:`RoutingModel`: the phase diagram's Zipf skew with Dirichlet
+  popularity (``RoutingModel``: the phase diagram's Zipf skew with Dirichlet
   fluctuation, or batches resampled from an engine recording); the dispatch splits each
   expert's tokens over its replica GPUs; the layer's time is the slowest GPU under the
   :class:`~straggler.formulations.CostModel` (TEMPO Eq. 1, 2, 4: floor and tile staircase,
@@ -56,6 +56,8 @@ Qwen3-235B and DeepSeek-V3), Table 7 (parameters).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -102,7 +104,8 @@ __all__ = [
     "DeploymentRun",
     "simulate_steps",
     "engine_moe_seconds",
-    "register_step_model",
+    "running_step_model",
+    "full_batch_step",
     "PLACEMENTS",
     "DISPATCHES",
     "METHOD_OPTIONS",
@@ -433,11 +436,11 @@ class DeploymentConfig:
     moe : bool, default True
         Whether the MoE term is on (off: attention and dense layers only).
     routing : None or RoutingModel
-        None: :meth:`RoutingModel.zipf` with the preset's skew, ``kappa`` and ``seed``.
+        None: ``RoutingModel.zipf`` with the preset's skew, ``kappa`` and ``seed``.
     kappa : float or None, default 2000
         Dirichlet concentration of the default routing model.
     drift : float, default 0
-        The default routing model's drift (:class:`RoutingModel`: standard deviation of
+        The default routing model's drift (``RoutingModel``: standard deviation of
         each expert's log-popularity step; 0: the hot experts never change).
     drift_steps : int, default 1000
         Steps between two drift steps.
@@ -469,7 +472,7 @@ class DeploymentConfig:
         either way; the traffic columns and the inter-node term follow): each source in the
         expert's proportions (a flat table), or the topology-aware split of TEMPO §4.3 (own
         GPU's replica first, then the source's node, the fewest tokens across nodes;
-        :func:`~straggler.sim.engine._deployment_kernels.layer_times_kernel`).
+        ``straggler.sim.engine._deployment_kernels.layer_times_kernel``).
     seed : int, default 0
     """
 
@@ -653,6 +656,7 @@ class StepModel:
         dense = (pre.n_layers - pre.n_moe_layers) * pre.dense_ffn_us
         if cfg.moe:
             dense += pre.n_moe_layers * pre.shared_expert_us
+        self.dense_us = dense  # the dense FFN and shared-expert layers of a step (us)
         att = pre.attention
         self._par = np.array(
             [att.a, att.b, att.c, pre.n_layers, cfg.layer_scale, dense,
@@ -787,7 +791,12 @@ class StepModel:
         return StepBreakdown(*map(float, self._price(kv, req, now_s)))
 
     def _price(self, kv: np.ndarray, req, now_s: float) -> np.ndarray:
-        """Price and log one step; returns its log row (the :class:`StepBreakdown` fields)."""
+        """Price and log one step; returns its log row (the ``StepBreakdown`` fields).
+
+        A step is priced on the placement and tables in force at its start (one
+        :func:`~straggler.sim.engine._deployment_kernels.deployment_step_kernel` call, or
+        :meth:`_price_python`), then :meth:`_after_step` refreshes the tables and rebuilds
+        the placement when due, for the steps after it."""
         cfg = self.config
         n = self.n_steps
         if n == len(self._log):
@@ -802,7 +811,7 @@ class StepModel:
                 self._cost_arr, self._par, self._window, n % cfg.placement_window, self._acc,
                 self._log, n,
             )  # fmt: skip
-            self._periodic(now_s)
+            self._after_step(now_s)
         self.n_steps = n + 1
         return self._log[n]
 
@@ -831,39 +840,55 @@ class StepModel:
         return StepBreakdown(dense_us=dense, total_us=total, **out)
 
     #: Whether a step with a table dispatch (``even``, ``tempo``, ``token_lp``, ``static``)
-    #: runs as one :func:`~straggler.sim.engine._deployment_kernels.deployment_step_kernel` call
-    #: (True) or step by step in Python (:meth:`moe_layers`, numpy, :meth:`_observe`; the
+    #: runs as one ``straggler.sim.engine._deployment_kernels.deployment_step_kernel`` call
+    #: (True) or step by step in Python (:meth:`moe_layers`, numpy, ``StepModel._observe``; the
     #: path per-batch dispatches take). Both give bit-identical results (tested); the
     #: Python path is kept for per-batch dispatches and for measuring the kernel against it.
     fused: bool = True
 
     def engine_step(self, load, nrun, now_s: float) -> float:
         """The MoE layers' time of one step of the simulator's engine, in seconds; the
-        step's :class:`StepBreakdown` (attention from the same loads) is logged
+        step's ``StepBreakdown`` (attention from the same loads) is logged
         (:meth:`breakdowns`). The engine has validated its state: no checks here."""
         return self._price(np.asarray(load, dtype=float), nrun, now_s)[2] * 1e-6
 
     def breakdowns(self) -> dict[str, np.ndarray]:
-        """The logged steps' :class:`StepBreakdown` fields, one ``(n_steps,)`` array each
+        """The logged steps' ``StepBreakdown`` fields, one ``(n_steps,)`` array each
         (microseconds; a copy)."""
         log = self._log[: self.n_steps]
         return {name: log[:, k].copy() for k, name in enumerate(STEP_COLUMNS)}
 
     @property
     def log(self) -> list[StepBreakdown]:
-        """The logged steps, one :class:`StepBreakdown` each (built on access)."""
+        """The logged steps, one ``StepBreakdown`` each (built on access)."""
         return [StepBreakdown(*map(float, r)) for r in self._log[: self.n_steps]]
+
+    def summary(self) -> dict[str, float]:
+        """The mean logged step decomposed (``StepBreakdown`` fields, microseconds per
+        step; 0 before any step), and ``layers_simulated``, ``layer_scale``, ``placements``,
+        ``table_refreshes``."""
+        steps = self.breakdowns()
+        out = {
+            name: float(steps[name].mean()) if self.n_steps else 0.0
+            for name in StepBreakdown._fields
+        }
+        cfg = self.config
+        out["layers_simulated"] = cfg.n_sim_layers
+        out["layer_scale"] = cfg.layer_scale
+        out["placements"] = self.n_placements
+        out["table_refreshes"] = self.n_refreshes
+        return out
 
     def _observe(self, counts: np.ndarray, now_s: float) -> None:
         """Record a batch's counts; refresh tables and rebuild placement when due."""
         cfg = self.config
         self._window[self.n_steps % cfg.placement_window] = counts
         self._acc += counts
-        self._periodic(now_s)
+        self._after_step(now_s)
 
-    def _periodic(self, now_s: float) -> None:
-        """Refresh the tables and rebuild the placement when due (after a step's counts are
-        recorded)."""
+    def _after_step(self, now_s: float) -> None:
+        """What follows a priced step whose counts are recorded: the tables' refresh and the
+        placement's rebuild, each when due."""
         cfg = self.config
         self._acc_steps += 1
         if cfg.dispatch in _TABLE_METHODS and now_s - self._last_refresh >= cfg.dispatch_period_s:
@@ -871,25 +896,59 @@ class StepModel:
             self._last_refresh = now_s
         done = self.n_steps + 1
         if cfg.placement != "fixed" and done % cfg.placement_period == 0:
-            w = self._window[: min(done, cfg.placement_window)]
-            self._set_placement(self._place(w.mean(axis=0), w))
-            self._acc[:] = 0
-            self._acc_steps = 0
+            self._rebalance(done)
+
+    def _rebalance(self, done: int) -> None:
+        """Rebuild the placement from the counts of the last ``placement_window`` steps (of
+        the ``done`` so far): the one place the placement changes after the initial one. The
+        change is instant and free here, taking effect from the next step (its tables reset
+        to the even split); a cost of moving expert weights would be charged to the steps
+        after it, where :meth:`_price` assembles a step."""
+        cfg = self.config
+        w = self._window[: min(done, cfg.placement_window)]
+        self._set_placement(self._place(w.mean(axis=0), w))
+        self._acc[:] = 0
+        self._acc_steps = 0
+
+
+def full_batch_step(model: StepModel, max_slots: int) -> tuple[float, float]:
+    """The linear step ``(t0, kappa)`` (seconds, seconds per KV token of the busiest rank)
+    the simulator measures a deployment's offered load against: ``t0`` the mean of 8 steps of
+    a copy of ``model`` with ``max_slots`` requests on every rank and no KV (attention's fixed
+    and per-request parts, the MoE layers of a full batch, the dense layers), ``kappa =
+    n_layers * b`` (``model`` itself is not stepped).
+
+    Examples
+    --------
+    >>> m = StepModel(DeploymentConfig(preset="dsv3", n_gpus=4, layers=1, moe=False))
+    >>> t0, kappa = full_batch_step(m, 8)
+    >>> m.n_steps, round(t0 * 1e6, 6), round(kappa * 1e9, 3)
+    (0, 4376.86, 25.62)
+    """
+    cfg = model.config
+    probe = copy.deepcopy(model)
+    full = np.full(cfg.n_gpus, int(max_slots))
+    t0 = float(np.mean([probe.step(full * 0, full, 0.0).total_us for _ in range(8)])) * 1e-6
+    return t0, cfg.preset.n_layers * cfg.preset.attention.b * 1e-6
 
 
 #: Step models the simulator's engine is running, by key (see :func:`engine_moe_seconds`).
 _ACTIVE: dict[int, StepModel] = {}
 
 
-def register_step_model(model: StepModel | None, key: int | None = None) -> int:
-    """Register ``model`` for the engine under a new key (returned), or, with ``model=None``,
-    drop ``key``. The engine's ``EngineInputs.moe_key`` names it."""
+@contextlib.contextmanager
+def running_step_model(model: StepModel | None):
+    """Register ``model`` for the engine's steps while the block runs; yields its key (the
+    engine's ``EngineInputs.moe_key``; -1 for None, no MoE term)."""
     if model is None:
-        _ACTIVE.pop(key, None)
-        return -1 if key is None else key
+        yield -1
+        return
     key = max(_ACTIVE, default=-1) + 1
     _ACTIVE[key] = model
-    return key
+    try:
+        yield key
+    finally:
+        del _ACTIVE[key]
 
 
 def engine_moe_seconds(key: int, load, nrun, clock: float) -> float:
@@ -901,7 +960,7 @@ def engine_moe_seconds(key: int, load, nrun, clock: float) -> float:
 @dataclass(frozen=True)
 class DeploymentRun:
     """Per-step breakdowns of :func:`simulate_steps`: one array per
-    :class:`StepBreakdown` field (``(n_steps,)``, microseconds), and the step start times."""
+    ``StepBreakdown`` field (``(n_steps,)``, microseconds), and the step start times."""
 
     time_s: np.ndarray
     steps: dict

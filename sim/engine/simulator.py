@@ -1,10 +1,15 @@
 """Lock-step decode-cluster simulator: replay a trace under a routing policy, report metrics.
 
-``simulate(trace, policy, **settings)`` validates its settings into one
-:class:`~straggler.sim.engine.config.SimConfig`, runs the step loop of
-:mod:`straggler.sim.engine._loop`
-(Numba, on numba's disk cache, compiled for the one policy it routes with) and summarises the
-run in a :class:`SimReport`.
+``simulate(trace, policy, **settings)`` runs four stages, each once, in order:
+
+1. validate every setting into one :class:`~straggler.sim.engine.config.SimConfig` (the
+   policy and its options, the groups, and with a ``deployment`` its step model and step
+   time);
+2. :func:`engine_inputs`: the trace as simulated (filtered, rescaled to the load) and the step
+   loop's :class:`~straggler.sim.engine._loop.EngineInputs`, as a ``SimRun``;
+3. run the step loop of :mod:`straggler.sim.engine._loop` (Numba, on numba's disk cache, one
+   compiled loop for every policy; or its plain-Python reference);
+4. summarise the run in a :class:`SimReport`.
 
 The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives and queues for one
 of ``prefill_instances`` prefill instances (first come, first served; a prefill takes
@@ -18,12 +23,12 @@ decode: a replica whose next step would overflow preempts its most recently admi
 (vLLM's recompute preemption: back through prefill with ``prompt + decoded`` tokens, KV
 dropped). See :mod:`straggler.sim.engine._loop` for the exact order of events.
 
-Dispatch modes, bootstrap rooms, prefix caches, aggregated serving
-------------------------------------------------------------------
-``dispatch="pool"`` (default): one central prompt pool; the router places a request only on a
+Admission modes, bootstrap rooms, prefix caches, aggregated serving
+-------------------------------------------------------------------
+``admission="pool"`` (default): one central prompt pool; the router places a request only on a
 replica with a free slot, where it starts at once (BalanceRoute's model; TensorRT-LLM's
 capacity-limited fetch). The engines keep no queue, so ``n_waiting = waiting_tokens = 0`` in
-the policies' view. ``dispatch="queue"``: vLLM's and SGLang's DP front ends route every request
+the policies' view. ``admission="queue"``: vLLM's and SGLang's DP front ends route every request
 on arrival (here: at the first tick after its prefill) to one engine's own FIFO queue, whatever
 its slots; each engine admits from the head of its queue at every step while the head has a
 slot and KV room (the first that does not fit blocks those behind it, FCFS). The router then
@@ -72,13 +77,12 @@ The defaults (prefill capacity, step time) and their derivations:
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import inspect
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -88,7 +92,7 @@ from ...formulations.errors import (
     StragglerError,
     param_error,
 )
-from ...formulations.validation import check_type
+from ...formulations.validation import check_choice, check_type
 from ...solvers._numba.jit import cache_depends_on
 from ...solvers.routing.predictors import (
     PredictorKind,
@@ -96,13 +100,14 @@ from ...solvers.routing.predictors import (
     calibration_report,
     termination_samples,
 )
-from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy
+from ...solvers.routing.registry import DEFAULT_POLICY, RoutingPolicy, get_routing_policy
 from ...solvers.routing.route import new_request_presence
 from ..workloads.prefix import PrefixBlocks
 from ..workloads.traces import Trace, generate_trace
 from ._loop import (
     SERIES,
     EngineInputs,
+    EngineOutput,
     _table_size,
     engine_depends,
     engine_entry,
@@ -110,12 +115,20 @@ from ._loop import (
     run_engine,
     run_engine_reference,
 )
-from .config import DEFAULT_PREFILL, DEFAULT_STEP_TIME, DISPATCH_MODES, LOAD_BASES, SimConfig
-from .deployment import DeploymentConfig, StepBreakdown, StepModel, register_step_model
+from .config import (
+    ADMISSION_MODES,
+    DEFAULT_PREFILL,
+    DEFAULT_STEP_TIME,
+    LOAD_BASES,
+    SETTINGS,
+    SimConfig,
+)
+from .deployment import DeploymentConfig, StepModel, running_step_model
 
 __all__ = [
     "simulate",
     "engine_inputs",
+    "SimRun",
     "warm_engine",
     "SimReport",
     "PREDICTORS",
@@ -126,7 +139,7 @@ __all__ = [
     "offered_load",
     "LOAD_BASES",
     "bootstrap_rooms",
-    "DISPATCH_MODES",
+    "ADMISSION_MODES",
 ]
 
 
@@ -146,7 +159,8 @@ def bootstrap_rooms(n: int, seed: int) -> np.ndarray:
     return rng.integers(0, 2**63 - 1, size=int(n), dtype=np.int64, endpoint=True)
 
 
-#: Predictors BR-H can use inside the simulator (:class:`PredictorKind` labels).
+#: Predictors BR-H can use inside the simulator
+#: (``straggler.solvers.routing.predictors.PredictorKind`` labels).
 PREDICTORS = tuple(PredictorKind.names())
 
 _FUNC = "simulate"
@@ -206,7 +220,7 @@ class SimReport:
         prefix cache at each request's first admission over all admitted prompt tokens (the
         prefill a KV-aware router saves); NaN without.
     series : dict of ndarray
-        Per step (:data:`straggler.sim.engine._loop.SERIES`): ``time_s`` (start), ``step_s``,
+        Per step (``straggler.sim.engine._loop.SERIES``): ``time_s`` (start), ``step_s``,
         ``max_load``, ``sum_load``, ``running``, ``pool`` (requests waiting for a slot: the
         pool, and the engines' queues in queue mode), ``prefill`` (requests queued or in
         prefill), ``preempted``, ``ctx_tokens`` (the most context-phase tokens one replica
@@ -226,7 +240,7 @@ class SimReport:
         Host time of the simulation (engine call).
     step_breakdown : dict
         With a ``deployment`` (MoE term on): the mean step decomposed, microseconds per step
-        (:class:`~straggler.sim.engine.deployment.StepBreakdown`: ``attention_us``,
+        (``straggler.sim.engine.deployment.StepBreakdown``: ``attention_us``,
         ``attention_straggler_us``, ``moe_us``, ``moe_straggler_us``, ``comm_us``,
         ``dense_us``, ``total_us``, ``cross_node_tokens``), ``layers_simulated``,
         ``layer_scale``, ``placements``, ``table_refreshes``; the per-step values are in
@@ -394,7 +408,7 @@ def _two_stage(trace: Trace, horizon: int, fit) -> tuple[tuple, dict[str, Any]]:
     ``fit``: None (cross-fitting on the two halves of the trace in arrival order: the model
     fitted on the first half predicts the second half's requests and vice versa), ``"in_sample"``
     (one model fitted on every request of ``trace``), a :class:`Trace` (one model fitted on it),
-    or a fitted :class:`~straggler.solvers.routing.predictors.TwoStagePredictor` for ``horizon``.
+    or a fitted ``straggler.solvers.routing.predictors.TwoStagePredictor`` for ``horizon``.
     The
     summary holds the split and a :func:`~straggler.solvers.routing.predictors.calibration_report`
     of
@@ -494,13 +508,37 @@ def _groups(prefix_hash: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
     return g, int(uniq.size)
 
 
-def _prepare(trace, config: SimConfig):
+class SimRun(NamedTuple):
+    """One run as :func:`simulate` hands it to the step loop (:func:`engine_inputs`).
+
+    ``config`` the run's :class:`~straggler.sim.engine.config.SimConfig`; ``trace`` the trace
+    as simulated (``min_output`` filter applied, arrivals rescaled to the load); ``inputs`` the
+    loop's :class:`~straggler.sim.engine._loop.EngineInputs` (``moe_key`` -1: the run
+    registers its step model when it starts); ``record`` the report's record of every
+    setting (:attr:`SimReport.config`); ``step_model`` the run's own
+    :class:`~straggler.sim.engine.deployment.StepModel` (None without a deployment's MoE
+    term)."""
+
+    config: SimConfig
+    trace: Trace
+    inputs: EngineInputs
+    record: dict[str, Any]
+    step_model: StepModel | None
+
+    @property
+    def policy(self) -> RoutingPolicy:
+        """The routing policy's registry entry (kernel and reference)."""
+        return self.config.routing_policy
+
+
+def _simulated_trace(trace, config: SimConfig) -> tuple[Trace, PrefixBlocks | None, dict]:
     """The run-time checks that need the trace (its type, the prefix blocks' alignment, the
     KV capacity against the longest request), then the trace as simulated (the
-    ``min_output`` filter, the load's rescaling); returns ``(trace, blocks, cfg)`` with
-    ``cfg`` the report's record of every setting."""
+    ``min_output`` filter, the load's rescaling); returns ``(trace, blocks, record)`` with
+    ``record`` the report's record of every setting and of the offered load."""
     f = _FUNC
     cfg = config.as_dict()
+    cl, pf, run = config.cluster, config.prefill, config.run
     if isinstance(trace, str):
         trace = generate_trace(trace)
     check_type(trace, "trace", f, Trace, "a Trace or a generator preset name")
@@ -525,39 +563,39 @@ def _prepare(trace, config: SimConfig):
                 f"{int(blocks.counts()[i])} blocks for request {i} of {int(trace.prompt_len[i])} "
                 "tokens",
             )
-    if cfg["min_output"] > 0:
-        keep = trace.output_len >= cfg["min_output"]
+    if run.min_output > 0:
+        keep = trace.output_len >= run.min_output
         trace = trace.subset(keep).rebase()
         blocks = None if blocks is None else blocks.subset(keep)
     if len(trace) == 0:
         raise param_error("trace", f, "a non-empty Trace (after the min_output filter)", "none")
     longest = int((trace.prompt_len + trace.output_len).max())
-    if longest > cfg["kv_capacity"]:
+    if longest > cl.kv_capacity:
         raise param_error(
             "kv_capacity",
             f,
             "at least the longest request of the trace (prompt + output, as vLLM's "
             "max_model_len must fit the KV cache)",
-            f"{cfg['kv_capacity']} < {longest}",
+            f"{cl.kv_capacity} < {longest}",
         )
     cap = dict(
-        n_replicas=cfg["n_replicas"],
-        max_slots=cfg["max_slots"],
-        kv_capacity=float(cfg["kv_capacity"]),
-        t0=cfg["t0"],
-        kappa=cfg["kappa"],
+        n_replicas=cl.n_replicas,
+        max_slots=cl.max_slots,
+        kv_capacity=float(cl.kv_capacity),
+        t0=cl.t0,
+        kappa=cl.kappa,
     )
-    load = config.run.load
-    if load is None and cfg["saturated"]:
-        load = cfg["overload"]
-    pf = dict(
-        prefill_instances=cfg["prefill_instances"],
-        prefill_tokens_per_s=cfg["prefill_tokens_per_s"],
-        prefill_base_s=cfg["prefill_base_s"],
+    load = run.load
+    if load is None and run.saturated:
+        load = run.overload
+    prefill = dict(
+        prefill_instances=pf.instances,
+        prefill_tokens_per_s=pf.tokens_per_s,
+        prefill_base_s=pf.base_s,
     )
-    basis = cfg["load_basis"]
+    basis = run.load_basis
     own_decode = offered_load(trace, **cap)
-    ratio = decode_capacity(trace, **cap)["rate_per_s"] / prefill_capacity(trace, **pf)
+    ratio = decode_capacity(trace, **cap)["rate_per_s"] / prefill_capacity(trace, **prefill)
     # the basis capacity over the decode capacity: offered loads convert by this factor
     if basis == "prefill" and ratio == 0.0:
         raise param_error(
@@ -587,19 +625,17 @@ def _prepare(trace, config: SimConfig):
     cfg["offered_prefill_load"] = decode_load * ratio
     cfg["binding_stage"] = "prefill" if ratio > 1.0 else "decode"
     cfg["prefix_cache"] = blocks is not None
-    cfg["prefix_cache_router"] = bool(
-        get_routing_policy(config.policy).prefix_cache and blocks is not None
-    )
+    cfg["prefix_cache_router"] = bool(config.routing_policy.prefix_cache and blocks is not None)
     return trace, blocks, cfg
 
 
-def engine_inputs(trace, config: SimConfig):
-    """:func:`simulate` up to the engine call: ``(EngineInputs, policy, trace, cfg)`` with
-    the trace as simulated (filtered, rescaled) and ``cfg`` the report's record of the
-    settings (for checks of the engine against its plain-Python reference)."""
+def engine_inputs(trace, config: SimConfig) -> SimRun:
+    """:func:`simulate` up to the step loop: the trace as simulated (filtered, rescaled),
+    the loop's inputs and the report's record of the settings, as a ``SimRun`` (for
+    checks of the engine against its plain-Python reference)."""
     check_type(config, "config", _FUNC, SimConfig, "a SimConfig")
-    trace, blocks, cfg = _prepare(trace, config)
-    pol = get_routing_policy(config.policy)
+    trace, blocks, cfg = _simulated_trace(trace, config)
+    cl, pf, rt, step = config.cluster, config.prefill, config.routing, config.step
     pred_kind, H = config.pred_kind, config.horizon
     ropts = config.router_options
     n = len(trace)
@@ -614,7 +650,7 @@ def engine_inputs(trace, config: SimConfig):
         two_stage, cfg["two_stage"] = _two_stage(trace, H, config.predictor.fit)
     else:
         two_stage = no_two_stage()
-    if cfg["new_presence"]:
+    if config.predictor.new_presence:
         pi = new_request_presence(trace.output_len, H)
         ropts = ropts._replace(new_presence=np.ascontiguousarray(pi, dtype=np.float64))
     max_steps = config.run.max_steps
@@ -622,16 +658,16 @@ def engine_inputs(trace, config: SimConfig):
         max_steps = int(output.sum()) + 11 * n + 1000
     cfg["max_steps"] = max_steps
     blk_off, blk_ids, blk_tokens = np.zeros(n + 1, dtype=np.int64), np.zeros(0, np.int64), 1
-    if cfg["prefix_cache"]:  # dense ids, so that id * G + replica is a unique int64 key
+    if blocks is not None:  # dense ids, so that id * G + replica is a unique int64 key
         blk_off = np.array(blocks.offsets, dtype=np.int64)  # a writeable copy: one engine type
         blk_ids = np.unique(blocks.ids, return_inverse=True)[1].astype(np.int64)
         blk_tokens = int(blocks.block_tokens)
-    cache_blocks = int(cfg["kv_capacity"]) // blk_tokens
+    cache_blocks = int(cl.kv_capacity) // blk_tokens
     # the most (block, replica) keys the caches hold at once: each replica's capacity (one
     # more while a touch evicts), at most every distinct block on every replica
     n_blk = int(blk_ids.max()) + 1 if blk_ids.size else 0
-    cache_keys = cfg["n_replicas"] * min(cache_blocks, n_blk) + 1 if n_blk else 0
-    rate = cfg["prefill_tokens_per_s"]
+    cache_keys = cl.n_replicas * min(cache_blocks, n_blk) + 1 if n_blk else 0
+    rate = pf.tokens_per_s
     inp = EngineInputs(
         options=ropts,
         carry=config.router_carry,
@@ -640,43 +676,47 @@ def engine_inputs(trace, config: SimConfig):
         output=output,
         group=group,
         n_groups=int(n_groups),
-        n_replicas=int(cfg["n_replicas"]),
-        max_slots=int(cfg["max_slots"]),
-        kv_cap=int(cfg["kv_capacity"]),
-        t0=float(cfg["t0"]),
-        kappa=float(cfg["kappa"]),
-        prefill_instances=int(cfg["prefill_instances"]),
-        prefill_base_s=float(cfg["prefill_base_s"]),
+        n_replicas=int(cl.n_replicas),
+        max_slots=int(cl.max_slots),
+        kv_cap=int(cl.kv_capacity),
+        t0=float(step.t0),
+        kappa=float(step.kappa),
+        prefill_instances=int(pf.instances),
+        prefill_base_s=float(pf.base_s),
         prefill_per_token_s=0.0 if math.isinf(rate) else 1.0 / rate,
-        tick=int(cfg["tick"]),
-        stale=int(cfg["stale"]),
-        optimistic=bool(cfg["optimistic"]),
-        max_pool=int(cfg["max_pool"]),
+        tick=int(rt.tick),
+        stale=int(rt.stale),
+        optimistic=bool(rt.optimistic),
+        max_pool=int(rt.max_pool),
         horizon=int(H),
         pred_kind=int(pred_kind),
         surv_p=surv_p,
         surv_mu=surv_mu,
-        refill=bool(cfg["refill"]),
+        refill=bool(config.predictor.refill),
         ts_fold=np.ascontiguousarray(two_stage[0], dtype=np.int64),
         ts_knots=np.ascontiguousarray(two_stage[1], dtype=np.float64),
         ts_lin=np.ascontiguousarray(two_stage[2], dtype=np.float64),
         ts_iso=np.ascontiguousarray(two_stage[3], dtype=np.float64),
         ts_nb=np.ascontiguousarray(two_stage[4], dtype=np.int64),
-        seed=int(cfg["seed"]),
+        seed=int(config.run.seed),
         max_steps=int(max_steps),
-        time_router=bool(cfg["time_router"]),
-        queue_mode=cfg["dispatch"] == "queue",
-        room=bootstrap_rooms(n, cfg["seed"]),
-        use_cache=cfg["prefix_cache"],
+        time_router=bool(config.run.time_router),
+        queue_mode=cl.admission == "queue",
+        room=bootstrap_rooms(n, config.run.seed),
+        use_cache=blocks is not None,
         cache_router=cfg["prefix_cache_router"],
         blk_off=blk_off,
         blk_ids=blk_ids,
         blk_tokens=blk_tokens,
         cache_blocks=cache_blocks,
         cache_slots=_table_size(cache_keys),
-        ctx_cost=float(cfg["ctx_cost"]),
+        ctx_cost=float(step.ctx_cost),
+        deploy=step.deploy,
+        n_layers=step.n_layers,
+        att_c=float(step.att_c),
+        fixed_s=float(step.fixed_s),
     )
-    return inp, pol, trace, cfg
+    return SimRun(config, trace, inp, cfg, config.new_step_model())
 
 
 def simulate(
@@ -708,12 +748,13 @@ def simulate(
     max_steps: int | None = None,
     engine: str = "numba",
     time_router: bool = True,
-    dispatch: str = "pool",
+    admission: str = "pool",
     prefix_blocks: PrefixBlocks | None = None,
     ctx_cost: float = 0.0,
     deployment: DeploymentConfig | None = None,
     load_basis: str = "binding",
     config: SimConfig | None = None,
+    dispatch: str | None = None,
     **options,
 ) -> SimReport:
     """Replay ``trace`` on ``n_replicas`` lock-step decode replicas routed by ``policy``.
@@ -771,11 +812,11 @@ def simulate(
         falling back to survival; traces without hashes fall back always), oracle (true
         remaining length), two-stage (the paper's calibrated termination classifier and
         conditional-mean regressor on prompt length and age,
-        :class:`~straggler.solvers.routing.predictors.TwoStagePredictor` trained for ``horizon``;
+        ``straggler.solvers.routing.predictors.TwoStagePredictor`` trained for ``horizon``;
         see
         ``predictor_fit``). The survival ECDF is fitted on the simulated trace itself (the
         marginal output lengths); the two-stage model by default is not. A
-        :class:`~straggler.solvers.routing.predictors.PredictorKind` is accepted too.
+        ``straggler.solvers.routing.predictors.PredictorKind`` is accepted too.
     horizon : int, optional
         BR-H's ``H`` (default 80, the paper's).
     predictor_fit : None, "in_sample", Trace or TwoStagePredictor
@@ -813,14 +854,15 @@ def simulate(
         The jitted step loop or its plain-Python reference (slow; for checks).
     time_router : bool
         Time each router call (a monotonic clock read around it).
-    dispatch : {"pool", "queue"}
-        ``"pool"`` (default; BalanceRoute's model and TensorRT-LLM's capacity-limited fetch):
-        one central prompt pool, a request is routed only to a replica with a free slot and
-        starts at once. ``"queue"`` (vLLM's and SGLang's DP front ends): every ready request is
-        routed at the next tick to one engine's own FIFO queue, whatever its slots; each engine
-        admits from the head of its queue at every step while the head fits (a slot and KV
-        room), so ``n_waiting`` and ``waiting_tokens`` are the queues the policies see (module
-        docstring, "Dispatch modes").
+    admission : {"pool", "queue"}
+        Where a routed request waits for its slot. ``"pool"`` (default; BalanceRoute's model
+        and TensorRT-LLM's capacity-limited fetch): one central prompt pool, a request is
+        routed only to a replica with a free slot and starts at once. ``"queue"`` (vLLM's and
+        SGLang's DP front ends): every ready request is routed at the next tick to one
+        engine's own FIFO queue, whatever its slots; each engine admits from the head of its
+        queue at every step while the head fits (a slot and KV room), so ``n_waiting`` and
+        ``waiting_tokens`` are the queues the policies see (module docstring, "Admission
+        modes").
     prefix_blocks : PrefixBlocks, optional
         Each request's prompt blocks (:func:`~straggler.sim.workloads.prefix.load_prefix_blocks`
         for a
@@ -838,13 +880,14 @@ def simulate(
         ``prefill_instances=0, prefill_base_s=0, prefill_tokens_per_s=inf`` so requests are
         ready on arrival). Default 0: PD disaggregation, prefill elsewhere.
     deployment : DeploymentConfig, optional
-        Price every step with the deployment step model (:mod:`straggler.sim.engine.deployment`):
+        Price every step with the deployment step model (``straggler.sim.engine.deployment``):
         ``n_layers`` times the slowest rank's attention ``a + b L_g + c R_g`` (plus its
         context tokens at ``ctx_cost / n_layers`` per layer), the MoE layers (placement,
         dispatch, routing model of the config) and the dense layers; ``t0`` and ``kappa``
         are then replaced by the preset's attention, and ``load`` is measured against the
-        deployment's full-batch step (``max_slots`` requests per rank). Its ``n_gpus`` must
-        equal ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
+        deployment's full-batch step (``max_slots`` requests per rank,
+        ``deployment.full_batch_step``). Its ``n_gpus`` must equal
+        ``n_replicas``. ``SimReport.step_breakdown`` decomposes the mean step.
     load_basis : {"binding", "decode", "prefill"}, default "binding"
         The capacity ``load`` (and ``SimReport.offered_load``) is a multiple of: whichever of
         the decode cluster's (:func:`decode_capacity`) and the prefill instances'
@@ -854,11 +897,15 @@ def simulate(
         ``"binding"`` is ``"decode"``. ``SimReport`` gives the offered load against both and
         the binding stage either way.
     config : SimConfig, optional
-        Every setting as one record (:class:`~straggler.sim.engine.config.SimConfig`); the other
-        keywords are then ignored, and ``policy`` and options must not be given. By default
+        Every setting as one record (:class:`~straggler.sim.engine.config.SimConfig`); then
+        ``policy``, options and every other keyword but ``trace`` must be left out. By default
         one is built from the keywords (``SimConfig.from_settings``).
+    dispatch : {"pool", "queue"}, optional
+        Deprecated (a :class:`DeprecationWarning`): the former name of ``admission``
+        (``dispatch`` names the expert-parallel problem everywhere else, e.g.
+        ``DeploymentConfig.dispatch``).
     **options
-        The policy's options (:data:`~straggler.solvers.routing.registry.OPTIONS`: ``r_max``,
+        The policy's options (``straggler.solvers.routing.registry.OPTIONS``: ``r_max``,
         ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
         option it does not read.
 
@@ -884,127 +931,61 @@ def simulate(
     >>> r.n_finished, r.n_steps, r.series["max_load"].tolist(), r.mean_imbalance
     (3, 2, [100.0, 102.0], 0.5)
     """
-    settings = dict(
-        n_replicas=n_replicas,
-        max_slots=max_slots,
-        kv_capacity=kv_capacity,
-        t0=t0,
-        kappa=kappa,
-        load=load,
-        prefill_instances=prefill_instances,
-        prefill_tokens_per_s=prefill_tokens_per_s,
-        prefill_base_s=prefill_base_s,
-        tick=tick,
-        stale=stale,
-        optimistic=optimistic,
-        max_pool=max_pool,
-        predictor=predictor,
-        horizon=horizon,
-        predictor_fit=predictor_fit,
-        refill=refill,
-        new_presence=new_presence,
-        saturated=saturated,
-        min_output=min_output,
-        overload=overload,
-        seed=seed,
-        engine=engine,
-        time_router=time_router,
-        max_steps=max_steps,
-        dispatch=dispatch,
-        prefix_blocks=prefix_blocks,
-        ctx_cost=ctx_cost,
-        load_basis=load_basis,
-        deployment=deployment,
+    settings = {name: value for name, value in locals().items() if name in SETTINGS}
+    if dispatch is not None:
+        settings["admission"] = _admission_from_dispatch(dispatch, admission)
+    config = _config(policy, settings, options, config)
+    run = engine_inputs(trace, config)
+    out, wall = _run(run)
+    return _report(run, out, wall)
+
+
+def _admission_from_dispatch(dispatch, admission) -> str:
+    """``admission`` from its deprecated name ``dispatch`` (checked under that name)."""
+    warnings.warn(
+        "simulate(dispatch=...) is deprecated: use admission=... (same values)",
+        DeprecationWarning,
+        stacklevel=3,
     )
-    if config is None:
-        config = SimConfig.from_settings(policy, **settings, **options)
-    else:
-        own = [k for k, v in settings.items() if not _is_default(k, v)]
-        if policy is not None or options or own:
-            given = ["policy"] * (policy is not None) + sorted(options) + own
-            raise param_error(
-                "config",
-                _FUNC,
-                "the only setting when given (a SimConfig holds the policy, its options and "
-                "every other setting)",
-                f"also {', '.join(given)}",
-            )
-    deployment = config.run.deployment
-    model = None
-    if deployment is not None:  # the offered load is measured against its full-batch step
-        cl = config.cluster
-        model, t0, kappa = _deployment_setup(deployment, cl.n_replicas, cl.max_slots)
-        config = dataclasses.replace(config, cluster=dataclasses.replace(cl, t0=t0, kappa=kappa))
-    inp, pol, trace, cfg = engine_inputs(trace, config)
-    key = -1
-    if model is not None:
-        pre = deployment.preset
-        key = register_step_model(model) if deployment.moe else -1
-        fixed = (pre.n_layers - pre.n_moe_layers) * pre.dense_ffn_us
-        if deployment.moe:
-            fixed += pre.n_moe_layers * pre.shared_expert_us
-        inp = inp._replace(
-            deploy=True,
-            t0=pre.attention.a / 1e6,
-            kappa=pre.attention.b / 1e6,
-            att_c=pre.attention.c / 1e6,
-            n_layers=pre.n_layers,
-            fixed_s=fixed / 1e6,
-            moe_key=key,
-            ctx_cost=inp.ctx_cost / pre.n_layers,
+    if admission != "pool":
+        raise param_error(
+            "dispatch", _FUNC, "None when admission is given (its deprecated name)", repr(dispatch)
         )
-        cfg["deployment"] = repr(deployment)
-    w0 = time.perf_counter()
-    try:
-        if cfg["engine"] == "numba":
-            out = engine_entry(pol.name, inp)(inp)
+    return check_choice(dispatch, "dispatch", _FUNC, list(ADMISSION_MODES))
+
+
+def _config(policy, settings: dict, options: dict, config: SimConfig | None) -> SimConfig:
+    """The run's :class:`SimConfig`: built from the keywords, or ``config`` when given (then
+    with no other setting)."""
+    if config is None:
+        return SimConfig.from_settings(policy, **settings, **options)
+    own = [k for k, v in settings.items() if not _is_default(k, v)]
+    if policy is not None or options or own:
+        given = ["policy"] * (policy is not None) + sorted(options) + own
+        raise param_error(
+            "config",
+            _FUNC,
+            "the only setting when given (a SimConfig holds the policy, its options and "
+            "every other setting)",
+            f"also {', '.join(given)}",
+        )
+    return config
+
+
+def _run(run: SimRun) -> tuple[EngineOutput, float]:
+    """The step loop on ``run`` (the jitted loop, or its reference with ``engine="python"``),
+    with the run's step model registered for the MoE term; returns the loop's output and its
+    host time in seconds."""
+    pol = run.policy
+    with running_step_model(run.step_model) as key:
+        inp = run.inputs._replace(moe_key=key)
+        w0 = time.perf_counter()
+        if run.config.run.engine == "numba":
+            out = engine_entry(pol, inp)(inp)
         else:
             out = run_engine_reference(inp, pol.reference)
-    finally:
-        if key >= 0:
-            register_step_model(None, key)
-    wall = time.perf_counter() - w0
-    report = _report(trace, out, cfg, config.label, wall)
-    if model is not None and deployment.moe:
-        _add_breakdown(report, model)
-    return report
-
-
-def _deployment_setup(deployment, n_replicas, max_slots):
-    """The step model of a deployment, and the linear step ``(t0, kappa)`` the offered load is
-    measured against: ``kappa = n_layers * b`` per KV token of the busiest rank, ``t0`` the
-    mean of 8 steps of a copy of the model with ``max_slots`` requests on every rank and no KV
-    (attention's fixed and per-request parts, the MoE layers of a full batch, dense layers)."""
-    check_type(deployment, "deployment", _FUNC, DeploymentConfig, "None or a DeploymentConfig")
-    if deployment.n_gpus != n_replicas:
-        raise param_error(
-            "deployment", _FUNC, f"a DeploymentConfig with n_gpus = n_replicas = {n_replicas}",
-            f"n_gpus={deployment.n_gpus}",
-        )  # fmt: skip
-    model = StepModel(deployment)
-    probe = copy.deepcopy(model)
-    full = np.full(n_replicas, int(max_slots))
-    t0 = float(np.mean([probe.step(full * 0, full, 0.0).total_us for _ in range(8)])) * 1e-6
-    return model, t0, deployment.preset.n_layers * deployment.preset.attention.b * 1e-6
-
-
-def _add_breakdown(report: SimReport, model: StepModel) -> None:
-    """Per-step decomposition into ``report.series`` and its means into
-    ``report.step_breakdown`` (microseconds per step)."""
-    if model.n_steps != report.n_steps:  # the engine prices every step once
-        raise StragglerError(f"step model priced {model.n_steps} steps of {report.n_steps}")
-    report.series.update(model.breakdowns())
-    report.step_breakdown.update(
-        {
-            name: float(report.series[name].mean()) if model.n_steps else 0.0
-            for name in StepBreakdown._fields
-        }
-    )
-    cfg = model.config
-    report.step_breakdown["layers_simulated"] = cfg.n_sim_layers
-    report.step_breakdown["layer_scale"] = cfg.layer_scale
-    report.step_breakdown["placements"] = model.n_placements
-    report.step_breakdown["table_refreshes"] = model.n_refreshes
+        wall = time.perf_counter() - w0
+    return out, wall
 
 
 def _is_default(name: str, value) -> bool:
@@ -1083,7 +1064,10 @@ def _step_metrics(G, slots, clock, dt, mx, sm, running, lo, hi) -> dict[str, flo
     )
 
 
-def _report(trace, out, cfg, label, wall) -> SimReport:
+def _report(run: SimRun, out: EngineOutput, wall: float) -> SimReport:
+    """The run's metrics from the loop's output (and, with one, the step model's
+    decomposition of every step)."""
+    trace, cfg, model = run.trace, run.record, run.step_model
     G, slots = cfg["n_replicas"], cfg["max_slots"]
     series = out.series
     n_steps = series.shape[0]
@@ -1107,6 +1091,12 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
     timed = cfg["engine"] == "numba" and cfg["time_router"]
     series_out = dict(cols)
     series_out["imbalance"] = imb
+    breakdown: dict[str, float] = {}
+    if model is not None:
+        if model.n_steps != n_steps:  # the engine prices every step once
+            raise StragglerError(f"step model priced {model.n_steps} steps of {n_steps}")
+        series_out.update(model.breakdowns())
+        breakdown = model.summary()
     n_inst, rate = cfg["prefill_instances"], cfg["prefill_tokens_per_s"]
     a0, a1 = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
     pf_util = float("nan")
@@ -1116,7 +1106,7 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
         busy = np.clip(np.minimum(end, a1) - np.maximum(begin, a0), 0.0, None).sum()
         pf_util = float(busy / (n_inst * (a1 - a0)))
     return SimReport(
-        policy=label,
+        policy=run.config.label,
         trace=trace.name,
         n_replicas=G,
         n_requests=len(trace),
@@ -1168,6 +1158,7 @@ def _report(trace, out, cfg, label, wall) -> SimReport:
         window=(0, hi),
         config=cfg,
         wall_s=wall,
+        step_breakdown=breakdown,
         offered_decode_load=float(cfg["offered_decode_load"]),
         offered_prefill_load=float(cfg["offered_prefill_load"]),
         binding_stage=cfg["binding_stage"],

@@ -140,8 +140,8 @@ def levers(
         The deployment; its ``dispatch`` and ``placement`` are replaced per cell (every other
         setting, seed included, is shared, so cells differ only by their levers).
     routings, dispatches, placements : sequence of str
-        The grid (defaults :data:`ROUTINGS`, :data:`LEVER_DISPATCHES`,
-        :data:`LEVER_PLACEMENTS`); the default cell :data:`DEFAULT_CELL` is always run.
+        The grid (defaults ``ROUTINGS``, ``LEVER_DISPATCHES``,
+        ``LEVER_PLACEMENTS``); the default cell ``DEFAULT_CELL`` is always run.
     progress : bool, default False
         A line on stderr per finished cell.
     **simulate_kw

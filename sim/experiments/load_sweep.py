@@ -2,7 +2,8 @@
 
 :func:`load_sweep_cell` is the cell function that :func:`straggler.sim.sweep` calls (a
 module-level function, importable by name in worker processes); :data:`SWEEP_TRACES` names the
-shipped traces (``../shared/data/traces``) and the generated workload. Used by
+traces shipped with the package (or read from ``$STRAGGLER_TRACES``,
+:func:`~straggler.sim.workloads.traces.find_trace`) and the generated workload. Used by
 ``benchmarks/routing_load_sweep.py`` and the ``straggler-simulate`` command.
 
 Prefill capacity in a sweep (``prefill="sized"``, the benchmark's setting): enough prefill
@@ -18,15 +19,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import pathlib
 
 import numpy as np
 
-from ...formulations.errors import param_error
 from ...formulations.validation import check_choice, check_int, check_real, check_type
 from ..engine.simulator import DEFAULT_PREFILL, decode_capacity, simulate
-from ..workloads.traces import Trace, generate_trace, load_trace
+from ..workloads.traces import Trace, find_trace, generate_trace, load_trace, traces_dir
 
 __all__ = [
     "SWEEP_TRACES",
@@ -70,31 +68,19 @@ SWEEP_METRICS = (
 )
 
 
-def traces_dir() -> pathlib.Path:
-    """Where the shipped traces are: ``$STRAGGLER_TRACES``, else ``../shared/data/traces``
-    next to the repository (the project's convention), else the same from the working
-    directory."""
-    env = os.environ.get("STRAGGLER_TRACES")
-    if env:
-        return pathlib.Path(env)
-    here = pathlib.Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "traces"
-    return here if here.exists() else pathlib.Path("..") / "shared" / "data" / "traces"
-
-
 @functools.lru_cache(maxsize=16)
 def sweep_trace(name: str, n_requests: int = 0, directory: str | None = None) -> Trace:
     """The trace ``name`` of :data:`SWEEP_TRACES`, its first ``n_requests`` (0: all), cached
-    per process. Length-only traces get Poisson arrivals at 10 requests/s (the load knob
-    rescales them anyway); ``generated`` is one hour of the ``bursty`` generator (seed 0)."""
+    per process, from ``directory`` or else :func:`~straggler.sim.workloads.traces.traces_dir`
+    (the package's copy unless ``$STRAGGLER_TRACES`` is set). Length-only traces get Poisson
+    arrivals at 10 requests/s (the load knob rescales them anyway); ``generated`` is one hour
+    of the ``bursty`` generator (seed 0)."""
     check_choice(name, "trace", "sweep_trace", list(SWEEP_TRACES))
     fname, rate = SWEEP_TRACES[name]
     if fname is None:
         tr = generate_trace("bursty")
     else:
-        path = pathlib.Path(directory) if directory else traces_dir()
-        path = path / fname
-        if not path.exists():
-            raise param_error("trace", "sweep_trace", f"a trace file at {path}", "no such file")
+        path = find_trace(fname, directory or None, name=name)
         tr = load_trace(path, rate=rate) if rate is not None else load_trace(path)
     n = check_int(n_requests, "n_requests", "sweep_trace", lo=0)
     if n and n < len(tr):

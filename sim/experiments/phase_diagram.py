@@ -616,7 +616,7 @@ def phase_diagram(
     kappa : float or None, default 2000
     seed : int, default 0
     activation : str, default "semi_matching"
-        The method playing M, a key of :data:`ACTIVATION_METHODS` (module notes).
+        The method playing M, a key of ``ACTIVATION_METHODS`` (module notes).
     backend, workers, path, progress
         Passed to :func:`~straggler.sim.experiments.sweep.sweep` (``path`` makes it resumable).
 

@@ -125,7 +125,7 @@ def rebalance_frontier(
     num_replicas, num_groups, num_nodes, num_gpus : int
         As for :func:`~straggler.solvers.placement.eplb.rebalance_experts`.
     cost : CostModel or preset name, optional
-        Default :data:`~straggler.solvers.placement.place.DEFAULT_PLACEMENT_COST`.
+        Default ``straggler.solvers.placement.place.DEFAULT_PLACEMENT_COST``.
     score_on : array_like of int, shape (n, n_layers, n_experts), optional
         Batches the makespans are measured on; default ``history`` (pass the next window to
         judge on held-out batches).

@@ -496,7 +496,7 @@ def sweep(
         a mapping of result names to scalars (bool, int, float, str, None; numpy scalars
         are converted). Deterministic given its settings.
     grid : mapping of str to sequence, or sequence of mappings
-        The cells (see :func:`grid_cells`).
+        The cells (see ``grid_cells``).
     fixed : mapping of str to scalar, optional
         Settings passed to every cell and recorded in every row.
     backend : {"process", "serial", "ray"}, default "process"

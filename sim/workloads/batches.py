@@ -328,7 +328,7 @@ def make_decode_problem(
     Parameters
     ----------
     shape : str or ModelShape, default "dsv3"
-        A key of :data:`SHAPES` or a :class:`ModelShape`.
+        A key of :data:`SHAPES` or a ``ModelShape``.
     n_gpus : int, default 8
         EP degree.
     tokens_per_gpu : int, default 128

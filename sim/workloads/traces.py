@@ -25,6 +25,11 @@ Formats understood by :func:`load_trace` (detected from the header or the first 
   (Poisson, or a gamma renewal process with a given coefficient of variation) at ``rate``
   requests per second with a seeded generator.
 
+Shipped traces: six public traces (Azure 2023 code and conversation, Mooncake conversation and
+synthetic, ShareGPT and arXiv length statistics) ship inside the package, xz-compressed, with
+their sources and licenses (``data/README.md`` beside this module); :func:`find_trace` finds a
+trace file there, or in the folder ``$STRAGGLER_TRACES`` names.
+
 Shipped generators (:func:`generate_trace`) draw prompt and output lengths from lognormal
 mixtures (three components, fitted by EM in log space to the public traces, clipped to the
 trace's range) and arrivals from a gamma renewal process (burstiness = its coefficient of
@@ -40,8 +45,10 @@ import gzip
 import hashlib
 import io
 import json
+import lzma
 import math
 import os
+import pathlib
 import re
 import zlib
 from collections.abc import Mapping
@@ -72,6 +79,8 @@ __all__ = [
     "generate_arrivals",
     "fit_length_model",
     "saturate_trace",
+    "find_trace",
+    "traces_dir",
 ]
 
 
@@ -664,11 +673,12 @@ def _hash_ids(ids) -> int:
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def _read_text(path: str) -> str:
-    """The file's text: gzip-compressed files are decompressed; the bytes must be UTF-8
-    (a BOM is dropped) without NUL bytes. Errors name the file and the line."""
+    """The file's text: gzip- and xz-compressed files are decompressed; the bytes must be
+    UTF-8 (a BOM is dropped) without NUL bytes. Errors name the file and the line."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:2] == _GZIP_MAGIC:
@@ -678,6 +688,13 @@ def _read_text(path: str) -> str:
             raise InvalidInputError(
                 f"Trace file {path!r} starts like a gzip file but does not decompress ({e})."
             ) from None
+    elif data[:6] == _XZ_MAGIC:
+        try:
+            data = lzma.decompress(data, format=lzma.FORMAT_XZ)
+        except (lzma.LZMAError, EOFError) as e:
+            raise InvalidInputError(
+                f"Trace file {path!r} starts like an xz file but does not decompress ({e})."
+            ) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -685,14 +702,14 @@ def _read_text(path: str) -> str:
         raise InvalidInputError(
             f"Trace file {path!r} is not UTF-8 text: line {line} has the byte "
             f"{data[e.start : e.start + 1]!r} (offset {e.start}); expected a CSV or JSONL "
-            "trace, optionally gzip-compressed."
+            "trace, optionally gzip- or xz-compressed."
         ) from None
     nul = text.find("\x00")
     if nul >= 0:
         line = text.count("\n", 0, nul) + 1
         raise InvalidInputError(
             f"Trace file {path!r} holds binary data: a NUL byte on line {line}; expected a "
-            "CSV or JSONL trace, optionally gzip-compressed."
+            "CSV or JSONL trace, optionally gzip- or xz-compressed."
         )
     return text
 
@@ -857,6 +874,66 @@ def _load_mooncake(path, text) -> Trace:
 
 
 _FORMATS = ("azure", "mooncake", "burstgpt", "lengths")
+
+
+#: Suffixes a trace file may carry beyond its name, in the order :func:`find_trace` tries them.
+TRACE_SUFFIXES = ("", ".xz", ".gz")
+
+
+def traces_dir() -> pathlib.Path:
+    """The folder :func:`find_trace` reads: ``$STRAGGLER_TRACES`` when set, else the traces
+    shipped inside the package (``straggler/sim/workloads/data``)."""
+    env = os.environ.get("STRAGGLER_TRACES")
+    if env:
+        return pathlib.Path(env)
+    return pathlib.Path(__file__).resolve().parent / "data"
+
+
+def find_trace(file: str, directory=None, *, name: str | None = None) -> pathlib.Path:
+    """The path of the trace ``file`` (a base name such as
+    ``"AzureLLMInferenceTrace_conv.csv"``) in ``directory``, else in :func:`traces_dir`:
+    the file itself, or the same name with ``.xz`` or ``.gz`` (:func:`load_trace` reads both).
+
+    Parameters
+    ----------
+    file : str
+        The trace's file name.
+    directory : str or os.PathLike, optional
+        The folder to look in (default :func:`traces_dir`).
+    name : str, optional
+        What the user called the trace (``"azure_conv"``), for the error message.
+
+    Raises
+    ------
+    InvalidInputError
+        No such file there; the message names the trace, the folder and where it came from.
+
+    Examples
+    --------
+    >>> find_trace("AzureLLMInferenceTrace_code.csv").name
+    'AzureLLMInferenceTrace_code.csv.xz'
+    """
+    if directory is None:
+        folder, origin = (
+            traces_dir(),
+            ("$STRAGGLER_TRACES" if os.environ.get("STRAGGLER_TRACES") else "the package"),
+        )
+    else:
+        folder, origin = pathlib.Path(os.fspath(directory)), "the folder given"
+    for suffix in TRACE_SUFFIXES:
+        path = folder / (file + suffix)
+        if path.is_file():
+            return path
+    label = f"The trace {name!r}" if name else f"The trace file {file!r}"
+    hint = (
+        " (unset STRAGGLER_TRACES to use the traces shipped with the package)"
+        if origin == "$STRAGGLER_TRACES"
+        else ""
+    )
+    raise InvalidInputError(
+        f"{label} needs {file} (or {file}.xz, {file}.gz) in {folder}, the folder {origin} "
+        f"names; it is not there{hint}."
+    )
 
 
 def _load_trace_iv(path, format, rate, arrivals, cv, rng):

@@ -293,7 +293,7 @@ def solve_token_lp(
     time_limit : float, default 10
         Seconds, model building included.
     full_output : bool, default False
-        Return a :class:`TokenLPSolution` (with the status) instead of ``(shares, value)``.
+        Return a ``TokenLPSolution`` (with the status) instead of ``(shares, value)``.
 
     Returns
     -------
@@ -302,7 +302,7 @@ def solve_token_lp(
     value : float
         ``min max_g N_g`` (the largest per-GPU token count of ``shares``).
 
-    With ``full_output=True``, one :class:`TokenLPSolution`. At the time limit it holds
+    With ``full_output=True``, one ``TokenLPSolution``. At the time limit it holds
     HiGHS's incumbent, or, when HiGHS has no primal solution yet, LPLB's own fallback (each
     expert split evenly over its replicas, ``fallback`` says so), with status FEASIBLE.
 

@@ -71,7 +71,7 @@ class LayerSolution:
     it, so a result can never report a bound above its own makespan.
 
     ``certificate`` is None unless the method computed the library's certified bound of
-    the layer itself (:class:`BoundCertificate`); ``solve_dispatch`` then uses it instead of
+    the layer itself (``BoundCertificate``); ``solve_dispatch`` then uses it instead of
     computing it again (only when the shares lie on the problem's mask).
     """
 

@@ -162,7 +162,7 @@ def a3_bound(problem: DispatchProblem, cost: CostModel) -> float:
     """The additive term ``delta`` of Theorem 2: ``M(A3) <= OPT + delta`` (full replication).
 
     With ``b2 <= b`` (every calibrated preset) this is the paper's ``max_k phi_k(n_max)``
-    (:func:`a3_paper_term`). With ``b2 > b`` splitting an expert into tile-sized pieces is
+    (``a3_paper_term``). With ``b2 > b`` splitting an expert into tile-sized pieces is
     *cheaper* in the activation measure than keeping it whole, the averaging lower bound of
     the paper's proof fails, and the paper's term is not a valid bound (proofs/THEOREMS.md,
     Remark after Theorem 2, with a counterexample); the term returned then adds

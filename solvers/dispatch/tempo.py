@@ -204,7 +204,7 @@ optimal (:mod:`straggler.solvers.dispatch.bounds`). The bound is handed to
 compute it again.
 
 Each kernel is called through its kernel/reference pair
-(:mod:`straggler.solvers.dispatch._backend`): on a cold numba cache the plain-Python references
+(``straggler.solvers.dispatch._backend``): on a cold numba cache the plain-Python references
 serve (same results) until the kernels are compiled or their time budget is spent.
 """
 
@@ -276,7 +276,7 @@ def token_lp_fast(problem: DispatchProblem) -> ExactTokenLP:
     ``lambda* = max_S W(S)/|S|`` over GPU sets ``S``, where ``W(S)`` sums the tokens of the
     experts whose replicas all lie in ``S`` (max-flow/min-cut). Augmenting paths find the
     integral optimum ``ceil(lambda*)`` and a Dinkelbach iteration on the ratio the exact
-    ``lambda*``; see :mod:`straggler.solvers.dispatch._token_lp_fast`.
+    ``lambda*``; see ``straggler.solvers.dispatch._token_lp_fast``.
 
     Parameters
     ----------
@@ -415,7 +415,7 @@ class Tempo:
 
     Notes
     -----
-    See :mod:`straggler.solvers.dispatch.tempo` for the stages, guarantees and tie-breaking. The
+    See ``straggler.solvers.dispatch.tempo`` for the stages, guarantees and tie-breaking. The
     reported ``lower_bound`` is the certified bound (raised by the repair's MILP when it
     ran); ``extras`` holds the makespan after each stage, the candidates' makespans, the
     choice, the move counts and what the repair did.
@@ -563,7 +563,7 @@ class Tempo:
         layer order, are deterministic up to their time limits). Threads:
         ``numba.get_num_threads()``, from a pool kept for the process (made on the first
         stack solve); one (the caller's) while a kernel is not compiled yet and its
-        plain-Python reference serves instead (:mod:`straggler.solvers.dispatch._backend`).
+        plain-Python reference serves instead (``straggler.solvers.dispatch._backend``).
         """
         problems = list(problems)
         c, kcost = _kernel_params(cost)

@@ -197,7 +197,7 @@ def topology_split(shares, gpu_node, sources=None) -> TopologySplit:
         Node of each GPU.
     sources : array_like, shape ([n_layers,] n_experts, n_nodes), optional
         Tokens of each expert from each node (nodes in sorted label order), summing over
-        nodes to each expert's tokens. Default: node-uniform (:func:`node_uniform_sources`).
+        nodes to each expert's tokens. Default: node-uniform (``node_uniform_sources``).
 
     Returns
     -------

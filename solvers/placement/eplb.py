@@ -43,30 +43,67 @@ from ._eplb_kernels import packing_distinct_kernel, packing_kernel, replicate_ke
 from ._eplb_vec import rebalance_experts_vec
 from ._torch_order import torch_sort_descending
 
-__all__ = ["rebalance_experts", "balanced_packing", "replicate_experts", "EPLB_VERSIONS"]
+__all__ = [
+    "rebalance_experts",
+    "balanced_packing",
+    "replicate_experts",
+    "preserve_intragpu_slots",
+    "EPLB_VERSIONS",
+]
 
 _FUNC = "rebalance_experts"
 #: Accepted values of ``rebalance_experts(version=...)`` (default first).
 EPLB_VERSIONS = ("deepseek", "vllm", "sglang", "sglang_vec")
 
 
-def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
+def _balanced_packing_iv(weight, num_packs, version):
+    func = "balanced_packing"
+    version = check_choice(version, "version", func, ("deepseek", "vllm", "sglang"))
+    w = check_array(weight, "weight", func, kind="real", ndim=2)
+    if w.size == 0:
+        raise param_error("weight", func, "a non-empty 2-D array", f"shape {w.shape}")
+    n = w.shape[1]
+    num_packs = check_int(num_packs, "num_packs", func, lo=1)
+    if n % num_packs:
+        raise param_error("num_packs", func, f"a divisor of the {n} items", repr(num_packs))
+    given = np.asarray(weight)
+    if version == "vllm" and given.dtype.kind in "fiu":
+        w = given  # vLLM sorts the array it is given: its dtype decides numpy's sort
+    return w, num_packs, version
+
+
+def balanced_packing(weight, num_packs: int, *, version: str = "deepseek"):
     """Pack ``n`` items into ``num_packs`` packs of ``n / num_packs`` items each.
 
-    Upstream ``balanced_packing``: items by descending weight (``torch.sort(descending=True)``;
-    ties by increasing item index, see Notes of :func:`rebalance_experts`); each item into
-    the lightest pack with room, ties to the lowest pack index (Python's ``min``). Pack
-    loads accumulate in float32, as the upstream torch scalars do. With one item per pack
-    the packing is the identity.
+    Upstream ``balanced_packing(weight, num_packs)`` (deepseek-ai/EPLB ``eplb.py``; SGLang's
+    ``eplb_algorithms/deepseek.py``; vLLM's ``DefaultEplbPolicy.balanced_packing``, same
+    arguments): items by descending weight; each item into the lightest pack with room,
+    ties to the lowest pack index. With one item per pack the packing is the identity
+    (``pack_index = item``, ``rank_in_pack = 0``).
 
     Parameters
     ----------
-    weight : ndarray, shape (X, n)
-    num_packs : int, dividing ``n``
+    weight : array_like, shape (X, n)
+        Finite weights, one row per independent packing.
+    num_packs : int
+        A divisor of ``n``.
+    version : {"deepseek", "vllm", "sglang"}, default "deepseek"
+        The item order and the pack-load arithmetic of each upstream copy (see
+        :func:`rebalance_experts`): ``"deepseek"``, a stable descending sort (ties by
+        increasing item index) and float32 pack loads, as torch sums them; ``"sglang"``,
+        torch's CPU sort order, ties included, and float64 loads (Python floats of
+        ``weight.tolist()``); ``"vllm"``, numpy's default (unstable) ``argsort(-weight)``
+        and float64 loads, on the array as given.
 
     Returns
     -------
     pack_index, rank_in_pack : ndarray of int64, shape (X, n)
+
+    Raises
+    ------
+    InvalidInputError
+        A weight that is not a non-empty 2-D finite array, or ``num_packs`` not a positive
+        divisor of ``n`` (upstream asserts it).
 
     Examples
     --------
@@ -74,8 +111,15 @@ def balanced_packing(weight, num_packs: int, *, _version: str = "deepseek"):
     >>> pack.tolist(), rank.tolist()
     ([[0, 1, 1, 0]], [[0, 0, 1, 1]])
     """
-    vllm = _version == "vllm"
-    sglang = _version == "sglang"
+    w, num_packs, version = _balanced_packing_iv(weight, num_packs, version)
+    return _balanced_packing(w, num_packs, version)
+
+
+def _balanced_packing(weight, num_packs: int, version: str):
+    """:func:`balanced_packing` on validated input."""
+    vllm = version == "vllm"
+    sglang = version == "sglang"
+    # vLLM's numpy port packs the array it is given; the torch copies pack float32
     w = np.asarray(weight) if vllm else np.asarray(weight, dtype=np.float32)
     n_rows, n_items = w.shape
     if n_items // num_packs == 1:
@@ -163,7 +207,7 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct, ve
 
     # Step 1: pack groups onto nodes by group load.
     tokens_per_group = w.reshape(num_layers, num_groups, group_size).sum(-1, dtype=np.float32)
-    group_pack, group_rank = balanced_packing(tokens_per_group, num_nodes, _version=version)
+    group_pack, group_rank = _balanced_packing(tokens_per_group, num_nodes, version)
     log2mlog = (
         ((group_pack * groups_per_node + group_rank) * group_size)[..., None]
         + np.arange(group_size, dtype=np.int64)
@@ -185,7 +229,7 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct, ve
     if distinct and per_gpu > 1:
         pack, rank = _balanced_packing_distinct(tokens_per_phy, phy2mlog, gpus_per_node)
     else:
-        pack, rank = balanced_packing(tokens_per_phy, gpus_per_node, _version=version)
+        pack, rank = _balanced_packing(tokens_per_phy, gpus_per_node, version)
     phy2pphy = pack * per_gpu + rank
     pphy2phy = _inverse(phy2pphy)
 
@@ -200,33 +244,70 @@ def _hierarchical(w, num_physical, num_groups, num_nodes, num_gpus, distinct, ve
     return pphy2log, pphyrank, logcnt
 
 
-def _preserve_intragpu_slots(phy2log, old_phy2log, num_gpus):
-    """vLLM's ``DefaultEplbPolicy.preserve_intragpu_slots``, per layer and GPU.
+def preserve_intragpu_slots(phy2log, num_ranks: int, old_phy2log):
+    """vLLM's ``DefaultEplbPolicy.preserve_intragpu_slots(phy2log, num_ranks, old_phy2log)``.
 
-    First pass, old slots in order: slot ``s`` keeps its old expert when the GPU's new
-    slice holds it (the first unused new position holding it is consumed). Second pass:
-    the unused new positions, in order, fill the slots not kept, in order. The GPU's
-    multiset of experts is unchanged; only their slot positions move.
+    Rearranges each GPU's slots of a new slot map so that an expert staying on a GPU keeps
+    its old slot: per layer and GPU (``P / num_ranks`` consecutive slots), first the old
+    slots in order: slot ``s`` gets its old expert back when the GPU's new slice holds it
+    (the first unused new position holding it is consumed); then the unused new
+    positions, in order, fill the slots not kept, in order. Each GPU holds the same
+    multiset of experts as in ``phy2log``; only their slots move, and a slot changes
+    expert (one expert's weights copied) only where the GPU's expert set changed.
+
+    Parameters
+    ----------
+    phy2log : array_like of int, shape (n_layers, P)
+        The new slot map.
+    num_ranks : int
+        GPUs, a divisor of ``P``.
+    old_phy2log : array_like of int, shape (n_layers, P)
+        The map in force; ``-1`` (an empty slot) matches nothing.
+
+    Returns
+    -------
+    ndarray of int64, shape (n_layers, P)
+
+    Raises
+    ------
+    InvalidInputError
+        Maps of different shapes or with ids below ``-1``, or ``num_ranks`` not a positive
+        divisor of ``P`` (vLLM returns the map unchanged then).
+
+    Examples
+    --------
+    vLLM's test case (``tests/distributed/test_eplb_algo.py``, two GPUs of four slots):
+
+    >>> preserve_intragpu_slots([[1, 5, 0, 4, 6, 2, 7, 3]], 2, [[0, 1, 2, 3, 4, 5, 6, 7]])
+    array([[0, 1, 5, 4, 2, 3, 6, 7]])
     """
-    out = phy2log.copy()
-    num_layers, num_physical = phy2log.shape
-    per_gpu = num_physical // num_gpus
+    func = "preserve_intragpu_slots"
+    new = check_array(phy2log, "phy2log", func, kind="int", ndim=2, lo=-1)
+    old = check_array(old_phy2log, "old_phy2log", func, kind="int", ndim=2, lo=-1, shape=new.shape)
+    num_ranks = check_int(num_ranks, "num_ranks", func, lo=1)
+    if new.shape[1] % num_ranks:
+        raise param_error(
+            "num_ranks", func, f"a divisor of the {new.shape[1]} slots", repr(num_ranks)
+        )
+    out = new.copy()
+    num_layers, num_physical = new.shape
+    per_gpu = num_physical // num_ranks
     for layer in range(num_layers):
-        for gpu in range(num_gpus):
+        for gpu in range(num_ranks):
             lo = gpu * per_gpu
-            new = phy2log[layer, lo : lo + per_gpu].tolist()
-            old = old_phy2log[layer, lo : lo + per_gpu].tolist()
+            fresh = new[layer, lo : lo + per_gpu].tolist()
+            before = old[layer, lo : lo + per_gpu].tolist()
             used = [False] * per_gpu
             kept = [False] * per_gpu
             for s in range(per_gpu):
-                j = next((j for j in range(per_gpu) if not used[j] and new[j] == old[s]), -1)
+                j = next((j for j in range(per_gpu) if not used[j] and fresh[j] == before[s]), -1)
                 if j >= 0:
-                    out[layer, lo + s] = new[j]
+                    out[layer, lo + s] = fresh[j]
                     used[j] = kept[s] = True
             rest = [j for j in range(per_gpu) if not used[j]]
             free = [s for s in range(per_gpu) if not kept[s]]
             for j, s in zip(rest, free):
-                out[layer, lo + s] = new[j]
+                out[layer, lo + s] = fresh[j]
     return out
 
 
@@ -425,7 +506,7 @@ def rebalance_experts(
     unreplicated. The global policy is the hierarchical code with one group and one node
     (upstream's current version; its first release replicated without packing).
     ``O(L * P * num_gpus)`` steps, in the compiled loops of
-    :mod:`straggler.solvers.placement._eplb_kernels`.
+    ``straggler.solvers.placement._eplb_kernels``.
 
     References
     ----------
@@ -459,7 +540,7 @@ def rebalance_experts(
         w, num_replicas, groups, nodes, num_gpus, distinct, version
     )
     if old is not None:
-        phy2log = _preserve_intragpu_slots(phy2log, old, num_gpus)
+        phy2log = preserve_intragpu_slots(phy2log, num_gpus, old)
     if version == "vllm":  # vLLM derives its maps from the slot map, in slot order
         order = np.argsort(phy2log, axis=-1, kind="stable")
         phyrank = np.empty_like(phyrank)

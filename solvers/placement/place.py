@@ -578,14 +578,14 @@ def place_experts(
     num_replicas, num_groups, num_nodes, num_gpus : int
         As for :func:`~straggler.solvers.placement.eplb.rebalance_experts`.
     cost : CostModel or preset name, optional
-        The dispatch cost model; default :data:`DEFAULT_PLACEMENT_COST` (DSv3 Table 6).
+        The dispatch cost model; default ``DEFAULT_PLACEMENT_COST`` (DSv3 Table 6).
     method : {"greedy", "local_search", "eplb", "exhaustive"}, optional
         See the module notes. Default: ``"greedy"``, except for a rebalance with a move
         budget (``previous`` with ``max_moves`` or ``move_cost``), whose target stays the
         ``"local_search"`` plan (its figures were measured with it). ``n_samples``,
         ``n_resamples``, ``max_evals`` and ``patience`` apply to the searches, not to
         ``"greedy"``. ``"exhaustive"`` is the exact reference of the searches for
-        small layouts (one node, at most :data:`EXHAUSTIVE_LIMIT` placements per layer): the
+        small layouts (one node, at most ``EXHAUSTIVE_LIMIT`` placements per layer): the
         optimum of the objective they approximate (the mean exact tempo layer bound on the
         window's sampled batches, plus ``move_cost`` per moved replica, within
         ``max_moves``) by enumeration.

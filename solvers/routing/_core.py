@@ -11,8 +11,8 @@ pool). Kernels never mutate their inputs and place a request only on a replica w
 slot. With ``opts.optimistic`` each policy applies its upstream's local update after each
 placement. The policies themselves live one family per module:
 :mod:`straggler.solvers.routing._balanceroute` (BR-0, BR-H, BR-S) and the upstream routers in
-:mod:`straggler.baselines` (``sglang_routers``, ``vllm_router``, ``trtllm_routers``,
-``dynamo_router``, ``random_router``), each kernel with its plain-Python reference below it.
+:mod:`straggler.baselines` (``routing.sglang``, ``routing.vllm``, ``routing.trtllm``,
+``routing.dynamo``, ``routing.random``), each kernel with its plain-Python reference below it.
 
 Jitted code calls a policy's kernel through :func:`call_policy`, by the address of its
 compiled code (:func:`policy_address`): ``route_batch_kernel`` here and the simulator's step

@@ -1,7 +1,7 @@
 """The routing policies by name, their options and defaults: the one place a policy's options
 are written down.
 
-A policy is a :class:`RoutingPolicy` (its Numba kernel and plain-Python reference, the options
+A policy is a ``RoutingPolicy`` (its Numba kernel and plain-Python reference, the options
 it accepts, its documentation and upstream versions), built with :func:`routing_policy` in the
 module of its family, beside its kernel: :mod:`straggler.solvers.routing._balanceroute` (BR-0, BR-H,
 BR-S) and, for the upstream routers, the modules of :mod:`straggler.baselines`. The names
@@ -352,7 +352,7 @@ def routing_policy(
     versions: tuple[tuple[str, str], ...] = (),
     prefix_cache: bool = False,
 ) -> RoutingPolicy:
-    """A :class:`RoutingPolicy` (registers nothing).
+    """A ``RoutingPolicy`` (registers nothing).
 
     ``versions``: ``(name, upstream change)`` pairs, the current upstream behaviour first; the
     policy then accepts ``version=`` (its kernel reads the index as ``opts.version``).

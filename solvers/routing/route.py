@@ -380,12 +380,12 @@ def route_batch(
     update adds ``D(Q)`` to every column of ``g``. With ``H = 0, alpha = 1, beta = G`` it makes
     exactly BR-0's decisions (Theorem R3). Two options beyond the paper, both off by default:
     ``new_presence=pi`` weighs column ``h`` by the probability ``pi_h`` that a request placed
-    now is still resident then (``d_h = gamma^h * pi_h``; :func:`new_request_presence`), and
+    now is still resident then (``d_h = gamma^h * pi_h``; ``new_request_presence``), and
     ``project_loads(..., refill=...)`` lets a slot freed within the horizon hold a new request
     instead of staying empty (the study behind them: ``benchmarks/routing_table.py``).
 
     Baselines (all place in pool order, only on replicas with a free slot; each names its
-    upstream file and change in the registry and in :mod:`straggler.baselines.routing.routers`, and
+    upstream file and change in the registry and in ``straggler.baselines.routing.routers``, and
     the
     versioned ones take ``version=``, the current upstream behaviour by default):
     ``round_robin`` (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang
@@ -443,10 +443,11 @@ def route_batch(
     rng : None, int or numpy Generator
         Seed of ``random``, ``p2c`` and ``dynamo``'s ties (a Generator is drawn from once).
     **options
-        The policy's options (:data:`~straggler.solvers.routing.registry.OPTIONS`):
+        The policy's options (``straggler.solvers.routing.registry.OPTIONS``):
         ``r_max`` (``R_max``, Stage-2 candidates, 1..16, default 4, the paper's example),
-        ``s_greedy`` (Stage-1 threshold, default :func:`default_s_greedy` ``= G * r_max``),
-        ``alpha``, ``beta``, ``gamma`` (BR-H weights; ``beta`` defaults to ``G``; ``gamma`` in
+        ``s_greedy`` (Stage-1 threshold, default
+        ``straggler.solvers.routing.registry.default_s_greedy`` ``= G * r_max``), ``alpha``,
+        ``beta``, ``gamma`` (BR-H weights; ``beta`` defaults to ``G``; ``gamma`` in
         (0, 1]), ``optimistic`` (bool, default True), ``cursor`` (round-robin start, default
         0), ``new_presence`` (BR-H: ``H+1`` weights in [0, 1]), ``version`` (a baseline's
         upstream version), ``kv_weight``, ``throughput`` (``p2c``), ``block_size``,
@@ -489,8 +490,7 @@ def route_batch(
     References
     ----------
     BalanceRoute (arXiv 2605.06113) 关键设计 1-3; the upstream routers: the module docstrings of
-    :mod:`straggler.baselines.routing.sglang`, ``vllm_router``, ``trtllm_routers``,
-    ``dynamo_router``.
+    ``straggler.baselines.routing.sglang``, ``.vllm``, ``.trtllm`` and ``.dynamo``.
 
     Examples
     --------
@@ -591,7 +591,7 @@ def project_loads(state, predictor, horizon: int, *, refill=0.0) -> np.ndarray:
 
     ``L_{g,h} = sum_{i on g} w_ih * (prompt_i + decoded_i + h) + (1 - w_ih) * refill`` with
     ``w_ih = clip(c_i - h, 0, 1)``: each running request keeps growing by one token per step
-    while it is (expected to be) resident, with ``c_i`` from :func:`presence_from_prediction`
+    while it is (expected to be) resident, with ``c_i`` from ``presence_from_prediction``
     on the predictor's ``(p_fin, mu_rem)``. Column 0 equals the state's current loads when they
     are derived from the running requests (``w_i0 = 1``).
 
@@ -604,8 +604,9 @@ def project_loads(state, predictor, horizon: int, *, refill=0.0) -> np.ndarray:
     Parameters
     ----------
     state : ClusterState
-    predictor : object with ``predict(prompt, decoded, horizon, *, prefix=None, output=None)
-        -> (p_fin, mu_rem)`` (see :mod:`straggler.solvers.routing.predictors`).
+    predictor : object
+        With ``predict(prompt, decoded, horizon, *, prefix=None, output=None) -> (p_fin,
+        mu_rem)`` (see ``straggler.solvers.routing.predictors``).
     horizon : int
         ``H >= 0``.
     refill : float >= 0 or "pool"

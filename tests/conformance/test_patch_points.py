@@ -1,5 +1,5 @@
-"""Every patch point ``runtime/INTEGRATION.md`` names exists in the pinned engine with the
-signature the text shows (``inspect.signature`` of the installed package)."""
+"""Every patch point ``docs/guides/engines/integration.md`` names exists in the pinned engine
+with the signature the text shows (``inspect.signature`` of the installed package)."""
 
 import importlib
 import importlib.util
@@ -9,12 +9,14 @@ import re
 
 import pytest
 
-TEXT = (pathlib.Path(__file__).parents[2] / "runtime" / "INTEGRATION.md").read_text()
+TEXT = (
+    pathlib.Path(__file__).parents[2] / "docs" / "guides" / "engines" / "integration.md"
+).read_text()
 
 
 def _points():
     block = re.search(r"<!-- patch-points -->\n```text\n(.*?)\n```", TEXT, re.S)
-    assert block, "INTEGRATION.md has no patch-points block"
+    assert block, "the integration page has no patch-points block"
     for line in block.group(1).splitlines():
         name, sig = line.split(" ", 1)
         yield name, sig

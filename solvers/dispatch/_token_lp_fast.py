@@ -698,21 +698,23 @@ def support_swap_reference(counts, replicas, shares, cost, max_rounds):
 
 
 @njit(**NJIT)
-def _makespan_float(x, cost):
-    """Modeled makespan of a float dispatch, as the evaluator computes it
+def _makespan_float(x, cost, g_ptr, g_exps):
+    """Modeled makespan of a float dispatch that is zero off the replica lists ``g_ptr,
+    g_exps``, as the evaluator computes it
     (:func:`~straggler.formulations.dispatch.evaluate_arrays`: tokens summed in expert order,
-    ``max(1, ceil((x - TILE_SLACK) / tile))`` tiles per active share)."""
-    E, g = x.shape
+    ``max(1, ceil((x - TILE_SLACK) / tile))`` tiles per active share; the zeros it also adds
+    change no sum)."""
+    g = g_ptr.shape[0] - 1
     tile = cost[7]
     m = -np.inf
     for h in range(g):
         G = 0
         T = 0
         N = 0.0
-        for e in range(E):
-            v = x[e, h]
-            N += v
+        for i in range(g_ptr[h], g_ptr[h + 1]):
+            v = x[g_exps[i], h]
             if v > 0.0:
+                N += v
                 G += 1
                 k = math.ceil((v - TILE_SLACK) / tile)
                 T += k if k > 1 else 1
@@ -733,26 +735,29 @@ def _exact_shares(counts, replicas, x, num, den):
     """Shares ``(n_experts, n_gpus)`` float64 with ``max_g N_g = num / den`` (the exact
     ``lambda*``), from the integral optimum ``x`` of :func:`token_lp_kernel`: ``x * den``
     pushed to the cap ``num`` (feasible, as ``lambda* = num / den``, and integral), divided
-    by ``den``."""
+    by ``den``; and the replica lists (the shares are zero off them)."""
     E, g = replicas.shape
-    out = np.empty((E, g))
+    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
+    out = np.zeros((E, g))
     if den == 1:  # lambda* is an integer: x already meets it
         for e in range(E):
-            for h in range(g):
+            for j in range(e_ptr[e], e_ptr[e + 1]):
+                h = e_gpus[j]
                 out[e, h] = x[e, h]
-        return out
-    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
-    xs = np.empty((E, g), np.int64)
+        return out, g_ptr, g_exps
+    xs = np.zeros((E, g), np.int64)
     load = np.zeros(g, np.int64)
     for e in range(E):
-        for h in range(g):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
             xs[e, h] = x[e, h] * den
             load[h] += xs[e, h]
     _push(xs, load, np.int64(num), e_ptr, e_gpus, g_ptr, g_exps)
     for e in range(E):
-        for h in range(g):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
             out[e, h] = xs[e, h] / den
-    return out
+    return out, g_ptr, g_exps
 
 
 @njit(**NJIT)
@@ -774,8 +779,8 @@ def exact_token_lp_kernel(counts, replicas, x, num, den, cost):
         Every expert's tokens, ``max_g N_g = lambda*`` (an optimum of the token LP).
     makespan : float
     """
-    xf = _exact_shares(counts, replicas, x, num, den)
-    return xf, _makespan_float(xf, cost)
+    xf, g_ptr, g_exps = _exact_shares(counts, replicas, x, num, den)
+    return xf, _makespan_float(xf, cost, g_ptr, g_exps)
 
 
 def _reference_makespan_float(z, cost) -> float:
@@ -845,9 +850,9 @@ def support_fractional_kernel(counts, shares, cost, lp):
     """
     sup = _support(shares)
     y, num, den = call_compiled(lp, token_lp_kernel, (_frozen(counts), _frozen(sup)))
-    xf = _exact_shares(counts, sup, y, num, den)
+    xf, g_ptr, g_exps = _exact_shares(counts, sup, y, num, den)
     m0 = _makespan(shares, cost)
-    m1 = _makespan_float(xf, cost)
+    m1 = _makespan_float(xf, cost, g_ptr, g_exps)
     if m1 < m0:
         return xf, True, m1
     E, g = shares.shape

@@ -348,13 +348,26 @@ def _pool(n_threads):
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel_params(cost: CostModel):
-    """``cost.as_array()`` and its :class:`KernelCost`, once per cost model (a frozen,
-    hashable value; building them costs a few microseconds per layer otherwise). The array
-    stays writeable (a read-only one is another numba type, compiled again); no kernel
-    writes to its inputs."""
+def _kernel_params_of(cost: CostModel):
     c = cost.as_array()
     return c, kernel_cost(c)
+
+
+#: The last cost model and its kernel parameters, as one tuple (threads replace it whole).
+_LAST_PARAMS: list = [(None, None)]
+
+
+def _kernel_params(cost: CostModel):
+    """``cost.as_array()`` and its :class:`KernelCost`, once per cost model (a frozen,
+    hashable value; building them costs a few microseconds per layer otherwise), the last
+    one by identity (hashing a model's fields costs a microsecond). The array stays
+    writeable (a read-only one is another numba type, compiled again); no kernel writes to
+    its inputs."""
+    last, params = _LAST_PARAMS[0]
+    if last is not cost:
+        params = _kernel_params_of(cost)
+        _LAST_PARAMS[0] = (cost, params)
+    return params
 
 
 class _Layer(NamedTuple):
@@ -511,25 +524,32 @@ class Tempo:
     def _solution(self, problem, cost, lay: _Layer, budget: float | None = None) -> LayerSolution:
         """Extras and the repair of one layer; ``budget``: the repair seconds left to this call
         (default ``repair_budget_s``)."""
-        extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
-        extras["rebalanced"] = lay.makespan < extras["makespan"]
-        extras["contracted"] = lay.contracted
-        extras["swapped"] = lay.swapped
-        extras["makespan_stage4"] = extras["makespan"]
-        extras["choice"] = lay.choice
-        extras["makespan_lp_exact"] = lay.makespan_lp_exact
-        extras["stages_skipped"] = lay.skipped
-        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts"):
-            extras[k] = int(extras[k])
-        cert = BoundCertificate(lay.bound, lay.sm, lay.num / lay.den)
-        shares, m, bound = lay.shares, lay.makespan, lay.bound
-        extras["makespan_before_repair"] = m
-        extras["repaired"] = False
-        extras["repair_status"] = "off" if self.repair_budget_s == 0 else "not needed"
-        extras["repair_milp_status"] = "NOT_RUN"
-        extras["repair_gain"] = 0.0
-        extras["repair_bound_gain"] = 0.0
-        extras["repair_runtime_s"] = 0.0
+        info = lay.info.tolist()
+        extras = dict(zip(INFO_FIELDS, info))
+        m, bound = lay.makespan, lay.bound
+        extras.update(
+            rebalanced=m < info[0],
+            contracted=lay.contracted,
+            swapped=lay.swapped,
+            makespan_stage4=info[0],
+            choice=lay.choice,
+            makespan_lp_exact=lay.makespan_lp_exact,
+            stages_skipped=lay.skipped,
+            chain_moves=int(info[9]),
+            ls_moves=int(info[10]),
+            flow_moves=int(info[11]),
+            exchange_moves=int(info[12]),
+            restarts=int(info[13]),
+            makespan_before_repair=m,
+            repaired=False,
+            repair_status="off" if self.repair_budget_s == 0 else "not needed",
+            repair_milp_status="NOT_RUN",
+            repair_gain=0.0,
+            repair_bound_gain=0.0,
+            repair_runtime_s=0.0,
+        )
+        cert = BoundCertificate(bound, lay.sm, lay.num / lay.den)
+        shares = lay.shares
         budget = self.repair_budget_s if budget is None else budget
         if self._needs_repair(m, bound) and budget <= 0:
             extras["repair_status"] = "budget spent"  # the call's budget went to other layers
@@ -544,9 +564,10 @@ class Tempo:
             extras["repair_runtime_s"] = r.runtime_s
             shares, m, bound = r.shares, r.makespan, max(bound, r.lower_bound)
         extras["makespan"] = float(m)
-        return LayerSolution(
-            shares=shares.astype(np.float64), lower_bound=bound, extras=extras, certificate=cert
-        )
+        return LayerSolution(  # (a fresh float64 array: solve_dispatch copies it anyway)
+            shares=np.asarray(shares, dtype=np.float64), lower_bound=bound, extras=extras,
+            certificate=cert,
+        )  # fmt: skip
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
         """One validated layer."""

@@ -23,6 +23,11 @@ from straggler.solvers.dispatch._tempo import (
     tempo_kernel,
     tempo_reference,
 )
+from straggler.solvers.dispatch._tempo_prelude import (
+    prelude_handles,
+    tempo_prelude_kernel,
+    tempo_prelude_reference,
+)
 from straggler.solvers.dispatch._tempo_repair import _milp, repair_layer, whole_tokens
 from straggler.solvers.dispatch._token_lp_fast import (
     exact_token_lp_kernel,
@@ -171,6 +176,29 @@ def test_support_fractional_kernel_equals_reference():
         assert a[2] <= evaluate(p, _cost(i), x).makespan
         took += a[1]
     assert took
+
+
+def test_prelude_kernel_equals_reference():
+    """The layer's prelude (token LP, semi-matching, B1-B7, exact token-LP dispatch) in one
+    kernel call: kernel == py_func == reference, and equal to the kernels called one by
+    one."""
+    rng = np.random.default_rng(14)
+    for i in range(60):
+        counts, R = _random_instance(rng, max_e=9, max_g=5, max_n=200)
+        c = _cost(i).as_array()
+        frac = bool(i % 3)
+        k = tempo_prelude_kernel(counts, R, c, frac, prelude_handles())
+        py = tempo_prelude_kernel.py_func(counts, R, c, frac, prelude_handles())
+        r = tempo_prelude_reference(counts, R, c, frac)
+        for out in (py, r):
+            for a, b in zip(k, out):
+                np.testing.assert_array_equal(a, b)
+        lp, p, q = token_lp_kernel(counts, R)
+        np.testing.assert_array_equal(k[0], lp)
+        assert (k[1], k[2]) == (p, q)
+        sm = semi_matching_kernel(R, counts > 0)[1]
+        assert k[4] == sm
+        assert k[5] == layer_bound(counts, R, _cost(i), c, sm, p / q)
 
 
 def test_token_lp_fast_public():

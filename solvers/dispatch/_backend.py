@@ -49,6 +49,7 @@ from ._round_robin import a3_kernel, a3_reference
 from ._score import score_kernel, score_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
 from ._tempo import stage_handles, tempo_kernel, tempo_reference
+from ._tempo_prelude import prelude_handles, tempo_prelude_kernel, tempo_prelude_reference
 from ._token_lp_fast import (
     exact_token_lp_kernel,
     exact_token_lp_reference,
@@ -75,6 +76,7 @@ __all__ = [
     "all_ready",
     "reference_seconds",
     "TEMPO",
+    "PRELUDE",
     "TOKEN_LP",
     "SEMI_MATCHING",
     "LOWER_BOUND",
@@ -229,6 +231,7 @@ def _within(budget: float, fn, args):
 # Budgets: about a third of each kernel's cold compile measured on the 2-core development
 # machine (benchmarks/results/cold_start.json), at least 0.5 s.
 TEMPO = Pair(tempo_kernel, tempo_reference, 8.0, stage_handles)
+PRELUDE = Pair(tempo_prelude_kernel, tempo_prelude_reference, 1.0, prelude_handles)
 TOKEN_LP = Pair(token_lp_kernel, token_lp_reference, 2.0)
 SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
@@ -249,6 +252,7 @@ PAIRS = {
     p.name: p
     for p in (
         TEMPO,
+        PRELUDE,
         TOKEN_LP,
         SEMI_MATCHING,
         LOWER_BOUND,

@@ -50,7 +50,7 @@ import numpy as np
 from ...formulations.cost import CostModel
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_type
-from ._backend import EXACT_LP, FORCED_BOUND, LOWER_BOUND, SEMI_MATCHING, TOKEN_LP
+from ._backend import FORCED_BOUND, LOWER_BOUND, PRELUDE
 
 __all__ = [
     "certified_lower_bound",
@@ -128,11 +128,9 @@ def validated_bound(p: DispatchProblem, cost: CostModel, upper: float | None = N
     counts = np.ascontiguousarray(p.counts, dtype=np.int64)
     replicas = np.ascontiguousarray(p.replicas)
     c = cost.as_array()
-    _, sm, _ = SEMI_MATCHING(replicas, counts > 0)
-    x, num, den = TOKEN_LP(counts, replicas)
-    if upper is None:
-        upper = float(EXACT_LP(counts, replicas, x, num, den, c)[1])
-    return layer_bound(counts, replicas, cost, c, sm, num / den, upper)
+    # the token LP, semi-matching, B1-B7 and the exact token-LP dispatch in one kernel call
+    _, _, _, _, _, bound, _, m_lp = PRELUDE(counts, replicas, c, upper is None)
+    return forced_bound(counts, replicas, c, float(bound), m_lp if upper is None else upper)
 
 
 def layer_bound(

@@ -226,7 +226,7 @@ from ...formulations.validation import check_bool, check_int, check_real, check_
 from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
-from .bounds import forced_bound, layer_bound
+from .bounds import forced_bound
 from .registry import BoundCertificate, LayerSolution
 
 __all__ = ["Tempo", "ExactTokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
@@ -484,19 +484,18 @@ class Tempo:
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
         """Token LP, semi-matching, the certified bound, tempo, the support stages and B8
         (kernels, ``nogil``): everything of one layer but the repair."""
-        lp, num, den = kernels.TOKEN_LP(counts, replicas)
-        assign, sm, _ = kernels.SEMI_MATCHING(replicas, counts > 0)
-        # B1-B7, once: stage 3 stops there, solve_dispatch reports it (with B8 below)
-        bound = layer_bound(counts, replicas, cost, c, sm, num / den)
-        m_lp = np.nan
-        if self.fractional:
-            x_lp, m_lp = kernels.EXACT_LP(counts, replicas, lp, num, den, c)
-            if m_lp <= bound * (1 + OPTIMALITY_RTOL) + 1e-12:  # optimal: nothing to search
-                info = np.full(len(INFO_FIELDS), np.nan)
-                info[0] = m_lp
-                info[8:] = 0
-                return _Layer(x_lp, info, int(num), int(den), int(sm), float(m_lp),
-                              float(bound), 0, 0, float(m_lp), "token_lp_exact", True)  # fmt: skip
+        # the token LP, semi-matching, B1-B7 (stage 3 stops there, solve_dispatch reports it,
+        # with B8 below) and the exact token-LP dispatch, in one kernel call
+        lp, num, den, assign, sm, bound, x_lp, m_lp = kernels.PRELUDE(
+            counts, replicas, c, self.fractional
+        )
+        if self.fractional and m_lp <= bound * (1 + OPTIMALITY_RTOL) + 1e-12:
+            # optimal: nothing to search
+            info = np.full(len(INFO_FIELDS), np.nan)
+            info[0] = m_lp
+            info[8:] = 0
+            return _Layer(x_lp, info, int(num), int(den), int(sm), float(m_lp),
+                          float(bound), 0, 0, float(m_lp), "token_lp_exact", True)  # fmt: skip
         shares, info = kernels.TEMPO(counts, replicas, kcost, lp, assign, bound, self._kernel_opts)
         choice = CHOICES[int(info[8])]
         m = info[0]
@@ -620,9 +619,8 @@ class Tempo:
 
 
 #: The kernels of one layer (:meth:`Tempo._arrays`).
-_PAIRS = (kernels.TOKEN_LP, kernels.SEMI_MATCHING, kernels.LOWER_BOUND, kernels.TEMPO,
-          kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT, kernels.SUPPORT_SWAP,
-          kernels.EXACT_LP, kernels.SUPPORT_FRACTIONAL, kernels.FORCED_BOUND)  # fmt: skip
+_PAIRS = (kernels.PRELUDE, kernels.TEMPO, kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT,
+          kernels.SUPPORT_SWAP, kernels.SUPPORT_FRACTIONAL, kernels.FORCED_BOUND)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:

@@ -43,6 +43,7 @@ __all__ = [
     "check_output_file",
     "check_input_file",
     "file_problem",
+    "write_error",
     "OneLineParser",
 ]
 
@@ -102,6 +103,17 @@ def check_input_file(path, name: str, func: str) -> str:
             f"which {why}."
         )
     return p
+
+
+def write_error(path, exc: BaseException) -> InvalidInputError:
+    """One error naming the file a write failed on, for any failure of the write itself (an
+    ``OSError``: a full disk, a quota, a file-size limit; a writer library's own error, such
+    as torch's ``RuntimeError`` from ``inline_container.cc``)."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return InvalidInputError(
+        f"Cannot write {os.fspath(path)}: {reason[:200]} ({type(exc).__name__}); nothing was "
+        "written."
+    )
 
 
 def _write_target(p: str) -> str:
@@ -175,9 +187,11 @@ def atomic_path(path):
         with contextlib.suppress(FileNotFoundError):  # keep an existing file's mode
             os.chmod(tmp, stat.S_IMODE(os.stat(p).st_mode))
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk, a quota, a file-size limit, ...
+            raise write_error(p, exc) from None
         raise
 
 
@@ -287,9 +301,13 @@ def atomic_dir(directory, owns):
                 retired = aside
         else:
             os.rename(stage, p)
-    except BaseException:
+    except BaseException as exc:
         if retired is None:
             shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise write_error(p, exc) from None
+        if isinstance(exc, InvalidInputError) and stage in str(exc):  # the staged file's name
+            raise InvalidInputError(str(exc).replace(stage, p)) from None
         raise
     finally:
         if retired is not None:

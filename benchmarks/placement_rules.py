@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import platform
 import time
 
 import numpy as np

@@ -31,12 +31,8 @@ from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_polici
 from straggler.solvers.routing import _balanceroute as B
 from straggler.solvers.routing import _core as K
 from straggler.solvers.routing import registry as routing_registry
-from straggler.solvers.routing.registry import (
-    public_carry,
-    register_routing_policy,
-    router_options,
-    routing_policy,
-)
+from straggler.solvers.routing.policy import public_carry, routing_policy
+from straggler.solvers.routing.registry import register_routing_policy, router_options
 from straggler.solvers.routing.route import route_batch
 
 POLICIES = routing_policies()

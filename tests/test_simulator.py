@@ -34,6 +34,7 @@ from straggler.solvers._numba import jit as _jit
 from straggler.solvers._numba.jit import source_digest
 from straggler.solvers.routing import _core as _routing_core
 from straggler.solvers.routing import predictors
+from straggler.solvers.routing.policy import routing_policy
 from straggler.solvers.routing.predictors import (
     ExactMatchPredictor,
     OraclePredictor,
@@ -41,7 +42,6 @@ from straggler.solvers.routing.predictors import (
     TwoStagePredictor,
     termination_samples,
 )
-from straggler.solvers.routing.registry import routing_policy
 from straggler.solvers.routing.route import project_loads
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"

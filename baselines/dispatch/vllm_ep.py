@@ -29,7 +29,7 @@ import numpy as np
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_rng
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 from .tokens import _local_positions, _mask_candidates, _shares_from_slots, token_layout
 
 __all__ = ["VllmEP", "VLLM_EP_VERSIONS", "KNUTH_MULTIPLIER", "vllm_replica_choice"]

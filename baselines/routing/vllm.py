@@ -29,7 +29,7 @@ from numba import njit
 from ...solvers._numba.jit import NJIT, cache_depends_on
 from ...solvers.routing import _core as _routing_core
 from ...solvers.routing._core import carry_slots, with_carry
-from ...solvers.routing.registry import routing_policy
+from ...solvers.routing.policy import routing_policy
 
 __all__ = [
     "VLLM",

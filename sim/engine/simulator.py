@@ -94,13 +94,14 @@ from ...formulations.errors import (
 )
 from ...formulations.validation import check_choice, check_type
 from ...solvers._numba.jit import cache_depends_on
+from ...solvers.routing.policy import RoutingPolicy
 from ...solvers.routing.predictors import (
     PredictorKind,
     TwoStagePredictor,
     calibration_report,
     termination_samples,
 )
-from ...solvers.routing.registry import DEFAULT_POLICY, RoutingPolicy, get_routing_policy
+from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy
 from ...solvers.routing.route import new_request_presence
 from ..workloads.prefix import PrefixBlocks
 from ..workloads.traces import Trace, generate_trace

@@ -182,7 +182,7 @@ cost of about one token per GPU. ``lower_bound`` is the certified bound of
 it), raised by the repair's MILP dual bound when one ran. It is computed once per layer,
 before stage 3 (which stops there), from the semi-matching and token-LP values tempo
 computes anyway, and handed to ``solve_dispatch`` as the layer's
-:class:`~straggler.solvers.dispatch.registry.BoundCertificate`, so the entry point does not compute
+:class:`~straggler.solvers.dispatch.method.BoundCertificate`, so the entry point does not compute
 it
 again.
 
@@ -210,7 +210,7 @@ from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
 from .bounds import layer_bound
-from .registry import BoundCertificate, LayerSolution
+from .method import BoundCertificate, LayerSolution
 
 __all__ = ["Tempo", "ExactTokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 

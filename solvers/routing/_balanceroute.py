@@ -108,7 +108,7 @@ from ._core import (
     option_slots,
     with_carry,
 )
-from .registry import OPTIMISTIC, routing_policy
+from .policy import OPTIMISTIC, routing_policy
 
 __all__ = [
     "BR0",

@@ -1,5 +1,5 @@
-"""What the commands and the writers share: atomic writes, output checks made before any
-work, and an argument parser whose usage errors are one line.
+"""What the commands, the readers and the writers share: atomic writes, input and output
+checks made before any work, and an argument parser whose usage errors are one line.
 
 A write goes to a temporary name in the destination's directory and is renamed over the
 destination (``os.replace``, atomic on POSIX within one file system), so a write that fails
@@ -9,6 +9,16 @@ the permissions a plain ``open(path, "w")`` gives it: an existing destination's 
 
 A set of files (:func:`atomic_dir`) is staged in a folder beside its directory, which then
 replaces the directory whole: a reader sees the old set or the new one, never a mix.
+
+Special paths. A destination that is a symbolic link is written through: the file the link
+points to is replaced (as ``open(path, "w")`` writes to it) and the link stays a link; a
+dangling link creates its target, a link loop is refused. A destination that is a FIFO, a
+socket or a device is refused before anything is written: an atomic write replaces a file,
+which would put a regular file where the special one was (and reading one back, or writing
+to a FIFO nobody reads, blocks). On the reading side :func:`check_input_file` accepts a
+regular file only (links followed): a missing file, a folder, a broken link or a loop, a
+FIFO, a socket or a device, and anything that is not a path (an ``int`` would be opened as
+a file descriptor) are refused with an error naming the parameter.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import os
 import secrets
 import shutil
@@ -30,8 +41,92 @@ __all__ = [
     "atomic_dir",
     "check_output_dir",
     "check_output_file",
+    "check_input_file",
+    "file_problem",
     "OneLineParser",
 ]
+
+
+def file_problem(path) -> str | None:
+    """Why ``path`` cannot be read as a file (a phrase to follow its name), or None when it
+    is a regular file (symbolic links followed).
+
+    >>> file_problem("/")
+    'is a directory, not a file'
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (
+            isinstance(exc, FileNotFoundError) and os.path.islink(path)
+        ):
+            return "is a broken symbolic link or a symbolic-link loop"
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            return "does not exist"
+        return f"cannot be examined ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return (
+            "is not a regular file (a FIFO, socket or device: reading it could block or never end)"
+        )
+    return None
+
+
+def check_input_file(path, name: str, func: str) -> str:
+    """``path`` as a ``str`` when it names a regular file to read (symbolic links followed),
+    else an error naming the parameter: not a path (an ``int`` would be opened as a file
+    descriptor, ``bytes`` are refused), empty, or :func:`file_problem`.
+
+    >>> check_input_file(3, "path", "load_x")
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InvalidInputError: ... Got int 3 instead.
+    """
+    if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)):
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a path (str or os.PathLike). Got "
+            f"{type(path).__name__} {repr(path)[:60]} instead."
+        )
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p or "\0" in p:
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a non-empty path. Got {p[:60]!r} instead."
+        )
+    why = file_problem(p)
+    if why is not None:
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be an existing regular file. Got {p!r}, "
+            f"which {why}."
+        )
+    return p
+
+
+def _write_target(p: str) -> str:
+    """The file a write to ``p`` replaces: ``p``, or the file a symbolic link ``p`` points to
+    (written through, as ``open(p, "w")`` does); a link loop, a folder, a FIFO, a socket or a
+    device is refused."""
+    if os.path.islink(p):
+        try:
+            os.stat(p)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InvalidInputError(f"Cannot write {p}: it is a symbolic-link loop.") from None
+        p = os.path.realpath(p)  # a dangling link: its target is created, as open() does
+    try:
+        st = os.stat(p)
+    except OSError:
+        return p  # absent (created), or a failure the write itself reports
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidInputError(f"Cannot write {p}: it is a directory, not a file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInputError(
+            f"Cannot write {p}: it is a FIFO, socket or device, not a regular file (an atomic "
+            "write would replace it with a regular file)."
+        )
+    return p
 
 
 def _create_beside(p: str, d: str) -> str:
@@ -66,9 +161,7 @@ def atomic_path(path):
     >>> sorted(os.listdir(d))
     ['a.txt']
     """
-    p = os.fspath(path)
-    if os.path.isdir(p):
-        raise InvalidInputError(f"Cannot write {p}: it is a directory, not a file.")
+    p = _write_target(os.fspath(path))
     d = os.path.dirname(p) or "."
     if os.path.exists(d) and not os.path.isdir(d):
         raise InvalidInputError(f"Cannot write {p}: {d} is a file, not a directory.")
@@ -235,6 +328,7 @@ def check_output_file(path, what: str = "The output file") -> str:
         raise InvalidInputError(f"{what} must be a file path. Got {p!r} instead.")
     if os.path.isdir(p):
         raise InvalidInputError(f"{what} {p} is a directory, not a file.")
+    _write_target(p)  # a link loop, a FIFO, a socket or a device: refused
     if os.path.exists(p) and not os.access(p, os.W_OK):
         raise InvalidInputError(f"{what} {p} is not writable.")
     _probe_dir(os.path.dirname(p) or ".", f"The directory of {what[0].lower()}{what[1:]}")

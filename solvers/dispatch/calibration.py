@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from ...formulations._io import atomic_open
+from ...formulations._io import atomic_open, check_input_file
 from ...formulations.cost import CostModel
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_real, check_rng
@@ -196,6 +196,7 @@ class CalibrationResult:
     @classmethod
     def load(cls, path) -> CalibrationResult:
         """Read a fit written by :meth:`save`."""
+        path = check_input_file(path, "path", "CalibrationResult.load")
         try:
             with open(path) as f:
                 d = json.load(f)
@@ -612,7 +613,7 @@ def read_calibration_log(path) -> dict:
     lines before the header are metadata. Raises :class:`InvalidInputError` naming the
     file, the line and the column on anything else.
     """
-    where = os.fspath(path)
+    where = check_input_file(path, "path", "read_calibration_log")
     try:
         with open(path, newline="") as f:
             text = f.read()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...formulations._io import atomic_open, atomic_path, file_problem
+from ...formulations._io import atomic_open, atomic_path, file_problem, write_error
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, param_error
 from ...formulations.validation import MAX_EXACT_INT, check_array, check_int
 
@@ -500,7 +500,12 @@ def save_pt(obj, path) -> None:
 
     data = conv(obj)
     with atomic_path(path) as tmp:
-        torch.save(data, tmp)
+        try:
+            torch.save(data, tmp)
+        except OSError:
+            raise  # atomic_path names the file
+        except Exception as exc:  # noqa: BLE001 - torch reports a failed write as RuntimeError
+            raise write_error(path, exc) from None
 
 
 def load_json(path_or_text, *, inline: bool = False):
@@ -582,7 +587,12 @@ def save_safetensors(tensors: dict, path) -> None:
     stn = _safetensors(f"Writing {source_name(path)}")
     data = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     with atomic_path(path) as tmp:
-        stn.save_file(data, tmp)
+        try:
+            stn.save_file(data, tmp)
+        except OSError:
+            raise  # atomic_path names the file
+        except Exception as exc:  # noqa: BLE001 - SafetensorError on a failed write
+            raise write_error(path, exc) from None
 
 
 def load_by_extension(path, unknown: str):

@@ -41,6 +41,7 @@ import math
 import multiprocessing
 import numbers
 import os
+import pickle
 import re
 import sys
 import time
@@ -624,24 +625,37 @@ _NO_GUARD = (
 
 
 def _check_spawnable(func) -> None:
-    """Refuse, before starting anything, what spawned workers cannot run: a ``func`` defined
-    in an interactive session (nothing to import it from), or a main script that has no
-    ``__main__`` guard (each worker would re-run it)."""
+    """Refuse, before starting anything, what spawned workers cannot run: a ``func`` pickle
+    cannot send (a lambda, a nested function: workers receive it by reference), a ``func``
+    defined in an interactive session or a script read from standard input (nothing to
+    import it from), or a main script that has no ``__main__`` guard (each worker would
+    re-run it)."""
+    try:
+        pickle.dumps(func)
+    except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError, ...
+        raise InvalidInputError(
+            f"The 'func' parameter of {_FUNC} must be a function the worker processes of "
+            "backend='process' can receive (pickle sends a module-level function by name; a "
+            "lambda, a nested function or a local class cannot be sent). Got "
+            f"{describe(func)} ({type(exc).__name__}: {str(exc)[:120]}) instead. Define it at "
+            "the top level of a module or pass backend='serial'."
+        ) from None
     main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
-    if script is None:
+    if script is None or not os.path.isfile(script):
         if getattr(func, "__module__", None) == "__main__":
             raise InvalidInputError(
-                f"The 'func' parameter of {_FUNC} is defined in an interactive session, which "
-                "the spawned workers of backend='process' cannot import. Define it in a module "
-                "(a .py file) or pass backend='serial'."
+                f"The 'func' parameter of {_FUNC} is defined in an interactive session or a "
+                "script read from standard input, which the spawned workers of "
+                "backend='process' cannot import. Define it in a module (a .py file) or pass "
+                "backend='serial'."
             )
         return
     try:
         with open(script, encoding="utf-8", errors="replace") as fh:
             source = fh.read()
     except OSError:
-        return  # nothing to inspect (a frozen or deleted script): let the pool try
+        return  # nothing to inspect (an unreadable script): let the pool try
     if not _GUARD.search(source):
         raise InvalidInputError(_NO_GUARD.format(script=script))
 

@@ -166,6 +166,18 @@ def _state_arrays(state, L, G, n):
     prompt = _per_replica(prompt_tokens, "prompt_tokens", "real", G, zf)
     wtok = _per_replica(waiting_tokens, "waiting_tokens", "real", G, zf)
     cap = _per_replica(kv_capacity, "kv_capacity", "real", G, inf)
+    if kv_capacity is not None:
+        # checked here, not in the kernel's pass: the default kv_usage is derived from it,
+        # and a NaN there would be reported as the caller's kv_usage
+        bad = ~(cap > 0)  # NaN, zero or negative
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise param_error(
+                "kv_capacity",
+                _FUNC,
+                _EXPECTED["kv_capacity"],
+                f"value {cap[i].item()!r} at index {i}",
+            )
     usage = zf
     if kv_usage is not None:
         usage = _per_replica(kv_usage, "kv_usage", "real", G, None)

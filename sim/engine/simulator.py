@@ -93,6 +93,7 @@ from ...formulations.errors import (
     param_error,
 )
 from ...formulations.validation import check_choice, check_type
+from ...solvers._numba.cache import cache_misses, is_cached
 from ...solvers._numba.jit import cache_depends_on
 from ...solvers.routing.policy import RoutingPolicy
 from ...solvers.routing.predictors import (
@@ -1008,9 +1009,10 @@ def engine_cache_is_warm(policies=(DEFAULT_POLICY,)) -> bool:
     numba's indexes; False when it cannot tell."""
     try:
         cache_depends_on(run_engine, *engine_depends())
-        return all(f._cache._cache_file._load_index() for f in _jitted(policies))
-    except Exception:  # noqa: BLE001 - numba internals: any failure means "do not know"
+        kernels = _jitted(policies)
+    except Exception:  # noqa: BLE001 - an unknown policy: "do not know"
         return False
+    return all(is_cached(f) for f in kernels)
 
 
 def warm_engine(policies=(DEFAULT_POLICY,)) -> tuple[float, bool]:
@@ -1027,7 +1029,7 @@ def warm_engine(policies=(DEFAULT_POLICY,)) -> tuple[float, bool]:
     """
 
     def misses():
-        return sum(sum(f.stats.cache_misses.values()) for f in _jitted(policies))
+        return cache_misses(_jitted(policies))
 
     before = misses()
     t0 = time.perf_counter()

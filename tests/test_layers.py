@@ -1,5 +1,6 @@
 """The layers are true: every library module's imports, at module level and inside functions,
 go to its own layer or one below. The order is written once here and in docs/architecture.md.
+And no library function is longer than :data:`MAX_FUNCTION_LINES`.
 """
 
 import ast
@@ -147,3 +148,32 @@ def test_an_upward_import_is_found(module, source, found):
 )
 def test_a_downward_import_passes(module, source):
     assert upward(module, source) == []
+
+
+#: The longest a library function may be, in lines (its docstring included): a longer one is
+#: split into the stages or phases it runs, each beside its reference twin.
+MAX_FUNCTION_LINES = 250
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (lines)`` of every function (methods and nested ones included) of ``source``
+    longer than ``limit`` lines."""
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1})"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_library_function_is_over_the_limit():
+    bad = []
+    for path in _library():
+        bad += [f"{_module_name(path)}: {f}" for f in long_functions(path.read_text())]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_long_function_is_found():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions("def f():\n" + body) == [f"f ({MAX_FUNCTION_LINES + 1})"]
+    assert long_functions("def f():\n" + body[: -len("    x249 = 249\n")]) == []

@@ -11,13 +11,13 @@
    compiled loop for every policy; or its plain-Python reference);
 4. summarise the run in a :class:`SimReport`.
 
-The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives and queues for one
-of ``prefill_instances`` prefill instances (first come, first served; a prefill takes
-``prefill_base_s + prompt / prefill_tokens_per_s`` seconds), then waits in the prompt pool
-until the router places it on one of ``G`` decode replicas. Replicas step in lock-step; a step
-costs ``t0 + kappa * max_g L_g`` where ``L_g`` is replica ``g``'s resident KV tokens (the
-paper's ``a*x + b`` with the barrier: the most loaded replica sets the pace). Every running
-request gains one token per step and leaves after ``output_len`` steps. Each replica has
+The model (PD disaggregation, the overall framework of BalanceRoute, arXiv 2605.06113): a
+request arrives and queues for one of ``prefill_instances`` prefill instances (first come, first
+served; a prefill takes ``prefill_base_s + prompt / prefill_tokens_per_s`` seconds), then waits
+in the prompt pool until the router places it on one of ``G`` decode replicas. Replicas step in
+lock-step; a step costs ``t0 + kappa * max_g L_g`` where ``L_g`` is replica ``g``'s resident KV
+tokens (the paper's ``a*x + b`` with the barrier: the most loaded replica sets the pace). Every
+running request gains one token per step and leaves after ``output_len`` steps. Each replica has
 ``max_slots`` request slots and ``kv_capacity`` KV tokens, enforced at admission and during
 decode: a replica whose next step would overflow preempts its most recently admitted request
 (vLLM's recompute preemption: back through prefill with ``prompt + decoded`` tokens, KV

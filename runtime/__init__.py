@@ -20,7 +20,7 @@ torch and triton are imported lazily (the ``runtime`` extra), so ``import
 straggler.runtime`` works without them.
 """
 
-from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
+from .dispatch_count import BACKENDS, dispatch_and_count, torch_available, triton_available
 from .engines import EngineLog, detect_format, read_engine_log
 from .publisher import TablePublisher, normalize_table, uniform_table
 from .table_solver import TableSolver, install_table_solvers

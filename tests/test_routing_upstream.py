@@ -6,10 +6,10 @@ router and balance, Dynamo's KV router), version by version.
 """
 
 import pytest
-from straggler.baselines.routing.routers import ROUTERS, Router
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.solvers import get_routing_policy
 from straggler.solvers.routing.route import route_batch
+from straggler.solvers.routing.routers import ROUTERS, Router
 
 _M, _A = 2147483647, 48271
 

@@ -39,7 +39,7 @@ from ...solvers.routing._core import (
     minstd_start,
     with_carry,
 )
-from ...solvers.routing.registry import OPTIMISTIC, routing_policy
+from ...solvers.routing.policy import OPTIMISTIC, routing_policy
 
 __all__ = [
     "VLLM",

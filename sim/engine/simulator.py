@@ -11,13 +11,13 @@
    compiled loop for every policy; or its plain-Python reference);
 4. summarise the run in a :class:`SimReport`.
 
-The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives and queues for one
-of ``prefill_instances`` prefill instances (first come, first served; a prefill takes
-``prefill_base_s + prompt / prefill_tokens_per_s`` seconds), then waits in the prompt pool
-until the router places it on one of ``G`` decode replicas. Replicas step in lock-step; a step
-costs ``t0 + kappa * max_g L_g`` where ``L_g`` is replica ``g``'s resident KV tokens (the
-paper's ``a*x + b`` with the barrier: the most loaded replica sets the pace). Every running
-request gains one token per step and leaves after ``output_len`` steps. Each replica has
+The model (PD disaggregation, the overall framework of BalanceRoute, arXiv 2605.06113): a
+request arrives and queues for one of ``prefill_instances`` prefill instances (first come, first
+served; a prefill takes ``prefill_base_s + prompt / prefill_tokens_per_s`` seconds), then waits
+in the prompt pool until the router places it on one of ``G`` decode replicas. Replicas step in
+lock-step; a step costs ``t0 + kappa * max_g L_g`` where ``L_g`` is replica ``g``'s resident KV
+tokens (the paper's ``a*x + b`` with the barrier: the most loaded replica sets the pace). Every
+running request gains one token per step and leaves after ``output_len`` steps. Each replica has
 ``max_slots`` request slots and ``kv_capacity`` KV tokens, enforced at admission and during
 decode: a replica whose next step would overflow preempts its most recently admitted request
 (vLLM's recompute preemption: back through prefill with ``prompt + decoded`` tokens, KV
@@ -93,14 +93,16 @@ from ...formulations.errors import (
     param_error,
 )
 from ...formulations.validation import check_choice, check_type
+from ...solvers._numba.cache import cache_misses, is_cached
 from ...solvers._numba.jit import cache_depends_on
+from ...solvers.routing.policy import RoutingPolicy
 from ...solvers.routing.predictors import (
     PredictorKind,
     TwoStagePredictor,
     calibration_report,
     termination_samples,
 )
-from ...solvers.routing.registry import DEFAULT_POLICY, RoutingPolicy, get_routing_policy
+from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy
 from ...solvers.routing.route import new_request_presence
 from ..workloads.prefix import PrefixBlocks
 from ..workloads.traces import Trace, generate_trace
@@ -1007,9 +1009,10 @@ def engine_cache_is_warm(policies=(DEFAULT_POLICY,)) -> bool:
     numba's indexes; False when it cannot tell."""
     try:
         cache_depends_on(run_engine, *engine_depends())
-        return all(f._cache._cache_file._load_index() for f in _jitted(policies))
-    except Exception:  # noqa: BLE001 - numba internals: any failure means "do not know"
+        kernels = _jitted(policies)
+    except Exception:  # noqa: BLE001 - an unknown policy: "do not know"
         return False
+    return all(is_cached(f) for f in kernels)
 
 
 def warm_engine(policies=(DEFAULT_POLICY,)) -> tuple[float, bool]:
@@ -1026,7 +1029,7 @@ def warm_engine(policies=(DEFAULT_POLICY,)) -> tuple[float, bool]:
     """
 
     def misses():
-        return sum(sum(f.stats.cache_misses.values()) for f in _jitted(policies))
+        return cache_misses(_jitted(policies))
 
     before = misses()
     t0 = time.perf_counter()

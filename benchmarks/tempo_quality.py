@@ -49,7 +49,8 @@ Besides the ratios to the optimum, every family reports (``--full`` or not):
 * the speed ratio: whole ``solve_dispatch`` calls, validation and certification included,
   tempo with the repair off against the token LP, timed alternately in one loop
   (``--repeat`` times each, the least of each kept), the median per family of the
-  per-layer ratios.
+  per-layer ratios, their largest, the layers where tempo's call is the slower one and
+  tempo's longest call.
 
 ``--screen GAP`` skips the MILP on layers whose tempo makespan (without repair) is within
 ``GAP`` (relative) of its own certified lower bound: their ratio to the optimum is at most
@@ -313,6 +314,8 @@ def _bound_and_speed(rows, proved) -> dict:
         tempo_above_token_lp_max=max(above, default=None),
         speed_ratio_median=float(np.median([r["speed_ratio"] for r in rows])) if rows else None,
         speed_ratio_max=max((r["speed_ratio"] for r in rows), default=None),
+        tempo_slower_than_token_lp=sum(r["speed_ratio"] > 1 for r in rows),
+        tempo_call_us_max=max((r["tempo_call_s"] for r in rows), default=0.0) * 1e6,
         tempo_call_us_median=float(np.median([r["tempo_call_s"] for r in rows]) * 1e6)
         if rows else None,
         tokenlp_call_us_median=float(np.median([r["tokenlp_call_s"] for r in rows]) * 1e6)

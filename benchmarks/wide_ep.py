@@ -9,10 +9,11 @@ layers per cell (``benchmarks/expert_loads.py`` builds them), each under every c
 of ``--costs``. The default: one layer per cell under two presets (a few minutes with the
 optima cached); ``--full``: three layers per cell.
 
-Methods: ``tempo`` (repair off: the serving path), ``token_lp`` (HiGHS), and the engines'
-baselines ``static`` (SGLang's static dispatch), ``metro``, ``llep``, ``lplb``,
-``round_robin``; per layer the proven optimum (``milp`` at zero gap, ``--time-limit``
-seconds, warm-started with tempo; a layer it does not prove is left out of the ratios),
+Methods: ``tempo`` (repair off: the serving path), ``tempo_no_restarts`` (also without
+stage 4b, the ruin-and-recreate restarts), ``token_lp`` (HiGHS), and the engines' baselines
+``static`` (SGLang's static dispatch), ``metro``, ``llep``, ``lplb``, ``round_robin``; per
+layer the proven optimum (``milp`` at zero gap, ``--time-limit`` seconds, warm-started with
+tempo; a layer it does not prove is left out of the ratios),
 cached as ``benchmarks/tempo_quality.py`` caches it (the committed
 ``benchmarks/results/tempo_quality_oracle.json`` read, new optima written to ``--cache``).
 
@@ -45,9 +46,21 @@ from straggler.sim.workloads.batches import zipf_popularity
 from straggler.solvers import solve_dispatch
 from tempo_quality import _key, _oracle, load_oracle
 
-METHODS = ("tempo", "token_lp", "static", "metro", "llep", "lplb", "round_robin")
-#: Options of each method's call (tempo without its repair: the serving configuration).
-OPTIONS = {"tempo": {"repair_budget_s": 0.0}}
+METHODS = ("tempo", "tempo_no_restarts", "token_lp", "static", "metro", "llep", "lplb",
+           "round_robin")  # fmt: skip
+#: Each label's method and options (tempo without its repair: the serving configuration;
+#: ``tempo_no_restarts`` also without its stage-4b restarts).
+OPTIONS = {
+    "tempo": ("tempo", {"repair_budget_s": 0.0}),
+    "tempo_no_restarts": ("tempo", {"repair_budget_s": 0.0, "restarts": False}),
+}
+
+
+def _call(problem, cost, label):
+    method, kw = OPTIONS.get(label, (label, {}))
+    return solve_dispatch(problem, cost, method=method, **kw)
+
+
 #: EP widths and their nodes (8 GPUs a node; EP72 is one NVL72 domain).
 WIDTHS = {8: 1, 16: 2, 32: 4, 64: 8, 72: 1, 128: 16, 256: 32}
 
@@ -75,7 +88,7 @@ def _timed(problem, cost, methods, repeat):
     for _ in range(repeat):
         for m in methods:
             t0 = time.perf_counter()
-            res[m] = solve_dispatch(problem, cost, method=m, **OPTIONS.get(m, {}))
+            res[m] = _call(problem, cost, m)
             best[m] = min(best[m], time.perf_counter() - t0)
     return res, best
 
@@ -101,7 +114,7 @@ def _plot(cells, methods, path):
     for ax in (ax_t, ax_q):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(WIDTHS))
-        ax.set_xticklabels([str(g) for g in sorted(WIDTHS)])
+        ax.set_xticklabels([str(g) for g in sorted(WIDTHS)], rotation=90)
         ax.set_xlabel("EP width (GPUs)")
         ax.grid(alpha=0.3)
     ax_t.set_yscale("log")
@@ -120,6 +133,7 @@ def _cell(shape, g, methods, costs, n_layers, args, cache, cache_path):
     """One (shape, EP width) cell: every method on each layer and preset (module notes)."""
     per = {m: {"call_s": [], "ratio": []} for m in methods}
     speed = []
+    rows = []
     proved = n = 0
     slots = 0
     for prob in layers(shape, g, n_layers, args.tokens, args.seed):
@@ -127,7 +141,7 @@ def _cell(shape, g, methods, costs, n_layers, args, cache, cache_path):
         for cname in costs:
             cost = CostModel.preset(cname)
             for m in methods:  # compile and warm before timing
-                solve_dispatch(prob, cost, method=m, **OPTIONS.get(m, {}))
+                _call(prob, cost, m)
             res, best = _timed(prob, cost, methods, args.repeat)
             key = _key(prob, cname)
             if key not in cache:
@@ -139,17 +153,21 @@ def _cell(shape, g, methods, costs, n_layers, args, cache, cache_path):
                 per[m]["call_s"].append(best[m])
             if "tempo" in best and "token_lp" in best:
                 speed.append(best["tempo"] / best["token_lp"])
+            rows.append(dict(cost=cname, opt=cache[key]["opt"], status=cache[key]["status"],
+                             call_us={m: best[m] * 1e6 for m in methods},
+                             makespan={m: float(res[m].makespan) for m in methods}))  # fmt: skip
             if cache[key]["status"] == "OPTIMAL":
                 proved += 1
                 for m in methods:
                     per[m]["ratio"].append(float(res[m].makespan) / cache[key]["opt"])
     cell = dict(shape=shape, E=WIDE_SHAPES[shape][0], g=g, slots=slots, layers=n,
                 proved=proved, speed_ratio_median=float(np.median(speed)) if speed else None,
-                methods={})  # fmt: skip
+                methods={}, rows=rows)  # fmt: skip
     for m in methods:
         r = per[m]["ratio"]
         cell["methods"][m] = dict(
             call_us_median=float(np.median(per[m]["call_s"]) * 1e6),
+            call_us_max=float(np.max(per[m]["call_s"]) * 1e6),
             ratio_mean=float(np.mean(r)) if r else None,
             ratio_max=float(np.max(r)) if r else None,
         )

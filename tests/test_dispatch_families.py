@@ -100,6 +100,7 @@ def test_bound_and_speed_summary(bench):
     assert s["tempo_above_token_lp"] == 1
     assert s["tempo_above_token_lp_max"] == pytest.approx(0.5 / 10.5)
     assert s["speed_ratio_median"] == pytest.approx(0.2)
+    assert s["tempo_slower_than_token_lp"] == 0 and s["tempo_call_us_max"] == pytest.approx(100)
 
 
 def test_wide_ep_writes_table_json_and_plot(bench, tmp_path, capsys):

@@ -20,7 +20,8 @@ cached as ``benchmarks/tempo_quality.py`` caches it (the committed
 For each method and cell: the whole ``solve_dispatch`` call's wall time (validation,
 scoring and certification included; the methods timed alternately, ``--repeat`` calls each,
 the least kept, then the median over the cell's layers), tempo's call over the token LP's
-(the median of the per-layer ratios), and the makespan over the optimum (mean and max).
+(the median of the per-layer ratios), the makespan over the optimum (mean and max), and the
+largest gap ``1 - lower_bound / OPT`` of tempo's certified bound (repair off).
 Writes ``wide_ep.json`` (with the command, commit and machine) and ``wide_ep.png`` (both
 against the EP width, one panel each; 256 experts solid, 384 dashed) under ``--out``, and
 prints the table.
@@ -134,6 +135,7 @@ def _cell(shape, g, methods, costs, n_layers, args, cache, cache_path):
     per = {m: {"call_s": [], "ratio": []} for m in methods}
     speed = []
     rows = []
+    gaps = []
     proved = n = 0
     slots = 0
     for prob in layers(shape, g, n_layers, args.tokens, args.seed):
@@ -155,14 +157,18 @@ def _cell(shape, g, methods, costs, n_layers, args, cache, cache_path):
                 speed.append(best["tempo"] / best["token_lp"])
             rows.append(dict(cost=cname, opt=cache[key]["opt"], status=cache[key]["status"],
                              call_us={m: best[m] * 1e6 for m in methods},
-                             makespan={m: float(res[m].makespan) for m in methods}))  # fmt: skip
+                             makespan={m: float(res[m].makespan) for m in methods},
+                             lower_bound={m: float(res[m].lower_bound)
+                                          for m in methods}))  # fmt: skip
             if cache[key]["status"] == "OPTIMAL":
                 proved += 1
+                if "tempo" in res:
+                    gaps.append(1.0 - float(res["tempo"].lower_bound) / cache[key]["opt"])
                 for m in methods:
                     per[m]["ratio"].append(float(res[m].makespan) / cache[key]["opt"])
     cell = dict(shape=shape, E=WIDE_SHAPES[shape][0], g=g, slots=slots, layers=n,
                 proved=proved, speed_ratio_median=float(np.median(speed)) if speed else None,
-                methods={}, rows=rows)  # fmt: skip
+                bound_gap_max=max(gaps, default=None), methods={}, rows=rows)  # fmt: skip
     for m in methods:
         r = per[m]["ratio"]
         cell["methods"][m] = dict(
@@ -204,18 +210,22 @@ def main(argv=None):
     cache = load_oracle(cache_path)
     t_start = time.time()
     cells = []
-    head = f"{'shape':>7} {'EP':>4} {'slots':>5} {'tempo/LP':>8} " + " ".join(
+    head = f"{'shape':>7} {'EP':>4} {'slots':>5} {'tempo/LP':>8} {'LB gap':>7} " + " ".join(
         f"{m:>16}" for m in methods
     )
-    print("per method: median call ms / mean makespan over the optimum")
+    print(
+        "tempo/LP: median of tempo's call over the token LP's; LB gap: largest 1 - tempo's "
+        "certified bound / OPT; per method: median call ms / mean makespan over the optimum"
+    )
     print(head)
     for shape in [s for s in args.shapes.split(",") if s]:
         for g in widths:
             cell = _cell(shape, g, methods, costs, n_layers, args, cache, cache_path)
             cells.append(cell)
-            sr = cell["speed_ratio_median"]
+            sr, gap = cell["speed_ratio_median"], cell["bound_gap_max"]
             print(f"{shape:>7} {g:4d} {cell['slots']:5d} "
-                  f"{'-' if sr is None else f'{sr:.4f}':>8} " + " ".join(
+                  f"{'-' if sr is None else f'{sr:.4f}':>8} "
+                  f"{'-' if gap is None else f'{gap:.2%}':>7} " + " ".join(
                 f"{cell['methods'][m]['call_us_median'] / 1e3:8.3f}/"
                 f"{cell['methods'][m]['ratio_mean'] or float('nan'):7.4f}" for m in methods
             ), flush=True)  # fmt: skip

@@ -119,6 +119,7 @@ def test_wide_ep_writes_table_json_and_plot(bench, tmp_path, capsys):
     assert 1.0 - 1e-9 <= m["tempo"]["ratio_mean"] <= m["token_lp"]["ratio_mean"] + 1e-9
     assert m["round_robin"]["ratio_mean"] >= 1.0 - 1e-9
     assert cell["speed_ratio_median"] > 0
+    assert 0.0 <= cell["bound_gap_max"] <= 1.0  # the certified bound never above the optimum
     pytest.importorskip("matplotlib")
     assert (out / "wide_ep.png").stat().st_size > 0
 

@@ -2,9 +2,11 @@
 
 :data:`ROUTING_POLICIES` is what :func:`straggler.solvers.route_batch` and
 :func:`straggler.sim.simulate` accept as ``policy``; :data:`DISPATCH_METHODS` what
-:func:`straggler.solvers.solve_dispatch` accepts as ``method``. Each entry is imported
-explicitly from the module that defines it (as networkx's ``maxflow.py`` lists its flow
-functions); importing a module registers nothing.
+:func:`straggler.solvers.solve_dispatch` accepts as ``method``; :data:`REBALANCE_POLICIES`
+what a deployment's ``rebalance`` accepts (``get_rebalance_policy`` of
+:mod:`straggler.solvers.placement.rebalance.registry`). Each entry is imported explicitly
+from the module that defines it (as networkx's ``maxflow.py`` lists its flow functions);
+importing a module registers nothing.
 
 The tables list this library's methods (``straggler.solvers``) beside the upstream baselines
 (``straggler.baselines``), so they live here, the higher layer; the registries of ``solvers``
@@ -18,6 +20,9 @@ from ..solvers.dispatch.exact import MilpDispatch
 from ..solvers.dispatch.round_robin import RoundRobin
 from ..solvers.dispatch.semi_matching import SemiMatching
 from ..solvers.dispatch.tempo import Tempo
+from ..solvers.placement.rebalance.auto import Auto
+from ..solvers.placement.rebalance.every import Every
+from ..solvers.placement.rebalance.never import Never
 from ..solvers.routing import _balanceroute
 from .dispatch.dynamic import SGLangDynamic
 from .dispatch.llep import LLEP
@@ -28,13 +33,15 @@ from .dispatch.static import StaticDispatch
 from .dispatch.token_lp import SGLangLP, TokenLP
 from .dispatch.uniform import UniformSplit
 from .dispatch.vllm_ep import VllmEP
+from .placement.sglang_clock import SGLangClock
+from .placement.vllm_clock import VllmClock
 from .routing import dynamo as dynamo_router
 from .routing import random as random_router
 from .routing import sglang as sglang_routers
 from .routing import trtllm as trtllm_routers
 from .routing import vllm as vllm_router
 
-__all__ = ["ROUTING_POLICIES", "DISPATCH_METHODS"]
+__all__ = ["ROUTING_POLICIES", "DISPATCH_METHODS", "REBALANCE_POLICIES"]
 
 #: Routing policy name -> :class:`~straggler.solvers.routing.registry.RoutingPolicy`.
 ROUTING_POLICIES = {
@@ -69,4 +76,13 @@ DISPATCH_METHODS = {
     "metro": Metro,
     "moonep": MoonEP,
     "vllm_ep": VllmEP,
+}
+
+#: Rebalance policy name -> its class (a frozen dataclass of hyperparameters with ``plan``).
+REBALANCE_POLICIES = {
+    "never": Never,
+    "every": Every,
+    "auto": Auto,
+    "vllm": VllmClock,
+    "sglang": SGLangClock,
 }

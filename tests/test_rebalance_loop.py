@@ -225,7 +225,7 @@ def test_decision_restores_a_lost_ranks_experts_whatever_they_cost():
 def test_policy_names_and_clocks():
     assert rebalance_policies() == ["auto", "every", "never", "sglang", "vllm"]
     assert [p.label for p in parse_rebalance_policies("never,auto,vllm:100,sglang,every:7", "f")
-            ] == ["never", "auto:1000", "vllm:100", "sglang:1000", "every:7"]  # fmt: skip
+            ] == ["never", "auto:250", "vllm:100", "sglang:1000", "every:7"]  # fmt: skip
     assert VllmClock().schedule() == (750, 3000)  # vLLM starts its counter at 3/4
     assert SGLangClock(num_iterations=4).schedule() == (5, 4)  # EPLBManager's generator
     assert Every(interval=10).schedule() == (10, 10) and Never().schedule() == (0, 0)
@@ -401,3 +401,72 @@ def test_deployment_config_refuses_rebalance_settings_without_a_policy():
         DeploymentConfig(preset="dsv3", n_gpus=8, rebalance="never", rank_events=((1, 9, False),))
     with pytest.raises(InvalidOptionError, match="rebalance"):
         DeploymentConfig(preset="dsv3", n_gpus=8, rebalance="soon")
+
+
+# --- the command --------------------------------------------------------------------------
+def _cmd(*extra):
+    from straggler.runtime.commands.simulate import main
+
+    return main(["azure_conv", "--requests", "1500", "--moe", "dsv2_lite", "--ep", "8",
+                 "--nodes", "2", "--layers", "2", "--max-slots", "64", "--prefill-instances",
+                 "0", "--saturated", "--no-progress", *extra])  # fmt: skip
+
+
+def test_simulate_command_compares_rebalance_policies(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "r.json"
+    code = _cmd("--max-steps", "900", "--rebalance", "never,vllm:50,auto:200", "--json",
+                str(out), "--drift", "1.0", "--drift-steps", "200")  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0 and "balancedness" in text and "stall s" in text
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["never", "vllm:50", "auto:200"]
+    never, short = rows["never"], rows["vllm:50"]
+    # vLLM PR #50647's direction: a short synchronous clock balances more and serves less,
+    # its stall the cause
+    assert short["balancedness"] > never["balancedness"]
+    assert short["throughput_tps"] < never["throughput_tps"] and short["stall_s"] > 0
+    assert never["rearrangements"] == 0 and never["stall_s"] == 0
+
+
+def test_simulate_command_replays_recordings_in_turn(tmp_path, capsys):
+    import json
+
+    from straggler.runtime.engines import sample_recording
+
+    rec = f"{sample_recording('vllm')},{sample_recording('trtllm')}"
+    out = tmp_path / "r.json"
+    code = _cmd("--max-steps", "300", "--rebalance", "never,sglang:100", "--json", str(out),
+                "--expert-loads", rec, "--rebalance-mode", "batched")  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    got = json.loads(out.read_text())
+    assert [r["policy"] for r in got["rows"]] == ["never", "sglang:100"]
+    assert all(r["mode"] == "batched" for r in got["rows"])
+    assert got["rows"][1]["rearrangements"] == len(got["rearrangements"]["sglang:100"]) > 0
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--rebalance", " , "], "--rebalance must name at least one"),
+        (["--rebalance", "never,soon"], "rebalance"),
+        (["--rebalance-mode", "async"], "--rebalance-mode needs --rebalance"),
+        (["--rebalance", "never", "--fail", "9:10"], "--fail"),
+        (["--rebalance", "never", "--drift-every", "2"], "--drift-every needs --expert-loads"),
+        (["--rebalance", "never", "--drift", "-1"], "--drift"),
+    ],
+)
+def test_simulate_command_refuses_bad_rebalance_flags(extra, words, capsys):
+    assert _cmd("--max-steps", "10", *extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]
+
+
+def test_simulate_command_refuses_recordings_of_another_model(capsys):
+    from straggler.runtime.commands.simulate import main
+    from straggler.runtime.engines import sample_recording
+
+    code = main(["azure_conv", "--requests", "100", "--moe", "dsv3", "--ep", "8", "--rebalance",
+                 "never", "--expert-loads", str(sample_recording("vllm"))])  # fmt: skip
+    assert code == 2 and "64 experts" in capsys.readouterr().err

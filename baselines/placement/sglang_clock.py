@@ -40,10 +40,11 @@ from .elasticity_aware import elasticity_aware_rebalance
 
 __all__ = ["SGLangClock", "SGLANG_PLANNING_S_PER_LAYER", "window_utilization"]
 
-#: SGLang 0.5.23's ``deepseek`` EPLB (its own torch code, in the SGLang environment): 46.7 ms
-#: for DeepSeek-V3's 58 MoE layers on this project's machine (``ANCHORS.md``, "Released
-#: packages that run here"), 0.8 ms per layer.
-SGLANG_PLANNING_S_PER_LAYER = 0.8e-3
+#: SGLang 0.5.23's ``deepseek`` EPLB (its own torch code, in the SGLang environment) on
+#: DeepSeek-V3's shape (58 layers, hierarchical) on this project's shared 2-core machine:
+#: 132-154 ms side by side with vLLM's 59 ms (46.7 ms on a quieter day, ``ANCHORS.md``),
+#: 2.4 ms per layer (docs/guides/rebalance.md, "Planning time").
+SGLANG_PLANNING_S_PER_LAYER = 2.4e-3
 
 
 def window_utilization(history: np.ndarray, physical_to_logical: np.ndarray, n_gpus: int):

@@ -42,9 +42,10 @@ from ...solvers.placement.rebalance.policy import RebalanceContext, RebalancePla
 __all__ = ["VllmClock", "VLLM_PLANNING_S_PER_LAYER"]
 
 #: vLLM 0.32's ``DefaultEplbPolicy.rebalance_experts`` (its own numpy code, run in the vLLM
-#: 0.32 environment) per DeepSeek-V3 layer on this project's 2-core machine
-#: (``benchmarks/rebalance_loop.py``, "planning" table).
-VLLM_PLANNING_S_PER_LAYER = 2.0e-3
+#: 0.32 environment, with the map in force) on DeepSeek-V3's shape (58 layers, 256 experts,
+#: 288 slots, 32 GPUs, 4 nodes) on this project's shared 2-core machine: 59 ms, 1.0 ms per
+#: layer (docs/guides/rebalance.md, "Planning time").
+VLLM_PLANNING_S_PER_LAYER = 1.0e-3
 
 
 @dataclass(frozen=True, kw_only=True)

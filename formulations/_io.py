@@ -1,5 +1,5 @@
-"""What the commands and the writers share: atomic writes, output checks made before any
-work, and an argument parser whose usage errors are one line.
+"""What the commands, the readers and the writers share: atomic writes, input and output
+checks made before any work, and an argument parser whose usage errors are one line.
 
 A write goes to a temporary name in the destination's directory and is renamed over the
 destination (``os.replace``, atomic on POSIX within one file system), so a write that fails
@@ -9,6 +9,16 @@ the permissions a plain ``open(path, "w")`` gives it: an existing destination's 
 
 A set of files (:func:`atomic_dir`) is staged in a folder beside its directory, which then
 replaces the directory whole: a reader sees the old set or the new one, never a mix.
+
+Special paths. A destination that is a symbolic link is written through: the file the link
+points to is replaced (as ``open(path, "w")`` writes to it) and the link stays a link; a
+dangling link creates its target, a link loop is refused. A destination that is a FIFO, a
+socket or a device is refused before anything is written: an atomic write replaces a file,
+which would put a regular file where the special one was (and reading one back, or writing
+to a FIFO nobody reads, blocks). On the reading side :func:`check_input_file` accepts a
+regular file only (links followed): a missing file, a folder, a broken link or a loop, a
+FIFO, a socket or a device, and anything that is not a path (an ``int`` would be opened as
+a file descriptor) are refused with an error naming the parameter.
 """
 
 from __future__ import annotations
@@ -16,13 +26,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import os
 import secrets
 import shutil
 import stat
 import sys
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, WriteError
 
 __all__ = [
     "atomic_path",
@@ -30,8 +41,107 @@ __all__ = [
     "atomic_dir",
     "check_output_dir",
     "check_output_file",
+    "check_input_file",
+    "file_problem",
+    "write_error",
     "OneLineParser",
 ]
+
+
+def file_problem(path) -> str | None:
+    """Why ``path`` cannot be read as a file (a phrase to follow its name), or None when it
+    is a regular file (symbolic links followed).
+
+    >>> file_problem("/")
+    'is a directory, not a file'
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (
+            isinstance(exc, FileNotFoundError) and os.path.islink(path)
+        ):
+            return "is a broken symbolic link or a symbolic-link loop"
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            return "does not exist"
+        return f"cannot be examined ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return (
+            "is not a regular file (a FIFO, socket or device: reading it could block or never end)"
+        )
+    return None
+
+
+def check_input_file(path, name: str, func: str) -> str:
+    """``path`` as a ``str`` when it names a regular file to read (symbolic links followed),
+    else an error naming the parameter: not a path (an ``int`` would be opened as a file
+    descriptor, ``bytes`` are refused), empty, or :func:`file_problem`.
+
+    >>> check_input_file(3, "path", "load_x")
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InvalidInputError: ... Got int 3 instead.
+    """
+    if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)):
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a path (str or os.PathLike). Got "
+            f"{type(path).__name__} {repr(path)[:60]} instead."
+        )
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p or "\0" in p:
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a non-empty path. Got {p[:60]!r} instead."
+        )
+    why = file_problem(p)
+    if why is not None:
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be an existing regular file. Got {p!r}, "
+            f"which {why}."
+        )
+    return p
+
+
+def write_error(path, exc: BaseException) -> WriteError:
+    """One error naming the file a write failed on, for any failure of the write itself (an
+    ``OSError``: a full disk, a quota, a file-size limit; a writer library's own error, such
+    as torch's ``RuntimeError`` from ``inline_container.cc``): a :class:`WriteError`, so
+    callers that catch ``OSError`` still catch it, with the system's ``errno`` kept."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    err = WriteError(
+        f"Cannot write {os.fspath(path)}: {reason[:200]} ({type(exc).__name__}); nothing was "
+        "written."
+    )
+    err.errno = exc.errno if isinstance(exc, OSError) else None
+    return err
+
+
+def _write_target(p: str) -> str:
+    """The file a write to ``p`` replaces: ``p``, or the file a symbolic link ``p`` points to
+    (written through, as ``open(p, "w")`` does); a link loop, a folder, a FIFO, a socket or a
+    device is refused."""
+    if os.path.islink(p):
+        try:
+            os.stat(p)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InvalidInputError(f"Cannot write {p}: it is a symbolic-link loop.") from None
+        p = os.path.realpath(p)  # a dangling link: its target is created, as open() does
+    try:
+        st = os.stat(p)
+    except OSError:
+        return p  # absent (created), or a failure the write itself reports
+    if stat.S_ISDIR(st.st_mode):
+        raise InvalidInputError(f"Cannot write {p}: it is a directory, not a file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInputError(
+            f"Cannot write {p}: it is a FIFO, socket or device, not a regular file (an atomic "
+            "write would replace it with a regular file)."
+        )
+    return p
 
 
 def _create_beside(p: str, d: str) -> str:
@@ -46,7 +156,7 @@ def _create_beside(p: str, d: str) -> str:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
+            raise write_error(p, exc) from None
         os.close(fd)
         return tmp
     raise InvalidInputError(f"Cannot write {p}: no free temporary name beside it.")
@@ -66,25 +176,25 @@ def atomic_path(path):
     >>> sorted(os.listdir(d))
     ['a.txt']
     """
-    p = os.fspath(path)
-    if os.path.isdir(p):
-        raise InvalidInputError(f"Cannot write {p}: it is a directory, not a file.")
+    p = _write_target(os.fspath(path))
     d = os.path.dirname(p) or "."
     if os.path.exists(d) and not os.path.isdir(d):
         raise InvalidInputError(f"Cannot write {p}: {d} is a file, not a directory.")
     try:
         os.makedirs(d, exist_ok=True)
     except OSError as exc:
-        raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
+        raise write_error(d, exc) from None
     tmp = _create_beside(p, d)
     try:
         yield tmp
         with contextlib.suppress(FileNotFoundError):  # keep an existing file's mode
             os.chmod(tmp, stat.S_IMODE(os.stat(p).st_mode))
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):  # a full disk, ...
+            raise write_error(p, exc) from None
         raise
 
 
@@ -160,7 +270,7 @@ def atomic_dir(directory, owns):
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as exc:
-        raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
+        raise write_error(parent, exc) from None
     base = os.path.basename(os.path.abspath(p))
     for _ in range(100):
         stage = os.path.join(parent, f".{base}.{secrets.token_hex(4)}.tmp")
@@ -170,7 +280,7 @@ def atomic_dir(directory, owns):
         except FileExistsError:
             continue
         except OSError as exc:
-            raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
+            raise write_error(p, exc) from None
     else:
         raise InvalidInputError(f"Cannot write {p}: no free temporary name beside it.")
     retired = None  # the old set once swapped out, removed at the end
@@ -194,9 +304,15 @@ def atomic_dir(directory, owns):
                 retired = aside
         else:
             os.rename(stage, p)
-    except BaseException:
+    except BaseException as exc:
         if retired is None:
             shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            raise write_error(p, exc) from None
+        if isinstance(exc, InvalidInputError | WriteError) and stage in str(exc):
+            renamed = type(exc)(str(exc).replace(stage, p))  # the staged file's name
+            renamed.errno = getattr(exc, "errno", None)
+            raise renamed from None
         raise
     finally:
         if retired is not None:
@@ -235,6 +351,7 @@ def check_output_file(path, what: str = "The output file") -> str:
         raise InvalidInputError(f"{what} must be a file path. Got {p!r} instead.")
     if os.path.isdir(p):
         raise InvalidInputError(f"{what} {p} is a directory, not a file.")
+    _write_target(p)  # a link loop, a FIFO, a socket or a device: refused
     if os.path.exists(p) and not os.access(p, os.W_OK):
         raise InvalidInputError(f"{what} {p} is not writable.")
     _probe_dir(os.path.dirname(p) or ".", f"The directory of {what[0].lower()}{what[1:]}")

@@ -17,9 +17,21 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .errors import InvalidInputError
-from .validation import check_choice, check_int, check_options, check_real
+from .validation import MAX_EXACT_INT, check_choice, check_int, check_options, check_real
 
-__all__ = ["CostModel", "PRESETS"]
+__all__ = ["CostModel", "PRESETS", "MAX_COST_PARAMETER", "MAX_TILE"]
+
+#: Largest value of a time parameter (``a``, ``b``, ``b2``, ``c``, ``beta``, ``c2``,
+#: ``gamma``, in microseconds). Every time the library computes is a sum of at most
+#: ``2**63`` per-GPU, per-layer times (int64 sizes), each at most ``3 + G + 3N`` multiples of
+#: one parameter with ``G``, ``N <= 2**53`` (a layer's replicas and tokens,
+#: ``DispatchProblem``'s bound): at most ``2**119`` multiples, so below ``2**900`` every time
+#: stays far below float64's largest value, ``2**1024``, and a makespan is never infinite.
+MAX_COST_PARAMETER = 2.0**900
+#: Largest ``tile``: tiles are passed to the kernels as float64 (``CostModel.as_array``),
+#: exact up to ``2**53``, and a tile beyond every layer's tokens (at most ``2**53``) already
+#: makes every replica one tile.
+MAX_TILE = MAX_EXACT_INT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +59,9 @@ class CostModel:
     Raises
     ------
     InvalidInputError
-        A parameter is negative, non-finite, or only one of ``c2``/``gamma`` is given.
+        A parameter is negative, non-finite or above ``2**900``
+        (``straggler.formulations.cost.MAX_COST_PARAMETER``: beyond it a time could overflow
+        float64), ``tile`` above ``2**53``, or only one of ``c2``/``gamma`` is given.
 
     Examples
     --------
@@ -144,23 +158,25 @@ class CostModel:
 def _cost_model_iv(m: CostModel) -> dict:
     """Validated, normalized parameters of a :class:`CostModel` (floats, an int tile).
 
-    Every parameter is a finite non-negative real number (never a bool or a string such as
-    ``"0.1"``); ``tile`` an integer >= 1; ``c2`` and ``gamma`` given together or not at all.
+    Every parameter is a finite non-negative real number at most ``MAX_COST_PARAMETER``
+    (never a bool or a string such as ``"0.1"``); ``tile`` an integer in ``[1, MAX_TILE]``;
+    ``c2`` and ``gamma`` given together or not at all.
     """
     func = "CostModel"
+    hi = MAX_COST_PARAMETER
     out = {
-        name: check_real(getattr(m, name), name, func, lo=0)
+        name: check_real(getattr(m, name), name, func, lo=0, hi=hi)
         for name in ("a", "b", "c", "beta", "b2")
     }
-    out["tile"] = check_int(m.tile, "tile", func, lo=1)
+    out["tile"] = check_int(m.tile, "tile", func, lo=1, hi=MAX_TILE)
     if (m.c2 is None) != (m.gamma is None):
         raise InvalidInputError(
             "The 'c2' and 'gamma' parameters of CostModel must be given together "
             f"(the traffic piece of Eq. 4). Got c2={m.c2!r}, gamma={m.gamma!r} instead."
         )
     if m.c2 is not None:
-        out["c2"] = check_real(m.c2, "c2", func, lo=0)
-        out["gamma"] = check_real(m.gamma, "gamma", func, lo=0)
+        out["c2"] = check_real(m.c2, "c2", func, lo=0, hi=hi)
+        out["gamma"] = check_real(m.gamma, "gamma", func, lo=0, hi=hi)
     return out
 
 

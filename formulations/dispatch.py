@@ -16,7 +16,7 @@ import numpy as np
 
 from .cost import CostModel
 from .errors import InfeasibleSharesError, InvalidInputError, param_error
-from .validation import check_array, check_int, check_real, check_type
+from .validation import MAX_EXACT_INT, check_array, check_int, check_real, check_type
 
 __all__ = [
     "DispatchProblem",
@@ -41,7 +41,7 @@ MAX_COUNT = 2**52
 
 _COUNTS_FORM = (
     "a non-empty 1-D (n_experts,) or 2-D (n_layers >= 1, n_experts) array of non-negative "
-    "integers below 2**52"
+    "integers below 2**52, at most 2**53 per layer"
 )
 
 
@@ -52,6 +52,20 @@ def _counts_iv(counts, func: str) -> np.ndarray:
     )
     if 0 in arr.shape:
         raise param_error("counts", func, _COUNTS_FORM, f"shape {arr.shape}")
+    # the float64 sums every solver takes of a layer stay exact (and times finite,
+    # cost.MAX_COST_PARAMETER)
+    totals = np.atleast_1d(arr.astype(np.float64).sum(axis=-1))
+    if float(totals.max()) <= 2 * MAX_EXACT_INT:  # then the int64 sums cannot overflow
+        totals = np.atleast_1d(arr.sum(axis=-1))
+    if totals.max() > MAX_EXACT_INT:
+        i = int(np.argmax(totals))
+        raise param_error(
+            "counts",
+            func,
+            f"counts whose total per layer is at most 2**53 = {MAX_EXACT_INT} (float64 sums "
+            "stay exact)",
+            f"a total of {int(totals[i])}" + (f" in layer {i}" if arr.ndim == 2 else ""),
+        )
     return arr
 
 

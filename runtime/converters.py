@@ -200,7 +200,14 @@ def to_sglang_lp(log2phy, probs, sglang_log2phy=None, *, physical_to_logical=Non
             "with): the column order of SGLang's tables depends on how its map was built."
         )
     if sglang_log2phy is not None:
-        cols = check_array(_host(sglang_log2phy), "sglang_log2phy", func, kind="int", ndim=3, lo=-1)
+        cols = check_array(
+            _host(sglang_log2phy, "sglang_log2phy", func),
+            "sglang_log2phy",
+            func,
+            kind="int",
+            ndim=3,
+            lo=-1,
+        )
     else:
         cols = sglang_logical_to_all_physical(physical_to_logical, l2p.shape[1])
     p = reorder_columns(l2p, p, cols)
@@ -211,10 +218,18 @@ def to_sglang_lp(log2phy, probs, sglang_log2phy=None, *, physical_to_logical=Non
     return np.where(s > 0, p / np.where(s > 0, s, 1.0), uniform).astype(np.float32)
 
 
-def _host(x):
-    """A torch tensor as a host numpy array; anything else as it is."""
+def _host(x, name: str, func: str):
+    """A torch tensor as a host numpy array; anything else as it is (a tensor without data
+    to read, on the ``meta`` device, sparse or nested, is an error naming the parameter)."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):
-        return x.detach().cpu().numpy()
+        from .engines._common import to_numpy
+
+        try:
+            return to_numpy(x)
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"The '{name}' parameter of {func} must be a dense tensor holding data. {exc}"
+            ) from None
     return x
 
 

@@ -24,16 +24,17 @@ import threading
 
 import numpy as np
 
-from ..formulations.errors import param_error
+from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_array, check_int
 from .dispatch import _is_tensor, _require_torch
+from .engines._common import to_numpy
 
 __all__ = ["TablePublisher", "uniform_table", "normalize_table"]
 
 
 def _log2phy_iv(log2phy, func: str) -> np.ndarray:
     return check_array(
-        _host(log2phy),
+        _host(log2phy, "log2phy", func),
         "log2phy",
         func,
         kind="int",
@@ -67,7 +68,7 @@ def normalize_table(probs, log2phy) -> np.ndarray:
     """
     l2p = _log2phy_iv(log2phy, "normalize_table")
     probs = check_array(
-        _host(probs),
+        _host(probs, "probs", "normalize_table"),
         "probs",
         "normalize_table",
         kind="real",
@@ -86,10 +87,18 @@ def normalize_table(probs, log2phy) -> np.ndarray:
     return np.where(s > 0, p / np.where(s > 0, s, 1.0), uniform)
 
 
-def _host(x):
-    if _is_tensor(x):
-        x = x.detach().cpu().numpy()
-    return x
+def _host(x, name: str, func: str):
+    """A torch tensor as a numpy array (any device; bfloat16 and other float kinds numpy
+    lacks become float32, exactly), or ``x`` unchanged; a tensor without numbers to read (on
+    the ``meta`` device, sparse, nested) is an error naming the parameter."""
+    if not _is_tensor(x):
+        return x
+    try:
+        return to_numpy(x)
+    except InvalidInputError as exc:
+        raise InvalidInputError(
+            f"The '{name}' parameter of {func} must be a dense tensor holding data. {exc}"
+        ) from None
 
 
 class TablePublisher:
@@ -144,7 +153,7 @@ class TablePublisher:
         torch = _require_torch()
         func = "TablePublisher"
         l2p = check_array(
-            _host(log2phy),
+            _host(log2phy, "log2phy", func),
             "log2phy",
             func,
             kind="int",
@@ -211,7 +220,7 @@ class TablePublisher:
 
     def _valid(self, probs, name, func) -> np.ndarray:
         p = check_array(
-            _host(probs),
+            _host(probs, name, func),
             name,
             func,
             kind="real",
@@ -251,7 +260,12 @@ class TablePublisher:
             mask = np.ones(self._listed.shape[:2], dtype=bool)
         else:
             mask = check_array(
-                _host(rows), "rows", func, kind="bool", ndim=2, shape=self._listed.shape[:2]
+                _host(rows, "rows", func),
+                "rows",
+                func,
+                kind="bool",
+                ndim=2,
+                shape=self._listed.shape[:2],
             )
         with self._lock:
             if self._event is not None:
@@ -277,14 +291,20 @@ class TablePublisher:
         """
         func = "TablePublisher.reset"
         l2p = check_array(
-            _host(log2phy), "log2phy", func, kind="int", ndim=3, shape=self._listed.shape, lo=-1
+            _host(log2phy, "log2phy", func),
+            "log2phy",
+            func,
+            kind="int",
+            ndim=3,
+            shape=self._listed.shape,
+            lo=-1,
         )
         # Everything is checked before anything changes: a bad table leaves the old state.
         if probs is None:
             first = uniform_table(l2p)
         else:
             p = check_array(
-                _host(probs),
+                _host(probs, "probs", func),
                 "probs",
                 func,
                 kind="real",

@@ -67,9 +67,10 @@ def no_hang(seconds=HANG_S):
         signal.signal(signal.SIGALRM, old)
 
 
-def contract(fn, call: Call, may_name=()):
+def contract(fn, call: Call, may_name=(), func=None):
     """Run ``fn``; return its value, or None after an InvalidInputError that names one of the
-    spoiled parameters (or of ``may_name``, the parameters a mismatch can be blamed on).
+    spoiled parameters (or of ``may_name``, the parameters a mismatch can be blamed on) and,
+    given ``func``, the function the caller called (not a function it calls in turn).
     Any other exception fails the test; so does an error for a call nothing spoiled."""
     try:
         with no_hang():
@@ -79,6 +80,7 @@ def contract(fn, call: Call, may_name=()):
         assert call.spoiled, f"a valid call was refused: {msg}"
         names = set(call.spoiled) | set(may_name)
         assert any(f"'{p}'" in msg for p in names), f"{msg!r} names none of {sorted(names)}"
+        assert func is None or func in msg, f"{msg!r} does not name {func}, the function called"
         return None
 
 
@@ -87,7 +89,7 @@ def contract(fn, call: Call, may_name=()):
 @given(cost_model_calls())
 @example(Call(kwargs=dict(a="0", b=1, c=0, beta=0.1), spoiled={"a"}))  # numeric string
 def test_cost_model(call):
-    m = contract(lambda: CostModel(**call.kwargs), call)
+    m = contract(lambda: CostModel(**call.kwargs), call, func="CostModel")
     if m is not None:
         for name in ("a", "b", "c", "beta", "b2"):
             v = getattr(m, name)
@@ -108,7 +110,9 @@ def _check_problem(p: DispatchProblem):
 @FUZZ
 @given(problem_calls())
 def test_dispatch_problem(call):
-    p = contract(lambda: DispatchProblem(**call.kwargs), call, ("counts", "replicas"))
+    p = contract(
+        lambda: DispatchProblem(**call.kwargs), call, ("counts", "replicas"), func="DispatchProblem"
+    )
     if p is not None:
         _check_problem(p)
 
@@ -141,7 +145,7 @@ def test_evaluate_and_check_shares(inst, data):
     live = problem.counts > 0
     x[live, problem.replicas[live].argmax(axis=1)] = problem.counts[live]
     call = data.draw(spoil({"shares": x}, at_most=1))
-    ev = contract(lambda: evaluate(problem, cost, call.kwargs["shares"]), call)
+    ev = contract(lambda: evaluate(problem, cost, call.kwargs["shares"]), call, func="evaluate")
     if ev is not None:
         assert np.shape(ev.times) == (problem.n_gpus,)
     try:
@@ -181,6 +185,7 @@ def test_solve_dispatch(method):
         res = contract(
             lambda: solve_dispatch(problem, cost, method=method, **kw),
             call,
+            func="solve_dispatch",
         )
         if res is not None:
             check_dispatch_result(problem, cost, res, kw)
@@ -284,7 +289,10 @@ def test_route_batch(call):
     kw = dict(call.kwargs)
     kw.pop("_edge")  # free slots past int64, lengths near 1.7e308, ... (pinned below)
     d = contract(
-        lambda: route_batch(**kw), call, ("prefill_lengths", "loads", "free_slots", "n_running")
+        lambda: route_batch(**kw),
+        call,
+        ("prefill_lengths", "loads", "free_slots", "n_running"),
+        func="route_batch",
     )
     if d is not None:
         check_routing(kw, d)
@@ -320,7 +328,7 @@ def test_route_batch_lengths_near_float_max():
 @FUZZ
 @given(simulate_calls())
 def test_simulate(call):
-    rep = contract(lambda: simulate(**call.kwargs), call)
+    rep = contract(lambda: simulate(**call.kwargs), call, func="simulate")
     if rep is not None:
         n = len(call.kwargs["trace"])
         assert rep.n_requests == n and rep.n_finished <= n

@@ -36,9 +36,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...formulations.errors import InvalidInputError
 from ...formulations.validation import check_array, check_int
 
-__all__ = ["TokenLayout", "token_layout", "layout_top_k"]
+__all__ = ["TokenLayout", "token_layout", "layout_top_k", "MAX_LAYOUT_ASSIGNMENTS"]
 
 
 class TokenLayout(NamedTuple):
@@ -85,9 +86,25 @@ def layout_top_k(counts, top_k: int) -> int:
     return 1  # pragma: no cover - k = 1 always qualifies
 
 
+#: Most token-expert assignments one layout holds: the layout keeps about 50 bytes per
+#: assignment at once (its int64 table, permutation and float64 keys; 3.3 GB at this bound),
+#: and the baselines built on it as much again. A decode batch is far below it (8 GPUs x 256
+#: tokens x top-8 = 16,384); a per-token rule on more tokens is refused up front rather than
+#: run out of memory part way.
+MAX_LAYOUT_ASSIGNMENTS = 2**26
+
+
 def _token_layout_iv(counts, n_gpus, top_k, seed):
     func = "token_layout"
     n = check_array(counts, "counts", func, kind="int", ndim=1, lo=0)
+    total = float(n.astype(np.float64).sum())
+    if total > MAX_LAYOUT_ASSIGNMENTS:
+        raise InvalidInputError(
+            "The 'counts' of a layer dispatched token by token (SGLang's static, dynamic and "
+            "lp dispatch, vLLM's EP replica choice, LPLB: every token is laid out in memory, "
+            f"about 50 bytes each) must total at most 2**26 = {MAX_LAYOUT_ASSIGNMENTS} "
+            f"token-expert assignments. Got {int(n.sum())} instead."
+        )
     g = check_int(n_gpus, "n_gpus", func, lo=1)
     k = check_int(top_k, "top_k", func, lo=1)
     s = check_int(seed, "seed", func, lo=0)
@@ -157,6 +174,23 @@ def _local_positions(source: np.ndarray) -> np.ndarray:
     start = np.r_[0, np.flatnonzero(np.diff(source)) + 1]
     first = np.repeat(start, np.diff(np.r_[start, source.size]))
     return np.arange(source.size, dtype=np.int64) - first
+
+
+def _caller_int_dtype(x) -> np.dtype:
+    """The signed integer dtype of what the caller passed, int64 for anything else.
+
+    The engines keep their id tensors' dtype through a lookup (SGLang's
+    ``topk_ids_logical_to_physical`` casts back to ``topk_ids.dtype``; vLLM's router writes
+    ``topk_ids.dtype``; SGLang's static table takes its map's dtype), so int32 ids from an
+    engine come back int32.
+
+    Examples
+    --------
+    >>> _caller_int_dtype(np.zeros(2, np.int32)), _caller_int_dtype([1, 2])
+    (dtype('int32'), dtype('int64'))
+    """
+    dt = np.asarray(x).dtype
+    return dt if dt.kind == "i" else np.dtype(np.int64)
 
 
 def _mask_candidates(replicas) -> np.ndarray:

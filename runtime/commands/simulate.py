@@ -4,10 +4,12 @@
 [--dispatch pool|queue] [--prefix-cache] [--ctx-cost S] [--plot PNG]``
 
 ``straggler-simulate TRACE --moe PRESET --ep G [--layers K] [--nodes N] [--routings ...]
-[--dispatches ...] [--placements ...] [--table-period S]`` prices every step with the
+[--dispatches ...] [--placements ...] [--table-period S] [--full]`` prices every step with the
 deployment step model (DP attention + EP MoE, :mod:`straggler.sim.engine.deployment`) and prints
 the levers table (:func:`~straggler.sim.experiments.levers.levers`): routing x dispatch x placement,
 each cell relative to JSQ + EPLB's even split; ``--plot`` then draws the step decomposition.
+Without ``--full`` it runs a small grid (:data:`LEVERS_QUICK_GRID`) on the first
+:data:`LEVERS_QUICK_REQUESTS` requests; it prints the cell count and an estimate first.
 
 ``straggler-simulate TRACE --moe PRESET --ep G --rebalance never,auto,vllm,sglang,every:N
 [--rebalance-mode sync|async|batched] [--drift X | --expert-loads REC1,REC2,... [--drift-every
@@ -178,10 +180,17 @@ def _parser() -> OneLineParser:
     g.add_argument(
         "--table-period", type=float, default=0.2, help="simulated s between table refreshes"
     )
-    g.add_argument("--routings", default=None, help="routing policies (default jsq,brs,br0,"
-                   "trtllm_balance)")  # fmt: skip
-    g.add_argument("--dispatches", default=None, help="dispatches (default even,token_lp,tempo)")
+    g.add_argument("--routings", default=None, help="routing policies (default jsq,brs; "
+                   "--full: jsq,brs,br0,trtllm_balance)")  # fmt: skip
+    g.add_argument("--dispatches", default=None, help="dispatches (default even,tempo; --full: "
+                   "even,token_lp,tempo)")  # fmt: skip
     g.add_argument("--placements", default=None, help="placements (default eplb,place_experts)")
+    g.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the whole grid on every request (default: a small grid on the first "
+        f"{LEVERS_QUICK_REQUESTS:,} requests, about a minute on 2 cores)",
+    )
     r = p.add_argument_group("rebalance in the loop (with --moe): the rebalance table")
     r.add_argument(
         "--rebalance", default=None,
@@ -217,6 +226,12 @@ def _parser() -> OneLineParser:
     r.add_argument("--saturated", action="store_true",
                    help="keep every slot busy (offered load 1.5x unless --load)")  # fmt: skip
     return p
+
+
+#: The levers table's quick grid (without ``--full``): each lever alone and together.
+LEVERS_QUICK_GRID = (("jsq", "brs"), ("even", "tempo"), ("eplb", "place_experts"))
+#: Requests the levers table simulates without ``--full`` or ``--requests``.
+LEVERS_QUICK_REQUESTS = 3000
 
 
 #: Flags that only mean something with ``--rebalance``.
@@ -355,6 +370,15 @@ def _levers_main(args, trace) -> int:
     def names(text, default):
         return default if text is None else [x.strip() for x in text.split(",") if x.strip()]
 
+    grid = (ROUTINGS, LEVER_DISPATCHES, LEVER_PLACEMENTS) if args.full else LEVERS_QUICK_GRID
+    if not args.full and not args.requests and len(trace) > LEVERS_QUICK_REQUESTS:
+        print(
+            f"levers: the first {LEVERS_QUICK_REQUESTS:,} of {len(trace):,} requests and a "
+            "small grid (--full: every request and the whole grid; --requests N: N requests)",
+            file=sys.stderr,
+        )
+        trace = trace.subset(list(range(LEVERS_QUICK_REQUESTS)))
+
     G = args.ep if args.ep is not None else args.replicas
     dep = DeploymentConfig(
         preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
@@ -367,9 +391,9 @@ def _levers_main(args, trace) -> int:
         print(f" {seconds:.1f} s", file=sys.stderr)
     table = levers(
         trace, dep,
-        routings=names(args.routings, ROUTINGS),
-        dispatches=names(args.dispatches, LEVER_DISPATCHES),
-        placements=names(args.placements, LEVER_PLACEMENTS),
+        routings=names(args.routings, grid[0]),
+        dispatches=names(args.dispatches, grid[1]),
+        placements=names(args.placements, grid[2]),
         progress=not args.no_progress,
         max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
         load_basis=args.load_basis, prefill_instances=args.prefill_instances,

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             simulator=not args.no_simulator,
             methods=names(args.methods),
             policies=names(args.policies),
-            verbose=not args.json,
+            progress=not args.json,
             jobs=_jobs_arg(args.jobs),
         )
     except ValueError as exc:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...formulations._io import atomic_open, atomic_path
+from ...formulations._io import atomic_open, atomic_path, file_problem, write_error
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, param_error
 from ...formulations.validation import MAX_EXACT_INT, check_array, check_int
 
@@ -24,6 +24,7 @@ __all__ = [
     "field_int",
     "get_field",
     "load_pt",
+    "check_zip_members",
     "save_pt",
     "load_json",
     "save_json",
@@ -84,18 +85,11 @@ def require_file(path) -> str:
     """``path`` when it is a regular file (following symbolic links); otherwise one clear
     error. A FIFO or a device would block or never end, a directory cannot be read."""
     src = source_name(path)
-    try:
-        st = os.stat(src)
-    except OSError as exc:
-        if isinstance(exc, FileNotFoundError) and os.path.islink(src):
-            raise InvalidInputError(
-                f"{src} is a broken symbolic link or a symbolic-link loop."
-            ) from None
-        raise read_error(src, exc) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InvalidInputError(f"{src} is a directory, not a file.")
-    if not stat.S_ISREG(st.st_mode):
-        raise InvalidInputError(f"{src} is not a regular file (a FIFO, socket or device).")
+    why = file_problem(src)
+    if why == "does not exist":
+        raise InvalidInputError(f"No such file: {src}.")
+    if why is not None:
+        raise InvalidInputError(f"{src} {why}.")
     return src
 
 
@@ -411,14 +405,70 @@ def to_numpy(x):
     return x
 
 
+def check_zip_members(path, what: str) -> None:
+    """Refuse a zip archive (a torch file, an ``.npz``) whose members do not match their
+    CRC-32 checksums: a flipped bit or a torn write. The readers built on zip do not look
+    (``torch.load`` reads a damaged payload as data); this reads every member once.
+    Files that are not zip archives are left to their reader."""
+    src = source_name(path)
+    try:
+        if not zipfile.is_zipfile(src):
+            return
+        with zipfile.ZipFile(src) as z:
+            bad = z.testzip() or _zip_record_damage(src, z)
+    except OSError as exc:
+        raise read_error(src, exc) from None
+    except Exception as exc:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError, ...
+        raise InvalidInputError(
+            f"{src} is a damaged {what} ({type(exc).__name__}: {str(exc)[:120]})."
+        ) from None
+    if bad is not None:
+        raise InvalidInputError(
+            f"{src} is a damaged {what}: the CRC-32 checksum of its member {bad!r} does not "
+            "match its bytes (a flipped bit or a partial write)."
+        )
+
+
+def _zip_record_damage(src: str, z: zipfile.ZipFile) -> str | None:
+    """The first member whose central-directory record is damaged where the CRC does not
+    reach, else None: a 32-bit size or offset that disagrees with its ZIP64 extra field
+    (zipfile reads the extra field, torch's miniz the 32-bit value where it is not
+    ``0xFFFFFFFF``), or a file flagged as a folder (MS-DOS attribute ``0x10``, which
+    miniz then reads as empty). Either way torch would read bytes other than the ones
+    whose checksum was checked."""
+    with open(src, "rb") as f:
+        f.seek(z.start_dir)
+        for info in z.infolist():
+            if info.external_attr & 0x10 and not info.filename.endswith("/"):
+                return info.filename
+            rec = f.read(zipfile.sizeCentralDir)
+            if len(rec) < zipfile.sizeCentralDir:
+                return info.filename
+            fields = zipfile.struct.unpack(zipfile.structCentralDir, rec)
+            csize, usize, offset = fields[10], fields[11], fields[18]
+            for raw, parsed in (
+                (csize, info.compress_size),
+                (usize, info.file_size),
+                (offset, info.header_offset),
+            ):
+                if raw != 0xFFFFFFFF and raw != parsed:
+                    return info.filename
+            f.seek(fields[12] + fields[13] + fields[14], os.SEEK_CUR)
+    return None
+
+
 def load_pt(path):
     """``torch.load(path, weights_only=True, map_location="cpu")`` with tensors as numpy.
 
     ``map_location="cpu"``: SGLang saves some tensors straight from the GPU. Any failure
-    (not a torch file, truncated, a disallowed pickle global) is one InvalidInputError.
+    (not a torch file, truncated, a disallowed pickle global) is one InvalidInputError. The
+    archive's checksums are checked first (:func:`check_zip_members`): ``torch.load``
+    itself reads a flipped bit in a tensor as data. (A torch file in the legacy, non-zip
+    format carries no checksum.)
     """
     torch = _torch(f"Reading {source_name(path)}")
     require_file(path)
+    check_zip_members(path, "torch file")
     try:
         obj = torch.load(path, weights_only=True, map_location="cpu")
     except OSError as exc:
@@ -450,7 +500,12 @@ def save_pt(obj, path) -> None:
 
     data = conv(obj)
     with atomic_path(path) as tmp:
-        torch.save(data, tmp)
+        try:
+            torch.save(data, tmp)
+        except OSError:
+            raise  # atomic_path names the file
+        except Exception as exc:  # noqa: BLE001 - torch reports a failed write as RuntimeError
+            raise write_error(path, exc) from None
 
 
 def load_json(path_or_text, *, inline: bool = False):
@@ -505,7 +560,11 @@ def _safetensors(purpose: str):
 
 
 def load_safetensors(path) -> dict:
-    """A safetensors file as ``{name: ndarray}`` (no torch needed)."""
+    """A safetensors file as ``{name: ndarray}`` (no torch needed).
+
+    safetensors checks that its header is valid JSON and that the tensors it lists cover
+    the data exactly (a truncated or extended file is refused); it has no checksum, so a
+    flipped bit inside a tensor's bytes cannot be detected."""
     stn = _safetensors(f"Reading {source_name(path)}")
     require_file(path)
     try:
@@ -528,7 +587,12 @@ def save_safetensors(tensors: dict, path) -> None:
     stn = _safetensors(f"Writing {source_name(path)}")
     data = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     with atomic_path(path) as tmp:
-        stn.save_file(data, tmp)
+        try:
+            stn.save_file(data, tmp)
+        except OSError:
+            raise  # atomic_path names the file
+        except Exception as exc:  # noqa: BLE001 - SafetensorError on a failed write
+            raise write_error(path, exc) from None
 
 
 def load_by_extension(path, unknown: str):

@@ -594,7 +594,8 @@ class DeploymentConfig:
     per_batch_method : str, default "tempo"
         The registered method ``dispatch="per_batch"`` solves every batch with.
     replication : float or None
-        Physical slots over experts; None: the preset's.
+        Physical slots over experts, in ``[1, n_gpus]`` (every expert on every GPU at
+        most); None: the preset's (at most ``n_gpus``).
     cost : CostModel or None
         The MoE cost model; None: the preset's.
     internode_us_per_token : float, default 0
@@ -707,8 +708,14 @@ class DeploymentConfig:
             self, "per_batch_method",
             check_choice(self.per_batch_method, "per_batch_method", func, dispatch_methods()),
         )  # fmt: skip
-        rep = preset.replication if self.replication is None else self.replication
-        object.__setattr__(self, "replication", check_real(rep, "replication", func, lo=1))
+        # at most every expert on every GPU: P <= n_experts * n_gpus slots, the size of the
+        # replica masks the dispatch holds anyway (a further slot would be a second copy of
+        # an expert on a GPU that already holds one)
+        if self.replication is None:
+            rep = min(preset.replication, float(G))
+        else:
+            rep = check_real(self.replication, "replication", func, lo=1, hi=G)
+        object.__setattr__(self, "replication", rep)
         cost = preset.cost if self.cost is None else self.cost
         check_type(cost, "cost", func, CostModel, "None or a CostModel")
         object.__setattr__(self, "cost", cost)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...baselines.placement.flashlb import flashlb_rebalance
-from ...formulations.cost import CostModel
+from ...formulations.cost import PRESETS, CostModel
 from ...formulations.dispatch import DispatchProblem
-from ...formulations.errors import param_error
-from ...formulations.validation import check_array, check_int
+from ...formulations.errors import InvalidInputError, param_error
+from ...formulations.validation import check_array, check_choice, check_int, check_type
 from ...solvers.dispatch.solve import solve_dispatch
 from ...solvers.placement.eplb import rebalance_experts
 from ...solvers.placement.place import DEFAULT_PLACEMENT_COST, moved_replicas, place_experts
@@ -117,6 +117,61 @@ class RebalanceFrontier:
         return ax
 
 
+def _rebalance_frontier_iv(
+    history,
+    previous,
+    num_replicas,
+    num_groups,
+    num_nodes,
+    num_gpus,
+    cost,
+    score_on,
+    n_samples,
+    budgets,
+):
+    """Every argument of :func:`rebalance_frontier` checked before any work, errors naming
+    its parameters (the functions it calls would name theirs)."""
+    if cost is None:
+        cost = CostModel.preset(DEFAULT_PLACEMENT_COST)
+    elif isinstance(cost, str):
+        cost = CostModel.preset(check_choice(cost, "cost", _FUNC, sorted(PRESETS)))
+    check_type(cost, "cost", _FUNC, CostModel, "a CostModel, a preset name or None")
+    form = "a non-empty (n_batches, n_layers, n_experts) array of non-negative integers"
+    h = check_array(history, "history", _FUNC, ndim=3, kind="int", lo=0, expected=form)
+    if 0 in h.shape:
+        raise param_error("history", _FUNC, form, f"shape {h.shape}")
+    _, L, E = h.shape
+    P = check_int(num_replicas, "num_replicas", _FUNC, lo=1)
+    prev = check_array(
+        previous, "previous", _FUNC, ndim=2, kind="int", lo=0, hi=E - 1, shape=(L, P),
+        expected=f"the placement in force: an ({L}, {P}) array of experts",
+    )  # fmt: skip
+    held = h
+    if score_on is not None:
+        form = (
+            f"a non-empty (n, {L}, {E}) array of non-negative integers (history's layers, experts)"
+        )
+        held = check_array(score_on, "score_on", _FUNC, ndim=3, kind="int", lo=0, expected=form)
+        if held.shape[0] == 0 or held.shape[1:] != (L, E):
+            raise param_error("score_on", _FUNC, form, f"shape {held.shape}")
+    args = (
+        P,
+        check_int(num_groups, "num_groups", _FUNC, lo=1),
+        check_int(num_nodes, "num_nodes", _FUNC, lo=1),
+        check_int(num_gpus, "num_gpus", _FUNC, lo=1),
+    )
+    try:  # EPLB's constraints between them, worded for this function
+        rebalance_experts(np.ones((1, E)), *args)
+    except InvalidInputError as exc:
+        raise InvalidInputError(
+            str(exc).replace(" of rebalance_experts ", f" of {_FUNC} ")
+        ) from None
+    n_samples = check_int(n_samples, "n_samples", _FUNC, lo=1)
+    if budgets is not None:
+        budgets = check_array(budgets, "budgets", _FUNC, ndim=1, kind="int", lo=0)
+    return h, prev, held, args, cost, n_samples, budgets
+
+
 def rebalance_frontier(
     history,
     previous,
@@ -169,24 +224,11 @@ def rebalance_frontier(
     >>> fr.moves.tolist()[0], sorted(fr.points)
     (0, ['eplb', 'flashlb', 'place_experts', 'previous', 'vllm_eplb'])
     """
-    if cost is None:
-        cost = CostModel.preset(DEFAULT_PLACEMENT_COST)
-    elif isinstance(cost, str):
-        cost = CostModel.preset(cost)
-    h = check_array(history, "history", _FUNC, ndim=3, kind="int", lo=0)
-    P = check_int(num_replicas, "num_replicas", _FUNC, lo=1)
-    prev = check_array(
-        previous, "previous", _FUNC, ndim=2, kind="int", lo=0, hi=h.shape[2] - 1,
-        shape=(h.shape[1], P),
-        expected=f"the placement in force: an ({h.shape[1]}, {P}) array of experts",
+    h, prev, held, args, cost, n_samples, budgets = _rebalance_frontier_iv(
+        history, previous, num_replicas, num_groups, num_nodes, num_gpus, cost, score_on,
+        n_samples, budgets,
     )  # fmt: skip
-    held = (
-        h
-        if score_on is None
-        else check_array(score_on, "score_on", _FUNC, ndim=3, kind="int", lo=0)
-    )
-    g = check_int(num_gpus, "num_gpus", _FUNC, lo=1)
-    args = (num_replicas, num_groups, num_nodes, g)
+    num_replicas, g = args[0], args[3]
     mean = h.mean(axis=0)
     eplb = rebalance_experts(mean, *args)[0]
     vllm = rebalance_experts(mean, *args, version="vllm", old_physical_to_logical=prev)[0]
@@ -199,7 +241,6 @@ def rebalance_frontier(
     if budgets is None:
         top = int(moved_replicas(prev, eplb).max())
         budgets = np.unique(np.linspace(0, top, 9).round().astype(np.int64))
-    budgets = check_array(budgets, "budgets", _FUNC, ndim=1, kind="int", lo=0)
     moves, spans = [], []
     for k in budgets:
         p2l = place_experts(

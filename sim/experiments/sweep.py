@@ -25,8 +25,9 @@ every setting beside its results. The phase diagram and the routing load sweeps 
   table itself is written to ``path`` at the end: CSV, or Parquet when ``path`` ends in
   ``.parquet`` (needs ``pyarrow``). JSON keeps the journal's types exact, so a resumed
   sweep returns the very table an uninterrupted one does.
-* **Progress.** A tqdm bar on stderr when tqdm is installed, else a plain line on stderr
-  about every 5% of the cells; ``progress=False`` is silent.
+* **Progress.** On stderr, the cells to run before the first starts, an estimate of the
+  time once the first has finished, and a tqdm bar with the time left; ``progress=False`` is
+  silent.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import math
 import multiprocessing
 import numbers
 import os
+import pickle
 import re
 import sys
 import time
@@ -50,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formulations._io import atomic_open, atomic_path, check_output_file
+from ...formulations._io import atomic_open, atomic_path, check_input_file, check_output_file
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ...formulations.validation import check_bool, check_choice, check_int, check_type, describe
 
@@ -186,33 +188,43 @@ def _run_cell(func, index: int, settings: dict):
 
 
 class _Progress:
-    """tqdm when installed, else a plain stderr line about every 5% of the cells."""
+    """On stderr: the cells to run before the first starts, an estimate of the time they take
+    once the first has finished (its wall time times the cells left, over the workers), and a
+    tqdm bar with the time left."""
 
-    def __init__(self, total: int, done: int, desc: str, enabled: bool):
+    def __init__(self, total: int, done: int, desc: str, enabled: bool, workers: int = 1):
         self.total, self.done, self.desc, self.enabled = total, done, desc, enabled
+        self.workers = max(1, workers)
         self.t0 = time.perf_counter()
+        self.ran = 0
         self.bar = None
-        self.step = max(1, total // 20)
         if not enabled:
             return
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            print(f"{desc}: {done}/{total} cells done (resumed)", file=sys.stderr)
-        else:
-            self.bar = tqdm(total=total, initial=done, desc=desc, unit="cell", file=sys.stderr)
+        from tqdm.auto import tqdm
+
+        todo = total - done
+        before = f" ({done} of {total} done before)" if done else ""
+        print(
+            f"{desc}: {todo} cells to run{before} on {self.workers} worker(s); estimated time "
+            "after the first cell",
+            file=sys.stderr,
+        )
+        self.bar = tqdm(total=total, initial=done, desc=desc, unit="cell", file=sys.stderr)
 
     def update(self) -> None:
         self.done += 1
+        self.ran += 1
         if not self.enabled:
             return
-        if self.bar is not None:
-            self.bar.update(1)
-        elif self.done % self.step == 0 or self.done == self.total:
-            dt = time.perf_counter() - self.t0
-            pct = 100 * self.done / self.total
-            print(
-                f"{self.desc}: {self.done}/{self.total} cells ({pct:.0f}%), {dt:.1f} s",
+        self.bar.update(1)
+        left = self.total - self.done
+        if self.ran == 1 and left:
+            first = time.perf_counter() - self.t0
+            est = first * left / min(self.workers, left)
+            when = f"{est:.0f} s" if est < 90 else f"{est / 60:.1f} min"
+            self.bar.write(
+                f"{self.desc}: estimated {when} more for {left} cells (the first took "
+                f"{first:.1f} s)",
                 file=sys.stderr,
             )
 
@@ -415,6 +427,7 @@ class SweepTable:
     def read_csv(cls, path, settings: Sequence[str] = ()) -> SweepTable:
         """Read a table written by :meth:`to_csv`; each value parsed as int, float, bool,
         None (empty) or left a string, in that order of preference."""
+        path = check_input_file(path, "path", "SweepTable.read_csv")
         try:
             with open(path, newline="", encoding="utf-8") as fh:
                 rows = list(csv.DictReader(fh))
@@ -550,7 +563,8 @@ def sweep(
     )
     results: list[dict | None] = [journal.done.get(_key(c)) for c in cells]
     todo = [i for i, r in enumerate(results) if r is None]
-    bar = _Progress(len(cells), len(cells) - len(todo), desc, progress)
+    n_workers = 1 if backend == "serial" else min(workers or os.cpu_count() or 1, len(todo) or 1)
+    bar = _Progress(len(cells), len(cells) - len(todo), desc, progress, n_workers)
 
     def finish(index: int, res: dict) -> None:
         clash = sorted(set(res) & set(settings_names))
@@ -611,24 +625,37 @@ _NO_GUARD = (
 
 
 def _check_spawnable(func) -> None:
-    """Refuse, before starting anything, what spawned workers cannot run: a ``func`` defined
-    in an interactive session (nothing to import it from), or a main script that has no
-    ``__main__`` guard (each worker would re-run it)."""
+    """Refuse, before starting anything, what spawned workers cannot run: a ``func`` pickle
+    cannot send (a lambda, a nested function: workers receive it by reference), a ``func``
+    defined in an interactive session or a script read from standard input (nothing to
+    import it from), or a main script that has no ``__main__`` guard (each worker would
+    re-run it)."""
+    try:
+        pickle.dumps(func)
+    except Exception as exc:  # noqa: BLE001 - PicklingError, AttributeError, TypeError, ...
+        raise InvalidInputError(
+            f"The 'func' parameter of {_FUNC} must be a function the worker processes of "
+            "backend='process' can receive (pickle sends a module-level function by name; a "
+            "lambda, a nested function or a local class cannot be sent). Got "
+            f"{describe(func)} ({type(exc).__name__}: {str(exc)[:120]}) instead. Define it at "
+            "the top level of a module or pass backend='serial'."
+        ) from None
     main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
-    if script is None:
+    if script is None or not os.path.isfile(script):
         if getattr(func, "__module__", None) == "__main__":
             raise InvalidInputError(
-                f"The 'func' parameter of {_FUNC} is defined in an interactive session, which "
-                "the spawned workers of backend='process' cannot import. Define it in a module "
-                "(a .py file) or pass backend='serial'."
+                f"The 'func' parameter of {_FUNC} is defined in an interactive session or a "
+                "script read from standard input, which the spawned workers of "
+                "backend='process' cannot import. Define it in a module (a .py file) or pass "
+                "backend='serial'."
             )
         return
     try:
         with open(script, encoding="utf-8", errors="replace") as fh:
             source = fh.read()
     except OSError:
-        return  # nothing to inspect (a frozen or deleted script): let the pool try
+        return  # nothing to inspect (an unreadable script): let the pool try
     if not _GUARD.search(source):
         raise InvalidInputError(_NO_GUARD.format(script=script))
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...formulations._io import check_input_file
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array, check_int, describe
+from .traces import _read_text
 
 __all__ = ["PrefixBlocks", "load_prefix_blocks"]
 
@@ -102,36 +104,38 @@ def load_prefix_blocks(path, *, block_tokens: int = 512) -> PrefixBlocks:
     order of :func:`~straggler.sim.workloads.traces.load_trace` (timestamps sorted stably).
 
     A record without ``hash_ids`` has no blocks. ``block_tokens``: tokens per id (512 in the
-    Mooncake FAST'25 traces).
+    Mooncake FAST'25 traces). The file is read as ``load_trace`` reads it (optionally
+    gzip-compressed UTF-8 text).
 
     Raises
     ------
     InvalidInputError
-        A line that is not a JSON object with a finite ``timestamp``, or ``hash_ids`` that is
-        not a list of non-negative integers.
+        ``path`` is not a path, or names no regular file (missing, a folder, a FIFO, ...);
+        the file is not UTF-8 text; a line that is not a JSON object with a finite
+        ``timestamp``, or ``hash_ids`` that is not a list of non-negative integers.
     """
+    path = check_input_file(path, "path", "load_prefix_blocks")
     ts, lists = [], []
-    with open(path, encoding="utf-8") as f:
-        for line, s in enumerate(f, start=1):
-            if not s.strip():
-                continue
-            try:
-                d = json.loads(s)
-                t = float(d["timestamp"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise InvalidInputError(
-                    f"Line {line} of {path!r} is not a Mooncake record ({type(e).__name__})."
-                ) from None
-            ids = d.get("hash_ids") or []
-            ok = isinstance(ids, list) and all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in ids
+    for line, s in enumerate(_read_text(path).splitlines(), start=1):
+        if not s.strip():
+            continue
+        try:
+            d = json.loads(s)
+            t = float(d["timestamp"])
+        except (json.JSONDecodeError, RecursionError, KeyError, TypeError, ValueError) as e:
+            raise InvalidInputError(
+                f"Line {line} of {path!r} is not a Mooncake record ({type(e).__name__})."
+            ) from None
+        ids = d.get("hash_ids") or []
+        ok = isinstance(ids, list) and all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in ids
+        )
+        if not ok or not math.isfinite(t):
+            raise InvalidInputError(
+                f"Line {line} of {path!r}: 'hash_ids' must be a list of non-negative "
+                "integers and 'timestamp' finite."
             )
-            if not ok or not math.isfinite(t):
-                raise InvalidInputError(
-                    f"Line {line} of {path!r}: 'hash_ids' must be a list of non-negative "
-                    "integers and 'timestamp' finite."
-                )
-            ts.append(t)
-            lists.append(ids)
+        ts.append(t)
+        lists.append(ids)
     order = np.argsort(np.asarray(ts, dtype=float), kind="stable")
     return PrefixBlocks.from_lists([lists[i] for i in order], block_tokens=block_tokens)

@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from ...formulations._io import check_input_file
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import (
     MAX_EXACT_INT,
@@ -938,12 +939,7 @@ def find_trace(file: str, directory=None, *, name: str | None = None) -> pathlib
 
 def _load_trace_iv(path, format, rate, arrivals, cv, rng):
     func = "load_trace"
-    check_type(path, "path", func, (str, os.PathLike), "a path (str or os.PathLike)")
-    path = os.fspath(path)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not os.path.isfile(path):
-        raise param_error("path", func, "an existing file", repr(path))
+    path = check_input_file(path, "path", func)
     if format is not None:
         check_choice(format, "format", func, _FORMATS)
     if rate is not None:

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from ...formulations._io import atomic_open
-from ...formulations.cost import CostModel
+from ...formulations._io import atomic_open, check_input_file
+from ...formulations.cost import MAX_TILE, CostModel
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_real, check_rng
 
@@ -190,12 +190,16 @@ class CalibrationResult:
 
     def save(self, path) -> None:
         """Write the fit as JSON (read back by :meth:`load` and ``straggler-plan``)."""
+        text = json.dumps(
+            self.to_dict() | {"meta": _meta_iv(self.meta, "CalibrationResult")}, indent=1
+        )
         with atomic_open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
+            f.write(text)
 
     @classmethod
     def load(cls, path) -> CalibrationResult:
         """Read a fit written by :meth:`save`."""
+        path = check_input_file(path, "path", "CalibrationResult.load")
         try:
             with open(path) as f:
                 d = json.load(f)
@@ -387,8 +391,25 @@ def _fit_cost_model_iv(G, N, t, T, pieces, bootstrap, rng, starts, max_iter, lev
     starts = check_int(starts, "starts", _FUNC, lo=0)
     max_iter = check_int(max_iter, "max_iter", _FUNC, lo=1)
     level = check_real(level, "level", _FUNC, lo=0, hi=1, lo_open=True, hi_open=True)
-    tile = check_int(tile, "tile", _FUNC, lo=1)
+    tile = check_int(tile, "tile", _FUNC, lo=1, hi=MAX_TILE)
     return G, N, t, T, pieces, bootstrap, gen, starts, max_iter, level, tile
+
+
+def _meta_iv(meta, func: str) -> dict:
+    """``meta`` as a fresh dict: None or a dict with string keys whose values JSON holds
+    (:meth:`CalibrationResult.save` writes it as JSON)."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
+        raise param_error("meta", func, "None or a dict with string keys", repr(meta)[:60])
+    try:
+        json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise param_error(
+            "meta", func, "a dict of values JSON can store (strings, numbers, lists, dicts)",
+            f"{repr(meta)[:60]} ({exc})",
+        ) from None  # fmt: skip
+    return dict(meta)
 
 
 def fit_cost_model(
@@ -500,6 +521,7 @@ def fit_cost_model(
     G, N, t, T, pieces, bootstrap, gen, starts, max_iter, level, tile = _fit_cost_model_iv(
         G, N, t, T, pieces, bootstrap, rng, starts, max_iter, level, tile
     )
+    meta = _meta_iv(meta, _FUNC)
     tiles = T is not None
     X = _design(G, N, T, pieces)
     thetas, z, _, iters, converged = _best_fit(X, t, G, N, pieces, starts, max_iter, gen)
@@ -546,7 +568,7 @@ def fit_cost_model(
         converged=bool(converged),
         pieces=pieces,
         tile=tile,
-        meta=dict(meta or {}),
+        meta=meta,
     )
 
 
@@ -612,7 +634,7 @@ def read_calibration_log(path) -> dict:
     lines before the header are metadata. Raises :class:`InvalidInputError` naming the
     file, the line and the column on anything else.
     """
-    where = os.fspath(path)
+    where = check_input_file(path, "path", "read_calibration_log")
     try:
         with open(path, newline="") as f:
             text = f.read()

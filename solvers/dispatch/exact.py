@@ -16,7 +16,12 @@ import numpy as np
 from ...formulations.cost import CostModel
 from ...formulations.dispatch import DispatchProblem, check_shares, evaluate_arrays
 from ...formulations.dispatch_milp import build_dispatch_milp, build_token_lp, live_pairs
-from ...formulations.errors import InfeasibleSharesError, StragglerError, param_error
+from ...formulations.errors import (
+    InfeasibleSharesError,
+    InvalidInputError,
+    StragglerError,
+    param_error,
+)
 from ...formulations.results import Status
 from ...formulations.validation import (
     check_bool,
@@ -177,7 +182,11 @@ class MilpDispatch:
         # time_limit covers everything: seeds, model building and the backend
         t0 = time.perf_counter()
         deadline = t0 + time_limit
+        if self.backend == "highs":
+            _check_highs_slopes(cost)
         seed_name, seed_x, ub = self._seeds(problem, cost, deadline, rng)
+        if self.backend == "highs":
+            _check_highs_times(ub)
         model = build_dispatch_milp(
             problem, cost, tightened=self.tightened, upper_bound=ub if self.tightened else None
         )
@@ -241,6 +250,37 @@ class MilpDispatch:
         extras["gap"] = (mk - dual) / max(abs(mk), 1e-12) if math.isfinite(dual) else math.inf
         extras["runtime_s"] = time.perf_counter() - t0
         return LayerSolution(shares=shares, status=status, lower_bound=dual, extras=extras)
+
+
+#: HiGHS's ``large_matrix_value``: it refuses a constraint matrix with a larger coefficient.
+HIGHS_LARGE_MATRIX_VALUE = 1e15
+#: HiGHS's ``infinite_bound``: it reads a bound or a right-hand side this large as infinite.
+HIGHS_INFINITE_BOUND = 1e20
+_MILP_FUNC = "solve_dispatch(method='milp')"
+
+
+def _check_highs_slopes(cost) -> None:
+    """The slopes of ``cost`` are coefficients of the MILP's matrix: each must stay below
+    :data:`HIGHS_LARGE_MATRIX_VALUE`, or HiGHS refuses the model."""
+    for name in ("b", "b2", "beta", "gamma"):
+        v = getattr(cost, name)
+        if v is not None and v >= HIGHS_LARGE_MATRIX_VALUE:
+            raise InvalidInputError(
+                f"The 'cost' parameter of {_MILP_FUNC} must have slopes below "
+                f"{HIGHS_LARGE_MATRIX_VALUE:g} us (HiGHS refuses larger matrix coefficients: "
+                f"its large_matrix_value). Got {name}={v:.6g} instead."
+            )
+
+
+def _check_highs_times(makespan: float) -> None:
+    """The MILP bounds every GPU's time by the seed's makespan: it must stay below
+    :data:`HIGHS_INFINITE_BOUND`, which HiGHS reads as infinite."""
+    if not makespan < HIGHS_INFINITE_BOUND:
+        raise InvalidInputError(
+            f"The 'cost' parameter of {_MILP_FUNC} must keep the problem's times below "
+            f"{HIGHS_INFINITE_BOUND:g} us (HiGHS reads larger bounds as infinite: its "
+            f"infinite_bound). Got a dispatch of makespan {makespan:.6g} us instead."
+        )
 
 
 def _milp_dispatch_iv(m: MilpDispatch) -> dict:

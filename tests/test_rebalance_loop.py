@@ -383,6 +383,32 @@ def test_a_lost_rank_under_auto_and_sglang():
             assert (back >= 0).any() == bool(up)
 
 
+def test_auto_answers_a_lost_rank_as_never_does_without_planning_time():
+    a = _run("auto", n=150, events=((100, 3, False),))
+    nv = _run("never", n=150, events=((100, 3, False),))
+    down = [r for r in a.rebalances if r["step"] == 100]
+    assert len(down) == 1 and down[0]["forced"] and down[0]["planning_s"] == 0.0
+    ref = [r for r in nv.rebalances if r["step"] == 100][0]
+    assert down[0]["copies"] == ref["copies"] and down[0]["stall_s"] == ref["stall_s"]
+
+
+def test_esft_counts_are_read_by_task_and_bad_archives_refused(tmp_path):
+    from straggler.sim.workloads.drift import ESFT_TASKS, load_esft_counts
+
+    c = np.zeros((3, 2, 8), dtype=np.int64)
+    c[:, :, 1] = 6
+    np.savez(tmp_path / "ok.npz", law_counts=c, intent_counts=c + 1)
+    got = load_esft_counts(tmp_path / "ok.npz")
+    assert list(got) == ["intent", "law"] and list(got) == [t for t in ESFT_TASKS if t in got]
+    assert np.array_equal(got["law"], c)
+    np.savez(tmp_path / "none.npz", other=c)
+    np.savez(tmp_path / "neg.npz", law_counts=-c)
+    (tmp_path / "text.npz").write_text("not an archive")
+    for name in ("none.npz", "neg.npz", "text.npz", "missing.npz"):
+        with pytest.raises(InvalidInputError, match="'path'.*load_esft_counts"):
+            load_esft_counts(tmp_path / name)
+
+
 def test_routing_sequence_switches_models_in_time():
     a = RoutingModel.zipf(128, 0.9, n_layers=2, rng=0)
     b = RoutingModel.zipf(128, 0.9, n_layers=2, rng=5)

@@ -1211,8 +1211,11 @@ class StepModel:
         if changed:
             self._move = None  # a rearrangement under way is dropped
             plan = self.policy.plan(self._context(done, True))
-            new = self.physical_to_logical if plan is None else plan.physical_to_logical
-            self._rearrange(new, end_s, done, True, {} if plan is None else plan.detail)
+            if plan is None:  # the lost rank's slots emptied, nothing to plan
+                self._rearrange(self.physical_to_logical, end_s, done, True, {}, 0.0)
+            else:
+                self._rearrange(plan.physical_to_logical, end_s, done, True, plan.detail,
+                                plan.planning_s)  # fmt: skip
             return
         mv = self._move
         if mv is not None and mv["kind"] == "sync" and end_s >= mv["ready_s"]:
@@ -1228,9 +1231,11 @@ class StepModel:
         self._due = done + self._period
         plan = self.policy.plan(self._context(done, False))
         if plan is not None:
-            self._rearrange(plan.physical_to_logical, end_s, done, False, plan.detail)
+            self._rearrange(plan.physical_to_logical, end_s, done, False, plan.detail,
+                            plan.planning_s)  # fmt: skip
 
-    def _rearrange(self, new, end_s: float, done: int, forced: bool, detail: dict) -> None:
+    def _rearrange(self, new, end_s: float, done: int, forced: bool, detail: dict,
+                   planning_s: float | None = None) -> None:  # fmt: skip
         """Start a rearrangement to ``new`` decided after ``done`` steps (class notes)."""
         cfg = self.config
         move = cfg.move
@@ -1246,7 +1251,10 @@ class StepModel:
         if np.array_equal(new, old):
             return
         scale = cfg.layer_scale
-        planning = self.policy.planning_s_per_layer * cfg.preset.n_moe_layers
+        planning = (
+            self.policy.planning_s_per_layer * cfg.preset.n_moe_layers
+            if planning_s is None else planning_s
+        )  # fmt: skip
         event = dict(
             step=done, time_s=end_s, policy=self.policy.label, forced=forced,
             copies=scale * sum(t.copies for t in tr), bytes=scale * sum(t.bytes for t in tr),

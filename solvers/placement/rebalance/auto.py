@@ -5,12 +5,15 @@ The decision of the ``auto`` rebalance policy, the same function in the simulato
 (:class:`~straggler.runtime.SolverWorker`). From the window of recorded batches and the
 placement in force:
 
-1. **Target**: EPLB's plan of the window's mean loads on the active ranks
-   (:func:`~straggler.solvers.placement.rebalance.path.eplb_target`).
+1. **Target**: EPLB's plan, on the active ranks, of the mean loads of the window's even
+   steps (0, 2, 4, ...; :func:`~straggler.solvers.placement.rebalance.path.eplb_target`).
 2. **Frontier**: the rebalance path of every layer toward it
-   (:func:`~straggler.solvers.placement.rebalance.path.rebalance_path`): the window's mean
-   makespan under the even split after each number of moved replicas, from none to the full
-   plan.
+   (:func:`~straggler.solvers.placement.rebalance.path.rebalance_path`), scored on the
+   window's odd steps: the mean makespan under the even split after each number of moved
+   replicas, from none to the full plan. Planning on one half and scoring on the other keeps
+   the prediction honest about the batches' noise: scored on the steps it was fitted to, a
+   plan looks better than it serves (on per-sequence recorded loads, ``auto`` then moved to
+   placements worse than the one in force).
 3. **Price** each point of a layer's frontier (at most ``max_points`` of them, evenly spaced,
    the first and last included): its **gain**, the makespan it saves per step times the
    model's layers it stands for (``layer_scale``) times the steps it serves, ``horizon``
@@ -43,6 +46,7 @@ import numpy as np
 from ....formulations.cost import CostModel
 from ....formulations.errors import InvalidInputError, param_error
 from ....formulations.validation import check_array, check_int, check_real, check_type
+from .never import Never
 from .path import active_ranks_iv, eplb_target, rebalance_path, restore_experts
 from .policy import RebalanceContext, RebalancePlan, RebalancePolicy
 from .transfer import MoveCost, _batches, _transfer
@@ -204,13 +208,14 @@ def decide_rebalance(
             f"({per} slots each)", f"{int(act.sum())} active",
         )  # fmt: skip
     mean = h.mean(axis=0)
-    target = eplb_target(mean, P, groups, nodes, G, act)
+    fit, scored = (h[0::2], h[1::2]) if h.shape[0] >= 2 else (h, h)
+    target = eplb_target(fit.mean(axis=0), P, groups, nodes, G, act)
     # what a lost rank forces first: every expert back on an active rank, the fewest copies
     start = np.stack([restore_experts(prev[l], mean[l], G, act) for l in range(L)])
     cleared = prev.copy()
     cleared[:, ~np.repeat(act, per)] = -1
     forced_moves = (start != cleared).sum(axis=1)
-    path = rebalance_path(h, start, target, G, cost, active_ranks=act, n_samples=n_samples)
+    path = rebalance_path(scored, start, target, G, cost, active_ranks=act, n_samples=n_samples)
     node = _node_of(G, nodes)
     asynchronous = move.mode != "sync"
     idle = 0.0
@@ -269,7 +274,10 @@ class Auto(RebalancePolicy):
 
     Its planning runs beside serving (in the :class:`~straggler.runtime.SolverWorker`), in
     every mode: the copies start ``planning_s_per_layer`` times the model's MoE layers after
-    the decision, and nothing stalls for it.
+    the decision, and nothing stalls for it. A rank lost (``ctx.forced``) is answered at once
+    with the fewest copies that place every expert again (``never``'s answer, no planning
+    time: it is a few array operations); the next decision on the clock does the rest,
+    refilling a rank that came back where that pays.
 
     Parameters
     ----------
@@ -337,6 +345,11 @@ class Auto(RebalancePolicy):
         )  # fmt: skip
 
     def plan(self, ctx: RebalanceContext) -> RebalancePlan | None:
+        if ctx.forced:  # a rank lost: restore at once; the clock's next decision does the rest
+            new = Never().plan(ctx)
+            if new is None or np.array_equal(new.physical_to_logical, ctx.previous):
+                return None
+            return RebalancePlan(new.physical_to_logical, {}, planning_s=0.0)
         d = self.decide(ctx)
         if not d.rebalance:
             return None

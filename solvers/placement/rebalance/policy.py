@@ -90,6 +90,9 @@ class RebalancePlan:
     there: the loop treats them as empty)."""
     detail: dict
     """Policy-specific figures (``auto``: the decision's predicted gain and cost)."""
+    planning_s: float | None = None
+    """Seconds this plan took to make, when not the policy's ``planning_s_per_layer`` times
+    the model's MoE layers."""
 
 
 @dataclass(frozen=True, kw_only=True)

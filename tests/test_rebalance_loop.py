@@ -456,6 +456,29 @@ def test_simulate_command_compares_rebalance_policies(tmp_path, capsys):
     assert never["rearrangements"] == 0 and never["stall_s"] == 0
 
 
+def test_rebalance_plot_marks_every_rearrangement(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from straggler.sim.experiments.rebalance import rebalance_loop
+    from straggler.sim.workloads.traces import generate_trace
+
+    dep = DeploymentConfig(preset="dsv2_lite", n_gpus=8, n_nodes=2, layers=2, drift=1.0,
+                           drift_steps=100, seed=3)  # fmt: skip
+    trace = generate_trace("azure_conv", n_requests=1500, rng=0)
+    res = rebalance_loop(trace, dep, ["never", "vllm:60"], max_slots=64, saturated=True,
+                         max_steps=300, prefill_instances=0)  # fmt: skip
+    fig = res.plot(tmp_path / "t.png", title="x " * 200)
+    assert (tmp_path / "t.png").stat().st_size > 0
+    ax = fig.axes[0]
+    marks = [ln for ln in ax.get_lines() if ln.get_marker() == "|"]
+    n = len(res.reports["vllm:60"].rebalances)
+    assert n > 0 and len(marks) == 1 and len(marks[0].get_xdata()) == n
+    assert [e["time_s"] for e in res.reports["vllm:60"].rebalances] == list(marks[0].get_xdata())
+    assert len(ax.get_title().splitlines()) > 1  # a long title wraps
+
+
 def test_simulate_command_replays_recordings_in_turn(tmp_path, capsys):
     import json
 

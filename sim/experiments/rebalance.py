@@ -305,6 +305,7 @@ class RebalanceLoop:
         decided (a tick on the policy's line); matplotlib, the ``plot`` extra. Returns the
         figure (saved to ``path`` when given)."""
         import os
+        import textwrap
 
         from ...formulations._io import atomic_path
         from .plots import _pyplot
@@ -324,7 +325,7 @@ class RebalanceLoop:
         ax.set_ylabel(f"throughput (tok/s, {b:.3g} s bins); | = a rearrangement")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, ncol=3)
-        ax.set_title(title or self.note, fontsize=9)
+        ax.set_title("\n".join(textwrap.wrap(title or self.note, 110)), fontsize=9)
         fig.tight_layout()
         if path is not None:
             with atomic_path(path) as tmp:

@@ -317,6 +317,12 @@ def test_place_experts_on_the_active_ranks():
         place_experts(hist, 12, 1, 1, 4, active_ranks=[1, 0, 0, 0])
     with pytest.raises(InvalidInputError, match="active_ranks"):
         place_experts(hist, 12, 1, 1, 4, active_ranks=[1, 1])
+    # an engine's own dispatch rule with a rank down is refused; with every rank up it places
+    with pytest.raises(InvalidOptionError, match="'active_ranks'.*dispatch='vllm'"):
+        place_experts(hist, 12, 1, 1, 4, active_ranks=act, dispatch="vllm")
+    ref = place_experts(hist, 12, 1, 1, 4, dispatch="vllm")[0]
+    got = place_experts(hist, 12, 1, 1, 4, active_ranks=[1, 1, 1, 1], dispatch="vllm")[0]
+    assert np.array_equal(ref, got)
 
 
 # --- the step model -----------------------------------------------------------------------

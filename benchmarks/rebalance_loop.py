@@ -31,7 +31,7 @@ Usage::
 
 Writes ``rebalance_loop.json`` (``rebalance_loop_quick.json``, ``rebalance_loop_full.json``)
 and, with matplotlib, the throughput-over-time figures ``rebalance_loop_<table>.png`` into
-``--out`` (default ``./straggler-results``).
+``--out`` (default ``$STRAGGLER_RESULTS``, else ``./straggler-results``).
 
 The machine is shared (2 cores for several people): times are noisy; every comparison is
 between runs of one invocation.
@@ -45,7 +45,7 @@ import pathlib
 import time
 
 import numpy as np
-from _results import add_out_argument, out_file, run_info  # benchmarks/_results.py
+from _results import out_file, results_dir, run_info  # benchmarks/_results.py
 from straggler.baselines.placement.elasticity_aware import elasticity_aware_rebalance
 from straggler.formulations import CostModel
 from straggler.sim import drifting_windows
@@ -270,8 +270,11 @@ def main(argv=None) -> int:
                     help="comma list of tables to run: planning, direction, held_out, esft, "
                     "rank_lost (default: the first three; --full: all)")  # fmt: skip
     ap.add_argument("--no-plots", action="store_true", help="no figures")
-    add_out_argument(ap)
+    ap.add_argument("--out", default=None, metavar="DIR",
+                    help="folder for the JSON and figures (default $STRAGGLER_RESULTS, else "
+                    "./straggler-results)")  # fmt: skip
     args = ap.parse_args(argv)
+    args.out = str(args.out or results_dir())
     if not args.no_plots:
         import importlib.util
 
@@ -307,8 +310,9 @@ def main(argv=None) -> int:
     met = [m["check"]["met"] for h in out.get("held_out", []) for m in h["modes"].values()]
     if "real_drift" in out:
         met += [m["check"]["met"] for m in out["real_drift"]["modes"].values()]
-    out["all_checks_met"] = bool(all(met))
-    print(f"\nchecks met: {sum(met)}/{len(met)}; {out['wall_s']:.0f} s")
+    out["all_checks_met"] = bool(all(met)) if met else None
+    checks = f"checks met: {sum(met)}/{len(met)}" if met else "no checks in these tables"
+    print(f"\n{checks}; {out['wall_s']:.0f} s")
     name = "rebalance_loop" + ("_quick" if args.quick else "_full" if args.full else "")
     if args.tables is not None:
         name += "_" + "_".join(tables)

@@ -33,6 +33,7 @@ SOLVERS_ENTRY = {
     "straggler.solvers.routing.route",
     "straggler.solvers.routing.registry",
     "straggler.solvers.routing.routers",
+    "straggler.solvers.placement.rebalance.registry",
 }
 
 

@@ -260,6 +260,14 @@ class SimReport:
         the window (NaN with unlimited instances).
     decode_utilisation : float
         Measured over the same window: ``window_slot_utilisation``.
+    balancedness : float
+        With a deployment's MoE term: the mean over steps of vLLM's balancedness of the step
+        (``series["balancedness"]``, ``sum_l mean_g N_g / sum_l max_g N_g``); NaN without.
+    rebalances : tuple of dict
+        With a deployment's rebalance policy: every rearrangement
+        (``straggler.sim.engine.deployment.StepModel.rebalances``: decided ``step`` and
+        ``time_s``, ``copies``, ``bytes``, ``stall_s``, ``delay_s``, ``planning_s``,
+        ``applied_step``, ``forced``); their totals are in ``step_breakdown``.
     """
 
     policy: str
@@ -306,10 +314,12 @@ class SimReport:
     binding_stage: str = ""
     prefill_utilisation: float = float("nan")
     decode_utilisation: float = float("nan")
+    balancedness: float = float("nan")
+    rebalances: tuple = ()
 
     def summary(self) -> dict[str, float | str | int]:
         """The scalar fields as a plain dict (for JSON)."""
-        skip = {"series", "requests", "config"}
+        skip = {"series", "requests", "config", "rebalances"}
         out = {}
         for k in self.__dataclass_fields__:
             if k in skip:
@@ -1169,4 +1179,8 @@ def _report(run: SimRun, out: EngineOutput, wall: float) -> SimReport:
         binding_stage=cfg["binding_stage"],
         prefill_utilisation=pf_util,
         decode_utilisation=win["util"],
+        balancedness=float(series_out["balancedness"].mean())
+        if model is not None and n_steps
+        else float("nan"),
+        rebalances=tuple(dict(r) for r in getattr(model, "rebalances", ())),
     )

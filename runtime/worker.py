@@ -564,7 +564,7 @@ class SolverWorker:
         Seed of randomized methods.
     rebalance : str or RebalancePolicy, optional
         A policy that decides from windows (``"auto"``, ``"auto:N"`` or an
-        :class:`~straggler.solvers.placement.rebalance.auto.Auto`): the worker then keeps
+        ``straggler.solvers.placement.rebalance.auto.Auto``): the worker then keeps
         its last ``window`` windows and posts a decision every ``rebalance_every`` windows
         (module notes; :meth:`rebalance_decision`).
     move : MoveCost, optional

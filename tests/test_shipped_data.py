@@ -13,12 +13,16 @@ import sys
 import tomllib
 
 import pytest
+import straggler.sim.workloads as workloads
 from straggler.formulations import InvalidInputError
 from straggler.sim.experiments.load_sweep import SWEEP_TRACES, sweep_trace
 from straggler.sim.workloads.traces import find_trace, load_trace, traces_dir
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT / "sim" / "workloads" / "data"
+#: Where the installed package keeps them (the checkout's folder in an editable install, the
+#: wheel's copy under site-packages otherwise).
+INSTALLED = pathlib.Path(workloads.__file__).resolve().parent / "data"
 
 
 def _package_data():
@@ -53,9 +57,9 @@ def test_readme_names_source_license_and_hash_of_every_trace():
 
 def test_names_resolve_to_the_package_without_the_environment(monkeypatch):
     monkeypatch.delenv("STRAGGLER_TRACES", raising=False)
-    assert traces_dir() == DATA
+    assert traces_dir().resolve() == INSTALLED
     path = find_trace("AzureLLMInferenceTrace_code.csv")
-    assert path == DATA / "AzureLLMInferenceTrace_code.csv.xz"
+    assert path == traces_dir() / "AzureLLMInferenceTrace_code.csv.xz"
     tr = load_trace(path)
     assert len(tr) == 8819 and tr.prompt_len.mean() == pytest.approx(2048, abs=1)
 

@@ -602,7 +602,7 @@ class DeploymentConfig:
         Added per token the busiest GPU receives from other nodes.
     rebalance : str or RebalancePolicy, optional
         A rebalance policy (a name of
-        :data:`straggler.solvers.placement.rebalance.registry.REBALANCE_POLICIES`, ``name:N``,
+        ``straggler.solvers.placement.rebalance.registry.REBALANCE_POLICIES``, ``name:N``,
         or a policy object): it decides when and to what the placement changes,
         and every change is charged by ``move`` (:class:`StepModel` notes). None: the
         placement is rebuilt every ``placement_period`` steps from ``placement_window``
@@ -825,10 +825,10 @@ class StepModel:
     asked on its clock (``schedule()``; while a rearrangement is under way it is asked again
     at the next step, as vLLM holds its next rearrangement back) and a rank event makes it
     plan at once. A plan that changes the placement is a *rearrangement*, priced per layer by
-    :func:`~straggler.solvers.placement.rebalance.transfer.layer_transfer` (the simulated
+    ``layer_transfer`` of ``straggler.solvers.placement.rebalance.transfer`` (the simulated
     layers each standing for ``layer_scale`` of the model's; copies, bytes and times scaled
     alike) and charged in the mode of ``DeploymentConfig.move``
-    (:class:`~straggler.solvers.placement.rebalance.transfer.MoveCost` notes):
+    (the notes of ``MoveCost`` there):
 
     * ``"sync"`` (and every rank event): the next step is longer by the copies' time (the
       layers one after another) plus, when the policy plans on the critical path (not
@@ -841,9 +841,9 @@ class StepModel:
       left of the current layer, ``k`` that layer's ``peers``, 1 in rounds), and a simulated
       layer takes its new placement from the step after its last model layer landed.
 
-    The stall or delay is the ``rebalance_us`` of the step's :class:`StepBreakdown`, in its
+    The stall or delay is the ``rebalance_us`` of the step's ``StepBreakdown``, in its
     ``total_us`` and in the MoE time the engine is charged. Every rearrangement is recorded in
-    :attr:`rebalances` (decided ``step`` and ``time_s``, ``copies``, ``bytes``, ``stall_s``,
+    ``rebalances`` (decided ``step`` and ``time_s``, ``copies``, ``bytes``, ``stall_s``,
     ``delay_s``, ``planning_s``, ``applied_step``, and the policy's own figures); totals in
     :meth:`summary`.
 

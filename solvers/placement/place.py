@@ -773,7 +773,7 @@ def place_experts(
         on the active ranks' slots only, with the global policy (one group, one node), and
         the inactive ranks' slots are ``-1``. Given ``active_ranks``, a ``previous`` may
         hold ``-1`` slots and lose experts with the inactive ranks: it is first restored
-        (:func:`~straggler.solvers.placement.rebalance.path.restore_experts` with
+        (``restore_experts`` of ``straggler.solvers.placement.rebalance.path`` with
         ``fill_empty``: each lost expert into an empty slot or the slot of a spare replica of
         the least load per replica, then the empty slots filled), moves that are not a
         choice, outside ``max_moves``, as the refills of duplicates.

@@ -41,6 +41,7 @@ __all__ = [
     "atomic_dir",
     "check_output_dir",
     "check_output_file",
+    "name_list",
     "check_input_file",
     "file_problem",
     "write_error",
@@ -351,6 +352,27 @@ def check_output_file(path, what: str = "The output file") -> str:
         raise InvalidInputError(f"{what} {p} is not writable.")
     _probe_dir(os.path.dirname(p) or ".", f"The directory of {what[0].lower()}{what[1:]}")
     return p
+
+
+def name_list(text: str) -> list[str]:
+    """The ``type=`` of every comma-separated list flag of the commands: the names, stripped,
+    in order. A list naming nothing (``""``, ``","``) or with an empty name (``"a,,b"``,
+    ``"a,"``) is refused, so that every command reads an empty list the same way: as a usage
+    error, never as its default.
+
+    >>> name_list(" tempo, token_lp")
+    ['tempo', 'token_lp']
+    >>> name_list(",")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected comma-separated names, at least one and none empty; got ','
+    """
+    names = [x.strip() for x in str(text).split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names, at least one and none empty; got {text!r}"
+        )
+    return names
 
 
 class OneLineParser(argparse.ArgumentParser):

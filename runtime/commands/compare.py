@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ...formulations._io import OneLineParser
+from ...formulations._io import OneLineParser, name_list
 from ...formulations.cost import PRESETS, CostModel
 from ...formulations.errors import StragglerError
 from ...sim.experiments.compare import DEFAULT_PRESETS, compare, format_table
@@ -65,7 +65,10 @@ def _parser() -> OneLineParser:
         "--time-limit", type=float, default=5.0, help="seconds per layer for exact methods"
     )
     p.add_argument(
-        "--methods", default=None, help="comma-separated subset of methods (default: all)"
+        "--methods",
+        type=name_list,
+        default=None,
+        help="comma-separated subset of methods (default: all)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
@@ -93,11 +96,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     preset = args.preset or DEFAULT_PRESETS[args.shape]
     cost = CostModel.preset(preset)
-    methods = None
-    if args.methods is not None:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        if not methods:
-            parser.error(f"--methods must name at least one method; got {args.methods!r}")
+    methods = args.methods
+    if methods is not None:
         unknown = sorted(set(methods) - set(dispatch_methods()))
         if unknown:
             parser.error(f"unknown method(s) {unknown}; registered: {dispatch_methods()}")

@@ -30,7 +30,7 @@ import pathlib
 import sys
 import time
 
-from ...formulations._io import OneLineParser, atomic_open, check_output_file
+from ...formulations._io import OneLineParser, atomic_open, check_output_file, name_list
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ...sim.engine.simulator import LOAD_BASES, engine_cache_is_warm, simulate, warm_engine
 from ...sim.experiments.load_sweep import SWEEP_TRACES, sweep_trace
@@ -119,6 +119,7 @@ def _parser() -> OneLineParser:
     p.add_argument("--replicas", type=int, default=8, help="decode replicas G (default 8)")
     p.add_argument(
         "--policies",
+        type=name_list,
         default=None,
         help=f"comma-separated policies, NAME or NAME:VERSION for a baseline's upstream "
         f"version (e.g. vllm:legacy; default: all, {DEFAULT_POLICY} and jsq first)",
@@ -166,10 +167,12 @@ def _parser() -> OneLineParser:
     g.add_argument(
         "--table-period", type=float, default=0.2, help="simulated s between table refreshes"
     )
-    g.add_argument("--routings", default=None, help="routing policies (default jsq,brs,br0,"
-                   "trtllm_balance)")  # fmt: skip
-    g.add_argument("--dispatches", default=None, help="dispatches (default even,token_lp,tempo)")
-    g.add_argument("--placements", default=None, help="placements (default eplb,place_experts)")
+    g.add_argument("--routings", type=name_list, default=None,
+                   help="routing policies (default jsq,brs,br0,trtllm_balance)")  # fmt: skip
+    g.add_argument("--dispatches", type=name_list, default=None,
+                   help="dispatches (default even,token_lp,tempo)")  # fmt: skip
+    g.add_argument("--placements", type=name_list, default=None,
+                   help="placements (default eplb,place_experts)")  # fmt: skip
     return p
 
 
@@ -177,9 +180,6 @@ def _levers_main(args, trace) -> int:
     """``--moe``: the levers table on ``trace``."""
     from ...sim.engine.deployment import DeploymentConfig
     from ...sim.experiments.levers import LEVER_DISPATCHES, LEVER_PLACEMENTS, ROUTINGS, levers
-
-    def names(text, default):
-        return default if text is None else [x.strip() for x in text.split(",") if x.strip()]
 
     G = args.ep if args.ep is not None else args.replicas
     dep = DeploymentConfig(
@@ -193,9 +193,9 @@ def _levers_main(args, trace) -> int:
         print(f" {seconds:.1f} s", file=sys.stderr)
     table = levers(
         trace, dep,
-        routings=names(args.routings, ROUTINGS),
-        dispatches=names(args.dispatches, LEVER_DISPATCHES),
-        placements=names(args.placements, LEVER_PLACEMENTS),
+        routings=ROUTINGS if args.routings is None else args.routings,
+        dispatches=LEVER_DISPATCHES if args.dispatches is None else args.dispatches,
+        placements=LEVER_PLACEMENTS if args.placements is None else args.placements,
         progress=not args.no_progress,
         max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
         load_basis=args.load_basis, prefill_instances=args.prefill_instances,
@@ -294,8 +294,14 @@ def _check_args(args) -> None:
             raise InvalidInputError(
                 f"{flag} must be a finite number {'> 0' if lo_open else '>= 0'}; got {v}"
             )
-    if args.policies is not None and not [p for p in args.policies.split(",") if p.strip()]:
-        raise InvalidInputError(f"--policies must name at least one policy; got {args.policies!r}")
+    for name, lo, hi in (("nodes", 1, CMD_MAX_REPLICAS), ("layers", 1, 4096)):
+        v = getattr(args, name)
+        if not lo <= v <= hi:
+            raise InvalidInputError(f"--{name} must be in [{lo}, {hi}]; got {v}")
+    if not (math.isfinite(args.table_period) and args.table_period >= 0):
+        raise InvalidInputError(
+            f"--table-period must be a finite number >= 0; got {args.table_period}"
+        )
 
 
 def _check_outputs(args) -> None:
@@ -325,8 +331,8 @@ def main(argv=None) -> int:
     try:
         _check_args(args)
         _check_outputs(args)
-        if args.policies:
-            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        if args.policies is not None:
+            policies = args.policies
             for p in policies:
                 get_routing_policy(p.partition(":")[0], "straggler-simulate")
         else:

@@ -15,7 +15,7 @@ answer that a check accepts). Outcomes:
 * ``refused``: a valid call was refused.
 
 The cases are not the unit tests' cases. Writes
-``benchmarks/results/adversarial_engine_path.json`` and prints the counts per area.
+``straggler-results/adversarial_engine_path.json`` and prints the counts per area.
 
     python benchmarks/adversarial_engine_path.py
 """
@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import CostModel, InvalidInputError
 from straggler.formulations.validation import MAX_EXACT_INT
 from straggler.runtime import (
@@ -72,7 +73,7 @@ try:
     HAS_TORCH = True
 except ImportError:
     HAS_TORCH = False
-OUT = Path(__file__).resolve().parent / "results" / "adversarial_engine_path.json"
+OUT = results_dir() / "adversarial_engine_path.json"
 TMP = Path(tempfile.mkdtemp(prefix="adv-"))
 CASES: list[tuple[str, str, str, object, object]] = []  # (area, name, want, fn, check)
 

@@ -38,10 +38,11 @@ import sys
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.solvers import fit_cost_model
 from straggler.solvers.dispatch.calibration import write_calibration_log
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 G_GRID = "1,2,4,8,12,16,24,32,40"
 TOKENS = ",".join(str(2**k) for k in range(13))
 

@@ -35,6 +35,7 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import CostModel
 from straggler.solvers import fit_cost_model
 
@@ -68,7 +69,7 @@ def main(argv=None):
     ap.add_argument("--noise", type=float, nargs="+", default=[0.03, 0.08])
     ap.add_argument(
         "--out",
-        default=str(pathlib.Path(__file__).parent / "results" / "calibration_recovery.json"),
+        default=str(results_dir() / "calibration_recovery.json"),
     )
     args = ap.parse_args(argv)
     rows = []

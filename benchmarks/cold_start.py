@@ -37,7 +37,7 @@ Every measurement runs in a fresh subprocess (nothing compiled in memory). Scena
   call in the same process (steady). ``--routing-only`` runs these two alone; run it with
   ``PYTHONPATH`` pointing at another checkout's package to measure that code side by side.
 
-Writes ``benchmarks/results/cold_start.json`` and prints a table. Compile time is reported
+Writes ``straggler-results/cold_start.json`` and prints a table. Compile time is reported
 apart from run time throughout. Timings depend on the machine's load: say so when quoting.
 
     python benchmarks/cold_start.py              # all scenarios (~3-6 min on 2 busy cores)
@@ -59,7 +59,9 @@ import sys
 import tempfile
 import time
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
+
+RESULTS = results_dir()
 
 
 def _child(mode: str, repeats: int) -> dict:

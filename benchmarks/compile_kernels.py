@@ -26,7 +26,7 @@ folder whose ``straggler`` links to it), alternating with this one run by run.
 
     python benchmarks/compile_kernels.py [--reps 3] [--old PATH]
 
-Writes ``benchmarks/results/compile_kernels.json`` and prints a table (medians over the runs).
+Writes ``straggler-results/compile_kernels.json`` and prints a table (medians over the runs).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ import subprocess
 import sys
 import tempfile
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
+
+RESULTS = results_dir()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 POLICIES = ("jsq", "br0", "brh", "brs")
 

@@ -10,7 +10,7 @@ optimum (MILP at ``mip_rel_gap = 0``). Searches:
 * seeded random search on the same two families;
 * controls under full replication: A3 (Theorem 2, must never be violated) and A3'.
 
-Writes ``benchmarks/results/conjecture_search.json`` and prints a table.
+Writes ``straggler-results/conjecture_search.json`` and prints a table.
 
 Usage: ``python benchmarks/conjecture_search.py [--examples 1000] [--random 2000] [--seed 0]``
 """
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import time
 
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.proofs.conjecture import (
     COUNTEREXAMPLE,
     check_conjecture,
@@ -29,7 +29,7 @@ from straggler.proofs.conjecture import (
     targeted_search,
 )
 
-OUT = pathlib.Path(__file__).resolve().parent / "results" / "conjecture_search.json"
+OUT = results_dir() / "conjecture_search.json"
 
 
 def _instance(entry):

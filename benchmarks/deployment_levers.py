@@ -22,7 +22,7 @@ to JSQ + EPLB's even split, same seed and trace in every cell):
 Runs at ``load`` (default 1.5, over the deployment's full-batch decode capacity:
 ``--load-basis decode``, pinned, as the recorded figures were made) so that step time sets
 throughput. ``python benchmarks/deployment_levers.py [--requests 3000] [--load 1.5]``.
-Writes ``benchmarks/results/deployment_levers.json``.
+Writes ``straggler-results/deployment_levers.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import pathlib
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import generate_trace, load_trace, simulate
 from straggler.sim.engine.deployment import DeploymentConfig, simulate_steps
 from straggler.sim.experiments.levers import levers
@@ -53,9 +54,7 @@ def main(argv=None):
     )  # fmt: skip
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--studies", default="qwen,dsv3,trtllm", help="also: bound, p99")
-    ap.add_argument(
-        "--out", default=str(ROOT / "benchmarks" / "results" / "deployment_levers.json")
-    )
+    ap.add_argument("--out", default=str(results_dir() / "deployment_levers.json"))
     args = ap.parse_args(argv)
     trace = load_trace(TRACE) if TRACE.exists() else generate_trace("azure_conv", duration_s=3600)
     trace = trace.subset(list(range(min(args.requests, len(trace)))))

@@ -14,7 +14,7 @@ absent.
     python benchmarks/deployment_speed.py [--preset qwen3_235b] [--layers 4] [--requests N]
         [--no-python]
 
-Writes ``benchmarks/results/deployment_speed.json``.
+Writes ``straggler-results/deployment_speed.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pathlib
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import generate_trace, load_trace, simulate
 from straggler.sim.engine.deployment import DeploymentConfig, StepModel
 from straggler.sim.workloads.traces import Trace
@@ -38,7 +39,7 @@ def main(argv=None):
     ap.add_argument("--preset", default="qwen3_235b")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--requests", type=int, default=0, help="first N requests (0: all)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "deployment_speed.json"))
+    ap.add_argument("--out", default=str(results_dir() / "deployment_speed.json"))
     ap.add_argument("--no-python", action="store_true", help="skip the Python-path runs")
     args = ap.parse_args(argv)
     trace = load_trace(TRACE) if TRACE.exists() else generate_trace("azure_conv", duration_s=3600)

@@ -11,7 +11,7 @@ Both must also report the same ``n_steps`` (a cheap check that they simulate the
 
     python benchmarks/engine_speed.py --old /path/to/old/pkg [--rounds 9] [--policies brs,jsq]
 
-Writes ``benchmarks/results/engine_speed.json`` and prints a table.
+Writes ``straggler-results/engine_speed.json`` and prints a table.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import statistics
 import subprocess
 import sys
 
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim.workloads.traces import find_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = results_dir()
 #: the trace: the package's copy, or the file in ``$STRAGGLER_TRACES`` (``find_trace``)
 TRACE = find_trace("AzureLLMInferenceTrace_conv.csv")
 GOAL = 1.1

@@ -33,10 +33,11 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import drifting_windows
 from straggler.solvers.placement.eplb import rebalance_experts
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 DEFAULT_DIR = "/work/envs/sglang/lib/python3.11/site-packages/sglang/srt/eplb/eplb_algorithms"
 
 

@@ -29,6 +29,7 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim.workloads.batches import (
     SHAPES,
     num_physical_slots,
@@ -37,7 +38,7 @@ from straggler.sim.workloads.batches import (
 )
 from straggler.solvers.placement.eplb import rebalance_experts
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 VERSIONS = ("deepseek", "sglang", "sglang_vec", "vllm")
 
 

@@ -31,10 +31,11 @@ import tempfile
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import CostModel
 from straggler.sim.experiments.phase_diagram import BATCH_SIZES, K_R, comm_aware, phase_diagram
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 PARTS = ("dsv3", "dsv3_greedy", "qwen3", "scale")
 PAPER = {"dsv3": 0.085, "qwen3": 0.102}
 

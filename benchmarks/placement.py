@@ -35,6 +35,7 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import CostModel, DispatchProblem
 from straggler.sim.experiments.compare import DEFAULT_PRESETS
 from straggler.sim.workloads.batches import (
@@ -46,7 +47,7 @@ from straggler.sim.workloads.batches import (
 from straggler.solvers import place_experts, solve_dispatch
 from straggler.solvers.placement.eplb import rebalance_experts
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 
 
 _SCORED: dict = {}  # (cell, placement bytes) -> tempo's mean makespan, within one run

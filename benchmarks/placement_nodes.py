@@ -22,6 +22,7 @@ import pathlib
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import drifting_windows
 from straggler.solvers.placement.eplb import rebalance_experts
 from straggler.solvers.placement.place import place_experts
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "results" / "placement_nodes.json"))
+    ap.add_argument("--out", default=str(results_dir() / "placement_nodes.json"))
     args = ap.parse_args(argv)
     rows = [cell(s, b, args.layers, args.repeat, args.seed) for s in (0.6, 1.0, 1.4)
             for b in (128, 512)]  # fmt: skip

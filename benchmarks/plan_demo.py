@@ -7,7 +7,7 @@ under ``DIR``, runs ``straggler-plan`` on each (EPLB placement built on the firs
 passes, scored on the 8 held-out ones, ``dsv3_a_offline`` cost), and then a DeepSeek-V3
 sized case (256 experts top-8, 16 MoE layers, EP32 on 4 nodes, 288 slots, 64 tokens per
 GPU, 32 iterations as TensorRT-LLM statistics), where the activation floor binds on
-every GPU. Prints each report; JSON to ``benchmarks/results/plan_demo.json``.
+every GPU. Prints each report; JSON to ``straggler-results/plan_demo.json``.
 
 Usage::
 
@@ -26,6 +26,7 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.proofs.engine_strategies import write_demo_dumps
 from straggler.runtime.commands.plan import main as plan_main
 from straggler.runtime.engines import write_trtllm_statistics
@@ -47,9 +48,7 @@ def run(args: list[str]) -> tuple[int, str, dict]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir", help="where to write the dumps and the plans")
-    ap.add_argument(
-        "--json", default=str(pathlib.Path(__file__).parent / "results" / "plan_demo.json")
-    )
+    ap.add_argument("--json", default=str(results_dir() / "plan_demo.json"))
     args = ap.parse_args(argv)
     root = pathlib.Path(args.dir)
     dumps = write_demo_dumps(root)

@@ -37,6 +37,7 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.baselines.placement.flashlb import flashlb_rebalance
 from straggler.formulations import CostModel
 from straggler.sim import drifting_windows, rebalance_frontier, tempo_makespan
@@ -44,7 +45,7 @@ from straggler.solvers import place_experts
 from straggler.solvers.placement.eplb import rebalance_experts
 from straggler.solvers.placement.place import moved_replicas, warm_placement
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 E, P, G_GPUS, NODES, GROUPS = 256, 288, 32, 4, 8
 
 

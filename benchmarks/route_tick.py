@@ -30,7 +30,7 @@ a fresh temporary folder: with two copies of the record classes in one process (
 names and fields), kernels cached by that process came to refer to the other copy, and no
 later process could load them.
 
-Writes ``benchmarks/results/route_tick.json`` and prints a table.
+Writes ``straggler-results/route_tick.json`` and prints a table.
 
 Usage: ``python benchmarks/route_tick.py [--reps 2000] [--quick] [--old PATH]``
 """
@@ -50,6 +50,7 @@ import tempfile
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.solvers.routing import _balanceroute as B
 from straggler.solvers.routing import _core as K
 from straggler.solvers.routing.registry import OPTIONS, router_options
@@ -57,7 +58,7 @@ from straggler.solvers.routing.route import route_batch
 
 PATIENCE = int(OPTIONS["patience"].default)  # BR-S's backlog threshold (ticks)
 
-OUT = pathlib.Path(__file__).resolve().parent / "results" / "route_tick.json"
+OUT = results_dir() / "route_tick.json"
 TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
 R_MAX = 4
 _OLD_CHILD = "ROUTE_TICK_OLD_CHILD"  # set in the process that imports the old checkout

@@ -16,7 +16,7 @@ here too. The variants isolate:
 * ``window`` (the k * S_tot oldest; 0: no count limit) and ``safe`` (JSQ's decision kept when
   it leaves no larger one-tick imbalance).
 
-Writes ``benchmarks/results/routing_brs_ablation.json`` and prints one row per variant: cells
+Writes ``straggler-results/routing_brs_ablation.json`` and prints one row per variant: cells
 missing each goal, the saturated (load >= 1.0) median imbalance ratio, the worst TTFT p99
 ratio at load >= 1.0. One process, about 10 s per variant on a shared 2-core machine.
 
@@ -30,10 +30,13 @@ import json
 import pathlib
 import time
 
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from routing_load_sweep import GOAL_SAT, goals
 from straggler.sim.experiments.load_sweep import load_sweep_cell, traces_dir
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS = results_dir()
+#: The recorded load sweep the variants are judged against (read, never written).
+REFERENCE = pathlib.Path(__file__).resolve().parent / "results" / "routing_load_sweep.json"
 NO_GUARD = {"age_window": 10**6, "age_fraction": 1.0, "window": 0}
 VARIANTS = {
     "default": {},
@@ -55,7 +58,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--requests", type=int, default=8000)
-    ap.add_argument("--reference", default=str(RESULTS / "routing_load_sweep.json"))
+    ap.add_argument("--reference", default=str(REFERENCE))
     ap.add_argument("--out", default=str(RESULTS / "routing_brs_ablation.json"))
     args = ap.parse_args(argv)
     ref = json.loads(pathlib.Path(args.reference).read_text())

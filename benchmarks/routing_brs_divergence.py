@@ -8,7 +8,7 @@ as a multiple of JSQ's, how many requests went to another replica than under JSQ
 imbalance of both over steps binned by the number of running requests (where the excess
 lives: the busy middle of the run or its drain tail), and the mean admission delay against JSQ
 by prompt-length percentile (whether BR-S defers the long prompts). Writes
-``benchmarks/results/routing_brs_divergence.json``.
+``straggler-results/routing_brs_divergence.json``.
 
     python benchmarks/routing_brs_divergence.py [--trace azure_code] [--G 16] [--load 0.8]
         [--patience 28,30,31,32,33,34,36,128]
@@ -21,10 +21,11 @@ import json
 import pathlib
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import simulate
 from straggler.sim.experiments.load_sweep import sized_prefill_instances, sweep_trace, traces_dir
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS = results_dir()
 BINS = ((0, 16), (16, 64), (64, 192), (192, 1 << 30))
 PCTS = ((0, 50), (50, 90), (90, 99), (99, 100))
 

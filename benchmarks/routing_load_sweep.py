@@ -10,15 +10,15 @@ pinned, as the recorded figures were made) x every registered policy,
 capacity (``load_sweep_cell(prefill="sized")``), BR-H with the survival predictor at H = 80.
 The cells run through ``straggler.sim.experiments.sweep`` (a local process pool; resumable: the
 journal
-is ``benchmarks/results/routing_load_sweep.csv.cells.jsonl``).
+is ``straggler-results/routing_load_sweep.csv.cells.jsonl``).
 
 It prints, per trace, G and load, each policy's mean imbalance (whole run) as a multiple of
 JSQ's (with a row saying which stage binds at each load: ``PRE`` marks a prefill-bound cell,
 where decode slots are not the bottleneck), and then the default policy's goals cell by cell:
 mean imbalance <= 1.01x JSQ's and TPOT p95 <= 1.01x JSQ's everywhere; at load >= 1.0 the
 median imbalance ratio <= 0.25, TTFT p99 <= 1.0x JSQ's and throughput >= BR-0's. Writes
-``benchmarks/results/routing_load_sweep.json`` (every cell, the goal verdicts) and a PNG
-(``--plot``, default ``benchmarks/results/routing_load_sweep.png``): imbalance ratio vs load,
+``straggler-results/routing_load_sweep.json`` (every cell, the goal verdicts) and a PNG
+(``--plot``, default ``straggler-results/routing_load_sweep.png``): imbalance ratio vs load,
 one line per policy, one panel per trace (rows: G).
 
     python benchmarks/routing_load_sweep.py [--quick] [--workers 2] [--requests 8000]
@@ -43,11 +43,12 @@ import pathlib
 import statistics
 import time
 
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import sweep
 from straggler.sim.experiments.load_sweep import SWEEP_TRACES, load_sweep_cell, traces_dir
 from straggler.solvers import DEFAULT_POLICY, routing_policies
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS = results_dir()
 LOADS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
 GOAL_RATIO, GOAL_SAT = 1.01, 0.25
 

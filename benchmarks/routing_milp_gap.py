@@ -14,7 +14,7 @@ conversation trace: median 1,020, mean 1,155 tokens; decoded so far uniform in [
 pool prefill lengths from the same lognormal; free slots uniform in {0, 1, 2, 3} per replica;
 every policy is told each replica's running requests and their original prompt tokens.
 
-Writes ``benchmarks/results/routing_milp_gap.json`` and prints a table.
+Writes ``straggler-results/routing_milp_gap.json`` and prints a table.
 
 Usage: ``python benchmarks/routing_milp_gap.py [--states 30] [--seed 0]``
 """
@@ -24,16 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import pathlib
 import platform
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations.routing import check_assignment
 from straggler.formulations.routing_milp import build_joint_tick_milp
 from straggler.solvers.highs import solve_milp
 from straggler.solvers.routing.route import route_batch
 
-OUT = pathlib.Path(__file__).resolve().parent / "results" / "routing_milp_gap.json"
+OUT = results_dir() / "routing_milp_gap.json"
 SIGMA = math.sqrt(2 * math.log(1155 / 1020))
 
 POLICIES = {

@@ -45,7 +45,7 @@ baselines were modelled as their upstreams ship them are kept in
 
     python benchmarks/routing_table.py [--plot imbalance.png] [--stale] [--quick]
 
-Writes ``benchmarks/results/routing_table.json`` (``routing_staleness.json`` with ``--stale``).
+Writes ``straggler-results/routing_table.json`` (``routing_staleness.json`` with ``--stale``).
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ import pathlib
 import sys
 import time
 
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import generate_trace, load_trace, simulate
 from straggler.sim.experiments.load_sweep import sized_prefill_instances
 from straggler.sim.workloads.prefix import load_prefix_blocks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRACES = ROOT / ".." / "shared" / "data" / "traces"
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = results_dir()
 
 ROWS = [
     ("BR-S (default)", "brs", {}),
@@ -271,7 +272,7 @@ def main(argv=None):
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--t0", type=float, default=None, help="step time t0 (s); default library's")
     ap.add_argument("--kappa", type=float, default=None, help="step time slope (s/token)")
-    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/results")
+    ap.add_argument("--out", default=None, help="JSON file name under ./straggler-results")
     ap.add_argument("--no-fix", action="store_true", help="omit the BR-H '+fix' rows")
     args = ap.parse_args(argv)
     rows_all = ROWS + ([] if args.no_fix else FIX_ROWS)

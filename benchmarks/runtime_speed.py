@@ -46,6 +46,7 @@ import statistics
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import CostModel
 from straggler.runtime import SolverWorker
 from straggler.sim.workloads.batches import eplb_placement, sample_counts, zipf_popularity
@@ -321,7 +322,7 @@ def main(argv=None):
         )
     res["load_average_end"] = os.getloadavg()
     name = "runtime_speed_quick.json" if args.quick else "runtime_speed.json"
-    out = pathlib.Path(args.out) if args.out else pathlib.Path(__file__).parent / "results" / name
+    out = pathlib.Path(args.out) if args.out else results_dir() / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(f"wrote {out}")

@@ -6,7 +6,7 @@ call). Falls back to one hour of the shipped generator when the trace is absent.
 
     python benchmarks/sim_speed.py [--repeat 3] [--saturated]
 
-Writes ``benchmarks/results/sim_speed.json``.
+Writes ``straggler-results/sim_speed.json``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pathlib
 import statistics
 import time
 
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.sim import generate_trace, load_trace, simulate
 from straggler.sim.workloads.traces import find_trace
 
@@ -82,7 +83,7 @@ def main(argv=None):
             f"{statistics.median(tot):14.3f} {r.n_steps:8,d} "
             f"{r.n_steps / min(eng) / 1e6:8.2f} {'yes' if ok else 'NO':>6s}"
         )
-    out = ROOT / "benchmarks" / "results" / "sim_speed.json"
+    out = results_dir() / "sim_speed.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(

@@ -2,7 +2,7 @@
 
 A thin wrapper: ``python benchmarks/staleness_table.py`` is ``python
 benchmarks/routing_table.py --stale`` (Azure conversation, G = 8, saturated; rows Random ...
-BR-H (oracle); stale = 0 as the reference). Writes ``benchmarks/results/routing_staleness.json``.
+BR-H (oracle); stale = 0 as the reference). Writes ``straggler-results/routing_staleness.json``.
 """
 
 from __future__ import annotations

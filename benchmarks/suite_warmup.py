@@ -13,7 +13,7 @@ imports itself relatively), ahead of this one on ``PYTHONPATH``.
 On a 2-core machine the same code's warm-up has varied twofold within hours: quote the ratio
 of a pair, not a wall time alone.
 
-Writes ``benchmarks/results/suite_warmup.json`` and prints a table.
+Writes ``straggler-results/suite_warmup.json`` and prints a table.
 
 Usage: ``python benchmarks/suite_warmup.py [--old PATH] [--pairs 3] [--jobs 2]``
 """
@@ -33,8 +33,10 @@ import sys
 import tempfile
 import time
 
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results" / "suite_warmup.json"
+OUT = results_dir() / "suite_warmup.json"
 LINE = re.compile(r"JIT warm-up: ([0-9.]+) s")
 
 

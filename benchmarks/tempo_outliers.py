@@ -33,6 +33,7 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 from straggler.formulations import CostModel, DispatchProblem, evaluate
@@ -41,7 +42,7 @@ from straggler.solvers.dispatch._tempo_repair import _milp, repair_layer, whole_
 from tempo_quality import RESULTS as QUALITY_RESULTS  # (this folder)
 from tempo_quality import _key, instances
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 
 
 def _makespan(problem, cost, x):

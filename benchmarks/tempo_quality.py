@@ -64,6 +64,7 @@ import platform
 import time
 
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import PRESETS, CostModel, DispatchProblem
 from straggler.formulations.dispatch_milp import build_dispatch_milp
 from straggler.sim.workloads.batches import make_decode_problem
@@ -74,7 +75,7 @@ COSTS = tuple(sorted(PRESETS))
 ABLATION = ("seed", "chains", "local_search", "ensemble", "flows", "exchanges", "tile_chains",
             "rebalance", "contract", "swap", "restarts")  # fmt: skip
 SHAPE = {128: "qwen3_235b", 256: "dsv3"}
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = results_dir()
 
 
 def _small_layer(rng, replication):

@@ -52,6 +52,7 @@ from straggler.solvers.dispatch.bounds import layer_bound
 from straggler.solvers.dispatch.tempo import Tempo
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from tempo_quality import instances  # noqa: E402  (this folder)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def main(argv=None):
     ap.add_argument("--old", required=True, help="git revision of the kernel to compare")
     ap.add_argument("--sets", default="speed,decode16")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tempo_revisions.json"))
+    ap.add_argument("--out", default=str(results_dir() / "tempo_revisions.json"))
     args = ap.parse_args(argv)
     old = load_revision(args.old)
     old_kernel, new_kernel = _kernel(old), _kernel(today)

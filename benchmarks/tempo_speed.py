@@ -53,6 +53,7 @@ import time
 
 import numba
 import numpy as np
+from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.formulations import CostModel, evaluate
 from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import Tempo, solve_dispatch, solve_token_lp
@@ -168,9 +169,7 @@ def main(argv=None):
     ap.add_argument("--ref-layers", type=int, default=None)
     ap.add_argument("--baseline", default="9c0a042", help="git revision, or 'none'")
     ap.add_argument("--compile", action="store_true", help="also measure cold compile times")
-    ap.add_argument(
-        "--out", default=str(pathlib.Path(__file__).parent / "results" / "tempo_speed.json")
-    )
+    ap.add_argument("--out", default=str(results_dir() / "tempo_speed.json"))
     args = ap.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 20)
     ref_layers = args.ref_layers or (2 if args.quick else 5)

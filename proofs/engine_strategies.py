@@ -171,7 +171,7 @@ def file_bytes_mutations(draw, data: bytes):
     return b""
 
 
-#: The recording of the README's "From your engine's logs" demo (and tests/test_plan.py):
+#: The synthetic recording of tests/test_plan.py and benchmarks/plan_demo.py:
 #: 16 decode passes of a 64-expert, top-8 model on 8 GPUs, 4 MoE layers, 80 slots.
 DEMO = dict(
     n_layers=4,

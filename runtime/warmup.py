@@ -79,6 +79,7 @@ __all__ = [
     "dispatch_kernels",
     "eplb_kernels",
     "needs_compile",
+    "estimate_warmup_seconds",
     "MAX_JOBS",
 ]
 
@@ -205,23 +206,40 @@ class WarmupReport:
         return tuple(sorted(f for f, n in seen.items() if n > 1))
 
     def summary(self) -> str:
-        """One line: what was compiled where and how long it took."""
-        n = len(self.kernels)
-        where = self.cache_dir or "numba's default cache beside the sources"
-        loading = f"{self.jit_s - self.compile_s:.1f} s loading from the cache ({where})"
+        """One line a user can read: the wall time, then what compiled, where and for how
+        long, or that everything came from numba's disk cache.
+
+        Examples: ``warm-up 1.1 s: every kernel loaded from numba's disk cache``;
+        ``warm-up 64.3 s: compiled in 2 processes side by side, this process 30.1 s
+        (dispatch), 1 child process 33.0 s (routing, simulator); then loaded their work, 0
+        kernels compiled after``."""
+        head = f"warm-up {self.total_s:.1f} s: "
         if not self.children:
-            return (
-                f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s; {n} kernel(s) "
-                f"compiled in {self.compile_s:.1f} s, {loading}"
+            if not self.kernels:
+                return head + "every kernel loaded from numba's disk cache"
+            where = f" (serially: {self.serial_reason})" if self.serial_reason else ""
+            return head + (
+                f"{len(self.kernels)} kernel(s) compiled in {self.compile_s:.1f} s in this "
+                f"process{where}"
             )
-        each = " + ".join(f"{c.compile_s:.1f}" for c in self.children)
+
+        def units(steps):
+            return ", ".join(_by_unit(steps))
+
+        if not self.kernels and not any(c.kernels for c in self.children):
+            return head + (
+                f"{1 + len(self.children)} processes side by side loaded every kernel from "
+                "numba's disk cache"
+            )
+        kids = ", ".join(f"{c.compile_s:.1f} s ({units(c.steps)})" for c in self.children)
         after = self.compiled_after_children
-        return (
-            f"warmup: {len(self.steps)} calls in {self.total_s:.1f} s; compiling side by side, "
-            f"this process {self.share.compile_s:.1f} s ({len(self.share.steps)} steps) and "
-            f"{len(self.children)} child process(es) {self.children_compile_s:.1f} s "
-            f"({each} s); then {len(after)} kernel(s) compiled in "
-            f"{self.compile_s - self.share.compile_s:.1f} s, {loading}"
+        later = self.compile_s - self.share.compile_s
+        return head + (
+            f"compiled in {1 + len(self.children)} processes side by side, this process "
+            f"{self.share.compile_s:.1f} s ({units(self.share.steps)}), "
+            f"{len(self.children)} child process{'es' if len(self.children) > 1 else ''} "
+            f"{kids}; then loaded their work, {len(after)} kernel(s) compiled after"
+            + (f" ({later:.1f} s)" if after else "")
         )
 
     def table(self) -> str:
@@ -413,6 +431,51 @@ def _plan(dispatch, routing, simulator, methods, policies, placement) -> list:
 
 #: Printed to stderr by a child process before each step, so that a failure names its step.
 _MARKER = "warmup child: step "
+
+
+def _with_bar(plan) -> list:
+    """``plan`` with a tqdm bar on stderr advanced by each step's call."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(plan), desc="warm-up", unit="step", file=sys.stderr)
+
+    def stepped(name, fn):
+        def call():
+            bar.set_postfix_str(name)
+            try:
+                return fn()
+            finally:
+                bar.update(1)
+                if bar.n == bar.total:
+                    bar.close()
+
+        return call
+
+    return [(name, stepped(name, fn)) for name, fn in plan]
+
+
+def estimate_warmup_seconds(names, shares=()) -> tuple:
+    """``(seconds, units to compile, units)``: the expected compile seconds of the warm-up
+    steps ``names`` on numba's disk cache as it is now (units already warm cost about 1 s
+    of loading each), from the per-unit and per-step costs measured on an empty cache
+    (``_UNIT_COST``); with ``shares`` (a parallel warm-up), the slowest share's."""
+    units = _by_unit(names)
+    cold = {
+        u: steps for u, steps in units.items() if not _unit_warm(u, steps, _unit_kernels(u, steps))
+    }
+    if numba.config.DISABLE_JIT:
+        cold = {}
+
+    def cost(steps):
+        by_unit = _by_unit(steps).items()
+        return sum(_UNIT_COST[u] + sum(map(_step_cost, st)) for u, st in by_unit if u in cold)
+
+    loading = float(len(units) - len(cold))
+    if shares:
+        est = max(cost(sh) + (_CHILD_START_S if i else 0.0) for i, sh in enumerate(shares))
+    else:
+        est = cost(names)
+    return est + loading, len(cold), len(units)
 
 
 def _run(plan, verbose: bool, marker: bool = False) -> list:
@@ -930,6 +993,7 @@ def warmup(
     verbose: bool = False,
     placement: bool = False,
     jobs: int = 1,
+    progress: bool = False,
 ) -> WarmupReport:
     """Compile (or load from numba's disk cache) every kernel the chosen entry points use.
 
@@ -961,6 +1025,10 @@ def warmup(
         that is expected to finish as soon). The children compile into numba's disk
         cache; when they are done this process runs every step outside its share, loading
         what they compiled. 1: everything compiles here, one step after another.
+    progress : bool, default False
+        On stderr before starting: the steps, the units still to compile and an estimate of
+        the compiling (``estimate_warmup_seconds`` in this module); then a bar over this
+        process's steps with the time left.
 
     Returns
     -------
@@ -997,10 +1065,20 @@ def warmup(
     dispatch, routing, simulator, methods, policies, verbose, placement, jobs = _warmup_iv(
         dispatch, routing, simulator, methods, policies, verbose, placement, jobs
     )
+    progress = check_bool(progress, "progress", "warmup")
     t_start = time.perf_counter()
     plan = _plan(dispatch, routing, simulator, methods, policies, placement)
     names = [name for name, _ in plan]
     shares, reason = _parallel_plan(names, jobs) if jobs > 1 else ([], "")
+    if progress:
+        est, cold, n_units = estimate_warmup_seconds(names, shares)
+        print(
+            f"warm-up: {len(names)} steps, {cold} of {n_units} units to compile in "
+            f"{max(1, len(shares))} process(es); estimated {est:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        plan = _with_bar(plan)
     children, share = (), None
     if shares:
         own = shares[0]

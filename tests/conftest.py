@@ -117,20 +117,11 @@ def run_python():
 def pytest_terminal_summary(terminalreporter):
     if _WARMUP:
         rep = _WARMUP["report"]
-        line = (
-            f"JIT warm-up: {_WARMUP['wall_s']:.1f} s, of which compiling {rep.compile_s:.1f} s "
-            f"in this process"
+        body = rep.summary().split(": ", 1)[1]  # WarmupReport's line, after its own wall time
+        terminalreporter.write_line(
+            f"JIT warm-up: {_WARMUP['wall_s']:.1f} s, {body} (straggler.runtime.warmup, once "
+            "per test run)"
         )
-        if rep.children:
-            each = " + ".join(f"{c.compile_s:.1f}" for c in rep.children)
-            line += (
-                f" ({rep.share.compile_s:.1f} s its share) and, side by side, "
-                f"{rep.children_compile_s:.1f} s in {len(rep.children)} child process(es) "
-                f"({each})"
-            )
-        elif rep.serial_reason:
-            line += f" (serial: {rep.serial_reason})"
-        terminalreporter.write_line(line + " (straggler.runtime.warmup, once per run)")
         after = rep.compiled_after_children
         if rep.children and after:
             terminalreporter.write_line(

@@ -116,3 +116,22 @@ def test_without_the_extra_the_command_says_which_to_install(engine, needs, tmp_
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and needs in err[0] and "pip install 'straggler[runtime]'" in err[0]
+
+
+def test_the_engine_pages_sample_commands_run(tmp_path, capsys, monkeypatch):
+    """Each engine page's first command (``straggler-plan sample:ENGINE ...``) as written."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import doc_commands
+    finally:
+        sys.path.pop(0)
+    monkeypatch.chdir(tmp_path)
+    for engine in sorted(SAMPLES):
+        page = (ROOT / "docs" / "guides" / "engines" / f"{engine}.md").read_text()
+        (cmd,) = [c for c in doc_commands.commands(page, "straggler-plan") if "sample:" in c[1]]
+        assert cmd[1] == f"sample:{engine}"
+        if not READABLE[engine]:
+            continue
+        assert plan_cmd.main([*cmd[1:], "--no-progress"]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "modeled time vs EPLB even split" in out and "wrote" in out

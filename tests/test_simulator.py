@@ -18,6 +18,7 @@ from straggler.sim.engine._loop import (
     run_engine,
     run_engine_reference,
     two_stage_predict,
+    two_stage_predict_reference,
 )
 from straggler.sim.engine.simulator import (
     SimReport,
@@ -541,6 +542,8 @@ def test_two_stage_in_engine_equals_two_stage_predictor():
         assert (nb > 0) == (tp._iso is not None)
         want_p, want_mu = tp.predict(qs, qa, H)
         got = [two_stage_predict(knots, lin, iso, nb, float(x), float(y)) for x, y in zip(qs, qa)]
+        ref = [two_stage_predict_reference(knots, lin, iso, nb, x, y) for x, y in zip(qs, qa)]
+        assert got == ref
         got_p = np.array([g[0] for g in got])
         got_mu = np.clip([g[1] for g in got], 1.0, H)
         assert np.array_equal(got_p, want_p)

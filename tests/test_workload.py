@@ -133,3 +133,17 @@ def test_make_decode_problem_nodes_and_distinct():
 def test_bad_input(kwargs, param):
     with pytest.raises(InvalidInputError, match=f"'{param}'"):
         make_decode_problem(**{"n_layers": 2, "tokens_per_gpu": 4, "n_history": 1, **kwargs})
+
+
+def test_sample_counts_near_zero_experts_raise_no_overflow():
+    """Real loads have experts a Dirichlet draw underflows to 0 for: they stay in the support
+    (a top-k that needs them still gets them) and no race key overflows (no warning)."""
+    import warnings
+
+    pop = np.array([[1e6, 1e6, 1e6, 1, 1, 1, 1, 1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = sample_counts(pop, n_tokens=4096, top_k=2, rng=0)[0]
+        assert c[:3].sum() == 2 * 4096 and c[3:].sum() == 0
+        c = sample_counts(pop, n_tokens=4096, top_k=4, rng=0)[0]  # each token needs one more
+        assert (c[:3] == 4096).all() and c[3:].sum() == 4096

@@ -32,7 +32,7 @@ from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_array, check_bool, check_choice, check_int, check_rng
 from ...solvers.dispatch.registry import LayerSolution
 from .static import _nearest_replica
-from .tokens import _mask_candidates, _shares_from_slots, token_layout
+from .tokens import _caller_int_dtype, _mask_candidates, _shares_from_slots, token_layout
 
 __all__ = [
     "SGLangDynamic",
@@ -63,7 +63,8 @@ def sglang_dynamic_lists(
 
     Returns
     -------
-    lists : ndarray of int64, shape (n_gpus, n_experts, X)
+    lists : ndarray of the map's integer dtype (int64 for other input), shape (n_gpus, n_experts, X)
+        SGLang's lists keep its map's dtype.
     num_valid : ndarray of int64, shape (n_gpus, n_experts)
 
     Examples
@@ -73,6 +74,7 @@ def sglang_dynamic_lists(
     ([[0, -1], [0, 2], [2, -1]], [1, 2, 1])
     """
     func = "sglang_dynamic_lists"
+    dtype = _caller_int_dtype(logical_to_physical)
     slot_gpu = check_array(slot_gpu, "slot_gpu", func, kind="int", ndim=1, lo=0)
     l2p = check_array(logical_to_physical, "logical_to_physical", func, kind="int", ndim=2, lo=-1)
     gpu_node = check_array(gpu_node, "gpu_node", func, kind="int", ndim=1, lo=0)
@@ -93,7 +95,7 @@ def sglang_dynamic_lists(
                     lists[rank, e] = -1
                     lists[rank, e, 0] = p
                     num_valid[rank, e] = 1
-    return lists, num_valid
+    return lists.astype(dtype, copy=False), num_valid
 
 
 def sglang_dynamic_choice(
@@ -119,8 +121,9 @@ def sglang_dynamic_choice(
 
     Returns
     -------
-    ndarray of int64, shape (n_tokens, k)
-        ``-1`` where ``topk`` is ``-1``.
+    ndarray of ``topk``'s integer dtype (int64 for other input), shape (n_tokens, k)
+        ``-1`` where ``topk`` is ``-1``. SGLang casts its result back to ``topk_ids.dtype``
+        (int32 ids stay int32).
 
     Examples
     --------
@@ -134,6 +137,7 @@ def sglang_dynamic_choice(
     [[0, 0], [1, 1], [0, 0]]
     """
     func = "sglang_dynamic_choice"
+    dtype = _caller_int_dtype(topk)
     lists = check_array(lists, "lists", func, kind="int", ndim=3, lo=-1)
     g, n_experts, _ = lists.shape
     num_valid = check_array(
@@ -154,7 +158,7 @@ def sglang_dynamic_choice(
     live = topk >= 0
     e = np.where(live, topk, 0)
     idx = draw % np.maximum(num_valid[src, e], 1)
-    return np.where(live, lists[src, e, idx], -1)
+    return np.where(live, lists[src, e, idx], -1).astype(dtype, copy=False)
 
 
 def _dynamic_iv(method) -> None:

@@ -43,13 +43,14 @@ from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import InvalidOptionError, param_error
 from ...formulations.validation import check_array, check_bool, check_choice, check_int
 from ...solvers.dispatch.registry import LayerSolution
-from .tokens import _mask_candidates, token_layout
+from .tokens import _caller_int_dtype, _mask_candidates, token_layout
 
 __all__ = [
     "StaticDispatch",
     "STATIC_RULES",
     "SGLANG_STATIC_VERSIONS",
     "sglang_static_table",
+    "sglang_static_choice",
 ]
 
 #: Accepted values of :attr:`StaticDispatch.rule`.
@@ -168,9 +169,10 @@ def sglang_static_table(
 
     Returns
     -------
-    ndarray of int64, shape (n_gpus, n_layers, n_experts)
+    ndarray of the map's integer dtype (int64 for other input), shape (n_gpus, n_layers, n_experts)
         The slot each source rank sends each expert's tokens to (``-1`` for an expert with
-        no replica, which SGLang never has; no draw is made for it).
+        no replica, which SGLang never has; no draw is made for it). SGLang's table keeps
+        its map's dtype (``compute_logical_to_rank_dispatch_physical_map``).
 
     Examples
     --------
@@ -181,11 +183,12 @@ def sglang_static_table(
     >>> t[[0, 2], 0, 0].tolist(), sorted(t[[1, 3], 0, 0].tolist())
     ([0, 2], [0, 2])
     """
+    dtype = _caller_int_dtype(logical_to_physical)
     l2p, slot_gpu, gpu_node, version, seed, per_rank = _sglang_static_table_iv(
         logical_to_physical, slot_gpu, gpu_node, version, seed, per_rank_lists
     )
     if not per_rank:
-        return _static_table(l2p, slot_gpu, gpu_node, version, seed)
+        return _static_table(l2p, slot_gpu, gpu_node, version, seed).astype(dtype, copy=False)
     n_gpus = gpu_node.size
     table = np.empty((n_gpus, *l2p.shape[:2]), dtype=np.int64)
     for rank in range(n_gpus):
@@ -197,7 +200,47 @@ def sglang_static_table(
                 narrowed[layer, e] = -1
                 narrowed[layer, e, 0] = p
         table[rank] = _static_table(narrowed, slot_gpu, gpu_node, version, seed)[rank]
-    return table
+    return table.astype(dtype, copy=False)
+
+
+def sglang_static_choice(topk, source, table) -> np.ndarray:
+    """The physical slot of every ``(token, top-k)`` entry under SGLang's static table.
+
+    SGLang's ``_topk_ids_logical_to_physical_static``: a lookup of each token's source
+    rank's row, ``table[source, expert]``, cast back to the ids' dtype.
+
+    Parameters
+    ----------
+    topk : array_like of int, shape (n_tokens, k)
+        Logical expert per entry (``-1``: none).
+    source : array_like of int, shape (n_tokens,)
+        Source rank of each token.
+    table : array_like of int, shape (n_gpus, n_experts)
+        One layer of :func:`sglang_static_table`.
+
+    Returns
+    -------
+    ndarray of ``topk``'s integer dtype (int64 for other input), shape (n_tokens, k)
+        ``-1`` where ``topk`` is ``-1``.
+
+    Examples
+    --------
+    >>> t = np.array([[0, 5], [3, 5]])                    # 2 ranks, 2 experts
+    >>> sglang_static_choice(np.array([[0, 1], [1, -1]], np.int32), [0, 1], t)
+    array([[ 0,  5],
+           [ 5, -1]], dtype=int32)
+    """
+    func = "sglang_static_choice"
+    dtype = _caller_int_dtype(topk)
+    table = check_array(table, "table", func, kind="int", ndim=2, lo=-1)
+    g, n_experts = table.shape
+    topk = check_array(topk, "topk", func, kind="int", ndim=2, lo=-1, hi=n_experts - 1)
+    source = check_array(
+        source, "source", func, kind="int", ndim=1, lo=0, hi=g - 1, shape=(topk.shape[0],)
+    )
+    live = topk >= 0
+    out = table[np.broadcast_to(source[:, None], topk.shape), np.where(live, topk, 0)]
+    return np.where(live, out, -1).astype(dtype, copy=False)
 
 
 def _static_table(l2p, slot_gpu, gpu_node, version, seed) -> np.ndarray:

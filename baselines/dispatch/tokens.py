@@ -176,6 +176,23 @@ def _local_positions(source: np.ndarray) -> np.ndarray:
     return np.arange(source.size, dtype=np.int64) - first
 
 
+def _caller_int_dtype(x) -> np.dtype:
+    """The signed integer dtype of what the caller passed, int64 for anything else.
+
+    The engines keep their id tensors' dtype through a lookup (SGLang's
+    ``topk_ids_logical_to_physical`` casts back to ``topk_ids.dtype``; vLLM's router writes
+    ``topk_ids.dtype``; SGLang's static table takes its map's dtype), so int32 ids from an
+    engine come back int32.
+
+    Examples
+    --------
+    >>> _caller_int_dtype(np.zeros(2, np.int32)), _caller_int_dtype([1, 2])
+    (dtype('int32'), dtype('int64'))
+    """
+    dt = np.asarray(x).dtype
+    return dt if dt.kind == "i" else np.dtype(np.int64)
+
+
 def _mask_candidates(replicas) -> np.ndarray:
     """Replica lists of a GPU mask in the engines' padded layout, one slot per GPU.
 

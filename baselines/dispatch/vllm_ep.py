@@ -30,7 +30,13 @@ from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_rng
 from ...solvers.dispatch.registry import LayerSolution
-from .tokens import _local_positions, _mask_candidates, _shares_from_slots, token_layout
+from .tokens import (
+    _caller_int_dtype,
+    _local_positions,
+    _mask_candidates,
+    _shares_from_slots,
+    token_layout,
+)
 
 __all__ = ["VllmEP", "VLLM_EP_VERSIONS", "KNUTH_MULTIPLIER", "vllm_replica_choice"]
 
@@ -75,8 +81,8 @@ def vllm_replica_choice(topk, source, logical_to_physical, *, version="hash", rn
 
     Returns
     -------
-    ndarray of int64, shape (n_tokens, k)
-        ``-1`` where ``topk`` is ``-1``.
+    ndarray of ``topk``'s integer dtype (int64 for other input), shape (n_tokens, k)
+        ``-1`` where ``topk`` is ``-1`` (vLLM writes ``topk_ids.dtype``).
 
     Examples
     --------
@@ -90,6 +96,7 @@ def vllm_replica_choice(topk, source, logical_to_physical, *, version="hash", rn
     >>> vllm_replica_choice(topk, np.zeros(4, int), l2p)[:, 0].tolist()
     [0, 1, 0, 1]
     """
+    dtype = _caller_int_dtype(topk)
     topk, source, l2p, version, gen = _vllm_replica_choice_iv(
         topk, source, logical_to_physical, version, rng
     )
@@ -104,7 +111,7 @@ def vllm_replica_choice(topk, source, logical_to_physical, *, version="hash", rn
         idx = (t * k + np.arange(k)[None, :]) % count[e]
     else:
         idx = np.floor(gen.random(topk.shape) * count[e]).astype(np.int64)
-    return np.where(live, l2p[e, idx], -1)
+    return np.where(live, l2p[e, idx], -1).astype(dtype, copy=False)
 
 
 def _vllm_iv(method) -> None:

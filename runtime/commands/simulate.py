@@ -4,10 +4,12 @@
 [--dispatch pool|queue] [--prefix-cache] [--ctx-cost S] [--plot PNG]``
 
 ``straggler-simulate TRACE --moe PRESET --ep G [--layers K] [--nodes N] [--routings ...]
-[--dispatches ...] [--placements ...] [--table-period S]`` prices every step with the
+[--dispatches ...] [--placements ...] [--table-period S] [--full]`` prices every step with the
 deployment step model (DP attention + EP MoE, :mod:`straggler.sim.engine.deployment`) and prints
 the levers table (:func:`~straggler.sim.experiments.levers.levers`): routing x dispatch x placement,
 each cell relative to JSQ + EPLB's even split; ``--plot`` then draws the step decomposition.
+Without ``--full`` it runs a small grid (:data:`LEVERS_QUICK_GRID`) on the first
+:data:`LEVERS_QUICK_REQUESTS` requests; it prints the cell count and an estimate first.
 
 ``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
 :func:`~straggler.sim.workloads.traces.load_trace`), a name of
@@ -167,19 +169,40 @@ def _parser() -> OneLineParser:
     g.add_argument(
         "--table-period", type=float, default=0.2, help="simulated s between table refreshes"
     )
-    g.add_argument("--routings", type=name_list, default=None,
-                   help="routing policies (default jsq,brs,br0,trtllm_balance)")  # fmt: skip
-    g.add_argument("--dispatches", type=name_list, default=None,
-                   help="dispatches (default even,token_lp,tempo)")  # fmt: skip
+    g.add_argument("--routings", type=name_list, default=None, help="routing policies (default "
+                   "jsq,brs; --full: jsq,brs,br0,trtllm_balance)")  # fmt: skip
+    g.add_argument("--dispatches", type=name_list, default=None, help="dispatches (default "
+                   "even,tempo; --full: even,token_lp,tempo)")  # fmt: skip
     g.add_argument("--placements", type=name_list, default=None,
                    help="placements (default eplb,place_experts)")  # fmt: skip
+    g.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the whole grid on every request (default: a small grid on the first "
+        f"{LEVERS_QUICK_REQUESTS:,} requests, about a minute on 2 cores)",
+    )
     return p
+
+
+#: The levers table's quick grid (without ``--full``): each lever alone and together.
+LEVERS_QUICK_GRID = (("jsq", "brs"), ("even", "tempo"), ("eplb", "place_experts"))
+#: Requests the levers table simulates without ``--full`` or ``--requests``.
+LEVERS_QUICK_REQUESTS = 3000
 
 
 def _levers_main(args, trace) -> int:
     """``--moe``: the levers table on ``trace``."""
     from ...sim.engine.deployment import DeploymentConfig
     from ...sim.experiments.levers import LEVER_DISPATCHES, LEVER_PLACEMENTS, ROUTINGS, levers
+
+    grid = (ROUTINGS, LEVER_DISPATCHES, LEVER_PLACEMENTS) if args.full else LEVERS_QUICK_GRID
+    if not args.full and not args.requests and len(trace) > LEVERS_QUICK_REQUESTS:
+        print(
+            f"levers: the first {LEVERS_QUICK_REQUESTS:,} of {len(trace):,} requests and a "
+            "small grid (--full: every request and the whole grid; --requests N: N requests)",
+            file=sys.stderr,
+        )
+        trace = trace.subset(list(range(LEVERS_QUICK_REQUESTS)))
 
     G = args.ep if args.ep is not None else args.replicas
     dep = DeploymentConfig(
@@ -193,9 +216,9 @@ def _levers_main(args, trace) -> int:
         print(f" {seconds:.1f} s", file=sys.stderr)
     table = levers(
         trace, dep,
-        routings=ROUTINGS if args.routings is None else args.routings,
-        dispatches=LEVER_DISPATCHES if args.dispatches is None else args.dispatches,
-        placements=LEVER_PLACEMENTS if args.placements is None else args.placements,
+        routings=grid[0] if args.routings is None else args.routings,
+        dispatches=grid[1] if args.dispatches is None else args.dispatches,
+        placements=grid[2] if args.placements is None else args.placements,
         progress=not args.no_progress,
         max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
         load_basis=args.load_basis, prefill_instances=args.prefill_instances,

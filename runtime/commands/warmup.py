@@ -69,7 +69,7 @@ def main(argv=None) -> int:
             simulator=not args.no_simulator,
             methods=args.methods,
             policies=args.policies,
-            verbose=not args.json,
+            progress=not args.json,
             jobs=_jobs_arg(args.jobs),
         )
     except ValueError as exc:

@@ -23,7 +23,9 @@ give every expert a slot in every layer, as every engine's routing requires
 
 The engine plug-ins serve straggler's placement through the engines' own extension points,
 named by one environment variable (:data:`PLUGIN_POLICY_ENV`): :func:`register_vllm_plugin`
-(vLLM's ``vllm.general_plugins`` entry point; ``runtime/engines/vllm_plugin.py``).
+(vLLM's ``vllm.general_plugins`` entry point; ``runtime/engines/vllm_plugin.py``) and
+:func:`register_sglang_plugin` (SGLang's ``sglang.srt.plugins`` entry point, the EPLB
+algorithm ``--eplb-algorithm straggler``; ``runtime/engines/sglang_plugin.py``).
 
 :func:`sample_recording` gives the folder of a real recording shipped in each engine's format.
 """
@@ -41,6 +43,13 @@ from .sglang import (
     write_sglang_init_location,
     write_sglang_stat_dump,
 )
+from .sglang_plugin import (
+    SGLANG_ALGORITHM,
+    SGLANG_DISPATCH_RULES,
+    register_sglang_plugin,
+    sglang_dispatch_rule,
+    sglang_rebalance,
+)
 from .trtllm import (
     read_moe_load_balancer,
     read_trtllm_statistics,
@@ -53,10 +62,11 @@ from .vllm import (
     VLLM_MAP_WIDTH,
     dump_vllm_eplb_state,
     read_vllm_state,
+    vllm_logical_maps,
     vllm_maps,
     write_vllm_state,
 )
-from .vllm_plugin import register_vllm_plugin, vllm_policy_class, vllm_rebalance
+from .vllm_plugin import VLLM_DISPATCH, register_vllm_plugin, vllm_policy_class, vllm_rebalance
 
 __all__ = [
     "EngineLog",
@@ -81,6 +91,7 @@ __all__ = [
     "VLLM_FIELDS",
     "read_vllm_state",
     "vllm_maps",
+    "vllm_logical_maps",
     "VLLM_DUMP_FORMAT",
     "VLLM_MAP_WIDTH",
     "dump_vllm_eplb_state",
@@ -88,7 +99,13 @@ __all__ = [
     "PLUGIN_POLICIES",
     "PLUGIN_POLICY_ENV",
     "plugin_policy",
+    "VLLM_DISPATCH",
     "register_vllm_plugin",
     "vllm_policy_class",
     "vllm_rebalance",
+    "SGLANG_ALGORITHM",
+    "SGLANG_DISPATCH_RULES",
+    "register_sglang_plugin",
+    "sglang_dispatch_rule",
+    "sglang_rebalance",
 ]

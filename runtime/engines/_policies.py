@@ -6,8 +6,10 @@ arguments; both plug-ins (``vllm_plugin``, ``sglang_plugin``) read the name from
 rebalance. A second policy is one more entry: a function with the same signature.
 
 Signature of an entry: ``policy(history, num_replicas, num_groups, num_nodes, num_gpus, *,
-previous) -> physical_to_logical``, with ``history`` the recorded window ``(n_batches,
-n_layers, n_experts)`` as the engine hands it, ``previous`` the slot map in force
+dispatch, previous) -> physical_to_logical``, with ``history`` the recorded window
+``(n_batches, n_layers, n_experts)`` as the engine hands it, ``dispatch`` the engine's own
+dispatch rule (a value of ``straggler.solvers.placement.rules.DISPATCH_RULES``),
+``previous`` the slot map in force
 (``(n_layers, num_replicas)``, or ``None``) and the result an int64 ``(n_layers,
 num_replicas)`` slot map (slot ``p`` on GPU
 ``p // (num_replicas / num_gpus)``).
@@ -28,12 +30,14 @@ __all__ = ["PLUGIN_POLICIES", "PLUGIN_POLICY_ENV", "plugin_policy", "run_policy"
 PLUGIN_POLICY_ENV = "STRAGGLER_EPLB_POLICY"
 
 
-def _place_experts_policy(history, num_replicas, num_groups, num_nodes, num_gpus, *, previous):
-    """:func:`~straggler.solvers.place_experts`; with the map in force, each expert staying
-    on a GPU keeps its slot there."""
+def _place_experts_policy(history, num_replicas, num_groups, num_nodes, num_gpus, *, dispatch,
+                          previous):  # fmt: skip
+    """:func:`~straggler.solvers.place_experts` under the engine's dispatch rule; with the
+    map in force, each GPU's slots arranged by vLLM's ``preserve_intragpu_slots``."""
     p2l, _, _ = place_experts(
-        history, num_replicas, num_groups, num_nodes, num_gpus, previous=previous
-    )
+        history, num_replicas, num_groups, num_nodes, num_gpus, dispatch=dispatch,
+        previous=previous,
+    )  # fmt: skip
     return p2l
 
 
@@ -76,9 +80,11 @@ def plugin_policy(environ=None) -> str | None:
     return name
 
 
-def run_policy(name, history, num_replicas, num_groups, num_nodes, num_gpus, *, previous=None):
+def run_policy(name, history, num_replicas, num_groups, num_nodes, num_gpus, *, dispatch,
+               previous=None):  # fmt: skip
     """Call policy ``name`` and return its map as a contiguous int64 array."""
     p2l = PLUGIN_POLICIES[name](
-        history, num_replicas, num_groups, num_nodes, num_gpus, previous=previous
-    )
+        history, num_replicas, num_groups, num_nodes, num_gpus, dispatch=dispatch,
+        previous=previous,
+    )  # fmt: skip
     return np.ascontiguousarray(p2l, dtype=np.int64)

@@ -49,7 +49,7 @@ import numpy as np
 
 from ...formulations.dispatch import logical_to_physical
 from ...formulations.errors import InvalidInputError
-from ...formulations.validation import check_int
+from ...formulations.validation import check_array, check_int
 from ._common import (
     EngineLog,
     Writing,
@@ -80,6 +80,7 @@ __all__ = [
     "VLLM_FIELDS",
     "VLLM_MAP_FIELDS",
     "vllm_maps",
+    "vllm_logical_maps",
     "write_vllm_state",
     "read_vllm_state",
     "parse_vllm_states",
@@ -140,6 +141,74 @@ def vllm_maps(physical_to_logical, n_experts: int, *, width: int | None = VLLM_M
         "logical_to_physical_map": pad,
         "logical_replica_count": count,
     }
+
+
+def vllm_logical_maps(physical_to_logical_map, num_logical_experts: int):
+    """vLLM's ``compute_logical_maps(physical_to_logical_map, num_logical_experts)`` in numpy.
+
+    The logical-to-physical map and the replica counts of any slot map, in vLLM 0.32's
+    layout (``vllm/distributed/eplb/eplb_state.py``): each expert's slots in increasing slot
+    id, ``-1`` padded to the largest replica count (not to 1024: :func:`vllm_maps` pads
+    for ``EplbModelState``); a ``-1`` slot (elastic scale-up leaves them) counts for no
+    expert, and an expert without a slot gets count 0 and a row of ``-1``. Both outputs
+    keep the map's integer dtype; a 1-D map is one layer.
+
+    Parameters
+    ----------
+    physical_to_logical_map : array_like of int, shape (n_layers, P) or (P,)
+        Expert ids in ``[-1, num_logical_experts)``.
+    num_logical_experts : int
+
+    Returns
+    -------
+    logical_to_physical_map : ndarray, shape (n_layers, num_logical_experts, max_replicas)
+        (or without the layer axis for a 1-D map)
+    logical_replica_count : ndarray, shape (n_layers, num_logical_experts)
+
+    Raises
+    ------
+    InvalidInputError
+        A map that is not a non-empty 1-D or 2-D integer array of ids in ``[-1,
+        num_logical_experts)``.
+
+    Examples
+    --------
+    vLLM's test case with empty slots (``tests/distributed/test_eplb_algo.py``):
+
+    >>> l2p, cnt = vllm_logical_maps([[0, 1, -1, 2, 3, -1], [3, -1, 2, 1, 0, -1]], 4)
+    >>> l2p[0, :, 0].tolist(), l2p.shape, cnt.tolist()
+    ([0, 1, 3, 4], (2, 4, 1), [[1, 1, 1, 1], [1, 1, 1, 1]])
+    """
+    func = "vllm_logical_maps"
+    dtype = np.asarray(physical_to_logical_map).dtype
+    dtype = dtype if dtype.kind == "i" else np.dtype(np.int64)
+    E = check_int(num_logical_experts, "num_logical_experts", func, lo=1)
+    p2l = check_array(
+        physical_to_logical_map, "physical_to_logical_map", func, kind="int", ndim=(1, 2),
+        lo=-1, hi=E - 1,
+        expected=f"a non-empty (n_layers, P) or (P,) map of expert ids in [-1, {E - 1}]",
+    )  # fmt: skip
+    if p2l.size == 0:
+        raise InvalidInputError(
+            f"The 'physical_to_logical_map' parameter of {func} must be a non-empty map. Got "
+            f"shape {p2l.shape} instead."
+        )
+    two = np.atleast_2d(p2l)
+    L, P = two.shape
+    count = np.zeros((L, E), dtype=np.int64)
+    for layer in range(L):
+        live = two[layer][two[layer] >= 0]
+        count[layer] = np.bincount(live, minlength=E)
+    width = int(count.max())
+    l2p = np.full((L, E, width), -1, dtype=np.int64)
+    seen = np.zeros((L, E), dtype=np.int64)
+    for p in range(P):  # slots in increasing id, as vLLM's loop
+        rows = np.flatnonzero(two[:, p] >= 0)
+        experts = two[rows, p]
+        l2p[rows, experts, seen[rows, experts]] = p
+        seen[rows, experts] += 1
+    l2p, count = l2p.astype(dtype, copy=False), count.astype(dtype, copy=False)
+    return (l2p[0], count[0]) if p2l.ndim == 1 else (l2p, count)
 
 
 def write_vllm_state(path, state: dict) -> str:

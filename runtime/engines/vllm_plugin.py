@@ -42,13 +42,15 @@ import numpy as np
 
 from ...formulations.errors import param_error
 from ...formulations.validation import check_array, check_int
-from ...solvers.placement.eplb import preserve_intragpu_slots
 from ...solvers.placement.place import moved_replicas
 from ._policies import PLUGIN_POLICIES, plugin_policy, run_policy
 
-__all__ = ["register_vllm_plugin", "vllm_policy_class", "vllm_rebalance"]
+__all__ = ["VLLM_DISPATCH", "register_vllm_plugin", "vllm_policy_class", "vllm_rebalance"]
 
 _LOG = logging.getLogger(__name__)
+#: The dispatch rule the plug-in places for: vLLM's per-token hash
+#: (``straggler.solvers.placement.rules.DISPATCH_RULES``).
+VLLM_DISPATCH = "vllm"
 _FUNC = "vllm_rebalance"
 
 
@@ -101,13 +103,15 @@ def vllm_rebalance(
     ----------
     weight : array_like, shape (n_layers, n_logical)
         vLLM's load window (``EplbState`` passes the window's sum over its steps,
-        all-reduced over the EP group): placed as one batch of those loads.
+        all-reduced over the EP group): placed as one batch of those loads, for vLLM's
+        hash rule (``place_experts(weight[None], ..., dispatch="vllm")``).
     num_replicas, num_groups, num_nodes, num_ranks : int
         As vLLM passes them (``AbstractEplbPolicy.rebalance_experts``).
     old_global_expert_indices : array_like of int, shape (n_layers, num_replicas), optional
-        The map in force (``-1``: an empty slot, as elastic scale-up leaves). Its GPUs'
-        slots are kept where the expert stays (vLLM's ``preserve_intragpu_slots``); a map of
-        another width (elastic scale-down) preserves nothing.
+        The map in force (``-1``: an empty slot, as elastic scale-up leaves), passed as
+        ``previous``: its GPUs' slots are kept where the expert stays (vLLM's
+        ``preserve_intragpu_slots``); a map of another width (elastic scale-down)
+        preserves nothing.
     policy : str, default "place_experts"
         A key of :data:`~straggler.runtime.engines._policies.PLUGIN_POLICIES`.
 
@@ -131,10 +135,11 @@ def vllm_rebalance(
     w, P, G, N, R, old = _vllm_rebalance_iv(
         weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices, policy
     )
-    p2l = run_policy(policy, w[None], P, G, N, R)
-    if old is not None and old.shape == p2l.shape:
-        p2l = preserve_intragpu_slots(p2l, R, old)
-    return p2l
+    L = w.shape[0]
+    keep = old is not None and old.shape == (L, P)
+    return run_policy(
+        policy, w[None], P, G, N, R, dispatch=VLLM_DISPATCH, previous=old if keep else None
+    )
 
 
 def vllm_policy_class(policy: str = "place_experts"):

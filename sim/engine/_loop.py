@@ -1,14 +1,20 @@
-"""The lock-step decode step loop: a Numba kernel and, below it, a plain-Python reference.
+"""The lock-step decode step loop: a Numba kernel and a plain-Python reference, phase by phase.
 
 Both take one :class:`EngineInputs` (a NamedTuple of named arrays and scalars) and return one
 :class:`EngineOutput`; tests check they agree exactly. :func:`run_engine` is one loop over
-phase functions over :class:`EngineState`, which holds everything the loop changes (the
-pattern of :mod:`straggler.solvers.dispatch._tempo`); each phase is handed the state's arrays it
-uses
-and the scalars of :class:`_Cfg`, never the records themselves. The routing policy's kernel
-is an argument of the loop (the address of its compiled code, called through
-:func:`~straggler.solvers.routing._core.call_policy`; :func:`engine_entry`), so the loop
-compiles once for every policy. One iteration is one decode step of the whole cluster:
+phase functions over :class:`EngineState`, which holds everything the loop changes (the pattern
+of :mod:`straggler.solvers.dispatch._tempo`); each phase is handed the state's arrays it uses
+and the scalars of :class:`_Cfg`, never the records themselves. Each phase (and each helper
+that holds a rule of the model: :func:`_to_prefill`, :func:`_fits`, :func:`_admit`,
+:func:`_router_view`, the prefix caches, :func:`two_stage_predict`) has its plain-Python twin
+directly below it, named ``<phase>_reference``, written from the model on a
+:class:`_ReferenceState` of lists (loads recomputed from the slots at every read, the prefill
+queue a list, the caches ``OrderedDict`` s); :func:`run_engine_reference`, below
+:func:`run_engine`, calls the twins in the loop's order. An edit to a phase has one twin to
+edit beside it. The routing policy's kernel is an argument of the loop (the address of its
+compiled code, called through :func:`~straggler.solvers.routing._core.call_policy`;
+:func:`engine_entry`), so the loop compiles once for every policy. One iteration is one decode
+step of the whole cluster:
 
 1. :func:`_arrivals`: arrivals (``arrival_t <= clock``) join the prefill queue; ``prefill_
    instances`` instances serve it first come, first served (``0``: unlimited), a prefill
@@ -97,6 +103,7 @@ __all__ = [
     "run_engine_reference",
     "project_view",
     "two_stage_predict",
+    "two_stage_predict_reference",
     "no_two_stage",
 ]
 
@@ -302,6 +309,27 @@ def two_stage_predict(knots, lin, iso, n_blocks, s, a):
             else:
                 hi = mid
         p = iso[1, min(lo, nb - 1)]
+    return p, y
+
+
+def two_stage_predict_reference(knots, lin, iso, n_blocks, s, a):
+    """Plain-Python reference of :func:`two_stage_predict`: the features listed, then the
+    logistic and linear heads, then the isotonic map by bisection."""
+    ls, la = math.log1p(float(s)), math.log1p(float(a))
+    feats = [1.0, ls, la, ls * ls, la * la, ls * la]
+    feats += [max(ls - float(q), 0.0) for q in knots[0]]
+    feats += [max(la - float(q), 0.0) for q in knots[1]]
+    mean, std, w, v = (row.tolist() for row in lin)
+    z = y = 0.0
+    for f, mj, sj, wj, vj in zip(feats, mean, std, w, v):
+        phi = (f - mj) / sj
+        z = z + phi * wj
+        y = y + phi * vj
+    p = 0.0 if -z > EXP_CAP else 1.0 / (1.0 + math.exp(-z))
+    nb = int(n_blocks)
+    if nb > 0:
+        ends = iso[0][:nb].tolist()
+        p = float(iso[1][min(bisect.bisect_left(ends, p), nb - 1)])
     return p, y
 
 
@@ -517,6 +545,19 @@ def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
     return tg, th, ts, T
 
 
+def _cache_touch_reference(st, inp, g, b):
+    """Reference of :func:`_cache_touch`: block ``b`` becomes the most recently used of
+    replica ``g``'s cache (an ``OrderedDict`` in LRU order), evicting the least recently used
+    beyond ``cache_blocks``."""
+    c = st.caches[g]
+    if b in c:
+        c.move_to_end(b)
+    else:
+        c[b] = None
+        while len(c) > inp.cache_blocks:
+            c.popitem(last=False)
+
+
 @njit(**_NJIT_JITTED)
 def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
     """Prompt tokens of request ``i`` in replica ``g``'s cache: its leading blocks present in
@@ -528,6 +569,17 @@ def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
         else:
             break
     return float(min(c * blk_tokens, prompt_i))
+
+
+def _cached_prefix_reference(st, inp, i, g):
+    """Reference of :func:`_cached_prefix`: request ``i``'s leading blocks found in replica
+    ``g``'s cache, in tokens, at most its prompt."""
+    hit = 0
+    for b in st.blocks[i]:
+        if b not in st.caches[g]:
+            break
+        hit += 1
+    return float(min(hit * inp.blk_tokens, st.prompt[i]))
 
 
 # Scalars of the step loop, kept in EngineState.cnt (int64) so that phases update them in place
@@ -687,6 +739,67 @@ def _new_state(inp):
     )
 
 
+class _ReferenceState:
+    """What :func:`run_engine_reference` changes, in plain Python containers (the twin of
+    :class:`EngineState`): per request lists (arrival order); ``slots[g]`` the requests in
+    replica ``g``'s slots (None: empty), from which loads are recomputed at every read;
+    ``pool`` (by first ready time, then index), ``queue`` the prefill queue as a list of
+    ``(done, order, request)``, ``instances`` each prefill instance's next free time;
+    ``views[k]``/``placed[k]`` the router's view of step ``k`` and what it sent at step ``k``
+    (the last ``stale + 1`` steps); ``engine_queue[g]`` engine ``g``'s own FIFO (queue
+    mode); ``caches[g]`` its prefix blocks in LRU order; ``admitted`` the step's admissions
+    ``(request, replica)`` in order; ``ctx``/``ctx_n`` the context-phase tokens and requests
+    each replica admitted in this step."""
+
+    def __init__(self, inp):
+        n = len(inp.arrival_t)
+        G, S = inp.n_replicas, inp.max_slots
+        nan = float("nan")
+        self.n, self.G = n, G
+        self.prompt = [int(x) for x in inp.prompt]
+        self.output = [int(x) for x in inp.output]
+        self.group = [int(x) for x in inp.group]
+        self.ready_t, self.start_t = [nan] * n, [nan] * n
+        self.first_t, self.finish_t = [nan] * n, [nan] * n
+        self.replica, self.n_pre, self.pool_wait = [-1] * n, [0] * n, [0.0] * n
+        self.decoded, self.admitted_as = [0] * n, [0] * n
+        self.enter_t, self.enter_tick, self.admit_tick = [0.0] * n, [0] * n, [-1] * n
+        self.slots = [[None] * S for _ in range(G)]
+        self.memo: dict[int, int] = {}
+        self.pool: list[int] = []
+        self.queue: list[tuple[float, int, int]] = []
+        self.instances = [0.0] * max(inp.prefill_instances, 1)
+        self.views: dict[int, tuple] = {}
+        self.placed: dict[int, list] = {}
+        self.series: list[list] = []
+        self.tick_pool: list[int] = []
+        self.engine_queue: list[list[int]] = [[] for _ in range(G)]
+        self.caches = [collections.OrderedDict() for _ in range(G)]
+        self.hits = [None] * n  # cached prompt tokens at the first admission
+        self.blocks = [
+            [int(b) for b in inp.blk_ids[inp.blk_off[i] : inp.blk_off[i + 1]]]
+            if inp.use_cache
+            else []
+            for i in range(n)
+        ]
+        self.admitted: list[tuple[int, int]] = []
+        self.ctx, self.ctx_n = [0] * G, [0] * G
+        self.clock, self.k, self.nxt, self.order, self.seq, self.n_ticks = 0.0, 0, 0, 0, 0, 0
+        self.carry = inp.carry
+
+
+def _loads_reference(st):
+    """Each replica's resident KV tokens, recomputed from its slots."""
+    return [
+        sum(st.prompt[i] + st.decoded[i] for i in st.slots[g] if i is not None) for g in range(st.G)
+    ]
+
+
+def _running_reference(st, g):
+    """Requests running on replica ``g``."""
+    return sum(1 for i in st.slots[g] if i is not None)
+
+
 class _Cfg(NamedTuple):
     """The scalars of :class:`EngineInputs` the phases read, taken once before the loop: a
     record of scalars only, so binding it in a phase costs nothing (a record holding arrays
@@ -745,6 +858,20 @@ def _to_prefill(cfg, c, pq, i, t, tokens):
     c[_PF_SEQ] += 1
 
 
+def _to_prefill_reference(st, inp, i, t, tokens):
+    """Reference of :func:`_to_prefill`: request ``i`` joins the prefill queue (a list) at
+    ``t``; its prefill starts on the earliest free instance (lowest index on ties)."""
+    cost = inp.prefill_base_s + inp.prefill_per_token_s * float(tokens)
+    if inp.prefill_instances == 0:
+        done = t + cost
+    else:
+        j = min(range(len(st.instances)), key=lambda q: (st.instances[q], q))
+        done = max(t, st.instances[j]) + cost
+        st.instances[j] = done
+    st.queue.append((done, st.order, i))
+    st.order += 1
+
+
 @njit(**_NJIT_BORROW)
 def _arrivals(cfg, arrival_t, prompt, c, clock, pq):
     """Phase 1: the requests that arrived by now join the prefill queue, in arrival order."""
@@ -753,6 +880,13 @@ def _arrivals(cfg, arrival_t, prompt, c, clock, pq):
         i = c[_NXT]
         _to_prefill(cfg, c, pq, i, arrival_t[i], float(prompt[i]))
         c[_NXT] += 1
+
+
+def _arrivals_reference(st, inp):
+    """Reference of :func:`_arrivals`."""
+    while st.nxt < st.n and inp.arrival_t[st.nxt] <= st.clock:
+        _to_prefill_reference(st, inp, st.nxt, float(inp.arrival_t[st.nxt]), st.prompt[st.nxt])
+        st.nxt += 1
 
 
 @njit(**_NJIT_BORROW)
@@ -779,6 +913,18 @@ def _prefill_to_pool(c, clock, pq, pool, ready_t, enter_t, enter_tick, in_pool):
         c[_POOL_N] += 1
 
 
+def _prefill_to_pool_reference(st):
+    """Reference of :func:`_prefill_to_pool`: done prefills, earliest first, inserted into
+    the pool by (first ready time, index)."""
+    for done, o, i in sorted(q for q in st.queue if q[0] <= st.clock):
+        st.queue.remove((done, o, i))
+        if st.ready_t[i] != st.ready_t[i]:
+            st.ready_t[i], st.enter_tick[i] = done, st.n_ticks
+        st.enter_t[i] = done
+        keys = [(st.ready_t[j], j) for j in st.pool]
+        st.pool.insert(bisect.bisect_left(keys, (st.ready_t[i], i)), i)
+
+
 @njit(**_NJIT_BORROW)
 def _next_event(arrival_t, c, ht):
     """The next arrival or prefill completion (``inf``: none)."""
@@ -788,6 +934,13 @@ def _next_event(arrival_t, c, ht):
     if c[_HEAP_N] > 0 and ht[0] < t_next:
         t_next = ht[0]
     return t_next
+
+
+def _next_event_reference(st, inp):
+    """Reference of :func:`_next_event` (None: no event left)."""
+    times = [float(inp.arrival_t[st.nxt])] if st.nxt < st.n else []
+    times += [q[0] for q in st.queue]
+    return min(times) if times else None
 
 
 @njit(**_NJIT_BORROW)
@@ -817,6 +970,23 @@ def _preempt(cfg, c, clock, rep, pq, prompt, decoded, adm_seq, n_pre):
     return n_preempted
 
 
+def _preempt_reference(st, inp):
+    """Reference of :func:`_preempt`; returns the number of preemptions."""
+    n_preempted = 0
+    for g in range(st.G):
+        while _loads_reference(st)[g] + _running_reference(st, g) > inp.kv_cap:
+            s = max(
+                (s for s in range(inp.max_slots) if st.slots[g][s] is not None),
+                key=lambda s: st.admitted_as[st.slots[g][s]],
+            )
+            v = st.slots[g][s]
+            st.slots[g][s] = None
+            st.n_pre[v] += 1
+            n_preempted += 1
+            _to_prefill_reference(st, inp, v, st.clock, st.prompt[v] + st.decoded[v])
+    return n_preempted
+
+
 @njit(**_NJIT_BORROW)
 def _snapshot(cfg, c, rep, queues, ring):
     """Phase 5: the router's view of this step (loads, running counts, prompt tokens,
@@ -841,6 +1011,25 @@ def _snapshot(cfg, c, rep, queues, ring):
             view_ring[slot, g, h] = 0.0
         view_ring[slot, g, 0] = load[g]
     return slot
+
+
+def _snapshot_reference(st, inp):
+    """Reference of :func:`_snapshot`: the view of step ``k`` (exact loads, running counts,
+    prompt tokens, queues), kept for ``stale + 1`` steps; this step's sent, context and
+    admission records start empty."""
+    G, H, k = st.G, inp.horizon, st.k
+    st.ctx, st.ctx_n = [0] * G, [0] * G
+    st.admitted = []
+    L = _loads_reference(st)
+    view = [[float(L[g])] + [0.0] * H for g in range(G)]
+    prompts_now = [float(sum(st.prompt[i] for i in s if i is not None)) for s in st.slots]
+    queued = [len(q) for q in st.engine_queue]
+    queued_tok = [float(sum(st.prompt[i] + st.decoded[i] for i in q)) for q in st.engine_queue]
+    running = [_running_reference(st, g) for g in range(G)]
+    st.views[k] = (view, running, prompts_now, queued, queued_tok)
+    st.views.pop(k - inp.stale - 1, None)
+    st.placed[k] = [[0.0] * G, [0] * G, [0.0] * G]
+    st.placed.pop(k - inp.stale - 1, None)
 
 
 @njit(**NJIT_INLINE)
@@ -874,11 +1063,56 @@ def _project(cfg, c, pred, slot_req, pool, decoded, memo, view_ring, slot, two_s
             view_ring[slot, g, h] = view[g, h]
 
 
+def _project_reference(st, inp):
+    """Reference of :func:`_project` (and of :func:`project_view`): the projected loads
+    replace the view of step ``k`` (the predictor of ``pred_kind``, written out per request as
+    in the module docstring)."""
+    G, H = st.G, inp.horizon
+    prompt, decoded = st.prompt, st.decoded
+    view = [[0.0] * (H + 1) for g in range(G)]
+    visible = [float(prompt[i]) for i in st.pool[: inp.max_pool]] if inp.refill else []
+    rf = sum(visible) / len(visible) if visible else 0.0
+    for g in range(G):
+        for i in st.slots[g]:
+            if i is None:
+                continue
+            a = decoded[i]
+            hit = inp.pred_kind == _EXACT_MATCH and st.group[i] >= 0
+            m = st.memo.get(st.group[i], -1) if hit else -1
+            if inp.pred_kind == _TWO_STAGE:
+                f = int(inp.ts_fold[i])
+                p, mu = two_stage_predict_reference(
+                    inp.ts_knots[f], inp.ts_lin[f], inp.ts_iso[f], inp.ts_nb[f], prompt[i], a
+                )
+            elif inp.pred_kind == _ORACLE or m > a:
+                r = (st.output[i] if inp.pred_kind == _ORACLE else m) - a
+                p, mu = (1.0 if r <= H else 0.0), float(r)
+            else:
+                j = min(a, len(inp.surv_p) - 1)
+                p, mu = float(inp.surv_p[j]), float(inp.surv_mu[j])
+            mu = min(max(mu, 1.0), float(max(H, 1)))
+            c = float(H + 1) if p < 0.5 else (1.0 - p) * (H + 1) + p * mu
+            for h in range(H + 1):
+                w = min(max(c - h, 0.0), 1.0)
+                if w > 0.0:
+                    view[g][h] += w * (prompt[i] + a + h)
+                if rf > 0.0 and w < 1.0:
+                    view[g][h] += (1.0 - w) * rf
+    st.views[st.k] = (view,) + st.views[st.k][1:]
+
+
 @njit(**_NJIT_BORROW_INLINE)
 def _fits(cfg, nrun, load, tok, g):
     """Whether replica ``g`` can start a request of ``tok`` tokens now: a free slot, and its
     tokens plus the next step's token of every request fit the KV capacity."""
     return nrun[g] < cfg.max_slots and load[g] + tok + nrun[g] + 1 <= cfg.kv_cap
+
+
+def _fits_reference(st, inp, i, g):
+    """Reference of :func:`_fits`."""
+    tok = st.prompt[i] + st.decoded[i]
+    run = _running_reference(st, g)
+    return run < inp.max_slots and _loads_reference(st)[g] + tok + run + 1 <= inp.kv_cap
 
 
 @njit(**_NJIT_BORROW_INLINE)
@@ -915,6 +1149,21 @@ def _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g):
     c[_ADM_N] += 1
 
 
+def _admit_reference(st, inp, i, g):
+    """Reference of :func:`_admit`: request ``i`` takes replica ``g``'s first empty slot."""
+    st.ctx[g] += st.prompt[i] + st.decoded[i]  # a context phase in this step
+    st.ctx_n[g] += 1
+    st.slots[g][st.slots[g].index(None)] = i
+    st.replica[i] = g
+    if st.start_t[i] != st.start_t[i]:
+        st.start_t[i] = st.clock
+        st.admit_tick[i] = st.n_ticks - 1
+    st.admitted_as[i] = st.seq
+    st.seq += 1
+    st.pool_wait[i] += st.clock - st.enter_t[i]
+    st.admitted.append((i, g))
+
+
 @njit(**_NJIT_JITTED)
 def _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch):
     """Phase 6c (with prefix caches): the step's admissions in order, each reading its
@@ -941,6 +1190,19 @@ def _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch
         ctx[g] -= hit
     c[_LRU_N] = n_log
     return tg, th, ts
+
+
+def _cache_admissions_reference(st, inp):
+    """Reference of :func:`_cache_admissions`: each admission of the step, in order, reads
+    its cached prefix (its first admission's is kept; the context phase skips it), then its
+    prompt's blocks enter the replica's cache."""
+    for i, g in st.admitted:
+        hit = int(_cached_prefix_reference(st, inp, i, g))
+        if st.hits[i] is None:
+            st.hits[i] = float(hit)
+        for b in st.blocks[i]:
+            _cache_touch_reference(st, inp, g, b)
+        st.ctx[g] -= hit
 
 
 @njit(**_NJIT_BORROW_INLINE)
@@ -985,6 +1247,29 @@ def _router_view(cfg, c, ring, reps):
                         view[g, h] += add_ring[kk % R, g]
 
 
+def _router_view_reference(st, inp):
+    """Reference of :func:`_router_view`: the view of step ``k - stale`` (step 0's before),
+    plus, when optimistic, what was sent since (to the queues in queue mode); returns
+    ``(loads, n_running, prompt_tokens, n_waiting, waiting_tokens)`` as lists."""
+    G, H, k = st.G, inp.horizon, st.k
+    old_view, old_n, old_p, old_q, old_qt = st.views[max(k - inp.stale, 0)]
+    seen = [row[:] for row in old_view]
+    seen_n, seen_p, seen_q, seen_qt = list(old_n), list(old_p), list(old_q), list(old_qt)
+    if inp.optimistic:
+        for kk in range(max(k - inp.stale, 0), k):
+            tok, cnt, pr = st.placed[kk]
+            for g in range(G):
+                if inp.queue_mode:  # sent since the view: in the engines' queues
+                    seen_q[g] += cnt[g]
+                    seen_qt[g] += tok[g]
+                    continue
+                seen_n[g] += cnt[g]
+                seen_p[g] += pr[g]
+                for h in range(H + 1):
+                    seen[g][h] += tok[g]
+    return seen, seen_n, seen_p, seen_q, seen_qt
+
+
 @njit(**_NJIT_BORROW)
 def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, ring, buf, reps):
     """Phase 6a: what the policy is shown at this tick, written into buffers the loop
@@ -1011,6 +1296,30 @@ def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, ring, buf
     return P
 
 
+def _tick_state_reference(st, inp):
+    """Reference of :func:`_tick_state`: ``(P, (prefill, wait, key), ReplicaState)`` for the
+    oldest ``P`` pool requests and the router's view."""
+    G, H, kv_cap = st.G, inp.horizon, inp.kv_cap
+    P = min(len(st.pool), inp.max_pool)
+    visible = st.pool[:P]
+    prefill = np.array([float(st.prompt[i] + st.decoded[i]) for i in visible])
+    wait = np.array([st.n_ticks - st.enter_tick[i] for i in visible], dtype=np.int64)
+    key = np.array([int(inp.room[i]) for i in visible], dtype=np.int64)
+    seen, seen_n, seen_p, seen_q, seen_qt = _router_view_reference(st, inp)
+    free = [P if inp.queue_mode else inp.max_slots - _running_reference(st, g) for g in range(G)]
+    reps = ReplicaState(
+        np.array(seen, dtype=np.float64).reshape(G, H + 1),
+        np.array(free, dtype=np.int64),
+        np.array(seen_n, dtype=np.int64),
+        np.array(seen_q, dtype=np.int64),
+        np.array(seen_p, dtype=np.float64),
+        np.array(seen_qt, dtype=np.float64),
+        np.array([seen[g][0] / kv_cap for g in range(G)]),
+        np.full(G, float(kv_cap)),
+    )
+    return P, (prefill, wait, key), reps
+
+
 @njit(**_NJIT_JITTED)
 def _cached_view(cfg, cache, prompt, pool, P, cached):
     """Phase 6a (a policy that reads the prefix caches): ``cached[j, g]``, the prompt tokens
@@ -1022,6 +1331,12 @@ def _cached_view(cfg, cache, prompt, pool, P, cached):
             cached[j, g] = _cached_prefix(
                 cache_d, blk_off, blk_ids, pool[j], g, G, cfg.blk_tokens, prompt[pool[j]]
             )
+
+
+def _cached_view_reference(st, inp, P):
+    """Reference of :func:`_cached_view`: ``(P, G)`` cached prompt tokens."""
+    rows = [[_cached_prefix_reference(st, inp, i, g) for g in range(st.G)] for i in st.pool[:P]]
+    return np.array(rows).reshape(-1, st.G)
 
 
 @njit(**_NJIT_BORROW)
@@ -1066,6 +1381,28 @@ def _apply_tick(
     c[_POOL_N] = keep
 
 
+def _apply_tick_reference(st, inp, assign, P):
+    """Reference of :func:`_apply_tick`: the assignment applied in pool order (queue mode:
+    to the engine's queue; pool mode: admitted when it fits, else it stays)."""
+    st.n_ticks += 1
+    st.tick_pool.append(P)
+    sent = st.placed[st.k]
+    still = []
+    for j, i in enumerate(st.pool):
+        g = int(assign[j]) if j < P else -1
+        if g >= 0 and (inp.queue_mode or _fits_reference(st, inp, i, g)):
+            if inp.queue_mode:
+                st.engine_queue[g].append(i)
+            else:
+                _admit_reference(st, inp, i, g)
+            sent[0][g] += st.prompt[i] + st.decoded[i]
+            sent[1][g] += 1
+            sent[2][g] += st.prompt[i]
+        else:
+            still.append(i)
+    st.pool = still
+
+
 @njit(**_NJIT_BORROW)
 def _admit_queues(cfg, c, clock, rep, adm, queues, prompt, decoded):
     """Phase 6c (queue mode): each replica admits from the head of its queue while the head
@@ -1084,6 +1421,13 @@ def _admit_queues(cfg, c, clock, rep, adm, queues, prompt, decoded):
             q_tok[g] -= prompt[i] + decoded[i]
             c[_QUEUED] -= 1
             _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g)
+
+
+def _admit_queues_reference(st, inp):
+    """Reference of :func:`_admit_queues`: each engine admits from its queue's head, FCFS."""
+    for g in range(st.G):
+        while st.engine_queue[g] and _fits_reference(st, inp, st.engine_queue[g][0], g):
+            _admit_reference(st, inp, st.engine_queue[g].pop(0), g)
 
 
 @njit(**dict(NJIT, nogil=False, _nrt=True))  # object mode holds the GIL
@@ -1139,6 +1483,28 @@ def step_time(cfg, load, nrun, ctx, clock):
     return dt
 
 
+def step_time_reference(st, inp):
+    """Reference of :func:`step_time`, from the loads recomputed from the slots."""
+    G = st.G
+    L = _loads_reference(st)
+    dt = inp.t0 + inp.kappa * max(L)
+    if inp.ctx_cost > 0.0:
+        dt = inp.t0 + max(inp.kappa * L[g] + inp.ctx_cost * st.ctx[g] for g in range(G))
+    if inp.deploy:  # the deployment step: attention per layer, barrier, MoE layers
+        worst = 0.0
+        for g in range(G):
+            att = inp.t0 + inp.kappa * L[g] + inp.att_c * _running_reference(st, g)
+            if inp.ctx_cost > 0.0:
+                att += inp.ctx_cost * st.ctx[g]
+            worst = max(worst, att)
+        dt = inp.n_layers * worst + inp.fixed_s
+        if inp.moe_key >= 0:
+            nrun = np.array([_running_reference(st, g) for g in range(G)], dtype=np.int64)
+            L = np.array(L, dtype=np.int64)
+            dt += engine_moe_seconds(inp.moe_key, L, nrun, st.clock)
+    return dt
+
+
 @njit(**_NJIT_BORROW)
 def _record(cfg, c, clock, rep, series, dt, n_preempted):
     """Phase 8: the step's row of ``series`` (:data:`SERIES`; the loop grows it first,
@@ -1170,6 +1536,20 @@ def _record(cfg, c, clock, rep, series, dt, n_preempted):
     series[k, 7] = n_preempted
     series[k, 8] = cmax
     series[k, 9] = psum / G / pmax if pmax > 0 else 1.0
+
+
+def _record_reference(st, dt, n_preempted):
+    """Reference of :func:`_record`: the step's row of :data:`SERIES`."""
+    G = st.G
+    L = _loads_reference(st)
+    running = [_running_reference(st, g) for g in range(G)]
+    proc = [st.ctx[g] + running[g] - st.ctx_n[g] for g in range(G)]
+    balance = sum(proc) / G / max(proc) if max(proc) > 0 else 1.0
+    waiting = len(st.pool) + sum(len(q) for q in st.engine_queue)
+    st.series.append(
+        [st.clock, dt, max(L), sum(L), sum(running), waiting, len(st.queue), n_preempted,
+         max(st.ctx), balance]
+    )  # fmt: skip
 
 
 @njit(**_NJIT_JITTED)
@@ -1215,6 +1595,22 @@ def _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo
                 c[_RUN] -= 1
                 if group[i] >= 0:
                     memo[group[i]] = output[i]
+
+
+def _decode_reference(st, t_end):
+    """Reference of :func:`_decode`."""
+    for g in range(st.G):
+        for s, i in enumerate(st.slots[g]):
+            if i is None:
+                continue
+            st.decoded[i] += 1
+            if st.decoded[i] == 1:
+                st.first_t[i] = t_end
+            if st.decoded[i] == st.output[i]:
+                st.finish_t[i] = t_end
+                st.slots[g][s] = None
+                if st.group[i] >= 0:
+                    st.memo[st.group[i]] = st.output[i]
 
 
 @njit(**NJIT)
@@ -1332,6 +1728,77 @@ def run_engine(kernel, inp):
     )
 
 
+def run_engine_reference(inp, router):
+    """Plain-Python step loop written from the model in the module docstring: the phases of
+    :func:`run_engine` in the same order, each a ``*_reference`` twin written beside its
+    kernel phase, on a :class:`_ReferenceState`.
+
+    ``router`` is the policy's plain-Python reference (the registry's ``reference``). Running
+    requests are kept per replica in a slot list and the loads recomputed from them; the
+    prefill instances are a list of free times, the prefill queue a list scanned for its
+    earliest ``(done, order)``. Tick times are 0.
+    """
+    st = _ReferenceState(inp)
+    G = inp.n_replicas
+    while st.k < inp.max_steps:
+        _arrivals_reference(st, inp)
+        _prefill_to_pool_reference(st)
+        idle = all(_running_reference(st, g) == 0 for g in range(G))
+        if idle and not st.pool and not any(st.engine_queue):  # idle: next event
+            t = _next_event_reference(st, inp)
+            if t is None:
+                break
+            st.clock = max(st.clock, t)
+            continue
+        n_preempted = _preempt_reference(st, inp)
+        _snapshot_reference(st, inp)
+        if inp.pred_kind > 0:
+            _project_reference(st, inp)
+        if st.k % inp.tick == 0 and st.pool:  # phase 6: a routing tick
+            P, (prefill, wait, key), reps = _tick_state_reference(st, inp)
+            cached = _cached_view_reference(st, inp, P) if inp.cache_router else np.zeros((0, G))
+            pool = PoolState(prefill, wait, key, cached)
+            seed = inp.seed * 1_000_003 + st.k
+            assign, st.carry = router(pool, reps, inp.options, st.carry, seed)
+            _apply_tick_reference(st, inp, assign, P)
+        if inp.queue_mode:
+            _admit_queues_reference(st, inp)
+        if inp.use_cache and st.admitted:
+            _cache_admissions_reference(st, inp)
+        dt = step_time_reference(st, inp)
+        if all(_running_reference(st, g) == 0 for g in range(G)) and dt <= 0.0:
+            t = _next_event_reference(st, inp)  # steps cost nothing: wait for the next event
+            if t is None:
+                break
+            dt = max(t - st.clock, 0.0)
+        _record_reference(st, dt, n_preempted)
+        t_end = st.clock + dt
+        _decode_reference(st, t_end)
+        st.clock = t_end
+        st.k += 1
+    for i in st.pool + [i for q in st.engine_queue for i in q]:  # still waiting at the end
+        st.pool_wait[i] += st.clock - st.enter_t[i]
+    n = st.n
+    return EngineOutput(
+        np.array(st.ready_t),
+        np.array(st.start_t),
+        np.array(st.first_t),
+        np.array(st.finish_t),
+        np.array(st.replica, dtype=np.int64),
+        np.array(st.n_pre, dtype=np.int64),
+        np.array(st.pool_wait),
+        np.array(
+            [st.enter_tick[i] if st.ready_t[i] == st.ready_t[i] else -1 for i in range(n)],
+            dtype=np.int64,
+        ),
+        np.array(st.admit_tick, dtype=np.int64),
+        np.array(st.series, dtype=float).reshape(-1, len(SERIES)),
+        np.zeros(len(st.tick_pool), dtype=np.int64),
+        np.array(st.tick_pool, dtype=np.int64),
+        np.array([0.0 if h is None else h for h in st.hits]),
+    )
+
+
 def engine_depends() -> tuple:
     """The modules whose source the compiled engine includes besides its own (the routing
     records and the router clock of :mod:`~straggler.solvers.routing._core`, the predictors'
@@ -1374,315 +1841,3 @@ def engine_entry(policy, inp):
     cache_depends_on(run_engine, *engine_depends())
     entry = run_engine.compile((types.int64, typeof(inp)))
     return lambda inp: entry(addr, inp)
-
-
-def run_engine_reference(inp, router):
-    """Plain-Python step loop written from the model in the module docstring.
-
-    ``router`` is the policy's plain-Python reference (the registry's ``reference``). Running
-    requests are kept per replica in a slot list and the loads recomputed from them; the
-    prefill instances are a list of free times, the prefill queue a list scanned for its
-    earliest ``(done, order)``. Tick times are 0.
-    """
-    n = len(inp.arrival_t)
-    G, S, H, kv_cap = inp.n_replicas, inp.max_slots, inp.horizon, inp.kv_cap
-    prompt = [int(x) for x in inp.prompt]
-    output = [int(x) for x in inp.output]
-    group = [int(x) for x in inp.group]
-    nan = float("nan")
-    ready_t, start_t, first_t, finish_t = [nan] * n, [nan] * n, [nan] * n, [nan] * n
-    replica, n_pre, pool_wait = [-1] * n, [0] * n, [0.0] * n
-    decoded, admitted_as = [0] * n, [0] * n
-    enter_t, enter_tick, admit_tick = [0.0] * n, [0] * n, [-1] * n
-    slots = [[None] * S for _ in range(G)]
-    memo: dict[int, int] = {}
-    pool: list[int] = []  # by (first ready time, index)
-    queue: list[tuple[float, int, int]] = []  # prefill queue: (done, order, request)
-    instances = [0.0] * max(inp.prefill_instances, 1)
-    views: dict[int, tuple] = {}
-    placed: dict[int, list] = {}
-    series, tick_pool = [], []
-    engine_queue: list[list[int]] = [[] for _ in range(G)]  # queue mode: each engine's FIFO
-    caches = [collections.OrderedDict() for _ in range(G)]  # prefix blocks, LRU order
-    hits = [None] * n  # cached prompt tokens at the first admission
-    blocks = [
-        [int(b) for b in inp.blk_ids[inp.blk_off[i] : inp.blk_off[i + 1]]] if inp.use_cache else []
-        for i in range(n)
-    ]
-    clock, k, nxt, order, seq, n_ticks = 0.0, 0, 0, 0, 0, 0
-    carry = inp.carry
-    ts_fold, ts_knots, ts_lin, ts_iso, ts_nb = (
-        inp.ts_fold,
-        inp.ts_knots,
-        inp.ts_lin,
-        inp.ts_iso,
-        inp.ts_nb,
-    )
-
-    def prefill(t, tokens):
-        nonlocal order
-        cost = inp.prefill_base_s + inp.prefill_per_token_s * float(tokens)
-        if inp.prefill_instances == 0:
-            done = t + cost
-        else:
-            j = min(range(len(instances)), key=lambda q: (instances[q], q))
-            done = max(t, instances[j]) + cost
-            instances[j] = done
-        order += 1
-        return done, order - 1
-
-    def two_stage_predict(i, a):
-        """``(p_fin, mu_rem)`` of model ``ts_fold[i]`` at prompt ``prompt[i]``, age ``a``."""
-        m = int(ts_fold[i])
-        ls, la = math.log1p(float(prompt[i])), math.log1p(float(a))
-        feats = [1.0, ls, la, ls * ls, la * la, ls * la]
-        feats += [max(ls - float(q), 0.0) for q in ts_knots[m][0]]
-        feats += [max(la - float(q), 0.0) for q in ts_knots[m][1]]
-        mean, std, w, v = (row.tolist() for row in ts_lin[m])
-        z = y = 0.0
-        for f, mj, sj, wj, vj in zip(feats, mean, std, w, v):
-            phi = (f - mj) / sj
-            z = z + phi * wj
-            y = y + phi * vj
-        p = 0.0 if -z > EXP_CAP else 1.0 / (1.0 + math.exp(-z))
-        nb = int(ts_nb[m])
-        if nb > 0:
-            ends = ts_iso[m][0][:nb].tolist()
-            p = float(ts_iso[m][1][min(bisect.bisect_left(ends, p), nb - 1)])
-        return p, y
-
-    def loads():
-        return [sum(prompt[i] + decoded[i] for i in slots[g] if i is not None) for g in range(G)]
-
-    def fits(i, g):
-        tok = prompt[i] + decoded[i]
-        return running(g) < S and loads()[g] + tok + running(g) + 1 <= kv_cap
-
-    def admit(i, g):
-        nonlocal seq
-        hit = int(cached_tokens(i, g)) if inp.use_cache else 0
-        ctx[g] += prompt[i] + decoded[i] - hit  # a context phase in this step, less the cache
-        ctx_n[g] += 1
-        slots[g][slots[g].index(None)] = i
-        replica[i] = g
-        if start_t[i] != start_t[i]:
-            start_t[i] = clock
-            admit_tick[i] = n_ticks - 1
-        admitted_as[i] = seq
-        seq += 1
-        pool_wait[i] += clock - enter_t[i]
-        if inp.use_cache and hits[i] is None:
-            hits[i] = float(hit)
-        for b in blocks[i]:  # the replica's cache now holds the prompt's blocks (LRU)
-            c = caches[g]
-            if b in c:
-                c.move_to_end(b)
-            else:
-                c[b] = None
-                while len(c) > inp.cache_blocks:
-                    c.popitem(last=False)
-
-    def cached_tokens(i, g):
-        hit = 0
-        for b in blocks[i]:
-            if b not in caches[g]:
-                break
-            hit += 1
-        return float(min(hit * inp.blk_tokens, prompt[i]))
-
-    def running(g):
-        return sum(1 for i in slots[g] if i is not None)
-
-    def next_event():
-        times = [float(inp.arrival_t[nxt])] if nxt < n else []
-        times += [q[0] for q in queue]
-        return min(times) if times else None
-
-    while k < inp.max_steps:
-        while nxt < n and inp.arrival_t[nxt] <= clock:
-            done, o = prefill(float(inp.arrival_t[nxt]), prompt[nxt])
-            queue.append((done, o, nxt))
-            nxt += 1
-        for done, o, i in sorted(q for q in queue if q[0] <= clock):
-            queue.remove((done, o, i))
-            if ready_t[i] != ready_t[i]:
-                ready_t[i], enter_tick[i] = done, n_ticks
-            enter_t[i] = done
-            keys = [(ready_t[j], j) for j in pool]
-            pool.insert(bisect.bisect_left(keys, (ready_t[i], i)), i)
-        if sum(running(g) for g in range(G)) == 0 and not pool and not any(engine_queue):
-            t = next_event()
-            if t is None:
-                break
-            clock = max(clock, t)
-            continue
-        n_preempted = 0
-        for g in range(G):
-            while loads()[g] + running(g) > kv_cap:
-                s = max(
-                    (s for s in range(S) if slots[g][s] is not None),
-                    key=lambda s: admitted_as[slots[g][s]],
-                )
-                v = slots[g][s]
-                slots[g][s] = None
-                n_pre[v] += 1
-                n_preempted += 1
-                done, o = prefill(clock, prompt[v] + decoded[v])
-                queue.append((done, o, v))
-        ctx, ctx_n = [0] * G, [0] * G
-        # the view of step k: exact loads, then the projected horizon columns
-        L = loads()
-        view = [[float(L[g])] + [0.0] * H for g in range(G)]
-        if inp.pred_kind > 0:
-            view = [[0.0] * (H + 1) for g in range(G)]
-            visible = [float(prompt[i]) for i in pool[: inp.max_pool]] if inp.refill else []
-            rf = sum(visible) / len(visible) if visible else 0.0
-            for g in range(G):
-                for i in slots[g]:
-                    if i is None:
-                        continue
-                    a = decoded[i]
-                    hit = inp.pred_kind == _EXACT_MATCH and group[i] >= 0
-                    m = memo.get(group[i], -1) if hit else -1
-                    if inp.pred_kind == _TWO_STAGE:
-                        p, mu = two_stage_predict(i, a)
-                    elif inp.pred_kind == _ORACLE or m > a:
-                        r = (output[i] if inp.pred_kind == _ORACLE else m) - a
-                        p, mu = (1.0 if r <= H else 0.0), float(r)
-                    else:
-                        j = min(a, len(inp.surv_p) - 1)
-                        p, mu = float(inp.surv_p[j]), float(inp.surv_mu[j])
-                    mu = min(max(mu, 1.0), float(max(H, 1)))
-                    c = float(H + 1) if p < 0.5 else (1.0 - p) * (H + 1) + p * mu
-                    for h in range(H + 1):
-                        w = min(max(c - h, 0.0), 1.0)
-                        if w > 0.0:
-                            view[g][h] += w * (prompt[i] + a + h)
-                        if rf > 0.0 and w < 1.0:
-                            view[g][h] += (1.0 - w) * rf
-        prompts_now = [float(sum(prompt[i] for i in slots[g] if i is not None)) for g in range(G)]
-        queued = [len(q) for q in engine_queue]
-        queued_tok = [float(sum(prompt[i] + decoded[i] for i in q)) for q in engine_queue]
-        views[k] = (view, [running(g) for g in range(G)], prompts_now, queued, queued_tok)
-        views.pop(k - inp.stale - 1, None)
-        placed[k] = [[0.0] * G, [0] * G, [0.0] * G]
-        placed.pop(k - inp.stale - 1, None)
-        if k % inp.tick == 0 and pool:
-            P = min(len(pool), inp.max_pool)
-            old_view, old_n, old_p, old_q, old_qt = views[max(k - inp.stale, 0)]
-            seen = [row[:] for row in old_view]
-            seen_n, seen_p, seen_q, seen_qt = list(old_n), list(old_p), list(old_q), list(old_qt)
-            if inp.optimistic:
-                for kk in range(max(k - inp.stale, 0), k):
-                    tok, cnt, pr = placed[kk]
-                    for g in range(G):
-                        if inp.queue_mode:  # sent since the view: in the engines' queues
-                            seen_q[g] += cnt[g]
-                            seen_qt[g] += tok[g]
-                            continue
-                        seen_n[g] += cnt[g]
-                        seen_p[g] += pr[g]
-                        for h in range(H + 1):
-                            seen[g][h] += tok[g]
-            cached = np.zeros((0, G))
-            if inp.cache_router:
-                cached = np.array([[cached_tokens(i, g) for g in range(G)] for i in pool[:P]])
-            pstate = PoolState(
-                np.array([float(prompt[i] + decoded[i]) for i in pool[:P]]),
-                np.array([n_ticks - enter_tick[i] for i in pool[:P]], dtype=np.int64),
-                np.array([int(inp.room[i]) for i in pool[:P]], dtype=np.int64),
-                cached.reshape(-1, G),
-            )
-            free = [P if inp.queue_mode else S - running(g) for g in range(G)]
-            rstate = ReplicaState(
-                np.array(seen, dtype=np.float64).reshape(G, H + 1),
-                np.array(free, dtype=np.int64),
-                np.array(seen_n, dtype=np.int64),
-                np.array(seen_q, dtype=np.int64),
-                np.array(seen_p, dtype=np.float64),
-                np.array(seen_qt, dtype=np.float64),
-                np.array([seen[g][0] / kv_cap for g in range(G)]),
-                np.full(G, float(kv_cap)),
-            )
-            assign, carry = router(pstate, rstate, inp.options, carry, inp.seed * 1_000_003 + k)
-            n_ticks += 1
-            tick_pool.append(P)
-            still = []
-            for j, i in enumerate(pool):
-                g = int(assign[j]) if j < P else -1
-                if g >= 0 and (inp.queue_mode or fits(i, g)):
-                    if inp.queue_mode:
-                        engine_queue[g].append(i)
-                    else:
-                        admit(i, g)
-                    placed[k][0][g] += prompt[i] + decoded[i]
-                    placed[k][1][g] += 1
-                    placed[k][2][g] += prompt[i]
-                else:
-                    still.append(i)
-            pool = still
-        for g in range(G):  # queue mode: each engine admits from its queue's head, FCFS
-            while engine_queue[g] and fits(engine_queue[g][0], g):
-                admit(engine_queue[g].pop(0), g)
-        L = loads()
-        M, tot = max(L), sum(L)
-        n_run = sum(running(g) for g in range(G))
-        dt = inp.t0 + inp.kappa * M
-        if inp.ctx_cost > 0.0:
-            dt = inp.t0 + max(inp.kappa * L[g] + inp.ctx_cost * ctx[g] for g in range(G))
-        if inp.deploy:  # the deployment step: attention per layer, barrier, MoE layers
-            worst = 0.0
-            for g in range(G):
-                att = inp.t0 + inp.kappa * L[g] + inp.att_c * running(g)
-                if inp.ctx_cost > 0.0:
-                    att += inp.ctx_cost * ctx[g]
-                worst = max(worst, att)
-            dt = inp.n_layers * worst + inp.fixed_s
-            if inp.moe_key >= 0:
-                nrun = np.array([running(g) for g in range(G)], dtype=np.int64)
-                dt += engine_moe_seconds(inp.moe_key, np.array(L, dtype=np.int64), nrun, clock)
-        proc = [ctx[g] + running(g) - ctx_n[g] for g in range(G)]
-        balance = sum(proc) / G / max(proc) if max(proc) > 0 else 1.0
-        if n_run == 0 and dt <= 0.0:
-            t = next_event()
-            if t is None:
-                break
-            dt = max(t - clock, 0.0)
-        waiting = len(pool) + sum(len(q) for q in engine_queue)
-        series.append(
-            [clock, dt, M, tot, n_run, waiting, len(queue), n_preempted, max(ctx), balance]
-        )
-        t_end = clock + dt
-        for g in range(G):
-            for s, i in enumerate(slots[g]):
-                if i is None:
-                    continue
-                decoded[i] += 1
-                if decoded[i] == 1:
-                    first_t[i] = t_end
-                if decoded[i] == output[i]:
-                    finish_t[i] = t_end
-                    slots[g][s] = None
-                    if group[i] >= 0:
-                        memo[group[i]] = output[i]
-        clock = t_end
-        k += 1
-    for i in pool + [i for q in engine_queue for i in q]:
-        pool_wait[i] += clock - enter_t[i]
-    return EngineOutput(
-        np.array(ready_t),
-        np.array(start_t),
-        np.array(first_t),
-        np.array(finish_t),
-        np.array(replica, dtype=np.int64),
-        np.array(n_pre, dtype=np.int64),
-        np.array(pool_wait),
-        np.array(
-            [enter_tick[i] if ready_t[i] == ready_t[i] else -1 for i in range(n)], dtype=np.int64
-        ),
-        np.array(admit_tick, dtype=np.int64),
-        np.array(series, dtype=float).reshape(-1, len(SERIES)),
-        np.zeros(len(tick_pool), dtype=np.int64),
-        np.array(tick_pool, dtype=np.int64),
-        np.array([0.0 if h is None else h for h in hits]),
-    )

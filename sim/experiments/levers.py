@@ -15,10 +15,13 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...formulations.errors import param_error
 from ...formulations.validation import check_choice
 from ..engine.deployment import DISPATCHES, PLACEMENTS, DeploymentConfig
 from ..engine.simulator import SimReport, simulate
+from ..workloads.traces import Trace
 
 __all__ = [
     "ROUTINGS",
@@ -27,6 +30,7 @@ __all__ = [
     "DEFAULT_CELL",
     "LeversTable",
     "levers",
+    "estimate_levers_seconds",
     "plot_step_decomposition",
 ]
 
@@ -143,7 +147,9 @@ def levers(
         The grid (defaults ``ROUTINGS``, ``LEVER_DISPATCHES``,
         ``LEVER_PLACEMENTS``); the default cell ``DEFAULT_CELL`` is always run.
     progress : bool, default False
-        A line on stderr per finished cell.
+        On stderr: the planned cell count and an estimate of the time they take (from short
+        probe runs, ``estimate_levers_seconds`` in this module), then a progress bar with the
+        time left.
     **simulate_kw
         Passed to :func:`~straggler.sim.simulate` (``n_replicas`` defaults to the
         deployment's ``n_gpus``; ``load``, ``max_slots``, ...).
@@ -169,16 +175,26 @@ def levers(
     ]
     simulate_kw.setdefault("n_replicas", deployment.n_gpus)
     reports = {}
-    t0 = time.perf_counter()
-    for k, (r, d, p) in enumerate(cells):
-        dep = dataclasses.replace(deployment, dispatch=d, placement=p)
-        reports[(r, d, p)] = simulate(trace, r, deployment=dep, **simulate_kw)
-        if progress:
-            print(
-                f"levers: {k + 1}/{len(cells)} cells ({r}, {d}, {p}; "
-                f"{time.perf_counter() - t0:.1f} s)",
-                file=sys.stderr,
-            )
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        est = estimate_levers_seconds(trace, deployment, cells, **simulate_kw)
+        size = f" of {len(trace):,} requests" if isinstance(trace, Trace) else ""
+        when = f"about {_duration(est)}" if est is not None else "shown after the first cell"
+        print(f"levers: {len(cells)} cells{size}; estimated time {when}", file=sys.stderr)
+        bar = tqdm(total=len(cells), desc="levers", unit="cell", file=sys.stderr)
+    try:
+        for r, d, p in cells:
+            if bar is not None:
+                bar.set_postfix_str(f"{r}, {d}, {p}")
+            dep = dataclasses.replace(deployment, dispatch=d, placement=p)
+            reports[(r, d, p)] = simulate(trace, r, deployment=dep, **simulate_kw)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
     base = reports[DEFAULT_CELL]
     rows = [_row(c, reports[c], base) for c in cells]
     pre = deployment.preset
@@ -191,6 +207,37 @@ def levers(
         "step columns: mean per step"
     )
     return LeversTable(rows=rows, reports=reports, note=note)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def estimate_levers_seconds(trace, deployment, cells, *, probe_fraction=0.02, **simulate_kw):
+    """Seconds the levers ``cells`` will take, from probe runs: each distinct (dispatch,
+    placement) simulated with JSQ on the first ``probe_fraction`` of ``trace`` (at least 50
+    requests) and on twice as many; the difference gives the seconds per request, the rest
+    a run's fixed cost, and the whole trace is extrapolated linearly. A rough figure (the
+    simulator's cost per request grows with the load a run builds up). None when ``trace`` is
+    not a :class:`~straggler.sim.workloads.traces.Trace` or is shorter than 200 requests (the
+    probes would be the work)."""
+    if not isinstance(trace, Trace) or len(trace) < 200:
+        return None
+    n = max(50, int(len(trace) * probe_fraction))
+    seconds = {}
+    for _, d, p in cells:
+        if (d, p) in seconds:
+            continue
+        dep = dataclasses.replace(deployment, dispatch=d, placement=p)
+        times = []
+        for size in (n, 2 * n):
+            t0 = time.perf_counter()
+            simulate(trace.subset(np.arange(size)), "jsq", deployment=dep, **simulate_kw)
+            times.append(time.perf_counter() - t0)
+        per_request = max(times[1] - times[0], 0.0) / n
+        fixed = max(times[0] - per_request * n, 0.0)
+        seconds[(d, p)] = fixed + per_request * len(trace)
+    return sum(seconds[(d, p)] for _, d, p in cells)
 
 
 def plot_step_decomposition(table: LeversTable, path) -> None:

@@ -25,8 +25,9 @@ every setting beside its results. The phase diagram and the routing load sweeps 
   table itself is written to ``path`` at the end: CSV, or Parquet when ``path`` ends in
   ``.parquet`` (needs ``pyarrow``). JSON keeps the journal's types exact, so a resumed
   sweep returns the very table an uninterrupted one does.
-* **Progress.** A tqdm bar on stderr when tqdm is installed, else a plain line on stderr
-  about every 5% of the cells; ``progress=False`` is silent.
+* **Progress.** On stderr, the cells to run before the first starts, an estimate of the
+  time once the first has finished, and a tqdm bar with the time left; ``progress=False`` is
+  silent.
 """
 
 from __future__ import annotations
@@ -187,33 +188,43 @@ def _run_cell(func, index: int, settings: dict):
 
 
 class _Progress:
-    """tqdm when installed, else a plain stderr line about every 5% of the cells."""
+    """On stderr: the cells to run before the first starts, an estimate of the time they take
+    once the first has finished (its wall time times the cells left, over the workers), and a
+    tqdm bar with the time left."""
 
-    def __init__(self, total: int, done: int, desc: str, enabled: bool):
+    def __init__(self, total: int, done: int, desc: str, enabled: bool, workers: int = 1):
         self.total, self.done, self.desc, self.enabled = total, done, desc, enabled
+        self.workers = max(1, workers)
         self.t0 = time.perf_counter()
+        self.ran = 0
         self.bar = None
-        self.step = max(1, total // 20)
         if not enabled:
             return
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            print(f"{desc}: {done}/{total} cells done (resumed)", file=sys.stderr)
-        else:
-            self.bar = tqdm(total=total, initial=done, desc=desc, unit="cell", file=sys.stderr)
+        from tqdm.auto import tqdm
+
+        todo = total - done
+        before = f" ({done} of {total} done before)" if done else ""
+        print(
+            f"{desc}: {todo} cells to run{before} on {self.workers} worker(s); estimated time "
+            "after the first cell",
+            file=sys.stderr,
+        )
+        self.bar = tqdm(total=total, initial=done, desc=desc, unit="cell", file=sys.stderr)
 
     def update(self) -> None:
         self.done += 1
+        self.ran += 1
         if not self.enabled:
             return
-        if self.bar is not None:
-            self.bar.update(1)
-        elif self.done % self.step == 0 or self.done == self.total:
-            dt = time.perf_counter() - self.t0
-            pct = 100 * self.done / self.total
-            print(
-                f"{self.desc}: {self.done}/{self.total} cells ({pct:.0f}%), {dt:.1f} s",
+        self.bar.update(1)
+        left = self.total - self.done
+        if self.ran == 1 and left:
+            first = time.perf_counter() - self.t0
+            est = first * left / min(self.workers, left)
+            when = f"{est:.0f} s" if est < 90 else f"{est / 60:.1f} min"
+            self.bar.write(
+                f"{self.desc}: estimated {when} more for {left} cells (the first took "
+                f"{first:.1f} s)",
                 file=sys.stderr,
             )
 
@@ -552,7 +563,8 @@ def sweep(
     )
     results: list[dict | None] = [journal.done.get(_key(c)) for c in cells]
     todo = [i for i, r in enumerate(results) if r is None]
-    bar = _Progress(len(cells), len(cells) - len(todo), desc, progress)
+    n_workers = 1 if backend == "serial" else min(workers or os.cpu_count() or 1, len(todo) or 1)
+    bar = _Progress(len(cells), len(cells) - len(todo), desc, progress, n_workers)
 
     def finish(index: int, res: dict) -> None:
         clash = sorted(set(res) & set(settings_names))

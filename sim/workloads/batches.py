@@ -171,6 +171,11 @@ def _sample_counts_iv(popularity, n_tokens, top_k, kappa, func: str = "sample_co
     return p, n_tokens, top_k, kappa, squeeze
 
 
+#: Least batch popularity of an expert in the support (:func:`sample_counts`): ``1 / q`` times
+#: any ``Exp(1)`` draw stays below the largest float, so no race key overflows.
+_Q_FLOOR = 1e-300
+
+
 def sample_counts(popularity, *, n_tokens: int, top_k: int, kappa=DEFAULT_KAPPA, rng=None):
     """Route one batch: tokens per expert of every layer.
 
@@ -206,15 +211,15 @@ def sample_counts(popularity, *, n_tokens: int, top_k: int, kappa=DEFAULT_KAPPA,
     p = p / p.sum(axis=1, keepdims=True)
     n_layers, n_experts = p.shape
     counts = np.zeros((n_layers, n_experts), dtype=np.int64)
-    tiny = np.finfo(float).tiny
     for l in range(n_layers):
         q = p[l]
         if kappa is not None:
             live = q > 0
             q = np.zeros(n_experts)
             q[live] = gen.dirichlet(kappa * p[l, live])
-            # a Dirichlet draw can underflow to 0 for tiny concentrations; keep the support
-            q[live] = np.maximum(q[live], tiny)
+            # a Dirichlet draw can underflow to 0 for tiny concentrations; keep the support,
+            # at a floor whose race keys Exp(1) / q stay finite (an Exp(1) draw is < 750)
+            q[live] = np.maximum(q[live], _Q_FLOOR)
         inv = np.where(q > 0, 1.0 / np.where(q > 0, q, 1.0), np.inf)
         for start in range(0, n_tokens, 8192):
             n = min(8192, n_tokens - start)

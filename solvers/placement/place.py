@@ -20,8 +20,8 @@ shares so many replicated experts that the dispatch cannot relieve it (packed by
 alone, equally weighted replicas fall on the same pairs). No candidate is scored: it costs
 about one EPLB call (``O(T E + (P - E) log E + P g)`` per layer), and on
 ``benchmarks/placement.py``'s cells it captured more of the headroom than the local search
-below with its default budget, never below EPLB in a cell (README, "Placement for a
-time-aware dispatch"). ``alpha`` and ``spread`` are :data:`GREEDY_ALPHA` and
+below with its default budget, never below EPLB in a cell (``docs/performance/dispatch.md``,
+"Placement for a time-aware dispatch"). ``alpha`` and ``spread`` are :data:`GREEDY_ALPHA` and
 :data:`GREEDY_SPREAD`. With several nodes, EPLB's group-to-node packing is kept and both
 stages run inside each node.
 
@@ -71,7 +71,7 @@ The search's budget is ``n_resamples``, ``max_evals`` and ``patience``: its time
 the batches times the candidates scored (each costs one pass over the scored batches). The
 defaults (64, 300, 50) are the cheapest budget of ``benchmarks/placement.py``'s frontier
 that kept at least 80% of the headroom and no cell below -0.3% on both its cell sets, at
-hundreds of times one EPLB call; that frontier is in the README.
+hundreds of times one EPLB call; that frontier is in ``docs/performance/dispatch.md``.
 
 ``method="eplb"``: EPLB with ``distinct=True`` (the start, for comparison).
 
@@ -105,8 +105,32 @@ Slots keep their experts where they can: an expert staying on a GPU stays in its
 rule of vLLM's ``preserve_intragpu_slots``, ``vllm/distributed/eplb/policy/default.py``),
 so the slot map changes in the moved replicas only.
 
+**Placement for an engine's dispatch rule** (``dispatch="vllm"``, ``"static"``,
+``"dynamic"``, ``"lp"``). The engines do not run tempo: vLLM picks a replica per token by
+a hash, SGLang by its ``--ep-dispatch-algorithm``. ``solvers/placement/rules.py``
+states each rule's expected per-GPU tokens and activated replicas and the modelled step
+``max_h t_h`` they imply; per layer:
+
+1. **Starts**: the engine's own EPLB on what the engine gives it, the window's total
+   (:func:`~straggler.solvers.placement.eplb.rebalance_experts`, ``version="vllm"`` for
+   vLLM's rule, ``"sglang"`` for SGLang's), and, when a GPU's slots do not exceed the
+   experts, the greedy placement above and EPLB with ``distinct=True``; the one of lowest
+   mean modelled step on the scored batches (the window's ``n_samples`` and
+   ``n_resamples`` resampled ones, as the local search) is kept, ties to the earlier.
+2. **Search**: ``rules.rule_search``, replica moves and
+   swaps scored by the rule's mean modelled step, first improvement, within
+   ``max_evals`` (default 300) and ``patience``; inside a node with several.
+3. **Guard**: the result is kept only if its mean modelled step on the window's own
+   sampled batches is no higher than the engine's EPLB's; otherwise EPLB's map is
+   returned. So on the batches it was placed from, the placement is never worse, under
+   the rule's model, than what the engine would deploy itself.
+
+With ``previous`` the slots are then arranged by vLLM's ``preserve_intragpu_slots``
+(:func:`~straggler.solvers.placement.eplb.preserve_intragpu_slots`), what vLLM's own
+policy does with the map in force.
+
 Everything is deterministic (no clock-based stopping). Slots of a GPU hold its experts
-in increasing index order.
+in increasing index order (tempo's placements).
 """
 
 from __future__ import annotations
@@ -118,14 +142,21 @@ import numpy as np
 
 from ...formulations.cost import CostModel
 from ...formulations.dispatch import logical_to_physical
-from ...formulations.errors import InvalidInputError, param_error
+from ...formulations.errors import InvalidInputError, InvalidOptionError, param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_real, check_type
 from ..dispatch._semi_matching import semi_matching_kernel
 from ..dispatch._token_lp_fast import token_lp_kernel
 from ..dispatch.tempo import tempo_layer_bound
 from ._greedy import greedy_placement_kernel
 from ._kernels import hall_score_kernel, placement_search_kernel
-from .eplb import EPLB_VERSIONS, _rebalance_experts_iv, balanced_packing, rebalance_experts
+from .eplb import (
+    EPLB_VERSIONS,
+    _rebalance_experts_iv,
+    balanced_packing,
+    preserve_intragpu_slots,
+    rebalance_experts,
+)
+from .rules import DISPATCH_RULES, _RuleScore, rule_search
 
 __all__ = [
     "place_experts",
@@ -486,7 +517,7 @@ def _previous_iv(previous, L, E, P):
 
 
 def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples,
-              n_resamples, max_evals):  # fmt: skip
+              n_resamples, max_evals, dispatch):  # fmt: skip
     h = check_array(history, "history", _FUNC, ndim=(2, 3), lo=0, hi=2.0**53, kind="real")
     if h.ndim == 2:
         h = h[:, None, :]
@@ -504,8 +535,15 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
     elif isinstance(cost, str):
         cost = CostModel.preset(cost)
     check_type(cost, "cost", _FUNC, CostModel, "a CostModel, a preset name or None")
+    dispatch = check_choice(dispatch, "dispatch", _FUNC, DISPATCH_RULES)
     if method is not None:
         method = check_choice(method, "method", _FUNC, PLACEMENT_METHODS)
+        if dispatch != "tempo":
+            raise InvalidOptionError(
+                f"The 'method' option of {_FUNC} chooses how to place for tempo's dispatch; "
+                f"under an engine's rule the search is its own. Got method={method!r} with "
+                f"dispatch={dispatch!r} instead."
+            )
     n_samples = check_int(n_samples, "n_samples", _FUNC, lo=1)
     n_resamples = check_int(n_resamples, "n_resamples", _FUNC, lo=0, hi=100_000)
     if max_evals is not None:
@@ -516,13 +554,13 @@ def _place_iv(history, num_replicas, num_groups, num_nodes, num_gpus, cost, meth
             f"{_FUNC} needs num_gpus % num_nodes == 0 and num_replicas % num_gpus == 0. Got "
             f"num_replicas={num_replicas}, num_nodes={num_nodes}, num_gpus={num_gpus} instead."
         )
-    if num_replicas // num_gpus > E:
+    if num_replicas // num_gpus > E and dispatch == "tempo":
         raise InvalidInputError(
             f"{_FUNC} never puts two replicas of one expert on one GPU, so a GPU holds at most "
             f"{E} experts. Got {num_replicas // num_gpus} slots per GPU instead."
         )
     return (h, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples,
-            n_resamples, max_evals)  # fmt: skip
+            n_resamples, max_evals, dispatch)  # fmt: skip
 
 
 def _greedy_layout(mean, P, G, N, g):
@@ -542,6 +580,66 @@ def _greedy_layout(mean, P, G, N, g):
     return np.ascontiguousarray(np.repeat(pack, E // groups, axis=1)), nodes
 
 
+def _rule_previous_iv(previous, L, E, P):
+    """``previous`` for an engine's rule: a slot map of shape ``(L, P)`` (or the three maps
+    with it first) with expert ids in ``[-1, E - 1]`` (``-1``: an empty slot)."""
+    if isinstance(previous, (tuple, list)) and len(previous) == 3 and np.ndim(previous[0]) == 2:
+        previous = previous[0]
+    return check_array(
+        previous, "previous", _FUNC, ndim=2, kind="int", shape=(L, P), lo=-1, hi=E - 1,
+        expected=f"the slot map in force of shape ({L}, {P}) with experts in [-1, {E - 1}]",
+    )  # fmt: skip
+
+
+def _greedy_p2l(counts, mean, P, G, N, g, cost):
+    """The ``method="greedy"`` slot map (``(L, P)``) and its other maps."""
+    expert_node, n_nodes = _greedy_layout(mean, P, G, N, g)
+    return greedy_placement_kernel(
+        counts, expert_node, n_nodes, P, g, GREEDY_ALPHA, GREEDY_SPREAD, *_cost_args(cost)
+    )
+
+
+def _place_for_rule(h, P, G, N, g, cost, rule, n_samples, n_resamples, max_evals, patience,
+                    prev):  # fmt: skip
+    """``place_experts`` under an engine's dispatch rule (module notes, "Placement for an
+    engine's dispatch rule")."""
+    n_batches, L, E = h.shape
+    counts = np.rint(h).astype(np.int64)
+    per = P // g
+    gpu_node = np.arange(g) // (g // N)  # the physical nodes (SGLang's same-node rule)
+    node_of = gpu_node if G % N == 0 else np.zeros(g, dtype=np.int64)  # where moves stay
+    # the engine's own EPLB, on what the engine gives it: the window's total
+    version = "vllm" if rule == "vllm" else "sglang"
+    try:
+        starts = [rebalance_experts(h.sum(axis=0), P, G, N, g, version=version)[0]]
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{_FUNC}: EPLB cannot place this layout: {exc}") from exc
+    if per <= E:  # the distinct starts: tempo's greedy placement, EPLB without duplicates
+        starts.append(_greedy_p2l(counts, h.mean(axis=0), P, G, N, g, cost)[0])
+        try:
+            starts.append(rebalance_experts(h.mean(axis=0), P, G, N, g, distinct=True)[0])
+        except InvalidInputError:
+            pass  # a layout without a distinct placement: the others remain
+    idx = np.unique(np.linspace(0, n_batches - 1, min(n_samples, n_batches)).round().astype(int))
+    out = np.empty((L, P), dtype=np.int64)
+    for l in range(L):
+        own = counts[idx, l]
+        extra = _resample(counts[:, l], n_resamples, l)
+        batches = own if extra is None else np.concatenate([own, extra])
+        score = _RuleScore(batches, E, g, gpu_node, rule, cost)
+        values = [score(score.state(s[l])) for s in starts]
+        first = int(np.argmin(values))  # ties: the earlier start, the engine's EPLB first
+        best, _ = rule_search(starts[first][l], score, node_of, max_evals, patience)
+        # guard: never above the engine's EPLB on the window's own scored batches
+        check = _RuleScore(own, E, g, gpu_node, rule, cost)
+        eplb = starts[0][l]
+        out[l] = best if check(check.state(best)) <= check(check.state(eplb)) else eplb
+    if prev is not None:
+        out = preserve_intragpu_slots(out, g, prev)
+    l2p, cnt = logical_to_physical(out, E)
+    return out, l2p, cnt
+
+
 def place_experts(
     history,
     num_replicas: int,
@@ -558,14 +656,20 @@ def place_experts(
     previous=None,
     max_moves: int | None = None,
     move_cost: float | None = None,
+    dispatch: str = "tempo",
 ):
-    """Choose replica counts and GPUs to minimise the expected tempo makespan of a window.
+    """Choose replica counts and GPUs to minimise the expected step of a window under a
+    dispatch: tempo's (default), or an engine's own rule (``dispatch=``).
 
     Without ``previous``: a placement from scratch (module notes). With ``previous``, the
     placement in force: with ``max_moves`` or ``move_cost``, a rebalance that moves few
     replicas (module notes, "Rebalance from the placement in force"); with neither, the
     placement from scratch, its slots arranged so that every expert staying on a GPU keeps
     its old slot there (vLLM's ``preserve_intragpu_slots`` rule).
+
+    With ``dispatch`` naming an engine's rule (module notes, "Placement for an engine's
+    dispatch rule"), the placement minimises that rule's modelled step instead
+    (``solvers/placement/rules.py``).
 
     Parameters
     ----------
@@ -613,6 +717,12 @@ def place_experts(
         over the steps it serves); the rebalance minimises the mean makespan plus
         ``move_cost`` times the replicas moved (needs ``previous``; default 0 with
         ``max_moves``).
+    dispatch : {"tempo", "vllm", "static", "dynamic", "lp"}, default "tempo"
+        The dispatch that will use the placement: tempo's, or an engine's own rule
+        (vLLM's per-token hash; SGLang's ``--ep-dispatch-algorithm`` static, dynamic or
+        lp). With a rule, ``method``, ``max_moves`` and ``move_cost`` do not apply, a GPU
+        may hold more slots than there are experts, and ``previous`` only arranges the
+        slots (vLLM's ``preserve_intragpu_slots``, ``-1`` slots allowed).
 
     Returns
     -------
@@ -644,11 +754,25 @@ def place_experts(
     >>> int(moved_replicas(old, new)[0]) <= 1
     True
     """
-    h, P, G, N, g, cost, method, n_samples, n_resamples, max_evals = _place_iv(
+    h, P, G, N, g, cost, method, n_samples, n_resamples, max_evals, dispatch = _place_iv(
         history, num_replicas, num_groups, num_nodes, num_gpus, cost, method, n_samples,
-        n_resamples, max_evals,
+        n_resamples, max_evals, dispatch,
     )  # fmt: skip
     n_batches, L, E = h.shape
+    if dispatch != "tempo":
+        if max_moves is not None or move_cost is not None:
+            name = "max_moves" if max_moves is not None else "move_cost"
+            raise InvalidOptionError(
+                f"The '{name}' option of {_FUNC} prices moves for tempo's dispatch only. Got "
+                f"{name}={max_moves if name == 'max_moves' else move_cost!r} with "
+                f"dispatch={dispatch!r} instead."
+            )
+        prev = None if previous is None else _rule_previous_iv(previous, L, E, P)
+        patience = 1 << 62 if patience is None else check_int(patience, "patience", _FUNC, lo=1)
+        return _place_for_rule(
+            h, P, G, N, g, cost, dispatch, n_samples, n_resamples,
+            300 if max_evals is None else max_evals, patience, prev,
+        )  # fmt: skip
     prev = None if previous is None else _previous_iv(previous, L, E, P)
     if previous is None and (max_moves is not None or move_cost is not None):
         name, value = (
@@ -673,10 +797,7 @@ def place_experts(
     per = P // g
     mean = h.mean(axis=0)
     if method == "greedy":
-        expert_node, n_nodes = _greedy_layout(mean, P, G, N, g)
-        p2l, l2p, cnt = greedy_placement_kernel(
-            counts, expert_node, n_nodes, P, g, GREEDY_ALPHA, GREEDY_SPREAD, *_cost_args(cost)
-        )  # fmt: skip
+        p2l, l2p, cnt = _greedy_p2l(counts, mean, P, G, N, g, cost)
         if prev is None:
             return p2l, np.ascontiguousarray(l2p[:, :, : int(cnt.max())]), cnt
         start_p2l = p2l

@@ -4,11 +4,11 @@ Each case runs a new interpreter (``load_general_plugins`` runs once per process
 plug-in changes vLLM's module state): the entry point is found among the installed
 package's ``vllm.general_plugins``; with ``STRAGGLER_EPLB_POLICY=place_experts`` the policy
 vLLM's config resolves (``EPLB_POLICIES[EPLBConfig().policy]``) is ours and returns the map
-of :func:`~straggler.solvers.place_experts` on the same input; a real ``EplbState``
-(``add_model`` then ``rearrange``, the synchronous path, on a one-process gloo group with
-only the weight transfer and communicator faked) resolves and calls it and commits its map;
-with the variable unset nothing in vLLM's policy table changes; a bad value stops the
-process at plug-in load with one line and exit status 2.
+of :func:`~straggler.solvers.place_experts` on the same input (``dispatch="vllm"``); two
+real ``EplbState`` ranks (``add_model`` then ``rearrange``, the synchronous path, two
+processes on a gloo group, only the weight transfer and communicator faked) resolve and call
+it and commit the same map; with the variable unset nothing in vLLM's policy table changes;
+a bad value stops the process at plug-in load with one line and exit status 2.
 """
 
 import json
@@ -78,10 +78,13 @@ def test_vllm_resolves_our_policy_and_it_returns_place_experts():
     assert r["policy"] == "default" and r["use_async"] is True and r["keys"] == ["default"]
     assert (r["dtype"], r["device"], r["shape"]) == ("torch.int64", "cpu", [3, 24])
     w, old = np.array(r["w"]), np.array(r["old"])
-    want = place_experts(w[None], 24, 4, 2, 4)[0]
+    want = place_experts(w[None], 24, 4, 2, 4, dispatch="vllm")[0]
     np.testing.assert_array_equal(r["new"], want)
     np.testing.assert_array_equal(r["kept"], preserve_intragpu_slots(want, 4, old))
     np.testing.assert_array_equal(r["kept"], vllm_rebalance(w, 24, 4, 2, 4, old))
+    np.testing.assert_array_equal(
+        r["kept"], place_experts(w[None], 24, 4, 2, 4, dispatch="vllm", previous=old)[0]
+    )
     assert r["moved"] == (np.array(r["kept"]) != old).sum(axis=1).tolist()
 
 
@@ -232,7 +235,7 @@ def test_eplb_state_resolves_calls_and_commits_our_policy():
     for layer in range(2):
         np.add.at(fold[layer], np.array(old)[layer], phys[layer])
     np.testing.assert_array_equal(weight, fold)
-    want = preserve_intragpu_slots(place_experts(fold[None], P, G, N, R)[0], R, np.array(old))
+    want = place_experts(fold[None], P, G, N, R, dispatch="vllm", previous=np.array(old))[0]
     np.testing.assert_array_equal(r0["after"], want)
     np.testing.assert_array_equal(r1["after"], want)
     np.testing.assert_array_equal(r0["count"], [np.bincount(row, minlength=8) for row in want])

@@ -53,10 +53,10 @@ import numpy as np
 from _results import results_dir  # benchmarks/_results.py (the scripts' folder)
 from straggler.solvers.routing import _balanceroute as B
 from straggler.solvers.routing import _core as K
-from straggler.solvers.routing.registry import OPTIONS, router_options
+from straggler.solvers.routing.registry import router_options
 from straggler.solvers.routing.route import route_batch
 
-PATIENCE = int(OPTIONS["patience"].default)  # BR-S's backlog threshold (ticks)
+PATIENCE = int(B.PATIENCE.default)  # BR-S's backlog threshold (ticks)
 
 OUT = results_dir() / "route_tick.json"
 TRACE = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared/data/traces"
@@ -86,9 +86,19 @@ def make_states(G, n, stage, draw, rng, count=64):
     return states
 
 
-def kernel_state(s, L, f, K=K):
+def br0_records(K, options, G):
+    """BR-0's ``(options, carry)`` records for ``G`` replicas (``K``, ``options``: the records'
+    module and ``router_options`` of this checkout or of an older one, whose option and carry
+    records held every policy's fields)."""
+    if hasattr(K, "RouterCarry"):  # an older checkout
+        opts = options(G, r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))[0]
+        return opts, K.RouterCarry(0, 0, 0, 0, False)
+    return options("br0", G, r_max=R_MAX, s_greedy=G * R_MAX)
+
+
+def kernel_state(s, L, f, K=K, carry=None):
     """The kernels' ``(pool, reps, carry)`` for lengths ``s``, loads ``L`` (G,), free slots
-    (``K``: the records' module)."""
+    (``K``: the records' module; ``carry``: BR-0's, :func:`br0_records`)."""
     G, n = L.shape[0], s.shape[0]
     reps = K.ReplicaState(
         L.reshape(-1, 1).copy(),
@@ -101,7 +111,7 @@ def kernel_state(s, L, f, K=K):
         np.full(G, np.inf),
     )
     pool = K.PoolState(s, np.zeros(n, np.int64), np.arange(n), np.zeros((0, G)))
-    return pool, reps, K.RouterCarry(0, 0, 0, 0, False)
+    return pool, reps, carry
 
 
 def _summary(t, reps):
@@ -175,12 +185,12 @@ def load_old(path):
             (ns / pkg).symlink_to(root / pkg)
     sys.path.insert(0, str(ns.parent))
     mod = importlib.import_module
-    return (
-        mod("straggler_old.solvers.routing").route_batch,
-        mod("straggler_old.solvers._balanceroute"),
-        mod("straggler_old.solvers._routing_core"),
-        mod("straggler_old.solvers.routing_registry").router_options,
-    )
+    if (root / "solvers" / "routing" / "route.py").exists():  # solvers split by problem
+        names = ("routing.route", "routing._balanceroute", "routing._core", "routing.registry")
+    else:
+        names = ("routing", "_balanceroute", "_routing_core", "routing_registry")
+    route, br, core, registry = (mod(f"straggler_old.solvers.{m}") for m in names)
+    return route.route_batch, br, core, registry.router_options
 
 
 def main(argv=None) -> dict:
@@ -204,9 +214,8 @@ def main(argv=None) -> dict:
     for G, n in grid:
         for stage in (1, 2):
             states = make_states(G, n, stage, draw, rng)
-            p = router_options(G, r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))[0]
-            kstates = [kernel_state(s, L, f) for s, L, f in states]
-            c0 = kstates[0][2]
+            p, c0 = br0_records(K, router_options, G)
+            kstates = [kernel_state(s, L, f, K, c0) for s, L, f in states]
             ref_reps = max(3, min(200, 200_000 // (n * n)))
             # BR-H on (G, 81) projected loads (H = 80, the paper's horizon), gamma = 0.98
             hstates = [
@@ -242,9 +251,8 @@ def main(argv=None) -> dict:
             )
             if old:
                 _, B_old, K_old, options_old = old
-                p_old = options_old(G, r_max=R_MAX, s_greedy=G * R_MAX, beta=float(G))[0]
-                kstates_old = [kernel_state(s, L, f, K_old) for s, L, f in states]
-                K_old_c = kstates_old[0][2]
+                p_old, K_old_c = br0_records(K_old, options_old, G)
+                kstates_old = [kernel_state(s, L, f, K_old, K_old_c) for s, L, f in states]
                 res.update(
                     timeit_together(
                         {

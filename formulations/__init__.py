@@ -21,6 +21,7 @@ from .errors import (
     InvalidInputError,
     InvalidOptionError,
     StragglerError,
+    WriteError,
 )
 from .metrics import (
     ideal_throughput_gain,
@@ -68,6 +69,7 @@ __all__ = [
     "BackendUnavailableError",
     "InfeasibleSharesError",
     "InvalidInputError",
+    "WriteError",
     "InvalidOptionError",
     "StragglerError",
     "ideal_throughput_gain",

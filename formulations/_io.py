@@ -33,7 +33,7 @@ import shutil
 import stat
 import sys
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, WriteError
 
 __all__ = [
     "atomic_path",
@@ -106,15 +106,18 @@ def check_input_file(path, name: str, func: str) -> str:
     return p
 
 
-def write_error(path, exc: BaseException) -> InvalidInputError:
+def write_error(path, exc: BaseException) -> WriteError:
     """One error naming the file a write failed on, for any failure of the write itself (an
     ``OSError``: a full disk, a quota, a file-size limit; a writer library's own error, such
-    as torch's ``RuntimeError`` from ``inline_container.cc``)."""
+    as torch's ``RuntimeError`` from ``inline_container.cc``): a :class:`WriteError`, so
+    callers that catch ``OSError`` still catch it, with the system's ``errno`` kept."""
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return InvalidInputError(
+    err = WriteError(
         f"Cannot write {os.fspath(path)}: {reason[:200]} ({type(exc).__name__}); nothing was "
         "written."
     )
+    err.errno = exc.errno if isinstance(exc, OSError) else None
+    return err
 
 
 def _write_target(p: str) -> str:
@@ -154,7 +157,7 @@ def _create_beside(p: str, d: str) -> str:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
+            raise write_error(p, exc) from None
         os.close(fd)
         return tmp
     raise InvalidInputError(f"Cannot write {p}: no free temporary name beside it.")
@@ -181,7 +184,7 @@ def atomic_path(path):
     try:
         os.makedirs(d, exist_ok=True)
     except OSError as exc:
-        raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
+        raise write_error(d, exc) from None
     tmp = _create_beside(p, d)
     try:
         yield tmp
@@ -191,7 +194,7 @@ def atomic_path(path):
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError):  # a full disk, a quota, a file-size limit, ...
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):  # a full disk, ...
             raise write_error(p, exc) from None
         raise
 
@@ -268,7 +271,7 @@ def atomic_dir(directory, owns):
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as exc:
-        raise InvalidInputError(f"Cannot create the directory of {p}: {exc.strerror}.") from None
+        raise write_error(parent, exc) from None
     base = os.path.basename(os.path.abspath(p))
     for _ in range(100):
         stage = os.path.join(parent, f".{base}.{secrets.token_hex(4)}.tmp")
@@ -278,7 +281,7 @@ def atomic_dir(directory, owns):
         except FileExistsError:
             continue
         except OSError as exc:
-            raise InvalidInputError(f"Cannot write {p}: {exc.strerror}.") from None
+            raise write_error(p, exc) from None
     else:
         raise InvalidInputError(f"Cannot write {p}: no free temporary name beside it.")
     retired = None  # the old set once swapped out, removed at the end
@@ -305,10 +308,12 @@ def atomic_dir(directory, owns):
     except BaseException as exc:
         if retired is None:
             shutil.rmtree(stage, ignore_errors=True)
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
             raise write_error(p, exc) from None
-        if isinstance(exc, InvalidInputError) and stage in str(exc):  # the staged file's name
-            raise InvalidInputError(str(exc).replace(stage, p)) from None
+        if isinstance(exc, InvalidInputError | WriteError) and stage in str(exc):
+            renamed = type(exc)(str(exc).replace(stage, p))  # the staged file's name
+            renamed.errno = getattr(exc, "errno", None)
+            raise renamed from None
         raise
     finally:
         if retired is not None:

@@ -14,6 +14,7 @@ __all__ = [
     "InvalidOptionError",
     "InfeasibleSharesError",
     "BackendUnavailableError",
+    "WriteError",
     "param_error",
 ]
 
@@ -32,6 +33,12 @@ class InvalidOptionError(InvalidInputError):
 
 class InfeasibleSharesError(InvalidInputError):
     """A dispatch (shares matrix) violates conservation, sign or replica support."""
+
+
+class WriteError(StragglerError, OSError):
+    """Writing a file failed in the operating system or a writer library (a full disk, a
+    quota, a file-size limit, torch's or safetensors' own error); the message names the file,
+    ``errno`` is the system's when there is one, and nothing was written."""
 
 
 class BackendUnavailableError(StragglerError, ImportError):

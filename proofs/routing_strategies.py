@@ -1,10 +1,11 @@
 """Hypothesis strategies for the routing problem (small sizes first; zeros, ties, G = 1).
 
-``routing_instances()`` draws the arguments of the common kernel signature of
-:mod:`straggler.solvers.routing.registry` as a dict: ``pool`` (a ``PoolState``), ``reps`` (a
-``ReplicaState`` with loads ``(G, H+1)``), ``options`` (a ``RouterOptions`` filled by the
-registry: each option its default or a drawn value), ``carry`` (a ``RouterCarry``) and
-``seed``. Values are small integers so that every float sum is exact and ties are frequent.
+``routing_instances()`` draws one routing tick as a dict: ``pool`` (a ``PoolState``),
+``reps`` (a ``ReplicaState`` with loads ``(G, H+1)``), ``options`` (a value drawn for each
+option of the library's policies, by name; None: the default), ``counters`` and ``flags``
+(values for a policy's memory) and ``seed``; :func:`kernel_args` turns it into the arguments
+of the common kernel signature (:mod:`straggler.solvers.routing._core`) for one policy.
+Values are small integers so that every float sum is exact and ties are frequent.
 """
 
 from __future__ import annotations
@@ -27,16 +28,15 @@ def routing_instances(
     max_r: int = 4,
     fractional: bool = False,
 ):
-    """A random routing tick (dict of the kernel arguments).
+    """A random routing tick (see the module docstring; :func:`kernel_args` for a policy).
 
     ``fractional=True`` adds quarter-token fractions to the loads (as projected loads have).
     Every field of the replica and pool states is drawn (counts, prompt tokens, KV usage and
     capacity, waits, keys, and a prefix-cache matrix half of the time), and so are the
-    baselines' options and carried counters; ``options.version`` is 0 (the tests set each
+    options and a policy's memory; the version is the current one (the tests set each
     version in turn).
     """
-    from straggler.solvers.routing._core import PoolState, ReplicaState, RouterCarry
-    from straggler.solvers.routing.registry import router_options
+    from straggler.solvers.routing._core import PoolState, ReplicaState
 
     G = draw(st.integers(1, max_replicas))
     n = draw(st.integers(0, max_pool))
@@ -79,9 +79,7 @@ def routing_instances(
         return draw(st.sampled_from((None, *values)))
 
     r_max = draw(st.integers(1, max_r))
-    options, _ = router_options(
-        G,
-        H,
+    options = dict(
         r_max=r_max,
         s_greedy=opt(0, 2, 4, 8, 1000),
         alpha=opt(0.5, 2.0),
@@ -100,21 +98,40 @@ def routing_instances(
         timeout_iters=opt(0, 1, 2),
         batching_wait_iters=opt(0, 1),
     )
-    carry = RouterCarry(
-        cursor=draw(st.integers(0, G)),
-        vllm_start=draw(st.integers(0, G)),
-        adp_wait=draw(st.integers(0, 3)),  # TensorRT-LLM's hold-back counters
-        adp_batch=draw(st.integers(0, 3)),
-        brs_backlog=draw(st.booleans()),
-    )
+    # a policy's memory: its k-th int field takes counters[k] (a cursor, a start index, a
+    # hold-back counter), its k-th bool field flags[k] (a backlog)
+    counters = draw(st.lists(st.integers(0, max(G, 3)), min_size=4, max_size=4))
+    flags = draw(st.lists(st.booleans(), min_size=4, max_size=4))
     return dict(
-        pool=pool, reps=reps, options=options, carry=carry, seed=draw(st.integers(0, 2**40))
+        pool=pool,
+        reps=reps,
+        options=options,
+        counters=counters,
+        flags=flags,
+        seed=draw(st.integers(0, 2**40)),
     )
 
 
-def kernel_args(inst: dict) -> tuple:
-    """The positional arguments of the common kernel signature, in order."""
-    return (inst["pool"], inst["reps"], inst["options"], inst["carry"], inst["seed"])
+def kernel_args(inst: dict, policy, **options) -> tuple:
+    """The positional arguments of the common kernel signature for ``policy`` (a name or a
+    ``RoutingPolicy``), in order: its options from ``inst``'s drawn values of the options it
+    accepts, ``options`` (a ``version`` by name among them) taking precedence; its memory from
+    ``inst``'s counters and flags."""
+    import numpy as np
+    from straggler.solvers.routing._core import carry_kinds
+    from straggler.solvers.routing.registry import get_routing_policy, router_options
+
+    pol = policy if not isinstance(policy, str) else get_routing_policy(policy)
+    reps = inst["reps"]
+    G, H = reps.loads.shape[0], reps.loads.shape[1] - 1
+    drawn = {k: v for k, v in inst["options"].items() if k in pol.options and v is not None}
+    opts, _ = router_options(pol, G, H, **{**drawn, **options})
+    kinds = carry_kinds(pol.carry)
+    carry = np.array(
+        [inst["flags"][k] if kind is bool else inst["counters"][k] for k, kind in enumerate(kinds)],
+        dtype=np.int64,
+    )
+    return (inst["pool"], reps, opts, carry, inst["seed"])
 
 
 def best_tick_imbalance(prefill, loads, free_slots) -> float:

@@ -28,6 +28,7 @@ __all__ = [
     "token_counts",
     "dispatch_instances",
     "coupled_instances",
+    "forced_instances",
 ]
 
 
@@ -164,3 +165,34 @@ def coupled_instances(draw, *, max_experts: int = 6, max_gpus: int = 4):
         extra = dict(b2=draw(st.sampled_from([0.5, 2.0])), tile=draw(st.integers(4, 16)))
     cost = CostModel(a=draw(st.sampled_from([0.0, 3.0])), b=b, c=0.0, beta=beta, **extra)
     return DispatchProblem(counts=np.array(counts, np.int64), replicas=rep), cost
+
+
+@st.composite
+def forced_instances(draw, *, max_experts: int = 7, max_gpus: int = 4):
+    """``(DispatchProblem, CostModel)`` where replicas are forced per GPU: every GPU holds
+    experts that live only there, a few experts are shared by two or three GPUs, and the
+    activation cost ``b`` is worth a few tokens' time, so that a GPU full of its own experts
+    pushes a shared one elsewhere (the regime of bound B8 of ``certified_lower_bound``).
+    Tiles (small) and the traffic piece sometimes."""
+    n_gpus = draw(st.integers(2, max_gpus))
+    n_experts = draw(st.integers(n_gpus, max(n_gpus, max_experts)))
+    rep = np.zeros((n_experts, n_gpus), bool)
+    for e in range(n_experts):
+        rep[e, e % n_gpus if e < n_gpus else draw(st.integers(0, n_gpus - 1))] = True
+    for _ in range(draw(st.integers(1, max(1, n_experts // 2)))):
+        e = draw(st.integers(0, n_experts - 1))
+        rep[e, draw(st.lists(st.integers(0, n_gpus - 1), min_size=1, max_size=2))] = True
+    counts = np.array([draw(st.integers(0, 20)) for _ in range(n_experts)], np.int64)
+    extra = {}
+    if draw(st.booleans()):
+        extra = dict(b2=draw(st.sampled_from([0.5, 2.0])), tile=draw(st.integers(2, 6)))
+    if draw(st.integers(0, 3)) == 0:
+        extra.update(c2=draw(st.sampled_from([0.0, 1.0])), gamma=0.3)
+    cost = CostModel(
+        a=draw(st.sampled_from([0.0, 1.0])),
+        b=draw(st.sampled_from([1.0, 2.0, 3.0])),
+        c=draw(st.sampled_from([0.0, 0.5])),
+        beta=draw(st.sampled_from([0.1, 0.2, 0.5])),
+        **extra,
+    )
+    return DispatchProblem(counts=counts, replicas=rep), cost

@@ -7,16 +7,25 @@ from hypothesis import strategies as st
 from straggler.formulations import CostModel, DispatchProblem, basic_lower_bound
 from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.conjecture import exact_optimum, support_optimum
-from straggler.proofs.strategies import coupled_instances, dispatch_instances
-from straggler.solvers import certified_lower_bound, semi_matching, solve_token_lp
+from straggler.proofs.strategies import coupled_instances, dispatch_instances, forced_instances
+from straggler.solvers import certified_lower_bound, semi_matching, solve_dispatch, solve_token_lp
 from straggler.solvers.dispatch._bounds import (
     coupling_bound_kernel,
     coupling_bound_reference,
+    forced_bound_kernel,
+    forced_bound_reference,
+    forced_kernel,
+    forced_reference,
     lower_bound_kernel,
     lower_bound_reference,
 )
 from straggler.solvers.dispatch._semi_matching import semi_matching_reference
-from straggler.solvers.dispatch.bounds import token_lp_bound
+from straggler.solvers.dispatch.bounds import (
+    FORCED_STEPS,
+    forced_bound,
+    layer_bound,
+    token_lp_bound,
+)
 
 
 def _both(p, cost):
@@ -159,3 +168,113 @@ def test_certificate_validates_its_inputs_and_takes_no_hints():
     lb = certified_lower_bound(stack, cost)
     assert lb.shape == (2,)
     assert lb.tolist() == [certified_lower_bound(q, cost) for q in stack.layers()]
+
+
+# --- B8: activations and tokens forced per GPU ------------------------------------------
+
+
+def _b1_b7(p, cost):
+    """B1-B7 (certified_lower_bound without B8)."""
+    counts = np.asarray(p.counts, np.int64)
+    sm = semi_matching(p.replicas, counts > 0)[1]
+    return layer_bound(counts, p.replicas, cost, cost.as_array(), sm, solve_token_lp(p)[1])
+
+
+def _trials(opt):
+    """Trial values around the optimum: at it, just above and below, far away."""
+    return [opt, opt * (1 + 1e-3) + 1e-9, opt * (1 - 1e-3), 2 * opt + 1, opt / 2, 0.0]
+
+
+@given(st.one_of(forced_instances(), dispatch_instances(max_experts=6, max_gpus=4)),
+       st.floats(0, 50))  # fmt: skip
+def test_forced_kernel_equals_reference(inst, T):
+    p, cost = inst
+    c = cost.as_array()
+    k = forced_kernel(p.counts, p.replicas, c, T)
+    assert k == forced_kernel.py_func(p.counts, p.replicas, c, T)
+    assert k == forced_reference(p.counts, p.replicas, c, T)
+    assert k <= T
+    best = T / 3
+    k = forced_bound_kernel(p.counts, p.replicas, c, best, T, FORCED_STEPS)
+    assert k == forced_bound_kernel.py_func(p.counts, p.replicas, c, best, T, FORCED_STEPS)
+    assert k == forced_bound_reference(p.counts, p.replicas, c, best, T, FORCED_STEPS)
+    assert k >= best
+
+
+@settings(max_examples=60)
+@given(forced_instances(max_experts=6, max_gpus=3))
+@example(
+    (
+        DispatchProblem(counts=[7, 3, 1], replicas=[[1, 1], [1, 0], [1, 0]]),
+        CostModel(a=0, b=1, c=0, beta=0.5),
+    )
+)
+def test_forced_never_above_the_optimum(inst):
+    """``OPT >= min(T, LB(T))`` at every trial value, the optimum from the MILP at zero
+    gap; the bound with B8 never above it either."""
+    p, cost = inst
+    opt = exact_optimum(p, cost)
+    tol = 1e-9 * max(1.0, opt)
+    c = cost.as_array()
+    for T in _trials(opt):
+        assert forced_kernel(p.counts, p.replicas, c, T) <= opt + tol, T
+        assert forced_bound(p.counts, p.replicas, c, 0.0, T) <= opt + tol, T
+    assert certified_lower_bound(p, cost) <= opt + tol
+
+
+def test_forced_against_brute_force_with_tiles():
+    """Tiny instances with tiles against the brute-force oracle (independent of the MILP):
+    B8 at the optimum and around it never claims more."""
+    rng = np.random.default_rng(8)
+    bound_above = 0
+    for _ in range(12):
+        # GPU 0 holds two experts of its own, expert 2 is shared, expert 3 is GPU 1's
+        rep = np.array([[1, 0], [1, 0], [1, 1], [0, 1]], bool)
+        p = DispatchProblem(counts=rng.integers(1, 12, 4), replicas=rep)
+        cost = CostModel(a=0.5, b=2, c=0, beta=0.5, b2=float(rng.choice([0.5, 3])), tile=4)
+        value, _ = brute_force_dispatch(p, cost)
+        c = cost.as_array()
+        for T in _trials(value):
+            assert forced_kernel(p.counts, p.replicas, c, T) <= value * (1 + 1e-9) + 1e-9
+        lb = certified_lower_bound(p, cost)
+        assert lb <= value * (1 + 1e-9) + 1e-9
+        bound_above += lb > _b1_b7(p, cost) + 1e-9
+    assert bound_above  # B8 added something on some of them
+
+
+def test_forced_bound_binds():
+    """A GPU full of the experts only it holds pushes the shared expert whole elsewhere:
+    B1-B7 give 2.75, B8 the optimum 3 (the docstring example of forced_bound)."""
+    p = DispatchProblem(counts=[7, 3, 1], replicas=[[1, 1], [1, 0], [1, 0]])
+    cost = CostModel(a=0, b=1, c=0, beta=0.5)
+    assert _b1_b7(p, cost) == 2.75
+    assert certified_lower_bound(p, cost) == 3.0 == exact_optimum(p, cost)
+    res = solve_dispatch(p, cost, method="tempo", repair_budget_s=0)
+    assert res.makespan == 3.0 and res.status.name == "OPTIMAL"
+    # B8 from a method's own makespan: the token LP's dispatch (3.5) and metro's
+    for method in ("token_lp", "metro"):
+        r = solve_dispatch(p, cost, method=method)
+        assert 3.0 <= r.lower_bound <= r.makespan
+
+
+def test_forced_bound_proves_deepseek_v3_at_ep32():
+    """The layer that motivated B8: DeepSeek-V3 loads (Zipf 0.85, 64 tokens per GPU), EP32
+    over 4 nodes, 288 slots placed by place_experts (9 distinct experts per GPU). The
+    semi-matching and every bound before B8 stop at 8 activations (118.24 = 8 b); the
+    optimum needs 9 (133.02), which tempo reaches without repair and B8 proves."""
+    from straggler.sim.workloads.batches import sample_counts, zipf_popularity
+    from straggler.solvers.placement.place import place_experts
+
+    g, P, E = 32, 288, 256
+    rng = np.random.default_rng(0)
+    pop = zipf_popularity(E, 0.85, n_layers=1, rng=rng)
+    hist = np.stack([sample_counts(pop, n_tokens=64 * g, top_k=8, rng=rng) for _ in range(16)])
+    p2l, _, _ = place_experts(hist, P, 8, 4, g)
+    counts = sample_counts(pop, n_tokens=64 * g, top_k=8, rng=rng)
+    p = DispatchProblem.from_placement(counts, p2l, g).layer(0)
+    cost = CostModel.preset("dsv3_a_offline")
+    assert all(len(set(p2l[0, 9 * h : 9 * h + 9])) == 9 for h in range(g))
+    assert _b1_b7(p, cost) == pytest.approx(8 * cost.b)
+    res = solve_dispatch(p, cost, method="tempo", repair_budget_s=0)
+    assert res.makespan == pytest.approx(9 * cost.b)
+    assert res.status.name == "OPTIMAL" and res.lower_bound == res.makespan

@@ -87,3 +87,30 @@ def test_caller_holds_no_dynamic_address():
     (cres,) = _caller.overloads.values()
     assert not cres.library.has_dynamic_globals
     assert "numba.dynamic.globals" not in cres.library.get_llvm_str()
+
+
+def test_a_cache_index_naming_a_removed_class_is_a_miss(tmp_path, run_python):
+    """numba unpickles a function's cache index before it checks that the index is fresh; an
+    index written by an older version of a module, whose signature names a record class the
+    new version no longer has, is taken as stale (compiled again) instead of raising."""
+    source = """
+        import typing
+        import straggler.solvers._numba.jit  # noqa: F401  (loads the index stale-tolerantly)
+        from numba import njit
+
+        class {name}(typing.NamedTuple):
+            a: float
+
+        @njit(cache=True)
+        def total(r):
+            return r.a * 2.0
+
+        print(total({name}(1.5)), sum(total.stats.cache_misses.values()))
+        """
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+    mod = tmp_path / "recmod.py"
+    mod.write_text(textwrap.dedent(source.format(name="OldRecord")))
+    assert run_python("import recmod", env=env).split() == ["3.0", "1"]
+    mod.write_text(textwrap.dedent(source.format(name="NewRecord")))  # OldRecord is gone
+    assert run_python("import recmod", env=env).split() == ["3.0", "1"]
+    assert run_python("import recmod", env=env).split() == ["3.0", "0"]  # the fresh index

@@ -117,7 +117,7 @@ def test_proposition1_needs_the_ensemble():
     one-token experts on two GPUs, seed only, lands all on one GPU, 0.3 > (0.15+0.1)/0.99)."""
     p = DispatchProblem(counts=[1, 1, 1], replicas=np.ones((3, 2), bool))
     cost = CostModel(a=0, b=0, c=0, beta=0.1)
-    off = dict(chains=False, local_search=False, ensemble=False)
+    off = dict(chains=False, local_search=False, ensemble=False, fractional=False)
     res = solve_dispatch(p, cost, method="tempo", **off)
     cert = certify(p, cost, res)
     assert cert.holds and cert.guarantee == "lower_bound <= makespan", cert.details

@@ -128,6 +128,9 @@ def test_sglang_rebalance_is_place_experts_on_the_window():
         place_experts(window[:1], 24, 1, 1, 4, dispatch="lp")[0],
     )
     assert sglang_dispatch_rule("fake") == "dynamic" and sglang_dispatch_rule(None) == "static"
+    # the unwritten (all-zero) rows of SGLang's circular buffer are left out
+    padded = np.concatenate([np.zeros((3, 2, 16), int), window, np.zeros((2, 2, 16), int)])
+    np.testing.assert_array_equal(sglang_rebalance(padded, 24, 6, 4, 1)[0], want)
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,7 @@ def test_fit_cost_model_checks_meta_and_tile_first(tmp_path):
 _FULL_DISK = textwrap.dedent(
     """
     import os, resource, signal, sys, numpy as np
-    from straggler.formulations import InvalidInputError
+    from straggler.formulations import WriteError
     from straggler.runtime.engines import write_sglang_stat_dump, write_trtllm_statistics
     from straggler.runtime.engines._common import save_json
     d = sys.argv[1]
@@ -94,7 +94,7 @@ _FULL_DISK = textwrap.dedent(
         try:
             call()
             print(name, "WROTE")
-        except InvalidInputError as exc:
+        except WriteError as exc:
             print(name, str(exc).replace(d, "<d>"))
     print("left", sorted(os.listdir(d)))
     """
@@ -106,7 +106,8 @@ _FULL_DISK = textwrap.dedent(
 def test_a_failed_write_is_one_error_naming_the_file(tmp_path):
     """A full disk (here: a file-size limit) raises torch's RuntimeError from
     inline_container.cc, safetensors' SafetensorError or an OSError inside the writers:
-    each reaches the caller as one InvalidInputError naming the file, nothing left."""
+    each reaches the caller as one WriteError (an OSError and a StragglerError) naming the
+    file, nothing left."""
     out = subprocess.run(
         [sys.executable, "-c", _FULL_DISK, str(tmp_path)],
         capture_output=True,

@@ -215,3 +215,24 @@ def test_rule_loads_refuses_bad_input(args, name):
     kw = {"n_nodes": args[4]} if len(args) > 4 else {}
     with pytest.raises(InvalidInputError, match=f"'{name}' parameter of rule_loads"):
         rule_loads(*args[:4], **kw)
+
+
+def test_small_modelled_gains_keep_the_engines_eplb(monkeypatch):
+    """Flat windows: the search finds gains under RULE_SWITCH_TAU (1%), which would move
+    replicas for nothing; the engine's EPLB is returned instead."""
+    import straggler.solvers.placement.place as place_module
+    from straggler.solvers.placement.place import RULE_SWITCH_TAU
+
+    rng = np.random.default_rng(0)
+    pop = rng.dirichlet(np.full(16, 5.0), size=2)
+    win = np.stack([[rng.multinomial(400, pop[layer]) for layer in range(2)] for _ in range(12)])
+    eplb = rebalance_experts(win.sum(0), 24, 1, 1, 4, version="sglang")[0]
+    kept = place_experts(win, 24, 1, 1, 4, dispatch="static", n_samples=12)[0]
+    np.testing.assert_array_equal(kept, eplb)
+    monkeypatch.setattr(place_module, "RULE_SWITCH_TAU", 0.0)
+    moved = place_experts(win, 24, 1, 1, 4, dispatch="static", n_samples=12)[0]
+    for layer in range(2):
+        assert not np.array_equal(moved[layer], eplb[layer])
+        ours = rule_step_times(win[:, layer], moved[layer], 4, "static", COST).mean()
+        theirs = rule_step_times(win[:, layer], eplb[layer], 4, "static", COST).mean()
+        assert theirs * (1 - RULE_SWITCH_TAU) <= ours < theirs

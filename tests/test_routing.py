@@ -2,6 +2,7 @@
 
 import itertools
 import types
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -18,6 +19,7 @@ from straggler.formulations.routing import (
     f_score,
     imbalance,
 )
+from straggler.formulations.validation import check_int
 from straggler.proofs.routing_strategies import (
     best_tick_imbalance,
     kernel_args,
@@ -30,6 +32,7 @@ from straggler.solvers.routing import _balanceroute as B
 from straggler.solvers.routing import _core as K
 from straggler.solvers.routing import registry as routing_registry
 from straggler.solvers.routing.registry import (
+    public_carry,
     register_routing_policy,
     router_options,
     routing_policy,
@@ -37,7 +40,9 @@ from straggler.solvers.routing.registry import (
 from straggler.solvers.routing.route import route_batch
 
 POLICIES = routing_policies()
-ZERO = K.RouterCarry(0, 0, 0, 0, False)
+#: A memory of zeros for a direct kernel call (a kernel reads its own fields, by slot, and
+#: passes the array on; no policy here has more than two fields).
+ZERO = np.zeros(2, np.int64)
 #: The option values the kernel-level tests below are written for (stated, not defaults).
 _BASE = dict(r_max=4, s_greedy=0.0, alpha=1.0, beta=1.0, gamma=1.0, optimistic=True,
              age_window=32, window=0, patience=0, age_fraction=1.0, safe=True, kv_weight=0.15,
@@ -45,11 +50,13 @@ _BASE = dict(r_max=4, s_greedy=0.0, alpha=1.0, beta=1.0, gamma=1.0, optimistic=T
              batching_wait_iters=10)  # fmt: skip
 
 
-def _opts(**kw):
-    """A RouterOptions of ``_BASE`` with ``kw`` (through the registry's checks)."""
+def _opts(policy, **kw):
+    """``policy``'s RouterOptions of ``_BASE`` with ``kw`` (through the registry's checks)."""
     pi = kw.get("new_presence")
     H = 0 if pi is None else len(pi) - 1
-    return router_options(1, H, **{**_BASE, **kw})[0]
+    pol = get_routing_policy(policy)
+    base = {k: v for k, v in _BASE.items() if k in pol.options}
+    return router_options(pol, 1, H, **{**base, **kw})[0]
 
 
 def _state(s, L, free, n_running=None, n_waiting=None, **fields):
@@ -85,6 +92,8 @@ def _run(kernel, s, L, free, p, seed=0, **fields):
 
 
 def _snapshot(inst):
+    """A copy of every array of ``inst`` (and of the tuples of arrays in it)."""
+
     def cp(v):
         if isinstance(v, tuple):
             return tuple(x.copy() if isinstance(x, np.ndarray) else x for x in v)
@@ -105,17 +114,19 @@ def test_kernel_equals_py_func_equals_reference(policy, inst):
     """Every registered policy: kernel == py_func == reference (assignment and carry), inputs
     untouched, the independent checker passes, and as many requests placed as possible."""
     pol = get_routing_policy(policy)
-    for version in range(max(len(pol.versions), 1)):
-        inst["options"] = inst["options"]._replace(version=version)
-        before = _snapshot(inst)
-        a, ca = pol.kernel(*kernel_args(inst))
-        b, cb = getattr(pol.kernel, "py_func", pol.kernel)(*kernel_args(inst))
-        c, cc = pol.reference(*kernel_args(inst))
+    for version in pol.versions or (None,):
+        args = kernel_args(inst, pol, **({"version": version} if version else {}))
+        before = _snapshot(dict(enumerate(args)))
+        a, ca = pol.kernel(*args)
+        b, cb = getattr(pol.kernel, "py_func", pol.kernel)(*args)
+        c, cc = pol.reference(*args)
         for k, v in before.items():  # inputs not mutated
-            assert _equal(v, inst[k]), (policy, k)
-        assert a.dtype == np.int64 and isinstance(ca, K.RouterCarry)
+            assert _equal(v, args[k]), (policy, k)
+        assert (
+            a.dtype == np.int64 and ca.dtype == np.int64 and ca.shape == (len(pol.carry._fields),)
+        )
         assert a.tolist() == b.tolist() == c.tolist(), (policy, version)
-        assert tuple(ca) == tuple(cb) == tuple(cc), (policy, version)
+        assert ca.tolist() == cb.tolist() == cc.tolist(), (policy, version)
         pool, reps = inst["pool"], inst["reps"]
         placed = check_assignment(a, pool.prefill, reps.free_slots)
         n_max = min(pool.prefill.size, int(reps.free_slots.sum()))
@@ -143,14 +154,13 @@ def test_brh_with_h0_alpha1_betaG_is_br0(inst):
     """Theorem R3: BR-H with H = 0, alpha = 1, beta = G makes BR-0's decisions."""
     G = inst["reps"].loads.shape[0]
     # gamma is irrelevant at H = 0
-    inst["options"] = inst["options"]._replace(alpha=1.0, beta=float(G), gamma=0.5)
-    args = kernel_args(inst)
-    assert B.brh_kernel(*args)[0].tolist() == B.br0_kernel(*args)[0].tolist()
+    brh = kernel_args(inst, "brh", alpha=1.0, beta=float(G), gamma=0.5)
+    assert B.brh_kernel(*brh)[0].tolist() == B.br0_kernel(*kernel_args(inst, "br0"))[0].tolist()
 
 
 @given(inst=routing_instances(max_horizon=0))
 def test_route_batch_brh_reduction(inst):
-    kw = dict(r_max=inst["options"].r_max, s_greedy=inst["options"].s_greedy)
+    kw = dict(r_max=inst["options"]["r_max"], s_greedy=inst["options"]["s_greedy"])
     pool, reps = inst["pool"], inst["reps"]
     a = route_batch(pool.prefill, reps.loads[:, 0], reps.free_slots, policy="br0", **kw)
     b = route_batch(
@@ -257,7 +267,9 @@ def test_draw_eligible_kernel_equals_py_func_equals_reference(cap, x, min_k):
 
 def test_policy_kernels_are_cached_with_their_callees(jitted_reach):
     """A policy kernel on numba's disk cache that calls jitted code of another file has that
-    file's source in its cache key (``cache_depends_on``), so an edit there recompiles it."""
+    file's source in its cache key (``cache_depends_on``), so an edit there recompiles it; so
+    has a kernel that reads option or memory slots (compile-time constants from
+    ``_core.option_slots``/``carry_slots``), the file of ``_core``."""
     import sys
 
     from numba.core.registry import CPUDispatcher
@@ -270,6 +282,9 @@ def test_policy_kernels_are_cached_with_their_callees(jitted_reach):
         kernel = get_routing_policy(name).kernel
         own = kernel.py_func.__module__
         modules = {d.py_func.__module__ for d in jitted_reach(kernel)}
+        pol = get_routing_policy(name)
+        if pol.carry._fields or any(o.to == "values" for o in pol.declared):
+            modules.add(K.__name__)
         others = sorted(modules - {own})
         if not others:
             continue
@@ -346,20 +361,16 @@ def test_unknown_policy_and_option():
 def test_route_batch_through_public_api_matches_kernel(inst):
     """route_batch fills the kernel's state from its keyword arguments: the same decision as
     the reference on the same state, for every policy."""
-    p, pool, reps = inst["options"], inst["pool"], inst["reps"]
-    G = reps.loads.shape[0]
+    pool, reps = inst["pool"], inst["reps"]
     for name in POLICIES:
         pol = get_routing_policy(name)
-        opts = {k: v for k, v in p._asdict().items() if k in pol.options}
-        opts.pop("version", None)
-        opts.pop("new_presence", None)
-        if "cursor" in pol.options:
-            opts["cursor"] = inst["carry"].cursor
+        opts = {k: v for k, v in inst["options"].items() if k in pol.options and v is not None}
         if pol.versions:
             opts["version"] = pol.versions[-1]
-            q = p._replace(version=len(pol.versions) - 1)
-        else:
-            q = p._replace(version=0)
+        _, _, q, carry_in, _ = kernel_args(inst, pol, **opts)
+        carry = public_carry(pol, carry_in)
+        if "cursor" in pol.carry._fields:  # the cursor option sets the memory it starts from
+            opts["cursor"] = carry.cursor
         d = route_batch(
             pool.prefill,
             reps.loads,
@@ -374,59 +385,96 @@ def test_route_batch_through_public_api_matches_kernel(inst):
             pool_wait=pool.wait,
             pool_key=pool.key,
             pool_cached=pool.cached if pool.cached.shape[0] else None,
-            carry=inst["carry"],
+            carry=carry,
             rng=inst["seed"],
             **opts,
         )
-        if "beta" not in pol.options:
-            q = q._replace(alpha=1.0, beta=float(G), gamma=1.0)
-        ref, carry = pol.reference(pool, reps, q, inst["carry"], inst["seed"] if pol.seeded else 0)
+        ref, carry_out = pol.reference(pool, reps, q, carry_in, inst["seed"] if pol.seeded else 0)
         assert d.assignment.tolist() == ref.tolist(), name
-        assert tuple(d.extras["carry"]) == tuple(carry), name
+        assert d.extras["carry"] == public_carry(pol, carry_out), name
+
+
+# A toy policy with an option and a memory of its own, declared here and nowhere else.
+LAST_FREE_OPTIONS = (
+    K.PolicyOption(
+        "reserve",
+        lambda v, f: check_int(v, "reserve", f, lo=0, hi=64),
+        0,
+        "free slots each replica keeps unused",
+    ),  # fmt: skip
+)
+
+
+class LastFreeCarry(NamedTuple):
+    placed: int  # requests placed by the policy so far
+
+
+_LF = K.option_slots(LAST_FREE_OPTIONS)
+_LFC = K.carry_slots(LastFreeCarry)
 
 
 @njit
 def last_free_kernel(pool, reps, opts, carry, seed):
-    """A toy policy: each request to the highest-index replica with a free slot."""
+    """A toy policy: each request to the highest-index replica with more than ``reserve``
+    free slots; its memory counts the requests it placed."""
+    reserve = int(opts.values[_LF.reserve])
     cap = reps.free_slots.copy()
     out = np.full(pool.prefill.shape[0], -1, np.int64)
+    placed = 0
     for i in range(out.shape[0]):
         for g in range(cap.shape[0] - 1, -1, -1):
-            if cap[g] > 0:
+            if cap[g] > reserve:
                 out[i] = g
                 cap[g] -= 1
+                placed += 1
                 break
-    return out, carry
+    return out, K.with_carry(carry, _LFC.placed, carry[_LFC.placed] + placed)
 
 
 def last_free_reference(pool, reps, opts, carry, seed):
+    reserve = int(opts.values[_LF.reserve])
     cap = [int(c) for c in reps.free_slots]
     out = []
     for _ in range(len(pool.prefill)):
-        free = [g for g in range(len(cap)) if cap[g] > 0]
+        free = [g for g in range(len(cap)) if cap[g] > reserve]
         out.append(free[-1] if free else -1)
         if free:
             cap[free[-1]] -= 1
+    placed = sum(1 for g in out if g >= 0)
+    if placed:
+        carry = carry.copy()
+        carry[_LFC.placed] += placed
     return np.array(out, dtype=np.int64), carry
 
 
 def test_a_new_policy_is_one_definition_and_one_line(monkeypatch):
-    """Adding a policy takes its kernel, its reference and one routing_policy(...) (one module)
-    and one line naming it (the table; here the run-time registration): route_batch and
-    simulate (the jitted engine and the reference engine) then run it by name."""
+    """Adding a policy takes its kernel, its reference, its own options and memory and one
+    routing_policy(...) (one module: here this test's), and one line naming it (the table;
+    here the run-time registration), and no edit anywhere else: route_batch (its option, its
+    memory passed from tick to tick) and simulate (the jitted engine and the reference
+    engine) then run it by name."""
     monkeypatch.setattr(routing_registry, "_USER", {})  # this test's registration only
     toy = routing_policy(
         "last_free",
         kernel=last_free_kernel,
         reference=last_free_reference,
-        options=(),
-        summary="highest-index replica with a free slot",
+        options=LAST_FREE_OPTIONS,
+        carry=LastFreeCarry,
+        summary="highest-index replica with more than reserve free slots",
         source="a test",
     )
     register_routing_policy(toy)
     assert "last_free" in routing_policies()
     d = route_batch([5.0, 1.0, 3.0], [4.0, 0.0, 2.0], [1, 0, 2], policy="last_free")
     assert d.policy == "last_free" and d.assignment.tolist() == [2, 2, 0]
+    assert d.extras["carry"] == LastFreeCarry(placed=3)
+    d = route_batch([5.0, 1.0], [4.0, 0.0, 2.0], [2, 0, 2], policy="last_free", reserve=1,
+                    carry=d.extras["carry"])  # fmt: skip
+    assert d.assignment.tolist() == [2, 0] and d.extras["carry"] == LastFreeCarry(5)
+    with pytest.raises(InvalidOptionError, match="r_max"):
+        route_batch([1.0], [0.0], [1], policy="last_free", r_max=2)
+    with pytest.raises(InvalidInputError, match="'carry'"):
+        route_batch([1.0], [0.0], [1], policy="last_free", carry={"placed": 0})
     with pytest.raises(ValueError, match="registered twice"):
         register_routing_policy(toy)
     tr = Trace(arrival_s=[0, 0, 0], prompt_len=[100, 50, 50], output_len=[2, 3, 2])
@@ -436,6 +484,12 @@ def test_a_new_policy_is_one_definition_and_one_line(monkeypatch):
     assert jit.policy == "last_free" and jit.n_finished == 3
     # prefill order 1, 2, 0 (shorter prompts first): both slots of replica 1, then replica 0
     assert jit.requests["replica"].tolist() == ref.requests["replica"].tolist() == [0, 1, 1]
+    # one slot kept free per replica: one request per replica at a time (request 0 waits for
+    # replica 0, where request 2 leaves first)
+    jit = simulate(tr, "last_free", reserve=1, **kw)
+    ref = simulate(tr, "last_free", reserve=1, engine="python", **kw)
+    assert jit.config["options"] == {"reserve": 1} and jit.n_finished == 3
+    assert jit.requests["replica"].tolist() == ref.requests["replica"].tolist() == [0, 1, 0]
 
 
 def test_route_batch_compiles_its_entry_once_for_every_policy():
@@ -452,7 +506,7 @@ def test_route_batch_compiles_its_entry_once_for_every_policy():
     assert sig[0] == numba.types.int64
     pool = numba.types.NamedTuple(sig[1:5], K.PoolState)
     reps = numba.types.NamedTuple(sig[5:13], K.ReplicaState)
-    inp = types.SimpleNamespace(options=_opts(), carry=ZERO)
+    inp = types.SimpleNamespace(options=_opts("brs"), carry=ZERO)
     assert tuple(tick_signature(inp)) == (pool, reps, sig[13], sig[14], sig[15])
     for policy in POLICIES:
         kernel = get_routing_policy(policy).kernel
@@ -475,7 +529,7 @@ def test_the_kernel_called_by_address_has_no_wrapper_and_its_own_symbols():
     r = route_batch([5.0, 1.0, 3.0], [4.0, 0.0, 2.0], [1, 0, 2], policy="brs", rng=0,
                     **{k: _BASE[k] for k in get_routing_policy("brs").options})  # fmt: skip
     kernel = get_routing_policy("brs").kernel
-    out, _ = kernel(pool, reps, _opts(), ZERO, 0)
+    out, _ = kernel(pool, reps, _opts("brs"), ZERO[:1], 0)
     assert out.tolist() == r.assignment.tolist()
     twin = K._by_address(kernel)
     (sig,) = [s for s in twin.overloads if s in kernel.overloads]
@@ -537,7 +591,7 @@ def test_stage2_not_optimal_beyond_candidates():
 @given(inst=routing_instances(max_horizon=24, max_pool=14, max_slots=6, fractional=True))
 def test_brh_long_horizon_kernel_equals_reference(inst):
     """The two-walk ranking of BR-H against the plain scan, with fractional projected loads."""
-    args = kernel_args(inst)
+    args = kernel_args(inst, "brh")
     assert B.brh_kernel(*args)[0].tolist() == B.brh_reference(*args)[0].tolist()
 
 
@@ -660,7 +714,7 @@ def test_br0_large_pool_kernel_equals_py_func_equals_reference(G, n, spread, slo
     L = rng.integers(0, 4 * spread, (G, 1)).astype(np.float64)
     free = rng.integers(slots // 2, slots + 1, G).astype(np.int64)
     s_greedy = {"one": 0, "two": 10**9, "both": int(free.sum()) // 2}[stage]
-    p = _opts(r_max=3, s_greedy=s_greedy, beta=float(G), optimistic=bool(seed % 4))
+    p = _opts("br0", r_max=3, s_greedy=s_greedy, optimistic=bool(seed % 4))
     a = _run(B.br0_kernel, s, L, free, p)
     assert a.tolist() == _run(B.br0_kernel.py_func, s, L, free, p).tolist()
     assert a.tolist() == _run(B.br0_reference, s, L, free, p).tolist()
@@ -668,7 +722,7 @@ def test_br0_large_pool_kernel_equals_py_func_equals_reference(G, n, spread, slo
 
 def test_stage1_tie_between_the_two_sides_of_the_margin_goes_to_the_lower_index():
     # G = 2, margin of replica 1 = 10: F(8) = 8 = F(12) = 12 - 2*(12 - 10).
-    p = _opts(r_max=2, s_greedy=0, beta=2.0)
+    p = _opts("br0", r_max=2, s_greedy=0)
     for s, want in (([8.0, 12.0], [1, -1]), ([12.0, 8.0], [1, -1])):
         for kernel in (B.br0_kernel, B.br0_kernel.py_func, B.br0_reference):
             assert _run(kernel, s, [10.0, 0.0], [0, 1], p).tolist() == want
@@ -684,24 +738,22 @@ def test_br0_replica_pop_reads_rounded_margins_as_the_reference():
     to the lower index (not to the smaller load): at ``M = 2**53`` the loads 0.5 and 0.25 both
     leave a margin of ``2**53``."""
     M = 2.0**53
-    p = _opts(r_max=2, s_greedy=0, beta=3.0)
+    p = _opts("br0", r_max=2, s_greedy=0)
     for L, want in (([M, 0.5, 0.25], [1]), ([M, 0.25, 0.5], [1]), ([M, 2.0, 1.0], [2])):
         for kernel in (B.br0_kernel, getattr(B.br0_kernel, "py_func", None), B.br0_reference):
             assert _run(kernel or B.br0_kernel, [1.0], L, [0, 1, 1], p).tolist() == want, L
 
 
-def _with_presence(inst, data):
-    """The instance with a presence tail ``pi_0..pi_H`` on its params (pi_0 = 1)."""
+def _presence(inst, data):
+    """A presence tail ``pi_0..pi_H`` for the instance (pi_0 = 1)."""
     H1 = inst["reps"].loads.shape[1]
     tail = data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=H1, max_size=H1))
-    pi = np.array([1.0, *tail[1:]])
-    inst["options"] = inst["options"]._replace(new_presence=pi)
-    return inst
+    return np.array([1.0, *tail[1:]])
 
 
 @given(inst=routing_instances(max_horizon=6, fractional=True), data=st.data())
 def test_brh_presence_weights_kernel_equals_py_func_equals_reference(inst, data):
-    args = kernel_args(_with_presence(inst, data))
+    args = kernel_args(inst, "brh", new_presence=_presence(inst, data))
     a = B.brh_kernel(*args)[0]
     assert a.tolist() == B.brh_kernel.py_func(*args)[0].tolist()
     assert a.tolist() == B.brh_reference(*args)[0].tolist()
@@ -710,11 +762,10 @@ def test_brh_presence_weights_kernel_equals_py_func_equals_reference(inst, data)
 @given(inst=routing_instances(max_horizon=0), data=st.data())
 def test_brh_presence_weights_h0_alpha1_betaG_is_br0(inst, data):
     """pi_0 = 1: at H = 0 the presence weights change nothing (Theorem R3 still holds)."""
-    inst = _with_presence(inst, data)
     G = inst["reps"].loads.shape[0]
-    inst["options"] = inst["options"]._replace(alpha=1.0, beta=float(G), gamma=0.7)
-    args = kernel_args(inst)
-    assert B.brh_kernel(*args)[0].tolist() == B.br0_kernel(*args)[0].tolist()
+    brh = kernel_args(inst, "brh", alpha=1.0, beta=float(G), gamma=0.7,
+                      new_presence=_presence(inst, data))  # fmt: skip
+    assert B.brh_kernel(*brh)[0].tolist() == B.br0_kernel(*kernel_args(inst, "br0"))[0].tolist()
 
 
 def test_route_batch_new_presence_option():
@@ -726,7 +777,7 @@ def test_route_batch_new_presence_option():
     assert ones.assignment.tolist() == plain.assignment.tolist()
     pi = [1.0, 0.5, 0.0]
     got = route_batch(s, P, free, policy="brh", new_presence=pi, r_max=3)
-    q = _opts(r_max=3, s_greedy=12, beta=3.0, new_presence=pi)
+    q = _opts("brh", r_max=3, s_greedy=12, beta=3.0, new_presence=pi)
     assert got.assignment.tolist() == _run(B.brh_reference, s, P, free, q).tolist()
     for bad in ([1.0, 1.0], [1.0, 2.0, 0.0], [1.0, np.nan, 0.0], "x"):
         with pytest.raises(InvalidInputError, match="'new_presence'"):
@@ -752,29 +803,31 @@ def test_R7_brs_never_leaves_a_larger_one_tick_imbalance_than_jsq(data, G, n):
     """THEOREMS.md R7, against brute force: OPT <= I(BR-S) <= I(JSQ) on the same state, BR-S
     places as many requests as JSQ (unbounded KV), and an unsaturated tick is JSQ's."""
     pool, reps = _brs_state(data, G, n, 3)
+    patience = data.draw(st.sampled_from([0, 5, 100]))
     p = _opts(
+        "brs",
         age_window=data.draw(st.sampled_from([0, 2, 40])),
         window=data.draw(st.sampled_from([0, 1, 8])),
-        patience=data.draw(st.sampled_from([0, 5, 100])),
+        patience=patience,
         age_fraction=data.draw(st.sampled_from([0.1, 1.0])),
     )
-    c = ZERO._replace(brs_backlog=data.draw(st.booleans()))
+    c = np.array([data.draw(st.booleans())], np.int64)  # BR-S's memory: the backlog
     out, c_out = B.brs_kernel(pool, reps, p, c, 0)
-    jsq = SG.jsq_reference(pool, reps, p, c, 0)[0]
+    jsq = SG.jsq_reference(pool, reps, _opts("jsq"), np.zeros(0, np.int64), 0)[0]
     L = reps.loads[:, 0]
     i_brs = imbalance(apply_assignment(L, out, pool.prefill))
     i_jsq = imbalance(apply_assignment(L, jsq, pool.prefill))
     opt = best_tick_imbalance(pool.prefill, L, reps.free_slots)
     assert opt <= i_brs <= i_jsq
     assert (out >= 0).sum() == (jsq >= 0).sum() == min(n, int(reps.free_slots.sum()))
-    calm = n == 0 or pool.wait.max() < p.patience
-    if calm and not c.brs_backlog:
+    calm = n == 0 or pool.wait.max() < patience
+    if calm and not c[0]:
         assert out.tolist() == jsq.tolist()
     # the backlog flag: cleared when the visible pool fits, set while it is in a backlog
     if n <= reps.free_slots.sum():
-        assert not c_out.brs_backlog
+        assert not c_out[0]
     else:
-        assert c_out.brs_backlog == (not calm or c.brs_backlog)
+        assert bool(c_out[0]) == (not calm or bool(c[0]))
 
 
 @settings(max_examples=80)
@@ -785,13 +838,14 @@ def test_R8_brs_never_places_a_request_far_younger_than_one_it_leaves(data, G, n
     pool, reps = _brs_state(data, G, n, 3, kv_inf=kv_inf)
     A = data.draw(st.sampled_from([0, 1, 3, 10]))
     p = _opts(
+        "brs",
         age_window=A,
         window=data.draw(st.sampled_from([0, 1, 8])),
         patience=0,
         age_fraction=data.draw(st.sampled_from([0.1, 0.5, 1.0])),
         safe=data.draw(st.booleans()),
     )
-    out = B.brs_kernel(pool, reps, p, ZERO, 0)[0]
+    out = B.brs_kernel(pool, reps, p, ZERO[:1], 0)[0]
     for o in np.flatnonzero(out < 0):
         for j in np.flatnonzero(out >= 0):
             assert pool.wait[j] >= pool.wait[o] - A, (o, j)
@@ -805,35 +859,35 @@ def test_brs_mechanisms_each_change_the_decision():
     free = [0, 1, 1]
     waits = [12, 11, 3, 0]
     kw = dict(age_window=100, window=0, patience=0, age_fraction=1.0, safe=False)
-    base = _run(B.brs_kernel, s, L, free, _opts(**kw), wait=waits)
+    base = _run(B.brs_kernel, s, L, free, _opts("brs", **kw), wait=waits)
     # margins 9 (replica 1) and 5 (replica 2): the F-score fills both exactly
     assert base.tolist() == [1, -1, 2, -1]
     # an age window of 1 tick: only the two oldest (waits 12 and 11) may be placed
-    aged = _run(B.brs_kernel, s, L, free, _opts(**{**kw, "age_window": 1}), wait=waits)
+    aged = _run(B.brs_kernel, s, L, free, _opts("brs", **{**kw, "age_window": 1}), wait=waits)
     assert aged.tolist() == [1, 2, -1, -1]
     # one candidate per free slot: the window holds the two oldest
-    counted = _run(B.brs_kernel, s, L, free, _opts(**{**kw, "window": 1}), wait=waits)
+    counted = _run(B.brs_kernel, s, L, free, _opts("brs", **{**kw, "window": 1}), wait=waits)
     assert counted.tolist() == [1, 2, -1, -1]
     # patience above every wait: JSQ's decision (the oldest two, in pool order)
-    calm = _run(B.brs_kernel, s, L, free, _opts(**{**kw, "patience": 13}), wait=waits)
-    jsq = _run(SG.jsq_kernel, s, L, free, _opts(), wait=waits)
+    calm = _run(B.brs_kernel, s, L, free, _opts("brs", **{**kw, "patience": 13}), wait=waits)
+    jsq = _run(SG.jsq_kernel, s, L, free, _opts("jsq"), wait=waits)
     assert calm.tolist() == jsq.tolist() == [1, 2, -1, -1]
     # a backlog carried from the previous tick: the same waits, routed as a backlog tick
-    c = ZERO._replace(brs_backlog=True)
+    c = np.array([1], np.int64)  # BR-S's memory: in a backlog
     pool, reps = _state(s, L, free, wait=waits)
-    kept, c_out = B.brs_kernel(pool, reps, _opts(**{**kw, "patience": 13}), c, 0)
-    assert kept.tolist() == base.tolist() and c_out.brs_backlog
+    kept, c_out = B.brs_kernel(pool, reps, _opts("brs", **{**kw, "patience": 13}), c, 0)
+    assert kept.tolist() == base.tolist() and c_out[0]
     # ... and it ends at a tick whose pool fits in the free slots
     pool, reps = _state(s[:2], L, free, wait=waits[:2])
-    _, c_out = B.brs_kernel(pool, reps, _opts(**{**kw, "patience": 13}), c, 0)
-    assert not c_out.brs_backlog
+    _, c_out = B.brs_kernel(pool, reps, _opts("brs", **{**kw, "patience": 13}), c, 0)
+    assert not c_out[0] and c[0]  # a fresh memory: the input kept
     # the safety net: margin-first fills replica 1's margin of 1 with the 1-token request and
     # puts 5 on the top replica (I = 5); JSQ's decision leaves I = 3, so it is kept
     s2, L2, free2, w2 = [5.0, 1.0, 6.0], [15.0, 14.0], [1, 1], [4, 2, 1]
     kw2 = dict(age_window=100, window=0, patience=0, age_fraction=1.0)
-    unsafe = _run(B.brs_kernel, s2, L2, free2, _opts(**kw2, safe=False), wait=w2)
-    safe = _run(B.brs_kernel, s2, L2, free2, _opts(**kw2, safe=True), wait=w2)
-    jsq2 = _run(SG.jsq_kernel, s2, L2, free2, _opts(), wait=w2)
+    unsafe = _run(B.brs_kernel, s2, L2, free2, _opts("brs", **kw2, safe=False), wait=w2)
+    safe = _run(B.brs_kernel, s2, L2, free2, _opts("brs", **kw2, safe=True), wait=w2)
+    jsq2 = _run(SG.jsq_kernel, s2, L2, free2, _opts("jsq"), wait=w2)
     assert unsafe.tolist() == [0, 1, -1] and imbalance(apply_assignment(L2, unsafe, s2)) == 5
     assert safe.tolist() == jsq2.tolist() == [1, 0, -1]
     assert imbalance(apply_assignment(L2, safe, s2)) == 3
@@ -911,3 +965,27 @@ def test_state_keywords_reach_the_kernel():
     sat = dict(pool_wait=[50, 50], kv_capacity=[100.0, 12.0])
     d = route_batch([30.0, 5.0], [0.0, 0.0], [1, 1], **sat)
     assert d.assignment.tolist() == [0, 1]  # 30 tokens do not fit replica 1's 12
+
+
+def test_a_policy_declaration_is_checked_when_built():
+    """routing_policy refuses what its kernel could not read: an option that is not a
+    PolicyOption, one named twice, two vector options, a carry option without its memory
+    field, a memory that is not a NamedTuple of int and bool fields."""
+    kw = dict(kernel=last_free_kernel, reference=last_free_reference, summary="t", source="t")
+    opt = LAST_FREE_OPTIONS[0]
+    vec = K.PolicyOption("v", None, None, "", to="vector")
+
+    class FloatCarry(NamedTuple):
+        x: float
+
+    for bad, match in (
+        (dict(options=("reserve",)), "PolicyOption"),
+        (dict(options=(opt, opt)), "named twice"),
+        (dict(options=(vec, K.PolicyOption("w", None, None, "", to="vector"))), "vector"),
+        (dict(options=(K.PolicyOption("cursor", None, 0, "", to="carry"),)), "no carry field"),
+        (dict(carry=tuple), "NamedTuple"),
+        (dict(carry=FloatCarry), "int or bool"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            routing_policy("bad", **kw, **bad)
+    assert routing_policy("ok", **kw, options=(opt,), carry=LastFreeCarry).carry is LastFreeCarry

@@ -9,7 +9,6 @@ import pytest
 from straggler.baselines.routing.routers import ROUTERS, Router
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.solvers import get_routing_policy
-from straggler.solvers.routing import _core as K
 from straggler.solvers.routing.route import route_batch
 
 _M, _A = 2147483647, 48271
@@ -70,17 +69,17 @@ def test_vllm_kv_pressure_penalty_on_waiting_requests():
 def test_vllm_start_rotates_after_every_pick_and_persists_in_the_carry():
     L, free = [0, 0, 0], [1, 1, 1]
     d = route_batch([1], L, free, policy="vllm")
-    assert d.assignment.tolist() == [0] and d.extras["carry"].vllm_start == 1
+    assert d.assignment.tolist() == [0] and d.extras["carry"].start == 1
     # the next tick sees the same (fresh) counts: the tie now goes to rank 1 (#47420)
     d2 = route_batch([1], L, free, policy="vllm", carry=d.extras["carry"])
-    assert d2.assignment.tolist() == [1] and d2.extras["carry"].vllm_start == 2
+    assert d2.assignment.tolist() == [1] and d2.extras["carry"].start == 2
     d3 = route_batch([1], L, free, policy="vllm", version="rotate_4w", carry=d2.extras["carry"])
     assert d3.assignment.tolist() == [2]
     # legacy: the scan always starts at client 0, whatever the carry holds
     old = route_batch([1], L, free, policy="vllm", version="legacy", carry=d2.extras["carry"])
     assert old.assignment.tolist() == [0]
     # a strictly lower score still wins wherever the scan starts (rank 2 is busier)
-    c = K.RouterCarry(0, 2, 0, 0, False)
+    c = get_routing_policy("vllm").carry(start=2)
     assert _a([1], L, free, policy="vllm", n_running=[0, 0, 1], carry=c) == [0]
 
 
@@ -183,9 +182,8 @@ def test_trtllm_balance_defaults_are_upstreams():
     pol = get_routing_policy("trtllm_balance")
     d = route_batch([5], [0, 0], [2, 2], policy=pol.name, n_running=[1, 1])
     assert d.extras["carry"].adp_wait == 1  # held: 50 iterations before the timeout
-    from straggler.solvers.routing.registry import OPTIONS
-
-    assert OPTIONS["timeout_iters"].default == 50 and OPTIONS["batching_wait_iters"].default == 10
+    defaults = {o.name: o.default for o in pol.declared}
+    assert defaults["timeout_iters"] == 50 and defaults["batching_wait_iters"] == 10
 
 
 # --- SGLang follow_bootstrap_room -------------------------------------------------------------

@@ -10,10 +10,10 @@ from straggler.formulations import CostModel, DispatchProblem
 from straggler.formulations.dispatch import check_shares, evaluate
 from straggler.formulations.errors import InvalidInputError
 from straggler.proofs.brute import brute_force_dispatch
-from straggler.proofs.strategies import dispatch_instances
+from straggler.proofs.strategies import coupled_instances, dispatch_instances, forced_instances
 from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import certified_lower_bound, solve_dispatch, solve_token_lp
-from straggler.solvers.dispatch._semi_matching import semi_matching_kernel
+from straggler.solvers.dispatch._semi_matching import semi_matching_kernel, semi_matching_reference
 from straggler.solvers.dispatch._tempo import (
     CHOICES,
     INFO_FIELDS,
@@ -23,10 +23,19 @@ from straggler.solvers.dispatch._tempo import (
     tempo_kernel,
     tempo_reference,
 )
+from straggler.solvers.dispatch._tempo_prelude import (
+    prelude_handles,
+    tempo_prelude_kernel,
+    tempo_prelude_reference,
+)
 from straggler.solvers.dispatch._tempo_repair import _milp, repair_layer, whole_tokens
 from straggler.solvers.dispatch._token_lp_fast import (
+    exact_token_lp_kernel,
+    exact_token_lp_reference,
     support_contract_kernel,
     support_contract_reference,
+    support_fractional_kernel,
+    support_fractional_reference,
     support_rebalance_kernel,
     support_rebalance_reference,
     support_swap_kernel,
@@ -35,6 +44,7 @@ from straggler.solvers.dispatch._token_lp_fast import (
     token_lp_kernel,
     token_lp_reference,
 )
+from straggler.solvers.dispatch.bounds import layer_bound
 from straggler.solvers.dispatch.tempo import (
     RESTART_GAP,
     RESTART_MOVES,
@@ -121,6 +131,74 @@ def test_token_lp_kernel_equals_reference_and_highs():
         assert p / q == pytest.approx(value, rel=1e-9, abs=1e-9)
         # the integral dispatch is optimal among integral ones: ceil(lambda*)
         assert x.sum(axis=0).max() == -(-p // q)
+
+
+def test_exact_token_lp_kernel_equals_reference():
+    """The fractional token-optimal dispatch: kernel == py_func == reference, feasible, every
+    GPU at most lambda* = num/den tokens (to rounding), its makespan the evaluator's."""
+    rng = np.random.default_rng(12)
+    fractional = 0
+    for i in range(120):
+        counts, R = _random_instance(rng, max_e=10, max_g=5, max_n=40)
+        x, p, q = token_lp_kernel(counts, R)
+        c = _cost(i).as_array()
+        a = exact_token_lp_kernel(counts, R, x, p, q, c)
+        b = exact_token_lp_kernel.py_func(counts, R, x, p, q, c)
+        r = exact_token_lp_reference(counts, R, x, p, q, c)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[0], r[0])
+        assert a[1] == b[1] == r[1]
+        prob = DispatchProblem(counts=counts, replicas=R)
+        check_shares(prob, a[0])
+        assert a[0].sum(axis=0).max() <= p / q * (1 + 1e-12)
+        assert a[1] == evaluate(prob, _cost(i), a[0]).makespan
+        fractional += q > 1
+    assert fractional  # lambda* fractional on some
+
+
+def test_support_fractional_kernel_equals_reference():
+    rng = np.random.default_rng(13)
+    took = 0
+    for i in range(60):
+        counts, R = _random_instance(rng, max_e=8, max_g=4, max_n=300)
+        c = _cost(i).as_array()
+        x = _random_dispatch(rng, counts, R)
+        a = support_fractional_kernel(counts, x, c, token_lp_handle())
+        b = support_fractional_kernel.py_func(counts, x, c, token_lp_handle())
+        r = support_fractional_reference(counts, x, c)
+        for y in (b, r):
+            np.testing.assert_array_equal(a[0], y[0])
+            assert a[1:] == y[1:]
+        p = DispatchProblem(counts=counts, replicas=R)
+        check_shares(p, a[0])
+        assert (a[0][x == 0] == 0).all()  # no new activation
+        assert a[2] == evaluate(p, _cost(i), a[0]).makespan
+        assert a[2] <= evaluate(p, _cost(i), x).makespan
+        took += a[1]
+    assert took
+
+
+def test_prelude_kernel_equals_reference():
+    """The layer's prelude (token LP, semi-matching, B1-B7, exact token-LP dispatch) in one
+    kernel call: kernel == py_func == reference, and equal to the kernels called one by
+    one."""
+    rng = np.random.default_rng(14)
+    for i in range(60):
+        counts, R = _random_instance(rng, max_e=9, max_g=5, max_n=200)
+        c = _cost(i).as_array()
+        frac = bool(i % 3)
+        k = tempo_prelude_kernel(counts, R, c, frac, prelude_handles())
+        py = tempo_prelude_kernel.py_func(counts, R, c, frac, prelude_handles())
+        r = tempo_prelude_reference(counts, R, c, frac)
+        for out in (py, r):
+            for a, b in zip(k, out):
+                np.testing.assert_array_equal(a, b)
+        lp, p, q = token_lp_kernel(counts, R)
+        np.testing.assert_array_equal(k[0], lp)
+        assert (k[1], k[2]) == (p, q)
+        sm = semi_matching_kernel(R, counts > 0)[1]
+        assert k[4] == sm
+        assert k[5] == layer_bound(counts, R, _cost(i), c, sm, p / q)
 
 
 def test_token_lp_fast_public():
@@ -215,16 +293,22 @@ STAGE_CASES = {
     ),  # fmt: skip
     # stage 4b: put back the experts of one GPU, polish under a floor cap
     "restarts": ([243, 0, 15, 361, 320], [[1, 1, 1]] * 5, "dsv3_b_tile", 128, {}, 58.4),
+    # fractional shares: the exact token LP on the support ends at 170.5 tokens a GPU where
+    # whole tokens need 171 (the polished candidate of the "ensemble" case)
+    "fractional": ([85, 93, 233], [[1, 1], [1, 1], [1, 1]], "qwen3_235b_b_tile", 128, {}, 45.55),
 }
 
 
 def _case(stage):
     """The pinned instance of a stage; the stages before 4b with 4b off (its restarts
-    recover most of these small cases, which would hide what the stage itself does)."""
+    recover most of these small cases, which would hide what the stage itself does), and
+    whole tokens but for the fractional stage itself."""
     counts, R, preset, tile, kw, expected = STAGE_CASES[stage]
     p = DispatchProblem(counts=counts, replicas=np.array(R, bool))
-    if stage != "restarts":
+    if stage not in ("restarts", "fractional"):
         kw = {"restarts": False, **kw}
+    if stage != "fractional":
+        kw = {"fractional": False, **kw}
     return p, CostModel.preset(preset).replace(tile=tile), kw, expected
 
 
@@ -383,8 +467,9 @@ def test_support_contraction_matters():
     above the optimum; kernel and reference agree on it."""
     p, cost = _decode67()
     # with stage 4b off: its restarts reach 454.308 on this layer before stage 5b
-    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False)
-    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False, contract=False)
+    whole = {**NO_REPAIR, "restarts": False, "fractional": False}
+    on = solve_dispatch(p, cost, method="tempo", **whole)
+    off = solve_dispatch(p, cost, method="tempo", **whole, contract=False)
     assert off.makespan == pytest.approx(457.54)
     assert on.makespan == pytest.approx(454.666)
     assert on.extras["contracted"] == 1 and off.extras["contracted"] == 0
@@ -436,8 +521,9 @@ def test_activation_swap_matters():
     into it, reaches the optimum (74.844) from 0.88% above; kernel and reference agree."""
     p, cost = _heldout99()
     # with stage 4b off: its restarts reach the optimum on this layer before stage 5c
-    on = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False)
-    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, restarts=False, swap=False)
+    whole = {**NO_REPAIR, "restarts": False, "fractional": False}
+    on = solve_dispatch(p, cost, method="tempo", **whole)
+    off = solve_dispatch(p, cost, method="tempo", **whole, swap=False)
     assert off.makespan == pytest.approx(75.5055)
     assert on.makespan == pytest.approx(74.844)
     assert on.extras["swapped"] >= 1 and off.extras["swapped"] == 0
@@ -451,28 +537,46 @@ def test_activation_swap_matters():
 
 
 def test_wrapper_is_kernel_then_rebalance():
-    """Tempo's shares (repair off): the kernel's, then the support rebalance, the support
-    contraction and the activation swaps (references) above the bound the wrapper passes
-    the kernel."""
+    """Tempo's shares (repair off), rebuilt from the references: the exact token-LP dispatch
+    when it meets the certified bound B1-B7; else the kernel's, then the support rebalance,
+    the support contraction, the activation swaps and the fractional support LP above that
+    bound, and the exact token-LP dispatch where it is lower. Whole tokens: the same without
+    the fractional steps."""
     rng = np.random.default_rng(9)
+    skipped = fractional = 0
     for i in range(40):
         counts, R = _random_instance(rng)
         cost = _cost(i)
+        c = cost.as_array()
         p = DispatchProblem(counts=counts, replicas=R)
-        lay = Tempo(**NO_REPAIR)._arrays(cost, kernel_cost(cost.as_array()), cost.as_array(),
-                                         counts, R)  # fmt: skip
-        x, info = tempo_reference(*_kernel_args(counts, R, cost, bound=lay.bound))
-        m = info[0]
-        if m > lay.bound:
-            x, _, m = support_rebalance_reference(counts, x, cost.as_array())
-        if m > lay.bound + SUPPORT_GAP * m:
-            x, m, _ = support_contract_reference(counts, x, cost.as_array())
-        if m > lay.bound + SUPPORT_GAP * m:
-            x, _, _ = support_swap_reference(counts, R, x, cost.as_array(), SWAP_ROUNDS)
-        sol = Tempo(**NO_REPAIR).solve(p, cost, time_limit=1, rng=None)
-        np.testing.assert_array_equal(sol.shares, x)
-        # the bound passed to the kernel is certified and within the full one
-        assert lay.bound <= certified_lower_bound(p, cost) + 1e-12
+        lp, num, den = token_lp_reference(counts, R)
+        sm = semi_matching_reference(R, counts > 0)[1]
+        bound = layer_bound(counts, R, cost, c, sm, num / den)  # B1-B7: what stage 3 gets
+        x_lp, m_lp = exact_token_lp_reference(counts, R, lp, num, den, c)
+        for frac in (True, False):
+            if frac and m_lp <= bound * (1 + 1e-9) + 1e-12:
+                x = x_lp
+                skipped += 1
+            else:
+                x, info = tempo_reference(*_kernel_args(counts, R, cost, bound=bound))
+                m = info[0]
+                if m > bound:
+                    x, _, m = support_rebalance_reference(counts, x, c)
+                if m > bound + SUPPORT_GAP * m:
+                    x, m, _ = support_contract_reference(counts, x, c)
+                if m > bound + SUPPORT_GAP * m:
+                    x, m, _ = support_swap_reference(counts, R, x, c, SWAP_ROUNDS)
+                if frac and m > bound:
+                    x, took, m = support_fractional_reference(counts, x, c)
+                    fractional += took
+                    if m_lp < m:
+                        x = x_lp
+            sol = Tempo(**NO_REPAIR, fractional=frac).solve(p, cost, time_limit=1, rng=None)
+            np.testing.assert_array_equal(sol.shares, x)
+            assert sol.lower_bound <= certified_lower_bound(p, cost) + 1e-12 or (
+                sol.lower_bound <= evaluate(p, cost, x).makespan * (1 + 1e-9)
+            )
+    assert skipped and fractional  # both fractional paths ran in the comparison
 
 
 def test_fig1b_toy_optimum():
@@ -491,20 +595,25 @@ def test_feasible_bounded_deterministic_and_not_mutating():
         p = DispatchProblem(counts=counts, replicas=R)
         cost = _cost(i)
         before = (p.counts.copy(), p.replicas.copy())
+        whole = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, fractional=False)
+        check_shares(p, whole.shares)
+        assert np.array_equal(whole.shares, np.round(whole.shares))  # whole tokens
         res = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
         check_shares(p, res.shares)
-        assert np.array_equal(res.shares, np.round(res.shares))  # whole tokens
+        assert res.makespan <= whole.makespan  # fractional shares only ever lower it
         assert res.lower_bound <= res.makespan + 1e-9
         assert res.makespan == evaluate(p, cost, res.shares).makespan
         again = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
         np.testing.assert_array_equal(res.shares, again.shares)
         np.testing.assert_array_equal(p.counts, before[0])
         np.testing.assert_array_equal(p.replicas, before[1])
-        # the repair only ever lowers the makespan, in whole tokens
+        # the repair only ever lowers the makespan (in whole tokens without fractional)
         rep = solve_dispatch(p, cost, method="tempo")
         check_shares(p, rep.shares)
-        assert np.array_equal(rep.shares, np.round(rep.shares))
         assert rep.makespan <= res.makespan
+        rep = solve_dispatch(p, cost, method="tempo", fractional=False)
+        assert np.array_equal(rep.shares, np.round(rep.shares))
+        assert rep.makespan <= whole.makespan
         assert rep.lower_bound >= res.lower_bound - 1e-12
     # the kernel itself accepts read-only inputs (it never writes to them)
     c = np.array([5, 3], np.int64)
@@ -652,16 +761,20 @@ def test_repair_status_says_optimal_only_when_the_bound_proves_it():
                   [0, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]],
     )  # fmt: skip
     cost = CostModel.preset("dsv2_lite_a_serving")
-    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    whole = {"fractional": False}
+    off = solve_dispatch(p, cost, method="tempo", **NO_REPAIR, **whole)
     assert off.makespan == pytest.approx(28.8) and off.lower_bound < off.makespan / 1.001
     r = repair_layer(p, cost, off.shares, budget_s=5.0, lower_bound=off.lower_bound)
     assert r.milp_status == "OPTIMAL" and r.status == "unchanged"
     assert r.lower_bound == pytest.approx(28.75) and r.makespan == off.makespan
     np.testing.assert_array_equal(r.shares, off.shares)
-    on = solve_dispatch(p, cost, method="tempo", repair_budget_s=5.0)
+    on = solve_dispatch(p, cost, method="tempo", repair_budget_s=5.0, **whole)
     assert on.extras["repair_status"] == "unchanged"
     assert on.extras["repair_milp_status"] == "OPTIMAL"
     assert on.status.name != "OPTIMAL"
+    # fractional shares reach the fractional optimum without a repair, proved by the bound
+    frac = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    assert frac.makespan == pytest.approx(28.75) and frac.status.name == "OPTIMAL"
 
 
 @pytest.mark.parametrize("budget", [1e-4, 2.0])
@@ -914,3 +1027,22 @@ def test_each_kernel_stage_has_its_reference_twin_below_it():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef):
                 assert node.end_lineno - node.lineno < 250, (path.name, node.name)
+
+
+@settings(max_examples=150)
+@given(
+    st.one_of(
+        dispatch_instances(max_experts=8, max_gpus=4),
+        coupled_instances(max_experts=8, max_gpus=4),
+        forced_instances(max_experts=8, max_gpus=4),
+    )
+)
+def test_never_behind_the_token_lp(inst):
+    """tempo (repair off) never ends above the token LP solved by HiGHS (``method=
+    "token_lp"``), up to HiGHS's relative tolerance 1e-9: the exact token-LP dispatch is
+    one of tempo's candidates, and its fractional support LP reaches the token optimum
+    where the token LP is the optimum."""
+    p, cost = inst
+    t = solve_dispatch(p, cost, method="tempo", repair_budget_s=0)
+    lp = solve_dispatch(p, cost, method="token_lp")
+    assert t.makespan <= lp.makespan * (1 + 1e-9) + 1e-9, (t.extras["choice"], lp.makespan)

@@ -24,10 +24,18 @@ import math
 import numpy as np
 from numba import njit
 
+from ...formulations.validation import check_int, check_real
 from ...solvers._numba.jit import NJIT, cache_depends_on
 from ...solvers.routing import _core as _routing_core
-from ...solvers.routing._core import MINSTD_A, MINSTD_M, minstd_next, minstd_start
-from ...solvers.routing.registry import routing_policy
+from ...solvers.routing._core import (
+    MINSTD_A,
+    MINSTD_M,
+    PolicyOption,
+    minstd_next,
+    minstd_start,
+    option_slots,
+)
+from ...solvers.routing.registry import OPTIMISTIC, routing_policy
 
 __all__ = [
     "DYNAMO",
@@ -38,6 +46,23 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Dynamo KV router: overlap_weight * prefill blocks (cached prefix credited) + decode blocks
 # --------------------------------------------------------------------------------------------
+
+DYNAMO_OPTIONS = (
+    OPTIMISTIC,
+    PolicyOption(
+        "block_size",
+        lambda v, f: check_int(v, "block_size", f, lo=1, hi=2**20),
+        16,
+        "dynamo: KV block size in tokens (default 16)",
+    ),  # fmt: skip
+    PolicyOption(
+        "overlap_weight",
+        lambda v, f: check_real(v, "overlap_weight", f, lo=0),
+        1.0,
+        "dynamo: weight of the prefill blocks (kv_overlap_score_weight, default 1)",
+    ),  # fmt: skip
+)
+_D = option_slots(DYNAMO_OPTIONS)
 
 
 @njit(**NJIT)
@@ -51,8 +76,8 @@ def dynamo_kernel(pool, reps, opts, carry, seed):
     n = prefill.shape[0]
     G = free_slots.shape[0]
     optimistic = opts.optimistic
-    B = opts.block_size
-    w = opts.overlap_weight
+    B = int(opts.values[_D.block_size])
+    w = opts.values[_D.overlap_weight]
     has_cache = cached.shape[0] == n
     act = reps.loads[:, 0] + reps.waiting_tokens
     cap = free_slots.copy()
@@ -92,7 +117,7 @@ def dynamo_kernel(pool, reps, opts, carry, seed):
 def dynamo_reference(pool, reps, opts, carry, seed):
     """Dynamo's KV-router cost in plain Python."""
     n, G = len(pool.prefill), len(reps.free_slots)
-    B, w = float(opts.block_size), float(opts.overlap_weight)
+    B, w = float(opts.values[_D.block_size]), float(opts.values[_D.overlap_weight])
     optimistic = opts.optimistic
     cached = pool.cached if len(pool.cached) == n else None
     act = [float(row[0]) + float(t) for row, t in zip(reps.loads, reps.waiting_tokens)]
@@ -122,13 +147,13 @@ def dynamo_reference(pool, reps, opts, carry, seed):
     return np.array(out, dtype=np.int64), carry
 
 
-cache_depends_on(dynamo_kernel, _routing_core)
+cache_depends_on(dynamo_kernel, _routing_core)  # its MINSTD and its option slots
 
 DYNAMO = routing_policy(
     "dynamo",
     kernel=dynamo_kernel,
     reference=dynamo_reference,
-    options=("optimistic", "block_size", "overlap_weight"),
+    options=DYNAMO_OPTIONS,
     summary="lowest overlap_weight * new prefill blocks + decode blocks, ties random",
     source="ai-dynamo/dynamo lib/kv-router/src/scheduling/selector.rs (DefaultWorkerSelector, "
     "temperature 0)",

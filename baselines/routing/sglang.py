@@ -52,22 +52,28 @@ selects another):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
+from ...formulations.validation import check_int, check_real
 from ...solvers._numba.jit import NJIT, cache_depends_on
 from ...solvers.routing import _core as _routing_core
 from ...solvers.routing._core import (
     MINSTD_A,
     MINSTD_M,
-    RouterCarry,
+    PolicyOption,
+    carry_slots,
     draw_eligible,
     least_tokens_kernel,
     least_tokens_reference,
     minstd_next,
     minstd_start,
+    option_slots,
+    with_carry,
 )
-from ...solvers.routing.registry import routing_policy
+from ...solvers.routing.registry import OPTIMISTIC, routing_policy
 
 __all__ = [
     "ROUND_ROBIN",
@@ -75,6 +81,7 @@ __all__ = [
     "JSQ_REQUESTS",
     "P2C",
     "FOLLOW_BOOTSTRAP_ROOM",
+    "RoundRobinCarry",
     "round_robin_kernel",
     "round_robin_reference",
     "jsq_kernel",
@@ -88,21 +95,56 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
+# The policies' own options and memory (jsq and jsq_requests: optimistic and versions only)
+# --------------------------------------------------------------------------------------------
+
+
+class RoundRobinCarry(NamedTuple):
+    """round_robin's memory from one tick to the next (its option ``cursor`` sets the
+    first)."""
+
+    cursor: int
+    """The replica to try first."""
+
+
+CURSOR = PolicyOption(
+    "cursor", lambda v, f: check_int(v, "cursor", f, lo=0, hi=2**52), 0,
+    "round-robin: the replica to try first", to="carry",
+)  # fmt: skip
+P2C_OPTIONS = (
+    OPTIMISTIC,
+    PolicyOption(
+        "kv_weight",
+        lambda v, f: check_real(v, "kv_weight", f, lo=0),
+        0.15,
+        "p2c expected_wait: seconds of the KV barrier u/(1-u) (the gateway's 0.15)",
+    ),  # fmt: skip
+    PolicyOption(
+        "throughput",
+        lambda v, f: check_real(v, "throughput", f, lo=0, lo_open=True),
+        2000.0,
+        "p2c expected_wait: tokens/s that turn queued tokens into seconds (gateway: 2000)",
+    ),  # fmt: skip
+)
+_RRC = carry_slots(RoundRobinCarry)
+_P2C = option_slots(P2C_OPTIONS)
+
+# --------------------------------------------------------------------------------------------
 # Round-robin: next replica with a free slot in cyclic order from the cursor
 # --------------------------------------------------------------------------------------------
 
 
 @njit(**NJIT)
 def round_robin_kernel(pool, reps, opts, carry, seed):
-    """Round-robin from the cursor ``carry.cursor``; the returned cursor is the last replica
-    used + 1 (mod G), unchanged when nothing is placed."""
+    """Round-robin from the cursor (its memory's ``cursor``); the returned cursor is the last
+    replica used + 1 (mod G), unchanged when nothing is placed."""
     prefill = pool.prefill
     free_slots = reps.free_slots
     n = prefill.shape[0]
     G = free_slots.shape[0]
     cap = free_slots.copy()
     out = np.full(n, -1, np.int64)
-    cur = int(carry.cursor) % G
+    cur = carry[_RRC.cursor] % G
     for i in range(n):
         g = -1
         for t in range(G):
@@ -115,16 +157,14 @@ def round_robin_kernel(pool, reps, opts, carry, seed):
         out[i] = g
         cap[g] -= 1
         cur = (g + 1) % G
-    return out, RouterCarry(
-        cur, carry.vllm_start, carry.adp_wait, carry.adp_batch, carry.brs_backlog
-    )
+    return out, with_carry(carry, _RRC.cursor, cur)
 
 
 def round_robin_reference(pool, reps, opts, carry, seed):
     """Round-robin in plain Python."""
     G = len(reps.free_slots)
     cap = [int(c) for c in reps.free_slots]
-    cur = int(carry.cursor) % G
+    cur = int(carry[_RRC.cursor]) % G
     out = []
     for _ in range(len(pool.prefill)):
         order = [(cur + t) % G for t in range(G)]
@@ -135,7 +175,10 @@ def round_robin_reference(pool, reps, opts, carry, seed):
         out.append(free[0])
         cap[free[0]] -= 1
         cur = (free[0] + 1) % G
-    return np.array(out, dtype=np.int64), carry._replace(cursor=cur)
+    if cur != carry[_RRC.cursor]:  # a fresh copy: the input is never changed
+        carry = carry.copy()
+        carry[_RRC.cursor] = cur
+    return np.array(out, dtype=np.int64), carry
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,8 +289,8 @@ def p2c_kernel(pool, reps, opts, carry, seed):
     G = free_slots.shape[0]
     optimistic = opts.optimistic
     version = int(opts.version)
-    thr = opts.throughput
-    lam = opts.kv_weight
+    thr = opts.values[_P2C.throughput]
+    lam = opts.values[_P2C.kv_weight]
     credit = np.zeros(G)
     reqs = reps.n_running + reps.n_waiting
     cap = free_slots.copy()
@@ -282,7 +325,7 @@ def p2c_reference(pool, reps, opts, carry, seed):
     cap = [int(c) for c in reps.free_slots]
     optimistic = opts.optimistic
     version = int(opts.version)
-    thr, lam = float(opts.throughput), float(opts.kv_weight)
+    thr, lam = float(opts.values[_P2C.throughput]), float(opts.values[_P2C.kv_weight])
     credit = [0.0] * G
     reqs = [int(r) + int(w) for r, w in zip(reps.n_running, reps.n_waiting)]
 
@@ -356,6 +399,8 @@ def follow_bootstrap_room_reference(pool, reps, opts, carry, seed):
     return np.array(out, dtype=np.int64), carry
 
 
+# the option and carry slots come from _core's option_slots/carry_slots
+cache_depends_on(round_robin_kernel, _routing_core)
 cache_depends_on(jsq_kernel, _routing_core)
 cache_depends_on(p2c_kernel, _routing_core)
 
@@ -368,7 +413,8 @@ ROUND_ROBIN = routing_policy(
     "round_robin",
     kernel=round_robin_kernel,
     reference=round_robin_reference,
-    options=("cursor",),
+    options=(CURSOR,),
+    carry=RoundRobinCarry,
     summary="next replica with a free slot in cyclic order from a cursor",
     source=f"{_SGL_DPC} round_robin_scheduler",
 )
@@ -394,7 +440,7 @@ P2C = routing_policy(
     "p2c",
     kernel=p2c_kernel,
     reference=p2c_reference,
-    options=("optimistic", "kv_weight", "throughput"),
+    options=P2C_OPTIONS,
     summary="two distinct random replicas, the lower gateway metric wins, ties to the first",
     source=_SGL_GW,
     seeded=True,

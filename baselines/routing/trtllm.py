@@ -31,18 +31,28 @@ selects another):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
+from ...formulations.validation import check_int
 from ...solvers import _order
 from ...solvers._numba.jit import NJIT, cache_depends_on
 from ...solvers._order import stable_argsort_desc
-from ...solvers.routing._core import RouterCarry
-from ...solvers.routing.registry import routing_policy
+from ...solvers.routing import _core as _routing_core
+from ...solvers.routing._core import (
+    PolicyOption,
+    carry_slots,
+    option_slots,
+    with_carry,
+)
+from ...solvers.routing.registry import OPTIMISTIC, routing_policy
 
 __all__ = [
     "TRTLLM",
     "TRTLLM_BALANCE",
+    "TrtllmBalanceCarry",
     "trtllm_kernel",
     "trtllm_reference",
     "trtllm_balance_kernel",
@@ -148,10 +158,42 @@ def trtllm_reference(pool, reps, opts, carry, seed):
 # --------------------------------------------------------------------------------------------
 
 
+#: trtllm_balance's options and memory: the two hold-back limits and their counters.
+TRTLLM_BALANCE_OPTIONS = (
+    OPTIMISTIC,
+    PolicyOption(
+        "timeout_iters",
+        lambda v, f: check_int(v, "timeout_iters", f, lo=0, hi=2**40),
+        50,
+        "trtllm_balance: ticks new requests wait for every rank to take some (default 50)",
+    ),  # fmt: skip
+    PolicyOption(
+        "batching_wait_iters",
+        lambda v, f: check_int(v, "batching_wait_iters", f, lo=0, hi=2**40),
+        10,
+        "trtllm_balance: extra ticks of batching once every rank can take some (default 10)",
+    ),
+)
+
+
+class TrtllmBalanceCarry(NamedTuple):
+    """trtllm_balance's memory from one tick to the next: its two hold-back counters."""
+
+    adp_wait: int
+    """Ticks waited for every rank to have a new request."""
+    adp_batch: int
+    """Ticks of batching wait spent."""
+
+
+_TB = option_slots(TRTLLM_BALANCE_OPTIONS)
+_TBC = carry_slots(TrtllmBalanceCarry)
+
+
 @njit(**NJIT)
 def trtllm_balance_kernel(pool, reps, opts, carry, seed):
     """``trtllm``'s assignment, released or held back by ``attention_dp_config.enable_balance``
-    (``PyExecutor._balance_adp_requests``); the two counters live in the carry."""
+    (``PyExecutor._balance_adp_requests``); the two counters are its memory (``adp_wait``,
+    ``adp_batch``)."""
     out = _trtllm_assign(pool, reps, opts)
     G = reps.free_slots.shape[0]
     new = np.full(G, 0, np.int64)
@@ -165,13 +207,13 @@ def trtllm_balance_kernel(pool, reps, opts, carry, seed):
         all_free = all_free and reps.free_slots[g] > 0
         all_ctx = all_ctx and new[g] + reps.n_waiting[g] > 0
         all_gen = all_gen and reps.n_running[g] > 0
-    wait = carry.adp_wait
-    batch = carry.adp_batch
+    wait = carry[_TBC.adp_wait]
+    batch = carry[_TBC.adp_batch]
     release = True
     if all_free and all_ctx:
         wait = 0
         if all_gen:
-            if batch < opts.batching_wait_iters:
+            if batch < int(opts.values[_TB.batching_wait_iters]):
                 batch += 1
                 release = False
             else:
@@ -179,15 +221,16 @@ def trtllm_balance_kernel(pool, reps, opts, carry, seed):
     else:
         wait += 1
         release = False
-        if wait >= opts.timeout_iters or not all_gen:
+        if wait >= int(opts.values[_TB.timeout_iters]) or not all_gen:
             wait = 0
             release = True
     if not release:
         out[:] = -1
-    return out, RouterCarry(carry.cursor, carry.vllm_start, wait, batch, carry.brs_backlog)
+    return out, with_carry(with_carry(carry, _TBC.adp_wait, wait), _TBC.adp_batch, batch)
 
 
-cache_depends_on(trtllm_balance_kernel, _order)
+# the option and carry slots come from _core's option_slots/carry_slots
+cache_depends_on(trtllm_balance_kernel, _order, _routing_core)
 
 
 def trtllm_balance_reference(pool, reps, opts, carry, seed):
@@ -198,12 +241,12 @@ def trtllm_balance_reference(pool, reps, opts, carry, seed):
     have_free = all(int(f) > 0 for f in reps.free_slots)  # num_gen < max_batch_size
     have_ctx = all(got[r] + int(reps.n_waiting[r]) > 0 for r in range(G))
     have_gen = all(int(r) > 0 for r in reps.n_running)
-    wait, batch = int(carry.adp_wait), int(carry.adp_batch)
+    wait, batch = int(carry[_TBC.adp_wait]), int(carry[_TBC.adp_batch])
     held = False
     if have_free and have_ctx:  # wait for all ranks to have context requests
         wait = 0
         if have_gen:  # balance the number of context requests across ranks
-            if batch < int(opts.batching_wait_iters):
+            if batch < int(opts.values[_TB.batching_wait_iters]):
                 batch += 1
                 held = True
             else:
@@ -211,11 +254,15 @@ def trtllm_balance_reference(pool, reps, opts, carry, seed):
     else:
         wait += 1
         held = True
-        if wait >= int(opts.timeout_iters) or not have_gen:
+        if wait >= int(opts.values[_TB.timeout_iters]) or not have_gen:
             wait, held = 0, False
     if held:
         out = np.full(out.shape[0], -1, np.int64)
-    return np.asarray(out, dtype=np.int64), carry._replace(adp_wait=wait, adp_batch=batch)
+    if (wait, batch) != (carry[_TBC.adp_wait], carry[_TBC.adp_batch]):
+        carry = carry.copy()  # a fresh copy: the input is never changed
+        carry[_TBC.adp_wait] = wait
+        carry[_TBC.adp_batch] = batch
+    return np.asarray(out, dtype=np.int64), carry
 
 
 TRTLLM = routing_policy(
@@ -230,7 +277,8 @@ TRTLLM_BALANCE = routing_policy(
     "trtllm_balance",
     kernel=trtllm_balance_kernel,
     reference=trtllm_balance_reference,
-    options=("optimistic", "timeout_iters", "batching_wait_iters"),
+    options=TRTLLM_BALANCE_OPTIONS,
+    carry=TrtllmBalanceCarry,
     summary="trtllm's assignment, held back until every rank can take a new request "
     "(timeout_iters), then batching_wait_iters more ticks",
     source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py "

@@ -21,15 +21,19 @@ selects another):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
-from ...solvers._numba.jit import NJIT
-from ...solvers.routing._core import RouterCarry
+from ...solvers._numba.jit import NJIT, cache_depends_on
+from ...solvers.routing import _core as _routing_core
+from ...solvers.routing._core import carry_slots, with_carry
 from ...solvers.routing.registry import routing_policy
 
 __all__ = [
     "VLLM",
+    "VllmCarry",
     "vllm_kernel",
     "vllm_reference",
 ]
@@ -37,6 +41,16 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # vLLM DP load balancer (three versions): lowest score in cyclic order from a start index
 # --------------------------------------------------------------------------------------------
+
+
+class VllmCarry(NamedTuple):
+    """vllm's memory from one tick to the next."""
+
+    start: int
+    """Where the next scan starts (upstream ``eng_start_index``)."""
+
+
+_VC = carry_slots(VllmCarry)
 
 
 @njit(**NJIT)
@@ -58,7 +72,7 @@ def vllm_kernel(pool, reps, opts, carry, seed):
     optimistic = opts.optimistic
     version = int(opts.version)
     rotate = version != 2
-    start = int(carry.vllm_start) % G if rotate else 0
+    start = carry[_VC.start] % G if rotate else 0
     waiting = n_waiting.copy()
     picks = np.full(G, 0, np.int64)
     cap = free_slots.copy()
@@ -91,7 +105,7 @@ def vllm_kernel(pool, reps, opts, carry, seed):
             start = (start + 1) % G
     if not rotate:
         return out, carry
-    return out, RouterCarry(carry.cursor, start, carry.adp_wait, carry.adp_batch, carry.brs_backlog)
+    return out, with_carry(carry, _VC.start, start)
 
 
 def vllm_reference(pool, reps, opts, carry, seed):
@@ -105,7 +119,7 @@ def vllm_reference(pool, reps, opts, carry, seed):
     picks = [0] * G
     optimistic = opts.optimistic
     version = int(opts.version)
-    start = int(carry.vllm_start) % G if version != 2 else 0
+    start = int(carry[_VC.start]) % G if version != 2 else 0
     out = [-1] * len(pool.prefill)
     for i in range(len(pool.prefill)):
         best, g = float("inf"), -1
@@ -130,15 +144,20 @@ def vllm_reference(pool, reps, opts, carry, seed):
             waiting[g] += 1
         if version != 2:  # vLLM #47420
             start = (start + 1) % G
-    if version != 2:
-        carry = carry._replace(vllm_start=start)
+    if version != 2 and start != carry[_VC.start]:  # a fresh copy: the input is never changed
+        carry = carry.copy()
+        carry[_VC.start] = start
     return np.array(out, dtype=np.int64), carry
+
+
+cache_depends_on(vllm_kernel, _routing_core)  # the carry slots come from _core's carry_slots
 
 
 VLLM = routing_policy(
     "vllm",
     kernel=vllm_kernel,
     reference=vllm_reference,
+    carry=VllmCarry,
     summary="first strict minimum of vLLM's score scanning from a start index; waiting += 1",
     source="vllm-project/vllm vllm/v1/engine/core_client.py (DPLBAsyncMPClient)",
     versions=(

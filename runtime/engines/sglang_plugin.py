@@ -97,6 +97,9 @@ def _sglang_rebalance_iv(tokens, P, P_local, num_groups, num_nodes, policy):
     )  # fmt: skip
     if h.ndim == 2:  # as init_by_eplb: one step
         h = h[None]
+    live = h.reshape(h.shape[0], -1).any(axis=1)
+    if live.any():  # rows of SGLang's circular buffer not yet written are all zero
+        h = h[live]
     P = check_int(P, "num_physical_experts", _FUNC, lo=1)
     P_local = check_int(P_local, "num_local_physical_experts", _FUNC, lo=1)
     if P % P_local:
@@ -125,7 +128,7 @@ def sglang_rebalance(
     ----------
     tokens_per_expert : array_like, shape (n_steps, n_layers, n_experts) or (n_layers, n_experts)
         SGLang's recorded window (the stat recorder's buffer, all-reduced over the ranks),
-        placed step by step.
+        placed step by step; all-zero steps (buffer rows not yet written) are left out.
     num_physical_experts, num_local_physical_experts : int
         Slots in all and per GPU (``num_gpus = P / P_local``).
     num_groups : int or None

@@ -188,6 +188,7 @@ def vllm_policy_class(policy: str = "place_experts"):
             return torch.from_numpy(p2l)
 
     StragglerEplbPolicy.__doc__ = StragglerEplbPolicy.__doc__.format(policy=policy)
+    StragglerEplbPolicy.__qualname__ = "StragglerEplbPolicy"  # as vLLM's logs print it
     return StragglerEplbPolicy
 
 

@@ -81,7 +81,6 @@ from ...solvers.routing import predictors
 from ...solvers.routing._core import (
     PoolState,
     ReplicaState,
-    RouterCarry,
     RouterOptions,
     call_policy,
     monotonic_ns,
@@ -169,7 +168,7 @@ class EngineInputs(NamedTuple):
     :class:`~straggler.sim.engine.deployment.StepModel` that prices the MoE layers (-1: none)."""
 
     options: RouterOptions
-    carry: RouterCarry
+    carry: np.ndarray
     arrival_t: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
@@ -1812,7 +1811,7 @@ def engine_depends() -> tuple:
 
 
 def tick_signature(inp):
-    """The argument types ``(PoolState, ReplicaState, RouterOptions, RouterCarry, int64)``
+    """The argument types ``(PoolState, ReplicaState, RouterOptions, carry, int64)``
     with which :func:`run_engine` calls a policy's kernel on :class:`EngineInputs` ``inp``
     (the arrays the loop builds at each tick: C-contiguous, float64 tokens, int64 counts)."""
     f1, i1, f2 = np.zeros(1), np.zeros(1, np.int64), np.zeros((1, 1))

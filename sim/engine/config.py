@@ -334,9 +334,10 @@ class SimConfig:
     construction (``init=False``): ``prefill.instances`` (``ceil(G / 2)`` when None), the
     projection (``pred_kind``, ``horizon``: the predictor's kind and ``H``, ``NONE`` and 0 for a
     policy that reads no projected loads), the run's ``label`` (``"brh:survival"``), the
-    policy's registry entry (``routing_policy``) and its options as the kernels read them
-    (``router_options``, ``router_carry``) with ``resolved`` (each option of the policy and its
-    value), and the step time (``step``, ``StepTime``).
+    policy's registry entry (``routing_policy``) and its options as its kernel reads them
+    (``router_options``, and its memory at the first tick, ``router_carry``) with
+    ``resolved`` (each option of the policy and its value), and the step time (``step``,
+    ``StepTime``).
 
     With a ``deployment`` (:class:`~straggler.sim.engine.deployment.DeploymentConfig`, whose
     ``n_gpus`` must be ``n_replicas``) the step is the deployment's: ``step`` holds its
@@ -348,7 +349,7 @@ class SimConfig:
     Examples
     --------
     >>> c = SimConfig.from_settings("brh", n_replicas=4, r_max=2)
-    >>> c.prefill.instances, c.horizon, c.label, c.resolved["r_max"], c.router_options.beta
+    >>> c.prefill.instances, c.horizon, c.label, c.resolved["r_max"], c.resolved["beta"]
     (2, 80, 'brh:survival', 2, 4.0)
     >>> c.step.deploy, c.step.t0 == c.cluster.t0
     (False, True)

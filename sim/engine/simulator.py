@@ -652,7 +652,8 @@ def engine_inputs(trace, config: SimConfig) -> SimRun:
         two_stage = no_two_stage()
     if config.predictor.new_presence:
         pi = new_request_presence(trace.output_len, H)
-        ropts = ropts._replace(new_presence=np.ascontiguousarray(pi, dtype=np.float64))
+        # the policy's vector option (BR-H's new_presence), from the trace
+        ropts = ropts._replace(vector=np.ascontiguousarray(pi, dtype=np.float64))
     max_steps = config.run.max_steps
     if max_steps is None:
         max_steps = int(output.sum()) + 11 * n + 1000
@@ -905,9 +906,10 @@ def simulate(
         (``dispatch`` names the expert-parallel problem everywhere else, e.g.
         ``DeploymentConfig.dispatch``).
     **options
-        The policy's options (``straggler.solvers.routing.registry.OPTIONS``: ``r_max``,
-        ``s_greedy``, ``alpha``, ``beta``, ``gamma``, ``cursor``, ...); a policy refuses an
-        option it does not read.
+        The policy's options, declared in its module (``r_max``, ``s_greedy`` of BR-0,
+        ``alpha``, ``beta``, ``gamma`` of BR-H, ``cursor`` of round-robin, ...; see
+        :func:`~straggler.solvers.route_batch`); a policy refuses an option it does not
+        declare.
 
     Returns
     -------

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import pickle
 
 from numba import types
-from numba.core import cgutils
+from numba.core import caching, cgutils
 from numba.core.errors import TypingError
 from numba.core.imputils import impl_ret_new_ref
 from numba.extending import lower_builtin, type_callable
@@ -36,6 +37,29 @@ __all__ = [
     "compiled_address",
     "source_digest",
 ]
+
+
+# -- a stale cache index is a cache miss -------------------------------------------------------
+#
+# numba reads a function's cache index by unpickling it before it compares the index's source
+# stamp with the file's: an index written by an older version of this library can name a class
+# since removed or renamed (a record in a kernel's signature), and the unpickling then raises
+# instead of the stale index being ignored.
+
+
+def _tolerant(load_index):
+    def _load_index(self):
+        try:
+            return load_index(self)
+        except (AttributeError, ImportError, pickle.UnpicklingError, EOFError, TypeError):
+            return {}  # stale: compile again, and the next save writes a fresh index
+
+    _load_index.straggler_tolerant = True
+    return _load_index
+
+
+if not getattr(caching.IndexDataCacheFile._load_index, "straggler_tolerant", False):
+    caching.IndexDataCacheFile._load_index = _tolerant(caching.IndexDataCacheFile._load_index)
 
 
 def source_digest(*modules) -> str:

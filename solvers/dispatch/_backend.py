@@ -39,14 +39,24 @@ from contextlib import contextmanager
 
 from ...formulations.validation import check_choice
 from .._numba.compile import is_cached
-from ._bounds import lower_bound_kernel, lower_bound_reference
+from ._bounds import (
+    forced_bound_kernel,
+    forced_bound_reference,
+    lower_bound_kernel,
+    lower_bound_reference,
+)
 from ._round_robin import a3_kernel, a3_reference
 from ._score import score_kernel, score_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
 from ._tempo import stage_handles, tempo_kernel, tempo_reference
+from ._tempo_prelude import prelude_handles, tempo_prelude_kernel, tempo_prelude_reference
 from ._token_lp_fast import (
+    exact_token_lp_kernel,
+    exact_token_lp_reference,
     support_contract_kernel,
     support_contract_reference,
+    support_fractional_kernel,
+    support_fractional_reference,
     support_rebalance_kernel,
     support_rebalance_reference,
     support_swap_kernel,
@@ -66,10 +76,14 @@ __all__ = [
     "all_ready",
     "reference_seconds",
     "TEMPO",
+    "PRELUDE",
     "TOKEN_LP",
     "SEMI_MATCHING",
     "LOWER_BOUND",
+    "FORCED_BOUND",
+    "EXACT_LP",
     "SUPPORT_CONTRACT",
+    "SUPPORT_FRACTIONAL",
     "SUPPORT_REBALANCE",
     "SUPPORT_SWAP",
     "A3",
@@ -217,14 +231,19 @@ def _within(budget: float, fn, args):
 # Budgets: about a third of each kernel's cold compile measured on the 2-core development
 # machine (benchmarks/results/cold_start.json), at least 0.5 s.
 TEMPO = Pair(tempo_kernel, tempo_reference, 8.0, stage_handles)
+PRELUDE = Pair(tempo_prelude_kernel, tempo_prelude_reference, 1.0, prelude_handles)
 TOKEN_LP = Pair(token_lp_kernel, token_lp_reference, 2.0)
 SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
+FORCED_BOUND = Pair(forced_bound_kernel, forced_bound_reference, 1.0)
+EXACT_LP = Pair(exact_token_lp_kernel, exact_token_lp_reference, 1.0)
 # (the support kernels call the token LP by address: token_lp_handle is their last argument)
 SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0,
                          token_lp_handle)  # fmt: skip
 SUPPORT_CONTRACT = Pair(support_contract_kernel, support_contract_reference, 1.0, token_lp_handle)
 SUPPORT_SWAP = Pair(support_swap_kernel, support_swap_reference, 1.0, token_lp_handle)
+SUPPORT_FRACTIONAL = Pair(support_fractional_kernel, support_fractional_reference, 1.0,
+                          token_lp_handle)  # fmt: skip
 A3 = Pair(a3_kernel, a3_reference, 0.6)
 SCORE = Pair(score_kernel, score_reference, 0.5)
 
@@ -233,12 +252,16 @@ PAIRS = {
     p.name: p
     for p in (
         TEMPO,
+        PRELUDE,
         TOKEN_LP,
         SEMI_MATCHING,
         LOWER_BOUND,
+        FORCED_BOUND,
+        EXACT_LP,
         SUPPORT_REBALANCE,
         SUPPORT_CONTRACT,
         SUPPORT_SWAP,
+        SUPPORT_FRACTIONAL,
         A3,
         SCORE,
     )

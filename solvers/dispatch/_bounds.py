@@ -37,10 +37,18 @@ from numba import njit
 from .. import _order
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from .._order import stable_argsort_uint
+from . import _csr
+from ._csr import replica_lists
 
 __all__ = [
+    "FORCED_PASSES",
+    "FORCED_SLACK",
     "coupling_bound_kernel",
     "coupling_bound_reference",
+    "forced_bound_kernel",
+    "forced_bound_reference",
+    "forced_kernel",
+    "forced_reference",
     "lower_bound_kernel",
     "lower_bound_reference",
 ]
@@ -322,3 +330,466 @@ def lower_bound_reference(counts, replicas, params, sm):
             members = [e]
         candidates += terms(members, len(rep[e]))
     return coupling_bound_reference(counts, replicas, params, max(candidates))
+
+
+# --------------------------------------------------------------------------------------
+# B8: activations and tokens forced per GPU (proofs/THEOREMS.md, "B8")
+# --------------------------------------------------------------------------------------
+
+#: Relative slack on the token cap ``U`` of B8: every room is computed from ``U * (1 +
+#: FORCED_SLACK)``, which exceeds the rounding of the float sums it enters (module notes).
+FORCED_SLACK = 1e-10
+#: Passes of B8's propagation at one ``T`` (a pass that changes nothing ends it sooner;
+#: stopping early is sound, every deduction made so far holds).
+FORCED_PASSES = 32
+
+
+@njit(**NJIT_INLINE)
+def _forced_time(params, G, J, N):
+    """A GPU's time with ``G`` activations, ``J = T - G`` tiles above one per activation and
+    ``N`` tokens: :func:`~straggler.formulations.evaluate`'s expression."""
+    t = params[0] + params[1] * G + params[2] * J
+    u = params[3] + params[4] * N
+    if u > t:
+        t = u
+    u = params[5] + params[6] * N
+    if u > t:
+        t = u
+    return t
+
+
+@njit(**NJIT_INLINE)
+def _forced_tiles(v, tile):
+    """Tiles above one of a share of at least ``v > 0`` tokens (the evaluator's slack)."""
+    k = math.ceil((v - 1e-7) / tile)
+    return k - 1 if k > 1 else 0
+
+
+@njit(**NJIT)
+def _forced_set(m, Gf, Jf, Nf, j, h, v, tile):
+    """``m[j] = v`` (``v > m[j]``) for the replica ``j`` on GPU ``h``, with the GPU's forced
+    aggregates updated."""
+    old = m[j]
+    if old > 0.0:
+        Gf[h] -= 1
+        Jf[h] -= _forced_tiles(old, tile)
+    Nf[h] += v - old
+    m[j] = v
+    Gf[h] += 1
+    Jf[h] += _forced_tiles(v, tile)
+
+
+@njit(**NJIT_INLINE)
+def _room(Uup, Nf, m, h, j):
+    """Tokens replica ``j`` on GPU ``h`` can take at most: ``U`` less what the GPU's other
+    experts must carry (never negative)."""
+    r = Uup - (Nf[h] - m[j])
+    return r if r > 0.0 else 0.0
+
+
+@njit(**NJIT_INLINE)
+def _insertion_sort(buf, k):
+    """``buf[:k]`` in increasing order, in place (k is a replica count: small)."""
+    for i in range(1, k):
+        v = buf[i]
+        q = i
+        while q > 0 and buf[q - 1] > v:
+            buf[q] = buf[q - 1]
+            q -= 1
+        buf[q] = v
+
+
+@njit(**NJIT)
+def forced_kernel(counts, replicas, params, T):
+    """``min(T, LB(T))``: the bound B8 proves at the trial value ``T`` (module notes).
+
+    Under the hypothesis that a dispatch has every GPU time below ``T``, propagates which
+    replicas must stay empty, which must carry tokens and how many (the rules R1-R5 of
+    proofs/THEOREMS.md, "B8"), for at most :data:`FORCED_PASSES` passes. Returns ``T`` when
+    the hypothesis is contradicted (then ``OPT >= T``), else the largest time of a GPU's
+    forced activations and tokens (``OPT`` is at least that or at least ``T``). Replicas
+    are indexed by their position ``j`` in the expert-major CSR lists (``e_gpus``).
+    """
+    E, g = replicas.shape
+    c = params[3]
+    beta = params[4]
+    c2 = params[5]
+    gamma = params[6]
+    tile = params[7]
+    if params[0] >= T or c >= T or c2 >= T:
+        return T
+    U = np.inf
+    if beta > 0.0:
+        U = (T - c) / beta
+    if gamma > 0.0:
+        U = min(U, (T - c2) / gamma)
+    finite = U < np.inf
+    Uup = U * (1.0 + FORCED_SLACK)
+    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
+    nnz = e_ptr[E]
+    # the replica j of each entry of the GPU-major lists
+    g_slot = np.empty(nnz, np.int64)
+    pos = g_ptr[:g].copy()
+    for e in range(E):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
+            g_slot[pos[h]] = j
+            pos[h] += 1
+    allowed = np.zeros(nnz, np.bool_)
+    na = np.zeros(E, np.int64)
+    D = np.zeros(g, np.int64)
+    n_live = 0
+    for e in range(E):
+        if counts[e] > 0:
+            n_live += 1
+            na[e] = e_ptr[e + 1] - e_ptr[e]
+            for j in range(e_ptr[e], e_ptr[e + 1]):
+                allowed[j] = True
+                D[e_gpus[j]] += 1
+    m = np.zeros(nnz)
+    room = np.empty(nnz)
+    Gf = np.zeros(g, np.int64)
+    Jf = np.zeros(g, np.int64)
+    Nf = np.zeros(g)
+    Kmax = np.zeros(g, np.int64)
+    buf = np.empty(max(g, E))
+    for _ in range(FORCED_PASSES):
+        changed = False
+        # R1: a GPU that cannot take one more activation keeps every unforced replica empty
+        for h in range(g):
+            if _forced_time(params, Gf[h] + 1, Jf[h], Nf[h]) >= T:
+                for i in range(g_ptr[h], g_ptr[h + 1]):
+                    j = g_slot[i]
+                    if allowed[j] and m[j] == 0.0:
+                        allowed[j] = False
+                        na[g_exps[i]] -= 1
+                        D[h] -= 1
+                        changed = True
+        # R2: tokens the expert's other allowed GPUs cannot absorb stay on this one
+        for e in range(E):
+            if counts[e] == 0:
+                continue
+            if na[e] == 0:
+                return T
+            n = float(counts[e])
+            if not finite:
+                if na[e] == 1:
+                    for j in range(e_ptr[e], e_ptr[e + 1]):
+                        if allowed[j] and m[j] < n:
+                            _forced_set(m, Gf, Jf, Nf, j, e_gpus[j], n, tile)
+                            changed = True
+                continue
+            tot = 0.0
+            for j in range(e_ptr[e], e_ptr[e + 1]):
+                if allowed[j]:
+                    room[j] = _room(Uup, Nf, m, e_gpus[j], j)
+                    tot += room[j]
+            for j in range(e_ptr[e], e_ptr[e + 1]):
+                if allowed[j]:
+                    v = n - (tot - room[j])
+                    if v > m[j]:
+                        _forced_set(m, Gf, Jf, Nf, j, e_gpus[j], v, tile)
+                        changed = True
+        # R3: a GPU whose forced part alone reaches T
+        for h in range(g):
+            if _forced_time(params, Gf[h], Jf[h], Nf[h]) >= T:
+                return T
+        # R4: activations a GPU can hold, against the pieces the experts need
+        spare = -n_live
+        for h in range(g):
+            k = Gf[h]
+            while k < D[h] and _forced_time(params, k + 1, Jf[h], Nf[h]) < T:
+                k += 1
+            Kmax[h] = k
+            spare += k
+        if spare < 0:
+            return T
+        if finite:
+            need = 0
+            for e in range(E):
+                if counts[e] == 0:
+                    continue
+                n = float(counts[e])
+                k = 0
+                for j in range(e_ptr[e], e_ptr[e + 1]):
+                    if allowed[j]:
+                        buf[k] = _room(Uup, Nf, m, e_gpus[j], j)
+                        k += 1
+                _insertion_sort(buf, k)
+                acc = 0.0
+                q = 0
+                while q < k and acc < n:
+                    acc += buf[k - 1 - q]  # the largest rooms first
+                    q += 1
+                if acc < n:
+                    return T
+                need += q - 1
+            if need > spare:
+                return T
+        if spare == 0:
+            # R5: no expert is split and every GPU holds exactly Kmax activations
+            if finite:
+                for e in range(E):
+                    if counts[e] == 0:
+                        continue
+                    n = float(counts[e])
+                    for j in range(e_ptr[e], e_ptr[e + 1]):
+                        if allowed[j] and _room(Uup, Nf, m, e_gpus[j], j) < n:
+                            if m[j] > 0.0:
+                                return T
+                            allowed[j] = False
+                            na[e] -= 1
+                            D[e_gpus[j]] -= 1
+                            changed = True
+                    if na[e] == 0:
+                        return T
+            for h in range(g):
+                if D[h] < Kmax[h]:
+                    return T
+                if D[h] == Kmax[h]:
+                    for i in range(g_ptr[h], g_ptr[h + 1]):
+                        j = g_slot[i]
+                        n = float(counts[g_exps[i]])
+                        if allowed[j] and m[j] < n:
+                            _forced_set(m, Gf, Jf, Nf, j, h, n, tile)
+                            changed = True
+            for h in range(g):
+                k = 0
+                for i in range(g_ptr[h], g_ptr[h + 1]):
+                    j = g_slot[i]
+                    if allowed[j] and m[j] == 0.0:
+                        buf[k] = float(counts[g_exps[i]])
+                        k += 1
+                want = Kmax[h] - Gf[h]
+                if want < 0 or want > k:
+                    return T
+                _insertion_sort(buf, k)
+                extra = 0.0
+                for i in range(want):
+                    extra += buf[i]
+                if _forced_time(params, Kmax[h], Jf[h], Nf[h] + extra) >= T:
+                    return T
+        if not changed:
+            break
+    lb = -np.inf
+    for h in range(g):
+        t = _forced_time(params, Gf[h], Jf[h], Nf[h])
+        if t > lb:
+            lb = t
+    return min(T, lb)
+
+
+@njit(**NJIT)
+def forced_bound_kernel(counts, replicas, params, best, upper, steps):
+    """``max(best, B8)``: B8 (:func:`forced_kernel`) at ``T = upper``, then at most ``steps``
+    bisection trials between the bound known so far and the lowest ``T`` it did not refute.
+
+    ``upper`` is any value (a feasible dispatch's makespan proves most); ``OPT >= min(T,
+    LB(T))`` holds at every trial, so the result is the largest of those and ``best``.
+    A trial that refutes ``T`` raises the low end to ``T``; one that does not lowers the
+    high end to ``T`` (the refutations are sought below it). A trial point is the midpoint,
+    moved up to the activation level ``a + b*k`` above it when that level is still inside
+    the interval: below ``a + b*(k + 1)`` a GPU holds at most ``k`` activations, so a
+    refutation that comes from counting activations holds up to the level itself.
+    """
+    if upper <= best:
+        return best
+    v = forced_kernel(counts, replicas, params, upper)
+    if v >= upper:
+        return upper
+    if v > best:
+        best = v
+    lo = best
+    hi = upper
+    a = params[0]
+    b = params[1]
+    for _ in range(steps):
+        mid = lo + 0.5 * (hi - lo)
+        if not (lo < mid < hi):
+            break
+        q = (mid - a) / b if b > 0.0 else np.inf
+        if q < 2.0**52:  # (a level index beyond that is no trial point worth moving to)
+            level = a + b * np.ceil(q)
+            if lo < level < hi:
+                mid = level
+        v = forced_kernel(counts, replicas, params, mid)
+        if v >= mid:
+            lo = mid
+            best = mid
+        else:
+            if v > best:
+                best = v
+            hi = mid
+    return best
+
+
+cache_depends_on(forced_bound_kernel, _csr)
+
+
+def forced_reference(counts, replicas, params, T):
+    """Plain-Python reference of :func:`forced_kernel`, with sets of allowed GPUs and dicts of
+    forced shares.
+
+    Examples
+    --------
+    GPU 0 holds experts 0 and 1, GPU 1 holds 1 and 2 (expert 1 on both), ``b = 1``, ``beta =
+    0.01``: every expert alone on a GPU carries at most ``100 * (T - 0)`` tokens. Below
+    ``T = 2`` each GPU holds at most one activation, so expert 1 has nowhere to go:
+
+    >>> p = [0, 1, 0, 0, 0.01, 0, 0, 128]
+    >>> forced_reference([10, 10, 10], [[1, 0], [1, 1], [0, 1]], p, 2.0)
+    2.0
+    >>> forced_reference([10, 10, 10], [[1, 0], [1, 1], [0, 1]], p, 3.0)
+    1.0
+    """
+    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in params)
+    E, g = len(counts), len(replicas[0])
+    n = [int(v) for v in counts]
+    live = [e for e in range(E) if n[e] > 0]
+
+    def time(G, J, N):
+        return max(a + b * G + b2 * J, c + beta * N, c2 + gamma * N)
+
+    def extra_tiles(v):
+        return max(0, math.ceil((v - 1e-7) / tile) - 1)
+
+    if max(a, c, c2) >= T:
+        return T
+    U = math.inf
+    if beta > 0:
+        U = (T - c) / beta
+    if gamma > 0:
+        U = min(U, (T - c2) / gamma)
+    Uup = U * (1.0 + FORCED_SLACK)
+    allowed = {e: {h for h in range(g) if bool(replicas[e][h])} for e in live}
+    m = {}
+    G, J, N = [0] * g, [0] * g, [0.0] * g
+
+    def force(e, h, v):
+        old = m.get((e, h), 0.0)
+        if old > 0:
+            G[h] -= 1
+            J[h] -= extra_tiles(old)
+        N[h] += v - old
+        m[e, h] = v
+        G[h] += 1
+        J[h] += extra_tiles(v)
+
+    def room(e, h):
+        return max(0.0, Uup - (N[h] - m.get((e, h), 0.0)))
+
+    def on(h):
+        return [e for e in live if h in allowed[e]]
+
+    for _ in range(FORCED_PASSES):
+        changed = False
+        for h in range(g):  # R1
+            if time(G[h] + 1, J[h], N[h]) >= T:
+                for e in on(h):
+                    if m.get((e, h), 0.0) == 0.0:
+                        allowed[e].discard(h)
+                        changed = True
+        for e in live:  # R2
+            if not allowed[e]:
+                return T
+            if U == math.inf:
+                if len(allowed[e]) == 1:
+                    (h,) = allowed[e]
+                    if m.get((e, h), 0.0) < n[e]:
+                        force(e, h, float(n[e]))
+                        changed = True
+                continue
+            rooms = {h: room(e, h) for h in sorted(allowed[e])}
+            tot = 0.0
+            for h in sorted(rooms):
+                tot += rooms[h]
+            for h in sorted(rooms):
+                v = n[e] - (tot - rooms[h])
+                if v > m.get((e, h), 0.0):
+                    force(e, h, v)
+                    changed = True
+        if any(time(G[h], J[h], N[h]) >= T for h in range(g)):  # R3
+            return T
+        kmax = []  # R4
+        for h in range(g):
+            k = G[h]
+            while k < len(on(h)) and time(k + 1, J[h], N[h]) < T:
+                k += 1
+            kmax.append(k)
+        spare = sum(kmax) - len(live)
+        if spare < 0:
+            return T
+        if U < math.inf:
+            need = 0
+            for e in live:
+                rs = sorted((room(e, h) for h in allowed[e]), reverse=True)
+                acc, j = 0.0, 0
+                while j < len(rs) and acc < n[e]:
+                    acc += rs[j]
+                    j += 1
+                if acc < n[e]:
+                    return T
+                need += j - 1
+            if need > spare:
+                return T
+        if spare == 0:  # R5
+            for e in live:
+                if U == math.inf:
+                    continue
+                for h in sorted(allowed[e]):
+                    if room(e, h) < n[e]:
+                        if m.get((e, h), 0.0) > 0:
+                            return T
+                        allowed[e].discard(h)
+                        changed = True
+                if not allowed[e]:
+                    return T
+            for h in range(g):
+                if len(on(h)) < kmax[h]:
+                    return T
+                if len(on(h)) == kmax[h]:
+                    for e in on(h):
+                        if m.get((e, h), 0.0) < n[e]:
+                            force(e, h, float(n[e]))
+                            changed = True
+            for h in range(g):
+                free = sorted(float(n[e]) for e in on(h) if m.get((e, h), 0.0) == 0.0)
+                want = kmax[h] - G[h]
+                if want < 0 or want > len(free):
+                    return T
+                extra = 0.0
+                for v in free[:want]:
+                    extra += v
+                if time(kmax[h], J[h], N[h] + extra) >= T:
+                    return T
+        if not changed:
+            break
+    return min(T, max(time(G[h], J[h], N[h]) for h in range(g)))
+
+
+def forced_bound_reference(counts, replicas, params, best, upper, steps):
+    """Plain-Python reference of :func:`forced_bound_kernel` (the same trials)."""
+    if upper <= best:
+        return best
+    v = forced_reference(counts, replicas, params, upper)
+    if v >= upper:
+        return upper
+    best = max(best, v)
+    lo, hi = best, upper
+    a, b = float(params[0]), float(params[1])
+    for _ in range(steps):
+        mid = lo + 0.5 * (hi - lo)
+        if not (lo < mid < hi):
+            break
+        q = (mid - a) / b if b > 0 else math.inf
+        if q < 2.0**52:
+            level = a + b * float(math.ceil(q))
+            if lo < level < hi:
+                mid = level
+        v = forced_reference(counts, replicas, params, mid)
+        if v >= mid:
+            lo = best = mid
+        else:
+            best = max(best, v)
+            hi = mid
+    return best

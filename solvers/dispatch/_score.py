@@ -57,7 +57,9 @@ def score_kernel(x, mask, counts, cost, rtol):
             s = 0.0
             for h in range(g):
                 v = x[l, e, h]
-                if not (v >= 0.0) or v == math.inf or (v != 0.0 and not mask[l, e, h]):
+                if v == 0.0:  # adds nothing to any sum (at wide EP nearly every entry)
+                    continue
+                if not (v > 0.0) or v == math.inf or not mask[l, e, h]:
                     ok = False
                 s += v
                 N[l, h] += v

@@ -28,7 +28,9 @@ from collections import deque
 import numpy as np
 from numba import njit
 
-from .._numba.jit import NJIT
+from .._numba.jit import NJIT, cache_depends_on
+from . import _csr
+from ._csr import replica_lists
 
 __all__ = ["semi_matching_kernel", "semi_matching_reference"]
 
@@ -37,6 +39,8 @@ __all__ = ["semi_matching_kernel", "semi_matching_reference"]
 def semi_matching_kernel(replicas, live):
     """Optimal semi-matching; returns ``(assignment (E,), value, witness (g,) bool)``."""
     E, g = replicas.shape
+    # replica lists (increasing), so a search walks replicas, not the whole mask
+    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
     assign = np.full(E, -1, np.int64)
     load = np.zeros(g, np.int64)
     # Stage 1: greedy start (fewest experts, lowest GPU index).
@@ -44,8 +48,9 @@ def semi_matching_kernel(replicas, live):
         if not live[e]:
             continue
         best = -1
-        for h in range(g):
-            if replicas[e, h] and (best < 0 or load[h] < load[best]):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
+            if best < 0 or load[h] < load[best]:
                 best = h
         assign[e] = best
         load[best] += 1
@@ -75,11 +80,13 @@ def semi_matching_kernel(replicas, live):
         while head < tail and target < 0:
             u = queue[head]
             head += 1
-            for e in range(E):
+            for i in range(g_ptr[u], g_ptr[u + 1]):  # the experts on u, increasing
+                e = g_exps[i]
                 if assign[e] != u:
                     continue
-                for v in range(g):
-                    if replicas[e, v] and not visited[v]:
+                for j in range(e_ptr[e], e_ptr[e + 1]):
+                    v = e_gpus[j]
+                    if not visited[v]:
                         visited[v] = True
                         par_e[v] = e
                         par_g[v] = u
@@ -148,3 +155,6 @@ def semi_matching_reference(replicas, live):
             on_gpu[v].append(e)
             owner[e] = v
             v = u
+
+
+cache_depends_on(semi_matching_kernel, _csr)

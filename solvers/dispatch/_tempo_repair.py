@@ -60,7 +60,7 @@ from ...formulations.cost import CostModel
 from ...formulations.dispatch import DispatchProblem, evaluate
 from ...formulations.dispatch_milp import build_dispatch_milp, live_pairs
 from ..highs import solve_milp
-from ._backend import SUPPORT_REBALANCE
+from ._backend import SUPPORT_FRACTIONAL, SUPPORT_REBALANCE
 from .solve import OPTIMALITY_RTOL
 
 __all__ = ["Repair", "repair_layer", "whole_tokens"]
@@ -78,7 +78,8 @@ class Repair(NamedTuple):
     """What :func:`repair_layer` did to one layer."""
 
     shares: np.ndarray
-    """Whole-token dispatch ``(n_experts, n_gpus)`` (int64): the repaired one, or the input."""
+    """Dispatch ``(n_experts, n_gpus)``, the repaired one or the input: whole tokens (int64),
+    or float64 with ``fractional``."""
     makespan: float
     lower_bound: float
     """The input bound, raised to the whole-layer MILP's dual bound when it has one."""
@@ -166,10 +167,16 @@ def repair_layer(
     *,
     budget_s: float,
     lower_bound: float,
+    fractional: bool = False,
 ) -> Repair:
-    """Repair one layer's whole-token dispatch within ``budget_s`` seconds (module notes):
-    the returned shares are the input's unless a MILP found a strictly better whole-token
-    dispatch; the bound is the input's, raised to the whole layer's MILP dual bound.
+    """Repair one layer's dispatch within ``budget_s`` seconds (module notes): the returned
+    shares are the input's unless a MILP found a strictly better dispatch; the bound is the
+    input's, raised to the whole layer's MILP dual bound.
+
+    With ``fractional``, the input may be fractional, and each MILP solution, once in whole
+    tokens, is also rebalanced by the exact (fractional) token LP on its support
+    (:func:`~straggler.solvers.dispatch._token_lp_fast.support_fractional_kernel`), kept when
+    lower; otherwise shares are whole tokens throughout.
 
     Examples
     --------
@@ -184,7 +191,7 @@ def repair_layer(
     (20.0, 'optimal', 20.0)
     """
     t0 = time.perf_counter()
-    x = np.asarray(shares, dtype=np.int64).copy()
+    x = np.asarray(shares, dtype=np.float64 if fractional else np.int64).copy()
     best = float(_times(problem, cost, x).max())
     lb = float(lower_bound)
     improved = False
@@ -197,6 +204,8 @@ def repair_layer(
         nonlocal x, best, improved
         if sol.x is not None:
             y = whole_tokens(problem, cost, model.decode(sol.x))
+            if fractional:
+                y, _, _ = SUPPORT_FRACTIONAL(problem.counts, y, cost.as_array())
             m = float(_times(problem, cost, y).max())
             if m < best:
                 x, best, improved = y, m, True

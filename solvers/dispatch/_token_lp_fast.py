@@ -47,6 +47,7 @@ from numba import njit, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload
 
+from ...formulations.dispatch import TILE_SLACK
 from .. import _order
 from .._numba import jit as _jit
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
@@ -64,6 +65,10 @@ __all__ = [
     "support_swap_kernel",
     "support_swap_reference",
     "token_lp_handle",
+    "exact_token_lp_kernel",
+    "exact_token_lp_reference",
+    "support_fractional_kernel",
+    "support_fractional_reference",
 ]
 
 
@@ -239,6 +244,51 @@ def token_lp_kernel(counts, replicas):
     return x, p // d, q // d
 
 
+def _push_reference(x, load, cap, R):
+    """Plain-Python twin of :func:`_push` on lists: augment until no GPU exceeds ``cap``
+    (``(True, 0, 0)``) or stuck (``(False, W(S), |S|)``); ``R`` the replica rows."""
+    E, g = len(R), len(R[0])
+    while True:
+        over = [h for h in range(g) if load[h] > cap]
+        if not over:
+            return True, 0, 0
+        u = over[0]
+        seen = {u}
+        parent = {}
+        queue = [u]
+        t = None
+        for w in queue:  # breadth first; the list grows while iterating
+            for e in range(E):
+                if x[e][w] == 0 or not R[e][w]:
+                    continue
+                for v in range(g):
+                    if R[e][v] and v not in seen:
+                        seen.add(v)
+                        parent[v] = (w, e)
+                        if load[v] < cap:
+                            t = v
+                            break
+                        queue.append(v)
+                if t is not None:
+                    break
+            if t is not None:
+                break
+        if t is None:
+            return False, sum(load[h] for h in seen), len(seen)
+        path = []
+        v = t
+        while v != u:
+            w, e = parent[v]
+            path.append((w, e, v))
+            v = w
+        delta = min([load[u] - cap, cap - load[t]] + [x[e][w] for w, e, _ in path])
+        for w, e, v in path:
+            x[e][w] -= delta
+            x[e][v] += delta
+        load[u] -= delta
+        load[t] += delta
+
+
 def token_lp_reference(counts, replicas):
     """Plain-Python reference of :func:`token_lp_kernel` (same algorithm and tie-breaking).
 
@@ -257,47 +307,6 @@ def token_lp_reference(counts, replicas):
     x = [[0] * g for _ in range(E)]
     load = [0] * g
 
-    def push(x, load, cap):
-        while True:
-            over = [h for h in range(g) if load[h] > cap]
-            if not over:
-                return True, 0, 0
-            u = over[0]
-            seen = {u}
-            parent = {}
-            queue = [u]
-            t = None
-            for w in queue:  # breadth first; the list grows while iterating
-                for e in range(E):
-                    if x[e][w] == 0 or not R[e][w]:
-                        continue
-                    for v in range(g):
-                        if R[e][v] and v not in seen:
-                            seen.add(v)
-                            parent[v] = (w, e)
-                            if load[v] < cap:
-                                t = v
-                                break
-                            queue.append(v)
-                    if t is not None:
-                        break
-                if t is not None:
-                    break
-            if t is None:
-                return False, sum(load[h] for h in seen), len(seen)
-            path = []
-            v = t
-            while v != u:
-                w, e = parent[v]
-                path.append((w, e, v))
-                v = w
-            delta = min([load[u] - cap, cap - load[t]] + [x[e][w] for w, e, _ in path])
-            for w, e, v in path:
-                x[e][w] -= delta
-                x[e][v] += delta
-            load[u] -= delta
-            load[t] += delta
-
     for e in sorted(range(E), key=lambda e: (-counts[e], e)):
         if counts[e] == 0:
             break
@@ -310,7 +319,7 @@ def token_lp_reference(counts, replicas):
     p, q = total, g
     cap = -(-total // g)
     while True:
-        ok, w, k = push(x, load, cap)
+        ok, w, k = _push_reference(x, load, cap, R)
         if ok:
             break
         if w * q > p * k:
@@ -319,7 +328,7 @@ def token_lp_reference(counts, replicas):
     while p != cap * q:
         xs = [[v * q for v in row] for row in x]
         ls = [v * q for v in load]
-        ok, w, k = push(xs, ls, p)
+        ok, w, k = _push_reference(xs, ls, p, R)
         if ok:
             break
         p, q = w // q, k
@@ -683,8 +692,203 @@ def support_swap_reference(counts, replicas, shares, cost, max_rounds):
     return x, m, rounds
 
 
+# --------------------------------------------------------------------------------------
+# Fractional shares: the exact token LP, on the whole mask or on a dispatch's support
+# --------------------------------------------------------------------------------------
+
+
+@njit(**NJIT)
+def _makespan_float(x, cost, g_ptr, g_exps):
+    """Modeled makespan of a float dispatch that is zero off the replica lists ``g_ptr,
+    g_exps``, as the evaluator computes it
+    (:func:`~straggler.formulations.dispatch.evaluate_arrays`: tokens summed in expert order,
+    ``max(1, ceil((x - TILE_SLACK) / tile))`` tiles per active share; the zeros it also adds
+    change no sum)."""
+    g = g_ptr.shape[0] - 1
+    tile = cost[7]
+    m = -np.inf
+    for h in range(g):
+        G = 0
+        T = 0
+        N = 0.0
+        for i in range(g_ptr[h], g_ptr[h + 1]):
+            v = x[g_exps[i], h]
+            if v > 0.0:
+                N += v
+                G += 1
+                k = math.ceil((v - TILE_SLACK) / tile)
+                T += k if k > 1 else 1
+        t = cost[0] + cost[1] * G + cost[2] * (T - G)
+        u = cost[3] + cost[4] * N
+        if u > t:
+            t = u
+        u = cost[5] + cost[6] * N
+        if u > t:
+            t = u
+        if t > m:
+            m = t
+    return m
+
+
+@njit(**NJIT)
+def _exact_shares(counts, replicas, x, num, den):
+    """Shares ``(n_experts, n_gpus)`` float64 with ``max_g N_g = num / den`` (the exact
+    ``lambda*``), from the integral optimum ``x`` of :func:`token_lp_kernel`: ``x * den``
+    pushed to the cap ``num`` (feasible, as ``lambda* = num / den``, and integral), divided
+    by ``den``; and the replica lists (the shares are zero off them)."""
+    E, g = replicas.shape
+    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
+    out = np.zeros((E, g))
+    if den == 1:  # lambda* is an integer: x already meets it
+        for e in range(E):
+            for j in range(e_ptr[e], e_ptr[e + 1]):
+                h = e_gpus[j]
+                out[e, h] = x[e, h]
+        return out, g_ptr, g_exps
+    xs = np.zeros((E, g), np.int64)
+    load = np.zeros(g, np.int64)
+    for e in range(E):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
+            xs[e, h] = x[e, h] * den
+            load[h] += xs[e, h]
+    _push(xs, load, np.int64(num), e_ptr, e_gpus, g_ptr, g_exps)
+    for e in range(E):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
+            out[e, h] = xs[e, h] / den
+    return out, g_ptr, g_exps
+
+
+@njit(**NJIT)
+def exact_token_lp_kernel(counts, replicas, x, num, den, cost):
+    """The exact (fractional) token-LP dispatch and its makespan under ``cost``.
+
+    Parameters
+    ----------
+    counts : ndarray of int64, shape (n_experts,)
+    replicas : ndarray of bool, shape (n_experts, n_gpus)
+    x, num, den
+        :func:`token_lp_kernel`'s integral dispatch and ``lambda* = num / den`` on them.
+    cost : ndarray of float64
+        ``CostModel.as_array()``.
+
+    Returns
+    -------
+    shares : ndarray of float64, shape (n_experts, n_gpus)
+        Every expert's tokens, ``max_g N_g = lambda*`` (an optimum of the token LP).
+    makespan : float
+    """
+    xf, g_ptr, g_exps = _exact_shares(counts, replicas, x, num, den)
+    return xf, _makespan_float(xf, cost, g_ptr, g_exps)
+
+
+def _reference_makespan_float(z, cost) -> float:
+    """Plain-Python twin of :func:`_makespan_float`."""
+    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
+    m = -math.inf
+    for h in range(len(z[0])):
+        col = [float(z[e][h]) for e in range(len(z))]
+        N = 0.0
+        for v in col:
+            N += v
+        live = [v for v in col if v > 0]
+        G = len(live)
+        T = sum(max(1, math.ceil((v - TILE_SLACK) / tile)) for v in live)
+        m = max(m, max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N))
+    return m
+
+
+def _exact_shares_reference(counts, replicas, x, num, den):
+    """Plain-Python twin of :func:`_exact_shares`."""
+    R = [[bool(r) for r in row] for row in replicas]
+    x = [[int(v) for v in row] for row in x]
+    if den == 1:
+        return np.array(x, dtype=np.float64).reshape(len(R), len(R[0]))
+    xs = [[v * den for v in row] for row in x]
+    load = [sum(xs[e][h] for e in range(len(R))) for h in range(len(R[0]))]
+    _push_reference(xs, load, num, R)
+    return np.array([[v / den for v in row] for row in xs], dtype=np.float64)
+
+
+def exact_token_lp_reference(counts, replicas, x, num, den, cost):
+    """Plain-Python reference of :func:`exact_token_lp_kernel`.
+
+    Examples
+    --------
+    Expert 0 (7 tokens) on GPUs 0 and 1, expert 1 (2 tokens) only on GPU 1: ``lambda* =
+    9/2``, each GPU carries 4.5 tokens:
+
+    >>> xf, m = exact_token_lp_reference([7, 2], [[1, 1], [0, 1]], [[5, 2], [0, 2]], 9, 2,
+    ...                                  [0, 0, 0, 0, 1, 0, 0, 128])
+    >>> xf.tolist(), m
+    ([[4.5, 2.5], [0.0, 2.0]], 4.5)
+    """
+    xf = _exact_shares_reference(counts, replicas, x, num, den)
+    return xf, _reference_makespan_float(xf, cost)
+
+
+@njit(**NJIT)
+def support_fractional_kernel(counts, shares, cost, lp):
+    """The exact (fractional) token LP on the support of ``shares``, kept iff its makespan is
+    lower: :func:`support_rebalance_kernel` without rounding ``lambda*`` up to whole tokens.
+
+    Parameters
+    ----------
+    shares : ndarray of int64, shape (n_experts, n_gpus)
+        A whole-token dispatch.
+    lp : tuple
+        :func:`token_lp_handle`; ignored in Python.
+
+    Returns
+    -------
+    shares : ndarray of float64, shape (n_experts, n_gpus)
+        The fractional dispatch if strictly better, else ``shares`` as floats.
+    improved : bool
+    makespan : float
+        Of the returned dispatch.
+    """
+    sup = _support(shares)
+    y, num, den = call_compiled(lp, token_lp_kernel, (_frozen(counts), _frozen(sup)))
+    xf, g_ptr, g_exps = _exact_shares(counts, sup, y, num, den)
+    m0 = _makespan(shares, cost)
+    m1 = _makespan_float(xf, cost, g_ptr, g_exps)
+    if m1 < m0:
+        return xf, True, m1
+    E, g = shares.shape
+    out = np.empty((E, g))
+    for e in range(E):
+        for h in range(g):
+            out[e, h] = shares[e, h]
+    return out, False, m0
+
+
+def support_fractional_reference(counts, shares, cost):
+    """Plain-Python reference of :func:`support_fractional_kernel`.
+
+    Examples
+    --------
+    Expert 0 (9 tokens) on GPUs 0 and 1, expert 1 (2 tokens) on GPU 1, whole tokens 6/5;
+    tokens only: the support allows 5.5 each.
+
+    >>> cost = [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 128.0]
+    >>> y, improved, m = support_fractional_reference([9, 2], [[6, 3], [0, 2]], cost)
+    >>> y.tolist(), improved, m
+    ([[5.5, 3.5], [0.0, 2.0]], True, 5.5)
+    """
+    x = np.asarray(shares, dtype=np.int64)
+    y, num, den = token_lp_reference(counts, x > 0)
+    xf = _exact_shares_reference(counts, x > 0, y, num, den)
+    m0, m1 = _reference_makespan(x, cost), _reference_makespan_float(xf, cost)
+    if m1 < m0:
+        return xf, True, m1
+    return x.astype(np.float64), False, m0
+
+
 # token_lp_kernel orders the experts with solvers/_order.py, and call_compiled is lowered by
 # solvers/_numba/jit.py: an edit there recompiles the functions that use them
 cache_depends_on(token_lp_kernel, _order, _csr)
+cache_depends_on(exact_token_lp_kernel, _csr)
 for _f in (support_rebalance_kernel, support_contract_kernel, support_swap_kernel):
     cache_depends_on(_f, _jit)
+cache_depends_on(support_fractional_kernel, _jit, _csr)

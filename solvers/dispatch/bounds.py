@@ -19,12 +19,26 @@ for any replica sets and is proved in ``proofs/THEOREMS.md`` (Part I, "Lower bou
   dispatch with at most ``K`` per GPU can have are spread over the experts' splits (the
   bound that sees that wide EP needs one more activation per GPU than the semi-matching);
 * B7, tiles coupled with tokens: when ``V > 0``, the GPU carrying ``V`` tokens holds at
-  least ``k = ceil(V/tile)`` tiles, so it takes ``a + min(b + b2*(k - 1), b*k)`` or more.
+  least ``k = ceil(V/tile)`` tiles, so it takes ``a + min(b + b2*(k - 1), b*k)`` or more;
+* B8, activations and tokens forced per GPU: for a trial value ``T``, suppose a dispatch
+  keeps every GPU below ``T``; then a GPU that cannot take one more activation keeps every
+  replica it is not forced to serve empty, an expert puts on a GPU the tokens its other
+  allowed GPUs cannot absorb below ``T``, the activations the GPUs can hold must cover the
+  pieces the experts need, and with no activation to spare no expert is split and every
+  GPU holds exactly as many as it can. Propagated to a fixpoint, this either contradicts
+  the supposition (``OPT >= T``) or leaves forced activations and tokens whose largest GPU
+  time ``LB(T)`` bounds ``OPT`` (``OPT >= min(T, LB(T))`` for every ``T``). Tried at an
+  upper bound (a feasible dispatch's makespan: the token-LP dispatch's here, the method's
+  own in ``solve_dispatch``), then by bisection toward the bound known so far. It sees
+  what the averaging bounds cannot: a GPU whose replicas are all the only ones of their
+  experts it may hold (DeepSeek-V3 at EP32, 9 replicas per GPU placed by
+  ``place_experts``: 9 activations where the semi-matching says 8).
 
 B1-B4 and B6 come from one Numba kernel (``straggler.solvers.dispatch._bounds``, plain-Python
-reference beside it), B2 from the semi-matching kernel, B5 and B7 from the token-LP kernel;
-no LP solver or MILP is called, so every ``solve_dispatch`` call can afford it (about 5-25 us
-for ``E = 64-256, g = 8-16`` with restricted replicas).
+reference beside it), B2 from the semi-matching kernel, B5 and B7 from the token-LP kernel,
+B8 from a second kernel of ``_bounds``; no LP solver or MILP is called, so every
+``solve_dispatch`` call can afford it (B1-B7: about 5-25 us for ``E = 64-256, g = 8-16``
+with restricted replicas; B8: a few passes of ``O(replicas)`` per trial).
 """
 
 from __future__ import annotations
@@ -36,19 +50,28 @@ import numpy as np
 from ...formulations.cost import CostModel
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_type
-from ._backend import LOWER_BOUND, SEMI_MATCHING, TOKEN_LP
+from ._backend import FORCED_BOUND, LOWER_BOUND, PRELUDE
 
-__all__ = ["certified_lower_bound", "layer_bound", "token_lp_bound"]
+__all__ = [
+    "certified_lower_bound",
+    "forced_bound",
+    "layer_bound",
+    "token_lp_bound",
+    "validated_bound",
+]
 
 _FUNC = "certified_lower_bound"
+#: Bisection trials of B8 below its first trial value (each one pass of its kernel).
+FORCED_STEPS = 6
 
 
 def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float | np.ndarray:
     """A lower bound on the optimal makespan of each layer, never above the optimum.
 
-    Returns ``max(B1, ..., B7)`` (see the module docstring), computed from the problem and
+    Returns ``max(B1, ..., B8)`` (see the module docstring), computed from the problem and
     the cost alone: the semi-matching and token-LP values it needs are computed here by
-    this library's exact kernels, never taken from the caller.
+    this library's exact kernels, never taken from the caller, and B8 is tried from the
+    makespan of the exact token-LP dispatch.
 
     Parameters
     ----------
@@ -85,8 +108,8 @@ def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float | 
     """
     problem, cost = _certified_lower_bound_iv(problem, cost)
     if problem.is_stack:
-        return np.array([_bound_of(p, cost) for p in problem.layers()], dtype=np.float64)
-    return _bound_of(problem, cost)
+        return np.array([validated_bound(p, cost) for p in problem.layers()], dtype=np.float64)
+    return validated_bound(problem, cost)
 
 
 def _certified_lower_bound_iv(problem, cost) -> tuple[DispatchProblem, CostModel]:
@@ -98,23 +121,30 @@ def _certified_lower_bound_iv(problem, cost) -> tuple[DispatchProblem, CostModel
     return problem, cost
 
 
-def _bound_of(p: DispatchProblem, cost: CostModel) -> float:
-    """The bound of one validated layer, its semi-matching and token-LP values computed here."""
+def validated_bound(p: DispatchProblem, cost: CostModel, upper: float | None = None) -> float:
+    """The bound of one validated layer, its semi-matching and token-LP values computed here;
+    B8 tried from ``upper`` (any value; a feasible makespan proves most), else from the
+    exact token-LP dispatch's makespan."""
     counts = np.ascontiguousarray(p.counts, dtype=np.int64)
     replicas = np.ascontiguousarray(p.replicas)
-    _, sm, _ = SEMI_MATCHING(replicas, counts > 0)
-    _, num, den = TOKEN_LP(counts, replicas)
-    return layer_bound(counts, replicas, cost, cost.as_array(), sm, num / den)
+    c = cost.as_array()
+    # the token LP, semi-matching, B1-B7 and the exact token-LP dispatch in one kernel call
+    _, _, _, _, _, bound, _, m_lp = PRELUDE(counts, replicas, c, upper is None)
+    return forced_bound(counts, replicas, c, float(bound), m_lp if upper is None else upper)
 
 
-def layer_bound(counts, replicas, cost: CostModel, cost_array, sm: int, lp_value: float) -> float:
+def layer_bound(
+    counts, replicas, cost: CostModel, cost_array, sm: int, lp_value: float, upper=None
+) -> float:
     """:func:`certified_lower_bound` from arrays: ``counts`` int64 ``(n_experts,)``,
     ``replicas`` bool ``(n_experts, n_gpus)``, ``cost_array = cost.as_array()`` and the
-    layer's exact semi-matching value ``sm`` and token-LP value ``lp_value``.
+    layer's exact semi-matching value ``sm`` and token-LP value ``lp_value``: B1-B7, and B8
+    from the trial value ``upper`` when it is given and above them (:func:`forced_bound`).
 
     A private path, unchecked: for this library's own callers that computed ``sm`` and
     ``lp_value`` with its kernels on these very arrays (``tempo`` does); a wrong value voids
-    the bound, which is why :func:`certified_lower_bound` takes none.
+    the bound, which is why :func:`certified_lower_bound` takes none. (``upper`` needs no
+    check: B8 is valid from any trial value.)
 
     Examples
     --------
@@ -125,7 +155,34 @@ def layer_bound(counts, replicas, cost: CostModel, cost_array, sm: int, lp_value
     60.0
     """
     best = float(LOWER_BOUND(counts, replicas, cost_array, int(sm)))
-    return max(best, token_lp_bound(cost, lp_value))
+    best = max(best, token_lp_bound(cost, lp_value))
+    if upper is not None:
+        best = forced_bound(counts, replicas, cost_array, best, upper)
+    return best
+
+
+def forced_bound(counts, replicas, cost_array, best: float, upper: float) -> float:
+    """``max(best, B8)`` with B8 tried at ``upper``, then :data:`FORCED_STEPS` bisection
+    trials toward ``best`` (module docstring); ``best`` itself when ``upper <= best``.
+
+    Examples
+    --------
+    Expert 0 (7 tokens) may go to GPU 0 or 1, experts 1 and 2 (3 and 1 tokens) only to GPU
+    0; ``b = 1``, ``beta = 0.5``. B1-B7 give 2.75 (the token LP: 11 tokens on two GPUs).
+    Below ``T = 3`` GPU 0, holding experts 1 and 2, cannot
+    activate a third replica, so expert 0 is whole on GPU 1: 7 tokens take 3.5. So ``OPT
+    >= 3``, which splitting expert 0 as 1 + 6 attains:
+
+    >>> import numpy as np
+    >>> R = np.array([[1, 1], [1, 0], [1, 0]], bool)
+    >>> c = CostModel(a=0, b=1, c=0, beta=0.5).as_array()
+    >>> forced_bound(np.array([7, 3, 1]), R, c, 2.75, 3.5)
+    3.0
+    """
+    if not upper > best:
+        return best
+    return float(FORCED_BOUND(counts, replicas, cost_array, float(best), float(upper),
+                              FORCED_STEPS))  # fmt: skip
 
 
 def token_lp_bound(cost: CostModel, token_lp_value: float) -> float:

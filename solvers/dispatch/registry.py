@@ -48,7 +48,7 @@ class BoundCertificate(NamedTuple):
     """
 
     bound: float
-    """``certified_lower_bound(layer, cost)``: B1-B7 of :mod:`straggler.solvers.dispatch.bounds`."""
+    """The certified bound of :mod:`straggler.solvers.dispatch.bounds` (B1-B8) of the layer."""
     semi_matching_value: int
     """The optimal semi-matching value ``SM`` (Lemma 2) of the layer."""
     token_lp_value: float

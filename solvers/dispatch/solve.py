@@ -15,7 +15,7 @@ from ...formulations.results import DispatchResult, Status, worst_status
 from ...formulations.validation import check_rng, check_time_limit, check_type
 from .._numba.compile import JitTimer
 from ._backend import SCORE, reference_seconds
-from .bounds import certified_lower_bound
+from .bounds import validated_bound
 from .registry import LayerSolution, make_method
 
 __all__ = ["solve_dispatch", "solve_layers", "DEFAULT_METHOD"]
@@ -105,15 +105,19 @@ def _reporting_problem(problem: DispatchProblem, masks) -> DispatchProblem:
     return DispatchProblem(counts=problem.counts, replicas=rep, gpu_node=problem.gpu_node)
 
 
-def _layer_bound(report: DispatchProblem, l: int, cost, sol: LayerSolution, own_mask) -> float:
+def _layer_bound(
+    report: DispatchProblem, l: int, cost, sol: LayerSolution, own_mask, makespan: float
+) -> float:
     """The certified bound of layer ``l`` combined with the method's own: the method's
     :class:`~straggler.solvers.dispatch.registry.BoundCertificate` when it computed one on the
-    problem's
-    own mask (``tempo`` does), else :func:`certified_lower_bound` computed here."""
+    problem's own mask (``tempo`` does), else
+    :func:`~straggler.solvers.certified_lower_bound` computed here, its bound B8 tried from
+    the method's ``makespan`` (a feasible dispatch's: where the method is optimal, B8
+    usually proves it)."""
     if own_mask and sol.certificate is not None:
         lb = sol.certificate.bound
     else:
-        lb = certified_lower_bound(report.layer(l) if report.is_stack else report, cost)
+        lb = validated_bound(report.layer(l) if report.is_stack else report, cost, makespan)
     return max(lb, float(sol.lower_bound))
 
 
@@ -215,7 +219,7 @@ def solve_layers(problem: DispatchProblem, cost: CostModel, name: str, solver, t
     ``reference_s``, and ``(t0, t1, reference_s)``: the ``perf_counter`` readings around the
     method's own work and the seconds plain-Python references ran inside it.
     """
-    layers = list(problem.layers())
+    layers = list(problem.layers()) if problem.is_stack else [problem]
     r0 = reference_seconds()
     t0 = time.perf_counter()
     if hasattr(solver, "solve_stack") and problem.is_stack:
@@ -228,11 +232,24 @@ def solve_layers(problem: DispatchProblem, cost: CostModel, name: str, solver, t
 
 
 @functools.lru_cache(maxsize=64)
+def _score_cost_of(cost: CostModel) -> np.ndarray:
+    return np.append(cost.as_array(), 1.0 if cost.has_traffic else 0.0)
+
+
+#: The last cost model and its array, as one tuple (threads replace it whole).
+_LAST_COST: list = [(None, None)]
+
+
 def _score_cost(cost: CostModel) -> np.ndarray:
     """``cost.as_array()`` and the traffic flag:
-    :func:`~straggler.solvers.dispatch._score.score_kernel`'s
-    cost, once per (frozen, hashable) cost model."""
-    return np.append(cost.as_array(), 1.0 if cost.has_traffic else 0.0)
+    :func:`~straggler.solvers.dispatch._score.score_kernel`'s cost, once per (frozen,
+    hashable) cost model; the last one by identity (hashing a model's fields costs a
+    microsecond, a third of a small layer's scoring)."""
+    last, array = _LAST_COST[0]
+    if last is not cost:
+        array = _score_cost_of(cost)
+        _LAST_COST[0] = (cost, array)
+    return array
 
 
 def _check_and_evaluate(report: DispatchProblem, cost: CostModel, shares: np.ndarray):
@@ -268,22 +285,25 @@ def _score(problem, cost, name, solver, sols) -> dict:
                 f"solve_dispatch: the method {name!r} returned an infeasible dispatch ({exc}); "
                 "this is a bug in the method."
             ) from exc
+    # (for one layer, Python's max of a short list: numpy's reduction costs microseconds)
+    makespans = times.max(axis=-1) if problem.is_stack else None
+    mks = makespans.tolist() if problem.is_stack else [max(times[0].tolist())]
     bounds = [
-        _layer_bound(report, l, cost, s, m is None) for l, (s, m) in enumerate(zip(sols, masks))
+        _layer_bound(report, l, cost, s, m is None, mk)
+        for l, (s, m, mk) in enumerate(zip(sols, masks, mks))
     ]
-    makespans = times.max(axis=-1)
-    for l, (lb, mk) in enumerate(zip(bounds, makespans.tolist())):
+    for l, (lb, mk) in enumerate(zip(bounds, mks)):
         if lb > mk * (1 + OPTIMALITY_RTOL) + 1e-9:
             raise StragglerError(
                 f"solve_dispatch: the certified lower bound {lb!r} of layer {l} exceeds the "
                 f"makespan {mk!r} of the method {name!r} on the mask it was scored on; "
                 "a bound is invalid (this is a bug)."
             )
-    statuses = [_status(s, m, lb) for s, m, lb in zip(sols, makespans.tolist(), bounds)]
+    statuses = [_status(s, m, lb) for s, m, lb in zip(sols, mks, bounds)]
     if not problem.is_stack:
         return dict(
             shares=shares,
-            makespan=float(makespans[0]),
+            makespan=mks[0],
             gpu_time=times[0],
             lower_bound=bounds[0],
             status=statuses[0],

@@ -2,8 +2,18 @@
 
 ``solve_dispatch(problem, cost, method="tempo")`` runs four stages and restarts on each layer (a
 Numba kernel, :mod:`straggler.solvers.dispatch._tempo`, with a plain-Python reference beside it),
-then two exact steps. Shares are whole tokens (int-valued float64). ``t(G, N, T)`` is the
-cost model.
+then exact steps. Shares are fractional where the exact token LP puts them (stage 0 and
+5d; ``fractional=False``: whole tokens, int-valued float64, throughout). ``t(G, N, T)`` is
+the cost model.
+
+0. **The exact token LP** (*extension*; ``fractional=False`` switches it off). The
+   fractional token-optimal dispatch (``max_g N_g = lambda*`` exactly, from the integral
+   one of :func:`token_lp_fast` scaled by the denominator of ``lambda*`` and pushed to its
+   numerator) is scored first; when it meets the certified bound it is optimal and is
+   returned at once (stages 1-5 skipped, ``extras["stages_skipped"]``): at wide EP, where
+   the token LP is the optimum, this is most layers. Otherwise it stays a candidate, taken
+   at the end where it is strictly lower (``extras["choice"] = "token_lp_exact"``), so tempo
+   is never above it.
 
 1. **Cost-aware greedy seeding.** Live experts by descending tokens (ties: lower index),
    each placed whole on the replica of lowest marginal cost ``t(G+1, N+n, T+ceil(n/tile))
@@ -140,6 +150,12 @@ cost model.
    makespan) takes tokens: stage 3 only adds activations or moves tokens along existing
    splits. Run under the same gap condition as 5b; ``extras["swapped"]`` counts the
    swaps.
+   5d. **Fractional support LP** (*extension*; ``fractional=False`` switches it off). The
+   exact (fractional) token LP restricted to the support of the output
+   (:func:`~straggler.solvers.dispatch._token_lp_fast.support_fractional_kernel`, plain-Python
+   reference beside it) replaces it iff its makespan is strictly lower: whole tokens leave
+   up to one token per GPU above ``lambda*`` of the support, which decides the makespan
+   where tokens bind. Skipped when the output meets the certified bound.
 6. **Bounded exact repair** (*extension*; ``repair_budget_s=0`` switches it off). When the
    makespan is more than ``repair_gap`` (relative) above the certified lower bound, at
    most ``repair_budget_s`` seconds per call (a stack shares them, largest relative gap
@@ -174,17 +190,18 @@ ejection searches only by lower bounds that cannot beat the best found (``t`` is
 nondecreasing in ``G``, ``N``, ``T`` and ``T >= G``); the plain-Python reference
 enumerates everything.
 
-The token-LP candidate is the integral token-optimal dispatch of :func:`token_lp_fast`
-(``max_g N_g = ceil(lambda*)``, under one token per GPU above the fractional optimum); so
-on tiny instances, where one token matters, tempo can be above a fractional OPT by the
-cost of about one token per GPU. ``lower_bound`` is the certified bound of
-:func:`~straggler.solvers.certified_lower_bound` (with :func:`tempo_layer_bound` inside
-it), raised by the repair's MILP dual bound when one ran. It is computed once per layer,
-before stage 3 (which stops there), from the semi-matching and token-LP values tempo
-computes anyway, and handed to ``solve_dispatch`` as the layer's
-:class:`~straggler.solvers.dispatch.registry.BoundCertificate`, so the entry point does not compute
-it
-again.
+The stage-4 token-LP candidate is the integral token-optimal dispatch of
+:func:`token_lp_fast` (``max_g N_g = ceil(lambda*)``); with ``fractional=False`` tempo can
+therefore stay above a fractional OPT by the cost of about one token per GPU.
+``lower_bound`` is the certified bound of :func:`~straggler.solvers.certified_lower_bound`
+(with :func:`tempo_layer_bound` inside it), raised by the repair's MILP dual bound when one
+ran. Its bounds B1-B7 are computed once per layer, before stage 3 (which stops there), from
+the semi-matching and token-LP values tempo computes anyway; B8 (activations and tokens
+forced per GPU) is tried at the makespan tempo reaches, where it proves most optimal layers
+optimal (:mod:`straggler.solvers.dispatch.bounds`). The bound is handed to
+``solve_dispatch`` as the layer's
+:class:`~straggler.solvers.dispatch.registry.BoundCertificate`, so the entry point does not
+compute it again.
 
 Each kernel is called through its kernel/reference pair
 (``straggler.solvers.dispatch._backend``): on a cold numba cache the plain-Python references
@@ -209,12 +226,15 @@ from ...formulations.validation import check_bool, check_int, check_real, check_
 from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
-from .bounds import layer_bound
+from .bounds import forced_bound
 from .registry import BoundCertificate, LayerSolution
 
 __all__ = ["Tempo", "ExactTokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
 _FUNC = "solve_dispatch(method='tempo')"
+#: A makespan within this (relative) of a certified bound is optimal (as ``solve_dispatch``
+#: reports it).
+OPTIMALITY_RTOL = 1e-9
 #: Most activation swaps (stage 5c) per layer.
 SWAP_ROUNDS = 4
 #: Stages 5b and 5c run only on a layer more than this (relative) above its bound.
@@ -328,13 +348,26 @@ def _pool(n_threads):
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel_params(cost: CostModel):
-    """``cost.as_array()`` and its :class:`KernelCost`, once per cost model (a frozen,
-    hashable value; building them costs a few microseconds per layer otherwise). The array
-    stays writeable (a read-only one is another numba type, compiled again); no kernel
-    writes to its inputs."""
+def _kernel_params_of(cost: CostModel):
     c = cost.as_array()
     return c, kernel_cost(c)
+
+
+#: The last cost model and its kernel parameters, as one tuple (threads replace it whole).
+_LAST_PARAMS: list = [(None, None)]
+
+
+def _kernel_params(cost: CostModel):
+    """``cost.as_array()`` and its :class:`KernelCost`, once per cost model (a frozen,
+    hashable value; building them costs a few microseconds per layer otherwise), the last
+    one by identity (hashing a model's fields costs a microsecond). The array stays
+    writeable (a read-only one is another numba type, compiled again); no kernel writes to
+    its inputs."""
+    last, params = _LAST_PARAMS[0]
+    if last is not cost:
+        params = _kernel_params_of(cost)
+        _LAST_PARAMS[0] = (cost, params)
+    return params
 
 
 class _Layer(NamedTuple):
@@ -349,6 +382,12 @@ class _Layer(NamedTuple):
     bound: float
     contracted: int
     swapped: int
+    makespan_lp_exact: float
+    """Of the exact token-LP dispatch (nan when ``fractional`` is off)."""
+    choice: str
+    """``CHOICES`` entry of the stages, or ``"token_lp_exact"`` / ``"support_fractional"``."""
+    skipped: bool
+    """The exact token-LP dispatch met the bound: stages 1-5 did not run."""
 
 
 @dataclass(frozen=True)
@@ -369,6 +408,11 @@ class Tempo:
         module notes).
     restarts : bool, default True
         The ruin-and-recreate restarts after stage 4 (an extension, see the module notes).
+    fractional : bool, default True
+        Shares may be fractional: the exact token-LP dispatch is a candidate (and returned
+        at once when it meets the certified bound), and the output's support is rebalanced
+        by the exact token LP (stage 5d; an extension, see the module notes). ``False``:
+        whole tokens only.
     tau : float in [0, 1), default 0.01
         Switching tolerance of the ensemble for raw candidates (Proposition 1).
     max_iter : int >= 0, default 300
@@ -411,6 +455,7 @@ class Tempo:
     contract: bool = True
     swap: bool = True
     restarts: bool = True
+    fractional: bool = True
     tau: float = 0.01
     max_iter: int = 300
     repair_budget_s: float = 2.0
@@ -437,13 +482,22 @@ class Tempo:
         )
 
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
-        """Token LP, semi-matching, the certified bound, tempo and support-rebalance
-        kernels (``nogil``): everything of one layer but the repair."""
-        lp, num, den = kernels.TOKEN_LP(counts, replicas)
-        assign, sm, _ = kernels.SEMI_MATCHING(replicas, counts > 0)
-        # the full certified bound, once: stage 3 stops there, solve_dispatch reports it
-        bound = layer_bound(counts, replicas, cost, c, sm, num / den)
+        """Token LP, semi-matching, the certified bound, tempo, the support stages and B8
+        (kernels, ``nogil``): everything of one layer but the repair."""
+        # the token LP, semi-matching, B1-B7 (stage 3 stops there, solve_dispatch reports it,
+        # with B8 below) and the exact token-LP dispatch, in one kernel call
+        lp, num, den, assign, sm, bound, x_lp, m_lp = kernels.PRELUDE(
+            counts, replicas, c, self.fractional
+        )
+        if self.fractional and m_lp <= bound * (1 + OPTIMALITY_RTOL) + 1e-12:
+            # optimal: nothing to search
+            info = np.full(len(INFO_FIELDS), np.nan)
+            info[0] = m_lp
+            info[8:] = 0
+            return _Layer(x_lp, info, int(num), int(den), int(sm), float(m_lp),
+                          float(bound), 0, 0, float(m_lp), "token_lp_exact", True)  # fmt: skip
         shares, info = kernels.TEMPO(counts, replicas, kcost, lp, assign, bound, self._kernel_opts)
+        choice = CHOICES[int(info[8])]
         m = info[0]
         if self.rebalance and m > bound:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
@@ -452,8 +506,16 @@ class Tempo:
             shares, m, contracted = kernels.SUPPORT_CONTRACT(counts, shares, c)
         if self.swap and m > bound + SUPPORT_GAP * m:
             shares, m, swapped = kernels.SUPPORT_SWAP(counts, replicas, shares, c, SWAP_ROUNDS)
+        if self.fractional and m > bound:  # Stage 5d: the exact token LP on the support
+            shares, frac, m = kernels.SUPPORT_FRACTIONAL(counts, shares, c)
+            if frac:
+                choice = "support_fractional"
+            if m_lp < m:
+                shares, m, choice = x_lp, m_lp, "token_lp_exact"
+        # B8 from the makespan reached: proves it optimal where it is
+        bound = forced_bound(counts, replicas, c, bound, float(m))
         return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound),
-                      int(contracted), int(swapped))  # fmt: skip
+                      int(contracted), int(swapped), float(m_lp), choice, False)  # fmt: skip
 
     def _needs_repair(self, m, bound) -> bool:
         return self.repair_budget_s > 0 and m > bound + self.repair_gap * m + 1e-12
@@ -461,28 +523,38 @@ class Tempo:
     def _solution(self, problem, cost, lay: _Layer, budget: float | None = None) -> LayerSolution:
         """Extras and the repair of one layer; ``budget``: the repair seconds left to this call
         (default ``repair_budget_s``)."""
-        extras = dict(zip(INFO_FIELDS, lay.info.tolist()))
-        extras["rebalanced"] = lay.makespan < extras["makespan"]
-        extras["contracted"] = lay.contracted
-        extras["swapped"] = lay.swapped
-        extras["makespan_stage4"] = extras["makespan"]
-        extras["choice"] = CHOICES[int(extras["choice"])]
-        for k in ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts"):
-            extras[k] = int(extras[k])
-        cert = BoundCertificate(lay.bound, lay.sm, lay.num / lay.den)
-        shares, m, bound = lay.shares, lay.makespan, lay.bound
-        extras["makespan_before_repair"] = m
-        extras["repaired"] = False
-        extras["repair_status"] = "off" if self.repair_budget_s == 0 else "not needed"
-        extras["repair_milp_status"] = "NOT_RUN"
-        extras["repair_gain"] = 0.0
-        extras["repair_bound_gain"] = 0.0
-        extras["repair_runtime_s"] = 0.0
+        info = lay.info.tolist()
+        extras = dict(zip(INFO_FIELDS, info))
+        m, bound = lay.makespan, lay.bound
+        extras.update(
+            rebalanced=m < info[0],
+            contracted=lay.contracted,
+            swapped=lay.swapped,
+            makespan_stage4=info[0],
+            choice=lay.choice,
+            makespan_lp_exact=lay.makespan_lp_exact,
+            stages_skipped=lay.skipped,
+            chain_moves=int(info[9]),
+            ls_moves=int(info[10]),
+            flow_moves=int(info[11]),
+            exchange_moves=int(info[12]),
+            restarts=int(info[13]),
+            makespan_before_repair=m,
+            repaired=False,
+            repair_status="off" if self.repair_budget_s == 0 else "not needed",
+            repair_milp_status="NOT_RUN",
+            repair_gain=0.0,
+            repair_bound_gain=0.0,
+            repair_runtime_s=0.0,
+        )
+        cert = BoundCertificate(bound, lay.sm, lay.num / lay.den)
+        shares = lay.shares
         budget = self.repair_budget_s if budget is None else budget
         if self._needs_repair(m, bound) and budget <= 0:
             extras["repair_status"] = "budget spent"  # the call's budget went to other layers
         elif self._needs_repair(m, bound):
-            r = repair_layer(problem, cost, shares, budget_s=budget, lower_bound=bound)
+            r = repair_layer(problem, cost, shares, budget_s=budget, lower_bound=bound,
+                             fractional=self.fractional)  # fmt: skip
             extras["repaired"] = True
             extras["repair_status"] = r.status
             extras["repair_milp_status"] = r.milp_status
@@ -491,9 +563,10 @@ class Tempo:
             extras["repair_runtime_s"] = r.runtime_s
             shares, m, bound = r.shares, r.makespan, max(bound, r.lower_bound)
         extras["makespan"] = float(m)
-        return LayerSolution(
-            shares=shares.astype(np.float64), lower_bound=bound, extras=extras, certificate=cert
-        )
+        return LayerSolution(  # (a fresh float64 array: solve_dispatch copies it anyway)
+            shares=np.asarray(shares, dtype=np.float64), lower_bound=bound, extras=extras,
+            certificate=cert,
+        )  # fmt: skip
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
         """One validated layer."""
@@ -546,8 +619,8 @@ class Tempo:
 
 
 #: The kernels of one layer (:meth:`Tempo._arrays`).
-_PAIRS = (kernels.TOKEN_LP, kernels.SEMI_MATCHING, kernels.LOWER_BOUND, kernels.TEMPO,
-          kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT, kernels.SUPPORT_SWAP)  # fmt: skip
+_PAIRS = (kernels.PRELUDE, kernels.TEMPO, kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT,
+          kernels.SUPPORT_SWAP, kernels.SUPPORT_FRACTIONAL, kernels.FORCED_BOUND)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:
@@ -557,7 +630,8 @@ def _rel_gap(lay: _Layer) -> float:
 def _tempo_iv(t: Tempo) -> None:
     """Validate :class:`Tempo`'s options (raises ``InvalidInputError`` naming the option)."""
     for name in ("seed", "chains", "local_search", "ensemble", "flows", "exchanges",
-                 "tile_chains", "rebalance", "contract", "swap", "restarts"):  # fmt: skip
+                 "tile_chains", "rebalance", "contract", "swap", "restarts",
+                 "fractional"):  # fmt: skip
         check_bool(getattr(t, name), name, _FUNC)
     check_real(t.tau, "tau", _FUNC, lo=0, hi=1, hi_open=True)
     check_int(t.max_iter, "max_iter", _FUNC, lo=0)

@@ -1,24 +1,98 @@
-"""BalanceRoute's policies: BR-0, BR-H and BR-S (this library's default), each Numba kernel
-with its plain-Python reference below it, and the projected loads BR-H reads.
+r"""BalanceRoute's policies: BR-0, BR-H and BR-S (this library's default), each Numba kernel
+with its plain-Python reference below it, their options and memory, and the projected loads
+BR-H reads.
 
-BR-0 and BR-H follow BalanceRoute (arXiv 2605.06113) 关键设计 1-3; BR-S is this library's
-(the F-score within an age window, SGLang's ``total_tokens`` decision as its safety net).
-:func:`~straggler.solvers.route_batch` states each rule, its tie-breaks and its cost. The
-kernel signature and the records are those of :mod:`straggler.solvers.routing._core`.
-BR-H's presence weights: with ``opts.new_presence`` (``pi_0..pi_H``) the discount is ``d_h =
-gamma^h * pi_h``, otherwise ``gamma^h`` (the paper's).
+BR-0 and BR-H follow BalanceRoute (Tackling the Data-Parallel Load Balancing Bottleneck in LLM
+Serving: Practical Online Routing at Scale, arXiv 2605.06113), key designs 1 (the asymmetric
+F-score), 2 (the capacity-adaptive two stages) and 3 (the short-horizon discounted F-score,
+BR-H); BR-S is this library's (the F-score within an age window, SGLang's ``total_tokens``
+decision as its safety net). The kernel signature and the records are those of
+:mod:`straggler.solvers.routing._core`; :func:`~straggler.solvers.route_batch` runs them.
+
+``br0``
+    On current loads ``L = loads[:, 0]``, ``M = max L``, margins ``m_g = M - L_g``, F-score
+    ``F_g(Q) = D(Q) - G*(D(Q) - m_g)_+`` (key design 1). Until the pool is empty or no free
+    slot is left, repeat (key design 2):
+
+    1. Pop the replica ``g`` with a free slot that is largest in ``(cap_g, m_g)``
+       (lexicographic; ties to the lowest index). Each placement can raise ``M`` and so
+       moves every margin, but not their order: the replicas with the most free slots are
+       sorted by load once, and a pop reads the first of them (and any with an equal margin).
+    2. Rank the pool by the single score ``F_g({i})``, descending, ties to the lower pool
+       index (older request first).
+    3. **Stage 1**, while the total free slots ``S_tot > S_greedy``: place the top-ranked
+       request on ``g``.
+       **Stage 2**, otherwise: candidates are the top ``R_max`` of the ranking; search every
+       subset ``Q`` with ``1 <= |Q| <= min(cap_g, R_max)`` for the largest ``F_g(Q)``; subsets
+       are visited by size, then in lexicographic order of candidate ranks, and the first
+       maximum is kept (so ties go to fewer requests, then to better-ranked ones). If the best
+       score is ``<= 0`` the starvation guard places the top-ranked request alone.
+    4. Optimistic update (``optimistic=True``, default): ``L_g += D(Q)``, ``M = max(M, L_g)``,
+       all margins recomputed from the new ``M``; ``cap_g -= |Q|``.
+
+    Every pop places at least one request, so a tick places ``min(n_pool, S_tot)`` requests.
+    Options: ``r_max`` (``R_max``, Stage-2 candidates, 1..16, default 4, the paper's
+    example), ``s_greedy`` (Stage-1 threshold, default :func:`default_s_greedy` ``= G *
+    r_max``), ``optimistic``.
+``brh``
+    Key design 3: ``loads`` is ``(G, H+1)`` projected loads (see
+    :func:`~straggler.solvers.routing.route.project_loads`), margin vectors ``m_{g,h} =
+    max_g' L_{g',h} - L_{g,h}``, discount ``d = (1, gamma, ..., gamma^H)``, score ``F_g(Q) =
+    alpha*(1'd)*D - beta*((D*1 - m_g)_+)'d`` (``beta`` defaults to ``G``). Same two stages; the
+    replica key is ``(cap_g, d'm_g)`` and the update adds ``D(Q)`` to every column of ``g``.
+    With ``H = 0, alpha = 1, beta = G`` it makes exactly BR-0's decisions (Theorem R3). Two
+    options beyond the paper, both off by default: ``new_presence=pi`` (its vector option,
+    ``opts.vector``) weighs column ``h`` by the probability ``pi_h`` that a request placed now
+    is still resident then (``d_h = gamma^h * pi_h``;
+    :func:`~straggler.solvers.routing.route.new_request_presence`), and ``project_loads(...,
+    refill=...)`` lets a slot freed within the horizon hold a new request instead of staying
+    empty (the study behind them: ``benchmarks/routing_table.py``). Options: BR-0's, ``alpha``,
+    ``beta``, ``gamma`` (in (0, 1]), ``new_presence``.
+``brs`` (not in the paper)
+    JSQ's decision while there is no backlog. A backlog starts at the tick where some visible
+    request has waited ``patience`` ticks (default 128: longer than the bursts below
+    saturation, see ``benchmarks/routing_load_sweep.py``) and lasts, through its memory
+    (``backlog``; pass ``extras["carry"]`` back), until a tick whose visible pool fits in the
+    free slots (that tick is still routed as a backlog one). In a backlog: when every visible
+    request has a slot, longest first onto JSQ's replica; when slots are scarce, the replica
+    with the largest margin takes, from an age window, the request with the best F-score
+    against its margin per free slot; the window holds the requests that entered the pool at
+    most ``min(age_window, age_fraction * w*)`` ticks after the oldest waiting one (``w*``;
+    defaults ``ceil(4096/G)`` and 0.1), cut to the ``window * S_tot`` oldest (default 8 per
+    free slot). Safety net (``safe=True``): JSQ's own decision is kept whenever it leaves no
+    larger imbalance. So one tick never leaves a larger imbalance than JSQ's (THEOREMS.md R7),
+    and no request is placed while one that entered the pool more than ``age_window`` ticks
+    before it waits (R8: the pool-wait bound; ``pool_wait`` gives the ticks waited). It reads
+    KV room (``kv_capacity``) and places nothing that would not fit. The measured behaviour
+    across loads: ``benchmarks/routing_load_sweep.py``.
+
+Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n + P*(G + R_max log n) +
+P2*2^R_max)`` (the pool is radix-sorted once; the ranking merges two walks from the margin,
+Theorem R2, over a bitset of live positions; a Stage-1 pop is one binary search and a few
+bitset look-ups, ``n <= 4096`` needing one summary word; the replica of a pop costs ``O(1)``
+amortized when all replicas start with the same free slots and distinct loads: one insertion
+sort of the ``G`` replicas per ``G`` pops, ``O(G)`` a pop at worst, as in ties); BR-H
+``O(P*(G*H + e*H))`` with ``e`` the requests evaluated by its two walks from the peak of the
+concave score (all of them in the worst case). The kernels equal their plain-Python references
+(which rank the whole pool on every pop) decision for decision.
+
+Deviations from the paper: it states neither ``S_greedy`` nor the candidate order nor the
+tie-breaks; the choices above are ours. The replica key ``(cap_g, m_g)`` is read as
+lexicographic (free slots first), as the paper writes the tuple.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from ...formulations.validation import check_array, check_bool, check_int, check_real
 from .. import _order
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from .._order import radix_order as _radix_order
@@ -26,13 +100,23 @@ from .._order import stable_argsort as _stable_argsort
 from .._order import stable_argsort_desc as _stable_argsort_desc
 from .._order import stable_argsort_float as _stable_argsort_float
 from . import _core as _routing_core
-from ._core import RouterCarry, least_tokens_kernel, least_tokens_reference
-from .registry import routing_policy
+from ._core import (
+    PolicyOption,
+    carry_slots,
+    least_tokens_kernel,
+    least_tokens_reference,
+    option_slots,
+    with_carry,
+)
+from .registry import OPTIMISTIC, routing_policy
 
 __all__ = [
     "BR0",
     "BRH",
     "BRS",
+    "BRSCarry",
+    "default_s_greedy",
+    "default_age_window",
     "best_subset_kernel",
     "br0_kernel",
     "br0_reference",
@@ -43,6 +127,125 @@ __all__ = [
     "project_loads_kernel",
     "project_loads_reference",
 ]
+
+# --------------------------------------------------------------------------------------------
+# The policies' options and memory
+# --------------------------------------------------------------------------------------------
+
+_BIG = 1e300  # alpha and beta must be finite
+
+
+def default_s_greedy(n_replicas: int, r_max: int) -> int:
+    """``S_greedy = G * R_max`` (the paper gives no value).
+
+    Below it each replica has on average at most ``R_max`` free slots, so one Stage-2 pop per
+    replica (a subset of at most ``R_max`` requests) can use every slot; this is where slots
+    are scarce and each one should be chosen by subset search. Above it, margins are filled
+    greedily (Stage 1) at O(G + log n) per placement.
+
+    Examples
+    --------
+    >>> default_s_greedy(16, 4)
+    64
+    """
+    return int(n_replicas) * int(r_max)
+
+
+def default_age_window(n_replicas: int) -> int:
+    """BR-S's default age window ``A = ceil(4096 / G)`` ticks (512 at G = 8, 128 at G = 32).
+
+    Arrivals per tick grow with ``G`` at a given load, so the window holds about the same
+    number of requests at every cluster size, while the extra pool wait it allows (at most
+    ``A`` ticks past the requests that entered with it) shrinks as the queueing tail does.
+
+    Examples
+    --------
+    >>> default_age_window(8), default_age_window(32), default_age_window(1)
+    (512, 128, 4096)
+    """
+    return -(-4096 // int(n_replicas))
+
+
+R_MAX = PolicyOption(
+    "r_max", lambda v, f: check_int(v, "r_max", f, lo=1, hi=16), 4,
+    "Stage-2 candidates R_max, 1..16",
+)  # fmt: skip
+S_GREEDY = PolicyOption(
+    "s_greedy",
+    lambda v, f: check_real(v, "s_greedy", f, lo=0, finite=False),
+    lambda G, r: float(default_s_greedy(G, r["r_max"])),
+    "Stage 1 runs while the total free slots exceed it (default G * r_max)",
+)
+ALPHA = PolicyOption(
+    "alpha", lambda v, f: check_real(v, "alpha", f, lo=0, hi=_BIG, lo_open=True), 1.0,
+    "BR-H gain weight (> 0)",
+)  # fmt: skip
+BETA = PolicyOption(
+    "beta", lambda v, f: check_real(v, "beta", f, lo=0, hi=_BIG), lambda G, r: float(G),
+    "BR-H overflow weight (default G)",
+)  # fmt: skip
+GAMMA = PolicyOption(
+    "gamma", lambda v, f: check_real(v, "gamma", f, lo=0, hi=1, lo_open=True), 1.0,
+    "BR-H discount per step, in (0, 1]",
+)  # fmt: skip
+NEW_PRESENCE = PolicyOption(
+    "new_presence",
+    lambda v, f: check_array(v, "new_presence", f, kind="real", lo=0, hi=1),
+    None,
+    "BR-H: H+1 weights pi_h in [0, 1] of the new requests' presence (default none)",
+    to="vector",
+)
+AGE_WINDOW = PolicyOption(
+    "age_window",
+    lambda v, f: check_int(v, "age_window", f, lo=0, hi=2**40),
+    lambda G, r: default_age_window(G),
+    "BR-S: place a request only if it entered the pool at most this many ticks after the "
+    "oldest request still waiting (the bound on overtaking)",
+)
+WINDOW = PolicyOption(
+    "window",
+    lambda v, f: check_int(v, "window", f, lo=0, hi=2**20),
+    8,
+    "BR-S: candidates per free slot (the window holds the k * S_tot oldest requests; 0: no "
+    "count limit)",
+)
+PATIENCE = PolicyOption(
+    "patience",
+    lambda v, f: check_int(v, "patience", f, lo=0, hi=2**40),
+    128,
+    "BR-S: route as JSQ until some visible request has waited this many ticks (a backlog, not "
+    "a burst); the backlog lasts until the visible pool fits the free slots",
+)
+AGE_FRACTION = PolicyOption(
+    "age_fraction",
+    lambda v, f: check_real(v, "age_fraction", f, lo=0, hi=1),
+    0.1,
+    "BR-S: the window spans this fraction of the oldest request's wait (at most age_window ticks)",
+)
+SAFE = PolicyOption(
+    "safe",
+    lambda v, f: check_bool(v, "safe", f),
+    True,
+    "BR-S: keep JSQ's decision whenever it leaves no larger one-tick imbalance",
+)
+
+#: Each policy's options, in their order of resolution; their slots in ``opts.values``.
+BR0_OPTIONS = (R_MAX, S_GREEDY, OPTIMISTIC)
+BRH_OPTIONS = (R_MAX, S_GREEDY, ALPHA, BETA, GAMMA, OPTIMISTIC, NEW_PRESENCE)
+BRS_OPTIONS = (OPTIMISTIC, AGE_WINDOW, WINDOW, PATIENCE, AGE_FRACTION, SAFE)
+_B0 = option_slots(BR0_OPTIONS)
+_BH = option_slots(BRH_OPTIONS)
+_BS = option_slots(BRS_OPTIONS)
+
+
+class BRSCarry(NamedTuple):
+    """BR-S's memory from one tick to the next."""
+
+    backlog: bool
+    """True while a backlog lasts (entered at ``patience``, left when the visible pool fits)."""
+
+
+_BSC = carry_slots(BRSCarry)
 
 # --------------------------------------------------------------------------------------------
 # BR-0 (BalanceRoute 关键设计 1-2)
@@ -287,7 +490,7 @@ def _br0_candidates(sv, order, run_start, words, summary, mg, Gf, k, cand, cand_
 
 @njit(**NJIT)
 def br0_kernel(pool, reps, opts, carry, seed):
-    """BR-0 on current loads ``loads[:, 0]``; see ``route_batch`` for the full statement.
+    """BR-0 on current loads ``loads[:, 0]``; see the module docstring for the full statement.
 
     Data structures (the decisions are those of :func:`br0_reference`, which re-ranks the
     whole pool on every pop): the pool is sorted once by ``(s, index)`` (stable radix sort);
@@ -309,8 +512,8 @@ def br0_kernel(pool, reps, opts, carry, seed):
     free_slots = reps.free_slots
     n = prefill.shape[0]
     G = loads.shape[0]
-    r_max = int(opts.r_max)
-    s_greedy = opts.s_greedy
+    r_max = int(opts.values[_B0.r_max])
+    s_greedy = opts.values[_B0.s_greedy]
     optimistic = opts.optimistic
     Gf = float(G)
     L = loads[:, 0].copy()
@@ -453,8 +656,8 @@ def br0_reference(pool, reps, opts, carry, seed):
     L = [float(row[0]) for row in loads]
     cap = [int(c) for c in free_slots]
     G = len(L)
-    r_max = int(opts.r_max)
-    s_greedy = float(opts.s_greedy)
+    r_max = int(opts.values[_B0.r_max])
+    s_greedy = float(opts.values[_B0.s_greedy])
     optimistic = opts.optimistic
     out = [-1] * len(s)
     pool = list(range(len(s)))
@@ -622,7 +825,7 @@ def _brh_candidates(
 
 @njit(**NJIT)
 def brh_kernel(pool, reps, opts, carry, seed):
-    """BR-H on projected loads ``loads`` (G, H+1); see ``route_batch``.
+    """BR-H on projected loads ``loads`` (G, H+1); see the module docstring.
 
     The decisions are :func:`brh_reference`'s (which scores every replica and every request
     over all ``H+1`` columns on every pop); the work per pop is smaller:
@@ -645,21 +848,21 @@ def brh_kernel(pool, reps, opts, carry, seed):
     n = prefill.shape[0]
     G = loads.shape[0]
     H1 = loads.shape[1]
-    r_max = int(opts.r_max)
-    s_greedy = opts.s_greedy
-    alpha = opts.alpha
-    beta = opts.beta
-    gamma = opts.gamma
+    r_max = int(opts.values[_BH.r_max])
+    s_greedy = opts.values[_BH.s_greedy]
+    alpha = opts.values[_BH.alpha]
+    beta = opts.values[_BH.beta]
+    gamma = opts.values[_BH.gamma]
     optimistic = opts.optimistic
     d = np.empty(H1)
     acc = 1.0
     for h in range(H1):
         d[h] = acc
         acc *= gamma
-    if opts.new_presence.shape[0] > 0:
-        # presence weights of the new requests: d_h = gamma^h * pi_h
+    if opts.vector.shape[0] > 0:
+        # presence weights of the new requests (new_presence): d_h = gamma^h * pi_h
         for h in range(H1):
-            d[h] *= opts.new_presence[h]
+            d[h] *= opts.vector[h]
     sd = 0.0
     for h in range(H1):
         sd += d[h]
@@ -816,14 +1019,15 @@ def brh_reference(pool, reps, opts, carry, seed):
     L = [[float(v) for v in row] for row in loads]
     cap = [int(c) for c in free_slots]
     G, H1 = len(L), len(L[0])
-    r_max = int(opts.r_max)
-    s_greedy = float(opts.s_greedy)
-    alpha, beta, gamma = float(opts.alpha), float(opts.beta), float(opts.gamma)
+    r_max = int(opts.values[_BH.r_max])
+    s_greedy = float(opts.values[_BH.s_greedy])
+    alpha, beta = float(opts.values[_BH.alpha]), float(opts.values[_BH.beta])
+    gamma = float(opts.values[_BH.gamma])
     optimistic = opts.optimistic
     d = []
     acc = 1.0
     for h in range(H1):
-        pi = opts.new_presence
+        pi = opts.vector  # new_presence
         d.append(acc * float(pi[h]) if len(pi) > 0 else acc)
         acc *= gamma
     sd = 0.0
@@ -899,12 +1103,12 @@ def _post_imbalance(loads0, prefill, out):
 
 @njit(**NJIT)
 def brs_kernel(pool, reps, opts, carry, seed):
-    """BR-S; see ``route_batch`` for the full statement (and THEOREMS.md R7-R8)."""
+    """BR-S; see the module docstring for the full statement (and THEOREMS.md R7-R8)."""
     s = pool.prefill
     wait = pool.wait
     n = s.shape[0]
     G = reps.loads.shape[0]
-    A = opts.age_window
+    A = int(opts.values[_BS.age_window])
     optimistic = opts.optimistic
     Gf = float(G)
     L0 = reps.loads[:, 0].copy()
@@ -926,13 +1130,14 @@ def brs_kernel(pool, reps, opts, carry, seed):
             w_max = wait[i]
     # The backlog: entered when some visible request has waited `patience` ticks, left when
     # the visible pool fits in the free slots (the tick that fits still routes as BR-S).
-    backlog = w_max >= opts.patience or carry.brs_backlog
-    keep = carry.brs_backlog
+    in_backlog = carry[_BSC.backlog] != 0
+    backlog = w_max >= int(opts.values[_BS.patience]) or in_backlog
+    keep = in_backlog
     if n <= s_tot:
         keep = False
     elif backlog:
         keep = True
-    carry_out = RouterCarry(carry.cursor, carry.vllm_start, carry.adp_wait, carry.adp_batch, keep)
+    carry_out = with_carry(carry, _BSC.backlog, keep)
     if not backlog:
         # No backlog: JSQ's decision itself (a bool, not a literal True: SGLang's jsq and
         # this share one compiled least_tokens_kernel).
@@ -988,11 +1193,11 @@ def brs_kernel(pool, reps, opts, carry, seed):
                     if live[i] and wait[i] > w_old:
                         w_old = wait[i]
                 # the window's span: a fraction of the oldest's wait, at most A ticks
-                span = math.floor(opts.age_fraction * w_old)
+                span = math.floor(opts.values[_BS.age_fraction] * w_old)
                 if span > A:
                     span = A
                 theta = w_old - span
-                kk = int(opts.window) * s_tot
+                kk = int(opts.values[_BS.window]) * s_tot
                 if kk > 0 and kk < n_live:
                     w_live = np.empty(n_live, np.int64)
                     q = 0
@@ -1044,7 +1249,7 @@ def brs_kernel(pool, reps, opts, carry, seed):
             kv_run[g] += 1
             if optimistic:
                 L[g] += s[best]
-    if opts.safe:
+    if opts.values[_BS.safe] != 0.0:
         # The safety net: JSQ's own decision whenever it leaves no larger imbalance.
         j_out = least_tokens_kernel(pool, reps, optimistic, np.bool_(True))
         if _post_imbalance(L0, s, j_out) <= _post_imbalance(L0, s, out):
@@ -1057,7 +1262,7 @@ def brs_reference(pool, reps, opts, carry, seed):
     s = [float(x) for x in pool.prefill]
     wait = [int(w) for w in pool.wait]
     n, G = len(s), len(reps.free_slots)
-    A = float(opts.age_window)
+    A = float(opts.values[_BS.age_window])
     optimistic = opts.optimistic
     L0 = [float(row[0]) for row in reps.loads]
     L = list(L0)
@@ -1066,12 +1271,17 @@ def brs_reference(pool, reps, opts, carry, seed):
     kv = [float(c) for c in reps.kv_capacity]
     kv_load, kv_run = list(L0), [int(r) for r in reps.n_running]
     out = [-1] * n
-    backlog = n > 0 and max(wait) >= int(opts.patience) or bool(carry.brs_backlog)
-    carry_out = carry
+    in_backlog = bool(carry[_BSC.backlog])
+    backlog = n > 0 and max(wait) >= int(opts.values[_BS.patience]) or in_backlog
+    keep = in_backlog
     if n <= sum(cap):
-        carry_out = carry._replace(brs_backlog=False)
+        keep = False
     elif backlog:
-        carry_out = carry._replace(brs_backlog=True)
+        keep = True
+    carry_out = carry
+    if keep != in_backlog:  # a fresh copy: the input is never changed
+        carry_out = carry.copy()
+        carry_out[_BSC.backlog] = keep
     if not backlog:
         return least_tokens_reference(pool, reps, optimistic, True), carry_out
 
@@ -1109,8 +1319,8 @@ def brs_reference(pool, reps, opts, carry, seed):
             if not [i for i in live if i in window]:
                 # (re)open the window on the live requests
                 w_old = max(wait[i] for i in live)
-                theta = w_old - min(A, math.floor(float(opts.age_fraction) * w_old))
-                k_oldest = int(opts.window) * sum(cap)
+                theta = w_old - min(A, math.floor(float(opts.values[_BS.age_fraction]) * w_old))
+                k_oldest = int(opts.values[_BS.window]) * sum(cap)
                 if 0 < k_oldest < len(live):
                     theta = max(theta, sorted((wait[i] for i in live), reverse=True)[k_oldest - 1])
                 window = [i for i in live if wait[i] >= theta]
@@ -1128,7 +1338,7 @@ def brs_reference(pool, reps, opts, carry, seed):
             best = max(here, key=key)
             place(best, g)
             live.remove(best)
-    if opts.safe:
+    if bool(opts.values[_BS.safe]):
         j_out = [int(x) for x in least_tokens_reference(pool, reps, optimistic, True)]
 
         def post(a):
@@ -1185,16 +1395,16 @@ def project_loads_reference(replica, tokens, presence, n_replicas, horizon, refi
     return np.array(out, dtype=np.float64).reshape(n_replicas, horizon + 1)
 
 
+# the option and carry slots come from _core's option_slots/carry_slots
 cache_depends_on(brs_kernel, _order, _routing_core)
-cache_depends_on(br0_kernel, _order)
-cache_depends_on(brh_kernel, _order)
+cache_depends_on(br0_kernel, _order, _routing_core)
+cache_depends_on(brh_kernel, _order, _routing_core)
 
-_BR = ("r_max", "s_greedy", "optimistic")
 BR0 = routing_policy(
     "br0",
     kernel=br0_kernel,
     reference=br0_reference,
-    options=_BR,
+    options=BR0_OPTIONS,
     summary="BR-0: two stages on the F-score D - G*(D - m_g)_+ (most free slots first)",
     source="BalanceRoute (arXiv 2605.06113) 关键设计 1-2",
     staged=True,
@@ -1203,7 +1413,7 @@ BRH = routing_policy(
     "brh",
     kernel=brh_kernel,
     reference=brh_reference,
-    options=_BR + ("alpha", "beta", "gamma", "new_presence"),
+    options=BRH_OPTIONS,
     summary="BR-H: BR-0's stages on the horizon F-score over projected loads",
     source="BalanceRoute (arXiv 2605.06113) 关键设计 3",
     horizon=True,
@@ -1213,7 +1423,8 @@ BRS = routing_policy(
     "brs",
     kernel=brs_kernel,
     reference=brs_reference,
-    options=("age_window", "age_fraction", "window", "patience", "safe", "optimistic"),
+    options=BRS_OPTIONS,
+    carry=BRSCarry,
     summary="BR-S: margin-first F-score within an age window, JSQ's decision kept when it "
     "leaves no larger imbalance",
     source="this library (BalanceRoute's F-score, SGLang's total_tokens as the safety net)",

@@ -1,31 +1,40 @@
-"""The routing kernels' common ground: the state records, the option and memory records, the
-input check, the tick summary and the one call of a policy's kernel from jitted code.
+"""The routing kernels' common ground: the state records, the option record and the
+declarations a policy makes (its options and its memory), the input check, the tick summary and
+the one call of a policy's kernel from jitted code.
 
 Every policy's kernel has one signature, ``kernel(pool, reps, opts, carry, seed) ->
 (assignment, carry_out)``: ``pool`` a :class:`PoolState` (the visible requests, oldest
 first), ``reps`` a :class:`ReplicaState` (per replica), ``opts`` a :class:`RouterOptions`
-(filled by the registry, :mod:`straggler.solvers.routing.registry`), ``carry`` a
-:class:`RouterCarry` (the policy's memory from its previous tick), ``seed`` an int64 >= 0
-(MINSTD, for the seeded policies); ``assignment`` int64 ``(n,)``, fresh (-1: stays in the
-pool). Kernels never mutate their inputs and place a request only on a replica with a free
-slot. With ``opts.optimistic`` each policy applies its upstream's local update after each
-placement. The policies themselves live one family per module:
-:mod:`straggler.solvers.routing._balanceroute` (BR-0, BR-H, BR-S) and the upstream routers in
-:mod:`straggler.baselines` (``routing.sglang``, ``routing.vllm``, ``routing.trtllm``,
-``routing.dynamo``, ``routing.random``), each kernel with its plain-Python reference below it.
+(filled by the registry, :mod:`straggler.solvers.routing.registry`, from the options the
+policy declares), ``carry`` an int64 array (the policy's memory from its previous tick, the
+fields of its declared ``NamedTuple`` by slot), ``seed`` an int64 >= 0 (MINSTD, for the seeded
+policies); ``assignment`` int64 ``(n,)``, fresh (-1: stays in the pool). Kernels never mutate
+their inputs and place a request only on a replica with a free slot. With ``opts.optimistic``
+each policy applies its upstream's local update after each placement.
+
+A policy is one module's business: it declares its options (:class:`PolicyOption`) and its
+memory (a ``NamedTuple`` class, :func:`check_carry_record`) beside its kernel and reads them by
+the slots :func:`option_slots` and :func:`carry_slots` give (compile-time constants), updating
+its memory through :func:`with_carry`; no kernel reads another policy's options or memory. The
+policies live one family per module: :mod:`straggler.solvers.routing._balanceroute` (BR-0, BR-H,
+BR-S) and the upstream routers in :mod:`straggler.baselines.routing` (``sglang``, ``vllm``,
+``trtllm``, ``dynamo``, ``random``), each kernel with its plain-Python reference below it.
 
 Jitted code calls a policy's kernel through :func:`call_policy`, by the address of its
 compiled code (:func:`policy_address`): ``route_batch_kernel`` here and the simulator's step
-loop compile once for every policy, and a policy adds only its own kernel's compile, shared
-by both (each on numba's disk cache).
+loop compile once for every policy (every policy's records have the same types), and a policy
+adds only its own kernel's compile, shared by both (each on numba's disk cache).
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 import time
 import types as pytypes
-from typing import NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -42,7 +51,14 @@ __all__ = [
     "ReplicaState",
     "PoolState",
     "RouterOptions",
-    "RouterCarry",
+    "PolicyOption",
+    "OPTION_TARGETS",
+    "NoCarry",
+    "check_carry_record",
+    "carry_kinds",
+    "option_slots",
+    "carry_slots",
+    "with_carry",
     "MAX_ROUTED_TOKENS",
     "MINSTD_A",
     "MINSTD_M",
@@ -94,49 +110,133 @@ class PoolState(NamedTuple):
 
 
 class RouterOptions(NamedTuple):
-    """A policy's options as every kernel reads them, one typed field per option.
+    """A policy's options as its kernel reads them, filled by the registry
+    (:func:`~straggler.solvers.routing.registry.resolve_options`) from the options the policy
+    declares (:class:`PolicyOption`, in its own module): the two every record has, then the
+    policy's own by slot.
 
-    Filled only by the registry (:func:`straggler.solvers.routing.registry.router_options`),
-    which holds each option's default, check and documentation
-    (:data:`~straggler.solvers.routing.registry.OPTIONS`); a policy reads the fields it
-    accepts and the others hold their defaults. ``new_presence`` is empty unless given.
+    ``optimistic``: the local update after each placement (default True; read by the policies
+    that declare the option). ``version``: the index of the upstream version in
+    ``RoutingPolicy.versions`` (0: the current one, or no versions). ``values`` float64: the
+    policy's own scalar options, option ``k`` of :func:`option_slots` of its declaration at
+    ``values[k]`` (integers and bools as exact floats). ``vector`` float64: its vector option
+    (at most one per policy, e.g. BR-H's ``new_presence``), empty when not given.
     """
 
-    r_max: int
-    s_greedy: float
-    alpha: float
-    beta: float
-    gamma: float
     optimistic: bool
-    age_window: int
-    window: int
-    patience: int
-    age_fraction: float
-    safe: bool
     version: int
-    kv_weight: float
-    throughput: float
-    block_size: int
-    overlap_weight: float
-    timeout_iters: int
-    batching_wait_iters: int
-    new_presence: np.ndarray
+    values: np.ndarray
+    vector: np.ndarray
 
 
-class RouterCarry(NamedTuple):
-    """A policy's memory from one tick to the next (zeros at the start; a kernel returns it
-    updated, ``RoutingResult.extras["carry"]``)."""
+#: Where a :class:`PolicyOption`'s value goes.
+OPTION_TARGETS = ("values", "vector", "carry", "optimistic")
 
-    cursor: int
-    """round_robin: the replica to try first."""
-    vllm_start: int
-    """vllm (rotating versions): where the next scan starts (``eng_start_index``)."""
-    adp_wait: int
-    """trtllm_balance: ticks waited for every rank to have a new request."""
-    adp_batch: int
-    """trtllm_balance: ticks of batching wait spent."""
-    brs_backlog: bool
-    """brs: True while a backlog lasts (entered at ``patience``, left when the pool fits)."""
+
+@dataclass(frozen=True)
+class PolicyOption:
+    """One keyword option of a routing policy, declared in the policy's own module (or, for
+    ``optimistic``, shared by every policy that accepts it: the registry's ``OPTIMISTIC``).
+
+    ``check(value, func)`` returns the normalized value or raises naming the option;
+    ``default`` is a value or ``default(G, resolved)`` of the number of replicas and the
+    options resolved before it (in the policy's declared order): the one place each default is
+    written. ``to`` says where the value goes: ``"values"``, the policy's slot of
+    ``RouterOptions.values`` (its position among the policy's scalar options,
+    :func:`option_slots`); ``"vector"``, ``RouterOptions.vector``; ``"carry"``, the field of
+    the same name of the policy's memory (:func:`check_carry_record`) at the first tick;
+    ``"optimistic"``,
+    ``RouterOptions.optimistic``. A value of ``None`` means "the default".
+    """
+
+    name: str
+    check: Callable[[Any, str], Any]
+    default: Any
+    doc: str
+    to: str = "values"
+
+
+class NoCarry(NamedTuple):
+    """The memory of a policy that keeps none (no field)."""
+
+
+def check_carry_record(record, policy: str) -> None:
+    """Refuse (``ValueError``) a policy's memory declaration that is not a ``NamedTuple``
+    class of ``int`` and ``bool`` fields.
+
+    A policy declares its memory from one tick to the next as such a class, in its own module
+    (e.g. ``class VllmCarry(NamedTuple): start: int``): ``RoutingResult.extras["carry"]`` is
+    an instance of it, and its kernel sees the same values as an int64 array, field ``k`` of
+    :func:`carry_slots` at index ``k`` (bools as 0/1; zero at the first tick, or the value of
+    the policy's option of the same name declared with ``to="carry"``). A kernel returns the
+    array unchanged or a fresh copy with its own fields changed (:func:`with_carry`).
+    """
+    fields = getattr(record, "_fields", None)
+    if not (isinstance(record, type) and issubclass(record, tuple) and fields is not None):
+        raise ValueError(f"routing policy {policy!r}: carry must be a NamedTuple class")
+    bad = [f for f, k in zip(fields, carry_kinds(record)) if k is None]
+    if bad:
+        raise ValueError(f"routing policy {policy!r}: carry fields {bad} must be int or bool")
+
+
+def carry_kinds(record) -> tuple:
+    """The type of each field of a policy's memory class ``record``: ``int`` or ``bool`` (None:
+    another), read from its annotations (strings or forward references included)."""
+    hints = getattr(record, "__annotations__", {})
+    out = []
+    for f in record._fields:
+        k = hints.get(f)
+        k = getattr(k, "__forward_arg__", k)
+        out.append({int: int, bool: bool, "int": int, "bool": bool}.get(k))
+    return tuple(out)
+
+
+def option_slots(options) -> tuple:
+    """The slots of a policy's scalar options in ``RouterOptions.values``: a named tuple of
+    ints, one field per option of ``options`` (:class:`PolicyOption`) that goes to
+    ``"values"``, in declared order. Kernels read ``opts.values[SLOTS.name]`` (a global
+    tuple of ints is a compile-time constant in jitted code).
+
+    Examples
+    --------
+    >>> a = PolicyOption("a", None, 1.0, "")
+    >>> option_slots((a, PolicyOption("v", None, None, "", to="vector"), a))
+    OptionSlots(a=0)
+    """
+    names = []
+    for o in options:
+        if o.to == "values" and o.name not in names:
+            names.append(o.name)
+    return collections.namedtuple("OptionSlots", names)(*range(len(names)))
+
+
+def carry_slots(record) -> tuple:
+    """The slots of a policy's memory fields (its ``NamedTuple`` class ``record``,
+    :func:`check_carry_record`) in its carry array: a named tuple of ints, one field per field
+    of ``record``, in order.
+
+    Examples
+    --------
+    >>> class Memory(NamedTuple):
+    ...     cursor: int
+    ...     flag: bool
+    >>> carry_slots(Memory)
+    CarrySlots(cursor=0, flag=1)
+    """
+    names = list(record._fields)
+    return collections.namedtuple("CarrySlots", names)(*range(len(names)))
+
+
+@njit(**NJIT_INLINE)
+def with_carry(carry, slot, value):
+    """A policy's memory ``carry`` (int64 array) with ``value`` in ``slot``: ``carry`` itself
+    when it holds that value already, else a fresh copy (a kernel never changes its inputs).
+    The one way a kernel updates its memory."""
+    if carry[slot] == value:
+        return carry
+    out = carry.copy()
+    out[slot] = value
+    return out
 
 
 #: Largest token count (length, load) a kernel accepts: float64 holds every integer up to it
@@ -573,14 +673,15 @@ def _by_address(kernel):
 
 def policy_address(kernel, name: str, argtypes, func: str) -> int:
     """The address of the code of ``kernel`` (the ``@njit`` kernel of the policy ``name``)
-    for the numba types ``argtypes`` ``(PoolState, ReplicaState, RouterOptions, RouterCarry,
-    int64)``, compiled here without a CPython wrapper (:func:`_by_address`) or loaded from
+    for the numba types ``argtypes`` ``(PoolState, ReplicaState, RouterOptions, int64[::1]
+    carry, int64)``, compiled here without a CPython wrapper (:func:`_by_address`) or loaded from
     numba's disk cache, for :func:`call_policy` in jitted code that passes exactly those
     types; with ``NUMBA_DISABLE_JIT=1``, the kernel itself.
 
     Raises :class:`~straggler.formulations.errors.InvalidInputError` (naming ``func``, the
     caller, and the policy) when ``kernel`` is not an ``@njit`` function or does not return
-    ``(int64 C-contiguous array, RouterCarry)``: the indirect call relies on both.
+    ``(int64 C-contiguous array, int64 C-contiguous carry)``: the indirect call relies on
+    both.
     """
     if not hasattr(route_batch_kernel, "compile"):  # NUMBA_DISABLE_JIT=1
         return kernel
@@ -597,7 +698,7 @@ def policy_address(kernel, name: str, argtypes, func: str) -> int:
     if cres.signature.return_type != want:
         raise InvalidInputError(
             f"{func}: the kernel of routing policy {name!r} must return (assignment int64 "
-            f"C-contiguous array, RouterCarry), i.e. {want}; it returns "
+            f"C-contiguous array, carry), i.e. {want}; it returns "
             f"{cres.signature.return_type}"
         )
     return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
@@ -631,12 +732,13 @@ def route_batch_kernel(
     Takes the fields of :class:`PoolState` and :class:`ReplicaState` as flat arrays (cheaper to
     pass from Python than two tuples), and fills ``assignment`` (int64 ``(n,)``) and
     ``loads_after`` (float64 ``(G,)``), fresh arrays of the caller (numba boxes an array it
-    returns by unpickling ``numpy.ndarray`` each call, dearer than taking one in). Returns
-    ``(code, index, *carry_out, I_before, I_after, n_placed, S_tot, ns)``, the five fields
-    of the :class:`RouterCarry` out as plain values (a NamedTuple is boxed by unpickling its
-    class, about a microsecond); ``(code, index)`` as in :func:`check_inputs_kernel` (nothing
-    is routed and nothing filled when ``code != 0``); ``S_tot`` = total free slots at the
-    start of the tick; ``ns`` the kernel's and the summary's time.
+    creates by unpickling ``numpy.ndarray`` each call, dearer than taking one in). Returns
+    ``(code, index, I_before, I_after, n_placed, S_tot, ns, carry_out)``; ``(code, index)``
+    as in :func:`check_inputs_kernel` (nothing is routed and nothing filled when ``code !=
+    0``); ``S_tot`` = total free slots at the start of the tick; ``ns`` the kernel's and the
+    summary's time; ``carry_out`` the policy's memory after the tick (the array passed in,
+    the very object, when the policy left it unchanged: numba returns an argument's array as
+    itself).
     """
     pool = PoolState(prefill, wait, key, cached)
     reps = ReplicaState(
@@ -651,9 +753,7 @@ def route_batch_kernel(
     )
     code, index = check_inputs_kernel(pool, reps)
     if code != 0:
-        c = carry
-        return (code, index, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,
-                0.0, 0.0, 0, 0, 0)  # fmt: skip
+        return code, index, 0.0, 0.0, 0, 0, 0, carry
     t0 = monotonic_ns()
     out, new_carry = call_policy(kernel, pool, reps, opts, carry, seed)
     before, after, L, placed = tick_summary_kernel(loads, prefill, out)
@@ -666,6 +766,4 @@ def route_batch_kernel(
     for g in range(free_slots.shape[0]):
         loads_after[g] = L[g]
         s_tot += free_slots[g]
-    c = new_carry
-    return (0, -1, c.cursor, c.vllm_start, c.adp_wait, c.adp_batch, c.brs_backlog,
-            before, after, placed, s_tot, ns)  # fmt: skip
+    return 0, -1, before, after, placed, s_tot, ns, new_carry

@@ -1,28 +1,32 @@
-"""The routing policies by name, their options and defaults: the one place a policy's options
-are written down.
+"""The routing policies by name, and how a policy's declared options and memory become the
+records its kernel reads.
 
-A policy is a ``RoutingPolicy`` (its Numba kernel and plain-Python reference, the options
-it accepts, its documentation and upstream versions), built with :func:`routing_policy` in the
-module of its family, beside its kernel: :mod:`straggler.solvers.routing._balanceroute` (BR-0, BR-H,
-BR-S) and, for the upstream routers, the modules of :mod:`straggler.baselines`. The names
-``route_batch``, ``simulate``, the command and the benchmarks accept are the literal table
-:data:`straggler.baselines.tables.ROUTING_POLICIES`, plus any policy a user registers at run
-time (:func:`register_routing_policy`).
+A policy is a :class:`RoutingPolicy` (its Numba kernel and plain-Python reference, the options
+it declares, its memory, its documentation and upstream versions), built with
+:func:`routing_policy` in the module of its family, beside its kernel:
+:mod:`straggler.solvers.routing._balanceroute` (BR-0, BR-H, BR-S) and, for the upstream routers,
+the modules of :mod:`straggler.baselines.routing`. Each module declares its policies' options
+(:class:`~straggler.solvers.routing._core.PolicyOption`: check, default, documentation) and
+memory (a ``NamedTuple`` class of int and bool fields,
+:func:`~straggler.solvers.routing._core.check_carry_record`); the one option shared by
+every policy that accepts it is :data:`OPTIMISTIC`, and ``version`` is a policy's choice among
+its own ``versions``. The names ``route_batch``, ``simulate``, the command and the benchmarks
+accept are the literal table :data:`straggler.baselines.tables.ROUTING_POLICIES`, plus any
+policy a user registers at run time (:func:`register_routing_policy`).
 
 Layering (formulations <- solvers <- baselines): no module imports upward at import time and
 no import registers anything. The table sees both layers, so it lives in ``baselines``;
 :func:`get_routing_policy` reads it on first use (a function-level import), which is how
 ``route_batch`` in ``solvers`` reaches SGLang's router in ``baselines``.
 
-Options (:data:`OPTIONS`): each has one check, one default (a value, or a rule of the number
-of replicas ``G`` such as ``s_greedy = G * r_max``) and one line of documentation;
-:func:`resolve_options` fills a :class:`~straggler.solvers.routing._core.RouterOptions` and
-the first tick's :class:`~straggler.solvers.routing._core.RouterCarry` from them, and nothing
-else does.
+:func:`resolve_options` checks the options given for a policy against its declaration, fills
+the defaults, and builds its :class:`~straggler.solvers.routing._core.RouterOptions` and its
+first tick's memory (an int64 array), and nothing else does. :func:`public_carry` and
+:func:`policy_carry` turn that memory into ``RoutingResult.extras["carry"]`` (an instance of
+the policy's ``NamedTuple``) and back.
 
-Adding a policy: its kernel, reference and :func:`routing_policy` in one module (a new
-option: one :class:`PolicyOption` here and one field of ``RouterOptions``), and one line in
-the table.
+Adding a policy: its kernel, reference, options, memory and :func:`routing_policy` in one
+module, and one line in the table.
 """
 
 from __future__ import annotations
@@ -35,33 +39,41 @@ import numpy as np
 
 from ...formulations.errors import InvalidOptionError, param_error
 from ...formulations.validation import (
-    check_array,
     check_bool,
     check_choice,
     check_int,
     check_options,
-    check_real,
     describe,
 )
-from ._core import PoolState, ReplicaState, RouterCarry, RouterOptions
+from ._core import (
+    OPTION_TARGETS,
+    NoCarry,
+    PolicyOption,
+    PoolState,
+    ReplicaState,
+    RouterOptions,
+    carry_kinds,
+    check_carry_record,
+    option_slots,
+)
 
 __all__ = [
     "ReplicaState",
     "PoolState",
     "RouterOptions",
-    "RouterCarry",
-    "router_options",
     "PolicyOption",
+    "NoCarry",
+    "OPTIMISTIC",
+    "router_options",
     "RoutingPolicy",
-    "OPTIONS",
     "DEFAULT_POLICY",
     "routing_policy",
     "register_routing_policy",
     "routing_policies",
     "get_routing_policy",
     "resolve_options",
-    "default_s_greedy",
-    "default_age_window",
+    "public_carry",
+    "policy_carry",
 ]
 
 #: What ``route_batch`` and ``simulate`` use when no policy is given.
@@ -69,246 +81,21 @@ DEFAULT_POLICY = "brs"
 
 #: Policies registered at run time (:func:`register_routing_policy`), beside the table.
 _USER: dict[str, RoutingPolicy] = {}
-_BIG = 1e300  # alpha and beta must be finite
-
-
-def default_s_greedy(n_replicas: int, r_max: int) -> int:
-    """``S_greedy = G * R_max`` (the paper gives no value).
-
-    Below it each replica has on average at most ``R_max`` free slots, so one Stage-2 pop per
-    replica (a subset of at most ``R_max`` requests) can use every slot; this is where slots
-    are scarce and each one should be chosen by subset search. Above it, margins are filled
-    greedily (Stage 1) at O(G + log n) per placement.
-
-    Examples
-    --------
-    >>> default_s_greedy(16, 4)
-    64
-    """
-    return int(n_replicas) * int(r_max)
-
-
-def default_age_window(n_replicas: int) -> int:
-    """BR-S's default age window ``A = ceil(4096 / G)`` ticks (512 at G = 8, 128 at G = 32).
-
-    Arrivals per tick grow with ``G`` at a given load, so the window holds about the same
-    number of requests at every cluster size, while the extra pool wait it allows (at most
-    ``A`` ticks past the requests that entered with it) shrinks as the queueing tail does.
-
-    Examples
-    --------
-    >>> default_age_window(8), default_age_window(32), default_age_window(1)
-    (512, 128, 4096)
-    """
-    return -(-4096 // int(n_replicas))
-
-
-@dataclass(frozen=True)
-class PolicyOption:
-    """One keyword option of one or more policies.
-
-    ``check(value, func)`` returns the normalized value or raises naming the option;
-    ``default`` is a value or ``default(G, resolved)`` of the number of replicas and the
-    options resolved before it (in :data:`OPTIONS` order): the one place each default is
-    written. The value goes to the :class:`RouterOptions` field of the same name, or, with
-    ``carry=True``, to that :class:`RouterCarry` field (the policy's memory at the first
-    tick). A value of ``None`` means "the default".
-    """
-
-    name: str
-    check: Callable[[Any, str], Any]
-    default: Any
-    doc: str
-    carry: bool = False
-
-
-def _r_max(v, func):
-    return check_int(v, "r_max", func, lo=1, hi=16)
-
-
-def _s_greedy(v, func):
-    return check_real(v, "s_greedy", func, lo=0, finite=False)
-
-
-def _alpha(v, func):
-    return check_real(v, "alpha", func, lo=0, hi=_BIG, lo_open=True)
-
-
-def _beta(v, func):
-    return check_real(v, "beta", func, lo=0, hi=_BIG)
-
-
-def _gamma(v, func):
-    return check_real(v, "gamma", func, lo=0, hi=1, lo_open=True)
 
 
 def _optimistic(v, func):
     return check_bool(v, "optimistic", func)
 
 
-def _cursor(v, func):
-    return check_int(v, "cursor", func, lo=0, hi=2**52)
-
-
-def _age_window(v, func):
-    return check_int(v, "age_window", func, lo=0, hi=2**40)
-
-
-def _window(v, func):
-    return check_int(v, "window", func, lo=0, hi=2**20)
-
-
-def _patience(v, func):
-    return check_int(v, "patience", func, lo=0, hi=2**40)
-
-
-def _age_fraction(v, func):
-    return check_real(v, "age_fraction", func, lo=0, hi=1)
-
-
-def _safe(v, func):
-    return check_bool(v, "safe", func)
-
-
-def _new_presence(v, func):
-    return check_array(v, "new_presence", func, kind="real", lo=0, hi=1)
-
-
-def _kv_weight(v, func):
-    return check_real(v, "kv_weight", func, lo=0)
-
-
-def _throughput(v, func):
-    return check_real(v, "throughput", func, lo=0, lo_open=True)
-
-
-def _block_size(v, func):
-    return check_int(v, "block_size", func, lo=1, hi=2**20)
-
-
-def _overlap_weight(v, func):
-    return check_real(v, "overlap_weight", func, lo=0)
-
-
-def _timeout_iters(v, func):
-    return check_int(v, "timeout_iters", func, lo=0, hi=2**40)
-
-
-def _batching_wait_iters(v, func):
-    return check_int(v, "batching_wait_iters", func, lo=0, hi=2**40)
-
-
-#: Every option a registered policy may accept, in resolution order.
-OPTIONS: dict[str, PolicyOption] = {
-    o.name: o
-    for o in (
-        PolicyOption("r_max", _r_max, 4, "Stage-2 candidates R_max, 1..16"),
-        PolicyOption(
-            "s_greedy",
-            _s_greedy,
-            lambda G, r: float(default_s_greedy(G, r["r_max"])),
-            "Stage 1 runs while the total free slots exceed it (default G * r_max)",
-        ),
-        PolicyOption("alpha", _alpha, 1.0, "BR-H gain weight (> 0)"),
-        PolicyOption(
-            "beta",
-            _beta,
-            lambda G, r: float(G),
-            "BR-H overflow weight (default G)",
-        ),
-        PolicyOption("gamma", _gamma, 1.0, "BR-H discount per step, in (0, 1]"),
-        PolicyOption(
-            "optimistic",
-            _optimistic,
-            True,
-            "update the local copy of the metric after each placement",
-        ),
-        PolicyOption("cursor", _cursor, 0, "round-robin: the replica to try first", carry=True),
-        PolicyOption(
-            "age_window",
-            _age_window,
-            lambda G, r: default_age_window(G),
-            "BR-S: place a request only if it entered the pool at most this many ticks after "
-            "the oldest request still waiting (the bound on overtaking)",
-        ),
-        PolicyOption(
-            "window",
-            _window,
-            8,
-            "BR-S: candidates per free slot (the window holds the k * S_tot oldest requests; "
-            "0: no count limit)",
-        ),
-        PolicyOption(
-            "patience",
-            _patience,
-            128,
-            "BR-S: route as JSQ until some visible request has waited this many ticks (a "
-            "backlog, not a burst); the backlog lasts until the visible pool fits the free "
-            "slots",
-        ),
-        PolicyOption(
-            "age_fraction",
-            _age_fraction,
-            0.1,
-            "BR-S: the window spans this fraction of the oldest request's wait (at most "
-            "age_window ticks)",
-        ),
-        PolicyOption(
-            "safe",
-            _safe,
-            True,
-            "BR-S: keep JSQ's decision whenever it leaves no larger one-tick imbalance",
-        ),
-        PolicyOption(
-            "new_presence",
-            _new_presence,
-            None,
-            "BR-H: H+1 weights pi_h in [0, 1] of the new requests' presence (default none)",
-        ),
-        PolicyOption(
-            "version",
-            None,  # checked against the policy's own versions (resolve_options)
-            None,
-            "baselines: the upstream version (RoutingPolicy.versions; default the current one)",
-        ),
-        PolicyOption(
-            "kv_weight",
-            _kv_weight,
-            0.15,
-            "p2c expected_wait: seconds of the KV barrier u/(1-u) (the gateway's 0.15)",
-        ),
-        PolicyOption(
-            "throughput",
-            _throughput,
-            2000.0,
-            "p2c expected_wait: tokens/s that turn queued tokens into seconds (gateway: 2000)",
-        ),
-        PolicyOption(
-            "block_size",
-            _block_size,
-            16,
-            "dynamo: KV block size in tokens (default 16)",
-        ),
-        PolicyOption(
-            "overlap_weight",
-            _overlap_weight,
-            1.0,
-            "dynamo: weight of the prefill blocks (kv_overlap_score_weight, default 1)",
-        ),
-        PolicyOption(
-            "timeout_iters",
-            _timeout_iters,
-            50,
-            "trtllm_balance: ticks new requests wait for every rank to take some (default 50)",
-        ),
-        PolicyOption(
-            "batching_wait_iters",
-            _batching_wait_iters,
-            10,
-            "trtllm_balance: extra ticks of batching once every rank can take some (default 10)",
-        ),
-    )
-}
+#: The optimistic local update, an option of every policy that declares it (``simulate``'s
+#: ``optimistic`` setting sets it): ``RouterOptions.optimistic``, True when not declared.
+OPTIMISTIC = PolicyOption(
+    "optimistic",
+    _optimistic,
+    True,
+    "update the local copy of the metric after each placement",
+    to="optimistic",
+)
 
 
 @dataclass(frozen=True)
@@ -321,9 +108,14 @@ class RoutingPolicy:
     reference: Callable
     """The plain-Python reference, same signature, same decisions."""
     options: tuple[str, ...]
-    """The options it accepts (names of :data:`OPTIONS`, in that order)."""
+    """The options it accepts, in declared order (``"version"`` last when it has versions)."""
     summary: str
     source: str
+    declared: tuple[PolicyOption, ...] = ()
+    """Its options as declared (each one's check, default and documentation)."""
+    carry: type = NoCarry
+    """Its memory from one tick to the next: a ``NamedTuple`` class of int and bool fields
+    (``RoutingResult.extras["carry"]`` is an instance)."""
     horizon: bool = False
     """Reads projected loads ``loads[:, 1:]`` (the simulator builds them with a predictor)."""
     seeded: bool = False
@@ -343,7 +135,8 @@ def routing_policy(
     *,
     kernel,
     reference: Callable,
-    options: tuple[str, ...] = ("optimistic",),
+    options: tuple[PolicyOption, ...] = (OPTIMISTIC,),
+    carry: type = NoCarry,
     summary: str,
     source: str,
     horizon: bool = False,
@@ -354,21 +147,38 @@ def routing_policy(
 ) -> RoutingPolicy:
     """A ``RoutingPolicy`` (registers nothing).
 
-    ``versions``: ``(name, upstream change)`` pairs, the current upstream behaviour first; the
-    policy then accepts ``version=`` (its kernel reads the index as ``opts.version``).
+    ``options``: the ``PolicyOption`` records (``straggler.solvers.routing._core``) it accepts,
+    in the order they are resolved (its kernel reads the scalar ones at the slots
+    ``option_slots`` gives for this tuple); at most one vector option; an option with
+    ``to="carry"`` needs a field of that name in ``carry``. ``carry``: its memory, a
+    ``NamedTuple`` class of int and bool fields (its kernel reads them at the slots of
+    ``carry_slots``). ``versions``: ``(name, upstream change)`` pairs, the current upstream
+    behaviour first; the policy then accepts ``version=`` (its kernel reads the index as
+    ``opts.version``).
     """
-    if versions:
-        options = tuple(options) + ("version",)
-    unknown = [o for o in options if o not in OPTIONS]
-    if unknown:
-        raise ValueError(f"routing policy {name!r}: unknown option(s) {unknown}")
+    options = tuple(options)
+    bad = [o for o in options if not isinstance(o, PolicyOption) or o.to not in OPTION_TARGETS]
+    if bad:
+        raise ValueError(f"routing policy {name!r}: options must be PolicyOption, got {bad}")
+    names = [o.name for o in options]
+    check_carry_record(carry, name)
+    fields = list(carry._fields)
+    if len(set(names)) < len(names) or "version" in names:
+        raise ValueError(f"routing policy {name!r}: options named twice or 'version' in {names}")
+    if sum(o.to == "vector" for o in options) > 1:
+        raise ValueError(f"routing policy {name!r}: more than one vector option")
+    orphans = [o.name for o in options if o.to == "carry" and o.name not in fields]
+    if orphans:
+        raise ValueError(f"routing policy {name!r}: carry options {orphans} have no carry field")
     return RoutingPolicy(
         name=name,
         kernel=kernel,
         reference=reference,
-        options=tuple(o for o in OPTIONS if o in options),
+        options=tuple(names) + (("version",) if versions else ()),
         summary=summary,
         source=source,
+        declared=options,
+        carry=carry,
         horizon=horizon,
         seeded=seeded,
         staged=staged,
@@ -425,99 +235,121 @@ def get_routing_policy(name, func: str = "route_batch") -> RoutingPolicy:
     return pol
 
 
-#: The options stored as int and bool in RouterOptions (the rest are float).
-_INT = {"r_max", "age_window", "window", "patience", "version", "block_size", "timeout_iters",
-        "batching_wait_iters"}  # fmt: skip
-_BOOL = {"optimistic", "safe"}
-
-
-def _record(values: dict, horizon: int, func: str) -> tuple[RouterOptions, RouterCarry]:
-    """The typed records of resolved ``values`` (every option of :data:`OPTIONS`)."""
-    pi = values["new_presence"]
-    if pi is None:
-        pi = np.zeros(0)
-    elif pi.shape != (horizon + 1,):
-        raise param_error(
-            "new_presence",
-            func,
-            f"H+1 = {horizon + 1} numbers in [0, 1] (one per column of loads)",
-            f"shape {pi.shape}",
-        )
-    fields = {}
-    for name in RouterOptions._fields:
-        if name == "new_presence":
-            continue
-        v = values[name]
-        fields[name] = int(v) if name in _INT else bool(v) if name in _BOOL else float(v)
-    opts = RouterOptions(**fields, new_presence=np.array(pi, dtype=np.float64))
-    return opts, RouterCarry(int(values["cursor"]), 0, 0, 0, False)
-
-
-def router_options(
-    n_replicas: int, horizon: int = 0, *, func: str = "router_options", **options
-) -> tuple[RouterOptions, RouterCarry]:
-    """Every option of :data:`OPTIONS` checked and the rest filled with its default, as the
-    kernels read them: ``(RouterOptions, RouterCarry)`` (for calling a kernel directly; a
-    policy's own options go through :func:`resolve_options`). ``version`` is the index of the
-    upstream version (0: the current one).
-
-    Examples
-    --------
-    >>> o, c = router_options(8, patience=0)
-    >>> o.r_max, o.s_greedy, o.beta, o.patience, o.window, c.cursor
-    (4, 32.0, 8.0, 0, 8, 0)
-    """
-    check_options(options, list(OPTIONS), func)
-    values: dict[str, Any] = {}
-    for name, opt in OPTIONS.items():
-        v = options.get(name)
-        if name == "version":
-            values[name] = 0 if v is None else check_int(v, name, func, lo=0, hi=15)
-            continue
-        if v is None:
-            v = opt.default(n_replicas, values) if callable(opt.default) else opt.default
-        values[name] = None if v is None else opt.check(v, func)
-    return _record(values, horizon, func)
-
-
 def resolve_options(
     policy: RoutingPolicy, options: dict, n_replicas: int, horizon: int, func: str
-) -> tuple[RouterOptions, RouterCarry, dict]:
-    """Validate ``options`` for ``policy``; return ``(RouterOptions, RouterCarry, resolved)``.
+) -> tuple[RouterOptions, np.ndarray, dict]:
+    """Validate ``options`` for ``policy``; return ``(RouterOptions, carry, resolved)``.
 
-    ``resolved`` maps each option of the policy to its value (defaults filled in); the options
-    the policy does not read hold their defaults in the record. An option the policy does not
-    accept raises :class:`InvalidOptionError` listing those it does; ``new_presence`` must
-    have ``horizon + 1`` entries.
+    Each of the policy's declared options, in its order, takes the value given or its default
+    and is checked; the scalar ones fill ``RouterOptions.values`` at their slots, a vector
+    option ``RouterOptions.vector`` (``horizon + 1`` entries), a carry option the field of
+    the same name of ``carry`` (the policy's memory at the first tick, int64, zeros
+    elsewhere). ``resolved`` maps each option the policy accepts to its value. An option the
+    policy does not accept raises :class:`InvalidOptionError` listing those it does.
 
     Examples
     --------
     >>> o, c, r = resolve_options(get_routing_policy("br0"), {"r_max": 2}, 8, 0, "f")
-    >>> o.r_max, o.s_greedy, o.beta, r["s_greedy"]
-    (2, 16.0, 8.0, 16.0)
+    >>> o.values.tolist(), o.optimistic, c.tolist(), r["s_greedy"]
+    ([2.0, 16.0], True, [], 16.0)
     """
     if options:
         check_options(options, policy.options, f"{func} (policy {policy.name!r})")
-    values: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
-    for name, opt in OPTIONS.items():
-        v = options.get(name) if options and name in policy.options else None
-        if name == "version":  # one option, each policy's own choices
-            if policy.versions:
-                v = (
-                    policy.versions[0]
-                    if v is None
-                    else check_choice(v, name, func, policy.versions)
-                )
-                resolved[name] = v
-            values[name] = policy.versions.index(v) if policy.versions else 0
-            continue
+    values: dict[str, Any] = {}
+    for opt in policy.declared:
+        v = options.get(opt.name) if options else None
         if v is None:
             v = opt.default(n_replicas, values) if callable(opt.default) else opt.default
         if v is not None:
             v = opt.check(v, func)
-        values[name] = v
-        if name in policy.options:
-            resolved[name] = v
-    opts, carry = _record(values, horizon, func)
+        values[opt.name] = resolved[opt.name] = v
+    version = 0
+    if policy.versions:
+        v = options.get("version") if options else None
+        v = policy.versions[0] if v is None else check_choice(v, "version", func, policy.versions)
+        resolved["version"] = v
+        version = policy.versions.index(v)
+    opts, carry = _records(policy, values, version, horizon, func)
     return opts, carry, resolved
+
+
+def _records(policy, values, version, horizon, func) -> tuple[RouterOptions, np.ndarray]:
+    """The kernel's records of the resolved ``values`` (one per declared option)."""
+    slots = option_slots(policy.declared)
+    scalars = np.empty(len(slots))
+    vector = np.zeros(0)
+    optimistic = True
+    for opt in policy.declared:
+        v = values[opt.name]
+        if opt.to == "values":
+            scalars[getattr(slots, opt.name)] = float(v)
+        elif opt.to == "optimistic":
+            optimistic = bool(v)
+        elif opt.to == "vector" and v is not None:
+            if v.shape != (horizon + 1,):
+                raise param_error(
+                    opt.name,
+                    func,
+                    f"H+1 = {horizon + 1} numbers (one per column of loads)",
+                    f"shape {v.shape}",
+                )
+            vector = np.array(v, dtype=np.float64)
+    fields = policy.carry._fields
+    carry = np.zeros(len(fields), dtype=np.int64)
+    for opt in policy.declared:
+        if opt.to == "carry":
+            carry[fields.index(opt.name)] = int(values[opt.name])
+    return RouterOptions(optimistic, int(version), scalars, vector), carry
+
+
+def router_options(
+    policy, n_replicas: int, horizon: int = 0, *, func: str = "router_options", **options
+) -> tuple[RouterOptions, np.ndarray]:
+    """``(RouterOptions, carry)`` of ``policy`` (a name or a :class:`RoutingPolicy`) for
+    ``options`` (the others at their defaults), as its kernel reads them: for calling a kernel
+    directly. ``version`` is a name of the policy's versions.
+
+    Examples
+    --------
+    >>> o, c = router_options("round_robin", 8, cursor=3)
+    >>> o.values.tolist(), c.tolist()
+    ([], [3])
+    """
+    if not isinstance(policy, RoutingPolicy):
+        policy = get_routing_policy(policy, func)
+    return resolve_options(policy, options, n_replicas, horizon, func)[:2]
+
+
+def public_carry(policy: RoutingPolicy, carry):
+    """A policy's memory (its kernel's int64 array) as ``RoutingResult.extras["carry"]``
+    shows it: an instance of the policy's ``NamedTuple``, each field of its declared type.
+
+    Examples
+    --------
+    >>> public_carry(get_routing_policy("brs"), np.array([1]))
+    BRSCarry(backlog=True)
+    """
+    return policy.carry._make(
+        bool(v) if k is bool else v for k, v in zip(carry_kinds(policy.carry), carry.tolist())
+    )
+
+
+def policy_carry(policy: RoutingPolicy, carry, func: str) -> np.ndarray:
+    """The int64 memory array of ``carry`` (``extras["carry"]`` of a result of ``policy``, an
+    instance of its ``NamedTuple``), checked."""
+    record = policy.carry
+    if not isinstance(carry, record):
+        raise param_error(
+            "carry",
+            func,
+            f"a {record.__name__} (extras['carry'] of a result of policy {policy.name!r})",
+            describe(carry),
+        )
+    out = np.empty(len(record._fields), dtype=np.int64)
+    for k, kind in enumerate(carry_kinds(record)):
+        if kind is bool:
+            out[k] = check_bool(carry[k], "carry", func)
+        else:
+            out[k] = check_int(carry[k], "carry", func, lo=0, hi=2**52)
+    return out

@@ -26,17 +26,22 @@ from ...formulations.validation import (
     describe,
     rng_seed,
 )
-from ._balanceroute import project_loads_kernel
+from ._balanceroute import default_s_greedy, project_loads_kernel
 from ._core import (
     BAD_INPUT,
     MAX_ROUTED_TOKENS,
     PoolState,
     ReplicaState,
-    RouterCarry,
     policy_address,
     route_batch_kernel,
 )
-from .registry import DEFAULT_POLICY, default_s_greedy, get_routing_policy, resolve_options
+from .registry import (
+    DEFAULT_POLICY,
+    get_routing_policy,
+    policy_carry,
+    public_carry,
+    resolve_options,
+)
 
 __all__ = [
     "route_batch",
@@ -103,9 +108,9 @@ def _defaults(G: int, n: int):
 
 class _Plan:
     """What ``route_batch`` keeps per policy: its compiled entry and kernel (:func:`_entry`), the
-    resolved options of recent calls, ``(RouterOptions, RouterCarry, resolved)`` (immutable
-    records, so one serves every call with the same options), keyed by ``(G, H)`` for the
-    defaults and by ``(G, H, options)`` with the options' exact types and values (``1``,
+    resolved options of recent calls, ``(RouterOptions, carry, resolved, public carry)`` (never
+    changed by a kernel, so one serves every call with the same options), keyed by ``(G, H)``
+    for the defaults and by ``(G, H, options)`` with the options' exact types and values (``1``,
     ``1.0`` and ``True`` differ)."""
 
     __slots__ = ("policy", "entry", "kernel", "options")
@@ -129,8 +134,14 @@ def _plan(pol) -> _Plan:
     return hit
 
 
+def _resolve(policy, options, G, H):
+    opts, carry, resolved = resolve_options(policy, options, G, H, _FUNC)
+    return opts, carry, resolved, public_carry(policy, carry)
+
+
 def _options(plan, options, G, H):
-    """``(RouterOptions, RouterCarry, resolved)`` of ``options`` for ``plan``'s policy."""
+    """``(RouterOptions, carry, resolved, public carry)`` of ``options`` for ``plan``'s
+    policy."""
     cache = plan.options
     if not options:
         key = (G, H)
@@ -139,22 +150,14 @@ def _options(plan, options, G, H):
             key = (G, H, tuple((k, type(v), v) for k, v in sorted(options.items())))
             hash(key)
         except TypeError:  # an unhashable option (an array): resolved afresh
-            return resolve_options(plan.policy, options, G, H, _FUNC)
+            return _resolve(plan.policy, options, G, H)
     hit = cache.get(key)
     if hit is None:
-        hit = resolve_options(plan.policy, options, G, H, _FUNC)
+        hit = _resolve(plan.policy, options, G, H)
         if len(cache) >= 256:
             cache.clear()
         cache[key] = hit
     return hit
-
-
-def _carry(c) -> RouterCarry:
-    """A policy's memory passed back in (``extras["carry"]`` of the previous tick), with its
-    fields' types as the kernels read them."""
-    check_type(c, "carry", _FUNC, RouterCarry, 'a RouterCarry (extras["carry"] of a result)')
-    counts = [check_int(v, "carry", _FUNC, lo=0, hi=2**52) for v in c[:4]]
-    return RouterCarry(*counts, bool(c.brs_backlog))
 
 
 def _state_arrays(state, L, G, n):
@@ -205,9 +208,9 @@ def _state_arrays(state, L, G, n):
 
 def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, options, rng):
     """Everything ``route_batch`` checks before its kernel runs, once; returns the policy's
-    plan and the kernel's arguments, the last two the arrays it fills (``state``: the keyword
-    arguments ``n_running`` to ``pool_cached`` of ``route_batch``, in that order, or None when
-    none is given).
+    plan, the kernel's arguments (the last two the arrays it fills), the resolved options and
+    the memory passed in as its record (``state``: the keyword arguments ``n_running`` to
+    ``pool_cached`` of ``route_batch``, in that order, or None when none is given).
 
     Types and shapes are checked here (arrays already of the right dtype pass untouched);
     values (signs, NaN, infinities, magnitudes, the free slots' sum) in the kernel's jitted
@@ -230,11 +233,14 @@ def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, op
         n_run, n_wait, prompt, wtok, usage, cap = zi, zi, zf, zf, zf, inf
     else:
         n_run, n_wait, prompt, wtok, usage, cap, wait, key, cached = _state_arrays(state, L, G, n)
-    opts, carry0, resolved = _options(plan, options, G, H1 - 1)
-    if carry is not None:
-        carry0 = _carry(carry)
-        if options and "cursor" in options:
-            carry0 = carry0._replace(cursor=resolved["cursor"])
+    opts, carry0, resolved, public = _options(plan, options, G, H1 - 1)
+    if carry is not None:  # the memory passed back in; an option that sets a field wins
+        given = carry0
+        carry0, public = policy_carry(pol, carry, _FUNC), carry
+        for k, f in enumerate(pol.carry._fields):
+            if options and f in options:
+                carry0[k] = given[k]
+                public = None
     seed = 0
     if pol.seeded:
         seed = rng_seed(rng, _FUNC)
@@ -259,7 +265,7 @@ def _route_batch_iv(prefill_lengths, loads, free_slots, policy, state, carry, op
         np.empty(n, np.int64),  # the assignment and the loads after the tick, filled by
         np.empty(G),  # the kernel
     )
-    return plan, args, resolved
+    return plan, args, resolved, public
 
 
 _EXPECTED = {
@@ -344,80 +350,26 @@ def route_batch(
 ) -> RoutingResult:
     r"""Route one tick of ready requests to ``G`` lock-step decode replicas.
 
-    BR-S (``policy="brs"``, the default, :data:`~straggler.solvers.DEFAULT_POLICY`; not in the
-    paper): JSQ's decision while there is no backlog. A backlog starts at the tick where some
-    visible request has waited ``patience`` ticks (default 128: longer than the bursts below
-    saturation, see ``benchmarks/routing_load_sweep.py``) and lasts, through
-    ``RouterCarry.brs_backlog`` (pass ``extras["carry"]`` back), until a tick whose visible pool
-    fits in the free slots (that tick is still routed as a backlog one). In a backlog: when
-    every visible request has a slot, longest first onto JSQ's replica; when slots are
-    scarce, the replica with the largest margin takes, from an age window, the request with
-    the best F-score against its margin per free slot;
-    the window holds the requests that entered the pool at most ``min(age_window,
-    age_fraction * w*)`` ticks after the oldest waiting one (``w*``; defaults ``ceil(4096/G)``
-    and 0.1), cut to the ``window * S_tot`` oldest (default 8 per free slot). Safety net
-    (``safe=True``): JSQ's own decision is kept whenever it leaves no larger imbalance. So one
-    tick never leaves a larger imbalance than JSQ's (THEOREMS.md R7), and no request is placed
-    while one that entered the pool more than ``age_window`` ticks before it waits (R8: the
-    pool-wait bound; ``pool_wait`` gives the ticks waited). It reads KV room
-    (``kv_capacity``) and places nothing that would not fit. The measured behaviour across
-    loads: ``benchmarks/routing_load_sweep.py``.
+    ``policy`` names the rule (default :data:`~straggler.solvers.DEFAULT_POLICY`, ``brs``).
+    Every policy places requests only on replicas with a free slot (``free_slots``), takes the
+    pool oldest first, and states its rule, tie-breaks, options, memory and cost in its own
+    module, beside its kernel:
 
-    BR-0 (``policy="br0"``), BalanceRoute 关键设计 2, on current loads ``L = loads[:, 0]``,
-    ``M = max L``, margins ``m_g = M - L_g``, F-score ``F_g(Q) = D(Q) - G*(D(Q) - m_g)_+``.
-    Until the pool is empty or no free slot is left, repeat:
+    * ``br0``, ``brh``, ``brs`` (BalanceRoute's F-score policies and this library's default):
+      ``straggler.solvers.routing._balanceroute``;
+    * ``round_robin``, ``jsq``, ``jsq_requests``, ``p2c``, ``follow_bootstrap_room`` (SGLang's
+      DP controller and model gateway): ``straggler.baselines.routing.sglang``;
+    * ``vllm`` (vLLM's DP load balancer): ``straggler.baselines.routing.vllm``;
+    * ``trtllm``, ``trtllm_balance`` (TensorRT-LLM's attention-DP router):
+      ``straggler.baselines.routing.trtllm``;
+    * ``dynamo`` (Dynamo's KV router): ``straggler.baselines.routing.dynamo``;
+    * ``random``: ``straggler.baselines.routing.random``.
 
-    1. Pop the replica ``g`` with a free slot that is largest in ``(cap_g, m_g)``
-       (lexicographic; ties to the lowest index). Each placement can raise ``M`` and so
-       moves every margin, but not their order: the replicas with the most free slots are
-       sorted by load once, and a pop reads the first of them (and any with an equal margin).
-    2. Rank the pool by the single score ``F_g({i})``, descending, ties to the lower pool
-       index (older request first).
-    3. **Stage 1**, while the total free slots ``S_tot > S_greedy``: place the top-ranked
-       request on ``g``.
-       **Stage 2**, otherwise: candidates are the top ``R_max`` of the ranking; search every
-       subset ``Q`` with ``1 <= |Q| <= min(cap_g, R_max)`` for the largest ``F_g(Q)``; subsets
-       are visited by size, then in lexicographic order of candidate ranks, and the first
-       maximum is kept (so ties go to fewer requests, then to better-ranked ones). If the best
-       score is ``<= 0`` the starvation guard places the top-ranked request alone.
-    4. Optimistic update (``optimistic=True``, default): ``L_g += D(Q)``, ``M = max(M, L_g)``,
-       all margins recomputed from the new ``M``; ``cap_g -= |Q|``.
-
-    Every pop places at least one request, so a tick places ``min(n_pool, S_tot)`` requests.
-
-    BR-H (``policy="brh"``), 关键设计 3: ``loads`` is ``(G, H+1)`` projected loads (see
-    :func:`project_loads`), margin vectors ``m_{g,h} = max_g' L_{g',h} - L_{g,h}``, discount
-    ``d = (1, gamma, ..., gamma^H)``, score ``F_g(Q) = alpha*(1'd)*D - beta*((D*1 - m_g)_+)'d``
-    (``beta`` defaults to ``G``). Same two stages; the replica key is ``(cap_g, d'm_g)`` and the
-    update adds ``D(Q)`` to every column of ``g``. With ``H = 0, alpha = 1, beta = G`` it makes
-    exactly BR-0's decisions (Theorem R3). Two options beyond the paper, both off by default:
-    ``new_presence=pi`` weighs column ``h`` by the probability ``pi_h`` that a request placed
-    now is still resident then (``d_h = gamma^h * pi_h``; ``new_request_presence``), and
-    ``project_loads(..., refill=...)`` lets a slot freed within the horizon hold a new request
-    instead of staying empty (the study behind them: ``benchmarks/routing_table.py``).
-
-    Baselines (all place in pool order, only on replicas with a free slot; each names its
-    upstream file and change in the registry and in ``straggler.baselines.routing.routers``, and
-    the
-    versioned ones take ``version=``, the current upstream behaviour by default):
-    ``round_robin`` (cyclic from ``cursor``), ``random`` (uniform, seeded), ``jsq`` (SGLang
-    ``total_tokens``: fewest ``loads + waiting_tokens``, then fewest running + waiting
-    requests, lowest index; after a pick ``+prompt, +1`` or, ``version="plus_one"``, ``+1``),
-    ``jsq_requests`` (SGLang ``total_requests``), ``vllm`` (vLLM's DP load balancer: first
-    strict minimum of ``max(inflight, waiting + running) + 6*waiting*max(0, kv_usage - 0.5)``
-    from a start index that rotates after every pick, kept in ``carry``; ``"rotate_4w"`` and
-    ``"legacy"`` score ``4*waiting + running``, the latter from a fixed start), ``p2c`` (the
-    SGLang gateway's power of two on its version's metric, ties to the first draw),
-    ``trtllm`` (TensorRT-LLM attention-DP: longest prompt first, ties to the lower index;
-    min-heap on ``(prompt tokens, requests, rank)`` where the tokens are the active requests'
-    original prompt lengths, per-rank cap ``max(ceil((sum active + n_new)/G), max active)``,
-    ``n_new = min(n_pool, S_tot)``), ``trtllm_balance`` (the same, held back by
-    ``enable_balance``'s ``timeout_iters`` and ``batching_wait_iters``, counters in
-    ``carry``), ``follow_bootstrap_room`` (replica ``pool_key % G``: SGLang's PD rule),
-    ``dynamo`` (Dynamo's KV router: lowest ``overlap_weight * new prefill blocks + decode
-    blocks``, the prefix in ``pool_cached`` credited, ties random).
-    The registry (:func:`~straggler.solvers.routing.registry.routing_policies`) lists every
-    policy with its rule and source.
+    The registry lists every policy with a one-line summary and its source
+    (:func:`~straggler.solvers.routing.registry.get_routing_policy`); the baselines' versions
+    take ``version=``, the current upstream behaviour by default. A policy with memory (the
+    round-robin cursor, vLLM's start index, TensorRT-LLM's hold-back counters, BR-S's
+    backlog) returns it in ``extras["carry"]``; pass it back as ``carry=`` at the next tick.
 
     Parameters
     ----------
@@ -450,21 +402,16 @@ def route_batch(
         room for ``follow_bootstrap_room``.
     pool_cached : array, shape (n_pool, G), optional
         Prompt tokens of request ``i`` already in replica ``g``'s prefix cache.
-    carry : RouterCarry, optional
-        The policy's memory: ``extras["carry"]`` of the previous tick's result.
+    carry : NamedTuple, optional
+        The policy's memory: ``extras["carry"]`` of the previous tick's result (an instance of
+        the ``NamedTuple`` its module declares; default its first tick's).
     rng : None, int or numpy Generator
         Seed of ``random``, ``p2c`` and ``dynamo``'s ties (a Generator is drawn from once).
     **options
-        The policy's options (``straggler.solvers.routing.registry.OPTIONS``):
-        ``r_max`` (``R_max``, Stage-2 candidates, 1..16, default 4, the paper's example),
-        ``s_greedy`` (Stage-1 threshold, default
-        ``straggler.solvers.routing.registry.default_s_greedy`` ``= G * r_max``), ``alpha``,
-        ``beta``, ``gamma`` (BR-H weights; ``beta`` defaults to ``G``; ``gamma`` in
-        (0, 1]), ``optimistic`` (bool, default True), ``cursor`` (round-robin start, default
-        0), ``new_presence`` (BR-H: ``H+1`` weights in [0, 1]), ``version`` (a baseline's
-        upstream version), ``kv_weight``, ``throughput`` (``p2c``), ``block_size``,
-        ``overlap_weight`` (``dynamo``), ``timeout_iters``, ``batching_wait_iters``
-        (``trtllm_balance``). A policy refuses an option it does not read.
+        The policy's options, declared in its module (e.g. ``r_max``, ``s_greedy`` of
+        ``br0``; ``version`` of a versioned baseline; ``optimistic``, the local update after
+        each placement, default True, for the policies that have one). A policy refuses an
+        option it does not declare.
 
     Returns
     -------
@@ -483,26 +430,14 @@ def route_batch(
 
     Notes
     -----
-    Cost per tick, ``P`` placements (``P2`` in Stage 2): BR-0 ``O(n + P*(G + R_max log n)
-    + P2*2^R_max)`` (the pool is radix-sorted once; the ranking merges two walks from the
-    margin, Theorem R2, over a bitset of live positions; a Stage-1 pop is one binary search
-    and a few bitset look-ups, ``n <= 4096`` needing one summary word; the replica of a pop
-    costs ``O(1)`` amortized when all replicas start with the same free slots and distinct
-    loads: one insertion sort of the ``G`` replicas per ``G`` pops, ``O(G)`` a pop at worst,
-    as in ties); BR-H
-    ``O(P*(G*H + e*H))`` with ``e`` the requests evaluated by its two walks from the peak of the
-    concave score (all of them in the worst case); baselines ``O(n*G)`` (trtllm adds
-    ``O(n log n)``). The kernels equal their plain-Python references (which rank the whole
-    pool on every pop) decision for decision.
-
-    Deviations from the paper: it states neither ``S_greedy`` nor the candidate order nor the
-    tie-breaks; the choices above are ours. The replica key ``(cap_g, m_g)`` is read as
-    lexicographic (free slots first), as the paper writes the tuple.
+    Every kernel equals its plain-Python reference decision for decision; each policy's cost
+    per tick is stated in its module (BR-0 ``O(n + P*(G + R_max log n) + P2*2^R_max)`` for
+    ``P`` placements, baselines ``O(n*G)``).
 
     References
     ----------
-    BalanceRoute (arXiv 2605.06113) 关键设计 1-3; the upstream routers: the module docstrings of
-    ``straggler.baselines.routing.sglang``, ``.vllm``, ``.trtllm`` and ``.dynamo``.
+    BalanceRoute (Tackling the Data-Parallel Load Balancing Bottleneck in LLM Serving, arXiv
+    2605.06113), key designs 1-3; the upstream routers: the module docstrings listed above.
 
     Examples
     --------
@@ -544,26 +479,26 @@ def route_batch(
             pool_key,
             pool_cached,
         )
-    plan, args, resolved = _route_batch_iv(
+    plan, args, resolved, public = _route_batch_iv(
         prefill_lengths, loads, free_slots, policy, state, carry, options, rng
     )
     pol = plan.policy
     f = plan.entry or _entry(plan, args)
-    code, index, c0, c1, c2, c3, c4, before, after, placed, s_tot, ns = f(plan.kernel, *args)
+    code, index, before, after, placed, s_tot, ns, carry_out = f(plan.kernel, *args)
     if code:
         _raise_bad(code, index, args)
     out, loads_after = args[15:]
-    new_carry = args[13]  # the carry passed in, when the policy left it as it was
-    if (c0, c1, c2, c3, c4) != new_carry:
-        new_carry = RouterCarry(c0, c1, c2, c3, c4)
-    # the kernel returns Python floats and ints (numba boxes float64 and int64 as such)
-    extras = {"carry": new_carry}
+    # the kernel returns Python floats and ints (numba boxes float64 and int64 as such), and
+    # the memory passed in itself when the policy left it unchanged
+    if carry_out is not args[13] or public is None:
+        public = public_carry(pol, carry_out)
+    extras = {"carry": public}
     stage = 0
     if pol.staged:
         stage = 1 if s_tot > resolved["s_greedy"] else 2
         extras["s_greedy"] = resolved["s_greedy"]
-    if "cursor" in pol.options:
-        extras["next_cursor"] = new_carry.cursor
+    if "cursor" in pol.carry._fields:  # round_robin's
+        extras["next_cursor"] = public.cursor
     return RoutingResult(
         assignment=out,
         imbalance=after,

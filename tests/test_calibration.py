@@ -148,11 +148,16 @@ def test_log_round_trip_and_malformed_logs(tmp_path):
     assert log["meta"] == {"gpu": "test", "dtype": "bf16"}
     # metadata the log could not give back as written is refused, and the file is untouched
     before = p.read_bytes()
-    for meta in ({"gpu": "x\n1,1,1"}, {"a:b": 1}, {"": 1}, {" gpu": "x"}, {"gpu": " x"},
-                 {3: "x"}, {"gpu": "x\u2028y"}, ["gpu"]):  # fmt: skip
+    for meta in ({"gpu": "x\n1,1,1"}, {"a:b": 1}, {" gpu": "x"}, {"gpu": " x"},
+                 {3: "x"}, {"gpu": "x\u2028y"}, {"gpu": "\ud800"}, ["gpu"]):  # fmt: skip
         with pytest.raises(InvalidInputError, match="'meta' parameter of write_calibration_log"):
             write_calibration_log(p, G, N, t, T=T, meta=meta)
     assert p.read_bytes() == before
+    with pytest.raises(InvalidInputError, match="'G' parameter of write_calibration_log"):
+        write_calibration_log(p, [], [], [])  # no rows: read_calibration_log refuses it
+    assert p.read_bytes() == before
+    write_calibration_log(tmp_path / "e.csv", G, N, t, meta={"": 1})  # '# : 1' reads back
+    assert read_calibration_log(tmp_path / "e.csv")["meta"] == {"": "1"}
     bad = {
         "noheader.csv": "1,2,3\n",
         "short.csv": "G,N,t_us\n1,2\n",
@@ -160,6 +165,8 @@ def test_log_round_trip_and_malformed_logs(tmp_path):
         "nan.csv": "G,N,t_us\n1,2,nan\n",
         "inf.csv": "G,N,t_us\n1,2,3\n2,-inf,4\n",
         "empty.csv": "# gpu: x\n",
+        "negative.csv": "G,N,t_us\n1,-2,3\n",
+        "zero_time.csv": "G,N,t_us\n1,2,0\n",
     }
     for name, text in bad.items():
         (tmp_path / name).write_text(text)

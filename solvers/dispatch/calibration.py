@@ -578,10 +578,11 @@ _LOG_COLUMNS = ("G", "N", "T", "t_us")
 def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) -> None:
     """Write a timing log as CSV: ``# key: value`` metadata lines, then ``G,N[,T],t_us`` rows.
 
-    The file is written atomically. :func:`read_calibration_log` gives back the metadata as
-    text (``str(value)``), so a key or value it could not give back as written is refused:
-    a key that is not a non-empty string, or holds ``:``, and either with a line break or
-    surrounding spaces.
+    The file is written atomically, as UTF-8. :func:`read_calibration_log` gives back the
+    metadata as text (``str(value)``), so a key or value it could not give back as written
+    is refused: a key that is not a string, or holds ``:``, and either with a line
+    break, surrounding spaces or a character UTF-8 cannot encode; so is a log of no rows,
+    which it refuses.
 
     Examples
     --------
@@ -595,6 +596,8 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
     func = "write_calibration_log"
     G = check_array(G, "G", func, kind="real", lo=0)
     n = G.size
+    if n == 0:
+        raise param_error("G", func, "at least one sample (a log of no rows is unreadable)", "none")
     N = check_array(N, "N", func, kind="real", lo=0, shape=(n,))
     t = check_array(t, "t", func, kind="real", lo=0, lo_open=True, shape=(n,))
     if T is not None:
@@ -603,15 +606,18 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
         raise param_error("meta", func, "None or a dict", type(meta).__name__)
     buf = io.StringIO()
     for k, v in (meta or {}).items():
-        if not isinstance(k, str) or not k or ":" in k:
-            raise param_error(
-                "meta", func, "a dict whose keys are non-empty strings without ':'", repr(k)
-            )
+        if not isinstance(k, str) or ":" in k:
+            raise param_error("meta", func, "a dict whose keys are strings without ':'", repr(k))
         for text in (k, str(v)):
-            if text != text.strip() or (text and text.splitlines() != [text]):
+            if (
+                text != text.strip()
+                or (text and text.splitlines() != [text])
+                or _utf8_problem(text)
+            ):
                 raise param_error(
-                    "meta", func, "a dict whose keys and values have no line breaks or "
-                    "surrounding spaces (stored as '# key: value' lines)", repr(text),
+                    "meta", func, "a dict whose keys and values have no line breaks, "
+                    "surrounding spaces or characters UTF-8 cannot encode (stored as "
+                    "'# key: value' lines)", repr(text),
                 )  # fmt: skip
         buf.write(f"# {k}: {v}\n")
     cols = ["G", "N"] + (["T"] if T is not None else []) + ["t_us"]
@@ -623,20 +629,29 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
             row.append(repr(float(T[i])))
         row.append(repr(float(t[i])))
         w.writerow(row)
-    with atomic_open(path, "w") as f:
+    with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(buf.getvalue())
+
+
+def _utf8_problem(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def read_calibration_log(path) -> dict:
     """Read a CSV timing log: ``{"G", "N", "T" (or None), "t", "meta"}`` (arrays of float64).
 
     Columns by name (``G``, ``N``, optional ``T``, and ``t_us`` or ``t``); ``# key: value``
-    lines before the header are metadata. Raises :class:`InvalidInputError` naming the
+    lines before the header are metadata. Counts are non-negative and times positive, as
+    :func:`write_calibration_log` writes them. Raises :class:`InvalidInputError` naming the
     file, the line and the column on anything else.
     """
     where = check_input_file(path, "path", "read_calibration_log")
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"Cannot read the calibration log {where!r}: {exc}") from None
@@ -677,6 +692,13 @@ def read_calibration_log(path) -> dict:
                 f"Line {lineno} of the calibration log {where!r} must hold finite numbers. "
                 f"Got {line!r} instead."
             )
+        for name, v in zip(header, row):
+            if name in _LOG_COLUMNS and (v <= 0 if name == "t_us" else v < 0):
+                raise InvalidInputError(
+                    f"Line {lineno} of the calibration log {where!r} must hold a "
+                    f"{'positive time' if name == 't_us' else 'non-negative count'} in "
+                    f"column {name}. Got {cells[header.index(name)]!r} instead."
+                )
         rows.append(row)
     if header is None or not rows:
         raise InvalidInputError(

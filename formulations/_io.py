@@ -32,6 +32,7 @@ import secrets
 import shutil
 import stat
 import sys
+import tempfile
 
 from .errors import InvalidInputError, WriteError
 
@@ -332,11 +333,24 @@ def _probe_dir(d: str, what: str) -> None:
         raise InvalidInputError(f"{what} {d} cannot be created: {probe} is a file.")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise InvalidInputError(f"{what} {d} is not writable (no write permission on {probe}).")
+    # Permission bits do not tell the superuser, or a special file system such as /proc,
+    # what can be created: create a probe and remove it at once.
+    try:
+        fd, name = tempfile.mkstemp(prefix=".straggler-probe-", dir=probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InvalidInputError(
+            f"{what} {d} is not writable (nothing can be created in {probe}: {reason})."
+        ) from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def check_output_dir(path, what: str = "The output directory") -> str:
     """Check, before any work, that ``path`` is or can become a writable directory; returns
-    it as a string. Nothing is created."""
+    it as a string. Nothing is left behind: a probe file is created in the nearest existing
+    folder and removed at once (permission bits alone do not tell the superuser, or a file
+    system such as ``/proc``, what can be created)."""
     p = os.fspath(path)
     if not p:
         raise InvalidInputError(f"{what} must be a non-empty path.")
@@ -346,7 +360,9 @@ def check_output_dir(path, what: str = "The output directory") -> str:
 
 def check_output_file(path, what: str = "The output file") -> str:
     """Check, before any work, that ``path`` can be written as a file (not a directory, its
-    directory writable or creatable); returns it as a string. Nothing is created."""
+    directory writable or creatable); returns it as a string. Nothing is left behind (a
+    probe file is created and removed in the nearest existing folder, as
+    :func:`check_output_dir` does)."""
     p = os.fspath(path)
     if not p or p.endswith(os.sep):
         raise InvalidInputError(f"{what} must be a file path. Got {p!r} instead.")
@@ -361,9 +377,10 @@ def check_output_file(path, what: str = "The output file") -> str:
 
 def name_list(text: str) -> list[str]:
     """The ``type=`` of every comma-separated list flag of the commands: the names, stripped,
-    in order. A list naming nothing (``""``, ``","``) or with an empty name (``"a,,b"``,
-    ``"a,"``) is refused, so that every command reads an empty list the same way: as a usage
-    error, never as its default.
+    in order. A list naming nothing (``""``, ``","``), with an empty name (``"a,,b"``,
+    ``"a,"``) or naming one thing twice (``"jsq,jsq"``, ``"jsq, jsq"``) is refused, so that
+    every command reads such a list the same way: as a usage error, never as its default
+    and never as a cell, a column or a compile step run twice.
 
     >>> name_list(" tempo, token_lp")
     ['tempo', 'token_lp']
@@ -371,12 +388,23 @@ def name_list(text: str) -> list[str]:
     Traceback (most recent call last):
     ...
     argparse.ArgumentTypeError: expected comma-separated names, at least one and none empty; got ','
+    >>> name_list("jsq,jsq")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected comma-separated names, each once; got 'jsq' twice ...
     """
     names = [x.strip() for x in str(text).split(",")]
     if not all(names):
         raise argparse.ArgumentTypeError(
             f"expected comma-separated names, at least one and none empty; got {text!r}"
         )
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated names, each once; got {name!r} twice in {text!r}"
+            )
+        seen.add(name)
     return names
 
 

@@ -1,7 +1,8 @@
 """The four commands read every list flag with one parser (``formulations._io.name_list``):
-a list that names nothing, or an empty name, is a usage error (exit 2, one line on stderr),
-never the default; every flag is validated, and the warm-up's child processes start through
-an entry of their own, not through hidden flags of ``straggler-warmup``."""
+a list that names nothing, an empty name or one name twice is a usage error (exit 2, one
+line on stderr), never the default; every flag and output path is checked before anything
+is printed, the error naming the flag; and the warm-up's child processes start through an
+entry of their own, not through hidden flags of ``straggler-warmup``."""
 
 import contextlib
 import importlib
@@ -61,6 +62,14 @@ def test_an_empty_list_is_refused_the_same_way_everywhere(prog, argv, value):
     assert "at least one and none empty" in err
 
 
+@pytest.mark.parametrize("value", ["tempo,tempo", "jsq, jsq", "a,b,a"])
+@pytest.mark.parametrize("prog, argv", LIST_FLAGS)
+def test_a_list_naming_a_thing_twice_is_refused_everywhere(prog, argv, value):
+    rc, err, out = run(prog, [*argv, value])
+    assert_usage_error(rc, err, out, argv[-1])
+    assert "each once" in err
+
+
 @pytest.mark.parametrize(
     "argv, flag",
     [
@@ -101,10 +110,49 @@ def test_the_warmup_child_entry_runs_a_step(tmp_path):
         (["--layers", "0"], "--layers"),
         (["--table-period", "nan"], "--table-period"),
         (["--table-period", "-1"], "--table-period"),
+        (["--moe", "nope"], "--moe"),
+        (["--layers", "-2"], "--layers"),
+        (["--layers", "59"], "--layers"),  # dsv3 has 58 MoE layers
+        (["--ep", "8", "--nodes", "3"], "--nodes"),
+        (["--ep", "8", "--nodes", "16"], "--nodes"),
+        (["--routings", "nope"], "--routings"),
+        (["--dispatches", "jsq"], "--dispatches"),
+        (["--placements", "even"], "--placements"),
+        (["--policies", "jsq"], "--policies"),
+        (["--prefix-cache"], "--prefix-cache"),
+        (["--json", "/proc/nope/x.json"], "--json"),
     ],
 )
-def test_simulate_deployment_flags_are_checked_first(extra, flag):
+def test_simulate_deployment_flags_are_checked_first(extra, flag, monkeypatch):
+    """Each deployment flag checked against the preset before anything is printed (the
+    trace's first-N notice included), the error naming the flag, not the parameter of the
+    deployment model it becomes."""
+    levers_module = importlib.import_module("straggler.sim.experiments.levers")
+    monkeypatch.setattr(levers_module, "levers", lambda *a, **k: pytest.fail("ran"))
     rc, err, out = run("straggler-simulate", ["azure_conv", "--moe", "dsv3", *extra])
+    assert_usage_error(rc, err, out, flag)
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--policies", "vllm:bogus"], "--policies"),
+        (["--policies", "jsq:v1"], "--policies"),
+        (["--policies", "nope"], "--policies"),
+        (["--routings", "jsq"], "--routings"),
+        (["--layers", "2"], "--layers"),
+        (["--full"], "--full"),
+        (["--json", "/proc/nope/x.json"], "--json"),
+        (["--plot", "/proc/nope/x.png"], "--plot"),
+    ],
+)
+def test_simulate_policy_flags_are_checked_first(extra, flag, monkeypatch):
+    """The policy table: a policy's version, and the levers table's flags given without
+    ``--moe``, refused naming the flag before any kernel compiles or any run starts."""
+    cmd = importlib.import_module("straggler.runtime.commands.simulate")
+    monkeypatch.setattr(cmd, "warm_engine", lambda *a, **k: pytest.fail("compiled"))
+    monkeypatch.setattr(cmd, "simulate", lambda *a, **k: pytest.fail("ran"))
+    rc, err, out = run("straggler-simulate", ["bursty", "--requests", "5", *extra])
     assert_usage_error(rc, err, out, flag)
 
 
@@ -114,3 +162,42 @@ def test_a_valid_list_still_runs():
     )
     assert rc == 0, err
     assert "tempo" in out
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--gpus", "0"], "--gpus"),
+        (["--tokens-per-gpu", "-1"], "--tokens-per-gpu"),
+        (["--gpus", "65536", "--tokens-per-gpu", "65536"], "--tokens-per-gpu"),
+        (["--skew", "nan"], "--skew"),
+        (["--kappa", "-1"], "--kappa"),
+        (["--replication", "0.5"], "--replication"),
+        (["--layers", "0"], "--layers"),
+        (["--nodes", "3"], "--nodes"),
+        (["--seed", "-1"], "--seed"),
+        (["--time-limit", "nan"], "--time-limit"),
+        (["--methods", "nope"], "--methods"),
+    ],
+)
+def test_compare_names_the_flag_before_generating_anything(argv, flag, monkeypatch):
+    cmd = importlib.import_module("straggler.runtime.commands.compare")
+    monkeypatch.setattr(cmd, "make_decode_problem", lambda *a, **k: pytest.fail("generated"))
+    rc, err, out = run("straggler-compare", argv)
+    assert_usage_error(rc, err, out, flag)
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--methods", "nope"], "--methods"),
+        (["--policies", "nope"], "--policies"),
+        (["--jobs", "0"], "--jobs"),
+        (["--jobs", "two"], "--jobs"),
+    ],
+)
+def test_warmup_names_the_flag(argv, flag, monkeypatch):
+    cmd = importlib.import_module("straggler.runtime.commands.warmup")
+    monkeypatch.setattr(cmd, "warmup", lambda *a, **k: pytest.fail("ran"))
+    rc, err, out = run("straggler-warmup", argv)
+    assert_usage_error(rc, err, out, flag)

@@ -70,7 +70,7 @@ def test_plot(tmp_path, capsys):
 
 def test_bad_input(capsys):
     assert simulate_cmd.main(["bursty", "--requests", "20", "--policies", "nope"]) == 2
-    assert "'policy'" in capsys.readouterr().err
+    assert "--policies" in capsys.readouterr().err
     assert simulate_cmd.main(["no_such_trace_or_preset"]) == 2
     assert "neither a file" in _one_line(capsys.readouterr().err)
     assert simulate_cmd.main(["bursty", "--requests", "20", "--load", "-1"]) == 2
@@ -93,7 +93,7 @@ def test_versions_dispatch_and_prefix_cache(tmp_path, capsys):
     assert set(runs) == {"jsq", "vllm:legacy", "dynamo"}
     assert all(0 <= r["prefix_hit_rate"] <= 1 for r in runs.values())
     assert simulate_cmd.main(["bursty", "--requests", "20", "--policies", "vllm:nope"]) == 2
-    assert "'version'" in capsys.readouterr().err
+    assert "--policies" in capsys.readouterr().err
 
 
 def _one_line(err: str) -> str:

@@ -17,7 +17,12 @@ import socket
 import numpy as np
 import pytest
 from straggler.formulations import InvalidInputError
-from straggler.formulations._io import atomic_dir, atomic_open, check_output_file
+from straggler.formulations._io import (
+    atomic_dir,
+    atomic_open,
+    check_output_dir,
+    check_output_file,
+)
 from straggler.runtime.engines import read_engine_log
 from straggler.runtime.engines._common import save_json
 from straggler.sim import load_prefix_blocks, load_trace
@@ -81,6 +86,17 @@ def test_a_link_loop_is_refused(tmp_path):
     with pytest.raises(InvalidInputError, match="symbolic-link loop"):
         check_output_file(a)
     assert a.is_symlink() and b.is_symlink()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("check", [check_output_file, check_output_dir])
+def test_an_output_where_nothing_can_be_created_is_refused_up_front(tmp_path, check):
+    """The check creates a probe instead of trusting permission bits, which tell the
+    superuser that /proc is writable; nothing is left behind where it succeeds."""
+    with pytest.raises(InvalidInputError, match="nothing can be created in /proc"):
+        check("/proc/nope/x.json", "--json")
+    assert check(tmp_path / "sub" / "x.json") == str(tmp_path / "sub" / "x.json")
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_fifo_destination_is_refused_without_blocking(tmp_path):

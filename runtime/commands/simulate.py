@@ -34,6 +34,7 @@ import time
 
 from ...formulations._io import OneLineParser, atomic_open, check_output_file, name_list
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
+from ...sim.engine.deployment import DISPATCHES, MODEL_PRESETS, PLACEMENTS
 from ...sim.engine.simulator import LOAD_BASES, engine_cache_is_warm, simulate, warm_engine
 from ...sim.experiments.load_sweep import SWEEP_TRACES, sweep_trace
 from ...sim.workloads.prefix import load_prefix_blocks
@@ -160,14 +161,22 @@ def _parser() -> OneLineParser:
     p.add_argument("--json", default=None, help="write the metrics of every run as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("deployment (DP attention + EP MoE): the levers table")
-    g.add_argument("--moe", default=None, help="model preset (qwen3_235b, dsv3): levers table")
-    g.add_argument("--ep", type=int, default=None, help="EP = DP width G (default --replicas)")
-    g.add_argument("--nodes", type=int, default=1, help="nodes of the EP group (default 1)")
     g.add_argument(
-        "--layers", type=int, default=4, help="MoE layers simulated, scaled to depth (default 4)"
+        "--moe", default=None, help=f"model preset ({', '.join(MODEL_PRESETS)}): levers table"
+    )
+    g.add_argument("--ep", type=int, default=None, help="EP = DP width G (default --replicas)")
+    g.add_argument("--nodes", type=int, default=None, help="nodes of the EP group (default 1)")
+    g.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help=f"MoE layers simulated, scaled to depth (default {LEVERS_LAYERS})",
     )
     g.add_argument(
-        "--table-period", type=float, default=0.2, help="simulated s between table refreshes"
+        "--table-period",
+        type=float,
+        default=None,
+        help=f"simulated s between table refreshes (default {LEVERS_TABLE_PERIOD_S})",
     )
     g.add_argument("--routings", type=name_list, default=None, help="routing policies (default "
                    "jsq,brs; --full: jsq,brs,br0,trtllm_balance)")  # fmt: skip
@@ -188,6 +197,9 @@ def _parser() -> OneLineParser:
 LEVERS_QUICK_GRID = (("jsq", "brs"), ("even", "tempo"), ("eplb", "place_experts"))
 #: Requests the levers table simulates without ``--full`` or ``--requests``.
 LEVERS_QUICK_REQUESTS = 3000
+#: ``--layers`` and ``--table-period`` when not given.
+LEVERS_LAYERS = 4
+LEVERS_TABLE_PERIOD_S = 0.2
 
 
 def _levers_main(args, trace) -> int:
@@ -205,9 +217,12 @@ def _levers_main(args, trace) -> int:
         trace = trace.subset(list(range(LEVERS_QUICK_REQUESTS)))
 
     G = args.ep if args.ep is not None else args.replicas
-    dep = DeploymentConfig(
-        preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
-        dispatch_period_s=args.table_period, seed=args.seed,
+    dep = DeploymentConfig(  # every value checked by _check_levers
+        preset=args.moe, n_gpus=G, n_nodes=args.nodes or 1,
+        layers=args.layers or LEVERS_LAYERS,
+        dispatch_period_s=LEVERS_TABLE_PERIOD_S if args.table_period is None
+        else args.table_period,
+        seed=args.seed,
     )  # fmt: skip
     warm = engine_cache_is_warm()
     if not warm:
@@ -319,12 +334,67 @@ def _check_args(args) -> None:
             )
     for name, lo, hi in (("nodes", 1, CMD_MAX_REPLICAS), ("layers", 1, 4096)):
         v = getattr(args, name)
-        if not lo <= v <= hi:
+        if v is not None and not lo <= v <= hi:
             raise InvalidInputError(f"--{name} must be in [{lo}, {hi}]; got {v}")
-    if not (math.isfinite(args.table_period) and args.table_period >= 0):
+    if args.table_period is not None and not (
+        math.isfinite(args.table_period) and args.table_period >= 0
+    ):
         raise InvalidInputError(
             f"--table-period must be a finite number >= 0; got {args.table_period}"
         )
+
+
+def _check_names(names, flag: str, known) -> None:
+    """Each name of a list flag one of ``known``; the flag named otherwise."""
+    for n in names or ():
+        if n not in known:
+            raise InvalidInputError(f"{flag} names {n!r}; expected names among {sorted(known)}")
+
+
+def _check_policies(policies) -> None:
+    """``--policies``: each NAME a routing policy, each NAME:VERSION one of its versions."""
+    for spec in policies or ():
+        name, colon, version = spec.partition(":")
+        _check_names([name], "--policies", routing_policies())
+        versions = get_routing_policy(name, "straggler-simulate").versions
+        if colon and version not in versions:
+            raise InvalidInputError(
+                f"--policies names {spec!r}; {name} has "
+                + (f"the versions {list(versions)}" if versions else "no versions")
+            )
+
+
+def _check_levers(args) -> None:
+    """The deployment flags (``--moe``'s group) against the preset, each error naming its
+    flag, so that the deployment model and the levers table built from them refuse nothing;
+    without ``--moe`` they are refused, as the flags of the policy table are with it."""
+    group = ("ep", "nodes", "layers", "table_period", "routings", "dispatches", "placements")
+    if args.moe is None:
+        given = [n for n in (*group, "full") if getattr(args, n) not in (None, False)]
+        if given:
+            raise InvalidInputError(
+                f"--{given[0].replace('_', '-')} is a flag of the levers table; give --moe too"
+            )
+        return
+    for name in ("policies", "prefix_cache"):
+        if getattr(args, name) not in (None, False):
+            raise InvalidInputError(
+                f"--{name.replace('_', '-')} is a flag of the policy table, not of --moe's "
+                "levers table (--routings names its routing policies)"
+            )
+    _check_names([args.moe], "--moe", MODEL_PRESETS)
+    G = args.ep if args.ep is not None else args.replicas
+    preset = MODEL_PRESETS[args.moe]
+    if args.nodes is not None and (args.nodes > G or G % args.nodes):
+        raise InvalidInputError(f"--nodes must be a divisor of the EP width {G}; got {args.nodes}")
+    if args.layers is not None and args.layers > preset.n_moe_layers:
+        raise InvalidInputError(
+            f"--layers must be at most {args.moe}'s {preset.n_moe_layers} MoE layers; "
+            f"got {args.layers}"
+        )
+    _check_names(args.routings, "--routings", routing_policies())
+    _check_names(args.dispatches, "--dispatches", DISPATCHES)
+    _check_names(args.placements, "--placements", PLACEMENTS)
 
 
 def _check_outputs(args) -> None:
@@ -344,6 +414,7 @@ def main(argv=None) -> int:
     if args.moe is not None:
         try:
             _check_args(args)
+            _check_levers(args)
             _check_outputs(args)
             return _levers_main(
                 args, resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
@@ -353,11 +424,11 @@ def main(argv=None) -> int:
             return 2
     try:
         _check_args(args)
+        _check_levers(args)
+        _check_policies(args.policies)
         _check_outputs(args)
         if args.policies is not None:
             policies = args.policies
-            for p in policies:
-                get_routing_policy(p.partition(":")[0], "straggler-simulate")
         else:
             rest = [p for p in routing_policies() if p not in (DEFAULT_POLICY, "jsq")]
             policies = [DEFAULT_POLICY, "jsq", *rest]

@@ -13,6 +13,8 @@ import os
 import sys
 
 from ...formulations._io import OneLineParser, name_list
+from ...solvers.dispatch.registry import dispatch_methods
+from ...solvers.routing.registry import routing_policies
 from ..warmup import MAX_JOBS, warmup
 
 __all__ = ["main"]
@@ -46,15 +48,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _jobs_arg(text: str) -> int:
-    """``--jobs``: ``"auto"`` or an integer (checked by :func:`warmup`)."""
+    """``--jobs``: ``"auto"`` or an integer (its range checked by :func:`main`)."""
     if text == "auto":
         return max(1, min(os.cpu_count() or 1, MAX_JOBS))
     try:
         return int(text)
     except ValueError:
         raise ValueError(
-            f"The '--jobs' option of straggler-warmup must be an integer >= 1 or 'auto'. "
-            f"Got {text!r} instead."
+            f"--jobs must be an integer >= 1 or 'auto'; got {text!r}"
         ) from None
 
 
@@ -62,6 +63,19 @@ def main(argv=None) -> int:
     """Console entry point ``straggler-warmup``; returns the exit status (2 on bad flags)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    for flag, names, known in (
+        ("--methods", args.methods, dispatch_methods()),
+        ("--policies", args.policies, routing_policies()),
+    ):
+        unknown = [n for n in names or () if n not in known]
+        if unknown:
+            parser.error(f"{flag} names {unknown[0]!r}; expected names among {sorted(known)}")
+    try:
+        jobs = _jobs_arg(args.jobs)
+        if jobs < 1:
+            raise ValueError(f"--jobs must be an integer >= 1 or 'auto'; got {args.jobs!r}")
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         rep = warmup(
             dispatch=not args.no_dispatch,
@@ -70,7 +84,7 @@ def main(argv=None) -> int:
             methods=args.methods,
             policies=args.policies,
             progress=not args.json,
-            jobs=_jobs_arg(args.jobs),
+            jobs=jobs,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -54,9 +54,7 @@ def _jobs_arg(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(
-            f"--jobs must be an integer >= 1 or 'auto'; got {text!r}"
-        ) from None
+        raise ValueError(f"--jobs must be an integer >= 1 or 'auto'; got {text!r}") from None
 
 
 def main(argv=None) -> int:

@@ -431,6 +431,8 @@ def read_trtllm_statistics(
     for name, v in (("iter_start", iter_start), ("iter_stop", iter_stop)):
         if v is not None:
             check_int(v, name, func)
+    if n_experts is not None:  # before the files are checked against it
+        n_experts = check_int(n_experts, "n_experts", func, lo=1)
     meta_path = os.path.join(d, "meta_info.json")
     if not os.path.isfile(meta_path):
         raise InvalidInputError(f"{d} has no meta_info.json (TensorRT-LLM expert statistics).")
@@ -668,6 +670,8 @@ def read_moe_load_balancer(path, *, n_experts=None) -> EngineLog:
         config rejects, rows that are not ``num_slots`` long, an expert without a slot.
     """
     src = require_file(check_path(path, "path", "read_moe_load_balancer"))
+    if n_experts is not None:  # before the file is checked against it
+        check_int(n_experts, "n_experts", "read_moe_load_balancer", lo=1)
     try:
         with open(src, encoding="utf-8") as f:
             text = f.read()

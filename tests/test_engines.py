@@ -286,6 +286,18 @@ def test_vllm_maps_layout():
     ]
 
 
+@pytest.mark.parametrize("width, bound", [(2**40, "1024"), (1025, "1024"), (1, "2"), (2.5, "")])
+def test_vllm_maps_refuses_a_width_up_front(width, bound):
+    """A width past max(1024, slots) would allocate L x E x width (2**40: 24 TiB), one
+    below the most replicas cannot hold the map: refused naming width and the bound."""
+    p2l = [[0, 1, 2, 0]]
+    with pytest.raises(InvalidInputError, match=rf"'width' parameter of vllm_maps.*{bound}"):
+        vllm_maps(p2l, 3, width=width)
+    assert vllm_maps(p2l, 3, width=1024)["logical_to_physical_map"].shape == (1, 3, 1024)
+    wide = [list(range(3)) + [0] * 2000]  # 2003 slots: as wide as the slots is allowed
+    assert vllm_maps(wide, 3, width=2003)["logical_to_physical_map"].shape == (1, 3, 2003)
+
+
 # --- TensorRT-LLM -------------------------------------------------------------------------
 
 

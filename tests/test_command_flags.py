@@ -201,3 +201,23 @@ def test_warmup_names_the_flag(argv, flag, monkeypatch):
     monkeypatch.setattr(cmd, "warmup", lambda *a, **k: pytest.fail("ran"))
     rc, err, out = run("straggler-warmup", argv)
     assert_usage_error(rc, err, out, flag)
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--gpus", "100000"], "--gpus"),
+        (["--gpus", "6"], "--gpus"),  # 64 experts, 64 slots by default
+        (["--gpus", "8", "--slots", "68"], "--gpus"),
+        (["--gpus", "8", "--slots", "3"], "--slots"),
+        (["--gpus", "8", "--slots", "10000000"], "--slots"),
+        (["--gpus", "8", "--groups", "3"], "--groups"),
+    ],
+)
+def test_plan_names_the_flag_a_recording_refuses(extra, flag, monkeypatch):
+    """straggler-plan checks the flags that depend on the recording (its 64 experts) once
+    it is read, naming the flag, not plan()'s or rebalance_experts' parameter."""
+    cmd = importlib.import_module("straggler.runtime.commands.plan")
+    monkeypatch.setattr(cmd, "plan", lambda *a, **k: pytest.fail("planned"))
+    rc, err, out = run("straggler-plan", ["sample:vllm", "--no-progress", *extra])
+    assert_usage_error(rc, err, out, flag)

@@ -121,6 +121,7 @@ def test_the_warmup_child_entry_runs_a_step(tmp_path):
         (["--policies", "jsq"], "--policies"),
         (["--prefix-cache"], "--prefix-cache"),
         (["--json", "/proc/nope/x.json"], "--json"),
+        (["--kv-capacity", "1"], "--kv-capacity"),
     ],
 )
 def test_simulate_deployment_flags_are_checked_first(extra, flag, monkeypatch):
@@ -144,6 +145,9 @@ def test_simulate_deployment_flags_are_checked_first(extra, flag, monkeypatch):
         (["--full"], "--full"),
         (["--json", "/proc/nope/x.json"], "--json"),
         (["--plot", "/proc/nope/x.png"], "--plot"),
+        (["--rate", "5"], "--rate"),  # a preset has its own arrivals
+        (["--kv-capacity", "1"], "--kv-capacity"),  # below the longest request
+        (["--prefill-instances", "0", "--load-basis", "prefill"], "--load-basis"),
     ],
 )
 def test_simulate_policy_flags_are_checked_first(extra, flag, monkeypatch):

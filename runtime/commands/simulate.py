@@ -208,13 +208,16 @@ def _levers_main(args, trace) -> int:
     from ...sim.experiments.levers import LEVER_DISPATCHES, LEVER_PLACEMENTS, ROUTINGS, levers
 
     grid = (ROUTINGS, LEVER_DISPATCHES, LEVER_PLACEMENTS) if args.full else LEVERS_QUICK_GRID
-    if not args.full and not args.requests and len(trace) > LEVERS_QUICK_REQUESTS:
+    quick, n_all = not args.full and not args.requests, len(trace)
+    if quick and n_all > LEVERS_QUICK_REQUESTS:
+        trace = trace.subset(list(range(LEVERS_QUICK_REQUESTS)))
+    _check_trace(args, trace)
+    if quick and n_all > LEVERS_QUICK_REQUESTS:
         print(
-            f"levers: the first {LEVERS_QUICK_REQUESTS:,} of {len(trace):,} requests and a "
+            f"levers: the first {LEVERS_QUICK_REQUESTS:,} of {n_all:,} requests and a "
             "small grid (--full: every request and the whole grid; --requests N: N requests)",
             file=sys.stderr,
         )
-        trace = trace.subset(list(range(LEVERS_QUICK_REQUESTS)))
 
     G = args.ep if args.ep is not None else args.replicas
     dep = DeploymentConfig(  # every value checked by _check_levers
@@ -336,6 +339,16 @@ def _check_args(args) -> None:
         v = getattr(args, name)
         if v is not None and not lo <= v <= hi:
             raise InvalidInputError(f"--{name} must be in [{lo}, {hi}]; got {v}")
+    if args.load_basis == "prefill" and args.prefill_instances == 0:
+        raise InvalidInputError(
+            "--load-basis prefill needs prefill capacity to measure against: not with "
+            "--prefill-instances 0 (unlimited prefill)"
+        )
+    if args.rate is not None and not pathlib.Path(args.trace).is_file():
+        raise InvalidInputError(
+            f"--rate sets the arrivals of a length-only trace file; {args.trace!r} is not a "
+            "file (a shipped trace or a generator preset has its own arrivals)"
+        )
     if args.table_period is not None and not (
         math.isfinite(args.table_period) and args.table_period >= 0
     ):
@@ -397,6 +410,17 @@ def _check_levers(args) -> None:
     _check_names(args.placements, "--placements", PLACEMENTS)
 
 
+def _check_trace(args, trace) -> None:
+    """The flags that depend on the trace, once it is read and before any work."""
+    longest = int((trace.prompt_len + trace.output_len).max()) if len(trace) else 0
+    if longest > args.kv_capacity:
+        raise InvalidInputError(
+            f"--kv-capacity must hold the longest request of the trace (prompt + output: "
+            f"{longest:,} tokens, as vLLM's max_model_len must fit the KV cache); got "
+            f"{args.kv_capacity:,}"
+        )
+
+
 def _check_outputs(args) -> None:
     """``--json`` and ``--plot`` writable (and matplotlib there for a plot), before any work."""
     if args.json:
@@ -433,6 +457,7 @@ def main(argv=None) -> int:
             rest = [p for p in routing_policies() if p not in (DEFAULT_POLICY, "jsq")]
             policies = [DEFAULT_POLICY, "jsq", *rest]
         trace = resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+        _check_trace(args, trace)
         blocks = None
         if args.prefix_cache:
             if not pathlib.Path(args.trace).is_file():

@@ -19,7 +19,8 @@ invocations of the three commands with absurd flags and unwritable outputs;
 :func:`publisher_ops` and :func:`worker_ops` call sequences of the runtime's stateful
 objects; :func:`extreme_calls` dispatch calls whose numbers sit at the library's numeric
 bounds; :func:`sweep_tables` and :func:`calibration_logs` what the library's own text writers
-(``SweepTable.to_csv``, ``write_calibration_log``) are given, for the round trip "a write
+(``SweepTable.to_csv``, ``write_calibration_log``) and :func:`calibration_results` what
+``CalibrationResult.save`` is given, for the round trip "a write
 succeeds exactly when its reader gives back what was written". (Engine files, damaged binary
 files, statistics sets and special paths: :mod:`straggler.proofs.engine_strategies`.)
 
@@ -69,6 +70,7 @@ __all__ = [
     "TRICKY_TEXT",
     "sweep_tables",
     "calibration_logs",
+    "calibration_results",
 ]
 
 
@@ -884,3 +886,72 @@ def calibration_logs(draw) -> dict:
         val = st.one_of(_texts(), st.integers(), st.floats(), st.none())
         cols["meta"] = draw(st.dictionaries(key, val, max_size=3))
     return cols
+
+
+_JSON_JUNK = (
+    (1, 2),
+    {1: "x"},
+    {"a": {2: 3}},
+    {"a", "b"},
+    math.nan,
+    math.inf,
+    object,
+    b"x",
+)
+
+
+@st.composite
+def calibration_results(draw) -> dict:
+    """Keyword arguments of ``CalibrationResult``: a consistent fit (2 or 3 pieces, with or
+    without tiles; parameters, intervals, bootstrap replicates, pieces of the samples), then
+    up to two fields replaced by what its JSON would not give back as given (``iterations``
+    2.5 or True, a float ``piece``, a ``bootstrap_params`` of the wrong width, an int
+    parameter name, a tuple, a set, NaN or an int key in ``meta``, no ``CostModel``)."""
+    from ..formulations import CostModel
+
+    pieces = draw(st.sampled_from([2, 3]))
+    tiles = draw(st.booleans())
+    names = ["a", "b"] + (["b2"] if tiles else []) + ["c", "beta"]
+    names += ["c2", "gamma"] if pieces == 3 else []
+    vals = {n: draw(st.floats(0, 100)) for n in names}
+    cost = CostModel(**vals, **({"tile": 128} if tiles else {}))
+    n, k = draw(st.integers(0, 4)), draw(st.integers(0, 3))
+    boot = np.array(
+        draw(st.lists(st.floats(0, 100), min_size=k * len(names), max_size=k * len(names)))
+    )
+    kw = dict(
+        cost=cost,
+        params=dict(vals),
+        intervals={
+            m: (math.nan, math.nan) if draw(st.booleans()) else (v, v) for m, v in vals.items()
+        },
+        level=draw(st.sampled_from([0.95, 0.5])),
+        rel_rms=draw(st.floats(0, 1)),
+        max_rel_error=draw(st.floats(0, 1)),
+        n_star=cost.n_star,
+        piece=np.array(
+            draw(st.lists(st.integers(0, pieces - 1), min_size=n, max_size=n)), dtype=np.int64
+        ),
+        bootstrap_params=boot.reshape(k, len(names)),
+        iterations=draw(st.integers(1, 50)),
+        converged=draw(st.booleans()),
+        pieces=pieces,
+        tile=128,
+        meta=draw(
+            st.dictionaries(
+                _texts(), st.one_of(_texts(), st.integers(), st.floats(0, 1)), max_size=2
+            )
+        ),
+    )
+    spoilers = {
+        "iterations": st.sampled_from([2.5, True, "3"]),
+        "piece": st.just(np.array([0.5, 1.0])),
+        "bootstrap_params": st.just(np.zeros((2, len(names) + 1))),
+        "params": st.just({1: 1.0, **vals}),
+        "meta": st.builds(lambda j: {"x": j}, st.sampled_from(_JSON_JUNK)),
+        "cost": st.sampled_from([None, vals]),
+        "level": st.sampled_from(["x", None]),
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(spoilers)), max_size=2, unique=True)):
+        kw[name] = draw(spoilers[name])
+    return kw

@@ -39,6 +39,7 @@ from straggler.proofs.fuzz import (
     Call,
     bound_calls,
     calibration_logs,
+    calibration_results,
     cost_model_calls,
     extreme_calls,
     placement_calls,
@@ -581,6 +582,47 @@ def test_calibration_log_round_trip(x):
         assert _log_back(x, read_calibration_log(path))
 
 
+def _result_held(path, result) -> bool:
+    """Whether JSON holds ``result``: its ``to_dict`` written with no check, does
+    ``CalibrationResult.load`` give back the same JSON, and the same ``meta``?"""
+    import json
+
+    from straggler.solvers import CalibrationResult
+
+    try:
+        text = json.dumps(result.to_dict() | {"meta": result.meta}, indent=1)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        back = CalibrationResult.load(path)
+    except (AttributeError, TypeError, ValueError, RecursionError):
+        return False  # InvalidInputError included: the reader refused it
+    return json.dumps(back.to_dict(), indent=1) == text and back.meta == result.meta
+
+
+@FUZZ
+@given(kw=calibration_results())
+def test_calibration_result_round_trip(kw):
+    """``CalibrationResult.save`` writes exactly the results ``CalibrationResult.load``
+    gives back as written."""
+    import json
+
+    from straggler.solvers import CalibrationResult
+
+    result = CalibrationResult(**kw)
+    with tempfile.TemporaryDirectory() as d:
+        held = _result_held(os.path.join(d, "raw.json"), result)
+        path = os.path.join(d, "fit.json")
+        try:
+            result.save(path)
+        except InvalidInputError as exc:
+            assert not held, f"refused a result JSON holds: {exc}"
+            assert "CalibrationResult.save" in str(exc) and not os.path.exists(path)
+            return
+        assert held, "wrote a result CalibrationResult.load does not give back"
+        back = CalibrationResult.load(path)
+        assert json.dumps(back.to_dict()) == json.dumps(result.to_dict())
+
+
 # --- each property can fail -------------------------------------------------------------------
 
 
@@ -594,13 +636,15 @@ def test_extreme_numbers_property_can_fail(falsified, monkeypatch):
 
 
 def test_round_trip_properties_can_fail(falsified, monkeypatch):
-    """A writer that writes each value's text unchecked (as to_csv did), and a reader that
-    drops the metadata: the round-trip properties fail."""
+    """A writer that writes each value's text unchecked (as to_csv did), a result's meta
+    taken unchecked, a reader that drops the metadata: the round-trip properties fail."""
     import straggler.sim.experiments.sweep as sweep_mod
     import straggler.solvers.dispatch.calibration as calib_mod
 
     monkeypatch.setattr(sweep_mod, "_csv_cell", lambda v, row, col: "" if v is None else str(v))
     assert falsified(test_sweep_table_csv_round_trip, x=sweep_tables())
+    monkeypatch.setattr(calib_mod, "_meta_iv", lambda meta, func: dict(meta))
+    assert falsified(test_calibration_result_round_trip, kw=calibration_results())
     read = calib_mod.read_calibration_log
     monkeypatch.setattr(calib_mod, "read_calibration_log", lambda p: read(p) | {"meta": {}})
     assert falsified(test_calibration_log_round_trip, x=calibration_logs())

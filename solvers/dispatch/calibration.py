@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from ...formulations._io import atomic_open, check_input_file
+from ...formulations._io import atomic_open, check_input_file, check_path_arg
 from ...formulations.cost import MAX_TILE, CostModel
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_real, check_rng
@@ -197,6 +197,7 @@ class CalibrationResult:
         naming the field, before anything is written; so is ``meta`` that JSON does not give
         back as given (a tuple read as a list, an int key read as a string)."""
         func = "CalibrationResult.save"
+        path = check_path_arg(path, "path", func)
         try:
             d = self.to_dict() | {"meta": _meta_iv(self.meta, func)}
             text = json.dumps(d, indent=1)
@@ -627,6 +628,7 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
     ([1.0, 2.0], [25.5, 29.4], None, {'gpu': 'H20'})
     """
     func = "write_calibration_log"
+    path = check_path_arg(path, "path", func)
     G = check_array(G, "G", func, kind="real", lo=0)
     n = G.size
     if n == 0:

@@ -342,16 +342,64 @@ def test_readers_on_special_paths(kind, reader):
     assert kind == "link to a file", f"{reader} read a {kind}"
 
 
+def _writers():
+    """Each writer of a single file: ``(name, write(path), read(path) == what was written)``."""
+    from straggler.runtime.engines import (
+        read_eplb_maps,
+        read_vllm_state,
+        vllm_maps,
+        write_eplb_maps,
+        write_vllm_state,
+    )
+    from straggler.sim.experiments.sweep import SweepTable
+    from straggler.solvers.dispatch.calibration import (
+        read_calibration_log,
+        write_calibration_log,
+    )
+
+    m = [[0, 1, 1]]
+    v = vllm_maps(m, 2, width=None)
+    l2p, cnt = v["logical_to_physical_map"], v["logical_replica_count"]
+    return {
+        "write_sglang_init_location": (
+            "x.json",
+            lambda p: write_sglang_init_location(p, physical_to_logical=m),
+            lambda p: read_engine_log(p).physical_to_logical.tolist() == m,
+        ),
+        "write_vllm_state": (
+            "x.json",
+            lambda p: write_vllm_state(p, v),
+            lambda p: read_vllm_state(p).physical_to_logical.tolist() == m,
+        ),
+        "write_eplb_maps": (
+            "x.json",
+            lambda p: write_eplb_maps(p, m, l2p, cnt),
+            lambda p: read_eplb_maps(p).physical_to_logical.tolist() == m,
+        ),
+        "write_calibration_log": (
+            "x.csv",
+            lambda p: write_calibration_log(p, [1], [2], [3.5]),
+            lambda p: read_calibration_log(p)["t"].tolist() == [3.5],
+        ),
+        "SweepTable.to_csv": (
+            "x.csv",
+            lambda p: SweepTable([{"a": 1}], settings=["a"]).to_csv(p),
+            lambda p: SweepTable.read_csv(p).rows == ({"a": 1},),
+        ),
+    }
+
+
 @FUZZ
-@given(kind=st.sampled_from(SPECIAL_PATHS))
-def test_writers_on_special_paths(kind):
+@given(kind=st.sampled_from(SPECIAL_PATHS), writer=st.sampled_from(sorted(_writers())))
+def test_writers_on_special_paths(kind, writer):
     """A write to a link goes to its target (the link stays); to anything else that is not a
     regular file (or a path to one), it is refused before anything is written."""
+    name, write, read_back = _writers()[writer]
     with tempfile.TemporaryDirectory() as d:
-        path, cleanup = make_special_path(kind, d)
+        path, cleanup = make_special_path(kind, d, name)
         try:
             with no_hang(SPECIAL_HANG_S):
-                write_sglang_init_location(path, physical_to_logical=[[0, 1, 1]])
+                write(path)
         except InvalidInputError:
             assert kind not in ("missing", "link to a file", "broken link"), kind
             return
@@ -360,7 +408,7 @@ def test_writers_on_special_paths(kind):
         assert kind in ("missing", "link to a file", "broken link"), f"wrote to a {kind}"
         if kind != "missing":
             assert os.path.islink(path)
-        assert read_engine_log(path).physical_to_logical.tolist() == [[0, 1, 1]]
+        assert read_back(path)
 
 
 # --- each property can fail -------------------------------------------------------------------
@@ -409,4 +457,5 @@ def test_special_path_properties_can_fail(falsified, monkeypatch):
     kinds, readers = st.sampled_from(SPECIAL_PATHS), st.sampled_from(sorted(_readers()))
     assert falsified(test_readers_on_special_paths, kind=kinds, reader=readers)
     monkeypatch.setattr(_io, "_write_target", lambda p: p)
-    assert falsified(test_writers_on_special_paths, kind=kinds)
+    writers = st.sampled_from(sorted(_writers()))
+    assert falsified(test_writers_on_special_paths, kind=kinds, writer=writers)

@@ -477,11 +477,11 @@ def replica_maps(draw, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class BinaryFile:
-    """A binary engine file as its writer wrote it, then perhaps damaged (``damage``: none,
-    flip, tensor or truncate). A reader must refuse it naming the file, or read exactly the
-    counts written (``want``). Where the format cannot detect the damage (``detectable``
-    False: a bit flipped inside a safetensors tensor, which has no checksum), what is read
-    need only be a valid log."""
+    """An engine file as its writer wrote it, then perhaps damaged (``damage``: none, flip,
+    tensor or truncate). A reader must refuse it naming the file, or read exactly the
+    counts written (``want``); a truncated file is always refused. Where the format cannot
+    detect the damage (``detectable`` False: a bit flipped inside a safetensors tensor or in
+    JSON text, neither of which has a checksum), what is read need only be a valid log."""
 
     name: str
     data: bytes
@@ -492,9 +492,9 @@ class BinaryFile:
 
 @st.composite
 def binary_engine_files(draw, *, torch_ok: bool = True) -> BinaryFile:
-    """An SGLang stat or per-pass dump, or a vLLM state (``.pt``, or ``.safetensors``),
-    written by the library's writers, then one bit flipped (anywhere, or inside the first
-    tensor's bytes), truncated, or left whole. ``want`` is the counts the file holds as
+    """An SGLang stat or per-pass dump, or a vLLM state (``.pt``, ``.safetensors`` or
+    ``.json``), written by the library's writers, then one bit flipped (anywhere, or inside
+    the first tensor's bytes), truncated, or left whole. ``want`` is the counts the file holds as
     every reader returns them: a stat dump's and a vLLM window's all-zero rows (buffer rows
     never written) left out, a per-pass dump's kept (a pass that routed nothing)."""
     import os
@@ -508,7 +508,8 @@ def binary_engine_files(draw, *, torch_ok: bool = True) -> BinaryFile:
         write_vllm_state,
     )
 
-    kinds = ["vllm_st"] + (["sglang_stat", "sglang_detail", "vllm_pt"] if torch_ok else [])
+    kinds = ["vllm_st", "vllm_json"]
+    kinds += ["sglang_stat", "sglang_detail", "vllm_pt"] if torch_ok else []
     kind = draw(st.sampled_from(kinds))
     L, P = draw(st.integers(1, 2)), draw(st.integers(2, 4))
     m = _placement(draw, L, draw(st.integers(1, P)), P)
@@ -524,7 +525,7 @@ def binary_engine_files(draw, *, torch_ok: bool = True) -> BinaryFile:
             path = write_sglang_detail_dump(d, rec, m, rank=0, timestamp=1.0)
             want = None  # the fold: computed by the test from the map
         else:
-            ext = ".pt" if kind == "vllm_pt" else ".safetensors"
+            ext = {"vllm_pt": ".pt", "vllm_st": ".safetensors", "vllm_json": ".json"}[kind]
             state = dict(vllm_maps(m, int(m.max()) + 1, width=None), expert_load_window=gpc[None])
             path = write_vllm_state(os.path.join(d, "s_rank0" + ext), state)
             want = None
@@ -562,7 +563,10 @@ def binary_engine_files(draw, *, torch_ok: bool = True) -> BinaryFile:
                 want[0, layer, m[layer, p]] += gpc[layer, p]
         if not keep_zero:
             want = want[want.any(axis=(1, 2))]
-    return BinaryFile(name, data, how, want, detectable=not (how == "tensor" and kind == "vllm_st"))
+    # no checksum: a bit flipped inside a safetensors tensor, or anywhere in JSON text (a
+    # digit for another), may read as other valid data
+    blind = how == "tensor" and kind == "vllm_st" or how == "flip" and kind == "vllm_json"
+    return BinaryFile(name, data, how, want, detectable=not blind)
 
 
 @st.composite

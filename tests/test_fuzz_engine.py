@@ -247,10 +247,10 @@ def test_started_worker_sequences(ops, started_worker):
 @FUZZ
 @given(bf=binary_engine_files(torch_ok=HAS_TORCH))
 def test_damaged_binary_files(bf):
-    """A binary file with a bit flipped or cut short: refused naming the file, or read
-    exactly as written (a byte no reader uses, such as a time stamp inside the archive).
-    A flip the format cannot detect (inside a safetensors tensor) may be read, as a valid
-    log."""
+    """A file with a bit flipped or cut short: refused naming the file (always, when cut
+    short), or read exactly as written (a byte no reader uses, such as a time stamp inside
+    the archive). A flip the format cannot detect (inside a safetensors tensor, in JSON
+    text) may be read, as a valid log."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, bf.name)
         with open(path, "wb") as f:
@@ -262,6 +262,7 @@ def test_damaged_binary_files(bf):
             assert bf.damage != "none", f"an undamaged file was refused: {exc}"
             assert bf.name in str(exc), str(exc)
             return
+    assert bf.damage != "truncate", "a truncated file was read"
     check_log(log)
     if bf.detectable:
         np.testing.assert_array_equal(log.counts, bf.want)

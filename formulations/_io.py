@@ -44,6 +44,7 @@ __all__ = [
     "check_output_file",
     "name_list",
     "check_input_file",
+    "check_path_arg",
     "file_problem",
     "write_error",
     "OneLineParser",
@@ -76,15 +77,15 @@ def file_problem(path) -> str | None:
     return None
 
 
-def check_input_file(path, name: str, func: str) -> str:
-    """``path`` as a ``str`` when it names a regular file to read (symbolic links followed),
-    else an error naming the parameter: not a path (an ``int`` would be opened as a file
-    descriptor, ``bytes`` are refused), empty, or :func:`file_problem`.
+def check_path_arg(path, name: str, func: str) -> str:
+    """``path`` as a non-empty ``str`` (from a ``str`` or an ``os.PathLike`` giving one),
+    else an error naming the parameter (an ``int`` would be a file descriptor to ``open``,
+    ``bytes`` are refused, as every reader refuses them).
 
-    >>> check_input_file(3, "path", "load_x")
+    >>> check_path_arg(b"a.csv", "path", "write_x")
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidInputError: ... Got int 3 instead.
+    straggler.formulations.errors.InvalidInputError: ... Got bytes b'a.csv' instead.
     """
     if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)):
         raise InvalidInputError(
@@ -98,6 +99,20 @@ def check_input_file(path, name: str, func: str) -> str:
         raise InvalidInputError(
             f"The '{name}' parameter of {func} must be a non-empty path. Got {p[:60]!r} instead."
         )
+    return p
+
+
+def check_input_file(path, name: str, func: str) -> str:
+    """``path`` as a ``str`` when it names a regular file to read (symbolic links followed),
+    else an error naming the parameter: not a path (an ``int`` would be opened as a file
+    descriptor, ``bytes`` are refused), empty, or :func:`file_problem`.
+
+    >>> check_input_file(3, "path", "load_x")
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InvalidInputError: ... Got int 3 instead.
+    """
+    p = check_path_arg(path, name, func)
     why = file_problem(p)
     if why is not None:
         raise InvalidInputError(
@@ -178,7 +193,7 @@ def atomic_path(path):
     >>> sorted(os.listdir(d))
     ['a.txt']
     """
-    p = _write_target(os.fspath(path))
+    p = _write_target(check_path_arg(path, "path", "a write"))
     d = os.path.dirname(p) or "."
     if os.path.exists(d) and not os.path.isdir(d):
         raise InvalidInputError(f"Cannot write {p}: {d} is a file, not a directory.")

@@ -1,5 +1,6 @@
 """fit_cost_model: recovery of known models, intervals, the H20 anchor, logs, bad input."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -127,6 +128,19 @@ def test_same_seed_same_result_and_json_round_trip(tmp_path):
     assert c.params == a.params and c.intervals == a.intervals and c.cost == a.cost
     np.testing.assert_array_equal(c.piece, a.piece)
     assert "rel RMS" in c.table()
+    # what load would not give back as written is refused, naming the field; nothing written
+    for field, value, match in (
+        ("iterations", 2.5, "'iterations' field"),  # load read it as 2
+        ("bootstrap_params", np.zeros((2, len(a.params) + 1)), "bootstrap_params"),
+        ("meta", {"shape": (1, 2)}, "'meta' parameter of CalibrationResult.save"),  # a list
+        ("meta", {"n": {1: 2}}, "'meta' parameter of CalibrationResult.save"),  # key '1'
+        ("cost", None, "CalibrationResult.save writes the fields"),  # AttributeError
+    ):
+        with pytest.raises(InvalidInputError, match=match):
+            dataclasses.replace(a, **{field: value}).save(tmp_path / "refused.json")
+        assert not (tmp_path / "refused.json").exists()
+    with pytest.raises(InvalidInputError, match="'meta' parameter of fit_cost_model"):
+        fit_cost_model(G, N, t, bootstrap=0, meta={"shape": (1, 2)})
     (tmp_path / "bad.json").write_text('{"format": "straggler-calibration", "cost": {}}')
     with pytest.raises(InvalidInputError, match="'cost' field of .*bad.json") as e:
         CalibrationResult.load(tmp_path / "bad.json")

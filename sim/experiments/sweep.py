@@ -52,7 +52,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formulations._io import atomic_open, atomic_path, check_input_file, check_output_file
+from ...formulations._io import (
+    atomic_open,
+    atomic_path,
+    check_input_file,
+    check_output_file,
+    check_path_arg,
+)
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ...formulations.validation import check_bool, check_choice, check_int, check_type, describe
 
@@ -399,6 +405,8 @@ class SweepTable:
         something else (``"1"``, ``"nan"``, ``"True"``, ``""``), text UTF-8 cannot encode,
         rows of no column.
         """
+        if path is not None:
+            path = check_path_arg(path, "path", "SweepTable.to_csv")
         buf = io.StringIO()
         if self.rows and not self.columns:
             raise InvalidInputError(
@@ -430,6 +438,7 @@ class SweepTable:
                 "Writing a sweep table as Parquet needs pyarrow (pip install pyarrow); "
                 "write CSV instead (a path ending in .csv)."
             ) from None
+        path = check_path_arg(path, "path", "SweepTable.to_parquet")
         table = pa.Table.from_pylist([{c: r.get(c) for c in self.columns} for r in self.rows])
         table = table.replace_schema_metadata({"straggler.settings": json.dumps(self.settings)})
         with atomic_path(path) as tmp:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from ...formulations._io import atomic_open, check_input_file
+from ...formulations._io import atomic_open, check_input_file, check_path_arg
 from ...formulations.cost import MAX_TILE, CostModel
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_real, check_rng
@@ -189,11 +189,39 @@ class CalibrationResult:
             ) from None
 
     def save(self, path) -> None:
-        """Write the fit as JSON (read back by :meth:`load` and ``straggler-plan``)."""
-        text = json.dumps(
-            self.to_dict() | {"meta": _meta_iv(self.meta, "CalibrationResult")}, indent=1
-        )
-        with atomic_open(path, "w") as f:
+        """Write the fit as JSON (read back by :meth:`load` and ``straggler-plan``).
+
+        Only what :meth:`load` gives back as written is written: the JSON is read back
+        through :meth:`from_dict` first, and a result it refuses, or gives back otherwise
+        (``iterations=2.5`` read as 2, a ``bootstrap_params`` of the wrong width), is refused
+        naming the field, before anything is written; so is ``meta`` that JSON does not give
+        back as given (a tuple read as a list, an int key read as a string)."""
+        func = "CalibrationResult.save"
+        path = check_path_arg(path, "path", func)
+        try:
+            d = self.to_dict() | {"meta": _meta_iv(self.meta, func)}
+            text = json.dumps(d, indent=1)
+        except InvalidInputError:
+            raise
+        except (AttributeError, TypeError, ValueError, RecursionError) as exc:
+            raise InvalidInputError(
+                f"{func} writes the fields fit_cost_model gives, as JSON. Got a field that is "
+                f"not one ({type(exc).__name__}: {str(exc)[:120]})."
+            ) from None
+        try:
+            back = type(self).from_dict(json.loads(text), source="the result to save")
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"{func} refuses what CalibrationResult.load would: {exc}"
+            ) from None
+        again = back.to_dict()
+        for k, v in d.items():
+            if json.dumps(again[k], indent=1) != json.dumps(v, indent=1):
+                raise InvalidInputError(
+                    f"{func} cannot write the {k!r} field as given: CalibrationResult.load "
+                    f"would give back {json.dumps(again[k])[:60]} for {json.dumps(v)[:60]}."
+                )
+        with atomic_open(path, "w", encoding="utf-8") as f:
             f.write(text)
 
     @classmethod
@@ -397,18 +425,24 @@ def _fit_cost_model_iv(G, N, t, T, pieces, bootstrap, rng, starts, max_iter, lev
 
 def _meta_iv(meta, func: str) -> dict:
     """``meta`` as a fresh dict: None or a dict with string keys whose values JSON holds
-    (:meth:`CalibrationResult.save` writes it as JSON)."""
+    and gives back equal (:meth:`CalibrationResult.save` writes it as JSON, infinities as
+    ``Infinity`` as Python's ``json`` does, read back by :meth:`CalibrationResult.load`)."""
     if meta is None:
         return {}
     if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
         raise param_error("meta", func, "None or a dict with string keys", repr(meta)[:60])
     try:
-        json.dumps(meta, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        back = json.loads(json.dumps(meta))
+    except (TypeError, ValueError, RecursionError) as exc:
         raise param_error(
             "meta", func, "a dict of values JSON can store (strings, numbers, lists, dicts)",
             f"{repr(meta)[:60]} ({exc})",
         ) from None  # fmt: skip
+    if back != meta:  # NaN included: it is not equal to the NaN read back
+        raise param_error(
+            "meta", func, "a dict JSON gives back as given (lists, not tuples; string keys at "
+            "every level; no NaN)", repr(meta)[:60],
+        )  # fmt: skip
     return dict(meta)
 
 
@@ -594,6 +628,7 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
     ([1.0, 2.0], [25.5, 29.4], None, {'gpu': 'H20'})
     """
     func = "write_calibration_log"
+    path = check_path_arg(path, "path", func)
     G = check_array(G, "G", func, kind="real", lo=0)
     n = G.size
     if n == 0:

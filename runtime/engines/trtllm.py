@@ -128,7 +128,7 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     part way leaves the earlier set as it was.
 
     ``meta_info.json`` also carries the set's manifest: its field ``straggler_rank_files``
-    (:data:`MANIFEST_FIELD`) lists the rank files written, and
+    (``trtllm.MANIFEST_FIELD``) lists the rank files written, and
     :func:`read_trtllm_statistics` refuses a rank file it does not list (one copied in or
     written later) instead of summing it. TensorRT-LLM ignores the field; a
     ``meta_info.json`` TensorRT-LLM writes over it has none, and the directory is then read

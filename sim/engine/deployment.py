@@ -109,6 +109,7 @@ __all__ = [
     "PLACEMENTS",
     "DISPATCHES",
     "METHOD_OPTIONS",
+    "MAX_STEP_CHOICES",
 ]
 
 #: Steps of the routing stream (popularity and sampling seed) drawn at once.
@@ -409,14 +410,12 @@ class RoutingModel:
                 drift["step"] += 1
             if self._kappa is None:
                 return p
-            g = gen.standard_gamma(self._kappa * p)
-            return np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
+            return _dirichlet_rows(gen, self._kappa, p)
         if self._kappa is None:
             return np.broadcast_to(p, (n,) + p.shape).copy()
         # Dirichlet(kappa * p) per layer as independent gammas normalized by row; a draw can
         # underflow to 0: keep every expert reachable
-        g = gen.standard_gamma(self._kappa * p, size=(n,) + p.shape)
-        return np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
+        return _dirichlet_rows(gen, self._kappa, np.broadcast_to(p, (n,) + p.shape))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -620,6 +619,50 @@ def _slot_fracs(p2l: np.ndarray, n_experts: int, n_gpus: int) -> np.ndarray:
     return np.divide(cnt, tot, out=np.zeros_like(cnt), where=tot > 0)
 
 
+#: Most token-expert choices one step samples (running requests over all ranks times the
+#: preset's ``top_k``): each is drawn one by one (``sample_choices_kernel``, about 0.02 us
+#: each on one core), so a step at this bound takes a second or two, and more is refused up
+#: front rather than left running for hours. A decode step is far below it (256 ranks x 256
+#: requests x top-8 = 524,288); the same bound as the per-token dispatch layout's.
+MAX_STEP_CHOICES = 2**26
+
+
+def _check_step_choices(req: np.ndarray, top_k: int, func: str) -> None:
+    """``req`` (steps, G) or (G,): every step's requests times ``top_k`` at most
+    :data:`MAX_STEP_CHOICES`, else an error naming ``requests``."""
+    per_step = np.atleast_2d(req).astype(np.float64).sum(axis=1) * top_k
+    if per_step.size and per_step.max() > MAX_STEP_CHOICES:
+        k = int(per_step.argmax())
+        raise param_error(
+            "requests", func,
+            f"at most 2**26 = {MAX_STEP_CHOICES} token-expert choices per step (the running "
+            f"requests of all ranks times the preset's top_k = {top_k}; each is sampled)",
+            f"{per_step[k]:.6g} in step {k}",
+        )  # fmt: skip
+
+
+def _dirichlet_rows(gen: np.random.Generator, kappa: float, p: np.ndarray) -> np.ndarray:
+    """One Dirichlet(``kappa * p[..., :]``) draw per row, as gammas normalized by row, every
+    entry at least the smallest positive float (an expert stays reachable).
+
+    Where every gamma of a row underflows to 0 (all shapes tiny: ``kappa * p`` of about
+    1e-3 and below on hundreds of experts; 0/0 would give NaN popularities), the row is the
+    Dirichlet's limit as its shapes go to 0: all the mass on one expert, drawn with
+    probability proportional to ``p``. Rows that do not underflow draw exactly what they
+    drew without this (nothing more is drawn from ``gen`` unless a row underflows)."""
+    g = gen.standard_gamma(kappa * p)
+    total = g.sum(axis=-1, keepdims=True)
+    dead = np.flatnonzero(total.reshape(-1) == 0)
+    if dead.size:
+        g = g.reshape(-1, g.shape[-1])
+        w = np.asarray(p, dtype=float).reshape(-1, g.shape[-1])
+        for r in dead:
+            g[r, gen.choice(w.shape[1], p=w[r] / w[r].sum())] = 1.0
+        g = g.reshape(total.shape[:-1] + (w.shape[1],))
+        total = g.sum(axis=-1, keepdims=True)
+    return np.maximum(g / total, np.finfo(float).tiny)
+
+
 class StepModel:
     """The stateful step model of one :class:`DeploymentConfig` (call :meth:`step` per step).
 
@@ -792,6 +835,7 @@ class StepModel:
         G = self.config.n_gpus
         kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0)
         req = check_array(requests, "requests", func, kind="int", ndim=1, shape=(G,), lo=0)
+        _check_step_choices(req, self.config.preset.top_k, func)
         now_s = check_real(now_s, "now_s", func)
         kv = np.ascontiguousarray(kv, dtype=float)
         req = np.ascontiguousarray(req, dtype=np.int64)
@@ -1008,6 +1052,7 @@ def simulate_steps(config: DeploymentConfig, kv, requests) -> DeploymentRun:
         raise param_error(
             "requests", func, f"an array of the shape of 'kv' {kv.shape}", describe(requests)
         )
+    _check_step_choices(req, config.preset.top_k, func)
     model = StepModel(config)
     rows = []
     t = np.empty(kv.shape[0])

@@ -146,3 +146,22 @@ def test_dirichlet_fluctuation_at_tiny_kappa_is_one_hot_not_nan(kappa):
     g = np.random.default_rng(1).standard_gamma(2.0 * rm.long_run(), size=(4, 1, 8))
     want = np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
     np.testing.assert_array_equal(rm.batch_popularities(np.random.default_rng(1), 4), want)
+
+
+def test_deployment_times_stay_finite():
+    """internode_us_per_token=1.8e308 made step times infinite, and simulate_steps then
+    failed naming StepModel.step's 'now_s', a parameter the caller never passed; resident
+    KV tokens are bounded as counts are (2**53)."""
+    kw = dict(preset="dsv3", n_gpus=2, n_nodes=2, layers=1, seed=0)
+    kv, req = np.full((2, 2), 1000), np.full((2, 2), 8)
+    run = simulate_steps(DeploymentConfig(**kw, internode_us_per_token=MAX_COST_PARAMETER), kv, req)
+    assert np.isfinite(run.steps["total_us"]).all() and np.isfinite(run.time_s).all()
+    with pytest.raises(InvalidInputError, match="'internode_us_per_token' parameter of Deploy"):
+        DeploymentConfig(**kw, internode_us_per_token=float(np.finfo(float).max))
+    cfg = DeploymentConfig(**kw)
+    assert np.isfinite(simulate_steps(cfg, np.full((2, 2), 2.0**53), req).steps["total_us"]).all()
+    for bad in (2.0**53 + 2, 1e300):
+        with pytest.raises(InvalidInputError, match="'kv' parameter of simulate_steps"):
+            simulate_steps(cfg, np.full((2, 2), bad), req)
+        with pytest.raises(InvalidInputError, match="'kv' parameter of StepModel.step"):
+            StepModel(cfg).step([bad, 0], [8, 8], 0.0)

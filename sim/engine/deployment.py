@@ -64,10 +64,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ...baselines.dispatch.static import sglang_static_table
-from ...formulations.cost import CostModel
+from ...formulations.cost import MAX_COST_PARAMETER, CostModel
 from ...formulations.dispatch import DispatchProblem, logical_to_physical
 from ...formulations.errors import param_error
 from ...formulations.validation import (
+    MAX_EXACT_INT,
     check_array,
     check_bool,
     check_choice,
@@ -466,7 +467,8 @@ class DeploymentConfig:
     cost : CostModel or None
         The MoE cost model; None: the preset's.
     internode_us_per_token : float, default 0
-        Added per token the busiest GPU receives from other nodes.
+        Added per token the busiest GPU receives from other nodes (at most ``2**900``,
+        ``CostModel``'s bound on a time parameter, so no time is infinite).
     split : {"flat", "node_first"}, default "flat"
         Which source rank's tokens go to which replica (per-GPU loads are the dispatch's
         either way; the traffic columns and the inter-node term follow): each source in the
@@ -566,7 +568,10 @@ class DeploymentConfig:
         object.__setattr__(self, "cost", cost)
         object.__setattr__(
             self, "internode_us_per_token",
-            check_real(self.internode_us_per_token, "internode_us_per_token", func, lo=0),
+            check_real(
+                self.internode_us_per_token, "internode_us_per_token", func, lo=0,
+                hi=MAX_COST_PARAMETER,  # a time per token, as CostModel's (never inf)
+            ),  # fmt: skip
         )  # fmt: skip
         object.__setattr__(
             self, "split", check_choice(self.split, "split", func, ("flat", "node_first"))
@@ -833,7 +838,7 @@ class StepModel:
         ``requests`` (``(n_gpus,)`` each), at simulated time ``now_s`` (seconds)."""
         func = "StepModel.step"
         G = self.config.n_gpus
-        kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0)
+        kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0, hi=MAX_EXACT_INT)
         req = check_array(requests, "requests", func, kind="int", ndim=1, shape=(G,), lo=0)
         _check_step_choices(req, self.config.preset.top_k, func)
         now_s = check_real(now_s, "now_s", func)
@@ -1030,7 +1035,8 @@ def simulate_steps(config: DeploymentConfig, kv, requests) -> DeploymentRun:
     ----------
     config : DeploymentConfig
     kv, requests : array_like, shape (n_steps, n_gpus)
-        Resident KV tokens and running requests of every rank at every step.
+        Resident KV tokens (at most ``2**53``) and running requests of every rank at every
+        step (at most :data:`MAX_STEP_CHOICES` over ``top_k`` in all per step).
 
     Returns
     -------
@@ -1046,7 +1052,7 @@ def simulate_steps(config: DeploymentConfig, kv, requests) -> DeploymentRun:
     func = "simulate_steps"
     check_type(config, "config", func, DeploymentConfig, "a DeploymentConfig")
     G = config.n_gpus
-    kv = check_array(kv, "kv", func, ndim=2, shape=(None, G), lo=0)
+    kv = check_array(kv, "kv", func, ndim=2, shape=(None, G), lo=0, hi=MAX_EXACT_INT)
     req = check_array(requests, "requests", func, kind="int", ndim=2, shape=(None, G), lo=0)
     if kv.shape != req.shape:
         raise param_error(

@@ -68,6 +68,7 @@ __all__ = [
     "worker_ops",
     "EXTREME_FINITE",
     "extreme_calls",
+    "extreme_deployment_calls",
     "TRICKY_TEXT",
     "sweep_tables",
     "calibration_logs",
@@ -795,6 +796,40 @@ def extreme_calls(draw) -> Call:
         st.sampled_from(["tempo", "round_robin", "semi_matching", "token_lp", "milp", "static"])
     )
     return Call(kwargs=dict(cost=kw, counts=counts, n_gpus=g, method=method), spoiled=spoiled)
+
+
+@st.composite
+def extreme_deployment_calls(draw) -> Call:
+    """A ``simulate_steps`` call on a ``DeploymentConfig`` whose numbers sit at the bounds
+    (``replication``, ``kappa``, ``drift``, ``internode_us_per_token``,
+    ``dispatch_period_s`` from :data:`EXTREME_FINITE`; resident KV tokens around ``2**53``;
+    running requests far below and far above what one step may sample). ``kwargs``:
+    ``config`` (the config's keyword arguments), ``kv`` and ``requests`` (one value for
+    every rank and step); ``spoiled``: what is past a bound."""
+    G = draw(st.sampled_from([1, 2, 4]))
+    cfg = dict(preset="dsv3", n_gpus=G, layers=1, seed=0)
+    cfg["n_nodes"] = draw(st.sampled_from([1, 2])) if G > 1 else 1
+    # each parameter's accepted range (DeploymentConfig's checks)
+    ok = {
+        "replication": lambda v: 1 <= v <= G,
+        "kappa": lambda v: v > 0,
+        "drift": lambda v: v <= 10,
+        "internode_us_per_token": lambda v: v <= 2.0**900,
+        "dispatch_period_s": lambda v: True,
+    }
+    spoiled = set()
+    for name, fits in ok.items():
+        if draw(st.booleans()):
+            cfg[name] = draw(st.sampled_from(EXTREME_FINITE))
+            if not fits(cfg[name]):
+                spoiled.add(name)
+    kv = draw(st.sampled_from([0, 1000, 2**53, 2.0**53 + 2, 1e300]))
+    if kv > 2**53:
+        spoiled.add("kv")
+    req = draw(st.sampled_from([0, 8, 2**16, 2**40]))
+    if G * req * 8 > 2**26:  # the preset's top_k: 8
+        spoiled.add("requests")
+    return Call(kwargs=dict(config=cfg, kv=kv, requests=req), spoiled=spoiled)
 
 
 # --- the library's own files: what a writer is given -----------------------------------------

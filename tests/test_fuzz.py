@@ -42,6 +42,7 @@ from straggler.proofs.fuzz import (
     calibration_results,
     cost_model_calls,
     extreme_calls,
+    extreme_deployment_calls,
     placement_calls,
     problem_calls,
     routing_calls,
@@ -254,6 +255,32 @@ def test_extreme_finite_numbers(call):
     check_shares(problem, res.shares)
     assert math.isfinite(res.makespan) and np.isfinite(res.gpu_time).all()
     assert evaluate(problem, cost, res.shares).makespan == pytest.approx(res.makespan)
+
+
+@FUZZ
+@given(call=extreme_deployment_calls())
+def test_extreme_deployment_numbers(call):
+    """A deployment whose numbers sit at the bounds: refused naming what is past a bound,
+    or run with finite step times (a step's sampling stays within its bound: the kernel
+    takes no alarm)."""
+    from straggler.sim.engine.deployment import DeploymentConfig, simulate_steps
+
+    kw = call.kwargs
+    G = kw["config"]["n_gpus"]
+    try:
+        with no_hang():
+            cfg = DeploymentConfig(**kw["config"])
+            run = simulate_steps(cfg, np.full((2, G), kw["kv"]), np.full((2, G), kw["requests"]))
+    except InvalidInputError as exc:
+        msg = str(exc)
+        assert call.spoiled, f"a deployment within every bound was refused: {msg}"
+        assert any(f"'{n}'" in msg for n in call.spoiled), f"{msg!r} names none of {call.spoiled}"
+        assert "DeploymentConfig" in msg or "simulate_steps" in msg, msg
+        return
+    assert not call.spoiled, f"accepted past a bound: {sorted(call.spoiled)}"
+    for name, v in run.steps.items():
+        assert np.isfinite(v).all() and (v >= 0).all(), (name, v)
+    assert np.isfinite(run.time_s).all()
 
 
 def test_solve_dispatch_regressions():
@@ -628,11 +655,16 @@ def test_calibration_result_round_trip(kw):
 
 def test_extreme_numbers_property_can_fail(falsified, monkeypatch):
     """Without CostModel's bound on its parameters, b=1e308 is accepted and the makespan is
-    infinite: the property fails."""
+    infinite; without it on internode_us_per_token, 1.8e308 gives infinite step times: the
+    properties fail."""
     import straggler.formulations.cost as cost_mod
 
     monkeypatch.setattr(cost_mod, "MAX_COST_PARAMETER", math.inf)
     assert falsified(test_extreme_finite_numbers, call=extreme_calls())
+    from straggler.sim.engine import deployment as deployment_mod
+
+    monkeypatch.setattr(deployment_mod, "MAX_COST_PARAMETER", math.inf)
+    assert falsified(test_extreme_deployment_numbers, call=extreme_deployment_calls())
 
 
 def test_round_trip_properties_can_fail(falsified, monkeypatch):

@@ -32,6 +32,7 @@ import secrets
 import shutil
 import stat
 import sys
+import tempfile
 
 from .errors import InvalidInputError, WriteError
 
@@ -41,7 +42,9 @@ __all__ = [
     "atomic_dir",
     "check_output_dir",
     "check_output_file",
+    "name_list",
     "check_input_file",
+    "check_path_arg",
     "file_problem",
     "write_error",
     "OneLineParser",
@@ -74,15 +77,15 @@ def file_problem(path) -> str | None:
     return None
 
 
-def check_input_file(path, name: str, func: str) -> str:
-    """``path`` as a ``str`` when it names a regular file to read (symbolic links followed),
-    else an error naming the parameter: not a path (an ``int`` would be opened as a file
-    descriptor, ``bytes`` are refused), empty, or :func:`file_problem`.
+def check_path_arg(path, name: str, func: str) -> str:
+    """``path`` as a non-empty ``str`` (from a ``str`` or an ``os.PathLike`` giving one),
+    else an error naming the parameter (an ``int`` would be a file descriptor to ``open``,
+    ``bytes`` are refused, as every reader refuses them).
 
-    >>> check_input_file(3, "path", "load_x")
+    >>> check_path_arg(b"a.csv", "path", "write_x")
     Traceback (most recent call last):
     ...
-    straggler.formulations.errors.InvalidInputError: ... Got int 3 instead.
+    straggler.formulations.errors.InvalidInputError: ... Got bytes b'a.csv' instead.
     """
     if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)):
         raise InvalidInputError(
@@ -96,6 +99,20 @@ def check_input_file(path, name: str, func: str) -> str:
         raise InvalidInputError(
             f"The '{name}' parameter of {func} must be a non-empty path. Got {p[:60]!r} instead."
         )
+    return p
+
+
+def check_input_file(path, name: str, func: str) -> str:
+    """``path`` as a ``str`` when it names a regular file to read (symbolic links followed),
+    else an error naming the parameter: not a path (an ``int`` would be opened as a file
+    descriptor, ``bytes`` are refused), empty, or :func:`file_problem`.
+
+    >>> check_input_file(3, "path", "load_x")
+    Traceback (most recent call last):
+    ...
+    straggler.formulations.errors.InvalidInputError: ... Got int 3 instead.
+    """
+    p = check_path_arg(path, name, func)
     why = file_problem(p)
     if why is not None:
         raise InvalidInputError(
@@ -176,7 +193,7 @@ def atomic_path(path):
     >>> sorted(os.listdir(d))
     ['a.txt']
     """
-    p = _write_target(os.fspath(path))
+    p = _write_target(check_path_arg(path, "path", "a write"))
     d = os.path.dirname(p) or "."
     if os.path.exists(d) and not os.path.isdir(d):
         raise InvalidInputError(f"Cannot write {p}: {d} is a file, not a directory.")
@@ -331,11 +348,24 @@ def _probe_dir(d: str, what: str) -> None:
         raise InvalidInputError(f"{what} {d} cannot be created: {probe} is a file.")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise InvalidInputError(f"{what} {d} is not writable (no write permission on {probe}).")
+    # Permission bits do not tell the superuser, or a special file system such as /proc,
+    # what can be created: create a probe and remove it at once.
+    try:
+        fd, name = tempfile.mkstemp(prefix=".straggler-probe-", dir=probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InvalidInputError(
+            f"{what} {d} is not writable (nothing can be created in {probe}: {reason})."
+        ) from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def check_output_dir(path, what: str = "The output directory") -> str:
     """Check, before any work, that ``path`` is or can become a writable directory; returns
-    it as a string. Nothing is created."""
+    it as a string. Nothing is left behind: a probe file is created in the nearest existing
+    folder and removed at once (permission bits alone do not tell the superuser, or a file
+    system such as ``/proc``, what can be created)."""
     p = os.fspath(path)
     if not p:
         raise InvalidInputError(f"{what} must be a non-empty path.")
@@ -345,7 +375,9 @@ def check_output_dir(path, what: str = "The output directory") -> str:
 
 def check_output_file(path, what: str = "The output file") -> str:
     """Check, before any work, that ``path`` can be written as a file (not a directory, its
-    directory writable or creatable); returns it as a string. Nothing is created."""
+    directory writable or creatable); returns it as a string. Nothing is left behind (a
+    probe file is created and removed in the nearest existing folder, as
+    :func:`check_output_dir` does)."""
     p = os.fspath(path)
     if not p or p.endswith(os.sep):
         raise InvalidInputError(f"{what} must be a file path. Got {p!r} instead.")
@@ -356,6 +388,39 @@ def check_output_file(path, what: str = "The output file") -> str:
         raise InvalidInputError(f"{what} {p} is not writable.")
     _probe_dir(os.path.dirname(p) or ".", f"The directory of {what[0].lower()}{what[1:]}")
     return p
+
+
+def name_list(text: str) -> list[str]:
+    """The ``type=`` of every comma-separated list flag of the commands: the names, stripped,
+    in order. A list naming nothing (``""``, ``","``), with an empty name (``"a,,b"``,
+    ``"a,"``) or naming one thing twice (``"jsq,jsq"``, ``"jsq, jsq"``) is refused, so that
+    every command reads such a list the same way: as a usage error, never as its default
+    and never as a cell, a column or a compile step run twice.
+
+    >>> name_list(" tempo, token_lp")
+    ['tempo', 'token_lp']
+    >>> name_list(",")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected comma-separated names, at least one and none empty; got ','
+    >>> name_list("jsq,jsq")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected comma-separated names, each once; got 'jsq' twice ...
+    """
+    names = [x.strip() for x in str(text).split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names, at least one and none empty; got {text!r}"
+        )
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated names, each once; got {name!r} twice in {text!r}"
+            )
+        seen.add(name)
+    return names
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -172,7 +172,32 @@ def _certify_iv(problem, cost, result, tau, opt):
             opt = check_array(opt, "opt", func, shape=(problem.n_layers,), lo=0)
         else:
             opt = check_real(opt, "opt", func, lo=0)
+        _check_opt_below_result(problem, cost, result, opt)
     return tau, opt
+
+
+def _check_opt_below_result(problem, cost, result, opt) -> None:
+    """``opt`` is no optimum where the result's own shares are feasible for ``problem``
+    with a smaller makespan (the evaluator's): refused, naming ``opt``, instead of a
+    certificate that merely fails."""
+    layers = list(problem.layers()) if problem.is_stack else [problem]
+    opts = list(np.asarray(opt, dtype=float).reshape(-1))
+    shares = result.shares if problem.is_stack else [result.shares]
+    for l, (p, o, x) in enumerate(zip(layers, opts, shares)):
+        try:
+            check_shares(p, x)
+        except InfeasibleSharesError:
+            continue  # no feasible makespan to compare with (the certificate says so)
+        m = float(evaluate(p, cost, x).makespan)
+        if not _le(o, m):
+            where = f" for layer {l}" if problem.is_stack else ""
+            raise param_error(
+                "opt",
+                "certify",
+                f"at most the makespan of a feasible dispatch, as an optimum is (the result's "
+                f"own shares are feasible with makespan {m!r}{where})",
+                repr(o),
+            )
 
 
 def certify(
@@ -194,13 +219,22 @@ def certify(
     tau : float, default 0.01
         The switching tolerance the ``tempo`` result was computed with.
     opt : float or array_like, optional
-        The exact optimum (per layer); without it the certified lower bound stands in.
+        The exact optimum (per layer); without it the certified lower bound stands in. An
+        ``opt`` above the makespan of the result's own shares, where they are feasible, is
+        no optimum and is refused.
 
     Returns
     -------
     Certificate
         For a stack, ``lhs``/``rhs`` are arrays, ``holds`` is the conjunction over layers
         and ``details["layers"]`` holds each layer's certificate.
+
+    Raises
+    ------
+    InvalidInputError
+        A problem, cost or result of the wrong kind or shape, ``tau`` outside ``[0, 1)``,
+        an ``opt`` that is negative, of the wrong shape, or above the result's feasible
+        makespan.
 
     Examples
     --------

@@ -36,6 +36,11 @@ __all__ = [
     "engine_files",
     "placement_maps",
     "replica_maps",
+    "BinaryFile",
+    "binary_engine_files",
+    "statistics_writes",
+    "SPECIAL_PATHS",
+    "make_special_path",
 ]
 
 
@@ -465,3 +470,170 @@ def replica_maps(draw, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = int(cnt[layer, e])
         l2p[layer, e, :k] = l2p[layer, e, :k][::-1]
     return l2p, cnt
+
+
+# --- damaged binary files, sets written over sets, special paths ----------------------------
+
+
+@dataclass
+class BinaryFile:
+    """An engine file as its writer wrote it, then perhaps damaged (``damage``: none, flip,
+    tensor or truncate). A reader must refuse it naming the file, or read exactly the
+    counts written (``want``); a truncated file is always refused. Where the format cannot
+    detect the damage (``detectable`` False: a bit flipped inside a safetensors tensor or in
+    JSON text, neither of which has a checksum), what is read need only be a valid log."""
+
+    name: str
+    data: bytes
+    damage: str
+    want: np.ndarray
+    detectable: bool = True
+
+
+@st.composite
+def binary_engine_files(draw, *, torch_ok: bool = True) -> BinaryFile:
+    """An SGLang stat or per-pass dump, or a vLLM state (``.pt``, ``.safetensors`` or
+    ``.json``), written by the library's writers, then one bit flipped (anywhere, or inside
+    the first tensor's bytes), truncated, or left whole. ``want`` is the counts the file holds as
+    every reader returns them: a stat dump's and a vLLM window's all-zero rows (buffer rows
+    never written) left out, a per-pass dump's kept (a pass that routed nothing)."""
+    import os
+    import tempfile
+    import zipfile
+
+    from ..runtime.engines import (
+        vllm_maps,
+        write_sglang_detail_dump,
+        write_sglang_stat_dump,
+        write_vllm_state,
+    )
+
+    kinds = ["vllm_st", "vllm_json"]
+    kinds += ["sglang_stat", "sglang_detail", "vllm_pt"] if torch_ok else []
+    kind = draw(st.sampled_from(kinds))
+    L, P = draw(st.integers(1, 2)), draw(st.integers(2, 4))
+    m = _placement(draw, L, draw(st.integers(1, P)), P)
+    cells = st.lists(st.integers(0, 50), min_size=L * P, max_size=L * P)
+    gpc = np.array(draw(cells), dtype=np.int64).reshape(L, P)
+    with tempfile.TemporaryDirectory() as d:
+        if kind == "sglang_stat":
+            counts = gpc[None]  # a (1, L, P) logical count
+            path = write_sglang_stat_dump(d, counts, timestamp=1.0)
+            want = counts[counts.any(axis=(1, 2))]
+        elif kind == "sglang_detail":
+            rec = [{"forward_pass_id": 0, "global_physical_count": gpc}]
+            path = write_sglang_detail_dump(d, rec, m, rank=0, timestamp=1.0)
+            want = None  # the fold: computed by the test from the map
+        else:
+            ext = {"vllm_pt": ".pt", "vllm_st": ".safetensors", "vllm_json": ".json"}[kind]
+            state = dict(vllm_maps(m, int(m.max()) + 1, width=None), expert_load_window=gpc[None])
+            path = write_vllm_state(os.path.join(d, "s_rank0" + ext), state)
+            want = None
+        with open(path, "rb") as f:
+            data = f.read()
+        name = os.path.basename(path)
+        tensor_at, payload_at = None, len(data)
+        if path.endswith(".safetensors"):
+            payload_at = 8 + int(np.frombuffer(data[:8], "<u8")[0])
+            tensor_at = payload_at
+        if path.endswith(".pt"):
+            with zipfile.ZipFile(path) as z:
+                info = next(i for i in z.infolist() if "/data/" in i.filename)
+            n, x = np.frombuffer(data[info.header_offset + 26 : info.header_offset + 30], "<u2")
+            tensor_at = info.header_offset + 30 + int(n) + int(x)
+    how = draw(st.sampled_from(["none", "flip", "flip", "tensor", "truncate"]))
+    if how == "tensor" and tensor_at is None:
+        how = "flip"
+    if how == "truncate":
+        data = data[: draw(st.integers(0, len(data) - 1))]
+    elif how in ("flip", "tensor"):
+        i = tensor_at + draw(st.integers(0, 7)) if how == "tensor" else None
+        i = draw(st.integers(0, len(data) - 1)) if i is None else i
+        b = bytearray(data)
+        b[i] ^= 1 << draw(st.integers(0, 7))
+        data = bytes(b)
+        if i >= payload_at:
+            how = "tensor"
+    keep_zero = kind == "sglang_detail"
+    if want is None:
+        E = int(m.max()) + 1
+        want = np.zeros((1, L, E), dtype=np.int64)
+        for layer in range(L):
+            for p in range(P):
+                want[0, layer, m[layer, p]] += gpc[layer, p]
+        if not keep_zero:
+            want = want[want.any(axis=(1, 2))]
+    # no checksum: a bit flipped inside a safetensors tensor, or anywhere in JSON text (a
+    # digit for another), may read as other valid data
+    blind = how == "tensor" and kind == "vllm_st" or how == "flip" and kind == "vllm_json"
+    return BinaryFile(name, data, how, want, detectable=not blind)
+
+
+@st.composite
+def statistics_writes(draw, *, max_writes: int = 4) -> list:
+    """A sequence of TensorRT-LLM statistics writes into one directory: ``(n_ranks, fill,
+    fail_at)`` each, ``fail_at`` the rank file whose write fails (None: none fails)."""
+    out = []
+    for _ in range(draw(st.integers(1, max_writes))):
+        n = draw(st.integers(1, 4))
+        fail = draw(st.one_of(st.none(), st.integers(0, n - 1)))
+        out.append((n, draw(st.integers(0, 9)), fail))
+    return out
+
+
+#: The kinds of path :func:`make_special_path` makes.
+SPECIAL_PATHS = (
+    "missing",
+    "folder",
+    "fifo",
+    "socket",
+    "device",
+    "link to a file",
+    "link to a folder",
+    "broken link",
+    "link loop",
+    "int",
+    "bytes",
+    "empty",
+)
+
+
+def make_special_path(kind: str, directory, name: str = "x.json"):
+    """``(path, cleanup)``: a path of ``kind`` (one of :data:`SPECIAL_PATHS`) named
+    ``name`` in ``directory``; ``cleanup()`` releases what it holds (a bound socket)."""
+    import os
+    import socket
+
+    p = os.path.join(os.fspath(directory), name)
+    nothing = lambda: None  # noqa: E731
+    if kind == "missing":
+        return p, nothing
+    if kind == "folder":
+        os.mkdir(p)
+        return p, nothing
+    if kind == "fifo":
+        os.mkfifo(p)
+        return p, nothing
+    if kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(p)
+        return p, s.close
+    if kind == "device":
+        return os.devnull, nothing
+    if kind in ("link to a file", "link to a folder"):
+        target = p + ".target"
+        if kind == "link to a file":
+            with open(target, "w") as f:
+                f.write("{}")
+        else:
+            os.mkdir(target)
+        os.symlink(target, p)
+        return p, nothing
+    if kind == "broken link":
+        os.symlink(p + ".gone", p)
+        return p, nothing
+    if kind == "link loop":
+        os.symlink(p + ".b", p)
+        os.symlink(p, p + ".b")
+        return p, nothing
+    return {"int": 0, "bytes": os.fsencode(p), "empty": ""}[kind], nothing

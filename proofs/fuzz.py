@@ -18,7 +18,12 @@ spoiled (an error must name one of them; with none spoiled the call must succeed
 length-only, with mutated rows, non-UTF-8 bytes, binary junk and gzip); :func:`cli_calls`
 invocations of the three commands with absurd flags and unwritable outputs;
 :func:`publisher_ops` and :func:`worker_ops` call sequences of the runtime's stateful
-objects. (Engine files: :func:`straggler.proofs.engine_strategies.engine_files`.)
+objects; :func:`extreme_calls` dispatch calls whose numbers sit at the library's numeric
+bounds; :func:`sweep_tables` and :func:`calibration_logs` what the library's own text writers
+(``SweepTable.to_csv``, ``write_calibration_log``) and :func:`calibration_results` what
+``CalibrationResult.save`` is given, for the round trip "a write
+succeeds exactly when its reader gives back what was written". (Engine files, damaged binary
+files, statistics sets and special paths: :mod:`straggler.proofs.engine_strategies`.)
 
 >>> from hypothesis import given, settings
 >>> @settings(max_examples=5, database=None)
@@ -61,6 +66,13 @@ __all__ = [
     "cli_calls",
     "publisher_ops",
     "worker_ops",
+    "EXTREME_FINITE",
+    "extreme_calls",
+    "extreme_deployment_calls",
+    "TRICKY_TEXT",
+    "sweep_tables",
+    "calibration_logs",
+    "calibration_results",
 ]
 
 
@@ -735,3 +747,247 @@ def worker_ops(draw, n_layers: int, n_experts: int, n_slots: int, *, max_ops: in
                 m = draw(junk(like=m))
             ops.append(("set_placement", m))
     return ops
+
+
+# --- extreme finite numbers -------------------------------------------------------------------
+
+#: Finite values at and around the library's numeric bounds: the smallest subnormal, HiGHS's
+#: matrix and bound limits (1e15, 1e20), ``CostModel``'s ``2**900`` and the next float above
+#: it, float64's largest.
+EXTREME_FINITE = (
+    0.0,
+    5e-324,
+    1.0,
+    1e15,
+    1e20,
+    2.0**900,
+    float(np.nextafter(2.0**900, math.inf)),
+    1e300,
+    float(np.finfo(np.float64).max),
+)
+_COUNT_EDGES = (0, 1, 2**26, 2**52 - 1, 2**52, 2**52 + 1)
+_TILE_EDGES = (1, 128, 2**53, 2**53 + 1, 2**70)
+
+
+@st.composite
+def extreme_calls(draw) -> Call:
+    """A ``solve_dispatch`` call whose cost parameters, tile and counts sit at the library's
+    numeric bounds (:data:`EXTREME_FINITE`, counts around ``2**52`` per expert and ``2**53``
+    per layer, tiles around ``2**53``). ``spoiled`` lists what is past a bound every method
+    shares (``CostModel``'s, ``DispatchProblem``'s); a method may refuse more, naming
+    ``cost`` (``milp``: HiGHS's limits) or ``counts`` (the per-token baselines)."""
+    typical = dict(a=10.0, b=5.0, c=20.0, beta=0.1, b2=0.0, c2=25.0, gamma=0.1)
+    kw, spoiled = {}, set()
+    for name, v in typical.items():
+        if draw(st.booleans()):
+            v = draw(st.sampled_from(EXTREME_FINITE))
+            if v > 2.0**900:
+                spoiled.add(name)
+        kw[name] = v
+    kw["tile"] = draw(st.sampled_from(_TILE_EDGES))
+    if kw["tile"] > 2**53:
+        spoiled.add("tile")
+    E = draw(st.integers(1, 4))
+    counts = [draw(st.sampled_from(_COUNT_EDGES)) for _ in range(E)]
+    if max(counts) > 2**52 or sum(counts) > 2**53:
+        spoiled.add("counts")
+    g = draw(st.integers(1, 3))
+    method = draw(
+        st.sampled_from(["tempo", "round_robin", "semi_matching", "token_lp", "milp", "static"])
+    )
+    return Call(kwargs=dict(cost=kw, counts=counts, n_gpus=g, method=method), spoiled=spoiled)
+
+
+@st.composite
+def extreme_deployment_calls(draw) -> Call:
+    """A ``simulate_steps`` call on a ``DeploymentConfig`` whose numbers sit at the bounds
+    (``replication``, ``kappa``, ``drift``, ``internode_us_per_token``,
+    ``dispatch_period_s`` from :data:`EXTREME_FINITE`; resident KV tokens around ``2**53``;
+    running requests far below and far above what one step may sample). ``kwargs``:
+    ``config`` (the config's keyword arguments), ``kv`` and ``requests`` (one value for
+    every rank and step); ``spoiled``: what is past a bound."""
+    G = draw(st.sampled_from([1, 2, 4]))
+    cfg = dict(preset="dsv3", n_gpus=G, layers=1, seed=0)
+    cfg["n_nodes"] = draw(st.sampled_from([1, 2])) if G > 1 else 1
+    # each parameter's accepted range (DeploymentConfig's checks)
+    ok = {
+        "replication": lambda v: 1 <= v <= G,
+        "kappa": lambda v: v > 0,
+        "drift": lambda v: v <= 10,
+        "internode_us_per_token": lambda v: v <= 2.0**900,
+        "dispatch_period_s": lambda v: True,
+    }
+    spoiled = set()
+    for name, fits in ok.items():
+        if draw(st.booleans()):
+            cfg[name] = draw(st.sampled_from(EXTREME_FINITE))
+            if not fits(cfg[name]):
+                spoiled.add(name)
+    kv = draw(st.sampled_from([0, 1000, 2**53, 2.0**53 + 2, 1e300]))
+    if kv > 2**53:
+        spoiled.add("kv")
+    req = draw(st.sampled_from([0, 8, 2**16, 2**40]))
+    if G * req * 8 > 2**26:  # the preset's top_k: 8
+        spoiled.add("requests")
+    return Call(kwargs=dict(config=cfg, kv=kv, requests=req), spoiled=spoiled)
+
+
+# --- the library's own files: what a writer is given -----------------------------------------
+
+#: Texts a text format stores ambiguously or not at all: empty, numbers in every spelling
+#: Python's parsers accept (underscores, padding, other scripts' digits, NaN, infinity),
+#: the words of booleans and None, CSV's delimiter and quote, line breaks of every kind
+#: ``str.splitlines`` knows, a comment mark, a ``key: value`` separator, a lone surrogate
+#: (UTF-8 cannot encode it).
+TRICKY_TEXT = (
+    "",
+    "1",
+    "-0",
+    "1_0",
+    " 1",
+    "\u0661",
+    "1e3",
+    "nan",
+    "-inf",
+    "True",
+    "False",
+    "None",
+    "a,b",
+    'q"x',
+    "x\ny",
+    "x\ry",
+    "x\x1cy",
+    "x\u2028y",
+    " a",
+    "a ",
+    "#",
+    "k: v",
+    "\ud800",
+    "\u00e9",
+)
+
+
+def _texts(max_size: int = 6):
+    return st.one_of(st.sampled_from(TRICKY_TEXT), st.text(max_size=max_size))
+
+
+@st.composite
+def sweep_tables(draw) -> tuple[list, list]:
+    """``(rows, settings)`` for ``SweepTable``: up to three rows over up to four columns
+    (names from :data:`TRICKY_TEXT` and any text, now and then an int), settings in every
+    row, results in some; values Python and numpy scalars of every kind (NaN, infinities,
+    ``-0.0``, ints beyond int64, float32), tricky text, None, and now and then a list or a
+    tuple, which CSV cannot hold."""
+    names = draw(
+        st.lists(
+            st.one_of(_texts(4), st.integers(0, 2)), min_size=1, max_size=4, unique_by=repr
+        ).filter(lambda ns: len({str(n) for n in ns}) == len(ns))
+    )
+    strs = [n for n in names if isinstance(n, str)]
+    settings = strs[: draw(st.integers(0, len(strs)))]
+    values = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        _texts(),
+        st.builds(np.float64, st.floats()),
+        st.builds(np.float32, st.floats(width=32)),
+        st.builds(np.int64, st.integers(-(2**63), 2**63 - 1)),
+        st.builds(np.bool_, st.booleans()),
+        st.lists(st.integers(0, 3), max_size=2),
+        st.tuples(st.integers(0, 3)),
+    )
+    rows = []
+    for _ in range(draw(st.integers(0, 3))):
+        keys = settings + [n for n in names if n not in settings and draw(st.booleans())]
+        rows.append({k: draw(values) for k in keys})
+    return rows, settings
+
+
+@st.composite
+def calibration_logs(draw) -> dict:
+    """Keyword arguments of ``write_calibration_log``: ``G``, ``N``, ``t`` (and perhaps
+    ``T``) of one length, up to three samples, each value now and then negative, zero,
+    subnormal, huge, infinite or NaN; ``meta`` None or a dict whose keys and values are
+    tricky text (:data:`TRICKY_TEXT`), numbers, None, or now and then a non-string key."""
+    n = draw(st.integers(0, 3))
+    edge = st.sampled_from([0.0, -0.0, 5e-324, 1.0, 2.0**53 + 2, 1e308, -1.0, math.inf, math.nan])
+    num = st.one_of(edge, st.floats(0, 1e6), st.integers(0, 2**60))
+    cols = {k: draw(st.lists(num, min_size=n, max_size=n)) for k in ("G", "N", "t")}
+    if draw(st.booleans()):
+        cols["T"] = draw(st.lists(num, min_size=n, max_size=n))
+    if draw(st.booleans()):
+        key = st.one_of(_texts(), st.integers(0, 2))
+        val = st.one_of(_texts(), st.integers(), st.floats(), st.none())
+        cols["meta"] = draw(st.dictionaries(key, val, max_size=3))
+    return cols
+
+
+_JSON_JUNK = (
+    (1, 2),
+    {1: "x"},
+    {"a": {2: 3}},
+    {"a", "b"},
+    math.nan,
+    math.inf,
+    object,
+    b"x",
+)
+
+
+@st.composite
+def calibration_results(draw) -> dict:
+    """Keyword arguments of ``CalibrationResult``: a consistent fit (2 or 3 pieces, with or
+    without tiles; parameters, intervals, bootstrap replicates, pieces of the samples), then
+    up to two fields replaced by what its JSON would not give back as given (``iterations``
+    2.5 or True, a float ``piece``, a ``bootstrap_params`` of the wrong width, an int
+    parameter name, a tuple, a set, NaN or an int key in ``meta``, no ``CostModel``)."""
+    from ..formulations import CostModel
+
+    pieces = draw(st.sampled_from([2, 3]))
+    tiles = draw(st.booleans())
+    names = ["a", "b"] + (["b2"] if tiles else []) + ["c", "beta"]
+    names += ["c2", "gamma"] if pieces == 3 else []
+    vals = {n: draw(st.floats(0, 100)) for n in names}
+    cost = CostModel(**vals, **({"tile": 128} if tiles else {}))
+    n, k = draw(st.integers(0, 4)), draw(st.integers(0, 3))
+    boot = np.array(
+        draw(st.lists(st.floats(0, 100), min_size=k * len(names), max_size=k * len(names)))
+    )
+    kw = dict(
+        cost=cost,
+        params=dict(vals),
+        intervals={
+            m: (math.nan, math.nan) if draw(st.booleans()) else (v, v) for m, v in vals.items()
+        },
+        level=draw(st.sampled_from([0.95, 0.5])),
+        rel_rms=draw(st.floats(0, 1)),
+        max_rel_error=draw(st.floats(0, 1)),
+        n_star=cost.n_star,
+        piece=np.array(
+            draw(st.lists(st.integers(0, pieces - 1), min_size=n, max_size=n)), dtype=np.int64
+        ),
+        bootstrap_params=boot.reshape(k, len(names)),
+        iterations=draw(st.integers(1, 50)),
+        converged=draw(st.booleans()),
+        pieces=pieces,
+        tile=128,
+        meta=draw(
+            st.dictionaries(
+                _texts(), st.one_of(_texts(), st.integers(), st.floats(0, 1)), max_size=2
+            )
+        ),
+    )
+    spoilers = {
+        "iterations": st.sampled_from([2.5, True, "3"]),
+        "piece": st.just(np.array([0.5, 1.0])),
+        "bootstrap_params": st.just(np.zeros((2, len(names) + 1))),
+        "params": st.just({1: 1.0, **vals}),
+        "meta": st.builds(lambda j: {"x": j}, st.sampled_from(_JSON_JUNK)),
+        "cost": st.sampled_from([None, vals]),
+        "level": st.sampled_from(["x", None]),
+    }
+    for name in draw(st.lists(st.sampled_from(sorted(spoilers)), max_size=2, unique=True)):
+        kw[name] = draw(spoilers[name])
+    return kw

@@ -785,14 +785,44 @@ def _cache_saves_locked():
 
 
 _CHILD_CODE = (
-    "import sys; from straggler.runtime.commands.warmup import main; sys.exit(main(sys.argv[1:]))"
+    "import sys; from straggler.runtime.warmup import _child_entry; "
+    "sys.exit(_child_entry(sys.argv[1:]))"
 )
 
 
 def _child_argv(steps) -> list:
-    """The command of a child process of this one running the steps ``steps`` (names)."""
-    steps = ",".join(steps)
-    return [sys.executable, "-c", _CHILD_CODE, "--child-steps", steps, "--parent", str(os.getpid())]
+    """The command of a child process of this one running the steps ``steps`` (names):
+    ``_child_entry``'s two arguments, the steps' names and this process's pid."""
+    return [sys.executable, "-c", _CHILD_CODE, json.dumps(list(steps)), str(os.getpid())]
+
+
+def _child_entry(argv) -> int:
+    """A child process of :func:`warmup`: ``argv`` is ``[steps, parent]``, the step names as
+    a JSON list of strings and the parent's pid; it runs :func:`_child_main` and prints its
+    report as JSON. Only :class:`_Children` starts it: anything else is refused (exit 2,
+    one line on stderr) before any work."""
+    try:
+        steps = json.loads(argv[0]) if len(argv) == 2 else None
+    except (ValueError, RecursionError):
+        steps = None
+    parent = argv[1] if len(argv) == 2 else ""
+    ok = (
+        isinstance(steps, list)
+        and steps
+        and all(isinstance(s, str) and s for s in steps)
+        and parent.isascii()
+        and parent.isdigit()
+        and 1 <= int(parent) < 2**31
+    )
+    if not ok:
+        sys.stderr.write(
+            "straggler warm-up child: error: expected two arguments, the step names as a "
+            f"non-empty JSON list of strings and the parent's pid; got {argv!r}\n"
+        )
+        return 2
+    _exit_with_parent(int(parent))
+    print(json.dumps(_child_main(steps)))
+    return 0
 
 
 def _run_recorded(plan, verbose: bool, marker: bool = False) -> tuple:

@@ -68,7 +68,10 @@ def window_delta(current, previous) -> np.ndarray:
 
     Wrap-safe: an int32 counter (what an in-graph kernel may keep) is differenced modulo
     ``2**32``, an int64 one modulo ``2**64``, so a window is right as long as it holds fewer
-    than ``2**31`` tokens per expert.
+    than ``2**31`` tokens per expert (``2**63`` for a 64-bit counter). A difference of
+    ``2**(bits - 1)`` or more (a counter that went backwards: a reset, the snapshots
+    swapped, or snapshots of different counters) is refused, naming both arguments and the
+    first such expert, rather than returned as a huge or negative count.
 
     Examples
     --------
@@ -84,9 +87,22 @@ def window_delta(current, previous) -> np.ndarray:
             f"{cur.dtype} {cur.shape} and {prev.dtype} {prev.shape}",
         )
     bits = cur.dtype.itemsize * 8
-    if bits >= 64:
-        return (cur.astype(np.uint64) - prev.astype(np.uint64)).astype(np.int64)
-    return (cur.astype(np.int64) - prev.astype(np.int64)) % (1 << bits)
+    with np.errstate(over="ignore"):
+        if bits >= 64:
+            wide = np.asarray(cur.astype(np.uint64) - prev.astype(np.uint64))
+        else:
+            wide = np.asarray((cur.astype(np.int64) - prev.astype(np.int64)) % (1 << bits))
+    over = wide >= (1 << (bits - 1))
+    if over.any():
+        i = tuple(int(x) for x in np.argwhere(over)[0])
+        at = f"index {i}" if i else "the value"
+        raise InvalidInputError(
+            f"The 'current' and 'previous' parameters of window_delta must be two snapshots "
+            f"of one cumulative counter, 'current' the later: their difference modulo "
+            f"2**{bits} must be below 2**{bits - 1}. Got {int(wide[i])} at {at} "
+            f"({cur[i]} after {prev[i]}: a counter that went backwards or was reset)."
+        )
+    return wide.astype(np.int64)
 
 
 @dataclass(frozen=True)

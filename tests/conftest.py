@@ -127,3 +127,32 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(
                 f"  compiled in this process after the children: {', '.join(after)}"
             )
+
+
+@pytest.fixture
+def falsified():
+    """``falsified(test, **strategies)``: whether the property of the ``@given`` test
+    ``test`` fails on some example of ``strategies`` (up to 300 generated examples, the
+    same every run, stopping at the first failure, not shrunk). The fuzz tests use it to
+    show that each property can fail: against a deliberately broken writer or reader
+    (monkeypatched), it must."""
+    from hypothesis import Phase, given
+
+    def run(test, **strategies) -> bool:
+        prop = settings(
+            max_examples=300,
+            derandomize=True,  # the same examples every run: it fails every run, or never
+            database=None,
+            deadline=None,
+            phases=[Phase.generate],
+            report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck),
+        )(given(**strategies)(test.hypothesis.inner_test))
+        try:
+            prop()
+        except Exception as exc:  # noqa: BLE001 - any failure of the property counts
+            print(f"falsified {test.__name__}: {type(exc).__name__}: {str(exc)[:300]}")
+            return True
+        return False
+
+    return run

@@ -1,5 +1,6 @@
 """fit_cost_model: recovery of known models, intervals, the H20 anchor, logs, bad input."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -127,6 +128,19 @@ def test_same_seed_same_result_and_json_round_trip(tmp_path):
     assert c.params == a.params and c.intervals == a.intervals and c.cost == a.cost
     np.testing.assert_array_equal(c.piece, a.piece)
     assert "rel RMS" in c.table()
+    # what load would not give back as written is refused, naming the field; nothing written
+    for field, value, match in (
+        ("iterations", 2.5, "'iterations' field"),  # load read it as 2
+        ("bootstrap_params", np.zeros((2, len(a.params) + 1)), "bootstrap_params"),
+        ("meta", {"shape": (1, 2)}, "'meta' parameter of CalibrationResult.save"),  # a list
+        ("meta", {"n": {1: 2}}, "'meta' parameter of CalibrationResult.save"),  # key '1'
+        ("cost", None, "CalibrationResult.save writes the fields"),  # AttributeError
+    ):
+        with pytest.raises(InvalidInputError, match=match):
+            dataclasses.replace(a, **{field: value}).save(tmp_path / "refused.json")
+        assert not (tmp_path / "refused.json").exists()
+    with pytest.raises(InvalidInputError, match="'meta' parameter of fit_cost_model"):
+        fit_cost_model(G, N, t, bootstrap=0, meta={"shape": (1, 2)})
     (tmp_path / "bad.json").write_text('{"format": "straggler-calibration", "cost": {}}')
     with pytest.raises(InvalidInputError, match="'cost' field of .*bad.json") as e:
         CalibrationResult.load(tmp_path / "bad.json")
@@ -148,11 +162,16 @@ def test_log_round_trip_and_malformed_logs(tmp_path):
     assert log["meta"] == {"gpu": "test", "dtype": "bf16"}
     # metadata the log could not give back as written is refused, and the file is untouched
     before = p.read_bytes()
-    for meta in ({"gpu": "x\n1,1,1"}, {"a:b": 1}, {"": 1}, {" gpu": "x"}, {"gpu": " x"},
-                 {3: "x"}, {"gpu": "x\u2028y"}, ["gpu"]):  # fmt: skip
+    for meta in ({"gpu": "x\n1,1,1"}, {"a:b": 1}, {" gpu": "x"}, {"gpu": " x"},
+                 {3: "x"}, {"gpu": "x\u2028y"}, {"gpu": "\ud800"}, ["gpu"]):  # fmt: skip
         with pytest.raises(InvalidInputError, match="'meta' parameter of write_calibration_log"):
             write_calibration_log(p, G, N, t, T=T, meta=meta)
     assert p.read_bytes() == before
+    with pytest.raises(InvalidInputError, match="'G' parameter of write_calibration_log"):
+        write_calibration_log(p, [], [], [])  # no rows: read_calibration_log refuses it
+    assert p.read_bytes() == before
+    write_calibration_log(tmp_path / "e.csv", G, N, t, meta={"": 1})  # '# : 1' reads back
+    assert read_calibration_log(tmp_path / "e.csv")["meta"] == {"": "1"}
     bad = {
         "noheader.csv": "1,2,3\n",
         "short.csv": "G,N,t_us\n1,2\n",
@@ -160,6 +179,8 @@ def test_log_round_trip_and_malformed_logs(tmp_path):
         "nan.csv": "G,N,t_us\n1,2,nan\n",
         "inf.csv": "G,N,t_us\n1,2,3\n2,-inf,4\n",
         "empty.csv": "# gpu: x\n",
+        "negative.csv": "G,N,t_us\n1,-2,3\n",
+        "zero_time.csv": "G,N,t_us\n1,2,0\n",
     }
     for name, text in bad.items():
         (tmp_path / name).write_text(text)

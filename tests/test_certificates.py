@@ -96,6 +96,27 @@ def test_certificates_catch_false_claims():
     assert not certify(p, cost, dataclasses.replace(res, shares=bad)).holds
 
 
+def test_an_opt_above_the_results_own_makespan_is_refused():
+    """An optimum is at most the makespan of any feasible dispatch, the result's own
+    included: an opt above it is a wrong argument (refused, naming opt), not a certificate
+    that fails; an infeasible result has no makespan to compare with."""
+    from straggler.formulations import InvalidInputError
+
+    cost = CostModel(a=2, b=5, c=1, beta=0.5)
+    p = _inst()
+    res = solve_dispatch(p, cost, method="round_robin")
+    with pytest.raises(InvalidInputError, match="'opt' parameter of certify.*feasible"):
+        certify(p, cost, res, opt=res.makespan * 2)
+    assert certify(p, cost, res, opt=res.makespan).holds  # equal: the result is optimal
+    bad = res.shares.copy()
+    bad[0, 0] += 1
+    assert not certify(p, cost, dataclasses.replace(res, shares=bad), opt=1e9).holds
+    stack = DispatchProblem(counts=[[50, 9, 9], [1, 2, 3]], replicas=np.ones((3, 2), bool))
+    rs = solve_dispatch(stack, cost, method="round_robin")
+    with pytest.raises(InvalidInputError, match="layer 1"):
+        certify(stack, cost, rs, opt=[0.0, rs.makespan[1] + 1])
+
+
 def test_stack_certificate():
     cost = CostModel(a=2, b=5, c=1, beta=0.5)
     p = DispatchProblem(counts=[[50, 9, 9], [1, 2, 3]], replicas=np.ones((3, 2), bool))

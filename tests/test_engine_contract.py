@@ -433,3 +433,26 @@ def test_placements_no_engine_serves_are_refused_by_every_writer(tmp_path, m, wh
     save_json({"physical_to_logical_map": m}, tmp_path / "a.json")
     with pytest.raises(InvalidInputError, match=why):
         read_sglang_init_location(str(tmp_path / "a.json"))
+
+
+# --- the contract can fail ----------------------------------------------------------------
+
+
+def test_contract_fails_for_a_writer_that_skips_its_readers_checks(falsified, monkeypatch):
+    """write_vllm_state and write_eplb_maps with the reader's checks skipped on the writer's
+    side (as they were when they wrote placements with an expert in no slot, or maps that
+    disagree): the properties fail."""
+    from straggler.runtime.engines import eplb as eplb_mod
+    from straggler.runtime.engines import vllm as vllm_mod
+    from straggler.runtime.engines._common import Writing
+
+    def skip_for_writers(check):
+        return lambda obj, where, *a, **k: (
+            None if isinstance(where, Writing) else check(obj, where, *a, **k)
+        )
+
+    monkeypatch.setattr(vllm_mod, "_check_state", skip_for_writers(vllm_mod._check_state))
+    ext = st.just(".json")
+    assert falsified(test_vllm_state, data=st.data(), m=placement_maps(), ext=ext)
+    monkeypatch.setattr(eplb_mod, "parse_eplb_maps", skip_for_writers(eplb_mod.parse_eplb_maps))
+    assert falsified(test_eplb_maps, data=st.data(), m=placement_maps(), ext=ext)

@@ -4,7 +4,9 @@ is read with a later one and a failure part way leaves the earlier set as it was
 (``straggler.formulations._io.atomic_dir``)."""
 
 import importlib.util
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from straggler.runtime.engines import (
     write_trtllm_statistics,
 )
 from straggler.runtime.engines import trtllm as trtllm_mod
+from straggler.runtime.engines._common import save_json
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("safetensors") is None, reason="needs safetensors"
@@ -119,3 +122,41 @@ def test_a_file_in_the_way_is_refused(tmp_path):
     with pytest.raises(InvalidInputError, match="not a directory"):
         _write(f, 1, 1)
     assert f.read_text() == "x"
+
+
+def test_a_rank_file_the_manifest_does_not_list_is_refused(tmp_path):
+    """A set written here lists its rank files in meta_info.json: a rank file copied in
+    beside it is named and refused, never summed; a listed file that went missing too."""
+    d = tmp_path / "stats"
+    _write(d, 2, 1)
+    meta = json.loads((d / "meta_info.json").read_text())
+    assert meta["straggler_rank_files"] == ["rank0.safetensors", "rank1.safetensors"]
+    shutil.copy(d / "rank0.safetensors", d / "rank2.safetensors")
+    with pytest.raises(InvalidInputError, match=r"\['rank2.safetensors'\].*never summed"):
+        read_trtllm_statistics(d)
+    (d / "rank2.safetensors").unlink()
+    (d / "rank1.safetensors").unlink()
+    with pytest.raises(InvalidInputError, match=r"lacks \['rank1.safetensors'\]"):
+        read_trtllm_statistics(d)
+
+
+@pytest.mark.parametrize("listed", ["rank0.safetensors", [], ["rank1.safetensors"], [0]])
+def test_a_malformed_manifest_is_refused(tmp_path, listed):
+    d = tmp_path / "stats"
+    _write(d, 1, 1)
+    meta = {"num_experts": 3, "num_experts_per_token": 1, "straggler_rank_files": listed}
+    save_json(meta, d / "meta_info.json")
+    with pytest.raises(InvalidInputError, match="'straggler_rank_files' field"):
+        read_trtllm_statistics(d)
+
+
+def test_a_directory_without_the_manifest_reads_every_rank_file(tmp_path):
+    """TensorRT-LLM's own meta_info.json has no manifest: every rank file counts, as its
+    scripts sum them (record into an empty directory)."""
+    d = tmp_path / "stats"
+    _write(d, 2, 1)
+    save_json({"num_experts": 3, "num_experts_per_token": 1}, d / "meta_info.json")
+    shutil.copy(d / "rank0.safetensors", d / "rank2.safetensors")
+    log = read_trtllm_statistics(d)
+    assert log.n_ranks == 3
+    np.testing.assert_array_equal(log.counts, np.full((2, 1, 3), 3))

@@ -286,6 +286,18 @@ def test_vllm_maps_layout():
     ]
 
 
+@pytest.mark.parametrize("width, bound", [(2**40, "1024"), (1025, "1024"), (1, "2"), (2.5, "")])
+def test_vllm_maps_refuses_a_width_up_front(width, bound):
+    """A width past max(1024, slots) would allocate L x E x width (2**40: 24 TiB), one
+    below the most replicas cannot hold the map: refused naming width and the bound."""
+    p2l = [[0, 1, 2, 0]]
+    with pytest.raises(InvalidInputError, match=rf"'width' parameter of vllm_maps.*{bound}"):
+        vllm_maps(p2l, 3, width=width)
+    assert vllm_maps(p2l, 3, width=1024)["logical_to_physical_map"].shape == (1, 3, 1024)
+    wide = [list(range(3)) + [0] * 2000]  # 2003 slots: as wide as the slots is allowed
+    assert vllm_maps(wide, 3, width=2003)["logical_to_physical_map"].shape == (1, 3, 2003)
+
+
 # --- TensorRT-LLM -------------------------------------------------------------------------
 
 
@@ -297,7 +309,11 @@ def test_trtllm_statistics_round_trip(tmp_path, rec):
         tmp_path, rec["rank_logical_counts"], layer_ids=layers, iter_ids=iters, top_k=2
     )
     (tmp_path / "cooccurrence_rank0.safetensors").write_bytes(b"ignored")
-    assert json.loads(open(files[0]).read()) == {"num_experts": 16, "num_experts_per_token": 2}
+    assert json.loads(open(files[0]).read()) == {
+        "num_experts": 16,
+        "num_experts_per_token": 2,
+        "straggler_rank_files": [f"rank{r}.safetensors" for r in range(4)],
+    }
     for where in (tmp_path, tmp_path / "rank1.safetensors", tmp_path / "meta_info.json"):
         log = read_engine_log(where)
         assert log.kind == "trtllm_statistics" and log.top_k == 2 and log.n_ranks == 4
@@ -320,6 +336,8 @@ def test_trtllm_reads_what_safetensors_torch_writes(tmp_path, rec):
         for l in range(3)
     }
     safetensors.torch.save_file(t, str(tmp_path / "rank1.safetensors"))
+    # meta_info.json as TensorRT-LLM writes it (no manifest: every rank file counts)
+    (tmp_path / "meta_info.json").write_text('{"num_experts": 16, "num_experts_per_token": 2}')
     log = read_engine_log(tmp_path)
     np.testing.assert_array_equal(log.counts, rec["rank_logical_counts"][:2].sum(axis=0))
 

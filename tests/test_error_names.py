@@ -158,3 +158,39 @@ def test_sweep_refuses_a_func_it_cannot_send_to_its_workers():
         1,
         2,
     ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("safetensors") is None, reason="safetensors")
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4"])
+def test_engine_readers_check_n_experts_before_the_files(tmp_path, bad):
+    """n_experts is checked as an int >= 1 first; a value the files then disagree with
+    named the files' field (meta_info.json's 'num_experts', a map's range)."""
+    from straggler.runtime.engines import (
+        read_engine_log,
+        read_moe_load_balancer,
+        read_trtllm_statistics,
+        write_moe_load_balancer,
+        write_trtllm_statistics,
+    )
+
+    d = tmp_path / "stats"
+    write_trtllm_statistics(d, np.ones((1, 1, 1, 4), np.int64), layer_ids=[0], top_k=1)
+    yaml = write_moe_load_balancer(tmp_path / "lb.yaml", [[0, 1, 2, 3]], layer_ids=[0])
+    for read, path in (
+        (read_trtllm_statistics, d),
+        (read_engine_log, d),
+        (read_moe_load_balancer, yaml),
+    ):
+        with pytest.raises(InvalidInputError, match="'n_experts' parameter"):
+            read(path, n_experts=bad)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch")
+def test_the_sglang_reader_checks_n_experts_before_the_maps(tmp_path):
+    from straggler.runtime.engines import read_sglang_recorder, write_sglang_detail_dump
+
+    rec = [{"forward_pass_id": 0, "global_physical_count": np.array([[1, 1, 0, 0]])}]
+    m = np.array([[0, 1, 2, 3]])
+    path = write_sglang_detail_dump(tmp_path, rec, m, rank=0, timestamp=1.0)
+    with pytest.raises(InvalidInputError, match="'n_experts' parameter"):
+        read_sglang_recorder(path, physical_to_logical=m, n_experts=0)

@@ -6,6 +6,12 @@ the file, and the line of a bad row). Never another exception, never a hang (eac
 under an alarm), never a silent no-op (a clean trace file yields all its requests, a routing
 tick places what it can, every dispatch conserves every expert's tokens).
 
+Numbers at the library's bounds (``CostModel``'s ``2**900``, ``tile`` and counts around
+``2**53``): refused naming what is past the bound, or solved finitely. The library's own text
+files (a sweep table's CSV, a calibration log): a write succeeds exactly when the same content,
+saved without any check, is read back as written; a refused write leaves no file. Each of
+these properties is shown to fail against a deliberately broken writer or reader.
+
 Strategies: ``straggler.proofs.fuzz``. Example counts: a few dozen per test by default, more
 with ``HYPOTHESIS_PROFILE=ci`` (what CI runs).
 """
@@ -32,13 +38,18 @@ from straggler.proofs.certificates import certify
 from straggler.proofs.fuzz import (
     Call,
     bound_calls,
+    calibration_logs,
+    calibration_results,
     cost_model_calls,
+    extreme_calls,
+    extreme_deployment_calls,
     placement_calls,
     problem_calls,
     routing_calls,
     simulate_calls,
     solve_calls,
     spoil,
+    sweep_tables,
     trace_files,
 )
 from straggler.proofs.strategies import dispatch_instances
@@ -205,6 +216,71 @@ def test_certified_lower_bound(call):
         mk = np.atleast_1d(solve_dispatch(problem, cost, method="uniform").makespan)
         assert np.shape(lb) == (() if not problem.is_stack else (problem.n_layers,))
         assert np.all(np.atleast_1d(lb) <= mk * (1 + 1e-9) + 1e-9)
+
+
+@FUZZ
+@given(extreme_calls())
+@example(  # the held-out run's b=1e308: infinite makespans reported OPTIMAL
+    Call(
+        kwargs=dict(
+            cost=dict(a=0, b=1e308, c=0, beta=1, b2=0, c2=0, gamma=0),
+            tile=128, counts=[5, 3, 2, 1], n_gpus=2, method="tempo",
+        ),
+        spoiled={"b"},
+    )
+)  # fmt: skip
+def test_extreme_finite_numbers(call):
+    """Numbers at and around the library's bounds: refused naming what is past a bound (a
+    method may refuse more, naming what it cannot hold), or solved with a finite makespan
+    and feasible shares."""
+    kw = call.kwargs
+    method = kw["method"]
+    may = set(call.spoiled)
+    if method == "milp":
+        may.add("cost")  # HiGHS's own limits (1e15 coefficients, 1e20 bounds)
+    if method == "static" and sum(kw["counts"]) > 2**26:
+        may.add("counts")  # the per-token layout's bound
+    try:
+        with no_hang():
+            cost = CostModel(**(kw["cost"] | ({"tile": kw["tile"]} if "tile" in kw else {})))
+            rep = np.ones((len(kw["counts"]), kw["n_gpus"]), dtype=bool)
+            problem = DispatchProblem(counts=kw["counts"], replicas=rep)
+            res = solve_dispatch(problem, cost, method=method, time_limit=20)
+    except InvalidInputError as exc:
+        msg = str(exc)
+        assert may, f"a call within every bound was refused: {msg}"
+        assert any(f"'{n}'" in msg for n in may), f"{msg!r} names none of {sorted(may)}"
+        return
+    assert not call.spoiled, f"accepted past a bound: {sorted(call.spoiled)}"
+    check_shares(problem, res.shares)
+    assert math.isfinite(res.makespan) and np.isfinite(res.gpu_time).all()
+    assert evaluate(problem, cost, res.shares).makespan == pytest.approx(res.makespan)
+
+
+@FUZZ
+@given(call=extreme_deployment_calls())
+def test_extreme_deployment_numbers(call):
+    """A deployment whose numbers sit at the bounds: refused naming what is past a bound,
+    or run with finite step times (a step's sampling stays within its bound: the kernel
+    takes no alarm)."""
+    from straggler.sim.engine.deployment import DeploymentConfig, simulate_steps
+
+    kw = call.kwargs
+    G = kw["config"]["n_gpus"]
+    try:
+        with no_hang():
+            cfg = DeploymentConfig(**kw["config"])
+            run = simulate_steps(cfg, np.full((2, G), kw["kv"]), np.full((2, G), kw["requests"]))
+    except InvalidInputError as exc:
+        msg = str(exc)
+        assert call.spoiled, f"a deployment within every bound was refused: {msg}"
+        assert any(f"'{n}'" in msg for n in call.spoiled), f"{msg!r} names none of {call.spoiled}"
+        assert "DeploymentConfig" in msg or "simulate_steps" in msg, msg
+        return
+    assert not call.spoiled, f"accepted past a bound: {sorted(call.spoiled)}"
+    for name, v in run.steps.items():
+        assert np.isfinite(v).all() and (v >= 0).all(), (name, v)
+    assert np.isfinite(run.time_s).all()
 
 
 def test_solve_dispatch_regressions():
@@ -404,3 +480,210 @@ def test_trace_and_generators(data):
     p = contract(lambda: make_decode_problem("qwen2_57b", **mk.kwargs), mk, ("num_nodes",))
     if p is not None:
         _check_problem(p)
+
+
+# --- the library's own files: write(x) succeeds exactly when read(write(x)) == x -------------
+
+
+def _plain(v):
+    """A value as the Python scalar a text format stores (numpy scalars unwrapped)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _same(a, b) -> bool:
+    """Equal and of one type (NaN equal to NaN; 1 is not True, not 1.0, not '1')."""
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+def _table_back(table, back) -> bool:
+    """Whether ``back`` (read) is ``table`` (written): the same columns, each row's values
+    the same (a missing entry read as None)."""
+    return (
+        back.columns == table.columns
+        and len(back.rows) == len(table.rows)
+        and all(
+            _same(_plain(a.get(c)), b.get(c))
+            for a, b in zip(table.rows, back.rows)
+            for c in table.columns
+        )
+    )
+
+
+def _table_held(path, table) -> bool:
+    """Whether CSV holds ``table``: written with no check (each value's ``str``, a float's
+    ``repr``), does ``SweepTable.read_csv`` give it back?"""
+    import csv
+
+    from straggler.sim.experiments.sweep import SweepTable
+
+    def text(v):
+        v = _plain(v)
+        return "" if v is None else repr(v) if isinstance(v, float) else str(v)
+
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            w = csv.writer(fh)  # RFC 4180's CRLF: any field with a CR or LF quoted
+            w.writerow(table.columns)
+            for r in table.rows:
+                w.writerow([text(r.get(c)) for c in table.columns])
+        back = SweepTable.read_csv(path, settings=table.settings)
+    except (UnicodeEncodeError, InvalidInputError):
+        return False
+    return _table_back(table, back)
+
+
+@FUZZ
+@given(x=sweep_tables())
+def test_sweep_table_csv_round_trip(x):
+    """``SweepTable.to_csv`` writes exactly the tables CSV holds: those ``read_csv`` gives
+    back value for value, type for type (``'1'`` is not 1, ``np.float64(1.5)`` is 1.5)."""
+    from straggler.sim.experiments.sweep import SweepTable
+
+    rows, settings_ = x
+    table = SweepTable(rows, settings=settings_)
+    with tempfile.TemporaryDirectory() as d:
+        held = _table_held(os.path.join(d, "raw.csv"), table)
+        path = os.path.join(d, "t.csv")
+        try:
+            table.to_csv(path)
+        except InvalidInputError as exc:
+            assert not held, f"refused a table CSV holds: {exc}"
+            assert "SweepTable.to_csv" in str(exc) and not os.path.exists(path)
+            return
+        assert held, "wrote a table read_csv does not give back"
+        assert _table_back(table, SweepTable.read_csv(path, settings=settings_))
+
+
+def _log_back(x, back) -> bool:
+    """Whether ``back`` (read_calibration_log's dict) is what ``x`` wrote: the columns as
+    float64, exactly; the metadata as text."""
+    for k in ("G", "N", "t"):
+        if not np.array_equal(back[k], np.asarray(x[k], dtype=float)):
+            return False
+    if (back["T"] is None) != ("T" not in x) or (
+        "T" in x and not np.array_equal(back["T"], np.asarray(x["T"], dtype=float))
+    ):
+        return False
+    return back["meta"] == {k: str(v) for k, v in (x.get("meta") or {}).items()}
+
+
+def _log_held(path, x) -> bool:
+    """Whether the log format holds ``x``: written with no check (``# key: value`` lines,
+    the header, each number's ``repr``), does ``read_calibration_log`` give it back?"""
+    from straggler.solvers.dispatch.calibration import read_calibration_log
+
+    names = ["G", "N"] + (["T"] if "T" in x else []) + ["t"]
+    lines = [f"# {k}: {v}" for k, v in (x.get("meta") or {}).items()]
+    lines.append(",".join(names[:-1] + ["t_us"]))
+    for i in range(len(x["G"])):
+        lines.append(",".join(repr(float(x[k][i])) for k in names))
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write("\n".join(lines) + "\n")
+        back = read_calibration_log(path)
+    except (UnicodeEncodeError, InvalidInputError):
+        return False
+    return _log_back(x, back)
+
+
+@FUZZ
+@given(x=calibration_logs())
+def test_calibration_log_round_trip(x):
+    """``write_calibration_log`` writes exactly the logs ``read_calibration_log`` gives back
+    (no empty log, no negative count, no metadata it would read back otherwise)."""
+    from straggler.solvers.dispatch.calibration import (
+        read_calibration_log,
+        write_calibration_log,
+    )
+
+    with tempfile.TemporaryDirectory() as d:
+        held = _log_held(os.path.join(d, "raw.csv"), x)
+        path = os.path.join(d, "log.csv")
+        try:
+            write_calibration_log(path, x["G"], x["N"], x["t"], T=x.get("T"), meta=x.get("meta"))
+        except InvalidInputError as exc:
+            assert not held, f"refused a log the format holds: {exc}"
+            assert "write_calibration_log" in str(exc) and not os.path.exists(path)
+            return
+        assert held, "wrote a log read_calibration_log does not give back"
+        assert _log_back(x, read_calibration_log(path))
+
+
+def _result_held(path, result) -> bool:
+    """Whether JSON holds ``result``: its ``to_dict`` written with no check, does
+    ``CalibrationResult.load`` give back the same JSON, and the same ``meta``?"""
+    import json
+
+    from straggler.solvers import CalibrationResult
+
+    try:
+        text = json.dumps(result.to_dict() | {"meta": result.meta}, indent=1)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        back = CalibrationResult.load(path)
+    except (AttributeError, TypeError, ValueError, RecursionError):
+        return False  # InvalidInputError included: the reader refused it
+    return json.dumps(back.to_dict(), indent=1) == text and back.meta == result.meta
+
+
+@FUZZ
+@given(kw=calibration_results())
+def test_calibration_result_round_trip(kw):
+    """``CalibrationResult.save`` writes exactly the results ``CalibrationResult.load``
+    gives back as written."""
+    import json
+
+    from straggler.solvers import CalibrationResult
+
+    result = CalibrationResult(**kw)
+    with tempfile.TemporaryDirectory() as d:
+        held = _result_held(os.path.join(d, "raw.json"), result)
+        path = os.path.join(d, "fit.json")
+        try:
+            result.save(path)
+        except InvalidInputError as exc:
+            assert not held, f"refused a result JSON holds: {exc}"
+            assert "CalibrationResult.save" in str(exc) and not os.path.exists(path)
+            return
+        assert held, "wrote a result CalibrationResult.load does not give back"
+        back = CalibrationResult.load(path)
+        assert json.dumps(back.to_dict()) == json.dumps(result.to_dict())
+
+
+# --- each property can fail -------------------------------------------------------------------
+
+
+def test_extreme_numbers_property_can_fail(falsified, monkeypatch):
+    """Without CostModel's bound on its parameters, b=1e308 is accepted and the makespan is
+    infinite; without it on internode_us_per_token, 1.8e308 gives infinite step times: the
+    properties fail."""
+    import straggler.formulations.cost as cost_mod
+
+    monkeypatch.setattr(cost_mod, "MAX_COST_PARAMETER", math.inf)
+    assert falsified(test_extreme_finite_numbers, call=extreme_calls())
+    from straggler.sim.engine import deployment as deployment_mod
+
+    monkeypatch.setattr(deployment_mod, "MAX_COST_PARAMETER", math.inf)
+    assert falsified(test_extreme_deployment_numbers, call=extreme_deployment_calls())
+
+
+def test_round_trip_properties_can_fail(falsified, monkeypatch):
+    """Writers that write what they are given unchecked (as to_csv and save did), a reader
+    that drops the metadata: the round-trip properties fail."""
+    import json
+
+    import straggler.sim.experiments.sweep as sweep_mod
+    import straggler.solvers.dispatch.calibration as calib_mod
+
+    monkeypatch.setattr(sweep_mod, "_csv_cell", lambda v, row, col: "" if v is None else str(v))
+    assert falsified(test_sweep_table_csv_round_trip, x=sweep_tables())
+
+    def save_unchecked(self, path):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(self.to_dict() | {"meta": self.meta}))
+
+    monkeypatch.setattr(calib_mod.CalibrationResult, "save", save_unchecked)
+    assert falsified(test_calibration_result_round_trip, kw=calibration_results())
+    read = calib_mod.read_calibration_log
+    monkeypatch.setattr(calib_mod, "read_calibration_log", lambda p: read(p) | {"meta": {}})
+    assert falsified(test_calibration_log_round_trip, x=calibration_logs())

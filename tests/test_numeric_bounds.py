@@ -15,7 +15,13 @@ from straggler.baselines.dispatch import tokens as tokens_mod
 from straggler.formulations import CostModel, DispatchProblem, InvalidInputError, evaluate
 from straggler.formulations.cost import MAX_COST_PARAMETER, MAX_TILE
 from straggler.formulations.validation import MAX_EXACT_INT
-from straggler.sim.engine.deployment import DeploymentConfig, simulate_steps
+from straggler.sim.engine import deployment as deployment_mod
+from straggler.sim.engine.deployment import (
+    DeploymentConfig,
+    RoutingModel,
+    StepModel,
+    simulate_steps,
+)
 from straggler.solvers import solve_dispatch
 from straggler.solvers.dispatch.milp import HIGHS_INFINITE_BOUND, HIGHS_LARGE_MATRIX_VALUE
 
@@ -106,3 +112,56 @@ def test_milp_refuses_what_highs_cannot_hold_naming_cost():
     assert near.success
     with pytest.raises(InvalidInputError, match="infinite_bound"):
         solve_dispatch(p, CostModel(a=HIGHS_INFINITE_BOUND, b=1, c=0, beta=0.1), method="milp")
+
+
+def test_a_step_samples_at_most_2_26_choices(monkeypatch):
+    """Every running request's top_k choices are sampled one by one: 2**40 requests ran for
+    hours (no signal reaches the kernel); more than MAX_STEP_CHOICES is refused up front,
+    naming 'requests', the bound itself is run."""
+    assert deployment_mod.MAX_STEP_CHOICES == 2**26
+    cfg = DeploymentConfig(preset="dsv3", n_gpus=2, layers=1, seed=0)  # top_k = 8
+    kv = np.full((2, 2), 1000)
+    monkeypatch.setattr(deployment_mod, "MAX_STEP_CHOICES", 2 * 8 * 50)
+    run = simulate_steps(cfg, kv, np.full((2, 2), 50))
+    assert np.isfinite(run.steps["total_us"]).all()
+    for req in (np.array([[50, 50], [50, 51]]), np.full((2, 2), 2**40), np.full((2, 2), 2**62)):
+        with pytest.raises(InvalidInputError, match="'requests' parameter of simulate_steps"):
+            simulate_steps(cfg, kv, req)
+    with pytest.raises(InvalidInputError, match="'requests' parameter of StepModel.step"):
+        StepModel(cfg).step(kv[0], [2**40, 0], 0.0)
+
+
+@pytest.mark.parametrize("kappa", [5e-324, 1e-300, 1e-6])
+def test_dirichlet_fluctuation_at_tiny_kappa_is_one_hot_not_nan(kappa):
+    """At a tiny kappa every gamma of a row underflows to 0; 0/0 gave NaN popularities
+    (sampled as garbage). The row is the Dirichlet's limit: one expert takes the mass."""
+    rm = RoutingModel.zipf(64, 1.0, n_layers=3, kappa=kappa, rng=0)
+    rd = RoutingModel.zipf(64, 1.0, n_layers=3, kappa=kappa, drift=0.5, drift_steps=1, rng=0)
+    gen = np.random.default_rng(0)
+    for pop in (rm.batch_popularities(gen, 5), rd.batch_popularities(gen, 3, rd.drift_state(0))):
+        assert np.isfinite(pop).all() and (pop > 0).all()
+        np.testing.assert_allclose(pop.max(axis=-1), 1.0)  # one expert holds the mass
+    # a kappa whose gammas do not underflow draws exactly what plain gammas give
+    rm = RoutingModel.zipf(8, 1.0, kappa=2.0, rng=0)
+    g = np.random.default_rng(1).standard_gamma(2.0 * rm.long_run(), size=(4, 1, 8))
+    want = np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
+    np.testing.assert_array_equal(rm.batch_popularities(np.random.default_rng(1), 4), want)
+
+
+def test_deployment_times_stay_finite():
+    """internode_us_per_token=1.8e308 made step times infinite, and simulate_steps then
+    failed naming StepModel.step's 'now_s', a parameter the caller never passed; resident
+    KV tokens are bounded as counts are (2**53)."""
+    kw = dict(preset="dsv3", n_gpus=2, n_nodes=2, layers=1, seed=0)
+    kv, req = np.full((2, 2), 1000), np.full((2, 2), 8)
+    run = simulate_steps(DeploymentConfig(**kw, internode_us_per_token=MAX_COST_PARAMETER), kv, req)
+    assert np.isfinite(run.steps["total_us"]).all() and np.isfinite(run.time_s).all()
+    with pytest.raises(InvalidInputError, match="'internode_us_per_token' parameter of Deploy"):
+        DeploymentConfig(**kw, internode_us_per_token=float(np.finfo(float).max))
+    cfg = DeploymentConfig(**kw)
+    assert np.isfinite(simulate_steps(cfg, np.full((2, 2), 2.0**53), req).steps["total_us"]).all()
+    for bad in (2.0**53 + 2, 1e300):
+        with pytest.raises(InvalidInputError, match="'kv' parameter of simulate_steps"):
+            simulate_steps(cfg, np.full((2, 2), bad), req)
+        with pytest.raises(InvalidInputError, match="'kv' parameter of StepModel.step"):
+            StepModel(cfg).step([bad, 0], [8, 8], 0.0)

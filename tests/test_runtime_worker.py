@@ -44,6 +44,25 @@ def test_window_delta():
         window_delta(np.zeros(2, np.int32), np.zeros(2, np.int64))
 
 
+@pytest.mark.parametrize(
+    "current, previous, bits",
+    [
+        (np.array([2**63 - 1]), np.array([-1]), 64),  # 2**63 apart: not int64
+        (np.array([0, 3]), np.array([0, 5]), 64),  # went backwards
+        (np.array([3], np.int32), np.array([5], np.int32), 32),
+        (np.array([2**31 - 1], np.int32), np.array([-1], np.int32), 32),
+        (np.array([1], np.uint64), np.array([2], np.uint64), 64),
+    ],
+)
+def test_window_delta_refuses_a_counter_that_went_backwards(current, previous, bits):
+    """A difference of 2**(bits-1) or more is no window of one counter: refused, naming
+    both arguments, never returned as a negative or wrapped count."""
+    with pytest.raises(InvalidInputError, match=rf"'current' and 'previous'.*2\*\*{bits - 1}"):
+        window_delta(current, previous)
+    ok = window_delta(current, current)
+    assert ok.dtype == np.int64 and (ok == 0).all()
+
+
 def _to_tables_loop(problem, shares, p2l):
     """The loop DispatchProblem.to_tables replaced (slot by slot, the original code)."""
     from straggler.formulations.dispatch import logical_to_physical

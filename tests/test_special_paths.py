@@ -16,13 +16,22 @@ import socket
 
 import numpy as np
 import pytest
-from straggler.formulations import InvalidInputError
-from straggler.formulations._io import atomic_dir, atomic_open, check_output_file
+from straggler.formulations import CostModel, InvalidInputError
+from straggler.formulations._io import (
+    atomic_dir,
+    atomic_open,
+    check_output_dir,
+    check_output_file,
+)
 from straggler.runtime.engines import read_engine_log
 from straggler.runtime.engines._common import save_json
 from straggler.sim import load_prefix_blocks, load_trace
 from straggler.sim.experiments.sweep import SweepTable
-from straggler.solvers.dispatch.calibration import CalibrationResult, read_calibration_log
+from straggler.solvers.dispatch.calibration import (
+    CalibrationResult,
+    read_calibration_log,
+    write_calibration_log,
+)
 
 
 @contextlib.contextmanager
@@ -81,6 +90,17 @@ def test_a_link_loop_is_refused(tmp_path):
     with pytest.raises(InvalidInputError, match="symbolic-link loop"):
         check_output_file(a)
     assert a.is_symlink() and b.is_symlink()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("check", [check_output_file, check_output_dir])
+def test_an_output_where_nothing_can_be_created_is_refused_up_front(tmp_path, check):
+    """The check creates a probe instead of trusting permission bits, which tell the
+    superuser that /proc is writable; nothing is left behind where it succeeds."""
+    with pytest.raises(InvalidInputError, match="nothing can be created in /proc"):
+        check("/proc/nope/x.json", "--json")
+    assert check(tmp_path / "sub" / "x.json") == str(tmp_path / "sub" / "x.json")
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_fifo_destination_is_refused_without_blocking(tmp_path):
@@ -208,3 +228,28 @@ def test_engine_readers_refuse_a_fifo_through_a_link(tmp_path):
     with no_hang(), pytest.raises(InvalidInputError, match="not a regular file"):
         read_engine_log(tmp_path / "x.json")
     np.testing.assert_equal(os.path.exists(tmp_path / "f"), True)
+
+
+def _a_result():
+    return CalibrationResult(
+        cost=CostModel(a=1, b=1, c=1, beta=1), params={}, intervals={}, level=0.95,
+        rel_rms=0.0, max_rel_error=0.0, n_star=1.0, piece=np.zeros(0, np.int64),
+        bootstrap_params=np.zeros((0, 0)), iterations=1, converged=True, pieces=2, tile=128,
+    )  # fmt: skip
+
+
+WRITERS = {
+    "SweepTable.to_csv": lambda p: SweepTable([{"a": 1}], settings=["a"]).to_csv(p),
+    "write_calibration_log": lambda p: write_calibration_log(p, [1], [2], [3.5]),
+    "CalibrationResult.save": lambda p: _a_result().save(p),
+}
+
+
+@pytest.mark.parametrize("kind", ["int", "bytes", "empty"])
+@pytest.mark.parametrize("func", list(WRITERS))
+def test_writers_refuse_what_is_not_a_path(tmp_path, monkeypatch, func, kind):
+    """An int or bytes path raised TypeError from os.fspath or os.path.join."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInputError, match=f"'path' parameter of {func}"):
+        WRITERS[func](_special(kind, tmp_path))
+    assert os.listdir(tmp_path) == []

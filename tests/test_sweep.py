@@ -3,9 +3,11 @@ resumable."""
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from straggler.formulations.errors import BackendUnavailableError, InvalidInputError
 from straggler.sim.experiments.sweep import SweepError, SweepTable, grid_cells, sweep
@@ -247,3 +249,27 @@ def test_sweep_table_checks_rows_and_files(tmp_path):
     t.to_csv(tmp_path / "t.csv")
     back = SweepTable.read_csv(tmp_path / "t.csv", settings=["a"])
     assert back.column("y").tolist() == [2.5, None]
+
+
+def test_sweep_table_csv_writes_only_what_it_reads_back(tmp_path):
+    """to_csv writes numpy scalars as the Python scalars they hold (np.float64(1.5) was
+    written as 'np.float64(1.5)' and read back as that string), quotes a carriage return
+    (csv.writer left it bare and the row came back split), and refuses, before writing, a
+    value read_csv would give back as something else."""
+    rows = [{"a": np.int64(3), "y": np.float64(1.5), "ok": np.bool_(True), "s": "x\ry"}]
+    t = SweepTable(rows, settings=["a"])
+    t.to_csv(tmp_path / "t.csv")
+    assert SweepTable.read_csv(tmp_path / "t.csv", settings=["a"]).rows == (
+        {"a": 3, "y": 1.5, "ok": True, "s": "x\ry"},
+    )
+    for value, back in (("1", "1 (int)"), ("nan", "nan (float)"), ("True", "True (bool)"),
+                        ("", "None (NoneType)"), ([1, 2], "Got [1, 2]")):  # fmt: skip
+        bad = SweepTable([{"a": 1, "y": value}], settings=["a"])
+        with pytest.raises(InvalidInputError, match=rf"row 0's 'y'.*{re.escape(back)}"):
+            bad.to_csv(tmp_path / "bad.csv")
+        assert not (tmp_path / "bad.csv").exists()
+    with pytest.raises(InvalidInputError, match="column name 1"):
+        SweepTable([{"a": 1, 1: 2}], settings=["a"]).to_csv()
+    (tmp_path / "ragged.csv").write_text("a,y\n1\n")
+    with pytest.raises(InvalidInputError, match="Record 1 of the sweep table"):
+        SweepTable.read_csv(tmp_path / "ragged.csv")

@@ -250,9 +250,9 @@ def test_warmup_validates_jobs(capsys):
         with pytest.raises(InvalidInputError, match="'jobs' parameter of warmup"):
             warmup(jobs=bad)
     assert 1 <= _jobs_arg("auto") <= MAX_JOBS and _jobs_arg("3") == 3
-    # the command: one line naming the parameter, exit status 2
-    for argv, what in ((["--jobs", "two"], "jobs"), (["--jobs", "0"], "'jobs'"),
-                       (["--methods", "nope"], "'methods'"), (["--bogus"], "--bogus")):  # fmt: skip
+    # the command: one line naming the flag, exit status 2
+    for argv, what in ((["--jobs", "two"], "--jobs"), (["--jobs", "0"], "--jobs"),
+                       (["--methods", "nope"], "--methods"), (["--bogus"], "--bogus")):  # fmt: skip
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         err = capsys.readouterr().err

@@ -7,16 +7,20 @@ each row holds). Run ``straggler-compare --help`` for the flags.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
 
-from ...formulations._io import OneLineParser
+from ...formulations._io import OneLineParser, name_list
 from ...formulations.cost import PRESETS, CostModel
 from ...formulations.errors import StragglerError
 from ...sim.experiments.compare import DEFAULT_PRESETS, compare, format_table
 from ...sim.workloads.batches import (
     DEFAULT_KAPPA,
+    MAX_GPUS,
+    MAX_LAYERS,
+    MAX_TOKENS,
     SHAPES,
     SKEWS,
     make_decode_problem,
@@ -65,10 +69,52 @@ def _parser() -> OneLineParser:
         "--time-limit", type=float, default=5.0, help="seconds per layer for exact methods"
     )
     p.add_argument(
-        "--methods", default=None, help="comma-separated subset of methods (default: all)"
+        "--methods",
+        type=name_list,
+        default=None,
+        help="comma-separated subset of methods (default: all)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
+
+
+def _check_args(parser, args) -> None:
+    """Every flag's range, each error naming the flag, before anything is printed or
+    generated (the generator's own checks name its parameters, not these flags)."""
+    ints = (
+        ("--gpus", args.gpus, 1, MAX_GPUS),
+        ("--tokens-per-gpu", args.tokens_per_gpu, 1, MAX_TOKENS),
+        ("--layers", args.layers, 1, MAX_LAYERS),
+        ("--nodes", args.nodes, 1, args.gpus),
+    )
+    for flag, v, lo, hi in ints:
+        if not lo <= v <= hi:
+            parser.error(f"{flag} must be an integer in [{lo}, {hi}]; got {v}")
+    if args.gpus % args.nodes:
+        parser.error(f"--nodes must be a divisor of --gpus {args.gpus}; got {args.nodes}")
+    if args.gpus * args.tokens_per_gpu > MAX_TOKENS:
+        parser.error(
+            f"--gpus x --tokens-per-gpu must be at most {MAX_TOKENS:,} tokens; got "
+            f"{args.gpus * args.tokens_per_gpu:,}"
+        )
+    reals = (
+        ("--skew", args.skew, ">= 0", args.skew >= 0),
+        ("--kappa", args.kappa, "> 0", args.kappa > 0),
+        ("--replication", args.replication, ">= 1", args.replication >= 1),
+    )
+    for flag, v, form, ok in reals:
+        if not (math.isfinite(v) and ok):
+            parser.error(f"{flag} must be a finite number {form}; got {v}")
+    if args.seed < 0:
+        parser.error(f"--seed must be an integer >= 0; got {args.seed}")
+    if not args.time_limit > 0:
+        parser.error(f"--time-limit must be positive, got {args.time_limit}")
+    if args.methods is not None:
+        unknown = sorted(set(args.methods) - set(dispatch_methods()))
+        if unknown:
+            parser.error(
+                f"--methods: unknown method(s) {unknown}; registered: {dispatch_methods()}"
+            )
 
 
 def _notice(out) -> None:
@@ -91,16 +137,10 @@ def main(argv=None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    _check_args(parser, args)
     preset = args.preset or DEFAULT_PRESETS[args.shape]
     cost = CostModel.preset(preset)
-    methods = None
-    if args.methods is not None:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        if not methods:
-            parser.error(f"--methods must name at least one method; got {args.methods!r}")
-        unknown = sorted(set(methods) - set(dispatch_methods()))
-        if unknown:
-            parser.error(f"unknown method(s) {unknown}; registered: {dispatch_methods()}")
+    methods = args.methods
     try:
         slots = num_physical_slots(SHAPES[args.shape].n_experts, args.gpus, args.replication)
         if slots > MAX_COMPARE_SLOTS:
@@ -122,8 +162,6 @@ def main(argv=None) -> int:
         )
     except StragglerError as exc:
         parser.error(str(exc))
-    if not (args.time_limit > 0):
-        parser.error(f"--time-limit must be positive, got {args.time_limit}")
     out = sys.stderr if args.json else sys.stdout
     _notice(out)
     rows = compare(problem, cost, methods=methods, time_limit=args.time_limit, seed=args.seed)

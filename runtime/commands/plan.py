@@ -21,6 +21,7 @@ from ..engines import ENGINES, read_engine_log
 from ..engines.samples import SAMPLE_PREFIX, SAMPLES, sample_recording
 from ..plan import (
     DEFAULT_COST,
+    MAX_PLAN_GPUS,
     PLAN_PLACEMENTS,
     _write_outputs,
     format_report,
@@ -166,6 +167,31 @@ def _read_previous(path: str) -> np.ndarray:
     return np.asarray(log.physical_to_logical)
 
 
+def _check_against_log(args, log, previous) -> None:
+    """The flags that depend on the recording (its experts, its recorded placement),
+    checked once it is read and before any planning, each error naming its flag."""
+    E = log.n_experts
+    if args.groups > E or E % args.groups:
+        raise InvalidInputError(
+            f"--groups must divide the recording's {E} experts; got {args.groups}"
+        )
+    if args.placement not in PLAN_PLACEMENTS or args.placement == "recorded":
+        return  # the recorded placement's slots (plan checks --slots against them)
+    if args.slots is not None:
+        P, what = args.slots, "--slots"
+        if not E <= P <= args.gpus * E:
+            raise InvalidInputError(
+                f"--slots must be in [{E}, {args.gpus * E}] (at least one slot per expert of "
+                f"the recording, at most every expert on every GPU); got {P}"
+            )
+    elif previous is not None and args.placement == "place_experts":
+        P, what = int(np.shape(previous)[1]), "the --previous placement's slots"
+    else:
+        P, what = E, "the slots (--slots, default the recording's experts)"
+    if P % args.gpus:
+        raise InvalidInputError(f"--gpus {args.gpus} must divide {what}, {P}")
+
+
 def main(argv=None) -> int:
     """Console entry point ``straggler-plan``; returns the exit status (0 ok, 2 bad input)."""
     parser = _parser()
@@ -173,6 +199,8 @@ def main(argv=None) -> int:
     for name in ("gpus", "nodes", "groups", "max_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.gpus > MAX_PLAN_GPUS:
+        parser.error(f"--gpus must be at most {MAX_PLAN_GPUS}; got {args.gpus}")
     if args.slots is not None and args.slots < 1:
         parser.error("--slots must be at least 1")
     if args.gpus % args.nodes:
@@ -225,6 +253,7 @@ def main(argv=None) -> int:
                 "EPLB maps with their weight)."
             )
         previous = _read_previous(args.previous) if args.previous else None
+        _check_against_log(args, log, previous)
         _first_run_notice(notify)
         result = plan(
             log,

@@ -43,8 +43,9 @@ import pathlib
 import sys
 import time
 
-from ...formulations._io import OneLineParser, atomic_open, check_output_file
+from ...formulations._io import OneLineParser, atomic_open, check_output_file, name_list
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
+from ...sim.engine.deployment import DISPATCHES, MODEL_PRESETS, PLACEMENTS
 from ...sim.engine.simulator import LOAD_BASES, engine_cache_is_warm, simulate, warm_engine
 from ...sim.experiments.load_sweep import SWEEP_TRACES, sweep_trace
 from ...sim.workloads.prefix import load_prefix_blocks
@@ -133,6 +134,7 @@ def _parser() -> OneLineParser:
     p.add_argument("--replicas", type=int, default=8, help="decode replicas G (default 8)")
     p.add_argument(
         "--policies",
+        type=name_list,
         default=None,
         help=f"comma-separated policies, NAME or NAME:VERSION for a baseline's upstream "
         f"version (e.g. vllm:legacy; default: all, {DEFAULT_POLICY} and jsq first)",
@@ -171,20 +173,29 @@ def _parser() -> OneLineParser:
     p.add_argument("--json", default=None, help="write the metrics of every run as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("deployment (DP attention + EP MoE): the levers table")
-    g.add_argument("--moe", default=None, help="model preset (qwen3_235b, dsv3): levers table")
+    g.add_argument(
+        "--moe", default=None, help=f"model preset ({', '.join(MODEL_PRESETS)}): levers table"
+    )
     g.add_argument("--ep", type=int, default=None, help="EP = DP width G (default --replicas)")
-    g.add_argument("--nodes", type=int, default=1, help="nodes of the EP group (default 1)")
+    g.add_argument("--nodes", type=int, default=None, help="nodes of the EP group (default 1)")
     g.add_argument(
-        "--layers", type=int, default=4, help="MoE layers simulated, scaled to depth (default 4)"
+        "--layers",
+        type=int,
+        default=None,
+        help=f"MoE layers simulated, scaled to depth (default {LEVERS_LAYERS})",
     )
     g.add_argument(
-        "--table-period", type=float, default=0.2, help="simulated s between table refreshes"
+        "--table-period",
+        type=float,
+        default=None,
+        help=f"simulated s between table refreshes (default {LEVERS_TABLE_PERIOD_S})",
     )
-    g.add_argument("--routings", default=None, help="routing policies (default jsq,brs; "
-                   "--full: jsq,brs,br0,trtllm_balance)")  # fmt: skip
-    g.add_argument("--dispatches", default=None, help="dispatches (default even,tempo; --full: "
-                   "even,token_lp,tempo)")  # fmt: skip
-    g.add_argument("--placements", default=None, help="placements (default eplb,place_experts)")
+    g.add_argument("--routings", type=name_list, default=None, help="routing policies (default "
+                   "jsq,brs; --full: jsq,brs,br0,trtllm_balance)")  # fmt: skip
+    g.add_argument("--dispatches", type=name_list, default=None, help="dispatches (default "
+                   "even,tempo; --full: even,token_lp,tempo)")  # fmt: skip
+    g.add_argument("--placements", type=name_list, default=None,
+                   help="placements (default eplb,place_experts)")  # fmt: skip
     g.add_argument(
         "--full",
         action="store_true",
@@ -193,7 +204,7 @@ def _parser() -> OneLineParser:
     )
     r = p.add_argument_group("rebalance in the loop (with --moe): the rebalance table")
     r.add_argument(
-        "--rebalance", default=None,
+        "--rebalance", type=name_list, default=None,
         help="comma-separated rebalance policies: never, auto[:PERIOD], vllm[:STEP_INTERVAL], "
         "sglang[:ITERATIONS], every:N",
     )  # fmt: skip
@@ -211,7 +222,7 @@ def _parser() -> OneLineParser:
     )
     r.add_argument("--drift-steps", type=int, default=None,
                    help="steps between synthetic drift steps (default 1000)")  # fmt: skip
-    r.add_argument("--expert-loads", default=None,
+    r.add_argument("--expert-loads", type=name_list, default=None,
                    help="comma-separated engine recordings played in turn")  # fmt: skip
     r.add_argument(
         "--drift-every",
@@ -232,6 +243,11 @@ def _parser() -> OneLineParser:
 LEVERS_QUICK_GRID = (("jsq", "brs"), ("even", "tempo"), ("eplb", "place_experts"))
 #: Requests the levers table simulates without ``--full`` or ``--requests``.
 LEVERS_QUICK_REQUESTS = 3000
+#: ``--layers`` and ``--table-period`` when not given.
+LEVERS_LAYERS = 4
+LEVERS_TABLE_PERIOD_S = 0.2
+#: Largest ``--drift`` (the deployment model's bound on the log-popularity step).
+MAX_DRIFT = 10.0
 
 
 #: Flags that only mean something with ``--rebalance``.
@@ -241,14 +257,14 @@ _REBALANCE_ONLY = (
 )  # fmt: skip
 
 
-def _recorded_routing(spec: str, preset, layers: int | None):
+def _recorded_routing(paths: list, preset, layers: int | None):
     """``--expert-loads``: one :class:`~straggler.sim.engine.deployment.RoutingModel` per
     recording (its all-zero layers, the dense ones SGLang records, left out)."""
     from ...sim.engine.deployment import RoutingModel
     from ..engines import read_engine_log
 
     models = []
-    for path in [x.strip() for x in spec.split(",") if x.strip()]:
+    for path in paths:
         log = read_engine_log(path)
         if log.counts is None:
             raise InvalidInputError(f"--expert-loads: {path} holds a placement, no loads.")
@@ -260,8 +276,6 @@ def _recorded_routing(spec: str, preset, layers: int | None):
             )
         k = None if layers is None else min(layers, counts.shape[1])
         models.append(RoutingModel.recorded(counts, top_k=preset.top_k, layers=k))
-    if not models:
-        raise InvalidInputError(f"--expert-loads must name at least one recording; got {spec!r}")
     return models
 
 
@@ -300,8 +314,9 @@ def _rebalance_main(args, trace) -> int:
     from ...solvers.placement.rebalance.registry import parse_rebalance_policies
     from ...solvers.placement.rebalance.transfer import MoveCost
 
+    _check_trace(args, trace)
     G = args.ep if args.ep is not None else args.replicas
-    policies = parse_rebalance_policies(args.rebalance, "--rebalance")
+    policies = parse_rebalance_policies(",".join(args.rebalance), "--rebalance")
     dep = DeploymentConfig(
         preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
         dispatch_period_s=args.table_period, seed=args.seed,
@@ -367,20 +382,20 @@ def _levers_main(args, trace) -> int:
     from ...sim.engine.deployment import DeploymentConfig
     from ...sim.experiments.levers import LEVER_DISPATCHES, LEVER_PLACEMENTS, ROUTINGS, levers
 
-    def names(text, default):
-        return default if text is None else [x.strip() for x in text.split(",") if x.strip()]
-
     grid = (ROUTINGS, LEVER_DISPATCHES, LEVER_PLACEMENTS) if args.full else LEVERS_QUICK_GRID
-    if not args.full and not args.requests and len(trace) > LEVERS_QUICK_REQUESTS:
+    quick, n_all = not args.full and not args.requests, len(trace)
+    if quick and n_all > LEVERS_QUICK_REQUESTS:
+        trace = trace.subset(list(range(LEVERS_QUICK_REQUESTS)))
+    _check_trace(args, trace)
+    if quick and n_all > LEVERS_QUICK_REQUESTS:
         print(
-            f"levers: the first {LEVERS_QUICK_REQUESTS:,} of {len(trace):,} requests and a "
+            f"levers: the first {LEVERS_QUICK_REQUESTS:,} of {n_all:,} requests and a "
             "small grid (--full: every request and the whole grid; --requests N: N requests)",
             file=sys.stderr,
         )
-        trace = trace.subset(list(range(LEVERS_QUICK_REQUESTS)))
 
     G = args.ep if args.ep is not None else args.replicas
-    dep = DeploymentConfig(
+    dep = DeploymentConfig(  # every value checked by _check_levers
         preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
         dispatch_period_s=args.table_period, seed=args.seed,
     )  # fmt: skip
@@ -391,9 +406,9 @@ def _levers_main(args, trace) -> int:
         print(f" {seconds:.1f} s", file=sys.stderr)
     table = levers(
         trace, dep,
-        routings=names(args.routings, grid[0]),
-        dispatches=names(args.dispatches, grid[1]),
-        placements=names(args.placements, grid[2]),
+        routings=grid[0] if args.routings is None else args.routings,
+        dispatches=grid[1] if args.dispatches is None else args.dispatches,
+        placements=grid[2] if args.placements is None else args.placements,
         progress=not args.no_progress,
         max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
         load_basis=args.load_basis, prefill_instances=args.prefill_instances,
@@ -492,15 +507,30 @@ def _check_args(args) -> None:
             raise InvalidInputError(
                 f"{flag} must be a finite number {'> 0' if lo_open else '>= 0'}; got {v}"
             )
-    if args.policies is not None and not [p for p in args.policies.split(",") if p.strip()]:
-        raise InvalidInputError(f"--policies must name at least one policy; got {args.policies!r}")
+    for name, lo, hi in (("nodes", 1, CMD_MAX_REPLICAS), ("layers", 1, 4096)):
+        v = getattr(args, name)
+        if v is not None and not lo <= v <= hi:
+            raise InvalidInputError(f"--{name} must be in [{lo}, {hi}]; got {v}")
+    if args.load_basis == "prefill" and args.prefill_instances == 0:
+        raise InvalidInputError(
+            "--load-basis prefill needs prefill capacity to measure against: not with "
+            "--prefill-instances 0 (unlimited prefill)"
+        )
+    if args.rate is not None and not pathlib.Path(args.trace).is_file():
+        raise InvalidInputError(
+            f"--rate sets the arrivals of a length-only trace file; {args.trace!r} is not a "
+            "file (a shipped trace or a generator preset has its own arrivals)"
+        )
+    if args.table_period is not None and not (
+        math.isfinite(args.table_period) and args.table_period >= 0
+    ):
+        raise InvalidInputError(
+            f"--table-period must be a finite number >= 0; got {args.table_period}"
+        )
+
     if args.rebalance is not None:
         if args.moe is None:
             raise InvalidInputError("--rebalance needs --moe PRESET (the deployment step model)")
-        if not [p for p in args.rebalance.split(",") if p.strip()]:
-            raise InvalidInputError(
-                f"--rebalance must name at least one policy; got {args.rebalance!r}"
-            )
     else:
         given = [n for n in _REBALANCE_ONLY if getattr(args, n) not in (None, False)]
         if given:
@@ -514,10 +544,85 @@ def _check_args(args) -> None:
             raise InvalidInputError(
                 f"{flag} must be a finite number {'> 0' if lo_open else '>= 0'}; got {v}"
             )
+    if args.drift is not None and args.drift > MAX_DRIFT:
+        raise InvalidInputError(f"--drift must be at most {MAX_DRIFT:g}; got {args.drift}")
     for name in ("drift_steps", "max_steps"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InvalidInputError(f"--{name.replace('_', '-')} must be at least 1; got {v}")
+
+
+def _check_names(names, flag: str, known) -> None:
+    """Each name of a list flag one of ``known``; the flag named otherwise."""
+    for n in names or ():
+        if n not in known:
+            raise InvalidInputError(f"{flag} names {n!r}; expected names among {sorted(known)}")
+
+
+def _check_policies(policies) -> None:
+    """``--policies``: each NAME a routing policy, each NAME:VERSION one of its versions."""
+    for spec in policies or ():
+        name, colon, version = spec.partition(":")
+        _check_names([name], "--policies", routing_policies())
+        versions = get_routing_policy(name, "straggler-simulate").versions
+        if colon and version not in versions:
+            raise InvalidInputError(
+                f"--policies names {spec!r}; {name} has "
+                + (f"the versions {list(versions)}" if versions else "no versions")
+            )
+
+
+def _check_levers(args) -> None:
+    """The deployment flags (``--moe``'s group) against the preset, each error naming its
+    flag, so that the deployment model and the levers table built from them refuse nothing;
+    without ``--moe`` they are refused, as the flags of the policy table are with it."""
+    group = ("ep", "nodes", "layers", "table_period", "routings", "dispatches", "placements")
+    if args.moe is None:
+        given = [n for n in (*group, "full") if getattr(args, n) not in (None, False)]
+        if given:
+            raise InvalidInputError(
+                f"--{given[0].replace('_', '-')} is a flag of the levers table; give --moe too"
+            )
+        return
+    for name in ("policies", "prefix_cache"):
+        if getattr(args, name) not in (None, False):
+            raise InvalidInputError(
+                f"--{name.replace('_', '-')} is a flag of the policy table, not of --moe's "
+                "levers table (--routings names its routing policies)"
+            )
+    _check_names([args.moe], "--moe", MODEL_PRESETS)
+    G = args.ep if args.ep is not None else args.replicas
+    preset = MODEL_PRESETS[args.moe]
+    if args.nodes is not None and (args.nodes > G or G % args.nodes):
+        raise InvalidInputError(f"--nodes must be a divisor of the EP width {G}; got {args.nodes}")
+    if args.layers is not None and args.layers > preset.n_moe_layers:
+        raise InvalidInputError(
+            f"--layers must be at most {args.moe}'s {preset.n_moe_layers} MoE layers; "
+            f"got {args.layers}"
+        )
+    _check_names(args.routings, "--routings", routing_policies())
+    _check_names(args.dispatches, "--dispatches", DISPATCHES)
+    _check_names(args.placements, "--placements", PLACEMENTS)
+    if args.rebalance is not None:
+        from ...solvers.placement.rebalance.registry import parse_rebalance_policies
+
+        parse_rebalance_policies(",".join(args.rebalance), "--rebalance")
+    # the defaults, now that a flag given without --moe can be told from one left out
+    args.nodes = 1 if args.nodes is None else args.nodes
+    args.layers = LEVERS_LAYERS if args.layers is None else args.layers
+    if args.table_period is None:
+        args.table_period = LEVERS_TABLE_PERIOD_S
+
+
+def _check_trace(args, trace) -> None:
+    """The flags that depend on the trace, once it is read and before any work."""
+    longest = int((trace.prompt_len + trace.output_len).max()) if len(trace) else 0
+    if longest > args.kv_capacity:
+        raise InvalidInputError(
+            f"--kv-capacity must hold the longest request of the trace (prompt + output: "
+            f"{longest:,} tokens, as vLLM's max_model_len must fit the KV cache); got "
+            f"{args.kv_capacity:,}"
+        )
 
 
 def _check_outputs(args) -> None:
@@ -537,6 +642,7 @@ def main(argv=None) -> int:
     if args.moe is not None:
         try:
             _check_args(args)
+            _check_levers(args)
             _check_outputs(args)
             trace = resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
             if args.rebalance is not None:
@@ -547,15 +653,16 @@ def main(argv=None) -> int:
             return 2
     try:
         _check_args(args)
+        _check_levers(args)
+        _check_policies(args.policies)
         _check_outputs(args)
-        if args.policies:
-            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-            for p in policies:
-                get_routing_policy(p.partition(":")[0], "straggler-simulate")
+        if args.policies is not None:
+            policies = args.policies
         else:
             rest = [p for p in routing_policies() if p not in (DEFAULT_POLICY, "jsq")]
             policies = [DEFAULT_POLICY, "jsq", *rest]
         trace = resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+        _check_trace(args, trace)
         blocks = None
         if args.prefix_cache:
             if not pathlib.Path(args.trace).is_file():

@@ -459,6 +459,8 @@ def parse_sglang_dump(objs, sources, *, physical_to_logical=None, n_experts=None
             f"The SGLang dumps {sources} mix stat-mode files (logical_count) with per-pass or "
             "per-token files (records); read one recording at a time."
         )
+    if n_experts is not None:  # before the maps are checked against it
+        n_experts = check_int(n_experts, "n_experts", "read_sglang_recorder", lo=1)
     override = _override_iv(physical_to_logical, n_experts)
     by_pass: dict[int, dict[int, tuple]] = {}
     maps = []

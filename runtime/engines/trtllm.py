@@ -74,6 +74,10 @@ _KEY_RE = re.compile(r"^(0|[1-9][0-9]*)_(0|[1-9][0-9]*)$", re.ASCII)
 #: anything is allocated per layer index.
 MAX_LAYER_ID = 65535
 _RANK_FILE_RE = re.compile(r"^rank(0|[1-9][0-9]*)\.safetensors$", re.ASCII)
+#: The field of ``meta_info.json`` in which :func:`write_trtllm_statistics` lists the rank
+#: files of its set (``["rank0.safetensors", ...]``), written with the set in one step;
+#: TensorRT-LLM neither writes nor reads it (its scripts read the two fields they know).
+MANIFEST_FIELD = "straggler_rank_files"
 #: The fields ``MoeLoadBalancerConfig`` accepts (it forbids others).
 TRTLLM_CONFIG_FIELDS = ("initial_global_assignments", "layer_updates_per_iter", "num_slots")
 
@@ -122,6 +126,13 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     (``formulations._io.atomic_dir``; other files in the directory are
     kept). Rank files of an earlier write with more ranks do not survive, and a failure
     part way leaves the earlier set as it was.
+
+    ``meta_info.json`` also carries the set's manifest: its field ``straggler_rank_files``
+    (``trtllm.MANIFEST_FIELD``) lists the rank files written, and
+    :func:`read_trtllm_statistics` refuses a rank file it does not list (one copied in or
+    written later) instead of summing it. TensorRT-LLM ignores the field; a
+    ``meta_info.json`` TensorRT-LLM writes over it has none, and the directory is then read
+    as TensorRT-LLM's own.
     """
     func = "write_trtllm_statistics"
     d = check_path(directory, "directory", func)
@@ -135,7 +146,11 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     iters = _distinct_ids(range(I) if iter_ids is None else iter_ids, I, "iter_ids", func)
     layers = _distinct_ids(layer_ids, L, "layer_ids", func, hi=MAX_LAYER_ID)
     top_k = check_int(top_k, "top_k", func, lo=1, hi=E)
-    meta = {"num_experts": int(E), "num_experts_per_token": top_k}
+    meta = {
+        "num_experts": int(E),
+        "num_experts_per_token": top_k,
+        MANIFEST_FIELD: [f"rank{r}.safetensors" for r in range(R)],
+    }
     ranks = [
         {
             f"{it}_{layer}": c[r, i, j]
@@ -156,6 +171,40 @@ def write_trtllm_statistics(directory, counts, *, layer_ids, iter_ids=None, top_
     return [os.path.join(d, "meta_info.json")] + [
         os.path.join(d, f"rank{r}.safetensors") for r in range(R)
     ]
+
+
+def _check_manifest(meta, meta_path: str, d: str, found: list) -> None:
+    """The rank files ``found`` in ``d`` against the manifest of ``meta_info.json``
+    (:data:`MANIFEST_FIELD`), when it has one: exactly the files it lists, else an error
+    naming the others (never summed) or the missing ones."""
+    if not isinstance(meta, dict) or MANIFEST_FIELD not in meta:
+        return  # written by TensorRT-LLM: every rank file counts
+    listed = meta[MANIFEST_FIELD]
+    if (
+        not isinstance(listed, list)
+        or not listed
+        or listed != [f"rank{r}.safetensors" for r in range(len(listed))]
+    ):
+        raise field_error(
+            meta_path,
+            MANIFEST_FIELD,
+            "the list of the set's rank files, ['rank0.safetensors', ..., 'rank<n-1>.safetensors']",
+            repr(listed)[:120],
+        )
+    extra = [f for f in found if f not in listed]
+    if extra:
+        raise InvalidInputError(
+            f"{d} holds {extra}, which the '{MANIFEST_FIELD}' field of {meta_path} does not "
+            f"list (the set written is {listed}): a rank file of another recording, copied in "
+            "or written later, is never summed into the set. Remove it, or write the whole "
+            "set again."
+        )
+    missing = [f for f in listed if f not in found]
+    if missing:
+        raise InvalidInputError(
+            f"{d} lacks {missing}, which the '{MANIFEST_FIELD}' field of {meta_path} lists: "
+            "the set is incomplete."
+        )
 
 
 def _is_statistics_file(name: str) -> bool:
@@ -326,10 +375,18 @@ def read_trtllm_statistics(
     ``[iter_start, iter_stop)`` are kept (default: all). Every rank file must hold the same
     keys, every iteration every layer, each tensor ``[num_experts]`` (int32 or int64).
 
-    Every ``rank<r>.safetensors`` in the directory counts. TensorRT-LLM does not clear
-    ``EXPERT_STATISTIC_PATH`` before it writes, and nothing in its files tells a rank file
-    of an earlier recording from one of this recording: record into an empty directory
-    (:func:`write_trtllm_statistics` replaces the whole set).
+    Which rank files count:
+
+    * a set :func:`write_trtllm_statistics` wrote: exactly the files its manifest lists
+      (``meta_info.json``'s ``straggler_rank_files``, written with the set in one step). A
+      ``rank<r>.safetensors`` beside them that the manifest does not list (copied in,
+      or written by something else later) is refused with an error naming it, never
+      summed; a listed file that is missing is refused too.
+    * a directory TensorRT-LLM wrote (no manifest): every ``rank<r>.safetensors``, which
+      must be ``rank0`` .. ``rank<n-1>``. TensorRT-LLM does not clear
+      ``EXPERT_STATISTIC_PATH`` before it writes, and nothing in its files tells a rank
+      file of an earlier recording from one of this recording: record into an empty
+      directory.
 
     With the MoE load balancer on, TensorRT-LLM counts **slot ids** (``meta_info.json``'s
     ``num_experts`` is then ``num_slots``): they are folded to logical experts through
@@ -374,6 +431,8 @@ def read_trtllm_statistics(
     for name, v in (("iter_start", iter_start), ("iter_stop", iter_stop)):
         if v is not None:
             check_int(v, name, func)
+    if n_experts is not None:  # before the files are checked against it
+        n_experts = check_int(n_experts, "n_experts", func, lo=1)
     meta_path = os.path.join(d, "meta_info.json")
     if not os.path.isfile(meta_path):
         raise InvalidInputError(f"{d} has no meta_info.json (TensorRT-LLM expert statistics).")
@@ -383,6 +442,7 @@ def read_trtllm_statistics(
         for f in glob.glob(os.path.join(glob.escape(d), "rank*.safetensors"))
         if (m := _RANK_FILE_RE.match(os.path.basename(f)))
     )
+    _check_manifest(meta, meta_path, d, [os.path.basename(f) for _, f in files])
     if not files:
         raise InvalidInputError(f"{d} has meta_info.json but no rank<r>.safetensors file.")
     ranks = [r for r, _ in files]
@@ -610,6 +670,8 @@ def read_moe_load_balancer(path, *, n_experts=None) -> EngineLog:
         config rejects, rows that are not ``num_slots`` long, an expert without a slot.
     """
     src = require_file(check_path(path, "path", "read_moe_load_balancer"))
+    if n_experts is not None:  # before the file is checked against it
+        check_int(n_experts, "n_experts", "read_moe_load_balancer", lo=1)
     try:
         with open(src, encoding="utf-8") as f:
             text = f.read()

@@ -106,7 +106,9 @@ def vllm_maps(physical_to_logical, n_experts: int, *, width: int | None = VLLM_M
     ``logical_to_physical_map`` lists each expert's slots in slot order (as
     ``compute_logical_maps`` fills it), padded with ``-1`` to ``width`` columns: vLLM's
     ``MAX_EXPERT_REDUNDANCY + 1 = 1024`` by default, ``None`` for the narrowest
-    (``P - n_experts + 1``, enough for any placement).
+    (``P - n_experts + 1``, enough for any placement). A ``width`` below the most replicas
+    of an expert, or above ``max(1024, P)`` (more columns than vLLM's or than there are
+    slots), is refused.
 
     Examples
     --------
@@ -128,12 +130,12 @@ def vllm_maps(physical_to_logical, n_experts: int, *, width: int | None = VLLM_M
     check_int(n_experts, "n_experts", "vllm_maps", lo=1, hi=P)
     l2p, count = logical_to_physical(p2l, n_experts)
     need = max(P - n_experts + 1, l2p.shape[2])
-    width = need if width is None else int(width)
-    if width < l2p.shape[2]:
-        raise InvalidInputError(
-            f"The 'width' parameter of vllm_maps must be at least {l2p.shape[2]} (the most "
-            f"replicas of an expert). Got {width} instead."
-        )
+    if width is None:
+        width = need
+    else:
+        # at least the most replicas of an expert; at most vLLM's own width or the slots
+        # (no expert has more replicas than there are slots): the map is L x E x width
+        width = check_int(width, "width", "vllm_maps", lo=l2p.shape[2], hi=max(VLLM_MAP_WIDTH, P))
     pad = np.full((L, n_experts, width), -1, dtype=np.int64)
     pad[:, :, : l2p.shape[2]] = l2p
     return {

@@ -64,10 +64,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ...baselines.dispatch.static import sglang_static_table
-from ...formulations.cost import CostModel
+from ...formulations.cost import MAX_COST_PARAMETER, CostModel
 from ...formulations.dispatch import DispatchProblem, logical_to_physical
 from ...formulations.errors import param_error
 from ...formulations.validation import (
+    MAX_EXACT_INT,
     check_array,
     check_bool,
     check_choice,
@@ -119,6 +120,7 @@ __all__ = [
     "PLACEMENTS",
     "DISPATCHES",
     "METHOD_OPTIONS",
+    "MAX_STEP_CHOICES",
 ]
 
 #: Steps of the routing stream (popularity and sampling seed) drawn at once.
@@ -483,14 +485,12 @@ class RoutingModel:
                 drift["step"] += 1
             if self._kappa is None:
                 return p
-            g = gen.standard_gamma(self._kappa * p)
-            return np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
+            return _dirichlet_rows(gen, self._kappa, p)
         if self._kappa is None:
             return np.broadcast_to(p, (n,) + p.shape).copy()
         # Dirichlet(kappa * p) per layer as independent gammas normalized by row; a draw can
         # underflow to 0: keep every expert reachable
-        g = gen.standard_gamma(self._kappa * p, size=(n,) + p.shape)
-        return np.maximum(g / g.sum(axis=2, keepdims=True), np.finfo(float).tiny)
+        return _dirichlet_rows(gen, self._kappa, np.broadcast_to(p, (n,) + p.shape))
 
 
 class RoutingSequence:
@@ -599,7 +599,8 @@ class DeploymentConfig:
     cost : CostModel or None
         The MoE cost model; None: the preset's.
     internode_us_per_token : float, default 0
-        Added per token the busiest GPU receives from other nodes.
+        Added per token the busiest GPU receives from other nodes (at most ``2**900``,
+        ``CostModel``'s bound on a time parameter, so no time is infinite).
     rebalance : str or RebalancePolicy, optional
         A rebalance policy (a name of
         ``straggler.solvers.placement.rebalance.registry.REBALANCE_POLICIES``, ``name:N``,
@@ -722,7 +723,10 @@ class DeploymentConfig:
         object.__setattr__(self, "cost", cost)
         object.__setattr__(
             self, "internode_us_per_token",
-            check_real(self.internode_us_per_token, "internode_us_per_token", func, lo=0),
+            check_real(
+                self.internode_us_per_token, "internode_us_per_token", func, lo=0,
+                hi=MAX_COST_PARAMETER,  # a time per token, as CostModel's (never inf)
+            ),  # fmt: skip
         )  # fmt: skip
         object.__setattr__(
             self, "split", check_choice(self.split, "split", func, ("flat", "node_first"))
@@ -812,6 +816,50 @@ def _slot_fracs(p2l: np.ndarray, n_experts: int, n_gpus: int) -> np.ndarray:
     np.add.at(cnt, (li, p2l[li, pi], pi // per), 1.0)
     tot = cnt.sum(axis=2, keepdims=True)
     return np.divide(cnt, tot, out=np.zeros_like(cnt), where=tot > 0)
+
+
+#: Most token-expert choices one step samples (running requests over all ranks times the
+#: preset's ``top_k``): each is drawn one by one (``sample_choices_kernel``, about 0.02 us
+#: each on one core), so a step at this bound takes a second or two, and more is refused up
+#: front rather than left running for hours. A decode step is far below it (256 ranks x 256
+#: requests x top-8 = 524,288); the same bound as the per-token dispatch layout's.
+MAX_STEP_CHOICES = 2**26
+
+
+def _check_step_choices(req: np.ndarray, top_k: int, func: str) -> None:
+    """``req`` (steps, G) or (G,): every step's requests times ``top_k`` at most
+    :data:`MAX_STEP_CHOICES`, else an error naming ``requests``."""
+    per_step = np.atleast_2d(req).astype(np.float64).sum(axis=1) * top_k
+    if per_step.size and per_step.max() > MAX_STEP_CHOICES:
+        k = int(per_step.argmax())
+        raise param_error(
+            "requests", func,
+            f"at most 2**26 = {MAX_STEP_CHOICES} token-expert choices per step (the running "
+            f"requests of all ranks times the preset's top_k = {top_k}; each is sampled)",
+            f"{per_step[k]:.6g} in step {k}",
+        )  # fmt: skip
+
+
+def _dirichlet_rows(gen: np.random.Generator, kappa: float, p: np.ndarray) -> np.ndarray:
+    """One Dirichlet(``kappa * p[..., :]``) draw per row, as gammas normalized by row, every
+    entry at least the smallest positive float (an expert stays reachable).
+
+    Where every gamma of a row underflows to 0 (all shapes tiny: ``kappa * p`` of about
+    1e-3 and below on hundreds of experts; 0/0 would give NaN popularities), the row is the
+    Dirichlet's limit as its shapes go to 0: all the mass on one expert, drawn with
+    probability proportional to ``p``. Rows that do not underflow draw exactly what they
+    drew without this (nothing more is drawn from ``gen`` unless a row underflows)."""
+    g = gen.standard_gamma(kappa * p)
+    total = g.sum(axis=-1, keepdims=True)
+    dead = np.flatnonzero(total.reshape(-1) == 0)
+    if dead.size:
+        g = g.reshape(-1, g.shape[-1])
+        w = np.asarray(p, dtype=float).reshape(-1, g.shape[-1])
+        for r in dead:
+            g[r, gen.choice(w.shape[1], p=w[r] / w[r].sum())] = 1.0
+        g = g.reshape(total.shape[:-1] + (w.shape[1],))
+        total = g.sum(axis=-1, keepdims=True)
+    return np.maximum(g / total, np.finfo(float).tiny)
 
 
 class StepModel:
@@ -1028,8 +1076,9 @@ class StepModel:
         ``requests`` (``(n_gpus,)`` each), at simulated time ``now_s`` (seconds)."""
         func = "StepModel.step"
         G = self.config.n_gpus
-        kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0)
+        kv = check_array(kv, "kv", func, ndim=1, shape=(G,), lo=0, hi=MAX_EXACT_INT)
         req = check_array(requests, "requests", func, kind="int", ndim=1, shape=(G,), lo=0)
+        _check_step_choices(req, self.config.preset.top_k, func)
         now_s = check_real(now_s, "now_s", func)
         kv = np.ascontiguousarray(kv, dtype=float)
         req = np.ascontiguousarray(req, dtype=np.int64)
@@ -1395,7 +1444,8 @@ def simulate_steps(config: DeploymentConfig, kv, requests) -> DeploymentRun:
     ----------
     config : DeploymentConfig
     kv, requests : array_like, shape (n_steps, n_gpus)
-        Resident KV tokens and running requests of every rank at every step.
+        Resident KV tokens (at most ``2**53``) and running requests of every rank at every
+        step (at most :data:`MAX_STEP_CHOICES` over ``top_k`` in all per step).
 
     Returns
     -------
@@ -1411,12 +1461,13 @@ def simulate_steps(config: DeploymentConfig, kv, requests) -> DeploymentRun:
     func = "simulate_steps"
     check_type(config, "config", func, DeploymentConfig, "a DeploymentConfig")
     G = config.n_gpus
-    kv = check_array(kv, "kv", func, ndim=2, shape=(None, G), lo=0)
+    kv = check_array(kv, "kv", func, ndim=2, shape=(None, G), lo=0, hi=MAX_EXACT_INT)
     req = check_array(requests, "requests", func, kind="int", ndim=2, shape=(None, G), lo=0)
     if kv.shape != req.shape:
         raise param_error(
             "requests", func, f"an array of the shape of 'kv' {kv.shape}", describe(requests)
         )
+    _check_step_choices(req, config.preset.top_k, func)
     model = StepModel(config)
     rows = []
     t = np.empty(kv.shape[0])

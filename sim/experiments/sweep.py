@@ -52,7 +52,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formulations._io import atomic_open, atomic_path, check_input_file, check_output_file
+from ...formulations._io import (
+    atomic_open,
+    atomic_path,
+    check_input_file,
+    check_output_file,
+    check_path_arg,
+)
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ...formulations.validation import check_bool, check_choice, check_int, check_type, describe
 
@@ -389,12 +395,33 @@ class SweepTable:
         return np.array([r.get(name) for r in self.rows])
 
     def to_csv(self, path=None) -> str | None:
-        """Write CSV to ``path`` (floats as their shortest exact repr), or return it as text."""
+        """Write CSV to ``path`` (floats as their shortest exact repr), or return it as text.
+
+        CSV holds text only: :meth:`read_csv` gives each value back by parsing it (int,
+        float, bool, None, else the text), and a missing entry back as None. What it would
+        not give back as written is refused before anything is written: a column name that
+        is not a string, a value that is not a scalar (bool, int, float, str, None, or a
+        numpy scalar, written as the Python scalar it holds), a string that would parse as
+        something else (``"1"``, ``"nan"``, ``"True"``, ``""``), text UTF-8 cannot encode,
+        rows of no column.
+        """
+        if path is not None:
+            path = check_path_arg(path, "path", "SweepTable.to_csv")
         buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(self.columns)
-        for r in self.rows:
-            w.writerow(["" if r.get(c) is None else _fmt(r[c]) for c in self.columns])
+        if self.rows and not self.columns:
+            raise InvalidInputError(
+                f"SweepTable.to_csv cannot write {len(self.rows)} rows of no column: CSV "
+                "holds a row as its fields."
+            )
+        for c in self.columns:
+            if not isinstance(c, str) or _utf8_problem(c):
+                raise InvalidInputError(
+                    f"SweepTable.to_csv writes column names as UTF-8 text, which read_csv "
+                    f"gives back as strings. Got the column name {c!r} instead."
+                )
+        buf.write(_csv_line(self.columns))
+        for i, r in enumerate(self.rows):
+            buf.write(_csv_line([_csv_cell(r.get(c), i, c) for c in self.columns]))
         if path is None:
             return buf.getvalue()
         with atomic_open(path, "w", encoding="utf-8") as fh:
@@ -411,6 +438,7 @@ class SweepTable:
                 "Writing a sweep table as Parquet needs pyarrow (pip install pyarrow); "
                 "write CSV instead (a path ending in .csv)."
             ) from None
+        path = check_path_arg(path, "path", "SweepTable.to_parquet")
         table = pa.Table.from_pylist([{c: r.get(c) for c in self.columns} for r in self.rows])
         table = table.replace_schema_metadata({"straggler.settings": json.dumps(self.settings)})
         with atomic_path(path) as tmp:
@@ -439,11 +467,61 @@ class SweepTable:
             raise InvalidInputError(
                 f"The sweep table {path} is not UTF-8 CSV as to_csv writes it: {exc}."
             ) from None
+        for i, r in enumerate(rows, 1):
+            if None in r or None in r.values():
+                raise InvalidInputError(
+                    f"Record {i} of the sweep table {path} must have as many "
+                    "fields as its header (to_csv writes every column of every row)."
+                )
         return cls([{k: _parse(v) for k, v in r.items()} for r in rows], settings=settings)
 
 
-def _fmt(v) -> str:
-    return repr(v) if isinstance(v, float) else str(v)
+def _csv_line(fields) -> str:
+    """One CSV record, ``\\n``-terminated: a field holding a comma, a quote or a line break
+    (``\\r`` included, which Python 3.11's ``csv.writer`` leaves bare under a ``\\n``
+    terminator) quoted, its quotes doubled; a record of one empty field written ``""`` (an
+    empty line is no record to ``csv.reader``)."""
+    if list(fields) == [""]:
+        return '""\n'
+    out = []
+    for f in fields:
+        if any(ch in f for ch in ',"\r\n'):
+            f = '"' + f.replace('"', '""') + '"'
+        out.append(f)
+    return ",".join(out) + "\n"
+
+
+def _utf8_problem(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _csv_cell(v, row: int, col: str) -> str:
+    """The text :meth:`SweepTable.to_csv` writes for ``v``: one that :func:`_parse` gives
+    back as ``v`` (NaN as NaN), or an error naming the row and the column."""
+    if v is None:
+        return ""
+    where = f"SweepTable.to_csv cannot write row {row}'s {col!r} = {str(v)[:60]!r}"
+    try:
+        v = _scalar(v, f"Row {row}'s {col!r}", "SweepTable.to_csv")
+    except InvalidInputError:
+        raise InvalidInputError(
+            f"{where}: CSV holds scalars (bool, int, float, str, None). Got {describe(v)} instead."
+        ) from None
+    text = repr(v) if isinstance(v, float) else str(v)
+    back = _parse(text)
+    same = type(back) is type(v) and (back == v or v != v and back != back)
+    if not same or _utf8_problem(text):
+        got = "text UTF-8 cannot encode" if same else f"{back!r} ({type(back).__name__})"
+        raise InvalidInputError(
+            f"{where}: read_csv would give back {got}, not the {type(v).__name__} written "
+            "(CSV holds text; give the value another spelling, or keep the sweep's .cells.jsonl "
+            "journal, which is JSON)."
+        )
+    return text
 
 
 def _parse(text: str):

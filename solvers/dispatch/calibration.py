@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from ...formulations._io import atomic_open, check_input_file
+from ...formulations._io import atomic_open, check_input_file, check_path_arg
 from ...formulations.cost import MAX_TILE, CostModel
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_real, check_rng
@@ -189,11 +189,39 @@ class CalibrationResult:
             ) from None
 
     def save(self, path) -> None:
-        """Write the fit as JSON (read back by :meth:`load` and ``straggler-plan``)."""
-        text = json.dumps(
-            self.to_dict() | {"meta": _meta_iv(self.meta, "CalibrationResult")}, indent=1
-        )
-        with atomic_open(path, "w") as f:
+        """Write the fit as JSON (read back by :meth:`load` and ``straggler-plan``).
+
+        Only what :meth:`load` gives back as written is written: the JSON is read back
+        through :meth:`from_dict` first, and a result it refuses, or gives back otherwise
+        (``iterations=2.5`` read as 2, a ``bootstrap_params`` of the wrong width), is refused
+        naming the field, before anything is written; so is ``meta`` that JSON does not give
+        back as given (a tuple read as a list, an int key read as a string)."""
+        func = "CalibrationResult.save"
+        path = check_path_arg(path, "path", func)
+        try:
+            d = self.to_dict() | {"meta": _meta_iv(self.meta, func)}
+            text = json.dumps(d, indent=1)
+        except InvalidInputError:
+            raise
+        except (AttributeError, TypeError, ValueError, RecursionError) as exc:
+            raise InvalidInputError(
+                f"{func} writes the fields fit_cost_model gives, as JSON. Got a field that is "
+                f"not one ({type(exc).__name__}: {str(exc)[:120]})."
+            ) from None
+        try:
+            back = type(self).from_dict(json.loads(text), source="the result to save")
+        except InvalidInputError as exc:
+            raise InvalidInputError(
+                f"{func} refuses what CalibrationResult.load would: {exc}"
+            ) from None
+        again = back.to_dict()
+        for k, v in d.items():
+            if json.dumps(again[k], indent=1) != json.dumps(v, indent=1):
+                raise InvalidInputError(
+                    f"{func} cannot write the {k!r} field as given: CalibrationResult.load "
+                    f"would give back {json.dumps(again[k])[:60]} for {json.dumps(v)[:60]}."
+                )
+        with atomic_open(path, "w", encoding="utf-8") as f:
             f.write(text)
 
     @classmethod
@@ -397,18 +425,24 @@ def _fit_cost_model_iv(G, N, t, T, pieces, bootstrap, rng, starts, max_iter, lev
 
 def _meta_iv(meta, func: str) -> dict:
     """``meta`` as a fresh dict: None or a dict with string keys whose values JSON holds
-    (:meth:`CalibrationResult.save` writes it as JSON)."""
+    and gives back equal (:meth:`CalibrationResult.save` writes it as JSON, infinities as
+    ``Infinity`` as Python's ``json`` does, read back by :meth:`CalibrationResult.load`)."""
     if meta is None:
         return {}
     if not isinstance(meta, dict) or not all(isinstance(k, str) for k in meta):
         raise param_error("meta", func, "None or a dict with string keys", repr(meta)[:60])
     try:
-        json.dumps(meta, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        back = json.loads(json.dumps(meta))
+    except (TypeError, ValueError, RecursionError) as exc:
         raise param_error(
             "meta", func, "a dict of values JSON can store (strings, numbers, lists, dicts)",
             f"{repr(meta)[:60]} ({exc})",
         ) from None  # fmt: skip
+    if back != meta:  # NaN included: it is not equal to the NaN read back
+        raise param_error(
+            "meta", func, "a dict JSON gives back as given (lists, not tuples; string keys at "
+            "every level; no NaN)", repr(meta)[:60],
+        )  # fmt: skip
     return dict(meta)
 
 
@@ -578,10 +612,11 @@ _LOG_COLUMNS = ("G", "N", "T", "t_us")
 def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) -> None:
     """Write a timing log as CSV: ``# key: value`` metadata lines, then ``G,N[,T],t_us`` rows.
 
-    The file is written atomically. :func:`read_calibration_log` gives back the metadata as
-    text (``str(value)``), so a key or value it could not give back as written is refused:
-    a key that is not a non-empty string, or holds ``:``, and either with a line break or
-    surrounding spaces.
+    The file is written atomically, as UTF-8. :func:`read_calibration_log` gives back the
+    metadata as text (``str(value)``), so a key or value it could not give back as written
+    is refused: a key that is not a string, or holds ``:``, and either with a line
+    break, surrounding spaces or a character UTF-8 cannot encode; so is a log of no rows,
+    which it refuses.
 
     Examples
     --------
@@ -593,8 +628,11 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
     ([1.0, 2.0], [25.5, 29.4], None, {'gpu': 'H20'})
     """
     func = "write_calibration_log"
+    path = check_path_arg(path, "path", func)
     G = check_array(G, "G", func, kind="real", lo=0)
     n = G.size
+    if n == 0:
+        raise param_error("G", func, "at least one sample (a log of no rows is unreadable)", "none")
     N = check_array(N, "N", func, kind="real", lo=0, shape=(n,))
     t = check_array(t, "t", func, kind="real", lo=0, lo_open=True, shape=(n,))
     if T is not None:
@@ -603,15 +641,18 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
         raise param_error("meta", func, "None or a dict", type(meta).__name__)
     buf = io.StringIO()
     for k, v in (meta or {}).items():
-        if not isinstance(k, str) or not k or ":" in k:
-            raise param_error(
-                "meta", func, "a dict whose keys are non-empty strings without ':'", repr(k)
-            )
+        if not isinstance(k, str) or ":" in k:
+            raise param_error("meta", func, "a dict whose keys are strings without ':'", repr(k))
         for text in (k, str(v)):
-            if text != text.strip() or (text and text.splitlines() != [text]):
+            if (
+                text != text.strip()
+                or (text and text.splitlines() != [text])
+                or _utf8_problem(text)
+            ):
                 raise param_error(
-                    "meta", func, "a dict whose keys and values have no line breaks or "
-                    "surrounding spaces (stored as '# key: value' lines)", repr(text),
+                    "meta", func, "a dict whose keys and values have no line breaks, "
+                    "surrounding spaces or characters UTF-8 cannot encode (stored as "
+                    "'# key: value' lines)", repr(text),
                 )  # fmt: skip
         buf.write(f"# {k}: {v}\n")
     cols = ["G", "N"] + (["T"] if T is not None else []) + ["t_us"]
@@ -623,20 +664,29 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
             row.append(repr(float(T[i])))
         row.append(repr(float(t[i])))
         w.writerow(row)
-    with atomic_open(path, "w") as f:
+    with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(buf.getvalue())
+
+
+def _utf8_problem(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def read_calibration_log(path) -> dict:
     """Read a CSV timing log: ``{"G", "N", "T" (or None), "t", "meta"}`` (arrays of float64).
 
     Columns by name (``G``, ``N``, optional ``T``, and ``t_us`` or ``t``); ``# key: value``
-    lines before the header are metadata. Raises :class:`InvalidInputError` naming the
+    lines before the header are metadata. Counts are non-negative and times positive, as
+    :func:`write_calibration_log` writes them. Raises :class:`InvalidInputError` naming the
     file, the line and the column on anything else.
     """
     where = check_input_file(path, "path", "read_calibration_log")
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"Cannot read the calibration log {where!r}: {exc}") from None
@@ -677,6 +727,13 @@ def read_calibration_log(path) -> dict:
                 f"Line {lineno} of the calibration log {where!r} must hold finite numbers. "
                 f"Got {line!r} instead."
             )
+        for name, v in zip(header, row):
+            if name in _LOG_COLUMNS and (v <= 0 if name == "t_us" else v < 0):
+                raise InvalidInputError(
+                    f"Line {lineno} of the calibration log {where!r} must hold a "
+                    f"{'positive time' if name == 't_us' else 'non-negative count'} in "
+                    f"column {name}. Got {cells[header.index(name)]!r} instead."
+                )
         rows.append(row)
     if header is None or not rows:
         raise InvalidInputError(

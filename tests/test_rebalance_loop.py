@@ -231,8 +231,11 @@ def test_policy_names_and_clocks():
     assert Every(interval=10).schedule() == (10, 10) and Never().schedule() == (0, 0)
     assert Auto(period=5, horizon=7).horizon_steps == 7
     assert get_rebalance_policy(Never()) == Never()
-    for bad in ("", "  ,", ","):
+    for bad in ("", "  ,", ",", "never,,auto", "auto,"):
         with pytest.raises(InvalidInputError, match="at least one"):
+            parse_rebalance_policies(bad, "f")
+    for bad in ("auto,auto", "never, vllm:100, vllm:100", "vllm,vllm:3000"):
+        with pytest.raises(InvalidInputError, match="once"):
             parse_rebalance_policies(bad, "f")
     with pytest.raises(InvalidOptionError, match="rebalance"):
         get_rebalance_policy("sometimes")

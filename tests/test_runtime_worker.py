@@ -396,10 +396,11 @@ def test_worker_decides_rebalances_as_the_simulator_does():
         assert worker.wait_ready(timeout=READY_TIMEOUT)
         assert worker.rebalance_decision() is None
         ids = []
-        for c in w[1]:
+        for i, c in enumerate(w[1]):
             ids.append(worker.submit(c))
             assert worker.wait_tables(ids[-1], timeout=60) is not None
-        first = worker.wait_decision(timeout=60)
+            if i == 2:  # read before the next decision can replace it (one slot, newest wins)
+                first = worker.wait_decision(timeout=60)
         second = worker.wait_decision(timeout=60)
     assert first.windows == (ids[0], ids[2]) and second.windows == (ids[2], ids[5])
     want = decide_for_windows(policy, w[1][2:6], p2l, 4, 1, 1, cost, move)

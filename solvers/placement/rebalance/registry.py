@@ -78,18 +78,27 @@ def get_rebalance_policy(spec, func: str = "simulate") -> RebalancePolicy:
 
 
 def parse_rebalance_policies(text: str, func: str) -> list[RebalancePolicy]:
-    """A comma-separated list of policies (``"never,auto,every:2000"``); an empty list is
-    refused.
+    """A comma-separated list of policies (``"never,auto,every:2000"``), read as the commands
+    read their lists: a list naming nothing, an empty name (``"never,,auto"``) or a policy
+    named twice (``"auto, auto"``) is refused.
 
     Examples
     --------
     >>> [p.label for p in parse_rebalance_policies("never, vllm:100", "f")]
     ['never', 'vllm:100']
     """
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not names:
+    names = [x.strip() for x in str(text).split(",")]
+    if not all(names):
         raise InvalidInputError(
-            f"The 'rebalance' parameter of {func} must name at least one policy. Got "
-            f"{text!r} instead."
+            f"The 'rebalance' parameter of {func} must name at least one policy, none empty. "
+            f"Got {text!r} instead."
         )
-    return [get_rebalance_policy(n, func) for n in names]
+    policies = [get_rebalance_policy(n, func) for n in names]
+    labels = [p.label for p in policies]
+    twice = next((x for i, x in enumerate(labels) if x in labels[:i]), None)
+    if twice is not None:
+        raise InvalidInputError(
+            f"The 'rebalance' parameter of {func} must name each policy once. Got {twice!r} "
+            f"twice in {text!r}."
+        )
+    return policies

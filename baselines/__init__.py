@@ -1,8 +1,9 @@
 """The policies production deploys, each pinned to its upstream: the EP dispatch baselines
 (``straggler.baselines.dispatch``, one module per system), EPLB and FlashLB placement, and
 the DP routers (``straggler.baselines.routing``: ``sglang``, ``vllm``, ``trtllm``, ``dynamo``,
-``random``; ``routing.routers`` wraps them as callable objects).
-``straggler.baselines.tables`` names them for the entry points; importing a module registers
+``random``). They build on the algorithms of ``straggler.solvers``, never on its entry points;
+the name tables (``straggler.solvers.dispatch.registry``,
+``straggler.solvers.routing.registry``) list them above, and importing a module registers
 nothing."""
 
 from ..solvers.placement.eplb import rebalance_experts

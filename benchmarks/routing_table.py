@@ -22,7 +22,7 @@ paper; see ``straggler.sim.simulate``): slots freed within the horizon are proje
 by a pool-mean prompt, and each horizon column of the F-score is weighed by the chance that a
 newly placed request is still resident then.
 
-Baseline rows, each as its upstream ships it (``straggler.baselines.routing.routers``):
+Baseline rows, each as its upstream ships it (``straggler.solvers.routing.routers``):
 SGLang ``total_tokens`` (JSQ; also its "+1 only" version before #22614) and ``total_requests``,
 vLLM's DP load balancer (current, and the legacy ``4*waiting + running``), the SGLang gateway's
 power of two (current expected-wait score, and the 2025 token-load version), TensorRT-LLM's

@@ -97,7 +97,7 @@ def _graph_replay_us(fn, repeats):
 def bench_kernel(sizes, repeats, rng):
     import torch
     from straggler.runtime._dispatch_kernels import dispatch_torch, dispatch_triton
-    from straggler.runtime.dispatch import triton_available
+    from straggler.runtime.dispatch_count import triton_available
     from straggler.runtime.publisher import normalize_table
 
     cuda = torch.cuda.is_available()

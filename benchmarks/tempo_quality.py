@@ -1,6 +1,8 @@
 """tempo's makespan over the proven MILP optimum, family by family, without and with repair.
 
-Families; ``--full`` runs the sizes below, the default a subset of each:
+Families; ``--full`` runs the sizes below, ``--subset`` a subset of each (the layer counts
+given are the subset's), the default (a few minutes with the oracle cached) every
+``QUICK[family]``-th layer of the subset, 7-8 layers a family:
 
 * ``small``: mixed-regime random layers, E = 3-15 experts, g = 2-4 GPUs, full replication
   or EPLB-like restricted replicas at 1.0/1.25/1.5x (the hottest experts replicated), Zipf
@@ -22,7 +24,33 @@ Families; ``--full`` runs the sizes below, the default a subset of each:
   48/96/192 tokens per GPU, skew 0.5/1.0, seeds 20000 + k (264 layers);
 * ``heldout16b``: never used to tune anything: the same presets x shapes at g = 16,
   replication 1.5, one node, 40/80/160 tokens per GPU, skew 0.6/1.1, seeds 50000 + k
-  (264 layers).
+  (264 layers);
+* ``real``: recorded expert loads (``benchmarks/expert_loads.py``): Mixtral-8x7B Instruct
+  popularity per layer (MMLU subjects) at EP8 and EP32, DeepSeek-V2-Lite per-sequence
+  counts (ESFT ``intent`` and ``law``, batched as an engine would) at EP8, 32 (4 nodes),
+  72, 128 and 256; EPLB and ``place_experts`` placements from a window of 16 batches;
+  decode 16/64/256 and prefill 2048/8192 tokens per GPU (70 layers);
+* ``real_heldout``: never used to tune anything: the Mixtral base model, ESFT
+  ``summary`` and ``translation``, decode 24/96 and prefill 3072 tokens per GPU, other
+  seeds (21 layers; 42 with ``--full``);
+* ``wide_ep``: wide EP on generated Zipf loads: DeepSeek-V3 (256 experts) and a
+  384-expert model at EP32 (4 nodes, 9-14 slots per GPU), 72, 128 and 256, EPLB and
+  ``place_experts``, decode 16/64/128 and prefill 2048 tokens per GPU (64 layers);
+* ``wide_ep_heldout``: never used to tune anything: decode 24/96 and prefill 3072 tokens
+  per GPU, skew 0.6, other seeds (24 layers; 48 with ``--full``).
+
+Besides the ratios to the optimum, every family reports (``--full`` or not):
+
+* the certified bound without repair against the proven optimum: the largest gap
+  ``(OPT - lower_bound) / OPT``, how many layers are above 0.5%, and how many layers
+  tempo solves optimally (within 1e-6) that ``solve_dispatch`` reports OPTIMAL;
+* tempo against the token LP (``method="token_lp"``, HiGHS): layers where tempo's makespan
+  is above the token LP's (beyond a relative 1e-9) and by how much;
+* the speed ratio: whole ``solve_dispatch`` calls, validation and certification included,
+  tempo with the repair off against the token LP, timed alternately in one loop
+  (``--repeat`` times each, the least of each kept), the median per family of the
+  per-layer ratios, their largest, the layers where tempo's call is the slower one and
+  tempo's longest call.
 
 ``--screen GAP`` skips the MILP on layers whose tempo makespan (without repair) is within
 ``GAP`` (relative) of its own certified lower bound: their ratio to the optimum is at most
@@ -42,12 +70,15 @@ MILP with integral shares) is solved too and reported beside it.
 ``--baseline REV`` also runs the tempo kernel of git revision ``REV`` (e.g. ``9c0a042``,
 the tree before tempo's current stages, with its support rebalance) on every layer, side by side.
 
-Oracle results are cached (``--cache``, keyed by the layer's counts, replicas and preset),
-so a rerun after a change to tempo only re-solves tempo.
+Oracle results are cached, keyed by the layer's counts, replicas and preset: the committed
+``benchmarks/results/tempo_quality_oracle.json`` is read, and new results are written with
+it to ``--cache`` (by default under the results folder of ``benchmarks/_results.py``), so a
+rerun after a change to tempo only re-solves tempo.
 
 Usage::
 
-    nice -n 10 python benchmarks/tempo_quality.py            # default subset (~150 + 4 x ~90)
+    nice -n 10 python benchmarks/tempo_quality.py            # quick: 7-8 layers a family
+    nice -n 10 python benchmarks/tempo_quality.py --subset   # every layer of the subset
     nice -n 10 python benchmarks/tempo_quality.py --full     # the issue's sizes
     python benchmarks/tempo_quality.py --families small,wide --ablation
 """
@@ -70,12 +101,25 @@ from straggler.formulations.dispatch_milp import build_dispatch_milp
 from straggler.sim.workloads.batches import make_decode_problem
 from straggler.solvers import solve_dispatch, solve_milp
 
-FAMILIES = ("small", "decode", "wide", "prefill", "heldout", "decode16", "heldout16", "heldout16b")
+FAMILIES = ("small", "decode", "wide", "prefill", "heldout", "decode16", "heldout16", "heldout16b",
+            "real", "real_heldout", "wide_ep", "wide_ep_heldout")  # fmt: skip
+#: Families of benchmarks/expert_loads.py: (generator, heldout).
+LOADS_FAMILIES = {
+    "real": ("real_layers", False),
+    "real_heldout": ("real_layers", True),
+    "wide_ep": ("wide_layers", False),
+    "wide_ep_heldout": ("wide_layers", True),
+}
 COSTS = tuple(sorted(PRESETS))
 ABLATION = ("seed", "chains", "local_search", "ensemble", "flows", "exchanges", "tile_chains",
             "rebalance", "contract", "swap", "restarts")  # fmt: skip
 SHAPE = {128: "qwen3_235b", 256: "dsv3"}
+#: The default (quick) run: every QUICK[family]-th layer of the subset, 7-8 layers a family.
+QUICK = dict(small=20, decode=22, wide=11, prefill=11, heldout=8, decode16=44, heldout16=33,
+             heldout16b=33, real=9, real_heldout=3, wide_ep=8, wide_ep_heldout=3)  # fmt: skip
 RESULTS = results_dir()
+#: The committed oracle cache (read; ``--cache`` is where new oracle results are written).
+ORACLE = pathlib.Path(__file__).resolve().parent / "results" / "tempo_quality_oracle.json"
 
 
 def _small_layer(rng, replication):
@@ -99,12 +143,13 @@ def _small_layer(rng, replication):
     return DispatchProblem(counts=counts, replicas=R)
 
 
-def instances(family, full):
-    """(params, problem, cost) of each layer of a family, deterministic."""
+def instances(family, full, every=1):
+    """(params, problem, cost) of each layer of a family, deterministic; ``every``: only the
+    layers whose index in the family is a multiple of it (the others are not built)."""
     if family == "small":
         reps = ("full", 1.0, 1.25, 1.5)
         n = 650 if full else 160
-        for i in range(n):
+        for i in range(0, n, every):
             rng = np.random.default_rng([9, i])
             rep = reps[i % 4]
             cname = COSTS[i % len(COSTS)]
@@ -133,11 +178,19 @@ def instances(family, full):
             COSTS, (128, 256), (8, 16, 32), (1.25, 1.5), (48, 96, 192), (0.5, 1.0))]  # fmt: skip
         grid = grid[:: 2 if full else 12]
     elif family in ("decode16", "heldout16", "heldout16b"):
-        yield from _g16(family)
+        yield from _g16(family, every)
+        return
+    elif family in LOADS_FAMILIES:
+        import expert_loads  # (this folder)
+
+        name, heldout = LOADS_FAMILIES[family]
+        yield from getattr(expert_loads, name)(heldout=heldout, full=full, every=every)
         return
     else:
         raise ValueError(family)
     for i, p in enumerate(grid):
+        if i % every:
+            continue
         cname, E, g, rep, B, skew = p[:6]
         seed = (10_000 + i) if family == "heldout" else (1000 * FAMILIES.index(family) + i)
         prob = make_decode_problem(
@@ -147,7 +200,7 @@ def instances(family, full):
         yield dict(i=i, E=E, g=g, replication=rep, tokens_per_gpu=B, skew=skew), prob, cname
 
 
-def _g16(family):
+def _g16(family, every=1):
     """Every preset x every model shape at g = 16, replication 1.5 (module notes)."""
     held = family == "heldout16"
     Bs, skews = ((48, 96, 192), (0.5, 1.0)) if held else ((32, 64, 128, 256), (0.3, 0.85))
@@ -156,6 +209,8 @@ def _g16(family):
         Bs, skews, first_seed = (40, 80, 160), (0.6, 1.1), 50_000
     shapes = ("qwen2_57b", "qwen3_30b", "qwen3_235b", "dsv3")
     for i, (cname, shape, B, skew) in enumerate(itertools.product(COSTS, shapes, Bs, skews)):
+        if i % every:
+            continue
         prob = make_decode_problem(
             shape, n_gpus=16, tokens_per_gpu=B, skew=skew, replication=1.5, n_layers=1,
             num_nodes=2 if held else 1, distinct=held, seed=first_seed + i,
@@ -174,6 +229,14 @@ def _key(problem, cname):
     h.update(np.packbits(problem.replicas).tobytes())
     h.update(str(problem.replicas.shape).encode() + cname.encode())
     return h.hexdigest()
+
+
+def load_oracle(path=None) -> dict:
+    """The oracle cache: the committed one (``ORACLE``) and ``path``'s entries over it."""
+    cache = json.loads(ORACLE.read_text()) if ORACLE.exists() else {}
+    if path is not None and pathlib.Path(path).exists():
+        cache.update(json.loads(pathlib.Path(path).read_text()))
+    return cache
 
 
 def _oracle(problem, cost, time_limit, seed=0):
@@ -218,6 +281,69 @@ def _baseline_makespan(base, problem, cost):
     return float(evaluate(problem, cost, x).makespan)
 
 
+def _versus_token_lp(prob, cost, t, repeat):
+    """The token LP's makespan beside tempo's (``t``, repair off), and both whole
+    ``solve_dispatch`` calls timed alternately, the least of ``repeat`` calls each."""
+    lp = solve_dispatch(prob, cost, method="token_lp")
+    calls = ({"method": "tempo", "repair_budget_s": 0.0}, {"method": "token_lp"})
+    best = [np.inf, np.inf]
+    for _ in range(repeat):
+        for k, kw in enumerate(calls):
+            t0 = time.perf_counter()
+            solve_dispatch(prob, cost, **kw)
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return dict(tokenlp=float(lp.makespan), tokenlp_status=lp.status.name,
+                tempo_status=t.status.name, tempo_runtime_s=float(t.runtime_s),
+                stages_skipped=bool(t.extras.get("stages_skipped", False)),
+                tempo_call_s=best[0], tokenlp_call_s=best[1],
+                speed_ratio=best[0] / best[1])  # fmt: skip
+
+
+def _bound_and_speed(rows, proved) -> dict:
+    """A family's certified bound against the proven optima (repair off), tempo against the
+    token LP, and the speed ratio (module notes)."""
+    gaps = [(r["opt"] - r["tempo_lb"]) / r["opt"] for r in proved if r["opt"] > 0]
+    optimal = [r for r in proved if r["tempo"] <= r["opt"] * (1 + 1e-6) + 1e-9]
+    above = [(r["tempo"] - r["tokenlp"]) / r["tokenlp"] for r in rows if r["tokenlp"] > 0]
+    return dict(
+        bound_gap_max=max(gaps, default=None),
+        bound_gap_over_0005=sum(g > 0.005 for g in gaps),
+        tempo_optimal=len(optimal),
+        tempo_optimal_reported=sum(r["tempo_status"] == "OPTIMAL" for r in optimal),
+        tempo_above_token_lp=sum(a > 1e-9 for a in above),
+        tempo_above_token_lp_max=max(above, default=None),
+        speed_ratio_median=float(np.median([r["speed_ratio"] for r in rows])) if rows else None,
+        speed_ratio_max=max((r["speed_ratio"] for r in rows), default=None),
+        tempo_slower_than_token_lp=sum(r["speed_ratio"] > 1 for r in rows),
+        tempo_call_us_max=max((r["tempo_call_s"] for r in rows), default=0.0) * 1e6,
+        tempo_call_us_median=float(np.median([r["tempo_call_s"] for r in rows]) * 1e6)
+        if rows else None,
+        tokenlp_call_us_median=float(np.median([r["tokenlp_call_s"] for r in rows]) * 1e6)
+        if rows else None,
+    )  # fmt: skip
+
+
+def _print_bound_and_speed(summary) -> None:
+    print()
+    print(f"{'family':>16} {'layers':>6} {'proved':>6} {'bound gap max':>13} {'>0.5%':>5} "
+          f"{'OPTIMAL/opt':>11} {'>token LP':>9} {'max excess':>10} {'speed':>7} "
+          f"{'tempo us':>9} {'LP us':>8}")  # fmt: skip
+    for fam, s in summary.items():
+        gap = s["bound_gap_max"]
+        exc = s["tempo_above_token_lp_max"]
+        print(f"{fam:>16} {s['layers']:6d} {s['proved']:6d} "
+              f"{'-' if gap is None else f'{gap:.5f}':>13} {s['bound_gap_over_0005']:5d} "
+              f"{s['tempo_optimal_reported']:>5d}/{s['tempo_optimal']:<5d} "
+              f"{s['tempo_above_token_lp']:9d} {'-' if exc is None else f'{exc:.2e}':>10} "
+              f"{s['speed_ratio_median'] or float('nan'):7.4f} "
+              f"{s['tempo_call_us_median'] or float('nan'):9.0f} "
+              f"{s['tokenlp_call_us_median'] or float('nan'):8.0f}")  # fmt: skip
+    print(
+        "goals: bound gap <= 0.5% (without repair), tempo <= token LP on every layer, speed "
+        "ratio (median) <= 0.05"
+    )
+
+
 def _stats(r):
     r = np.asarray(r, dtype=float)
     if r.size == 0:
@@ -229,7 +355,13 @@ def _stats(r):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true", help="the issue's sizes (hours)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--full", action="store_true", help="the issue's sizes (hours)")
+    size.add_argument(
+        "--subset",
+        action="store_true",
+        help="a subset of each family (module notes; about an hour with the oracle cached)",
+    )
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--time-limit", type=float, default=60.0, help="MILP seconds per layer")
     ap.add_argument("--ablation", action="store_true", help="also each stage switched off")
@@ -241,13 +373,20 @@ def main(argv=None):
         default=None,
         help="skip the MILP where tempo is within this gap of its bound",
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="timed calls of tempo and of the token LP per layer (alternately)",
+    )
     ap.add_argument("--cache", default=str(RESULTS / "tempo_quality_oracle.json"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     fams = [f for f in args.families.split(",") if f]
-    out = pathlib.Path(args.out or RESULTS / f"tempo_quality{'_full' if args.full else ''}.json")
+    tag = "_full" if args.full else ("_subset" if args.subset else "")
+    out = pathlib.Path(args.out or RESULTS / f"tempo_quality{tag}.json")
     cache_path = pathlib.Path(args.cache)
-    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    cache = load_oracle(cache_path)
     rows = []
     t_start = time.time()
     base = None
@@ -260,7 +399,9 @@ def main(argv=None):
     widths = (8, 4, 20, 4, 3, 5, 6, 9, 9, 9, 8, 9, 8)
     print(" ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
     for fam in fams:
-        for params, prob, cname in itertools.islice(instances(fam, args.full), args.limit):
+        every = 1 if args.full or args.subset else QUICK[fam]
+        layers = instances(fam, args.full, every)
+        for params, prob, cname in itertools.islice(layers, args.limit):
             cost = CostModel.preset(cname)
             t0 = time.perf_counter()
             t = solve_dispatch(prob, cost, method="tempo", repair_budget_s=0.0)
@@ -268,6 +409,7 @@ def main(argv=None):
             t0 = time.perf_counter()
             tr = solve_dispatch(prob, cost, method="tempo")
             tr_s = time.perf_counter() - t0
+            vs = _versus_token_lp(prob, cost, t, args.repeat)
             key = _key(prob, cname)
             gap = (t.makespan - t.lower_bound) / t.makespan if t.makespan > 0 else 0.0
             if args.screen is not None and gap <= args.screen and key not in cache:
@@ -276,7 +418,8 @@ def main(argv=None):
                                  tempo_s=t_s, repaired_s=tr_s,
                                  repair_status=tr.extras["repair_status"], screened=True,
                                  ratio_bound=t.makespan / t.lower_bound,
-                                 ratio_bound_repaired=tr.makespan / t.lower_bound))  # fmt: skip
+                                 ratio_bound_repaired=tr.makespan / t.lower_bound,
+                                 **vs))  # fmt: skip
                 continue
             if key not in cache:
                 cache[key] = _oracle(prob, cost, args.time_limit)
@@ -295,7 +438,7 @@ def main(argv=None):
                        repaired=tr.makespan, repaired_s=tr_s, repaired_lb=float(tr.lower_bound),
                        repair_status=tr.extras["repair_status"],
                        repair_runtime_s=tr.extras["repair_runtime_s"],
-                       choice=t.extras["choice"], **o)  # fmt: skip
+                       choice=t.extras["choice"], **vs, **o)  # fmt: skip
             if proved:
                 row["ratio"] = t.makespan / o["opt"]
                 row["ratio_repaired"] = tr.makespan / o["opt"]
@@ -352,6 +495,7 @@ def main(argv=None):
             repaired_s_median=float(np.median([r["repaired_s"] for r in fr])) if fr else None,
             repaired_s_max=float(max(r["repaired_s"] for r in fr)) if fr else None,
         )
+        s.update(_bound_and_speed(fr + scr, ok))
         integ = [r for r in ok if "ratio_repaired_integral" in r]
         s["whole_token_optimum_checked"] = len(integ)
         s["repair_vs_whole_token_optimum_max"] = (
@@ -381,6 +525,7 @@ def main(argv=None):
                   f"bound, no MILP): ratio <= {s['screened_ratio_bound_max']:.5f} without "
                   f"repair, <= {s['screened_ratio_bound_repaired_max']:.5f} with")  # fmt: skip
     print("goals: no repair mean <= 1.0003 and max <= 1.005 per family; with repair max <= 1.001")
+    _print_bound_and_speed(summary)
     for fam, s in summary.items():
         print(f"{fam}: repair fired on {s['repair_fired']}/{s['layers']} layers, improved "
               f"{s['repair_improved']}; whole-token optimum solved for "

@@ -236,21 +236,7 @@ def build_dispatch_milp(
         U = np.minimum(U, token_cap(cost, float(upper_bound)))
     kmax = np.ceil(U / tile - 1e-12) if tiles else None
 
-    # column layout: x | z | t | K | M
-    cols = {"x": np.arange(P)}
-    cols["z"] = P + np.arange(P)
-    nxt = 2 * P
-    if tiles:
-        cols["t"] = nxt + np.arange(P)
-        nxt += P
-    if tightened:
-        cols["K"] = nxt + np.arange(n_gpus)
-        nxt += n_gpus
-        if tiles:
-            cols["X"] = nxt + np.arange(n_gpus)
-            nxt += n_gpus
-    cols["M"] = np.array([nxt])
-    n_cols = nxt + 1
+    cols, n_cols = _milp_columns(P, n_gpus, tiles, tightened)
     xc, zc, Mc = cols["x"], cols["z"], int(cols["M"][0])
 
     col_lo = np.zeros(n_cols)
@@ -300,6 +286,66 @@ def build_dispatch_milp(
             0.0,
             n_rows=P,
         )
+    _makespan_rows(rb, cost, cols, g_idx, n_gpus, integ)
+
+    bounds = (col_lo, col_hi, integ)
+    if tightened:
+        sym_prev = _tightened_rows(rb, problem, cost, cols, bounds, U, kmax, upper_bound)
+    else:
+        sym_prev = np.zeros(0, np.int64)
+
+    A, row_lo, row_hi, row_blocks = rb.build()
+    c = np.zeros(n_cols)
+    c[Mc] = 1.0
+    classes = _symmetry_classes(problem.replicas & (n > 0)[:, None]) if sym_prev.size else None
+
+    encode, decode = _milp_codec(problem, cost, cols, n_cols, classes)
+    return MilpModel(
+        c=c,
+        A=A,
+        row_lower=row_lo,
+        row_upper=row_hi,
+        col_lower=col_lo,
+        col_upper=col_hi,
+        integrality=integ,
+        blocks=cols,
+        row_blocks=row_blocks,
+        encode=encode,
+        decode=decode,
+        name="dispatch_milp_tightened" if tightened else "dispatch_milp_naive",
+    )
+
+
+def _milp_columns(P: int, n_gpus: int, tiles: bool, tightened: bool) -> tuple[dict, int]:
+    """The column layout ``x | z | t | K | X | M`` of :func:`build_dispatch_milp`: ``x``,
+    ``z`` (and ``t`` with tiles) one per live entry, ``K`` (and ``X`` with tiles) one per GPU
+    in the tightened model, then ``M``; and the number of columns."""
+    cols = {"x": np.arange(P)}
+    cols["z"] = P + np.arange(P)
+    nxt = 2 * P
+    if tiles:
+        cols["t"] = nxt + np.arange(P)
+        nxt += P
+    if tightened:
+        cols["K"] = nxt + np.arange(n_gpus)
+        nxt += n_gpus
+        if tiles:
+            cols["X"] = nxt + np.arange(n_gpus)
+            nxt += n_gpus
+    cols["M"] = np.array([nxt])
+    return cols, nxt + 1
+
+
+def _makespan_rows(rb, cost, cols, g_idx, n_gpus: int, integ) -> None:
+    """The rows that bound the makespan ``M`` from below on every GPU (TEMPO Eq. (1)-(2)):
+    the activation floor ``M >= a + b K_g + b2 (extra tiles)`` (the tightened model counts
+    activations in ``K`` and, with tiles, extra tiles in the integer ``X``, marked in
+    ``integ``; the plain model sums ``z`` and ``t - z``) and one row per token piece
+    ``M >= c + beta N_g``, added to ``rb``."""
+    P = g_idx.size
+    tiles = cost.has_tiles
+    tightened = "K" in cols
+    xc, zc, Mc = cols["x"], cols["z"], int(cols["M"][0])
     gr = np.arange(n_gpus)
     # activation floor per GPU: M - b*(count) - b2*sum(t - z) >= a
     if tightened:
@@ -365,60 +411,82 @@ def build_dispatch_milp(
             n_rows=n_gpus,
         )
 
-    if tightened:
-        Kc = cols["K"]
-        rb.add("cover", pos, zc, np.ones(P), 1.0, np.inf, n_rows=live_e.size)
-        rb.add("count_total", np.zeros(n_gpus), Kc, np.ones(n_gpus), live_e.size, np.inf, n_rows=1)
-        if tiles:
-            # every expert needs ceil(n_e/tile) tiles in all (rounded CG cut of conservation)
-            rb.add(
-                "tile_total",
-                pos,
-                cols["t"],
-                np.ones(P),
-                np.ceil(n[live_e] / tile - 1e-12),
-                np.inf,
-                n_rows=live_e.size,
-            )
-        # forced entries (experts with a single live replica)
-        n_rep = np.bincount(e_idx, minlength=problem.n_experts)
-        forced = n_rep[e_idx] == 1
-        col_lo[xc[forced]] = U[forced]
-        col_lo[zc[forced]] = 1.0
-        if tiles:
-            col_lo[cols["t"][forced]] = kmax[forced]
-        per_gpu = np.bincount(g_idx, minlength=n_gpus).astype(float)
-        kcap = per_gpu
-        col_lo[Mc] = float(basic_lower_bound(problem, cost)) * (1 - 1e-12)
-        if use_ub:
-            ub = float(upper_bound) * (1 + UB_RTOL) + UB_RTOL
-            col_hi[Mc] = ub
-            if cost.b > 0:
-                kcap = np.minimum(kcap, math.floor((ub - cost.a) / cost.b + 1e-9))
-        col_hi[Kc] = np.maximum(kcap, 0.0)
-        integ[Kc] = True
-        # symmetry classes: GPUs with identical live replica columns
-        live_mask = problem.replicas & (n > 0)[:, None]
-        sym_prev, sym_next = _symmetry_pairs(live_mask)
-        if sym_prev.size:
-            k = sym_prev.size
-            rr = np.arange(k)
-            rb.add(
-                "symmetry",
-                np.r_[rr, rr],
-                np.r_[Kc[sym_prev], Kc[sym_next]],
-                np.r_[np.ones(k), -np.ones(k)],
-                0.0,
-                np.inf,
-                n_rows=k,
-            )
-    else:
-        sym_prev = sym_next = np.zeros(0, np.int64)
 
-    A, row_lo, row_hi, row_blocks = rb.build()
-    c = np.zeros(n_cols)
-    c[Mc] = 1.0
-    classes = _symmetry_classes(problem.replicas & (n > 0)[:, None]) if sym_prev.size else None
+def _tightened_rows(rb, problem, cost, cols, bounds, U, kmax, upper_bound) -> np.ndarray:
+    """The tightened model's rows and column bounds (:func:`build_dispatch_milp`'s Notes, in
+    their order: cover and activation total, tile total, forced entries, the bounds on ``M``
+    and ``K``, symmetry), added to ``rb`` and to ``bounds = (col_lo, col_hi, integ)`` in
+    place. Returns the first GPU of each symmetry row (empty: no symmetry class)."""
+    col_lo, col_hi, integ = bounds
+    n = problem.counts.astype(float)
+    n_gpus = problem.n_gpus
+    e_idx, g_idx = live_pairs(problem)
+    P = e_idx.size
+    live_e = np.flatnonzero(n > 0)
+    pos = np.searchsorted(live_e, e_idx)
+    tiles = cost.has_tiles
+    tile = float(cost.tile)
+    use_ub = upper_bound is not None
+    xc, zc, Mc = cols["x"], cols["z"], int(cols["M"][0])
+    Kc = cols["K"]
+    rb.add("cover", pos, zc, np.ones(P), 1.0, np.inf, n_rows=live_e.size)
+    rb.add("count_total", np.zeros(n_gpus), Kc, np.ones(n_gpus), live_e.size, np.inf, n_rows=1)
+    if tiles:
+        # every expert needs ceil(n_e/tile) tiles in all (rounded CG cut of conservation)
+        rb.add(
+            "tile_total",
+            pos,
+            cols["t"],
+            np.ones(P),
+            np.ceil(n[live_e] / tile - 1e-12),
+            np.inf,
+            n_rows=live_e.size,
+        )
+    # forced entries (experts with a single live replica)
+    n_rep = np.bincount(e_idx, minlength=problem.n_experts)
+    forced = n_rep[e_idx] == 1
+    col_lo[xc[forced]] = U[forced]
+    col_lo[zc[forced]] = 1.0
+    if tiles:
+        col_lo[cols["t"][forced]] = kmax[forced]
+    per_gpu = np.bincount(g_idx, minlength=n_gpus).astype(float)
+    kcap = per_gpu
+    col_lo[Mc] = float(basic_lower_bound(problem, cost)) * (1 - 1e-12)
+    if use_ub:
+        ub = float(upper_bound) * (1 + UB_RTOL) + UB_RTOL
+        col_hi[Mc] = ub
+        if cost.b > 0:
+            kcap = np.minimum(kcap, math.floor((ub - cost.a) / cost.b + 1e-9))
+    col_hi[Kc] = np.maximum(kcap, 0.0)
+    integ[Kc] = True
+    # symmetry classes: GPUs with identical live replica columns
+    live_mask = problem.replicas & (n > 0)[:, None]
+    sym_prev, sym_next = _symmetry_pairs(live_mask)
+    if sym_prev.size:
+        k = sym_prev.size
+        rr = np.arange(k)
+        rb.add(
+            "symmetry",
+            np.r_[rr, rr],
+            np.r_[Kc[sym_prev], Kc[sym_next]],
+            np.r_[np.ones(k), -np.ones(k)],
+            0.0,
+            np.inf,
+            n_rows=k,
+        )
+    return sym_prev
+
+
+def _milp_codec(problem, cost, cols, n_cols: int, classes):
+    """``(encode, decode)`` of :func:`build_dispatch_milp`'s model: ``encode(shares)`` the
+    column vector of a feasible dispatch (GPUs of one symmetry class of ``classes``
+    relabelled first, see the Notes), ``decode(x)`` a clean feasible shares matrix."""
+    e_idx, g_idx = live_pairs(problem)
+    n_gpus = problem.n_gpus
+    tiles = cost.has_tiles
+    tile = float(cost.tile)
+    tightened = "K" in cols
+    xc, zc, Mc = cols["x"], cols["z"], int(cols["M"][0])
 
     def encode(shares) -> np.ndarray:
         s = _shares_iv(shares, problem, "encode")
@@ -449,20 +517,7 @@ def build_dispatch_milp(
         caps = tile * np.round(v[cols["t"]]) if tiles else None
         return _decode_shares(problem, e_idx, g_idx, v[xc], v[zc], caps)
 
-    return MilpModel(
-        c=c,
-        A=A,
-        row_lower=row_lo,
-        row_upper=row_hi,
-        col_lower=col_lo,
-        col_upper=col_hi,
-        integrality=integ,
-        blocks=cols,
-        row_blocks=row_blocks,
-        encode=encode,
-        decode=decode,
-        name="dispatch_milp_tightened" if tightened else "dispatch_milp_naive",
-    )
+    return encode, decode
 
 
 def _symmetry_classes(live_mask: np.ndarray) -> list[np.ndarray]:

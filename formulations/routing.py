@@ -18,7 +18,8 @@ independent checker of a routing decision. Solvers live in ``straggler.solvers.r
 
 References
 ----------
-BalanceRoute (arXiv 2605.06113), 关键设计 1 (F-score) and 3 (horizon F-score).
+BalanceRoute (arXiv 2605.06113): the asymmetric marginal-imbalance F-score (its first key
+design) and the short-horizon discounted F-score of BR-H (its third).
 """
 
 from __future__ import annotations

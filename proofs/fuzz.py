@@ -1,7 +1,8 @@
 """Hypothesis strategies for fuzzing every public entry point, and the contract they check.
 
-The contract (DESIGN.md, STYLE.md): called with anything, an entry point either returns a
-valid answer, which the independent checkers accept, or raises an
+The contract (the error hierarchy of :mod:`straggler.formulations.errors`): called with
+anything, an entry point either returns a valid answer, which the independent checkers accept,
+or raises an
 :class:`~straggler.formulations.errors.InvalidInputError` (an ``InvalidOptionError`` for an
 unknown choice) whose message names the offending parameter (for a trace file: the file, and
 the line where a row is at fault). Never another exception, never a silent no-op.

@@ -20,12 +20,19 @@ torch and triton are imported lazily (the ``runtime`` extra), so ``import
 straggler.runtime`` works without them.
 """
 
-from .dispatch import BACKENDS, dispatch_and_count, torch_available, triton_available
+from .dispatch_count import BACKENDS, dispatch_and_count, torch_available, triton_available
 from .engines import EngineLog, detect_format, read_engine_log
 from .publisher import TablePublisher, normalize_table, uniform_table
 from .table_solver import TableSolver, install_table_solvers
 from .warmup import WarmupReport, warmup
-from .worker import SolverWorker, WorkerStatus, WorkerTables, window_delta
+from .worker import (
+    SolverWorker,
+    WorkerDecision,
+    WorkerStatus,
+    WorkerTables,
+    decide_for_windows,
+    window_delta,
+)
 
 __all__ = [
     "BACKENDS",
@@ -40,6 +47,8 @@ __all__ = [
     "SolverWorker",
     "WorkerStatus",
     "WorkerTables",
+    "WorkerDecision",
+    "decide_for_windows",
     "window_delta",
     "warmup",
     "WarmupReport",

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_array, check_int
-from .dispatch import _is_tensor, _require_torch
+from .dispatch_count import _is_tensor, _require_torch
 from .engines._common import to_numpy
 
 __all__ = ["TablePublisher", "uniform_table", "normalize_table"]

@@ -62,7 +62,13 @@ from ..formulations.dispatch import DispatchProblem
 from ..formulations.errors import InvalidInputError, StragglerError
 from ..formulations.validation import check_bool, check_choice, check_int, check_type
 from ..sim.workloads.traces import Trace
-from ..solvers._numba.compile import JitTimer, is_cached
+from ..solvers._numba.cache import (
+    cache_folder,
+    cache_stamp,
+    is_cached,
+    saves_locked,
+)
+from ..solvers._numba.compile import JitTimer, compiled_on_disk
 from ..solvers.dispatch._backend import dispatch_kernels, kernel_mode, needs_compile
 from ..solvers.dispatch.registry import dispatch_methods
 from ..solvers.dispatch.solve import solve_dispatch
@@ -618,7 +624,7 @@ def _cache_obstacle(kernels) -> str:
     """Why child processes could not hand ``kernels`` (dispatchers) to this one through
     numba's disk cache (``""`` when they can)."""
     for k in kernels:
-        path = getattr(getattr(k, "_cache", None), "cache_path", None)
+        path = cache_folder(k)
         name = getattr(getattr(k, "py_func", k), "__qualname__", repr(k))
         if path is None:
             return f"{name} has no disk cache (cache=False)"
@@ -688,7 +694,7 @@ def _parallel_plan(names, jobs: int) -> tuple:
 def _record_path(unit: str, kernels) -> str | None:
     """The file in numba's cache folder (that of ``kernels[0]``) recording which steps of
     ``unit`` a warm-up ran there, or ``None`` without a disk cache."""
-    folder = getattr(getattr(kernels[0], "_cache", None), "cache_path", None) if kernels else None
+    folder = cache_folder(kernels[0]) if kernels else None
     return None if folder is None else os.path.join(folder, f"straggler-warmup-{unit}.json")
 
 
@@ -697,9 +703,7 @@ def _stamps(kernels) -> dict | None:
     its callees' files), by ``module.name``, as text; ``None`` when one has none."""
     out = {}
     for k in kernels:
-        stamp = getattr(
-            getattr(getattr(k, "_cache", None), "_cache_file", None), "_source_stamp", None
-        )
+        stamp = cache_stamp(k)
         if stamp is None:
             return None
         out[f"{k.py_func.__module__}.{k.py_func.__qualname__}"] = repr(stamp)
@@ -771,34 +775,13 @@ def _folder_locked(folder: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
 def _cache_saves_locked():
-    """While the block runs, every numba disk-cache save of this process holds an exclusive
-    ``fcntl`` lock on a file in the entry's cache folder, which the other processes of a
-    parallel warm-up take too.
-
-    numba saves an entry (numba/core/caching.py, ``IndexDataCacheFile.save``) by reading the
-    function's index, picking the first data file name the index does not use, and rewriting
-    the index and that data file, with no lock between the read and the writes. Two processes
-    compiling two signatures of one function at once (a shared callee such as a stable sort
-    or an EPLB kernel) can then both pick the same name: the index that survives maps one
-    signature to the other's machine code, and a later process loading that entry runs the
-    wrong code or fails to type its call. Under the lock each save reads the index the other
-    process wrote, so the names differ and both entries survive."""
-    from numba.core import caching
-
-    cls = caching.IndexDataCacheFile
-    original = cls.save
-
-    def save(self, key, data):
-        with _folder_locked(self._cache_path):
-            return original(self, key, data)
-
-    cls.save = save
-    try:
-        yield
-    finally:
-        cls.save = original
+    """While the block runs, every numba disk-cache save of this process holds the exclusive
+    lock of its cache folder (:func:`_folder_locked`), which the other processes of a parallel
+    warm-up take too: two processes compiling two signatures of one function at once (a
+    shared callee such as a stable sort or an EPLB kernel) would otherwise both pick the same
+    data file name for their entries (:func:`straggler.solvers._numba.cache.saves_locked`)."""
+    return saves_locked(_folder_locked)
 
 
 _CHILD_CODE = (
@@ -845,17 +828,9 @@ def _child_entry(argv) -> int:
 def _run_recorded(plan, verbose: bool, marker: bool = False) -> tuple:
     """``(steps, functions)``: :func:`_run` of ``plan``, and every disk-cached jitted
     function it compiled, callees included, by ``module.name`` (sorted)."""
-    from numba.core import event
-    from numba.core.caching import NullCache
-
-    with event.install_recorder("numba:compile") as rec:
+    with compiled_on_disk() as functions:
         steps = _run(plan, verbose, marker)
-    functions = set()
-    for _, ev in rec.buffer:
-        d = ev.data["dispatcher"]
-        if ev.is_start and not isinstance(getattr(d, "_cache", None), NullCache):
-            functions.add(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
-    return steps, sorted(functions)
+    return steps, sorted(set(functions))
 
 
 def _child_main(names) -> dict:

@@ -37,7 +37,14 @@ from ..formulations.dispatch import MAX_COUNT, DispatchProblem, logical_to_physi
 from ..formulations.errors import InvalidInputError, param_error
 from ..formulations.validation import check_array, check_int, check_real, check_type
 
-__all__ = ["SolverWorker", "WorkerTables", "WorkerStatus", "window_delta"]
+__all__ = [
+    "SolverWorker",
+    "WorkerTables",
+    "WorkerStatus",
+    "WorkerDecision",
+    "window_delta",
+    "decide_for_windows",
+]
 
 log = logging.getLogger("straggler.runtime")
 
@@ -51,6 +58,9 @@ N_HEADER = 16
 M_SEQ, M_POST, M_WINDOW, M_PLACE, M_CRC, M_POSTED, M_READ, M_SOLVE, M_TABLES = range(9)
 N_META = 12
 ERR_BYTES = 1024
+# Decision region meta words (int64).
+D_SEQ, D_POST, D_FIRST, D_LAST, D_REBALANCE, D_MOVES, D_PLACE, D_CRC = range(8)
+N_DMETA = 8
 
 
 def window_delta(current, previous) -> np.ndarray:
@@ -100,6 +110,28 @@ class WorkerTables:
 
 
 @dataclass(frozen=True)
+class WorkerDecision:
+    """A rebalance decision the worker posted (``SolverWorker(rebalance=...)``)."""
+
+    rebalance: bool
+    moves: int
+    """Replicas moved, summed over the layers."""
+    physical_to_logical: np.ndarray
+    """``[L, P]``: the placement to move to (the one in force when ``rebalance`` is False)."""
+    gain_s: float
+    """Predicted seconds saved over the policy's horizon."""
+    cost_s: float
+    """Predicted cost of the copies (seconds)."""
+    windows: tuple
+    """Ids of the first and last window the decision read (what ``submit`` returned)."""
+    placement: int
+    """Placement version it was decided from."""
+
+    def __str__(self) -> str:
+        return f"rebalance: {'yes' if self.rebalance else 'no'}, moves {self.moves}"
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     """What the engine side knows about the worker, read without waiting."""
 
@@ -136,6 +168,11 @@ class _Config:
     n_threads: int
     time_limit: float
     seed: int
+    rebalance: object = None
+    move: object = None
+    num_groups: int = 1
+    num_nodes: int = 1
+    rebalance_every: int = 1
 
 
 def _layout(cfg: _Config):
@@ -154,6 +191,11 @@ def _layout(cfg: _Config):
             (f"active{s}", np.uint8, (L, E)),
             (f"makespan{s}", np.float64, (L,)),
         ]
+    parts += [
+        ("dmeta", np.int64, (N_DMETA,)),
+        ("dfloat", np.float64, (2,)),
+        ("dplace", np.int64, (L, P)),
+    ]
     out, off = {}, 0
     for name, dt, shape in parts:
         off = (off + 63) // 64 * 64
@@ -300,6 +342,7 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
 
     set_kernel_mode("kernel")
     solver.solve(solver.replicas.any(axis=-1).astype(np.int64))
+    decider = _Decider(cfg, p2l, place_version) if cfg.rebalance is not None else None
     hdr[H_READY] = 1
     last_window, due = -1, 0.0
     while not hdr[H_STOP]:
@@ -346,7 +389,70 @@ def _serve(v, cfg: _Config) -> None:  # pragma: no cover - child process
             )
             hdr[H_SOLVES] += 1
             hdr[H_FAILING] = 0
+            if decider is not None:
+                try:
+                    decider.window(counts, window, v)
+                except Exception as exc:  # noqa: BLE001 - reported, no decision posted
+                    _write_error(v, f"rebalance decision: {type(exc).__name__}: {exc}")
         time.sleep(cfg.poll)
+
+
+class _Decider:
+    """The worker's rebalance decisions (the process side; module notes)."""
+
+    def __init__(self, cfg: _Config, p2l: np.ndarray, version: int):
+        self.cfg = cfg
+        self.policy = cfg.rebalance
+        self.history: list[tuple[int, np.ndarray]] = []
+        self.p2l, self.version = p2l.copy(), version
+        self.since = 0
+
+    def placement(self, p2l: np.ndarray, version: int) -> None:
+        self.p2l, self.version = p2l.copy(), version
+
+    def window(self, counts: np.ndarray, window: int, v) -> None:
+        """Keep ``counts`` (window ``window``); decide every ``rebalance_every`` windows."""
+        self.history.append((window, counts.copy()))
+        del self.history[: max(0, len(self.history) - self.policy.window_steps())]
+        self.since += 1
+        if self.since < self.cfg.rebalance_every:
+            return
+        self.since = 0
+        d = decide_for_windows(
+            self.policy, [c for _, c in self.history], self.p2l, self.cfg.n_gpus,
+            self.cfg.num_groups, self.cfg.num_nodes, self.cfg.cost, self.cfg.move,
+        )  # fmt: skip
+        _post_decision(v, d, self.history[0][0], self.history[-1][0], self.version)
+
+
+def decide_for_windows(
+    policy, windows, physical_to_logical, n_gpus, num_groups, num_nodes, cost, move
+):
+    """The decision of ``policy`` (``Auto``) for count ``windows`` (oldest first, each
+    ``[L, E]``) from the placement ``physical_to_logical``: the call the worker makes, and the
+    one an engine or a test makes to check it (every rank active, one window per recorded
+    batch, the step time unknown)."""
+    from ..solvers.placement.rebalance.policy import RebalanceContext
+
+    p2l = np.asarray(physical_to_logical, dtype=np.int64)
+    ctx = RebalanceContext(
+        history=np.stack([np.asarray(w, dtype=np.int64) for w in windows]), previous=p2l,
+        num_replicas=p2l.shape[1], num_groups=num_groups, num_nodes=num_nodes,
+        num_gpus=n_gpus, cost=cost, move=move,
+    )  # fmt: skip
+    return policy.decide(ctx)
+
+
+def _post_decision(v, d, first: int, last: int, place_version: int) -> None:
+    meta = v["dmeta"]
+    meta[D_SEQ] += 1  # odd: writing
+    v["dplace"][...] = d.physical_to_logical
+    v["dfloat"][:] = (d.gain_s, d.cost_s)
+    meta[D_FIRST], meta[D_LAST] = first, last
+    meta[D_REBALANCE], meta[D_MOVES], meta[D_PLACE] = int(d.rebalance), d.moves, place_version
+    meta[D_CRC] = _crc(v["dplace"], v["dfloat"])
+    meta[D_POST] += 1
+    meta[D_SEQ] += 1  # even: complete
 
 
 def _post(v, cfg, probs, active, makespan, window, place_version, times) -> None:
@@ -371,6 +477,33 @@ def _post(v, cfg, probs, active, makespan, window, place_version, times) -> None
 
 
 # --- the engine side ----------------------------------------------------------------------
+
+
+def _rebalance_iv(rebalance, move, num_groups, num_nodes, every, n_gpus, P, E, func):
+    """``SolverWorker``'s rebalance options checked (before the process starts)."""
+    if rebalance is None:
+        for name, value, default in (("move", move, None), ("rebalance_every", every, 1)):
+            if value != default:
+                raise param_error(name, func, "left out without rebalance", repr(value))
+        return None, None, 1, 1, 1
+    from ..solvers.placement.rebalance.registry import get_rebalance_policy
+    from ..solvers.placement.rebalance.transfer import MoveCost
+
+    policy = get_rebalance_policy(rebalance, func)
+    if not hasattr(policy, "decide"):
+        raise param_error(
+            "rebalance", func, "a policy that decides from windows ('auto')", repr(policy.label)
+        )
+    check_type(move, "move", func, MoveCost, "a MoveCost (the copies' price) with rebalance")
+    num_groups = check_int(num_groups, "num_groups", func, lo=1)
+    num_nodes = check_int(num_nodes, "num_nodes", func, lo=1)
+    if E % num_groups or n_gpus % num_nodes:
+        raise param_error(
+            "num_groups", func, f"a divisor of the {E} experts, with num_nodes a divisor of "
+            f"n_gpus={n_gpus}", f"num_groups={num_groups}, num_nodes={num_nodes}",
+        )  # fmt: skip
+    every = check_int(every, "rebalance_every", func, lo=1)
+    return policy, move, num_groups, num_nodes, every
 
 
 def _cleanup(proc, shm) -> None:
@@ -429,6 +562,18 @@ class SolverWorker:
         Node of each GPU, for topology-aware methods.
     seed : int, default 0
         Seed of randomized methods.
+    rebalance : str or RebalancePolicy, optional
+        A policy that decides from windows (``"auto"``, ``"auto:N"`` or an
+        :class:`~straggler.solvers.placement.rebalance.auto.Auto`): the worker then keeps
+        its last ``window`` windows and posts a decision every ``rebalance_every`` windows
+        (module notes; :meth:`rebalance_decision`).
+    move : MoveCost, optional
+        The copies' price the decision weighs (needed with ``rebalance``: the worker does not
+        know the model's expert size).
+    num_groups, num_nodes : int, default 1
+        The layout EPLB's plan (the decision's target) uses.
+    rebalance_every : int, default 1
+        Windows between two decisions.
 
     Attributes
     ----------
@@ -477,6 +622,11 @@ class SolverWorker:
         time_limit: float = 1.0,
         gpu_node=None,
         seed: int = 0,
+        rebalance=None,
+        move=None,
+        num_groups: int = 1,
+        num_nodes: int = 1,
+        rebalance_every: int = 1,
     ):
         from ..solvers.dispatch.registry import make_method
 
@@ -552,6 +702,9 @@ class SolverWorker:
                 for g in check_array(gpu_node, "gpu_node", func, kind="int", shape=(n_gpus,), lo=0)
             )
         DispatchProblem.from_placement(np.zeros((L, E), np.int64), p2l, n_gpus, gpu_node)
+        rebalance, move, num_groups, num_nodes, rebalance_every = _rebalance_iv(
+            rebalance, move, num_groups, num_nodes, rebalance_every, n_gpus, P, E, func
+        )
         self._cfg = _Config(
             n_layers=L,
             n_experts=E,
@@ -567,6 +720,11 @@ class SolverWorker:
             n_threads=n_threads,
             time_limit=time_limit,
             seed=seed,
+            rebalance=rebalance,
+            move=move,
+            num_groups=num_groups,
+            num_nodes=num_nodes,
+            rebalance_every=rebalance_every,
         )
         self.stale_after = stale
         self.log2phy = _padded_log2phy(p2l, E, width)
@@ -577,6 +735,7 @@ class SolverWorker:
         self._window = 0
         self._place_version = 0
         self._last_post = 0
+        self._last_decision = 0
         self._health = None
         self._finalizer = None
 
@@ -746,6 +905,46 @@ class SolverWorker:
                 "age": (time.monotonic_ns() - int(fields[M_POSTED])) / 1e9,
             },
         )
+
+    def rebalance_decision(self) -> WorkerDecision | None:
+        """The newest rebalance decision not yet returned, or ``None`` (none, one being
+        written, or the worker built without ``rebalance``). Never blocks."""
+        self._require_started("SolverWorker.rebalance_decision")
+        if self._cfg.rebalance is None:
+            return None
+        v = self._views
+        meta = v["dmeta"]
+        s1 = int(meta[D_SEQ])
+        post = int(meta[D_POST])
+        if s1 % 2 or post <= self._last_decision:
+            return None
+        place = v["dplace"].copy()
+        floats = v["dfloat"].copy()
+        fields = meta.copy()
+        if int(meta[D_SEQ]) != s1 or _crc(place, floats) != int(fields[D_CRC]):
+            return None  # torn by a new post: the next call takes that one
+        self._last_decision = post
+        return WorkerDecision(
+            rebalance=bool(fields[D_REBALANCE]),
+            moves=int(fields[D_MOVES]),
+            physical_to_logical=place,
+            gain_s=float(floats[0]),
+            cost_s=float(floats[1]),
+            windows=(int(fields[D_FIRST]), int(fields[D_LAST])),
+            placement=int(fields[D_PLACE]),
+        )
+
+    def wait_decision(self, timeout: float = 10.0) -> WorkerDecision | None:
+        """Poll :meth:`rebalance_decision` until one arrives or ``timeout`` passes. Blocks:
+        for tests, benchmarks and start-up, not the engine's loop."""
+        timeout = check_real(timeout, "timeout", "SolverWorker.wait_decision", lo=0)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            d = self.rebalance_decision()
+            if d is not None:
+                return d
+            time.sleep(0.001)
+        return None
 
     def wait_tables(self, window: int, timeout: float = 10.0) -> WorkerTables | None:
         """Poll until tables for ``window`` (or a later one) arrive, or ``timeout`` passes.

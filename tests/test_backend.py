@@ -153,7 +153,7 @@ def test_method_instances_are_shared_only_when_frozen(monkeypatch):
     import dataclasses
 
     from straggler.solvers.dispatch import registry
-    from straggler.solvers.dispatch.registry import LayerSolution
+    from straggler.solvers.dispatch.method import LayerSolution
 
     assert dispatch_mod._method("tempo", {}, "f") is dispatch_mod._method("tempo", {}, "f")
     assert dispatch_mod._method("tempo", {"tau": 0.0}, "f").tau == 0.0

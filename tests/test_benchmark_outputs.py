@@ -11,7 +11,7 @@ BENCH = ROOT / "benchmarks"
 #: A path into the tracked results folder, built from the script's folder or the checkout.
 TRACKED = re.compile(r'(__file__\)[^\n]*|ROOT[^\n]*)/ "results"')
 #: Tracked results a script may read (its inputs), by script.
-READS = {"routing_brs_ablation.py": "REFERENCE = "}
+READS = {"routing_brs_ablation.py": "REFERENCE = ", "tempo_quality.py": "ORACLE = "}
 
 
 def test_no_script_writes_into_the_tracked_results_by_default():

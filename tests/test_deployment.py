@@ -157,7 +157,7 @@ def _step_case(case):
     )
     W = 3
     state = (rng.integers(0, 5, size=(W, L, E)), rng.integers(0, 50, size=(L, E)),
-             rng.random((5, 8)))  # fmt: skip
+             rng.random((5, len(K.STEP_COLUMNS))))  # fmt: skip
     return (q, case, kv, req, min(3, E), tables, static, node, cost, par), state
 
 

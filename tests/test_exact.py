@@ -166,10 +166,10 @@ def test_time_limit_before_the_backend_runs():
 
 def test_no_incumbent_falls_back_honestly(monkeypatch):
     """A backend that finds nothing: seed shares returned, NO_SOLUTION kept, success False."""
-    import straggler.solvers.dispatch.exact as exact
+    import straggler.solvers.dispatch.milp as milp
     from straggler.solvers.highs import MilpSolution
 
-    real = exact.solve_milp
+    real = milp.solve_milp
 
     def nothing(model, **kw):
         if not model.is_mip:  # the token-LP seed still solves
@@ -184,7 +184,7 @@ def test_no_incumbent_falls_back_honestly(monkeypatch):
             raw_status="Time limit reached",
         )
 
-    monkeypatch.setattr(exact, "solve_milp", nothing)
+    monkeypatch.setattr(milp, "solve_milp", nothing)
     p = DispatchProblem(counts=[6, 2], replicas=[[1, 1], [1, 0]])
     res = solve_dispatch(p, CostModel(a=0, b=1, c=0, beta=0.5), method="milp")
     assert res.status is Status.NO_SOLUTION and not res.success

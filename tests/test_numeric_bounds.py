@@ -23,7 +23,7 @@ from straggler.sim.engine.deployment import (
     simulate_steps,
 )
 from straggler.solvers import solve_dispatch
-from straggler.solvers.dispatch.exact import HIGHS_INFINITE_BOUND, HIGHS_LARGE_MATRIX_VALUE
+from straggler.solvers.dispatch.milp import HIGHS_INFINITE_BOUND, HIGHS_LARGE_MATRIX_VALUE
 
 PARAMS = ("a", "b", "c", "beta", "b2", "c2", "gamma")
 BASE = dict(a=0.0, b=1.0, c=0.0, beta=0.1, b2=0.0, c2=1.0, gamma=0.01)

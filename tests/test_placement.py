@@ -265,7 +265,7 @@ def test_warmup_reaches_the_placement_kernels():
 
     rep = warmup(dispatch=False, routing=False, simulator=False, placement=True)
     assert [s.name for s in rep.steps] == ["place_experts"]
-    assert len(placement_kernels()) == 6
+    assert len(placement_kernels()) == 7
     assert all(k.signatures for k in placement_kernels().values())
     with pytest.raises(InvalidInputError):
         warmup(placement="yes")

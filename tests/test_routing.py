@@ -28,15 +28,13 @@ from straggler.proofs.routing_strategies import (
 from straggler.sim import simulate
 from straggler.sim.workloads.traces import Trace
 from straggler.solvers import DEFAULT_POLICY, get_routing_policy, routing_policies
+from straggler.solvers._numba import address
+from straggler.solvers._numba.cache import cache_stamp
 from straggler.solvers.routing import _balanceroute as B
 from straggler.solvers.routing import _core as K
 from straggler.solvers.routing import registry as routing_registry
-from straggler.solvers.routing.registry import (
-    public_carry,
-    register_routing_policy,
-    router_options,
-    routing_policy,
-)
+from straggler.solvers.routing.policy import public_carry, routing_policy
+from straggler.solvers.routing.registry import register_routing_policy, router_options
 from straggler.solvers.routing.route import route_batch
 
 POLICIES = routing_policies()
@@ -288,7 +286,7 @@ def test_policy_kernels_are_cached_with_their_callees(jitted_reach):
         others = sorted(modules - {own})
         if not others:
             continue
-        stamp = kernel._cache._cache_file._source_stamp
+        stamp = cache_stamp(kernel)
         assert isinstance(stamp, tuple) and len(stamp) == 2, (name, others)
         assert stamp[1] == source_digest(*(sys.modules[m] for m in others)), (name, others)
         checked += 1
@@ -510,7 +508,7 @@ def test_route_batch_compiles_its_entry_once_for_every_policy():
     assert tuple(tick_signature(inp)) == (pool, reps, sig[13], sig[14], sig[15])
     for policy in POLICIES:
         kernel = get_routing_policy(policy).kernel
-        assert tuple(tick_signature(inp)) in K._by_address(kernel).overloads
+        assert tuple(tick_signature(inp)) in address._wrapperless(kernel).overloads
 
 
 def test_the_kernel_called_by_address_has_no_wrapper_and_its_own_symbols():
@@ -531,7 +529,7 @@ def test_the_kernel_called_by_address_has_no_wrapper_and_its_own_symbols():
     kernel = get_routing_policy("brs").kernel
     out, _ = kernel(pool, reps, _opts("brs"), ZERO[:1], 0)
     assert out.tolist() == r.assignment.tolist()
-    twin = K._by_address(kernel)
+    twin = address._wrapperless(kernel)
     (sig,) = [s for s in twin.overloads if s in kernel.overloads]
     mine, its = twin.overloads[sig], kernel.overloads[sig]
     assert "__by_address" in mine.fndesc.mangled_name

@@ -6,10 +6,10 @@ router and balance, Dynamo's KV router), version by version.
 """
 
 import pytest
-from straggler.baselines.routing.routers import ROUTERS, Router
 from straggler.formulations import InvalidInputError, InvalidOptionError
 from straggler.solvers import get_routing_policy
 from straggler.solvers.routing.route import route_batch
+from straggler.solvers.routing.routers import ROUTERS, Router
 
 _M, _A = 2147483647, 48271
 
@@ -75,9 +75,9 @@ def test_vllm_start_rotates_after_every_pick_and_persists_in_the_carry():
     assert d2.assignment.tolist() == [1] and d2.extras["carry"].start == 2
     d3 = route_batch([1], L, free, policy="vllm", version="rotate_4w", carry=d2.extras["carry"])
     assert d3.assignment.tolist() == [2]
-    # legacy: the scan always starts at client 0, whatever the carry holds
+    # legacy: the scan starts where the carry says and the start never moves
     old = route_batch([1], L, free, policy="vllm", version="legacy", carry=d2.extras["carry"])
-    assert old.assignment.tolist() == [0]
+    assert old.assignment.tolist() == [2] and old.extras["carry"].start == 2
     # a strictly lower score still wins wherever the scan starts (rank 2 is busier)
     c = get_routing_policy("vllm").carry(start=2)
     assert _a([1], L, free, policy="vllm", n_running=[0, 0, 1], carry=c) == [0]
@@ -90,6 +90,97 @@ def test_vllm_inflight_count_spreads_a_burst_even_without_the_optimistic_update(
     # legacy without the local waiting += 1: every pick reads the same snapshot
     kw = dict(policy="vllm", version="legacy", optimistic=False)
     assert _a([1, 1, 1], L, free, **kw) == [0, 0, 0]
+
+
+def _p2c_seed(G: int, a: int, u: int) -> int:
+    """The first seed whose tick draws ``randrange(G) = a`` then ``randrange(G - 1) = u``
+    (every replica with a free slot; the kernels' MINSTD stream)."""
+    for seed in range(200_000):
+        x = _first_draw(seed)
+        if x % G == a and (_A * x) % _M % (G - 1) == u:
+            return seed
+    raise AssertionError((G, a, u))
+
+
+@pytest.mark.parametrize("version", ["current", "rotate_4w", "legacy", "p2c"])
+def test_vllm_start_option_seeds_the_scan(version):
+    """vLLM's eng_start_index = (G * client_index) // client_count: front-end ``c`` of ``C``
+    passes ``start=``; on idle engines the scan's first engine wins (strict ``<``)."""
+    L, free = [0] * 3, [1] * 3
+    for start in range(3):
+        d = route_batch([1], L, free, policy="vllm", version=version, start=start)
+        assert d.assignment.tolist() == [start]
+        again = route_batch([1], L, free, policy="vllm", version=version, carry=d.extras["carry"])
+        assert again.assignment.tolist() == [(start + (version in ("current", "rotate_4w"))) % 3]
+    pol = get_routing_policy("vllm")
+    c = pol.carry(start=5)  # the start is taken modulo G, as the option is
+    assert _a([1], L, free, policy="vllm", carry=c) == _a([1], L, free, policy="vllm", start=5)
+    with pytest.raises(InvalidInputError, match="start"):
+        route_batch([1], L, free, policy="vllm", start=-1)
+
+
+def test_vllm_p2c_full_scan_up_to_four_engines_draws_nothing():
+    """vLLM #43279: at G <= 4 the legacy scan decides, whatever the seed."""
+    run, wait = [1, 0, 4, 0], [2, 0, 3, 5]  # 4w + r = 9, 0, 16, 20
+    for G in (1, 2, 3, 4):
+        kw = dict(policy="vllm", n_running=run[:G], n_waiting=wait[:G])
+        legacy = _a([1] * 5, [0] * G, [5] * G, version="legacy", **kw)
+        for seed in range(5):
+            assert _a([1] * 5, [0] * G, [5] * G, version="p2c", rng=seed, **kw) == legacy
+    assert _a([1], [0] * 4, [1] * 4, policy="vllm", version="p2c", n_running=run,
+              n_waiting=wait) == [1]  # fmt: skip
+
+
+def test_vllm_p2c_picks_the_better_of_the_two_drawn():
+    G = 8
+    kw = dict(policy="vllm", version="p2c", n_waiting=list(range(G)))  # score 4 * g
+    # (a, b) = (2, 7): randrange(7) = 6 >= 2 is bumped to 7; 8 < 28 keeps a
+    assert _a([1], [0] * G, [1] * G, rng=_p2c_seed(G, 2, 6), **kw) == [2]
+    # (a, b) = (7, 2): b scores strictly lower
+    assert _a([1], [0] * G, [1] * G, rng=_p2c_seed(G, 7, 2), **kw) == [2]
+    # randrange(G - 1) equal to a: b moves to a + 1, never a itself
+    w = [0] * G
+    w[3] = 10
+    kw = dict(policy="vllm", version="p2c", n_waiting=w)
+    assert _a([1], [0] * G, [1] * G, rng=_p2c_seed(G, 3, 3), **kw) == [4]
+    # equal scores: the first draw is kept
+    kw = dict(policy="vllm", version="p2c", n_waiting=[2] * G, n_running=[1] * G)
+    assert _a([1], [0] * G, [1] * G, rng=_p2c_seed(G, 1, 5), **kw) == [1]
+
+
+@pytest.mark.parametrize("G", [5, 6, 8])
+def test_vllm_p2c_reaches_every_ordered_pair_once(G):
+    """Every (randrange(G), randrange(G - 1)) maps to a distinct ordered pair of distinct
+    engines; with score = g the lower index wins."""
+    kw = dict(policy="vllm", version="p2c", n_running=list(range(G)))
+    pairs = set()
+    for a in range(G):
+        for u in range(G - 1):
+            b = u + 1 if u >= a else u
+            assert _a([1], [0] * G, [1] * G, rng=_p2c_seed(G, a, u), **kw) == [min(a, b)]
+            pairs.add((a, b))
+    assert pairs == {(i, j) for i in range(G) for j in range(G) if i != j}
+
+
+def test_vllm_p2c_starves_no_engine_and_updates_only_the_chosen():
+    G = 16
+    seen = set()
+    for seed in range(2000):  # idle engines, one request per tick
+        seen.update(_a([1], [0] * G, [1] * G, policy="vllm", version="p2c", rng=seed))
+    assert seen == set(range(G))
+    # a burst: the chosen engine's waiting += 1 only, so a second draw of the same pair moves
+    # on to the other engine (all other engines keep their snapshot)
+    G = 5
+    seed = _p2c_seed(G, 1, 3)  # (1, 4), then the stream's next pair
+    one = _a([1], [0] * G, [2] * G, policy="vllm", version="p2c", rng=seed)
+    two = _a([1, 1], [0] * G, [2] * G, policy="vllm", version="p2c", rng=seed)
+    assert one == [1] and two[0] == 1
+    x = (_A * ((_A * _first_draw(seed)) % _M)) % _M
+    a2, u2 = x % G, (_A * x) % _M % (G - 1)
+    b2 = u2 + 1 if u2 >= a2 else u2
+    waiting = [0, 1, 0, 0, 0]
+    want = a2 if 4 * waiting[a2] <= 4 * waiting[b2] else b2
+    assert two[1] == want
 
 
 # --- SGLang gateway: power of two -------------------------------------------------------------

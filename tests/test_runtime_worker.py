@@ -354,3 +354,51 @@ def test_worker_solves_through_solve_dispatch_layer_loop(method):
     ref = solve_dispatch(DispatchProblem.from_placement(counts, p2l, n_gpus=G), COST, method=method)
     assert makespan.shape == (L,) and np.isfinite(makespan).all()
     assert np.array_equal(makespan, ref.makespan)
+
+
+def test_worker_decides_rebalances_as_the_simulator_does():
+    """The worker's decision for the windows it read is decide_rebalance's for them (the call
+    the simulator's auto policy makes), posted without blocking the engine."""
+    from straggler.runtime import decide_for_windows
+    from straggler.sim import drifting_windows
+    from straggler.solvers.placement.eplb import rebalance_experts
+    from straggler.solvers.placement.rebalance.auto import Auto
+    from straggler.solvers.placement.rebalance.transfer import MoveCost
+
+    w = drifting_windows(n_windows=2, window=6, n_layers=2, n_experts=16, n_tokens=512,
+                         top_k=2, skew=1.2, drift=2.0, rng=4)  # fmt: skip
+    # a placement for the opposite loads: the hot experts unreplicated
+    p2l = rebalance_experts(w[1].mean(0)[:, ::-1], 24, 1, 1, 4, distinct=True)[0]
+    move = MoveCost(expert_bytes=1e6)
+    policy = Auto(period=1, window=4, horizon=10**6)
+    cost = CostModel(a=0, b=1, c=0, beta=1)  # tokens bind: the placement matters
+    with SolverWorker(p2l, 4, cost, period=0.001, rebalance=policy, move=move,
+                      rebalance_every=3) as worker:  # fmt: skip
+        assert worker.wait_ready(timeout=READY_TIMEOUT)
+        assert worker.rebalance_decision() is None
+        ids = []
+        for c in w[1]:
+            ids.append(worker.submit(c))
+            assert worker.wait_tables(ids[-1], timeout=60) is not None
+        first = worker.wait_decision(timeout=60)
+        second = worker.wait_decision(timeout=60)
+    assert first.windows == (ids[0], ids[2]) and second.windows == (ids[2], ids[5])
+    want = decide_for_windows(policy, w[1][2:6], p2l, 4, 1, 1, cost, move)
+    assert second.rebalance == want.rebalance and second.moves == want.moves
+    assert np.array_equal(second.physical_to_logical, want.physical_to_logical)
+    assert second.gain_s == want.gain_s and second.cost_s == want.cost_s
+    assert str(second) == str(want) and second.rebalance and second.moves > 0
+
+
+def test_worker_rebalance_options_are_checked_before_it_starts():
+    p2l = np.array([[0, 1, 0, 2]])
+    from straggler.solvers.placement.rebalance.transfer import MoveCost
+
+    with pytest.raises(InvalidInputError, match="move"):
+        SolverWorker(p2l, 2, COST, rebalance="auto")
+    with pytest.raises(InvalidInputError, match="rebalance"):
+        SolverWorker(p2l, 2, COST, rebalance="vllm", move=MoveCost(expert_bytes=1.0))
+    with pytest.raises(InvalidInputError, match="move"):
+        SolverWorker(p2l, 2, COST, move=MoveCost(expert_bytes=1.0))
+    with pytest.raises(InvalidOptionError, match="rebalance"):
+        SolverWorker(p2l, 2, COST, rebalance="sometimes", move=MoveCost(expert_bytes=1.0))

@@ -30,10 +30,14 @@ from straggler.sim.engine.simulator import (
 from straggler.sim.workloads.prefix import PrefixBlocks
 from straggler.sim.workloads.traces import Trace, generate_trace, load_trace
 from straggler.solvers import get_routing_policy, routing_policies
+from straggler.solvers._numba import address as _address
+from straggler.solvers._numba import clock as _clock
 from straggler.solvers._numba import jit as _jit
+from straggler.solvers._numba.cache import cache_stamp
 from straggler.solvers._numba.jit import source_digest
 from straggler.solvers.routing import _core as _routing_core
 from straggler.solvers.routing import predictors
+from straggler.solvers.routing.policy import routing_policy
 from straggler.solvers.routing.predictors import (
     ExactMatchPredictor,
     OraclePredictor,
@@ -41,7 +45,6 @@ from straggler.solvers.routing.predictors import (
     TwoStagePredictor,
     termination_samples,
 )
-from straggler.solvers.routing.registry import routing_policy
 from straggler.solvers.routing.route import project_loads
 
 TRACES = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
@@ -201,8 +204,8 @@ def test_engine_is_cached_with_its_callees(jitted_reach):
 
     simulate(Trace(arrival_s=[0, 0], prompt_len=[5, 5], output_len=[2, 2]), "jsq", n_replicas=2)
     deps = engine_depends()
-    assert run_engine._cache._cache_file._source_stamp[1] == source_digest(*deps)
-    assert _jit in deps and _routing_core in deps and predictors in deps
+    assert cache_stamp(run_engine)[1] == source_digest(*deps)
+    assert {_jit, _address, _clock, _routing_core, predictors} <= set(deps)
     reached = jitted_reach(run_engine)
     files = {pathlib.Path(d.py_func.__code__.co_filename).resolve() for d in reached}
     assert len(reached) > 10  # the engine and its helpers

@@ -14,7 +14,7 @@ from straggler.runtime.warmup import dispatch_kernels, eplb_kernels, needs_compi
 from straggler.solvers import solve_dispatch
 from straggler.solvers._numba.compile import JitTimer, merged_length
 from straggler.solvers.dispatch import registry
-from straggler.solvers.dispatch.registry import LayerSolution
+from straggler.solvers.dispatch.method import LayerSolution
 from straggler.solvers.routing.registry import routing_policies
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_array, check_bool, check_choice, check_int, check_rng
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 from .static import _nearest_replica
 from .tokens import _caller_int_dtype, _mask_candidates, _shares_from_slots, token_layout
 

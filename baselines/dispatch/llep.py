@@ -23,7 +23,7 @@ import numpy as np
 
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_array, check_int, check_real
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 
 __all__ = ["LLEP", "llep_plan", "native_imbalance", "LLEP_THRESHOLD"]
 

@@ -39,7 +39,7 @@ from scipy.optimize import linprog
 from ...formulations.dispatch import DispatchProblem, evaluate
 from ...formulations.errors import InvalidInputError, InvalidOptionError, StragglerError
 from ...formulations.validation import check_array, check_choice, check_int
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 from ...solvers.placement.eplb import rebalance_experts
 from .tokens import token_layout
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_bool, check_choice
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 
 __all__ = ["Metro", "METRO_ORDERS", "metro_greedy", "metro_exact"]
 

@@ -32,7 +32,7 @@ import numpy as np
 from ...formulations.dispatch import DispatchProblem, evaluate
 from ...formulations.errors import param_error
 from ...formulations.validation import check_array, check_real
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 
 __all__ = ["MoonEP", "moonep_plan"]
 

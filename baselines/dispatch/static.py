@@ -42,7 +42,7 @@ import numpy as np
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import InvalidOptionError, param_error
 from ...formulations.validation import check_array, check_bool, check_choice, check_int
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 from .tokens import _caller_int_dtype, _mask_candidates, token_layout
 
 __all__ = [

@@ -28,7 +28,7 @@ from ...formulations.dispatch import DispatchProblem
 from ...formulations.results import Status
 from ...formulations.validation import check_choice, check_rng
 from ...solvers.dispatch.exact import solve_token_lp
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 from .lplb import TOPOLOGIES, topology_r2o
 
 __all__ = ["TokenLP", "SGLangLP", "TOPOLOGIES", "topology_r2o", "restrict_to_topology"]

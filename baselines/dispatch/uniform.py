@@ -16,7 +16,7 @@ import numpy as np
 
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_bool
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 
 __all__ = ["UniformSplit", "even_integer_split"]
 

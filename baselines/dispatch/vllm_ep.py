@@ -29,7 +29,7 @@ import numpy as np
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_rng
-from ...solvers.dispatch.registry import LayerSolution
+from ...solvers.dispatch.method import LayerSolution
 from .tokens import (
     _caller_int_dtype,
     _local_positions,

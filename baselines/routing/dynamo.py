@@ -35,7 +35,7 @@ from ...solvers.routing._core import (
     minstd_start,
     option_slots,
 )
-from ...solvers.routing.registry import OPTIMISTIC, routing_policy
+from ...solvers.routing.policy import OPTIMISTIC, routing_policy
 
 __all__ = [
     "DYNAMO",

@@ -16,7 +16,7 @@ from numba import njit
 from ...solvers._numba.jit import NJIT, cache_depends_on
 from ...solvers.routing import _core as _routing_core
 from ...solvers.routing._core import MINSTD_A, MINSTD_M, draw_eligible, minstd_start
-from ...solvers.routing.registry import routing_policy
+from ...solvers.routing.policy import routing_policy
 
 __all__ = [
     "RANDOM",

@@ -73,7 +73,7 @@ from ...solvers.routing._core import (
     option_slots,
     with_carry,
 )
-from ...solvers.routing.registry import OPTIMISTIC, routing_policy
+from ...solvers.routing.policy import OPTIMISTIC, routing_policy
 
 __all__ = [
     "ROUND_ROBIN",

@@ -11,6 +11,17 @@ each cell relative to JSQ + EPLB's even split; ``--plot`` then draws the step de
 Without ``--full`` it runs a small grid (:data:`LEVERS_QUICK_GRID`) on the first
 :data:`LEVERS_QUICK_REQUESTS` requests; it prints the cell count and an estimate first.
 
+``straggler-simulate TRACE --moe PRESET --ep G --rebalance never,auto,vllm,sglang,every:N
+[--rebalance-mode sync|async|batched] [--drift X | --expert-loads REC1,REC2,... [--drift-every
+S]] [--fail RANK:DOWN[:UP]] [--json OUT] [--plot PNG]`` compares rebalance policies in one run
+(:func:`~straggler.sim.experiments.rebalance.rebalance_loop`): throughput, TPOT p50/p99, vLLM's
+balancedness, rearrangements, expert copies, bytes moved and the time they stalled or delayed
+the steps; ``--plot`` draws throughput over time with every rearrangement marked.
+``--expert-loads`` plays recordings (any format
+:func:`~straggler.runtime.engines.read_engine_log` reads; their experts must be the preset's)
+one after another, each for ``--drift-every`` seconds (default: an equal share of the trace's
+simulated time), the batches of each resampled step by step.
+
 ``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
 :func:`~straggler.sim.workloads.traces.load_trace`), a name of
 :data:`~straggler.sim.experiments.load_sweep.SWEEP_TRACES` (the traces shipped with the
@@ -38,6 +49,7 @@ from ...sim.engine.simulator import LOAD_BASES, engine_cache_is_warm, simulate, 
 from ...sim.experiments.load_sweep import SWEEP_TRACES, sweep_trace
 from ...sim.workloads.prefix import load_prefix_blocks
 from ...sim.workloads.traces import WORKLOAD_PRESETS, Trace, generate_trace, load_trace
+from ...solvers.placement.rebalance.transfer import LINK_PRESETS, REBALANCE_MODES
 from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy, routing_policies
 
 __all__ = [
@@ -181,6 +193,40 @@ def _parser() -> OneLineParser:
         help=f"the whole grid on every request (default: a small grid on the first "
         f"{LEVERS_QUICK_REQUESTS:,} requests, about a minute on 2 cores)",
     )
+    r = p.add_argument_group("rebalance in the loop (with --moe): the rebalance table")
+    r.add_argument(
+        "--rebalance", default=None,
+        help="comma-separated rebalance policies: never, auto[:PERIOD], vllm[:STEP_INTERVAL], "
+        "sglang[:ITERATIONS], every:N",
+    )  # fmt: skip
+    r.add_argument("--rebalance-mode", choices=REBALANCE_MODES, default=None,
+                   help="how copies run: sync (stall), async, batched (default sync)")  # fmt: skip
+    r.add_argument("--links", choices=sorted(LINK_PRESETS), default=None,
+                   help="link bandwidth preset (default h100: 450/50 GB/s)")  # fmt: skip
+    r.add_argument("--intra-gbps", type=float, default=None, help="GB/s per GPU within a node")
+    r.add_argument("--inter-gbps", type=float, default=None, help="GB/s per GPU across nodes")
+    r.add_argument(
+        "--drift",
+        type=float,
+        default=None,
+        help="synthetic drift: std of each expert's log-popularity step (default 0)",
+    )
+    r.add_argument("--drift-steps", type=int, default=None,
+                   help="steps between synthetic drift steps (default 1000)")  # fmt: skip
+    r.add_argument("--expert-loads", default=None,
+                   help="comma-separated engine recordings played in turn")  # fmt: skip
+    r.add_argument(
+        "--drift-every",
+        type=float,
+        default=None,
+        help="seconds each recording routes (default: equal shares of the run)",
+    )
+    r.add_argument("--fail", default=None,
+                   help="RANK:DOWN_STEP[:UP_STEP]: a rank lost after DOWN_STEP steps (back "
+                   "after UP_STEP)")  # fmt: skip
+    r.add_argument("--max-steps", type=int, default=None, help="stop after N steps")
+    r.add_argument("--saturated", action="store_true",
+                   help="keep every slot busy (offered load 1.5x unless --load)")  # fmt: skip
     return p
 
 
@@ -188,6 +234,134 @@ def _parser() -> OneLineParser:
 LEVERS_QUICK_GRID = (("jsq", "brs"), ("even", "tempo"), ("eplb", "place_experts"))
 #: Requests the levers table simulates without ``--full`` or ``--requests``.
 LEVERS_QUICK_REQUESTS = 3000
+
+
+#: Flags that only mean something with ``--rebalance``.
+_REBALANCE_ONLY = (
+    "rebalance_mode", "links", "intra_gbps", "inter_gbps", "drift", "drift_steps",
+    "expert_loads", "drift_every", "fail", "max_steps", "saturated",
+)  # fmt: skip
+
+
+def _recorded_routing(spec: str, preset, layers: int | None):
+    """``--expert-loads``: one :class:`~straggler.sim.engine.deployment.RoutingModel` per
+    recording (its all-zero layers, the dense ones SGLang records, left out)."""
+    from ...sim.engine.deployment import RoutingModel
+    from ..engines import read_engine_log
+
+    models = []
+    for path in [x.strip() for x in spec.split(",") if x.strip()]:
+        log = read_engine_log(path)
+        if log.counts is None:
+            raise InvalidInputError(f"--expert-loads: {path} holds a placement, no loads.")
+        counts = log.counts[:, log.counts.sum(axis=(0, 2)) > 0]
+        if counts.shape[2] != preset.n_experts:
+            raise InvalidInputError(
+                f"--expert-loads: {path} records {counts.shape[2]} experts; --moe "
+                f"{preset.name} has {preset.n_experts}."
+            )
+        k = None if layers is None else min(layers, counts.shape[1])
+        models.append(RoutingModel.recorded(counts, top_k=preset.top_k, layers=k))
+    if not models:
+        raise InvalidInputError(f"--expert-loads must name at least one recording; got {spec!r}")
+    return models
+
+
+def _fail_events(spec: str, G: int) -> tuple:
+    """``--fail RANK:DOWN[:UP]`` as rank events."""
+    parts = spec.split(":")
+    try:
+        nums = [int(x) for x in parts]
+    except ValueError:
+        nums = []
+    if (
+        len(nums) not in (2, 3)
+        or nums[0] < 0
+        or nums[0] >= G
+        or min(nums[1:]) < 1
+        or (len(nums) == 3 and nums[2] <= nums[1])
+    ):
+        raise InvalidInputError(
+            f"--fail must be RANK:DOWN_STEP[:UP_STEP] with 0 <= RANK < {G} and 1 <= DOWN_STEP "
+            f"< UP_STEP; got {spec!r}"
+        )
+    events = [(nums[1], nums[0], False)]
+    if len(nums) == 3:
+        events.append((nums[2], nums[0], True))
+    return tuple(events)
+
+
+def _rebalance_main(args, trace) -> int:
+    """``--moe ... --rebalance ...``: the rebalance table on ``trace``."""
+    import dataclasses
+
+    from ...sim.engine.config import SimConfig
+    from ...sim.engine.deployment import DeploymentConfig, RoutingSequence
+    from ...sim.engine.simulator import engine_inputs
+    from ...sim.experiments.rebalance import rebalance_loop
+    from ...solvers.placement.rebalance.registry import parse_rebalance_policies
+    from ...solvers.placement.rebalance.transfer import MoveCost
+
+    G = args.ep if args.ep is not None else args.replicas
+    policies = parse_rebalance_policies(args.rebalance, "--rebalance")
+    dep = DeploymentConfig(
+        preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
+        dispatch_period_s=args.table_period, seed=args.seed,
+        drift=args.drift or 0.0, drift_steps=args.drift_steps or 1000,
+    )  # fmt: skip
+    if args.expert_loads is not None:
+        if args.drift is not None or args.drift_steps is not None:
+            raise InvalidInputError("--expert-loads replays recorded drift: leave out --drift")
+        models = _recorded_routing(args.expert_loads, dep.preset, args.layers)
+        every = args.drift_every
+        kw = dict(
+            n_replicas=G, max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
+            load_basis=args.load_basis, prefill_instances=args.prefill_instances,
+            saturated=args.saturated,
+        )  # fmt: skip
+        if every is None:  # equal shares of the trace's simulated arrival window
+            probe = dataclasses.replace(dep, routing=models[0])
+            tr = engine_inputs(trace, SimConfig.from_settings("jsq", deployment=probe, **kw)).trace
+            span = float(tr.arrival_s[-1] - tr.arrival_s[0])
+            every = span / len(models) if span > 0 else 1.0
+        dep = dataclasses.replace(dep, routing=RoutingSequence(models, every_s=every))
+    elif args.drift_every is not None:
+        raise InvalidInputError("--drift-every needs --expert-loads")
+    move = MoveCost(
+        expert_bytes=dep.preset.expert_bytes, links=args.links or "h100",
+        intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps,
+        mode=args.rebalance_mode or "sync",
+    )  # fmt: skip
+    if args.fail is not None:
+        dep = dataclasses.replace(dep, rebalance=policies[0], move=move,
+                                  rank_events=_fail_events(args.fail, G))  # fmt: skip
+    warm = engine_cache_is_warm()
+    if not warm:
+        print("compiling kernels (first run only) ...", end="", file=sys.stderr, flush=True)
+        seconds, _ = warm_engine()
+        print(f" {seconds:.1f} s", file=sys.stderr)
+    table = rebalance_loop(
+        trace, dep, policies, move=move, progress=not args.no_progress,
+        max_slots=args.max_slots, kv_capacity=args.kv_capacity, load=args.load,
+        load_basis=args.load_basis, prefill_instances=args.prefill_instances,
+        admission=args.dispatch, ctx_cost=args.ctx_cost, seed=args.seed,
+        max_steps=args.max_steps, saturated=args.saturated,
+    )  # fmt: skip
+    print(f"{trace.name}: {len(trace):,} requests, {args.max_slots} slots per rank; {table.note}")
+    print(table.format())
+    if args.json:
+        out = {
+            "note": table.note,
+            "rows": table.rows,
+            "rearrangements": {k: list(r.rebalances) for k, r in table.reports.items()},
+        }
+        with atomic_open(args.json, "w") as f:
+            f.write(json.dumps(out, indent=1, default=float))
+        print(f"wrote {args.json}")
+    if args.plot:
+        table.plot(args.plot)
+        print(f"wrote {args.plot}")
+    return 0
 
 
 def _levers_main(args, trace) -> int:
@@ -325,6 +499,31 @@ def _check_args(args) -> None:
         raise InvalidInputError(
             f"--table-period must be a finite number >= 0; got {args.table_period}"
         )
+    if args.rebalance is not None:
+        if args.moe is None:
+            raise InvalidInputError("--rebalance needs --moe PRESET (the deployment step model)")
+        if not all(p.strip() for p in args.rebalance.split(",")):  # as name_list: none empty
+            raise InvalidInputError(
+                f"--rebalance must name at least one policy, and no empty one; got "
+                f"{args.rebalance!r}"
+            )
+    else:
+        given = [n for n in _REBALANCE_ONLY if getattr(args, n) not in (None, False)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise InvalidInputError(f"{flag} needs --rebalance")
+    for name, lo_open in (("drift", False), ("drift_every", True), ("intra_gbps", True),
+                          ("inter_gbps", True)):  # fmt: skip
+        v = getattr(args, name)
+        if v is not None and (not math.isfinite(v) or v < 0 or (lo_open and v == 0)):
+            flag = "--" + name.replace("_", "-")
+            raise InvalidInputError(
+                f"{flag} must be a finite number {'> 0' if lo_open else '>= 0'}; got {v}"
+            )
+    for name in ("drift_steps", "max_steps"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise InvalidInputError(f"--{name.replace('_', '-')} must be at least 1; got {v}")
 
 
 def _check_outputs(args) -> None:
@@ -345,9 +544,10 @@ def main(argv=None) -> int:
         try:
             _check_args(args)
             _check_outputs(args)
-            return _levers_main(
-                args, resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
-            )
+            trace = resolve_trace(args.trace, rate=args.rate, n_requests=args.requests)
+            if args.rebalance is not None:
+                return _rebalance_main(args, trace)
+            return _levers_main(args, trace)
         except (StragglerError, ValueError, OSError) as e:
             print(f"straggler-simulate: error: {e}", file=sys.stderr)
             return 2

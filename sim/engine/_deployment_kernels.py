@@ -43,6 +43,8 @@ LAYER_COLUMNS = (
     "traffic_us",  # max_g (c2 + gamma * N_g), 0 without the traffic piece
     "cross_node_tokens",  # max_g tokens GPU g receives from other nodes
     "remote_tokens",  # max_g tokens GPU g receives from other GPUs
+    "max_gpu_tokens",  # max_g N_g
+    "mean_gpu_tokens",  # mean_g N_g (summed in GPU order)
 )
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -270,7 +272,7 @@ def layer_times_kernel(x, src, node, cost, internode_us, node_first):
     a, b, b2, c, beta, c2, gamma, tile = (
         cost[0], cost[1], cost[2], cost[3], cost[4], cost[5], cost[6], cost[7],
     )  # fmt: skip
-    out = np.zeros((L, 6))
+    out = np.zeros((L, 8))
     n_nodes = 0
     for g in range(G):
         if node[g] + 1 > n_nodes:
@@ -325,7 +327,11 @@ def layer_times_kernel(x, src, node, cost, internode_us, node_first):
         traffic = 0.0
         cmax = 0.0
         rmax = 0.0
+        nmax = 0.0
+        nsum = 0.0
         for g in range(G):
+            nmax = max(nmax, N[g])
+            nsum += N[g]
             t = max(a + b * Gc[g] + b2 * (T[g] - Gc[g]), c + beta * N[g])
             t = max(t, c2 + gamma * N[g])
             if t > worst:
@@ -341,6 +347,8 @@ def layer_times_kernel(x, src, node, cost, internode_us, node_first):
         out[l, 3] = traffic
         out[l, 4] = cmax
         out[l, 5] = rmax
+        out[l, 6] = nmax
+        out[l, 7] = nsum / G
     return out
 
 
@@ -410,6 +418,9 @@ def layer_times_reference(x, src, node, cost, internode_us, node_first):
         worst = max(times)
         has_traffic = gamma > 0.0 or c2 > 0.0
         traffic = max(c2 + gamma * n for n in Ns) if has_traffic else 0.0
+        total_n = 0.0
+        for n in Ns:
+            total_n += n
         rows.append(
             [
                 worst + internode_us * max(cross),
@@ -418,9 +429,11 @@ def layer_times_reference(x, src, node, cost, internode_us, node_first):
                 max(traffic, 0.0),
                 max(max(cross), 0.0),
                 max(max(remote), 0.0),
+                max(max(Ns), 0.0),
+                total_n / G,
             ]
         )
-    return np.array(rows, dtype=float).reshape(L, 6)
+    return np.array(rows, dtype=float).reshape(L, 8)
 
 
 #: Columns of :func:`deployment_step_kernel`'s log row (the fields of
@@ -434,6 +447,8 @@ STEP_COLUMNS = (
     "dense_us",
     "total_us",
     "cross_node_tokens",
+    "balancedness",
+    "rebalance_us",
 )
 
 #: Entries of :func:`deployment_step_kernel`'s parameter vector ``par``.
@@ -522,9 +537,11 @@ def deployment_step_kernel(
     ``attention_us = n_layers * max_g att_g``, ``attention_straggler_us = n_layers * (max -
     mean)``, ``moe_us = scale * sum_l time_l``, ``moe_straggler_us = scale * sum_l (max_l -
     mean_l)``, ``comm_us = scale * sum_l ((traffic_l + time_l) - max_l)``,
-    ``cross_node_tokens = mean_l cross_l``, ``total_us = (attention + moe) + dense``; every
-    sum and mean in numpy's pairwise order (bit-identical to the numpy expressions of the
-    reference).
+    ``cross_node_tokens = mean_l cross_l``, ``total_us = (attention + moe) + dense``,
+    ``balancedness = sum_l mean_g N_g / sum_l max_g N_g`` (vLLM's ``EplbState`` balancedness
+    of the step, 0 without tokens), ``rebalance_us = 0`` (the step model adds a
+    rearrangement's cost after the call); every sum and mean in numpy's pairwise order
+    (bit-identical to the numpy expressions of the reference).
 
     State, updated in place (the one kernel here that writes into its arguments, so that a
     step is one call on the model's preallocated buffers): ``window[slot] = n``, ``acc +=
@@ -567,6 +584,12 @@ def deployment_step_kernel(
         col[l] = (rows[l, 3] + rows[l, 0]) - rows[l, 1]
     comm = par[4] * _pairwise_sum(col, 0, L)
     for l in range(L):
+        col[l] = rows[l, 7]
+    avg_tok = _pairwise_sum(col, 0, L)
+    for l in range(L):
+        col[l] = rows[l, 6]
+    max_tok = _pairwise_sum(col, 0, L)
+    for l in range(L):
         col[l] = rows[l, 4]
     attention = par[3] * worst
     log[row, 0] = attention
@@ -577,6 +600,8 @@ def deployment_step_kernel(
     log[row, 5] = par[5]
     log[row, 6] = (attention + moe) + par[5]
     log[row, 7] = _pairwise_sum(col, 0, L) / L
+    log[row, 8] = avg_tok / max_tok if max_tok > 0.0 else 0.0
+    log[row, 9] = 0.0
     return moe
 
 
@@ -610,5 +635,7 @@ def deployment_step_reference(
         par[5],
         attention + moe + par[5],
         float(rows[:, 4].mean()),
+        float(rows[:, 7].sum() / rows[:, 6].sum()) if rows[:, 6].sum() > 0 else 0.0,
+        0.0,
     ]
     return moe

@@ -76,14 +76,22 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, objmode, typeof, types
 
-from ...solvers._numba.jit import NJIT, NJIT_INLINE
+from ...solvers._numba.clock import monotonic_ns
+from ...solvers._numba.jit import (
+    NJIT,
+    NJIT_BORROW,
+    NJIT_BORROW_ENTRY,
+    NJIT_BORROW_INLINE,
+    NJIT_INLINE,
+    NJIT_JITTED,
+    NJIT_OBJMODE,
+)
 from ...solvers.routing import predictors
 from ...solvers.routing._core import (
     PoolState,
     ReplicaState,
     RouterOptions,
     call_policy,
-    monotonic_ns,
     policy_address,
 )
 from ...solvers.routing.predictors import EXP_CAP
@@ -125,24 +133,10 @@ _ORACLE = int(predictors.PredictorKind.ORACLE)
 _EXACT_MATCH = int(predictors.PredictorKind.EXACT_MATCH)
 _TWO_STAGE = int(predictors.PredictorKind.TWO_STAGE)
 
-#: For a function only jitted code calls (the loop's phases and helpers): numba builds, besides
-#: the function, a CPython entry point (unboxing every argument, a tuple of arrays field by
-#: field) and a C-callable wrapper, and optimizes and emits both; without them a phase
-#: compiles in a third to a half less time. A Python call of such a function has no entry
-#: point to run and crashes: Python runs its ``py_func`` (``step_time``, public, and
-#: ``_slot``/``_unslot``, which a test calls, keep their entry points; ``_moe_seconds`` too:
-#: its object-mode block is called through them).
-_NJIT_JITTED = dict(NJIT, no_cpython_wrapper=True, no_cfunc_wrapper=True)
-#: The per-step phases: compiled apart (each once, on the disk cache; LLVM inlines them into
-#: the loop when it links them), for jitted callers only (``_NJIT_JITTED``), and without
-#: numba's reference counting (``_nrt=False``): a phase only borrows the loop's arrays, so
-#: counting a reference at every binding (an atomic increment and decrement per array, per
-#: phase, per step) is pure cost. Such a function must neither allocate nor return an array
-#: (the caller would own a reference never counted).
-_NJIT_BORROW = dict(_NJIT_JITTED, _nrt=False)
-#: A small helper of those phases only (never of the loop itself), inlined into them at
-#: numba's IR level: one compile fewer each.
-_NJIT_BORROW_INLINE = dict(_NJIT_BORROW, inline="always")
+# The option sets of the loop's functions come from solvers/_numba/jit.py: a function only
+# jitted code calls has no CPython entry point (NJIT_JITTED; Python runs its py_func), and
+# step_time, public, and _slot/_unslot, which a test calls, keep theirs; the per-step phases
+# borrow the loop's arrays without counting references (NJIT_BORROW).
 
 
 class EngineInputs(NamedTuple):
@@ -401,7 +395,7 @@ def project_view(
     return out
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _heap_push(ht, hs, hi, size, t, s, i):
     """Push ``(t, s) -> i`` on the binary min-heap ``ht/hs/hi[:size]`` keyed by ``(t, s)``."""
     p = size
@@ -419,7 +413,7 @@ def _heap_push(ht, hs, hi, size, t, s, i):
     return size + 1
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _heap_pop(ht, hs, hi, size):
     """Remove the smallest ``(t, s)``; returns ``(t, i, size - 1)``."""
     t0 = ht[0]
@@ -448,7 +442,7 @@ def _heap_pop(ht, hs, hi, size):
     return t0, i0, size
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _prefill_done(pf_free, n_inst, t, tokens, base, per_token):
     """Completion time of a prefill queued at ``t`` (FCFS on the earliest free instance,
     lowest index on ties; ``n_inst = 0``: unlimited, starts at ``t``)."""
@@ -508,7 +502,7 @@ def _unslot(D, i):
     vals[i] = -1
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _cache_touch(D, tg, th, ts, T, hp, sz, g, h, G, cap):
     """Touch block ``h`` in replica ``g``'s LRU prefix cache (``cap`` blocks).
 
@@ -557,7 +551,7 @@ def _cache_touch_reference(st, inp, g, b):
             c.popitem(last=False)
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _cached_prefix(D, blk_off, blk_ids, i, g, G, blk_tokens, prompt_i):
     """Prompt tokens of request ``i`` in replica ``g``'s cache: its leading blocks present in
     ``D`` (a :func:`_slot` table), times ``blk_tokens``, at most its prompt."""
@@ -648,7 +642,7 @@ class EngineState(NamedTuple):
     clock: np.ndarray
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _new_state(inp):
     """The state before the first step: nothing arrived, every slot and queue empty.
 
@@ -833,7 +827,7 @@ class _Cfg(NamedTuple):
     moe_key: int
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _cfg(inp):
     """The :class:`_Cfg` of ``inp``."""
     return _Cfg(
@@ -845,7 +839,7 @@ def _cfg(inp):
     )  # fmt: skip
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _to_prefill(cfg, c, pq, i, t, tokens):
     """Request ``i`` joins the prefill queue ``pq = (pf_free, ht, hs, hi)`` at time ``t``
     with ``tokens`` to prefill."""
@@ -871,7 +865,7 @@ def _to_prefill_reference(st, inp, i, t, tokens):
     st.order += 1
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _arrivals(cfg, arrival_t, prompt, c, clock, pq):
     """Phase 1: the requests that arrived by now join the prefill queue, in arrival order."""
     n = arrival_t.shape[0]
@@ -888,7 +882,7 @@ def _arrivals_reference(st, inp):
         st.nxt += 1
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _prefill_to_pool(c, clock, pq, pool, ready_t, enter_t, enter_tick, in_pool):
     """Phase 2: prefills done by now enter the pool, kept in order of (first ready time,
     index): a recomputed request goes back to its place by age, ahead of later ones."""
@@ -924,7 +918,7 @@ def _prefill_to_pool_reference(st):
         st.pool.insert(bisect.bisect_left(keys, (st.ready_t[i], i)), i)
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _next_event(arrival_t, c, ht):
     """The next arrival or prefill completion (``inf``: none)."""
     t_next = np.inf
@@ -942,7 +936,7 @@ def _next_event_reference(st, inp):
     return min(times) if times else None
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _preempt(cfg, c, clock, rep, pq, prompt, decoded, adm_seq, n_pre):
     """Phase 4: while a replica's next step would overflow its KV capacity, its most recently
     admitted request goes back through prefill with ``prompt + decoded`` tokens. ``rep``:
@@ -986,7 +980,7 @@ def _preempt_reference(st, inp):
     return n_preempted
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _snapshot(cfg, c, rep, queues, ring):
     """Phase 5: the router's view of this step (loads, running counts, prompt tokens,
     queues) into the ring ``(view, nrun, ptok, qlen, qtok, add, addn, addp)``; this step's
@@ -1100,7 +1094,7 @@ def _project_reference(st, inp):
     st.views[st.k] = (view,) + st.views[st.k][1:]
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _fits(cfg, nrun, load, tok, g):
     """Whether replica ``g`` can start a request of ``tok`` tokens now: a free slot, and its
     tokens plus the next step's token of every request fit the KV capacity."""
@@ -1114,7 +1108,7 @@ def _fits_reference(st, inp, i, g):
     return run < inp.max_slots and _loads_reference(st)[g] + tok + run + 1 <= inp.kv_cap
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _admit(cfg, c, clock, rep, adm, prompt, decoded, i, g):
     """Start request ``i`` on replica ``g`` in its lowest free slot (pool and queue mode
     alike): its tokens join the load and the step's context phase, and ``(i, g)`` joins the
@@ -1163,7 +1157,7 @@ def _admit_reference(st, inp, i, g):
     st.admitted.append((i, g))
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _cache_admissions(cfg, c, cache, cache_hit, ctx, prompt, adm_i, adm_g, touch):
     """Phase 6c (with prefix caches): the step's admissions in order, each reading its
     cached prefix on its replica (``cache_hit`` at its first admission; a cached prefix needs
@@ -1204,7 +1198,7 @@ def _cache_admissions_reference(st, inp):
         st.ctx[g] -= hit
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _sent(ring, slot, g, tok, prompt_i):
     """Record in the ring what the router sent to ``g`` at this step (the optimistic view of
     later ticks adds it while the view is older than it)."""
@@ -1213,7 +1207,7 @@ def _sent(ring, slot, g, tok, prompt_i):
     ring[7][slot, g] += prompt_i
 
 
-@njit(**_NJIT_BORROW_INLINE)
+@njit(**NJIT_BORROW_INLINE)
 def _router_view(cfg, c, ring, reps):
     """What the router sees at this tick, written into the :class:`ReplicaState` ``reps``
     (its ``loads``, ``n_running``, ``prompt_tokens``, ``n_waiting``, ``waiting_tokens``):
@@ -1269,7 +1263,7 @@ def _router_view_reference(st, inp):
     return seen, seen_n, seen_p, seen_q, seen_qt
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _tick_state(cfg, c, prompt, room, decoded, pool, enter_tick, nrun, ring, buf, reps):
     """Phase 6a: what the policy is shown at this tick, written into buffers the loop
     allocates once (a kernel never changes its inputs): the oldest ``P = min(pool,
@@ -1319,7 +1313,7 @@ def _tick_state_reference(st, inp):
     return P, (prefill, wait, key), reps
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _cached_view(cfg, cache, prompt, pool, P, cached):
     """Phase 6a (a policy that reads the prefix caches): ``cached[j, g]``, the prompt tokens
     of the ``j``-th visible pool request found in replica ``g``'s cache."""
@@ -1338,7 +1332,7 @@ def _cached_view_reference(st, inp, P):
     return np.array(rows).reshape(-1, st.G)
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _apply_tick(
     cfg, c, clock, rep, adm, queues, ring, prompt, decoded, pool, assign, P, ns, tick_ns, tick_pool
 ):
@@ -1402,7 +1396,7 @@ def _apply_tick_reference(st, inp, assign, P):
     st.pool = still
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _admit_queues(cfg, c, clock, rep, adm, queues, prompt, decoded):
     """Phase 6c (queue mode): each replica admits from the head of its queue while the head
     fits (:func:`_fits`); the first that does not blocks those behind it (FCFS)."""
@@ -1429,15 +1423,23 @@ def _admit_queues_reference(st, inp):
             _admit_reference(st, inp, st.engine_queue[g].pop(0), g)
 
 
-@njit(**dict(NJIT, nogil=False, _nrt=True))  # object mode holds the GIL
+@njit(**NJIT_OBJMODE)
 def _moe_seconds(key, load, nrun, clock):
-    """The MoE layers' seconds of this step from the registered step model (object mode)."""
+    """The MoE layers' seconds of this step from the registered step model (object mode).
+
+    The step model (:class:`~straggler.sim.engine.deployment.StepModel`) is a Python object:
+    numpy draws, a placement rebuilt and tables solved with ``solve_dispatch`` now and then,
+    per-step logs. Compiled code cannot hold a Python object, so the loop calls back into
+    Python through an object-mode block with an integer key, and the callee finds the model
+    in a registry the run fills for its duration
+    (:func:`~straggler.sim.engine.deployment.running_step_model`). The callback holds the GIL
+    (object mode needs it); the loop without a deployment never enters it."""
     with objmode(moe="float64"):
         moe = engine_moe_seconds(key, load, nrun, clock)
     return moe
 
 
-@njit(**dict(NJIT, _nrt=False))  # public: keeps its Python entry point
+@njit(**NJIT_BORROW_ENTRY)  # public: keeps its Python entry point
 def step_time(cfg, load, nrun, ctx, clock):
     """Phase 7: the duration of this decode step from the loads at its start (``cfg``: the
     engine's scalars, ``load``/``nrun``/``ctx`` per replica, ``clock`` the time now).
@@ -1504,7 +1506,7 @@ def step_time_reference(st, inp):
     return dt
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _record(cfg, c, clock, rep, series, dt, n_preempted):
     """Phase 8: the step's row of ``series`` (:data:`SERIES`; the loop grows it first,
     :func:`_grown_rows`)."""
@@ -1551,7 +1553,7 @@ def _record_reference(st, dt, n_preempted):
     )  # fmt: skip
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _grown(x):
     """A copy of the 1-d ``x`` with twice its length (the entries beyond ``x``'s
     uninitialized; copied element by element: no broadcasting, and its compile)."""
@@ -1561,7 +1563,7 @@ def _grown(x):
     return out
 
 
-@njit(**_NJIT_JITTED)
+@njit(**NJIT_JITTED)
 def _grown_rows(x):
     """A copy of the 2-d ``x`` with twice its rows (as :func:`_grown_rows`)."""
     out = np.empty((2 * x.shape[0], x.shape[1]), dtype=x.dtype)
@@ -1571,7 +1573,7 @@ def _grown_rows(x):
     return out
 
 
-@njit(**_NJIT_BORROW)
+@njit(**NJIT_BORROW)
 def _decode(cfg, c, rep, prompt, output, group, decoded, first_t, finish_t, memo, t_end):
     """Phase 9: every running request gains one token; one that reaches its output length
     leaves at ``t_end`` (and its group's exact-match memo learns its length)."""
@@ -1627,7 +1629,7 @@ def run_engine(kernel, inp):
 
     Each phase is handed the arrays it uses (bound once, before the loop, alone or in small
     tuples) and the scalars in :class:`_Cfg`. The per-step phases are compiled without
-    reference counting (``_NJIT_BORROW``) and allocate nothing; what allocates (the
+    reference counting (``NJIT_BORROW``) and allocate nothing; what allocates (the
     kernel's assignment, a log that grows, the prefix caches) happens here or in a phase
     that counts references."""
     # one binding per line: a tuple on the right of a multiple assignment (four names or
@@ -1799,15 +1801,20 @@ def run_engine_reference(inp, router):
 
 
 def engine_depends() -> tuple:
-    """The modules whose source the compiled engine includes besides its own (the routing
-    records and the router clock of :mod:`~straggler.solvers.routing._core`, the predictors'
-    constants): :func:`run_engine`'s disk cache is tied to them. The policy's kernel is not
+    """The modules whose source the compiled engine includes besides its own (the option sets
+    of :mod:`~straggler.solvers._numba.jit`, the call by address of
+    :mod:`~straggler.solvers._numba.address`, the router clock of
+    :mod:`~straggler.solvers._numba.clock`, the routing records of
+    :mod:`~straggler.solvers.routing._core`, the predictors' constants): :func:`run_engine`'s
+    disk cache is tied to them. The policy's kernel is not
     among them: the engine calls it by the address of its code, and the kernel has its own
     cache."""
+    from ...solvers._numba import address as _address
+    from ...solvers._numba import clock as _clock
     from ...solvers._numba import jit as _jit
     from ...solvers.routing import _core as _routing_core
 
-    return (_jit, _routing_core, predictors)
+    return (_jit, _address, _clock, _routing_core, predictors)
 
 
 def tick_signature(inp):

@@ -68,13 +68,9 @@ from ...formulations.validation import (
     check_type,
     describe,
 )
+from ...solvers.routing.policy import RoutingPolicy, resolve_options
 from ...solvers.routing.predictors import PredictorKind, TwoStagePredictor
-from ...solvers.routing.registry import (
-    DEFAULT_POLICY,
-    RoutingPolicy,
-    get_routing_policy,
-    resolve_options,
-)
+from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy
 from ..workloads.prefix import PrefixBlocks
 from ..workloads.traces import Trace
 from .deployment import DeploymentConfig, StepModel, full_batch_step

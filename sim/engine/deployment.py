@@ -79,6 +79,15 @@ from ...formulations.validation import (
 )
 from ...solvers.dispatch.solve import solve_dispatch
 from ...solvers.placement.place import place_experts
+from ...solvers.placement.rebalance.policy import RebalanceContext, RebalancePolicy
+from ...solvers.placement.rebalance.registry import get_rebalance_policy
+from ...solvers.placement.rebalance.transfer import (
+    DTYPE_BYTES,
+    MoveCost,
+    _batches,
+    _transfer,
+    expert_bytes,
+)
 from ..workloads.batches import (
     DEFAULT_KAPPA,
     SKEWS,
@@ -99,6 +108,7 @@ __all__ = [
     "ModelPreset",
     "MODEL_PRESETS",
     "RoutingModel",
+    "RoutingSequence",
     "DeploymentConfig",
     "StepBreakdown",
     "StepModel",
@@ -198,6 +208,13 @@ class ModelPreset:
         Physical slots over logical experts of the default placement.
     source : str
         Where the numbers come from.
+    hidden, moe_intermediate : int
+        The model's hidden size and routed expert's intermediate size (``config.json``:
+        ``hidden_size``, ``moe_intermediate_size``; 0: not known, then a rearrangement's
+        copies need an explicit size).
+    dtype : str
+        The routed experts' weight dtype (a key of
+        ``straggler.solvers.placement.rebalance.transfer.DTYPE_BYTES``).
     """
 
     name: str
@@ -213,9 +230,15 @@ class ModelPreset:
     skew: float
     replication: float
     source: str = ""
+    hidden: int = 0
+    moe_intermediate: int = 0
+    dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         func = "ModelPreset"
+        for name in ("hidden", "moe_intermediate"):
+            object.__setattr__(self, name, check_int(getattr(self, name), name, func, lo=0))
+        object.__setattr__(self, "dtype", check_choice(self.dtype, "dtype", func, DTYPE_BYTES))
         n_layers = check_int(self.n_layers, "n_layers", func, lo=1)
         object.__setattr__(self, "n_layers", n_layers)
         object.__setattr__(
@@ -234,6 +257,21 @@ class ModelPreset:
             self, "replication", check_real(self.replication, "replication", func, lo=1)
         )
 
+    @property
+    def expert_bytes(self) -> float:
+        """Bytes of one routed expert's weights in one layer (``3 * hidden *
+        moe_intermediate`` parameters at ``dtype``), what a rearrangement copies per moved
+        replica; 0 when the shape is not known.
+
+        Examples
+        --------
+        >>> round(MODEL_PRESETS["dsv3"].expert_bytes / 1e6, 1)
+        44.0
+        """
+        if not (self.hidden and self.moe_intermediate):
+            return 0.0
+        return expert_bytes(self.hidden, self.moe_intermediate, self.dtype)
+
 
 # Roofline derivation, at an effective 3.0 TB/s of HBM bandwidth (FlashMLA's measured
 # memory-bound figure on H800, deepseek-ai/FlashMLA README) and 660 TFLOP/s for MLA decode
@@ -248,8 +286,18 @@ class ModelPreset:
 #   decode does 128 * (576 + 512) * 2 = 278.5k FLOP per KV token -> b = 4.2e-4 us (compute
 #   binds before the 1152 B/token bf16 KV read, 3.8e-4 us); c = 2 * 187M FLOP -> 0.37 us;
 #   dense FFN 3 * 7168 * 18432 = 396M -> 132 us; shared expert 3 * 7168 * 2048 = 44M -> 14.7 us.
-# No public per-layer decode timing of either model was at hand to fit these to; the MoE
-# cost models are TEMPO's Testbed B tile fits (Table 7), which include the traffic pair.
+#   DeepSeek-V2-Lite (config.json: hidden 2048, q_proj without LoRA, kv_lora 512, rope 64,
+#   16 heads of 128, 27 layers of which the first dense (intermediate 10944), 64 routed experts
+#   of 1408, top-6, two shared experts; released in bf16, 2 bytes per parameter): attention
+#   weights 2048*3072 + 2048*576 + 512*4096 + 2048*2048 = 13.8M -> a = 9.2 us; the 576-value
+#   compressed KV in bf16 (1152 B per token and layer) binds before its 34.8k FLOP -> b =
+#   3.84e-4 us; c = 2 * 13.8M FLOP -> 0.028 us; dense FFN 3 * 2048 * 10944 -> 44.8 us; shared
+#   experts 2 * 3 * 2048 * 1408 -> 11.5 us.
+# No public per-layer decode timing of these models was at hand to fit these to; the MoE
+# cost models are TEMPO's Testbed B tile fits (Table 7), which include the traffic pair, and
+# for DeepSeek-V2-Lite its serving three-term model (Table 7, measured on that shape).
+# Expert shapes (hidden, moe_intermediate) are the config.json values; the dtype of the routed
+# experts is the roofline's (fp8 for the two large models, bf16 for V2-Lite).
 MODEL_PRESETS: dict[str, ModelPreset] = {
     "qwen3_235b": ModelPreset(
         name="qwen3_235b",
@@ -265,6 +313,9 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         skew=SKEWS["qwen3_prover"],
         replication=1.25,
         source="roofline from config.json; MoE cost TEMPO Table 7 (Testbed B tile)",
+        hidden=4096,
+        moe_intermediate=1536,
+        dtype="fp8",
     ),
     "dsv3": ModelPreset(
         name="dsv3",
@@ -280,6 +331,29 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         skew=SKEWS["qwen3_prover"],
         replication=1.125,
         source="roofline from config.json; MoE cost TEMPO Table 7 (Testbed B tile)",
+        hidden=7168,
+        moe_intermediate=2048,
+        dtype="fp8",
+    ),
+    "dsv2_lite": ModelPreset(
+        name="dsv2_lite",
+        n_layers=27,
+        n_moe_layers=26,
+        n_experts=64,
+        top_k=6,
+        n_groups=1,
+        attention=AttentionCost(a=9.2, b=3.84e-4, c=0.028),
+        dense_ffn_us=44.8,
+        shared_expert_us=11.5,
+        cost=CostModel.preset("dsv2_lite_a_serving"),
+        skew=SKEWS["qwen3_prover"],
+        replication=1.25,
+        source="roofline from config.json; MoE cost TEMPO Table 7 (serving three-term, "
+        "DSv2-Lite shape); the shape of the recorded ESFT loads "
+        "(../shared/data/expert_loads)",
+        hidden=2048,
+        moe_intermediate=1408,
+        dtype="bf16",
     ),
 }
 
@@ -419,6 +493,64 @@ class RoutingModel:
         return _dirichlet_rows(gen, self._kappa, np.broadcast_to(p, (n,) + p.shape))
 
 
+class RoutingSequence:
+    """Routing models played one after another in simulated time: a drift between recorded
+    workloads (e.g. one recording per task, :meth:`RoutingModel.recorded` each).
+
+    Model ``i`` routes the steps that start in ``[i * every_s, (i + 1) * every_s)``, the
+    sequence starting over after the last; the placement the run starts from is the first
+    model's long-run loads'. Each model keeps its own batch-to-batch fluctuation.
+
+    Parameters
+    ----------
+    models : sequence of RoutingModel
+        At least one, all with the same layers and experts.
+    every_s : float
+        Seconds of simulated time each model routes.
+
+    Examples
+    --------
+    >>> a = RoutingModel.zipf(8, 0.9, rng=0)
+    >>> b = RoutingModel.zipf(8, 0.9, rng=1)
+    >>> seq = RoutingSequence([a, b], every_s=10.0)
+    >>> seq.phase_at(0.0), seq.phase_at(10.0), seq.phase_at(25.0), seq.n_experts
+    (0, 1, 0, 8)
+    """
+
+    def __init__(self, models, *, every_s: float) -> None:
+        func = "RoutingSequence"
+        models = list(models)
+        if not models:
+            raise param_error("models", func, "at least one RoutingModel", "none")
+        for m in models:
+            check_type(m, "models", func, RoutingModel, "a sequence of RoutingModel")
+        shape = (models[0].n_layers, models[0].n_experts)
+        for i, m in enumerate(models):
+            if (m.n_layers, m.n_experts) != shape:
+                raise param_error(
+                    "models", func, f"models of one shape ({shape[0]} layers, {shape[1]} "
+                    "experts)", f"model {i} with {m.n_layers} layers, {m.n_experts} experts",
+                )  # fmt: skip
+        self.models = tuple(models)
+        self.every_s = check_real(every_s, "every_s", func, lo=0, lo_open=True)
+
+    @property
+    def n_layers(self) -> int:
+        return self.models[0].n_layers
+
+    @property
+    def n_experts(self) -> int:
+        return self.models[0].n_experts
+
+    def phase_at(self, now_s: float) -> int:
+        """The model routing a step that starts at ``now_s``."""
+        return int(max(0.0, now_s) // self.every_s) % len(self.models)
+
+    def long_run(self) -> np.ndarray:
+        """The first model's long-run loads (the initial placement's)."""
+        return self.models[0].long_run()
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeploymentConfig:
     """One deployment: model, EP width, routing model, placement and dispatch policies.
@@ -435,7 +567,7 @@ class DeploymentConfig:
         Simulated MoE layers (scaled to the preset's depth); None: all of them.
     moe : bool, default True
         Whether the MoE term is on (off: attention and dense layers only).
-    routing : None or RoutingModel
+    routing : None, RoutingModel or RoutingSequence
         None: ``RoutingModel.zipf`` with the preset's skew, ``kappa`` and ``seed``.
     kappa : float or None, default 2000
         Dirichlet concentration of the default routing model.
@@ -469,6 +601,23 @@ class DeploymentConfig:
     internode_us_per_token : float, default 0
         Added per token the busiest GPU receives from other nodes (at most ``2**900``,
         ``CostModel``'s bound on a time parameter, so no time is infinite).
+    rebalance : str or RebalancePolicy, optional
+        A rebalance policy (a name of
+        :data:`straggler.solvers.placement.rebalance.registry.REBALANCE_POLICIES`, ``name:N``,
+        or a policy object): it decides when and to what the placement changes,
+        and every change is charged by ``move`` (:class:`StepModel` notes). None: the
+        placement is rebuilt every ``placement_period`` steps from ``placement_window``
+        steps, instantly and for free (``placement``).
+    move : MoveCost, optional
+        The copies' price with a ``rebalance`` policy: expert size, bandwidths, mode
+        (default: the preset's :attr:`ModelPreset.expert_bytes`, H100 links, ``"sync"``).
+    rank_events : sequence of (int, int, bool), default ()
+        With a ``rebalance`` policy: ``(step, rank, active)``, after ``step`` steps the rank
+        goes down (``False``) or comes back (``True``): its expert slots are lost or empty,
+        and the policy plans at once on the active ranks (a synchronous rearrangement
+        whatever the mode: an expert without a replica stops the layer). The rank's attention
+        replica is not modelled as lost (the routing simulator keeps its requests), as in a
+        deployment whose MoE ranks are apart from attention.
     split : {"flat", "node_first"}, default "flat"
         Which source rank's tokens go to which replica (per-GPU loads are the dispatch's
         either way; the traffic columns and the inter-node term follow): each source in the
@@ -499,6 +648,9 @@ class DeploymentConfig:
     internode_us_per_token: float = 0.0
     split: str = "flat"
     seed: int = 0
+    rebalance: str | RebalancePolicy | None = None
+    move: MoveCost | None = None
+    rank_events: tuple = ()
 
     def __post_init__(self) -> None:
         func = "DeploymentConfig"
@@ -519,7 +671,10 @@ class DeploymentConfig:
             )  # fmt: skip
         object.__setattr__(self, "moe", check_bool(self.moe, "moe", func))
         if self.routing is not None:
-            check_type(self.routing, "routing", func, RoutingModel, "None or a RoutingModel")
+            check_type(
+                self.routing, "routing", func, (RoutingModel, RoutingSequence),
+                "None, a RoutingModel or a RoutingSequence",
+            )  # fmt: skip
             if self.routing.n_experts != preset.n_experts:
                 raise param_error(
                     "routing", func, f"a routing model over the preset's {preset.n_experts} "
@@ -577,6 +732,37 @@ class DeploymentConfig:
             self, "split", check_choice(self.split, "split", func, ("flat", "node_first"))
         )
         object.__setattr__(self, "seed", check_int(self.seed, "seed", func, lo=0))
+        self._rebalance_iv(func, preset, G)
+
+    def _rebalance_iv(self, func: str, preset: ModelPreset, G: int) -> None:
+        """``rebalance``, ``move`` and ``rank_events`` checked and filled."""
+        if self.rebalance is None:
+            for name in ("move", "rank_events"):
+                if getattr(self, name):
+                    raise param_error(
+                        name, func, "left out without a rebalance policy",
+                        describe(getattr(self, name)),
+                    )  # fmt: skip
+            return
+        object.__setattr__(self, "rebalance", get_rebalance_policy(self.rebalance, func))
+        move = self.move
+        if move is None:
+            if preset.expert_bytes <= 0:
+                raise param_error(
+                    "move", func, f"a MoveCost (preset {preset.name!r} states no expert "
+                    "shape)", "None",
+                )  # fmt: skip
+            move = MoveCost(expert_bytes=preset.expert_bytes)
+        check_type(move, "move", func, MoveCost, "None or a MoveCost")
+        object.__setattr__(self, "move", move)
+        events = []
+        for ev in self.rank_events:
+            if not isinstance(ev, (tuple, list)) or len(ev) != 3:
+                raise param_error("rank_events", func, "(step, rank, active) triples", describe(ev))
+            step = check_int(ev[0], "rank_events", func, lo=1)
+            rank = check_int(ev[1], "rank_events", func, lo=0, hi=G - 1)
+            events.append((step, rank, check_bool(ev[2], "rank_events", func)))
+        object.__setattr__(self, "rank_events", tuple(sorted(events)))
 
     @property
     def n_sim_layers(self) -> int:
@@ -599,8 +785,14 @@ class StepBreakdown(NamedTuple):
     ``moe_straggler_us``: sum of ``max_g t_g - mean_g t_g``; ``comm_us``: sum of the traffic
     piece at its largest GPU (``c2 + gamma * max_g N_g``; inside the max of the layer time,
     reported apart) plus the inter-node term; ``dense_us``: dense FFN and shared-expert
-    layers; ``total_us``: attention + MoE + dense; ``cross_node_tokens``: per layer, the
-    most tokens one GPU receives from other nodes (mean over simulated layers)."""
+    layers; ``total_us``: attention + MoE + dense + rebalance; ``cross_node_tokens``: per
+    layer, the most tokens one GPU receives from other nodes (mean over simulated layers);
+    ``balancedness``: vLLM's ``EplbState`` balancedness of the step, ``sum_l mean_g N_g /
+    sum_l max_g N_g`` over the simulated layers (``N_g`` the tokens GPU ``g`` receives; 0
+    without tokens; :func:`~straggler.formulations.metrics.vllm_balancedness`);
+    ``rebalance_us``: what a rearrangement adds to the step (a synchronous stall, or the
+    asynchronous copies' delay of its all-to-all; :class:`StepModel`), inside ``moe_us``'s
+    share of the step the engine is charged."""
 
     attention_us: float
     attention_straggler_us: float
@@ -610,6 +802,8 @@ class StepBreakdown(NamedTuple):
     dense_us: float
     total_us: float
     cross_node_tokens: float
+    balancedness: float
+    rebalance_us: float
 
 
 def _slot_fracs(p2l: np.ndarray, n_experts: int, n_gpus: int) -> np.ndarray:
@@ -674,6 +868,33 @@ class StepModel:
     Holds the placement, the dispatch tables, the count windows and the random streams.
     Deterministic for a given config and sequence of calls.
 
+    **Rebalancing with a policy** (``DeploymentConfig.rebalance``). Every step's tokens per
+    expert go to a window of the policy's ``window_steps()``; after each step the policy is
+    asked on its clock (``schedule()``; while a rearrangement is under way it is asked again
+    at the next step, as vLLM holds its next rearrangement back) and a rank event makes it
+    plan at once. A plan that changes the placement is a *rearrangement*, priced per layer by
+    :func:`~straggler.solvers.placement.rebalance.transfer.layer_transfer` (the simulated
+    layers each standing for ``layer_scale`` of the model's; copies, bytes and times scaled
+    alike) and charged in the mode of ``DeploymentConfig.move``
+    (:class:`~straggler.solvers.placement.rebalance.transfer.MoveCost` notes):
+
+    * ``"sync"`` (and every rank event): the next step is longer by the copies' time (the
+      layers one after another) plus, when the policy plans on the critical path (not
+      ``offloaded``), its planning time, and runs on the new placement. An offloaded policy's
+      plan is ready ``planning`` seconds later: the old placement serves until then, and the
+      stall comes at the first step after.
+    * ``"async"`` / ``"batched"``: the copies start ``planning`` seconds after the decision,
+      one model layer per step at most, in layer order; each step while they run is longer by
+      ``min(k M, R - (S - M))`` (``S`` its time, ``M`` its all-to-all's, ``R`` the copy time
+      left of the current layer, ``k`` that layer's ``peers``, 1 in rounds), and a simulated
+      layer takes its new placement from the step after its last model layer landed.
+
+    The stall or delay is the ``rebalance_us`` of the step's :class:`StepBreakdown`, in its
+    ``total_us`` and in the MoE time the engine is charged. Every rearrangement is recorded in
+    :attr:`rebalances` (decided ``step`` and ``time_s``, ``copies``, ``bytes``, ``stall_s``,
+    ``delay_s``, ``planning_s``, ``applied_step``, and the policy's own figures); totals in
+    :meth:`summary`.
+
     Examples
     --------
     >>> m = StepModel(DeploymentConfig(preset="qwen3_235b", n_gpus=4, layers=1, seed=1))
@@ -692,7 +913,12 @@ class StepModel:
             drift=cfg.drift, drift_steps=cfg.drift_steps,
             rng=np.random.default_rng([cfg.seed, 0x21FF]),
         )  # fmt: skip
-        self._drift = self.routing.drift_state([cfg.seed, 0xD81F])
+        self._drift = (
+            None if isinstance(self.routing, RoutingSequence)
+            else self.routing.drift_state([cfg.seed, 0xD81F])
+        )  # fmt: skip
+        self._phase = 0
+        self._now_s = 0.0
         G = cfg.n_gpus
         self.node = (np.arange(G) // (G // cfg.n_nodes)).astype(np.int64)
         self._cost_arr = cfg.cost.as_array()
@@ -700,7 +926,9 @@ class StepModel:
         self.n_placements = 0
         self.n_refreshes = 0
         L, E = cfg.n_sim_layers, pre.n_experts
-        self._window = np.zeros((cfg.placement_window, L, E), dtype=np.int64)
+        self.policy = cfg.rebalance
+        self._wsize = cfg.placement_window if self.policy is None else self.policy.window_steps()
+        self._window = np.zeros((self._wsize, L, E), dtype=np.int64)
         self._acc = np.zeros((L, E), dtype=np.int64)
         self._acc_steps = 0  # steps whose counts _acc holds
         self._last_refresh = 0.0
@@ -718,6 +946,8 @@ class StepModel:
              cfg.internode_us_per_token, float(cfg.split == "node_first")],
         )  # fmt: skip
         self._no_static = np.zeros((0, L, E), dtype=np.int64)
+        self.active = np.ones(G, dtype=bool)
+        self._init_rebalance()
         self._set_placement(self._initial_placement())
 
     # --- placement -----------------------------------------------------------------------
@@ -810,9 +1040,17 @@ class StepModel:
     # --- one step ------------------------------------------------------------------------
     def _next_batch(self) -> tuple[np.ndarray, int]:
         """The next step's popularity ``(L, E)`` and choice seed (the routing stream is drawn
-        in blocks of :data:`_BLOCK` steps)."""
+        in blocks of :data:`_BLOCK` steps; a :class:`RoutingSequence` draws a new block from
+        its next model when the phase changes)."""
+        model = self.routing
+        if isinstance(model, RoutingSequence):
+            phase = model.phase_at(self._now_s)
+            if phase != self._phase:
+                self._phase = phase
+                self._next = len(self._seeds)
+            model = model.models[phase]
         if self._next == len(self._seeds):
-            self._pops = self.routing.batch_popularities(self._gen, _BLOCK, self._drift)
+            self._pops = model.batch_popularities(self._gen, _BLOCK, self._drift)
             self._seeds = self._gen.integers(2**62, size=_BLOCK)
             self._next = 0
         k = self._next
@@ -855,6 +1093,7 @@ class StepModel:
         the placement when due, for the steps after it."""
         cfg = self.config
         n = self.n_steps
+        self._now_s = now_s
         if n == len(self._log):
             self._log = np.concatenate([self._log, np.zeros_like(self._log)])
         if not (cfg.moe and self.fused and cfg.dispatch in _FUSED):
@@ -864,10 +1103,12 @@ class StepModel:
             static = self._static_gpu if cfg.dispatch == "static" else self._no_static
             deployment_step_kernel(
                 q, seed, kv, req, cfg.preset.top_k, self.tables, static, self.node,
-                self._cost_arr, self._par, self._window, n % cfg.placement_window, self._acc,
+                self._cost_arr, self._par, self._window, n % self._wsize, self._acc,
                 self._log, n,
             )  # fmt: skip
-            self._after_step(now_s)
+        if self.policy is not None:
+            self._charge(n, now_s)
+        self._after_step(now_s)
         self.n_steps = n + 1
         return self._log[n]
 
@@ -882,6 +1123,7 @@ class StepModel:
             attention_us=pre.n_layers * float(att.max()),
             attention_straggler_us=pre.n_layers * float(att.max() - att.mean()),
             moe_us=0.0, moe_straggler_us=0.0, comm_us=0.0, cross_node_tokens=0.0,
+            balancedness=0.0, rebalance_us=0.0,
         )  # fmt: skip
         if cfg.moe:
             dense += pre.n_moe_layers * pre.shared_expert_us
@@ -891,7 +1133,9 @@ class StepModel:
             out["moe_straggler_us"] = scale * float((rows[:, 1] - rows[:, 2]).sum())
             out["comm_us"] = scale * float((rows[:, 3] + rows[:, 0] - rows[:, 1]).sum())
             out["cross_node_tokens"] = float(rows[:, 4].mean())
-            self._observe(src.sum(axis=1), now_s)
+            mx = float(rows[:, 6].sum())
+            out["balancedness"] = float(rows[:, 7].sum() / mx) if mx > 0 else 0.0
+            self._observe(src.sum(axis=1))
         total = out["attention_us"] + out["moe_us"] + dense
         return StepBreakdown(dense_us=dense, total_us=total, **out)
 
@@ -906,7 +1150,8 @@ class StepModel:
         """The MoE layers' time of one step of the simulator's engine, in seconds; the
         step's ``StepBreakdown`` (attention from the same loads) is logged
         (:meth:`breakdowns`). The engine has validated its state: no checks here."""
-        return self._price(np.asarray(load, dtype=float), nrun, now_s)[2] * 1e-6
+        row = self._price(np.asarray(load, dtype=float), nrun, now_s)
+        return (row[2] + row[9]) * 1e-6
 
     def breakdowns(self) -> dict[str, np.ndarray]:
         """The logged steps' ``StepBreakdown`` fields, one ``(n_steps,)`` array each
@@ -933,14 +1178,14 @@ class StepModel:
         out["layer_scale"] = cfg.layer_scale
         out["placements"] = self.n_placements
         out["table_refreshes"] = self.n_refreshes
+        if self.policy is not None:
+            out.update({k: float(v) for k, v in self.totals.items()})
         return out
 
-    def _observe(self, counts: np.ndarray, now_s: float) -> None:
-        """Record a batch's counts; refresh tables and rebuild placement when due."""
-        cfg = self.config
-        self._window[self.n_steps % cfg.placement_window] = counts
+    def _observe(self, counts: np.ndarray) -> None:
+        """Record a batch's counts (the window and the tables' accumulator)."""
+        self._window[self.n_steps % self._wsize] = counts
         self._acc += counts
-        self._after_step(now_s)
 
     def _after_step(self, now_s: float) -> None:
         """What follows a priced step whose counts are recorded: the tables' refresh and the
@@ -951,7 +1196,9 @@ class StepModel:
             self._refresh()
             self._last_refresh = now_s
         done = self.n_steps + 1
-        if cfg.placement != "fixed" and done % cfg.placement_period == 0:
+        if self.policy is not None:
+            self._rebalance_loop(done, now_s + self._log[self.n_steps, 6] * 1e-6)
+        elif cfg.placement != "fixed" and done % cfg.placement_period == 0:
             self._rebalance(done)
 
     def _rebalance(self, done: int) -> None:
@@ -965,6 +1212,168 @@ class StepModel:
         self._set_placement(self._place(w.mean(axis=0), w))
         self._acc[:] = 0
         self._acc_steps = 0
+
+    # --- rebalancing with a policy -------------------------------------------------------
+    def _init_rebalance(self) -> None:
+        """The state of a run with a rebalance policy (class notes)."""
+        self.rebalances: list[dict] = []
+        self._stall_us = 0.0  # charged to the next step
+        self._move: dict | None = None  # a rearrangement under way
+        self._rank_events = list(self.config.rank_events)
+        self._due, self._period = None, 0
+        if self.policy is not None:
+            first, period = self.policy.schedule()
+            self._due, self._period = (max(1, first), period) if period > 0 else (None, 0)
+        self.totals = dict(
+            rearrangements=0, copies=0.0, bytes_moved=0.0, stall_s=0.0, async_delay_s=0.0,
+            planning_s=0.0,
+        )  # fmt: skip
+
+    def _history(self, done: int) -> np.ndarray:
+        """The recorded window after ``done`` steps, oldest step first."""
+        W = self._wsize
+        if done <= W:
+            return self._window[: max(done, 1)].copy()
+        start = done % W
+        return np.concatenate([self._window[start:], self._window[:start]])
+
+    def _context(self, done: int, forced: bool) -> RebalanceContext:
+        cfg = self.config
+        n = self.n_steps + 1
+        recent = self._log[max(0, n - 256) : n]
+        return RebalanceContext(
+            history=self._history(done), previous=self.physical_to_logical.copy(),
+            num_replicas=self.physical_to_logical.shape[1], num_groups=self._groups(),
+            num_nodes=cfg.n_nodes, num_gpus=cfg.n_gpus, cost=cfg.cost, move=cfg.move,
+            layer_scale=cfg.layer_scale, active=self.active.copy(),
+            step_s=float(recent[:, 6].mean()) * 1e-6 if n else None,
+            comm_s=float(recent[:, 4].mean()) * 1e-6 if n else None, forced=forced,
+        )  # fmt: skip
+
+    def _rebalance_loop(self, done: int, end_s: float) -> None:
+        """After ``done`` steps, the last ending at ``end_s``: rank events, a synchronous
+        move whose plan is ready, the policy's clock."""
+        changed = False
+        while self._rank_events and self._rank_events[0][0] <= done:
+            _, rank, up = self._rank_events.pop(0)
+            changed |= bool(self.active[rank] != up)
+            self.active[rank] = up
+        if changed:
+            self._move = None  # a rearrangement under way is dropped
+            plan = self.policy.plan(self._context(done, True))
+            if plan is None:  # the lost rank's slots emptied, nothing to plan
+                self._rearrange(self.physical_to_logical, end_s, done, True, {}, 0.0)
+            else:
+                self._rearrange(plan.physical_to_logical, end_s, done, True, plan.detail,
+                                plan.planning_s)  # fmt: skip
+            return
+        mv = self._move
+        if mv is not None and mv["kind"] == "sync" and end_s >= mv["ready_s"]:
+            self._move = None
+            self._stall_us += mv["stall_s"] * 1e6
+            self._set_placement(mv["new"])
+            mv["event"]["applied_step"] = done
+        if self._due is None or done < self._due:
+            return
+        if self._move is not None:  # vLLM: the next rearrangement waits for this one
+            self._due = done + 1
+            return
+        self._due = done + self._period
+        plan = self.policy.plan(self._context(done, False))
+        if plan is not None:
+            self._rearrange(plan.physical_to_logical, end_s, done, False, plan.detail,
+                            plan.planning_s)  # fmt: skip
+
+    def _rearrange(self, new, end_s: float, done: int, forced: bool, detail: dict,
+                   planning_s: float | None = None) -> None:  # fmt: skip
+        """Start a rearrangement to ``new`` decided after ``done`` steps (class notes)."""
+        cfg = self.config
+        move = cfg.move
+        G = cfg.n_gpus
+        per = self.physical_to_logical.shape[1] // G
+        old = self.physical_to_logical
+        new = np.array(new, dtype=np.int64)
+        for r in np.flatnonzero(~self.active):
+            new[:, r * per : (r + 1) * per] = -1
+        L = old.shape[0]
+        tr = [_transfer(_batches(old[l], new[l], G, self.active), G, self.node, move)
+              for l in range(L)]  # fmt: skip
+        if np.array_equal(new, old):
+            return
+        scale = cfg.layer_scale
+        planning = (
+            self.policy.planning_s_per_layer * cfg.preset.n_moe_layers
+            if planning_s is None else planning_s
+        )  # fmt: skip
+        event = dict(
+            step=done, time_s=end_s, policy=self.policy.label, forced=forced,
+            copies=scale * sum(t.copies for t in tr), bytes=scale * sum(t.bytes for t in tr),
+            planning_s=planning, stall_s=0.0, delay_s=0.0, applied_step=None, **detail,
+        )  # fmt: skip
+        self.rebalances.append(event)
+        tot = self.totals
+        tot["rearrangements"] += 1
+        tot["copies"] += event["copies"]
+        tot["bytes_moved"] += event["bytes"]
+        tot["planning_s"] += planning
+        if forced or move.mode == "sync":
+            copy_s = scale * sum(t.seconds for t in tr)
+            if forced or not self.policy.offloaded:  # planned on the critical path
+                event["stall_s"] = planning + copy_s
+                tot["stall_s"] += planning + copy_s
+                self._stall_us += (planning + copy_s) * 1e6
+                self._set_placement(new)
+                event["applied_step"] = done
+            else:  # planned beside serving, then every rank stops for the copies
+                event["stall_s"] = copy_s
+                tot["stall_s"] += copy_s
+                self._move = dict(kind="sync", ready_s=end_s + planning, new=new,
+                                  stall_s=copy_s, event=event)  # fmt: skip
+            return
+        batched = move.mode == "batched"
+        n_moe = cfg.preset.n_moe_layers
+        self._move = dict(
+            kind="async", ready_s=end_s + planning, new=new, event=event, cursor=0,
+            remaining=None,
+            layer_of=[min(L - 1, j * L // n_moe) for j in range(n_moe)],
+            copy_us=[(t.batched_seconds if batched else t.seconds) * 1e6 for t in tr],
+            peers=[1 if batched else max(1, t.peers) for t in tr],
+        )  # fmt: skip
+
+    def _charge(self, n: int, now_s: float) -> None:
+        """Add to step ``n`` (priced, starting at ``now_s``) what rearranging costs it: a
+        pending synchronous stall, or the asynchronous copies' delay (class notes); apply a
+        layer whose copies landed, from the next step."""
+        row = self._log[n]
+        extra = self._stall_us
+        self._stall_us = 0.0
+        mv = self._move
+        if mv is not None and mv["kind"] == "async" and now_s >= mv["ready_s"]:
+            j = mv["cursor"]
+            l = mv["layer_of"][j]
+            left = mv["copy_us"][l] if mv["remaining"] is None else mv["remaining"]
+            comm = row[4]
+            idle = max(0.0, row[6] - comm)
+            delay = 0.0 if left <= idle else min(mv["peers"][l] * comm, left - idle)
+            left = max(0.0, left - idle - delay)
+            extra += delay
+            mv["event"]["delay_s"] += delay * 1e-6
+            self.totals["async_delay_s"] += delay * 1e-6
+            if left > 0.0:
+                mv["remaining"] = left
+            else:
+                mv["remaining"] = None
+                mv["cursor"] = j + 1
+                last = j + 1 == len(mv["layer_of"])
+                if last or mv["layer_of"][j + 1] != l:
+                    p2l = self.physical_to_logical.copy()
+                    p2l[l] = mv["new"][l]
+                    self._set_placement(p2l)
+                if last:
+                    mv["event"]["applied_step"] = n + 1
+                    self._move = None
+        row[9] += extra
+        row[6] += extra
 
 
 def full_batch_step(model: StepModel, max_slots: int) -> tuple[float, float]:

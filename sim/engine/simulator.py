@@ -11,13 +11,13 @@
    compiled loop for every policy; or its plain-Python reference);
 4. summarise the run in a :class:`SimReport`.
 
-The model (PD disaggregation, BalanceRoute §"整体框架"): a request arrives and queues for one
-of ``prefill_instances`` prefill instances (first come, first served; a prefill takes
-``prefill_base_s + prompt / prefill_tokens_per_s`` seconds), then waits in the prompt pool
-until the router places it on one of ``G`` decode replicas. Replicas step in lock-step; a step
-costs ``t0 + kappa * max_g L_g`` where ``L_g`` is replica ``g``'s resident KV tokens (the
-paper's ``a*x + b`` with the barrier: the most loaded replica sets the pace). Every running
-request gains one token per step and leaves after ``output_len`` steps. Each replica has
+The model (PD disaggregation, the overall framework of BalanceRoute, arXiv 2605.06113): a
+request arrives and queues for one of ``prefill_instances`` prefill instances (first come, first
+served; a prefill takes ``prefill_base_s + prompt / prefill_tokens_per_s`` seconds), then waits
+in the prompt pool until the router places it on one of ``G`` decode replicas. Replicas step in
+lock-step; a step costs ``t0 + kappa * max_g L_g`` where ``L_g`` is replica ``g``'s resident KV
+tokens (the paper's ``a*x + b`` with the barrier: the most loaded replica sets the pace). Every
+running request gains one token per step and leaves after ``output_len`` steps. Each replica has
 ``max_slots`` request slots and ``kv_capacity`` KV tokens, enforced at admission and during
 decode: a replica whose next step would overflow preempts its most recently admitted request
 (vLLM's recompute preemption: back through prefill with ``prompt + decoded`` tokens, KV
@@ -93,14 +93,16 @@ from ...formulations.errors import (
     param_error,
 )
 from ...formulations.validation import check_choice, check_type
+from ...solvers._numba.cache import cache_misses, is_cached
 from ...solvers._numba.jit import cache_depends_on
+from ...solvers.routing.policy import RoutingPolicy
 from ...solvers.routing.predictors import (
     PredictorKind,
     TwoStagePredictor,
     calibration_report,
     termination_samples,
 )
-from ...solvers.routing.registry import DEFAULT_POLICY, RoutingPolicy, get_routing_policy
+from ...solvers.routing.registry import DEFAULT_POLICY, get_routing_policy
 from ...solvers.routing.route import new_request_presence
 from ..workloads.prefix import PrefixBlocks
 from ..workloads.traces import Trace, generate_trace
@@ -258,6 +260,14 @@ class SimReport:
         the window (NaN with unlimited instances).
     decode_utilisation : float
         Measured over the same window: ``window_slot_utilisation``.
+    balancedness : float
+        With a deployment's MoE term: the mean over steps of vLLM's balancedness of the step
+        (``series["balancedness"]``, ``sum_l mean_g N_g / sum_l max_g N_g``); NaN without.
+    rebalances : tuple of dict
+        With a deployment's rebalance policy: every rearrangement
+        (``straggler.sim.engine.deployment.StepModel.rebalances``: decided ``step`` and
+        ``time_s``, ``copies``, ``bytes``, ``stall_s``, ``delay_s``, ``planning_s``,
+        ``applied_step``, ``forced``); their totals are in ``step_breakdown``.
     """
 
     policy: str
@@ -304,10 +314,12 @@ class SimReport:
     binding_stage: str = ""
     prefill_utilisation: float = float("nan")
     decode_utilisation: float = float("nan")
+    balancedness: float = float("nan")
+    rebalances: tuple = ()
 
     def summary(self) -> dict[str, float | str | int]:
         """The scalar fields as a plain dict (for JSON)."""
-        skip = {"series", "requests", "config"}
+        skip = {"series", "requests", "config", "rebalances"}
         out = {}
         for k in self.__dataclass_fields__:
             if k in skip:
@@ -1007,9 +1019,10 @@ def engine_cache_is_warm(policies=(DEFAULT_POLICY,)) -> bool:
     numba's indexes; False when it cannot tell."""
     try:
         cache_depends_on(run_engine, *engine_depends())
-        return all(f._cache._cache_file._load_index() for f in _jitted(policies))
-    except Exception:  # noqa: BLE001 - numba internals: any failure means "do not know"
+        kernels = _jitted(policies)
+    except Exception:  # noqa: BLE001 - an unknown policy: "do not know"
         return False
+    return all(is_cached(f) for f in kernels)
 
 
 def warm_engine(policies=(DEFAULT_POLICY,)) -> tuple[float, bool]:
@@ -1026,7 +1039,7 @@ def warm_engine(policies=(DEFAULT_POLICY,)) -> tuple[float, bool]:
     """
 
     def misses():
-        return sum(sum(f.stats.cache_misses.values()) for f in _jitted(policies))
+        return cache_misses(_jitted(policies))
 
     before = misses()
     t0 = time.perf_counter()
@@ -1166,4 +1179,8 @@ def _report(run: SimRun, out: EngineOutput, wall: float) -> SimReport:
         binding_stage=cfg["binding_stage"],
         prefill_utilisation=pf_util,
         decode_utilisation=win["util"],
+        balancedness=float(series_out["balancedness"].mean())
+        if model is not None and n_steps
+        else float("nan"),
+        rebalances=tuple(dict(r) for r in getattr(model, "rebalances", ())),
     )

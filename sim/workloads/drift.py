@@ -1,4 +1,13 @@
-"""Drifting windows of routed batches: the workload of the plan-on-one-window benchmark.
+"""Drifting expert loads: generated windows, and real recordings that switch between tasks.
+
+:func:`load_esft_counts` reads real drift: DeepSeek-V2-Lite's per-sequence expert counts on
+four tasks (``../shared/data/expert_loads/esft_per_sequence_counts.npz``, counted from
+deepseek-ai/ESFT; MIT), whose popularity differs from task to task; played one task after
+another (``straggler.sim.engine.deployment.RoutingSequence`` of
+``RoutingModel.recorded`` per task), a deployment sees its hot experts change as its traffic
+changes task. The rest of this module generates drift.
+
+Drifting windows of routed batches: the workload of the plan-on-one-window benchmark.
 
 An EPLB replacement is judged the way EPLB runs: a placement is planned from the loads
 recorded over window ``i`` and serves window ``i + 1``, which it has not seen. What makes
@@ -21,10 +30,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...formulations.errors import param_error
 from ...formulations.validation import check_int, check_real, check_rng
 from .batches import DEFAULT_KAPPA, MAX_EXPERTS, MAX_LAYERS, sample_counts, zipf_popularity
 
-__all__ = ["drifting_windows"]
+__all__ = ["drifting_windows", "load_esft_counts", "ESFT_TASKS"]
+
+#: The four ESFT tasks of ``esft_per_sequence_counts.npz``, in the file's order.
+ESFT_TASKS = ("intent", "law", "summary", "translation")
 
 _FUNC = "drifting_windows"
 
@@ -100,4 +113,42 @@ def drifting_windows(
                 pop[l, np.argsort(-score[l], kind="stable")] = weights[l]
         for b in range(window):
             out[i, b] = sample_counts(pop, n_tokens=n_tokens, top_k=top_k, kappa=kappa, rng=gen)
+    return out
+
+
+def load_esft_counts(path) -> dict[str, np.ndarray]:
+    """DeepSeek-V2-Lite's per-sequence expert counts on the ESFT tasks, by task.
+
+    Parameters
+    ----------
+    path : path
+        ``esft_per_sequence_counts.npz`` (arrays ``<task>_counts`` of shape ``(n_seq, 26,
+        64)``: tokens of one sequence routed to each of the 64 experts of each of the 26 MoE
+        layers, top-6; ``../shared/data/expert_loads/README.md``).
+
+    Returns
+    -------
+    dict of str to ndarray of int64, shape (n_seq, 26, 64)
+        For each of :data:`ESFT_TASKS` present in the file, in that order.
+
+    Raises
+    ------
+    InvalidInputError
+        A file that is not such an archive.
+    """
+    func = "load_esft_counts"
+    try:
+        with np.load(path) as z:
+            out = {t: np.asarray(z[f"{t}_counts"], dtype=np.int64) for t in ESFT_TASKS
+                   if f"{t}_counts" in z.files}  # fmt: skip
+    except (OSError, ValueError) as e:
+        raise param_error("path", func, "an .npz archive of <task>_counts arrays",
+                          f"{path!r} ({e})") from None  # fmt: skip
+    if not out:
+        raise param_error("path", func, f"an archive with <task>_counts for {ESFT_TASKS}",
+                          repr(path))  # fmt: skip
+    for t, c in out.items():
+        if c.ndim != 3 or (c < 0).any():
+            raise param_error("path", func, "(n_seq, n_layers, n_experts) non-negative counts",
+                              f"{t}_counts of shape {c.shape}")  # fmt: skip
     return out

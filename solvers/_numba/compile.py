@@ -14,12 +14,13 @@ counted too.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 from numba.core import event as _ev
 
-__all__ = ["JitTimer", "merged_length", "is_cached", "library_kernels"]
+__all__ = ["JitTimer", "merged_length", "compiled_on_disk", "library_kernels"]
 
 
 def merged_length(intervals) -> float:
@@ -167,17 +168,20 @@ class JitTimer:
         return float(merged_length([(s, e) for s, e in clipped if e > s]))
 
 
-def is_cached(kernel) -> bool:
-    """Whether numba's disk cache holds an up-to-date compiled version of ``kernel`` (a
-    ``@njit`` dispatcher): its index file exists and matches the source file's stamp.
+@contextlib.contextmanager
+def compiled_on_disk():
+    """While the block runs, collect the ``module.name`` of every jitted function numba starts
+    compiling that keeps a disk cache (callees included); the yielded list fills as it goes
+    (read it after the block)."""
+    from .cache import has_disk_cache
 
-    Uses numba's cache internals (``_cache._cache_file``); any surprise there reads as "not
-    cached", which only means a compile notice is printed that was not needed.
-    """
-    try:
-        return bool(kernel._cache._cache_file._load_index())
-    except Exception:  # noqa: BLE001 - NullCache (cache=False) or another numba version
-        return False
+    out: list[str] = []
+    with _ev.install_recorder("numba:compile") as rec:
+        yield out
+    for _, ev in rec.buffer:
+        d = ev.data["dispatcher"]
+        if ev.is_start and has_disk_cache(d):
+            out.append(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
 
 
 def library_kernels(modules, *, defined_here: bool = True) -> dict[str, object]:

@@ -38,7 +38,7 @@ import time
 from contextlib import contextmanager
 
 from ...formulations.validation import check_choice
-from .._numba.compile import is_cached
+from .._numba.cache import is_cached
 from ._bounds import (
     forced_bound_kernel,
     forced_bound_reference,

@@ -42,8 +42,9 @@ import numpy as np
 from numba import njit
 
 from .. import _order
-from .._numba import jit as _jit
-from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
+from .._numba import address as _address
+from .._numba.address import call_compiled, compiled_address
+from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from .._order import stable_argsort_int_desc
 from . import _csr
 from ._csr import replica_lists
@@ -1955,7 +1956,7 @@ _SEARCH, _RESTARTS = range(2)
 @functools.cache
 def stage_handles() -> tuple:
     """The ``stages`` argument of :func:`tempo_kernel`: the handles
-    (:func:`~straggler.solvers._numba.jit.compiled_address`) of stage 3 and stage 4b
+    (:func:`~straggler.solvers._numba.address.compiled_address`) of stage 3 and stage 4b
     (:data:`_STAGE_FUNCTIONS`), compiled here or loaded from numba's disk cache on the first
     call of the process, then kept."""
     argtypes = _stage_argtypes()
@@ -1983,9 +1984,9 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     opts : KernelOptions
     stages : tuple
         :func:`stage_handles`: the compiled stage 3 and stage 4b, which the kernel, stage 4
-        and stage 4b call by address (:func:`~straggler.solvers._numba.jit.call_compiled`), so that
-        each compiles once and is never linked into (and optimized again with) a caller;
-        ignored in Python.
+        and stage 4b call by address
+        (:func:`~straggler.solvers._numba.address.call_compiled`), so that each compiles once
+        and is never linked into (and optimized again with) a caller; ignored in Python.
 
     Returns
     -------
@@ -2057,11 +2058,11 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     return out, info
 
 
-# call_compiled is lowered by solvers/_numba/jit.py, the kernel orders the experts with
+# call_compiled is lowered by solvers/_numba/address.py, the kernel orders the experts with
 # solvers/_order.py and builds its replica lists with _csr.py: an edit there recompiles the
 # functions that use them
 for _f in (tempo_kernel, _stage_local_search, _stage_restarts):
-    cache_depends_on(_f, _jit, _order, _csr)
+    cache_depends_on(_f, _address, _order, _csr)
 
 
 def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):

@@ -20,13 +20,13 @@ import math
 import numpy as np
 from numba import njit, types
 
-from .._numba import jit as _jit
-from .._numba.jit import NJIT, cache_depends_on, call_compiled, compiled_address
+from .._numba import address as _address
+from .._numba.address import call_compiled, compiled_address, readonly
+from .._numba.jit import NJIT, cache_depends_on
 from . import _bounds, _semi_matching, _token_lp_fast
 from ._bounds import lower_bound_kernel, lower_bound_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
 from ._token_lp_fast import (
-    _frozen,
     exact_token_lp_kernel,
     exact_token_lp_reference,
     token_lp_handle,
@@ -79,8 +79,8 @@ def tempo_prelude_kernel(counts, replicas, cost, fractional, handles):
     m_lp : float
         Its makespan (nan without ``fractional``).
     """
-    c = _frozen(counts)
-    r = _frozen(replicas)
+    c = readonly(counts)
+    r = readonly(replicas)
     lp, num, den = call_compiled(handles[0], token_lp_kernel, (c, r))
     E = counts.shape[0]
     live = np.empty(E, np.bool_)
@@ -97,9 +97,9 @@ def tempo_prelude_kernel(counts, replicas, cost, fractional, handles):
     return lp, num, den, assign, sm, bound, x_lp, m_lp
 
 
-# call_compiled is lowered by solvers/_numba/jit.py, _frozen typed in _token_lp_fast.py, and
-# the callees' signatures come from their files: an edit in any of them recompiles this one
-cache_depends_on(tempo_prelude_kernel, _jit, _token_lp_fast, _semi_matching, _bounds)
+# call_compiled and readonly are lowered by solvers/_numba/address.py, and the callees'
+# signatures come from their files: an edit in any of them recompiles this one
+cache_depends_on(tempo_prelude_kernel, _address, _token_lp_fast, _semi_matching, _bounds)
 
 
 def tempo_prelude_reference(counts, replicas, cost, fractional):

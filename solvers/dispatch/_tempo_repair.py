@@ -61,7 +61,7 @@ from ...formulations.dispatch import DispatchProblem, evaluate
 from ...formulations.dispatch_milp import build_dispatch_milp, live_pairs
 from ..highs import solve_milp
 from ._backend import SUPPORT_FRACTIONAL, SUPPORT_REBALANCE
-from .solve import OPTIMALITY_RTOL
+from .method import OPTIMALITY_RTOL
 
 __all__ = ["Repair", "repair_layer", "whole_tokens"]
 

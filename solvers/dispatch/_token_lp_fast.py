@@ -44,13 +44,12 @@ import math
 
 import numpy as np
 from numba import njit, types
-from numba.core.imputils import impl_ret_borrowed
-from numba.extending import intrinsic, overload
 
 from ...formulations.dispatch import TILE_SLACK
 from .. import _order
-from .._numba import jit as _jit
-from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on, call_compiled, compiled_address
+from .._numba import address as _address
+from .._numba.address import call_compiled, compiled_address, readonly
+from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from .._order import stable_argsort_int_desc
 from . import _csr
 from ._csr import replica_lists
@@ -70,34 +69,6 @@ __all__ = [
     "support_fractional_kernel",
     "support_fractional_reference",
 ]
-
-
-def _frozen(a):
-    """A read-only view of ``a`` (in jitted code: ``a`` itself, typed read-only).
-
-    The support kernels below call :func:`token_lp_kernel` with a support they build, while
-    Python calls it with a problem's read-only arrays: typed alike, both calls share one
-    compiled version (numba compiles one per argument type, and read-only is part of an
-    array's type; its data model is the same, so nothing is copied)."""
-    v = a.view()
-    v.setflags(write=False)
-    return v
-
-
-@intrinsic
-def _as_readonly(typingctx, a):
-    if not isinstance(a, types.Array):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return impl_ret_borrowed(context, builder, signature.return_type, args[0])
-
-    return a.copy(readonly=True)(a), codegen
-
-
-@overload(_frozen)
-def _frozen_jit(a):
-    return lambda a: _as_readonly(a)
 
 
 @njit(**NJIT)
@@ -339,13 +310,13 @@ def token_lp_reference(counts, replicas):
 @functools.cache
 def token_lp_handle() -> tuple:
     """The last argument (``lp``) of the support kernels: the handle
-    (:func:`~straggler.solvers._numba.jit.compiled_address`) of :func:`token_lp_kernel` for
+    (:func:`~straggler.solvers._numba.address.compiled_address`) of :func:`token_lp_kernel` for
     read-only int64 counts and a read-only bool support, the types they call it with (and
     Python with a problem's arrays), compiled here or loaded from numba's disk cache on the
     first call of the process, then kept.
 
     The support kernels call the token LP by this address
-    (:func:`~straggler.solvers._numba.jit.call_compiled`) instead of linking it: a jitted
+    (:func:`~straggler.solvers._numba.address.call_compiled`) instead of linking it: a jitted
     function's library links and optimizes again every callee it links, so each of the three
     would otherwise compile the token LP once more.
     """
@@ -421,7 +392,7 @@ def support_rebalance_kernel(counts, shares, cost, lp):
     makespan : float
         Of the returned dispatch.
     """
-    y, _, _ = call_compiled(lp, token_lp_kernel, (_frozen(counts), _frozen(_support(shares))))
+    y, _, _ = call_compiled(lp, token_lp_kernel, (readonly(counts), readonly(_support(shares))))
     m0 = _makespan(shares, cost)
     m1 = _makespan(y, cost)
     if m1 < m0:
@@ -513,7 +484,7 @@ def support_contract_kernel(counts, shares, cost, lp):
                 if not sup[e, h]:
                     continue
                 sup[e, h] = False
-                y, _, _ = call_compiled(lp, token_lp_kernel, (_frozen(counts), _frozen(sup)))
+                y, _, _ = call_compiled(lp, token_lp_kernel, (readonly(counts), readonly(sup)))
                 sup[e, h] = True
                 my = _makespan(y, cost)
                 if my < best_m:
@@ -626,7 +597,7 @@ def support_swap_kernel(counts, replicas, shares, cost, max_rounds, lp):
                             continue
                         sup[e, h] = True
                         y, _, _ = call_compiled(
-                            lp, token_lp_kernel, (_frozen(counts), _frozen(sup))
+                            lp, token_lp_kernel, (readonly(counts), readonly(sup))
                         )
                         sup[e, h] = False
                         my = _makespan(y, cost)
@@ -849,7 +820,7 @@ def support_fractional_kernel(counts, shares, cost, lp):
         Of the returned dispatch.
     """
     sup = _support(shares)
-    y, num, den = call_compiled(lp, token_lp_kernel, (_frozen(counts), _frozen(sup)))
+    y, num, den = call_compiled(lp, token_lp_kernel, (readonly(counts), readonly(sup)))
     xf, g_ptr, g_exps = _exact_shares(counts, sup, y, num, den)
     m0 = _makespan(shares, cost)
     m1 = _makespan_float(xf, cost, g_ptr, g_exps)
@@ -885,10 +856,10 @@ def support_fractional_reference(counts, shares, cost):
     return x.astype(np.float64), False, m0
 
 
-# token_lp_kernel orders the experts with solvers/_order.py, and call_compiled is lowered by
-# solvers/_numba/jit.py: an edit there recompiles the functions that use them
+# token_lp_kernel orders the experts with solvers/_order.py, and call_compiled and readonly are
+# lowered by solvers/_numba/address.py: an edit there recompiles the functions that use them
 cache_depends_on(token_lp_kernel, _order, _csr)
 cache_depends_on(exact_token_lp_kernel, _csr)
 for _f in (support_rebalance_kernel, support_contract_kernel, support_swap_kernel):
-    cache_depends_on(_f, _jit)
-cache_depends_on(support_fractional_kernel, _jit, _csr)
+    cache_depends_on(_f, _address)
+cache_depends_on(support_fractional_kernel, _address, _csr)

@@ -27,7 +27,7 @@ from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import param_error
 from ...formulations.validation import check_array, check_choice, check_type
 from ._backend import A3
-from .registry import LayerSolution
+from .method import LayerSolution
 
 __all__ = [
     "round_robin_shares",

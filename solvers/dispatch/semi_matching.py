@@ -17,7 +17,7 @@ from ...formulations.dispatch import DispatchProblem
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array
 from ._backend import SEMI_MATCHING
-from .registry import LayerSolution
+from .method import LayerSolution
 
 __all__ = ["semi_matching", "semi_matching_witness", "SemiMatching"]
 

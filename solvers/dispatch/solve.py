@@ -16,15 +16,14 @@ from ...formulations.validation import check_rng, check_time_limit, check_type
 from .._numba.compile import JitTimer
 from ._backend import SCORE, reference_seconds
 from .bounds import validated_bound
-from .registry import LayerSolution, make_method
+from .method import OPTIMALITY_RTOL, LayerSolution
+from .registry import make_method
 
 __all__ = ["solve_dispatch", "solve_layers", "DEFAULT_METHOD"]
 
 #: The method used when none is named: tempo_fast (TEMPO §4.2,
 #: ``straggler.solvers.dispatch.tempo``).
 DEFAULT_METHOD = "tempo"
-#: Relative slack under which a makespan equal to a certified bound counts as proved optimal.
-OPTIMALITY_RTOL = 1e-9
 
 #: Kept importable for code written before ``formulations.validation``: the same checks.
 as_rng = check_rng
@@ -109,7 +108,7 @@ def _layer_bound(
     report: DispatchProblem, l: int, cost, sol: LayerSolution, own_mask, makespan: float
 ) -> float:
     """The certified bound of layer ``l`` combined with the method's own: the method's
-    :class:`~straggler.solvers.dispatch.registry.BoundCertificate` when it computed one on the
+    :class:`~straggler.solvers.dispatch.method.BoundCertificate` when it computed one on the
     problem's own mask (``tempo`` does), else
     :func:`~straggler.solvers.certified_lower_bound` computed here, its bound B8 tried from
     the method's ``makespan`` (a feasible dispatch's: where the method is optimal, B8

@@ -200,7 +200,7 @@ the semi-matching and token-LP values tempo computes anyway; B8 (activations and
 forced per GPU) is tried at the makespan tempo reaches, where it proves most optimal layers
 optimal (:mod:`straggler.solvers.dispatch.bounds`). The bound is handed to
 ``solve_dispatch`` as the layer's
-:class:`~straggler.solvers.dispatch.registry.BoundCertificate`, so the entry point does not
+:class:`~straggler.solvers.dispatch.method.BoundCertificate`, so the entry point does not
 compute it again.
 
 Each kernel is called through its kernel/reference pair
@@ -227,14 +227,11 @@ from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
 from .bounds import forced_bound
-from .registry import BoundCertificate, LayerSolution
+from .method import OPTIMALITY_RTOL, BoundCertificate, LayerSolution
 
 __all__ = ["Tempo", "ExactTokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
 
 _FUNC = "solve_dispatch(method='tempo')"
-#: A makespan within this (relative) of a certified bound is optimal (as ``solve_dispatch``
-#: reports it).
-OPTIMALITY_RTOL = 1e-9
 #: Most activation swaps (stage 5c) per layer.
 SWAP_ROUNDS = 4
 #: Stages 5b and 5c run only on a layer more than this (relative) above its bound.

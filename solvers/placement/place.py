@@ -158,6 +158,7 @@ from .eplb import (
     preserve_intragpu_slots,
     rebalance_experts,
 )
+from .rebalance.path import active_ranks_iv, rebalance_path, restore_experts
 from .rules import DISPATCH_RULES, _RuleScore, rule_search
 
 __all__ = [
@@ -476,6 +477,44 @@ def _budgeted_search(prev, start, target, samples, cost, node_of, max_moves, mov
     return mask
 
 
+def _restored(previous, h, P, g, slots) -> np.ndarray:
+    """``previous`` (``active_ranks`` given) restricted to ``slots`` (the active ranks'),
+    each layer's lost experts and empty slots restored (``restore_experts``)."""
+    L, E = h.shape[1], h.shape[2]
+    if isinstance(previous, (tuple, list)) and len(previous) == 3 and np.ndim(previous[0]) == 2:
+        previous = previous[0]
+    full = check_array(
+        previous, "previous", _FUNC, ndim=2, kind="int", shape=(L, P), lo=-1, hi=E - 1,
+        expected=f"the placement in force: physical_to_logical of shape ({L}, {P}) with "
+        f"experts in [-1, {E - 1}]",
+    )  # fmt: skip
+    mean = h.mean(axis=0)
+    A = slots.size // (P // g)
+    return np.stack([
+        restore_experts(full[l, slots], mean[l], A, np.ones(A, dtype=bool), fill_empty=True)
+        for l in range(L)
+    ])  # fmt: skip
+
+
+def _place_on_active(h, P, g, act, previous, options):
+    """:func:`place_experts` on the active ranks' slots only (its ``active_ranks``)."""
+    L, E = h.shape[1], h.shape[2]
+    per = P // g
+    A = int(act.sum())
+    if per * A < E:
+        raise param_error(
+            "active_ranks", _FUNC, f"enough active ranks for the {E} experts ({per} slots "
+            "each)", f"{A} active",
+        )  # fmt: skip
+    slots = np.concatenate([np.arange(r * per, (r + 1) * per) for r in np.flatnonzero(act)])
+    prev = None if previous is None else _restored(previous, h, P, g, slots)
+    sub, _, _ = place_experts(h, per * A, 1, 1, A, previous=prev, **options)
+    out = np.full((L, P), -1, dtype=np.int64)
+    out[:, slots] = sub
+    l2p, cnt = logical_to_physical(out, E)
+    return out, l2p, cnt
+
+
 #: Largest number of placements ``method="exhaustive"`` enumerates per layer.
 EXHAUSTIVE_LIMIT = 200_000
 
@@ -666,6 +705,7 @@ def place_experts(
     previous=None,
     max_moves: int | None = None,
     move_cost: float | None = None,
+    active_ranks=None,
     dispatch: str = "tempo",
 ):
     """Choose replica counts and GPUs to minimise the expected step of a window under a
@@ -727,6 +767,16 @@ def place_experts(
         over the steps it serves); the rebalance minimises the mean makespan plus
         ``move_cost`` times the replicas moved (needs ``previous``; default 0 with
         ``max_moves``).
+    active_ranks : array_like of bool, shape (num_gpus,), optional
+        Ranks that hold weights (default all; SGLang's ``elasticity_aware`` takes the same
+        input; a rank down needs tempo's dispatch). With a rank down, the placement is made
+        on the active ranks' slots only, with the global policy (one group, one node), and
+        the inactive ranks' slots are ``-1``. Given ``active_ranks``, a ``previous`` may
+        hold ``-1`` slots and lose experts with the inactive ranks: it is first restored
+        (:func:`~straggler.solvers.placement.rebalance.path.restore_experts` with
+        ``fill_empty``: each lost expert into an empty slot or the slot of a spare replica of
+        the least load per replica, then the empty slots filled), moves that are not a
+        choice, outside ``max_moves``, as the refills of duplicates.
     dispatch : {"tempo", "vllm", "static", "dynamic", "lp"}, default "tempo"
         The dispatch that will use the placement: tempo's, or an engine's own rule
         (vLLM's per-token hash; SGLang's ``--ep-dispatch-algorithm`` static, dynamic or
@@ -769,6 +819,24 @@ def place_experts(
         n_resamples, max_evals, dispatch,
     )  # fmt: skip
     n_batches, L, E = h.shape
+    if active_ranks is not None:
+        act = active_ranks_iv(active_ranks, g, _FUNC)
+        if not act.all():
+            if dispatch != "tempo":
+                raise InvalidOptionError(
+                    f"The 'active_ranks' option of {_FUNC} places on the active ranks for "
+                    f"tempo's dispatch only. Got {int((~act).sum())} inactive ranks with "
+                    f"dispatch={dispatch!r} instead."
+                )
+            return _place_on_active(
+                h, P, g, act, previous, dict(
+                    cost=cost, method=method, n_samples=n_samples, n_resamples=n_resamples,
+                    max_evals=max_evals, patience=patience, max_moves=max_moves,
+                    move_cost=move_cost,
+                ),
+            )  # fmt: skip
+        if previous is not None and dispatch == "tempo":  # all active: empty slots filled first
+            previous = _restored(previous, h, P, g, np.arange(P))
     if dispatch != "tempo":
         if max_moves is not None or move_cost is not None:
             name = "max_moves" if max_moves is not None else "move_cost"
@@ -861,12 +929,14 @@ def placement_kernels() -> dict[str, object]:
     from . import _eplb_kernels
     from . import _greedy as _placement_greedy
     from . import _kernels as _placement_kernels
+    from .rebalance import _path
 
     out = {}
     for mod, names in (
         (_placement_greedy, ("greedy_placement_kernel",)),
         (_placement_kernels, ("hall_score_kernel", "placement_search_kernel")),
         (_eplb_kernels, ("packing_kernel", "packing_distinct_kernel", "replicate_kernel")),
+        (_path, ("even_path_kernel",)),
     ):
         for name in names:
             out[f"{mod.__name__.rsplit('.', 1)[1]}.{name}"] = getattr(mod, name)
@@ -876,8 +946,8 @@ def placement_kernels() -> dict[str, object]:
 def warm_placement() -> None:
     """Compile (or load from numba's disk cache) every kernel of :func:`placement_kernels`
     with the argument types the public calls pass: a tiny window placed from scratch (the
-    greedy placement and the local search) and rebalanced from the placement in force, and
-    EPLB in each version and distinct.
+    greedy placement and the local search) and rebalanced from the placement in force (the
+    budgeted search and the rebalance path), and EPLB in each version and distinct.
 
     Examples
     --------
@@ -889,6 +959,8 @@ def warm_placement() -> None:
     place_experts(hist, 12, 1, 1, 4)
     p2l = place_experts(hist, 12, 1, 1, 4, method="local_search", n_resamples=4)[0]
     place_experts(hist, 12, 1, 1, 4, n_resamples=4, previous=p2l, max_moves=1)
+    target = rebalance_experts(hist.mean(axis=0), 12, 1, 1, 4, distinct=True)[0]
+    rebalance_path(hist, p2l, target, 4, CostModel.preset(DEFAULT_PLACEMENT_COST))
     for version in EPLB_VERSIONS:
         rebalance_experts(hist.mean(axis=0), 12, 1, 1, 4, version=version)
     rebalance_experts(hist.mean(axis=0), 12, 2, 2, 4, distinct=True)

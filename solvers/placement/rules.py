@@ -36,11 +36,14 @@ expert ``e`` (``r`` slots):
   expectation over the shuffle the same shares as ``"dynamic"``; a slot is activated when
   a source mapped to it has a token of the expert: probability ``1 - (1 - a)**k_p (1 -
   a / r)**k0`` with ``a = 1 - (1 - 1/g)**n_e`` (a source has a token).
-* ``"lp"``: SGLang's ``lp`` (the token LP ``min max_g N_g`` per batch over the GPUs holding
-  replicas, tokens then sampled from its masses): the per-GPU tokens of an optimal
-  integral dispatch (:func:`~straggler.solvers.dispatch._token_lp_fast.token_lp_kernel`,
-  whose maximum is ``ceil(lambda*)``); expert ``e`` activated on GPU ``h`` with probability
-  ``1 - (1 - x[e, h] / n_e)**n_e``.
+* ``"lp"``: SGLang's ``lp`` (the token LP ``min max_g N_g`` per batch over the replicas,
+  tokens then sampled from its masses): the per-GPU tokens of an optimal integral dispatch
+  (``token_lp_kernel`` of ``solvers/dispatch/_token_lp_fast.py``, whose maximum is
+  ``ceil(lambda*)``). SGLang solves the LP by five iterations of a barrier method
+  (``sglang/kernels/ops/lplb/torch_solver.py``): its solution is interior, every replica
+  of an expert gets part of the mass, so every slot is taken as activated as under an
+  even split, with probability ``1 - (1 - 1/r)**n_e`` (not only where an optimal vertex,
+  which uses few replicas, puts tokens).
 
 The modelled step of a layer is ``max_h t_h`` with ``t_h`` the cost model at the GPU's
 expected activated replicas ``G_h`` and tokens ``N_h`` (``T_h = G_h + sum_p max(0,
@@ -149,21 +152,22 @@ def _slot_model(counts, co):
 
 def _lp_gpu_model(counts, p2l, n_experts, n_gpus, tile):
     """``(tokens, activated, tiles)`` per batch and GPU under SGLang's ``lp``, ``(B, g)``
-    each."""
+    each (module notes)."""
     per = p2l.size // n_gpus
+    slot_gpu = np.arange(p2l.size) // per
     mask = np.zeros((n_experts, n_gpus), dtype=bool)
-    mask[p2l, np.arange(p2l.size) // per] = True
+    mask[p2l, slot_gpu] = True
     mask = np.ascontiguousarray(mask)
+    r = np.bincount(p2l, minlength=n_experts)[p2l]
     B = counts.shape[0]
     tokens = np.zeros((B, n_gpus))
-    act = np.zeros((B, n_gpus))
     tiles = np.zeros((B, n_gpus))
     ints = np.rint(counts).astype(np.int64)
+    n = ints[:, p2l]
+    act = (1.0 - (1.0 - 1.0 / r) ** n).reshape(B, n_gpus, per).sum(axis=2)
     for b in range(B):
         x, _, _ = token_lp_kernel(np.ascontiguousarray(ints[b]), mask)
-        n = np.maximum(ints[b], 1)[:, None]
         tokens[b] = x.sum(axis=0)
-        act[b] = (1.0 - (1.0 - x / n) ** ints[b][:, None]).sum(axis=0)
         tiles[b] = act[b] + np.maximum(np.ceil(x / tile) - 1, 0).sum(axis=0)
     return tokens, act, tiles
 

@@ -108,7 +108,7 @@ from ._core import (
     option_slots,
     with_carry,
 )
-from .registry import OPTIMISTIC, routing_policy
+from .policy import OPTIMISTIC, routing_policy
 
 __all__ = [
     "BR0",
@@ -248,7 +248,7 @@ class BRSCarry(NamedTuple):
 _BSC = carry_slots(BRSCarry)
 
 # --------------------------------------------------------------------------------------------
-# BR-0 (BalanceRoute 关键设计 1-2)
+# BR-0 (BalanceRoute, arXiv 2605.06113: the F-score and the capacity-adaptive two stages)
 # --------------------------------------------------------------------------------------------
 
 
@@ -697,7 +697,7 @@ def br0_reference(pool, reps, opts, carry, seed):
 
 
 # --------------------------------------------------------------------------------------------
-# BR-H (BalanceRoute 关键设计 3): the same two stages with the horizon F-score
+# BR-H (BalanceRoute, arXiv 2605.06113: BR-H): the same two stages with the horizon F-score
 # --------------------------------------------------------------------------------------------
 
 
@@ -1406,7 +1406,7 @@ BR0 = routing_policy(
     reference=br0_reference,
     options=BR0_OPTIONS,
     summary="BR-0: two stages on the F-score D - G*(D - m_g)_+ (most free slots first)",
-    source="BalanceRoute (arXiv 2605.06113) 关键设计 1-2",
+    source="BalanceRoute (arXiv 2605.06113): F-score, two-stage assignment",
     staged=True,
 )
 BRH = routing_policy(
@@ -1415,7 +1415,7 @@ BRH = routing_policy(
     reference=brh_reference,
     options=BRH_OPTIONS,
     summary="BR-H: BR-0's stages on the horizon F-score over projected loads",
-    source="BalanceRoute (arXiv 2605.06113) 关键设计 3",
+    source="BalanceRoute (arXiv 2605.06113): BR-H, horizon F-score",
     horizon=True,
     staged=True,
 )

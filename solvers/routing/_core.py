@@ -29,23 +29,20 @@ adds only its own kernel's compile, shared by both (each on numba's disk cache).
 from __future__ import annotations
 
 import collections
-import sys
-import time
-import types as pytypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils, compiler, lowering, typed_passes
-from numba.core.caching import FunctionCache, NullCache
-from numba.core.compiler_machinery import register_pass
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from ...formulations.errors import InvalidInputError
-from .._numba.jit import NJIT, NJIT_INLINE, source_digest
+from .._numba import address as _address
+from .._numba import clock as _clock
+from .._numba.address import address_call, wrapperless_address
+from .._numba.clock import monotonic_ns
+from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 
 __all__ = [
     "ReplicaState",
@@ -66,7 +63,6 @@ __all__ = [
     "minstd_next",
     "draw_eligible",
     "BAD_INPUT",
-    "monotonic_ns",
     "least_tokens_kernel",
     "least_tokens_reference",
     "tick_summary_kernel",
@@ -249,42 +245,6 @@ MAX_ROUTED_TOKENS = float(2**53)
 #: plain-Python references write the same steps out.
 MINSTD_A = 48271
 MINSTD_M = 2147483647
-
-
-def monotonic_ns() -> int:
-    """``CLOCK_MONOTONIC`` in nanoseconds, in Python and in jitted code.
-
-    Jitted code calls the C library's ``clock_gettime`` directly (:func:`_clock_gettime_ns`,
-    resolved by name when the code is linked, so a function that calls it can be cached on
-    disk, which a ctypes function pointer prevents); Python (a ``py_func``, or
-    ``NUMBA_DISABLE_JIT=1``) reads the same clock through :func:`time.monotonic_ns`.
-    """
-    return time.monotonic_ns()
-
-
-@intrinsic
-def _clock_gettime_ns(typingctx):
-    """``clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (jitted code only)."""
-    sig = types.int64()
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        i32 = ir.IntType(32)
-        timespec = ir.LiteralStructType([i64, i64])  # struct timespec on 64-bit Linux
-        fnty = ir.FunctionType(i32, [i32, timespec.as_pointer()])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
-        ts = cgutils.alloca_once(builder, timespec)
-        builder.call(fn, [ir.Constant(i32, 1), ts])  # CLOCK_MONOTONIC = 1
-        sec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 0))
-        nsec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 1))
-        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
-
-    return sig, codegen
-
-
-@overload(monotonic_ns)
-def _monotonic_ns_jit():
-    return lambda: _clock_gettime_ns()
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,37 +496,20 @@ def check_inputs_kernel(pool, reps):
     return 0, -1
 
 
+#: The call of a policy's kernel by the address of its code: ``(int64[::1] assignment, carry)``
+#: back, whatever the kernel (:func:`~straggler.solvers._numba.address.address_call`).
+_CALL_POLICY = address_call(lambda argtypes: types.Tuple((types.int64[::1], argtypes[3])))
+
+
 def call_policy(kernel, pool, reps, opts, carry, seed):
     """``kernel(pool, reps, opts, carry, seed)``: one call of a policy's kernel.
 
     In jitted code ``kernel`` is the address of the kernel's compiled code for exactly the
     argument types of the call (an int64, :func:`policy_address`), and the call is an
-    indirect call of that code in numba's own calling convention: a jitted caller compiles
-    once for every policy and never includes a policy's code. In Python (a ``py_func``, or
-    ``NUMBA_DISABLE_JIT=1``) ``kernel`` is the kernel itself."""
+    indirect call of that code (:mod:`straggler.solvers._numba.address`): a jitted caller
+    compiles once for every policy and never includes a policy's code. In Python (a
+    ``py_func``, or ``NUMBA_DISABLE_JIT=1``) ``kernel`` is the kernel itself."""
     return kernel(pool, reps, opts, carry, seed)
-
-
-@intrinsic
-def _call_at(typingctx, addr, pool, reps, opts, carry, seed):
-    """Call the compiled function at ``addr`` with numba's calling convention (as numba calls
-    a first-class function, ``numba.core.lowering.Lower._lower_call_FunctionType``): returns
-    ``(int64[::1] assignment, carry)``, propagates an exception the callee raised."""
-    if not isinstance(addr, types.Integer):
-        return None
-    ret = types.Tuple((types.int64[::1], carry))
-    sig = ret(addr, pool, reps, opts, carry, seed)
-
-    def codegen(context, builder, signature, args):
-        argtys = signature.args[1:]
-        fnty = context.call_conv.get_function_type(ret, argtys)
-        fn = builder.inttoptr(args[0], fnty.as_pointer())
-        status, res = context.call_conv.call_function(builder, fn, ret, argtys, args[1:])
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
-        return res
-
-    return sig, codegen
 
 
 @overload(call_policy)
@@ -575,108 +518,18 @@ def _call_policy_jit(kernel, pool, reps, opts, carry, seed):
         return None
 
     def impl(kernel, pool, reps, opts, carry, seed):
-        return _call_at(kernel, pool, reps, opts, carry, seed)
+        return _CALL_POLICY(kernel, pool, reps, opts, carry, seed)
 
     return impl
-
-
-# -- a policy's kernel compiled for calls by address only ----------------------------------
-#
-# Jitted code calls a policy's kernel by address (call_policy), never through its CPython
-# wrapper, which numba builds beside every compiled function: for a kernel it unboxes the four
-# records (13 arrays, 19 options) and boxes the result, about 650 LLVM instructions, as much
-# as a small kernel's own code, lowered, optimized and compiled to machine code for every
-# policy. The version that policy_address hands out is compiled without it, by a second
-# dispatcher of the same function: the same flags (so numba's overload implementations the
-# kernel uses are shared with everything else, not built again), the same code, only the
-# wrapper left out. The kernel itself stays callable from Python (it compiles its own version,
-# with the wrapper, on the first such call).
-
-
-class _LowerWithoutWrapper(lowering.Lower):
-    """numba's lowering, minus the CPython wrapper (the code is only called by address)."""
-
-    def create_cpython_wrapper(self, release_gil=False):
-        pass
-
-
-@register_pass(mutates_CFG=True, analysis_only=False)
-class _NativeLoweringByAddress(typed_passes.NativeLowering):
-    """numba's native lowering pass with :class:`_LowerWithoutWrapper`."""
-
-    _name = "straggler_native_lowering_by_address"
-
-    @property
-    def lowering_class(self):
-        return _LowerWithoutWrapper
-
-
-class _ByAddressCompiler(compiler.CompilerBase):
-    """numba's nopython pipeline with :class:`_NativeLoweringByAddress` for its lowering."""
-
-    def define_pipelines(self):
-        pm = compiler.DefaultPassBuilder.define_nopython_pipeline(self.state)
-        pm.passes = [
-            (_NativeLoweringByAddress if cls is typed_passes.NativeLowering else cls, what)
-            for cls, what in pm.passes
-        ]
-        pm.finalize()
-        return [pm]
-
-
-class _ByAddressCache(FunctionCache):
-    """The kernel's own disk cache file, its entries keyed apart from the kernel's and on this
-    file's source (which decides how they are compiled)."""
-
-    def _index_key(self, sig, codegen):
-        return ("by address", _OWN_DIGEST, super()._index_key(sig, codegen))
-
-
-_OWN_DIGEST = source_digest(sys.modules[__name__])
-
-
-def _by_address(kernel):
-    """The dispatcher that compiles ``kernel`` (an ``@njit`` dispatcher) without a CPython
-    wrapper, made once per kernel: the same code and options, the same disk cache file and
-    cache key (the file and, from ``cache_depends_on``, its callees' files) as ``kernel``,
-    its entries keyed apart there (:class:`_ByAddressCache`). It compiles a copy of the
-    function named ``<name>__by_address``: the symbols of its code must differ from the
-    kernel's, which one process may load beside them (numba names a function's code by its
-    name, types and a counter local to the process that compiled it). Never called from
-    Python (its versions have no entry point there): :func:`policy_address` reads the
-    address of its code."""
-    twin = kernel.__dict__.get("_by_address")
-    if twin is None:
-        f = kernel.py_func
-        copy = pytypes.FunctionType(
-            f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__
-        )
-        copy.__kwdefaults__ = f.__kwdefaults__
-        copy.__qualname__ = f.__qualname__ + "__by_address"
-        twin = type(kernel)(
-            copy,
-            locals=kernel.locals,
-            targetoptions=dict(kernel.targetoptions),
-            pipeline_class=_ByAddressCompiler,
-        )
-        if not isinstance(kernel._cache, NullCache):
-            cache = _ByAddressCache(f)  # the kernel's file (named after f, keyed on f's code)
-            index, own = cache._cache_file, getattr(kernel._cache, "_cache_file", None)
-            if own is None or not hasattr(index, "_source_stamp"):
-                cache = NullCache()  # another numba's cache layout: correct, only slower
-            else:
-                index._source_stamp = own._source_stamp
-            twin._cache = cache
-        kernel._by_address = twin
-    return twin
 
 
 def policy_address(kernel, name: str, argtypes, func: str) -> int:
     """The address of the code of ``kernel`` (the ``@njit`` kernel of the policy ``name``)
     for the numba types ``argtypes`` ``(PoolState, ReplicaState, RouterOptions, int64[::1]
-    carry, int64)``, compiled here without a CPython wrapper (:func:`_by_address`) or loaded from
-    numba's disk cache, for :func:`call_policy` in jitted code that passes exactly those
-    types; with ``NUMBA_DISABLE_JIT=1``, the kernel itself.
+    carry, int64)``, compiled without a CPython wrapper or loaded from numba's disk cache
+    (:func:`~straggler.solvers._numba.address.wrapperless_address`), for :func:`call_policy`
+    in jitted code that passes exactly those types; with ``NUMBA_DISABLE_JIT=1``, the kernel
+    itself.
 
     Raises :class:`~straggler.formulations.errors.InvalidInputError` (naming ``func``, the
     caller, and the policy) when ``kernel`` is not an ``@njit`` function or does not return
@@ -691,17 +544,14 @@ def policy_address(kernel, name: str, argtypes, func: str) -> int:
             f"(jitted code calls it), got {type(kernel).__name__}"
         )
     argtypes = tuple(argtypes)
-    twin = _by_address(kernel)
-    twin.compile(argtypes)
-    cres = twin.overloads[argtypes]
+    address, returns = wrapperless_address(kernel, argtypes)
     want = types.Tuple((types.int64[::1], argtypes[3]))
-    if cres.signature.return_type != want:
+    if returns != want:
         raise InvalidInputError(
             f"{func}: the kernel of routing policy {name!r} must return (assignment int64 "
-            f"C-contiguous array, carry), i.e. {want}; it returns "
-            f"{cres.signature.return_type}"
+            f"C-contiguous array, carry), i.e. {want}; it returns {returns}"
         )
-    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+    return address
 
 
 @njit(**NJIT)
@@ -767,3 +617,8 @@ def route_batch_kernel(
         loads_after[g] = L[g]
         s_tot += free_slots[g]
     return 0, -1, before, after, placed, s_tot, ns, new_carry
+
+
+# the call of the policy's kernel is emitted by solvers/_numba/address.py, the clock read by
+# solvers/_numba/clock.py
+cache_depends_on(route_batch_kernel, _address, _clock)

@@ -1,4 +1,5 @@
-"""Termination predictors for BR-H's projected loads (BalanceRoute 关键设计 3, 损失函数).
+"""Termination predictors for BR-H's projected loads (BalanceRoute, arXiv
+2605.06113: BR-H's termination classifier and its training losses).
 
 Every predictor answers one question for running requests, given prompt length, age (tokens
 decoded so far ``a_i``) and the horizon ``H``::

@@ -35,13 +35,8 @@ from ._core import (
     policy_address,
     route_batch_kernel,
 )
-from .registry import (
-    DEFAULT_POLICY,
-    get_routing_policy,
-    policy_carry,
-    public_carry,
-    resolve_options,
-)
+from .policy import policy_carry, public_carry, resolve_options
+from .registry import DEFAULT_POLICY, get_routing_policy
 
 __all__ = [
     "route_batch",

@@ -4,9 +4,10 @@
   and without ``old_global_expert_indices`` (``preserve_intragpu_slots``), against
   :func:`straggler.solvers.placement.eplb.rebalance_experts` with ``version="vllm"``.
 * DP load balancer: ``vllm.v1.engine.core_client.DPLBAsyncMPClient.get_core_engine_for_request``,
-  built without a server (``object.__new__`` plus the attributes the method reads), fed a
-  coordinator snapshot per tick and a burst of requests, against our ``vllm`` router
-  (:func:`straggler.solvers.route_batch`, the start index carried between ticks).
+  built without a server (``object.__new__`` plus the attributes the method reads), its
+  ``eng_start_index`` set to every engine in turn, fed a coordinator snapshot per tick and a
+  burst of requests, against our ``vllm`` router (:func:`straggler.solvers.route_batch`, the
+  same start given as its ``start`` option at the first tick, then carried between ticks).
 
 Skipped where vLLM is not installed.
 """
@@ -71,15 +72,16 @@ def test_eplb_equals_vllm_default_policy(seed):
 # --- DP load balancer ---------------------------------------------------------------------
 
 
-def _client(G):
-    """``DPLBAsyncMPClient`` without a server: one front-end (client 0 of 1)."""
+def _client(G, start):
+    """``DPLBAsyncMPClient`` without a server: one front-end, its scan starting at ``start``
+    (upstream ``(G * client_index) // client_count``; upstream's own unit tests set it so)."""
     c = object.__new__(core_client.DPLBAsyncMPClient)
     c.client_count = 1
     c.reqs_in_flight = {}
     c.engine_inflight = Counter()
     c.core_engines = [g.to_bytes(2, "little") for g in range(G)]  # engine identities
     c.lb_engines = [[0, 0, 0.0] for _ in range(G)]
-    c.eng_start_index = (G * 0) // c.client_count
+    c.eng_start_index = start
     return c
 
 
@@ -87,7 +89,8 @@ def _client(G):
 def test_dp_load_balancer_choices_equal_ours(seed):
     rng = np.random.default_rng(seed)
     G = int(rng.integers(2, 9))
-    client = _client(G)
+    start = seed % G
+    client = _client(G, start)
     carry = None
     n_req = 0
     for tick in range(6):
@@ -118,7 +121,7 @@ def test_dp_load_balancer_choices_equal_ours(seed):
             n_running=running,
             n_waiting=waiting,
             kv_usage=kv,
-            carry=carry,
+            **({"carry": carry} if carry is not None else {"start": start}),
         )
         carry = res.extras["carry"]
         assert res.assignment.tolist() == theirs, f"tick {tick}"

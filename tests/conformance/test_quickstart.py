@@ -1,10 +1,12 @@
 """The engine quickstarts (``docs/guides/engines/{sglang,vllm}.md``) against the pinned
 engines: every server command the pages show parses with the engine's own argument parser to
-the settings the page describes, and the vLLM worker extension the page gives runs with
-vLLM's names and writes dumps ``straggler-plan`` reads."""
+the settings the page describes (the plug-in's command with the policy name the plug-in
+accepts), and the vLLM worker extension the page gives runs with vLLM's names and writes
+dumps ``straggler-plan`` reads."""
 
 import argparse
 import pathlib
+import re
 import sys
 import types
 
@@ -15,6 +17,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 import doc_commands  # noqa: E402
+from straggler.runtime.engines import PLUGIN_POLICY_ENV  # noqa: E402
+from straggler.runtime.engines._policies import plugin_policy  # noqa: E402
 
 PAGES = HERE.parents[1] / "docs" / "guides" / "engines"
 
@@ -24,8 +28,15 @@ def _page(name):
 
 
 def test_the_pages_show_the_commands():
-    assert len(doc_commands.commands(_page("sglang"), "python -m sglang.launch_server")) == 2
-    assert len(doc_commands.commands(_page("vllm"), "vllm serve")) == 1
+    assert len(doc_commands.commands(_page("sglang"), "python -m sglang.launch_server")) == 3
+    assert len(doc_commands.commands(_page("vllm"), "vllm serve")) == 2
+
+
+@pytest.mark.parametrize("name", ["sglang", "vllm"])
+def test_the_plugin_variable_names_a_policy(name):
+    """The one line each page gives sets the variable to a value the plug-in accepts."""
+    (value,) = set(re.findall(rf"^{PLUGIN_POLICY_ENV}=(\S+) ", _page(name), re.M))
+    assert plugin_policy({PLUGIN_POLICY_ENV: value}) == value
 
 
 def test_sglang_commands_parse_with_sglangs_parser():
@@ -34,7 +45,10 @@ def test_sglang_commands_parse_with_sglangs_parser():
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    record, load = doc_commands.commands(_page("sglang"), "python -m sglang.launch_server")
+    plugin, record, load = doc_commands.commands(_page("sglang"), "python -m sglang.launch_server")
+    ns = parser.parse_args(plugin[3:])
+    assert ns.enable_eplb and ns.eplb_algorithm == "straggler"
+    assert ns.ep_num_redundant_experts == 16 and ns.moe_a2a_backend == "deepep"
     ns = parser.parse_args(record[3:])
     assert ns.expert_distribution_recorder_mode == "stat"
     assert ns.expert_distribution_recorder_buffer_size == -1
@@ -50,7 +64,12 @@ def test_vllm_command_parses_with_vllms_parser():
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    (serve,) = doc_commands.commands(_page("vllm"), "vllm serve")
+    plugin, serve = doc_commands.commands(_page("vllm"), "vllm serve")
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", *plugin[2:]])
+    assert ns.enable_eplb and ns.enable_expert_parallel and ns.data_parallel_size == 8
+    args = EngineArgs.from_cli_args(ns)
+    assert args.eplb_config.policy == "default"  # the entry the plug-in rebinds
+    assert args.eplb_config.num_redundant_experts == 16
     model, rest = serve[2], serve[3:]
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model, *rest])
     assert ns.enable_eplb and ns.enable_expert_parallel and ns.data_parallel_size == 8

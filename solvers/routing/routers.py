@@ -2,11 +2,11 @@
 policy's options, and calling it routes one tick through
 :func:`straggler.solvers.route_batch` and returns its
 :class:`~straggler.formulations.RoutingResult`. What each upstream router does, and which
-upstream file and change each version follows, is written beside its kernel:
-:mod:`.sglang` (``round_robin``, ``jsq``, ``jsq_requests``, ``p2c``,
-``follow_bootstrap_room``), :mod:`.vllm`, :mod:`.trtllm` (``trtllm``,
-``trtllm_balance``), :mod:`.dynamo`, :mod:`.random`. These are routing
-policies, not dispatch methods (:mod:`.tables` names both).
+upstream file and change each version follows, is written beside its kernel, in
+``straggler.baselines.routing``: ``sglang`` (``round_robin``, ``jsq``, ``jsq_requests``,
+``p2c``, ``follow_bootstrap_room``), ``vllm``, ``trtllm`` (``trtllm``, ``trtllm_balance``),
+``dynamo``, ``random``. The objects call the entry point, so they sit with it, above the
+baselines.
 
 Every router applies its upstream's local update after each placement unless built with
 ``optimistic=False`` (the stale-metric behaviour that sent whole bursts to one rank).
@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...formulations.results import RoutingResult
-from ...solvers.routing.registry import get_routing_policy
-from ...solvers.routing.route import route_batch
+from .registry import get_routing_policy
+from .route import route_batch
 
 __all__ = ["Router", "ROUTERS", "BASELINE_POLICIES"]
 

@@ -195,7 +195,7 @@ def _parser() -> OneLineParser:
     )
     r = p.add_argument_group("rebalance in the loop (with --moe): the rebalance table")
     r.add_argument(
-        "--rebalance", default=None,
+        "--rebalance", type=name_list, default=None,
         help="comma-separated rebalance policies: never, auto[:PERIOD], vllm[:STEP_INTERVAL], "
         "sglang[:ITERATIONS], every:N",
     )  # fmt: skip
@@ -303,7 +303,7 @@ def _rebalance_main(args, trace) -> int:
     from ...solvers.placement.rebalance.transfer import MoveCost
 
     G = args.ep if args.ep is not None else args.replicas
-    policies = parse_rebalance_policies(args.rebalance, "--rebalance")
+    policies = parse_rebalance_policies(",".join(args.rebalance), "--rebalance")
     dep = DeploymentConfig(
         preset=args.moe, n_gpus=G, n_nodes=args.nodes, layers=args.layers,
         dispatch_period_s=args.table_period, seed=args.seed,
@@ -502,11 +502,6 @@ def _check_args(args) -> None:
     if args.rebalance is not None:
         if args.moe is None:
             raise InvalidInputError("--rebalance needs --moe PRESET (the deployment step model)")
-        if not all(p.strip() for p in args.rebalance.split(",")):  # as name_list: none empty
-            raise InvalidInputError(
-                f"--rebalance must name at least one policy, and no empty one; got "
-                f"{args.rebalance!r}"
-            )
     else:
         given = [n for n in _REBALANCE_ONLY if getattr(args, n) not in (None, False)]
         if given:

@@ -49,6 +49,7 @@ LIST_FLAGS = [
     ("straggler-simulate", ["azure_conv", "--moe", "dsv3", "--routings"]),
     ("straggler-simulate", ["azure_conv", "--moe", "dsv3", "--dispatches"]),
     ("straggler-simulate", ["azure_conv", "--moe", "dsv3", "--placements"]),
+    ("straggler-simulate", ["azure_conv", "--moe", "dsv3", "--rebalance"]),
     ("straggler-warmup", ["--methods"]),
     ("straggler-warmup", ["--policies"]),
 ]

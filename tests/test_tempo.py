@@ -46,8 +46,9 @@ from straggler.solvers.dispatch._token_lp_fast import (
 )
 from straggler.solvers.dispatch.bounds import layer_bound
 from straggler.solvers.dispatch.tempo import (
+    MAX_PROBES,
     RESTART_GAP,
-    RESTART_MOVES,
+    RESTART_PROBES,
     SUPPORT_GAP,
     SWAP_ROUNDS,
     Tempo,
@@ -59,7 +60,7 @@ PRESETS = ["dsv3_a_offline", "qwen3_235b_b_tile", "dsv2_lite_a_serving", "dsv3_a
 FIG1B = DispatchProblem(counts=[600] + [30] * 6, replicas=np.ones((7, 2), bool))
 FIG1B_COST = CostModel(a=0, b=15, c=0, beta=0.1)
 ALL_ON = KernelOptions(True, True, True, True, True, True, True, 0.01, 300)
-RESTARTS = {"restarts": True, "restart_gap": RESTART_GAP, "restart_moves": RESTART_MOVES}
+RESTARTS = {"restarts": True, "restart_gap": RESTART_GAP, "restart_probes": RESTART_PROBES}
 F = {name: i for i, name in enumerate(INFO_FIELDS)}
 NO_REPAIR = {"repair_budget_s": 0.0}
 
@@ -215,13 +216,17 @@ def test_kernel_equals_py_func_equals_reference():
     """Random stage switches and bounds (the restarts on every other instance); the new
     neighbourhoods fire on some instances, the restarts are pinned below."""
     rng = np.random.default_rng(1)
+    budgets = np.random.default_rng(2)  # probe budgets, some small enough to bind
     fired = np.zeros(2, np.int64)
     for i in range(150):
         counts, R = _random_instance(rng)
         flags = [bool(v) for v in rng.random(7) < 0.8]
         tau = float(rng.choice([0.0, 0.01, 0.1]))
         restarts = i % 2 == 0  # every other instance
-        opts = KernelOptions(*flags, tau, 300, restarts, RESTART_GAP, RESTART_MOVES)
+        # probe budgets small enough to bind on every third instance
+        max_probes = int(budgets.choice([1, 3, 8])) if i % 3 == 1 else MAX_PROBES
+        restart_probes = int(budgets.choice([0, 5, 30])) if i % 3 == 1 else RESTART_PROBES
+        opts = KernelOptions(*flags, tau, 300, restarts, RESTART_GAP, restart_probes, max_probes)
         cost = _cost(i)
         bound = -math.inf
         if rng.random() < 0.5 and counts.any():
@@ -367,6 +372,49 @@ def test_restarts_only_above_the_gap():
     assert info[F["makespan"]] == pytest.approx(expected) and info[F["restarts"]] >= 1
     _, info = _assert_same(_kernel_args(p.counts, p.replicas, cost, on._replace(restart_gap=0.2)))
     assert info[F["makespan"]] > expected * (1 + 1e-6) and info[F["restarts"]] == 0
+
+
+def test_probe_budgets_bind_in_all_three_implementations():
+    """Each stage-3 search stops after ``max_probes`` neighbourhood probes, and stage 4b
+    starts no polish after ``restart_probes`` probes of its searches: on the pinned
+    restart instance the uncapped search of ``A_H`` makes more probes than the caps below,
+    a capped one makes exactly the cap, and with no restart probes stage 4b applies no
+    round (the makespan of stage 4b off)."""
+    p, cost, _, expected = _case("restarts")
+    on = ALL_ON._replace(**RESTARTS)
+    _, free = _assert_same(_kernel_args(p.counts, p.replicas, cost, on))
+    assert free[F["makespan"]] == pytest.approx(expected) and free[F["probes"]] > 3
+    for cap in (1, 2, 3):
+        args = _kernel_args(p.counts, p.replicas, cost, on._replace(max_probes=cap))
+        _, info = _assert_same(args)
+        assert info[F["probes"]] == cap
+        assert info[F["ls_moves"]] <= cap
+    _, off = _assert_same(_kernel_args(p.counts, p.replicas, cost, ALL_ON))
+    _, none = _assert_same(_kernel_args(p.counts, p.replicas, cost, on._replace(restart_probes=0)))
+    assert none[F["restarts"]] == 0 and free[F["restarts"]] >= 1
+    assert none[F["makespan"]] == off[F["makespan"]] > expected * (1 + 1e-6)
+
+
+def test_support_stages_skipped_where_b8_proves_the_makespan(monkeypatch):
+    """``forced_bound``'s example: tempo reaches 3.0, which B1-B7 (2.75) leave more than
+    ``SUPPORT_GAP`` open and B8 proves optimal, so stages 5b-5d cannot lower it and do not
+    run (their kernels would raise here); the layer is reported OPTIMAL."""
+    from straggler.solvers.dispatch import _backend
+
+    p = DispatchProblem(counts=[7, 3, 1], replicas=np.array([[1, 1], [1, 0], [1, 0]], bool))
+    cost = CostModel(a=0, b=1, c=0, beta=0.5)
+    lp, num, den, assign, sm, bound, x_lp, m_lp = _backend.PRELUDE(
+        np.array([7, 3, 1]), p.replicas, cost.as_array(), True
+    )
+    assert bound == pytest.approx(2.75) and m_lp > bound  # no early exit on the exact LP
+
+    def never(*args):
+        raise AssertionError("a support stage ran on a layer B8 proves optimal")
+
+    for name in ("SUPPORT_CONTRACT", "SUPPORT_SWAP", "SUPPORT_FRACTIONAL"):
+        monkeypatch.setattr(_backend, name, never)
+    res = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
+    assert res.makespan == 3.0 and res.lower_bound == 3.0 and res.status.name == "OPTIMAL"
 
 
 def test_polish_taken_within_tau():

@@ -76,6 +76,7 @@ INFO_FIELDS = (
     "flow_moves",  # of which token paths
     "exchange_moves",  # of which path or cyclic exchanges
     "restarts",  # ruin-and-recreate restarts applied in stage 4b
+    "probes",  # neighbourhood probes of the stage-3 search (of A_H)
 )
 _N_INFO = len(INFO_FIELDS)
 
@@ -124,8 +125,10 @@ class KernelOptions(NamedTuple):
     """Ruin-and-recreate restarts after stage 4 (stage 4b)."""
     restart_gap: float = 0.0
     """Stage 4b runs only on a dispatch more than this (relative) above the stop bound."""
-    restart_moves: int = 0
-    """Stage 4b starts no polish once its searches have applied this many moves."""
+    restart_probes: int = 0
+    """Stage 4b starts no polish once its searches have made this many neighbourhood probes."""
+    max_probes: int = 1 << 62
+    """Neighbourhood probes of each stage-3 search (see :func:`_stage_local_search`)."""
 
 
 def kernel_cost(cost_array, cap: float = math.inf, floor_cap: float = math.inf) -> KernelCost:
@@ -1466,19 +1469,27 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
     on the first GPU below ``M`` by decreasing time (ties: lower index) that has one, its
     best move, else its best token path or exchange, taking all its new times below its
     own time (a strict decrease of the sorted vector of times, so the search cannot
-    cycle). It stops at ``stop_at`` (a lower
-    bound), at ``opts.max_iter`` iterations, or without a move. ``counters``: moves, of
-    which token paths, of which exchanges (incremented in place).
+    cycle). A *probe* is the neighbourhoods' evaluation from one GPU: the step at ``M``
+    makes one per GPU at ``M``, the leximax step one per GPU it tries. It stops at ``stop_at`` (a
+    lower bound), at ``opts.max_iter`` moves, once it has made ``opts.max_probes`` probes
+    (the leximax step tries no further GPU then), or without a move: a work bound counted
+    in probes, deterministic, which also bounds the searches that apply few moves but try
+    every GPU before each. ``counters``: moves, of which token paths, of which exchanges,
+    and probes (incremented in place).
     """
     g = st.times.shape[0]
     times = st.times
     mv = wk.mv
     g_order = np.empty(g, np.int64)
     n_it = 0
-    while n_it < opts.max_iter:
+    probes = 0
+    while n_it < opts.max_iter and probes < opts.max_probes:
         M = _amax(times)
         if M <= stop_at:
             break
+        for h in range(g):
+            if times[h] == M:
+                probes += 1
         mv[4, 0] = 0
         kind = -1
         best_v = _nb_moves(st, lists, cost, M, _NO, M, mv)
@@ -1507,6 +1518,9 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
                 th = times[s]
                 if th == M:
                     continue
+                if probes >= opts.max_probes:
+                    break
+                probes += 1
                 v = _nb_moves(st, lists, cost, th, s, th, mv)
                 if mv[4, 0] > 0:
                     kind = 0
@@ -1527,20 +1541,23 @@ def _stage_local_search(st, lists, cost, opts, stop_at, wk, counters):
         counters[0] += 1
         if kind > 0:
             counters[kind] += 1
+    counters[3] += probes
     return n_it
 
 
 def _stage_local_search_reference(ref, x, stop_at, cap=_NO_CAP):
     """Plain-Python twin of :func:`_stage_local_search` on ``x`` under the caps ``(activation
-    cap, floor cap)``: returns ``(x, [moves, of which token paths, of which exchanges])``."""
+    cap, floor cap)``: returns ``(x, [moves, of which token paths, of which exchanges,
+    probes])``."""
     opts = ref.opts
-    n_ls = [0, 0, 0]
-    while n_ls[0] < opts.max_iter:
+    n_ls = [0, 0, 0, 0]
+    while n_ls[0] < opts.max_iter and n_ls[3] < opts.max_probes:
         times = ref.times_of(x, cap)
         M = max(times)
         if M <= stop_at:
             break
         at_m = [s for s in range(ref.g) if times[s] == M]
+        n_ls[3] += len(at_m)
         best_v, best = _nb_moves_reference(ref, x, times, at_m, M, cap)
         kind = 0
         if best is None:
@@ -1562,6 +1579,9 @@ def _stage_local_search_reference(ref, x, stop_at, cap=_NO_CAP):
                 th = times[s]
                 if th == M:
                     continue
+                if n_ls[3] >= opts.max_probes:
+                    break
+                n_ls[3] += 1
                 kind = 0
                 v, best = _nb_moves_reference(ref, x, times, [s], th, cap)
                 if best is None:
@@ -1612,7 +1632,7 @@ def _stage_ensemble(counts, order, lists, cost, lp_shares, sm_assign, sm, opts, 
             break
     polish = opts.local_search and stop_at < m_h
     best_c = np.inf
-    counters = np.zeros(3, np.int64)
+    counters = np.zeros(4, np.int64)
     gnt = np.zeros((3, g), np.int64)
     for cand in range(1, 5):
         if (cand == 2 and not full) or (cand == 4 and not polish):
@@ -1819,11 +1839,12 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
     levels ``F`` below the makespan (:func:`_floor_levels`), first under the floor cap
     ``F`` and then uncapped. The round's strictly lowest makespan (first found on ties)
     is applied; at most ``rounds_max`` rounds, until none is lower or ``stop_at`` is met.
-    No polish starts once the stage's searches have applied ``opts.restart_moves`` moves
-    (the round then ends with what it found). Returns ``(shares, makespan, rounds)``.
+    No polish starts once the stage's searches have made ``opts.restart_probes``
+    neighbourhood probes (the round then ends with what it found): a work bound that also
+    counts the probes of searches that end without a move. Returns ``(shares, makespan, rounds)``.
     """
     E, g = x0.shape
-    counters = np.zeros(3, np.int64)
+    counters = np.zeros(4, np.int64)
     x = x0.copy()
     st = _state_of(x.copy(), lists, cost)
     m = _amax(st.times)
@@ -1839,7 +1860,7 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
         best_m = m
         best_x = x
         for h in range(g):
-            if counters[0] >= opts.restart_moves:
+            if counters[3] >= opts.restart_probes:
                 break
             ruin[:] = False
             for i in range(lists.g_ptr[h], lists.g_ptr[h + 1]):
@@ -1847,7 +1868,7 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
                 ruin[e] = x[e, h] > 0
             y = _recreate(x, ruin, counts, order, lists, cost)
             for k in range(n_lev + 1):
-                if counters[0] >= opts.restart_moves:
+                if counters[3] >= opts.restart_probes:
                     break
                 z = y.copy()
                 if k > 0:  # the floor cap makes the search keep every floor at most F
@@ -1875,21 +1896,23 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
 def _stage_restarts_reference(ref, x, m, stop_at):
     """Plain-Python twin of :func:`_stage_restarts`: returns ``(shares, makespan, rounds)``."""
     rounds = 0
-    moves = 0
+    probes = 0
     while rounds < RESTART_ROUNDS and m > stop_at:
         levels = _floor_levels_reference(ref, m)
         best_m, best_x = m, x
         for h in range(ref.g):
+            if probes >= ref.opts.restart_probes:
+                break
             y = _recreate_reference(ref, x, {e for e in range(ref.E) if x[e][h] > 0})
             for F in [None, *levels]:
-                if moves >= ref.opts.restart_moves:
+                if probes >= ref.opts.restart_probes:
                     break
                 z = y
                 if F is not None:
                     z, n = _stage_local_search_reference(ref, y, stop_at, (math.inf, F))
-                    moves += n[0]
+                    probes += n[3]
                 z, n = _stage_local_search_reference(ref, z, stop_at)
-                moves += n[0]
+                probes += n[3]
                 mz = max(ref.times_of(z))
                 if mz < best_m:
                     best_m, best_x = mz, z
@@ -1923,7 +1946,7 @@ def _canonical_opts(opts):
                          bool(opts.ensemble), bool(opts.flows), bool(opts.exchanges),
                          bool(opts.tile_chains), float(opts.tau), np.int64(opts.max_iter),
                          bool(opts.restarts), float(opts.restart_gap),
-                         np.int64(opts.restart_moves))  # fmt: skip
+                         np.int64(opts.restart_probes), np.int64(opts.max_probes))  # fmt: skip
 
 
 def _stage_argtypes():
@@ -2030,7 +2053,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
             sm_cnt[sm_assign[e]] += 1
     sm = _amax(sm_cnt)
     stop_at = max(float(bound), max(_t(cost, _ZERO, lp_nmax, _ZERO), _t(cost, sm, _ZERO, sm)))
-    counters = np.zeros(3, np.int64)
+    counters = np.zeros(4, np.int64)
     if opts.local_search:  # Stage 3
         call_compiled(stages[_SEARCH], _stage_local_search,
                       (st, lists, cost, opts, stop_at, wk, counters))  # fmt: skip
@@ -2055,6 +2078,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     info[11] = counters[1]
     info[12] = counters[2]
     info[13] = n_restart
+    info[14] = counters[3]
     return out, info
 
 
@@ -2103,7 +2127,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     live_gpus = [sm_assign[e] for e in range(E) if ref.counts[e] > 0]
     sm = max([live_gpus.count(h) for h in range(g)])
     stop_at = max(float(bound), ref.time_of(0, lp_nmax, 0), ref.time_of(sm, 0, sm))
-    counters = [0, 0, 0]
+    counters = [0, 0, 0, 0]
     if opts.local_search:  # Stage 3
         x, counters = _stage_local_search_reference(ref, x, stop_at)
     info[3] = max(ref.times_of(x))
@@ -2117,5 +2141,5 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     info[0] = m_out
     info[13] = n_restart
     info[8], info[9] = choice, n_chain
-    info[10], info[11], info[12] = counters
+    info[10], info[11], info[12], info[14] = counters
     return np.array(out, dtype=np.int64).reshape(E, g), np.array(info)

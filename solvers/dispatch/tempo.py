@@ -79,9 +79,15 @@ the cost model.
       of the sorted vector of times, so the search still cannot cycle), which makes room
       for the moves above.
 
-   The search stops at ``max_iter`` moves, without a move, or at the lower bound
+   The search stops at ``max_iter`` moves, without a move, at the lower bound
    ``max(t(0, ceil(lambda*), 0), t(SM, 0, SM), certified bound)`` that no whole-token
-   dispatch can beat.
+   dispatch can beat, or after ``MAX_PROBES`` (1,000) *probes*: a probe is one
+   evaluation of the neighbourhoods from one GPU (the step at ``M`` makes one per GPU at
+   ``M``, the leximax step one per GPU it tries, and it tries none once the budget is
+   spent; a step at ``M`` starts only below it). Counted in probes, not moves: a search
+   on a plateau applies few moves but tries every GPU before each, and at wide EP a probe
+   (the exchange search above all) costs tens of microseconds. A work bound, not a
+   clock, so the kernel and its reference stop at the same point.
 4. **Ensemble** (Proposition 1). Candidates, in this order: the token-LP dispatch, A3
    round robin (rank ``r`` to GPU ``r mod g``) when every live expert is replicated on
    every GPU, and (*extension*) the optimal semi-matching with whole experts, twice. When
@@ -107,8 +113,9 @@ the cost model.
    first under the floor cap ``F`` (a GPU whose floor ``a + b*G + b2*(T - G)`` exceeds
    ``F`` costs infinity) and then uncapped. The round's strictly lowest makespan (first
    found on ties) is applied; at most ``RESTART_ROUNDS`` (2) rounds, and no polish starts
-   once the stage's searches have applied ``RESTART_MOVES`` (5,000) moves (a work bound,
-   deterministic, unlike a clock: it keeps a 64-GPU layer near a second). Every start of
+   once the stage's searches have made ``RESTART_PROBES`` (10,000) probes in all (a work
+   bound, deterministic, unlike a clock; it counts the probes of the searches that end
+   without a move, which are most of a round's work). Every start of
    stages 1-4 can end on the same plateau: GPUs at ``G + 1`` activations with one tile
    over, where any single move, swap, chain or exchange raises some GPU to the makespan
    (on the ``decode16`` layer of ``benchmarks/tempo_quality.py`` that shows it, the
@@ -149,7 +156,10 @@ the cost model.
    an activation cap (all GPUs at ``G`` replicas, the floor ``a + b*(G + 1)`` above the
    makespan) takes tokens: stage 3 only adds activations or moves tokens along existing
    splits. Run under the same gap condition as 5b; ``extras["swapped"]`` counts the
-   swaps.
+   swaps. Before 5b and 5c, B8 (:func:`~straggler.solvers.dispatch.bounds.forced_bound`)
+   is tried at the makespan reached; where it proves that makespan optimal, neither runs
+   (nor 5d): each applies only a strictly lower makespan, which does not exist, so the
+   output is the same, without their LP rounds (tens of milliseconds at EP128-256).
    5d. **Fractional support LP** (*extension*; ``fractional=False`` switches it off). The
    exact (fractional) token LP restricted to the support of the output
    (:func:`~straggler.solvers.dispatch._token_lp_fast.support_fractional_kernel`, plain-Python
@@ -238,8 +248,10 @@ SWAP_ROUNDS = 4
 SUPPORT_GAP = 1e-3
 #: Stage 4b runs only on a layer more than this (relative) above its stop bound.
 RESTART_GAP = 2e-3
-#: Stage 4b starts no polish after this many local-search moves in all.
-RESTART_MOVES = 5_000
+#: Stage 4b starts no polish after this many neighbourhood probes of its searches in all.
+RESTART_PROBES = 10_000
+#: Neighbourhood probes of each stage-3 search.
+MAX_PROBES = 1_000
 
 
 class ExactTokenLP(NamedTuple):
@@ -475,7 +487,8 @@ class Tempo:
             int(self.max_iter),
             bool(self.restarts),
             RESTART_GAP,
-            RESTART_MOVES,
+            RESTART_PROBES,
+            MAX_PROBES,
         )
 
     def _arrays(self, cost, kcost, c, counts, replicas) -> _Layer:
@@ -499,6 +512,13 @@ class Tempo:
         if self.rebalance and m > bound:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
         contracted = swapped = 0
+        forced = None  # (makespan, B8 tried at it)
+        if (self.contract or self.swap) and m > bound + SUPPORT_GAP * m:
+            # B8 at the makespan reached: where it proves that makespan optimal, no stage
+            # below finds a strictly lower one, so none runs (the same output, sooner)
+            forced = (m, forced_bound(counts, replicas, c, bound, float(m)))
+            if forced[1] >= m:
+                return self._layer(shares, info, num, den, sm, m, forced[1], 0, 0, m_lp, choice)
         if self.contract and m > bound + SUPPORT_GAP * m:
             shares, m, contracted = kernels.SUPPORT_CONTRACT(counts, shares, c)
         if self.swap and m > bound + SUPPORT_GAP * m:
@@ -510,7 +530,15 @@ class Tempo:
             if m_lp < m:
                 shares, m, choice = x_lp, m_lp, "token_lp_exact"
         # B8 from the makespan reached: proves it optimal where it is
-        bound = forced_bound(counts, replicas, c, bound, float(m))
+        if forced is not None and forced[0] == m:
+            bound = forced[1]
+        else:
+            bound = forced_bound(counts, replicas, c, bound, float(m))
+        return self._layer(shares, info, num, den, sm, m, bound, contracted, swapped, m_lp,
+                           choice)  # fmt: skip
+
+    @staticmethod
+    def _layer(shares, info, num, den, sm, m, bound, contracted, swapped, m_lp, choice):
         return _Layer(shares, info, int(num), int(den), int(sm), float(m), float(bound),
                       int(contracted), int(swapped), float(m_lp), choice, False)  # fmt: skip
 

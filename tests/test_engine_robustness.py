@@ -15,6 +15,7 @@ from straggler.runtime.engines import (
     read_moe_load_balancer,
     read_trtllm_statistics,
     read_vllm_state,
+    vllm_maps,
     write_eplb_maps,
     write_moe_load_balancer,
     write_sglang_init_location,
@@ -386,3 +387,20 @@ def test_dump_timestamp_cannot_carry_a_path(tmp_path):
     with pytest.raises(InvalidInputError, match="timestamp"):
         write_sglang_stat_dump(tmp_path, [[[1]]], timestamp="x/../y")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("safetensors") is None, reason="safetensors")
+@pytest.mark.parametrize("ext", [".safetensors", ".json"])
+def test_a_renamed_vllm_field_is_damage_not_a_file_without_loads(tmp_path, ext):
+    """safetensors and JSON carry no checksum: one flipped bit can rename a tensor
+    (``expert_load_window`` -> ``dxpert_load_window``). The reader knows the writer's fields
+    only, so the file is refused naming the field, never read as maps without loads."""
+    m = np.array([[0, 1, 0, 2]])
+    state = dict(vllm_maps(m, 3, width=None), expert_load_window=np.ones((1, 1, 4), np.int32))
+    path = write_vllm_state(str(tmp_path / f"s_rank0{ext}"), state)
+    assert read_vllm_state(path).counts.sum() == 4
+    data = open(path, "rb").read()
+    assert data.count(b"expert_load_window") == 1
+    open(path, "wb").write(data.replace(b"expert_load_window", b"dxpert_load_window"))
+    with pytest.raises(InvalidInputError, match="'dxpert_load_window'"):
+        read_vllm_state(path)

@@ -503,6 +503,14 @@ def _check_state(obj, source):
         raise InvalidInputError(
             f"{source} must hold a dict of EplbState fields. Got {type(obj).__name__} instead."
         )
+    known = (*VLLM_FIELDS, *_META, *_TEXT_META)
+    unknown = [k for k in obj if k not in known]
+    if unknown:  # the writer's fields only: a renamed tensor (a bit flipped in a
+        # safetensors header, which has no checksum) is damage, never a file without loads
+        raise InvalidInputError(
+            f"{source} holds the field {unknown[0]!r}, which is not an EplbState field this "
+            f"reader knows; expected fields among {list(known)}."
+        )
     for key in ("rank", "model_index"):
         if obj.get(key) is not None:
             field_int(obj[key], source, key, lo=0)

@@ -9,6 +9,7 @@ from straggler.proofs.brute import brute_force_dispatch
 from straggler.proofs.conjecture import exact_optimum, support_optimum
 from straggler.proofs.strategies import coupled_instances, dispatch_instances, forced_instances
 from straggler.solvers import certified_lower_bound, semi_matching, solve_dispatch, solve_token_lp
+from straggler.solvers.dispatch._backend import PRELUDE
 from straggler.solvers.dispatch._bounds import (
     coupling_bound_kernel,
     coupling_bound_reference,
@@ -39,6 +40,8 @@ def _both(p, cost):
 
 
 @given(dispatch_instances(max_experts=10, max_gpus=5, max_tokens=300))
+@example((DispatchProblem(counts=[0, 0, 1, 3], replicas=np.array([[1, 0]] * 3 + [[1, 1]], bool)),
+          CostModel(a=0, b=1, c=0, beta=0, b2=0.5, tile=2)))  # fmt: skip
 def test_kernel_equals_reference(inst):
     p, cost = inst
     k, py, r = _both(p, cost)
@@ -48,7 +51,14 @@ def test_kernel_equals_reference(inst):
     b5 = max(c0 + s * v for c0, s in cost.token_pieces)
     b57 = token_lp_bound(cost, v)
     assert b57 >= b5
-    assert certified_lower_bound(p, cost) == pytest.approx(max(k, b57), rel=1e-9, abs=1e-12)
+    counts = np.ascontiguousarray(p.counts, dtype=np.int64)
+    c = cost.as_array()
+    _, _, _, _, _, bound, _, m_lp = PRELUDE(counts, np.ascontiguousarray(p.replicas), c, True)
+    assert bound == pytest.approx(max(k, b57), rel=1e-9, abs=1e-12)
+    # and B8, tried from the exact token-LP dispatch's makespan, on top (it can raise them:
+    # counts [0, 0, 1, 3], expert 3 on both GPUs, the rest on GPU 0, b = 1, b2 = 0.5, tiles
+    # of 2: B1-B7 give 1.25, the optimum and B8 1.5)
+    assert certified_lower_bound(p, cost) == forced_bound(counts, p.replicas, c, bound, m_lp)
 
 
 def test_kernel_equals_reference_many_gpus():

@@ -44,7 +44,7 @@ from straggler.solvers.dispatch._token_lp_fast import (
     token_lp_kernel,
     token_lp_reference,
 )
-from straggler.solvers.dispatch.bounds import layer_bound
+from straggler.solvers.dispatch.bounds import forced_bound, layer_bound
 from straggler.solvers.dispatch.tempo import (
     MAX_PROBES,
     RESTART_GAP,
@@ -415,6 +415,42 @@ def test_support_stages_skipped_where_b8_proves_the_makespan(monkeypatch):
         monkeypatch.setattr(_backend, name, never)
     res = solve_dispatch(p, cost, method="tempo", **NO_REPAIR)
     assert res.makespan == 3.0 and res.lower_bound == 3.0 and res.status.name == "OPTIMAL"
+
+
+def test_restarts_skipped_where_b8_proves_the_stage4_makespan():
+    """Stage 4b runs only where B8, tried at the stage-4 makespan, does not prove it optimal
+    (a restart applies only a strictly lower makespan). On this layer stages 1-4 reach
+    47.061 us, more than ``RESTART_GAP`` above B1-B7 (44.793), and B8 proves 47.061: stage
+    4b makes no probe, in all three implementations and through ``solve_dispatch``; on the
+    pinned restart instance, where B8 does not prove the stage-4 makespan, it makes some."""
+    from straggler.solvers.dispatch import _backend
+
+    counts = np.array([227, 236, 262, 57, 166])
+    R = np.array([[1, 0], [1, 1], [0, 1], [1, 0], [1, 0]], bool)
+    cost = CostModel.preset("dsv3_a_offline")
+    bound = _backend.PRELUDE(counts, R, cost.as_array(), True)[5]
+    assert bound == pytest.approx(44.793)
+    on = ALL_ON._replace(**RESTARTS)
+    _, info = _assert_same(_kernel_args(counts, R, cost, on, bound=bound))
+    assert info[F["makespan"]] == pytest.approx(47.061)
+    assert info[F["makespan"]] > bound * (1 + 10 * RESTART_GAP)  # stage 4b's gap is open
+    assert info[F["bound_forced"]] >= info[F["makespan"]]  # B8 was tried, and proves it
+    assert info[F["restart_probes"]] == 0 and info[F["restarts"]] == 0
+    res = solve_dispatch(DispatchProblem(counts=counts, replicas=R), cost, method="tempo",
+                         **NO_REPAIR)  # fmt: skip
+    assert res.makespan == pytest.approx(47.061) and res.status.name == "OPTIMAL"
+    assert res.extras["restart_probes"] == 0 and res.extras["bound_forced"] >= res.makespan
+    # where B8 does not prove the stage-4 makespan, stage 4b searches (and improves it)
+    p, pinned, _, expected = _case("restarts")
+    _, info = _assert_same(_kernel_args(p.counts, p.replicas, pinned, on))
+    assert info[F["bound_forced"]] < expected * (1 + 1e-6) < info[F["makespan_candidate"]]
+    assert info[F["restart_probes"]] > 0 and info[F["restarts"]] >= 1
+    # the bound reported is B8 at the makespan returned, not at the stage-4 one
+    res = solve_dispatch(p, pinned, method="tempo", **NO_REPAIR)
+    assert res.extras["restarts"] >= 1 and res.makespan == pytest.approx(expected)
+    c = pinned.as_array()
+    b17 = _backend.PRELUDE(p.counts, p.replicas, c, True)[5]
+    assert res.lower_bound == forced_bound(p.counts, p.replicas, c, b17, res.makespan)
 
 
 def test_polish_taken_within_tau():

@@ -42,6 +42,7 @@ from ._csr import replica_lists
 
 __all__ = [
     "FORCED_PASSES",
+    "FORCED_STEPS",
     "FORCED_SLACK",
     "coupling_bound_kernel",
     "coupling_bound_reference",
@@ -342,6 +343,8 @@ FORCED_SLACK = 1e-10
 #: Passes of B8's propagation at one ``T`` (a pass that changes nothing ends it sooner;
 #: stopping early is sound, every deduction made so far holds).
 FORCED_PASSES = 32
+#: Bisection trials of B8 below its first trial value (each one pass of its kernel).
+FORCED_STEPS = 6
 
 
 @njit(**NJIT_INLINE)

@@ -46,8 +46,12 @@ from .._numba import address as _address
 from .._numba.address import call_compiled, compiled_address
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from .._order import stable_argsort_int_desc
+from . import _bounds as _bounds_module
 from . import _csr
+from . import method as _method
+from ._bounds import FORCED_STEPS, forced_bound_kernel, forced_bound_reference
 from ._csr import replica_lists
+from .method import OPTIMALITY_RTOL
 
 __all__ = [
     "CHOICES",
@@ -77,6 +81,8 @@ INFO_FIELDS = (
     "exchange_moves",  # of which path or cyclic exchanges
     "restarts",  # ruin-and-recreate restarts applied in stage 4b
     "probes",  # neighbourhood probes of the stage-3 search (of A_H)
+    "restart_probes",  # neighbourhood probes of stage 4b's searches (0: it did not run)
+    "bound_forced",  # B8 tried at the stage-4 makespan, before stage 4b (nan: not tried)
 )
 _N_INFO = len(INFO_FIELDS)
 
@@ -1841,7 +1847,8 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
     is applied; at most ``rounds_max`` rounds, until none is lower or ``stop_at`` is met.
     No polish starts once the stage's searches have made ``opts.restart_probes``
     neighbourhood probes (the round then ends with what it found): a work bound that also
-    counts the probes of searches that end without a move. Returns ``(shares, makespan, rounds)``.
+    counts the probes of searches that end without a move. Returns ``(shares, makespan,
+    rounds, probes)``.
     """
     E, g = x0.shape
     counters = np.zeros(4, np.int64)
@@ -1890,11 +1897,12 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
             rounds += 1
         else:
             break
-    return x, m, rounds
+    return x, m, rounds, counters[3]
 
 
 def _stage_restarts_reference(ref, x, m, stop_at):
-    """Plain-Python twin of :func:`_stage_restarts`: returns ``(shares, makespan, rounds)``."""
+    """Plain-Python twin of :func:`_stage_restarts`: returns ``(shares, makespan, rounds,
+    probes)``."""
     rounds = 0
     probes = 0
     while rounds < RESTART_ROUNDS and m > stop_at:
@@ -1920,7 +1928,7 @@ def _stage_restarts_reference(ref, x, m, stop_at):
             break
         x, m = best_x, best_m
         rounds += 1
-    return x, m, rounds
+    return x, m, rounds, probes
 
 
 # --------------------------------------------------------------------------------------
@@ -1929,6 +1937,9 @@ def _stage_restarts_reference(ref, x, m, stop_at):
 
 #: ``rounds_max`` of stage 4b as an int64 (a literal argument is another type)
 _ROUNDS = np.int64(RESTART_ROUNDS)
+#: B8's bisection trials (an int64, as :func:`~straggler.solvers.dispatch.bounds.forced_bound`
+#: passes them)
+_FORCED_STEPS = np.int64(FORCED_STEPS)
 
 
 @njit(**NJIT_INLINE)
@@ -2066,11 +2077,19 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
                                              sm, opts, stop_at, st, wk, info,
                                              stages)  # fmt: skip
     n_restart = 0
+    n_probe = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
-        out, m_out, n_restart = call_compiled(
-            stages[_RESTARTS], _stage_restarts,
-            (counts, order, lists, cost, opts, stop_at, out, _ROUNDS, wk, stages),
-        )  # fmt: skip
+        # B8 at the stage-4 makespan: where it proves that makespan optimal (solve_dispatch's
+        # OPTIMAL rule), no restart can apply, as only a strictly lower makespan is applied
+        params = np.array([cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2, cost.gamma,
+                           float(cost.tile)])  # fmt: skip
+        info[16] = forced_bound_kernel(counts, replicas, params, float(bound), m_out,
+                                       _FORCED_STEPS)  # fmt: skip
+        if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:  # Stage 4b
+            out, m_out, n_restart, n_probe = call_compiled(
+                stages[_RESTARTS], _stage_restarts,
+                (counts, order, lists, cost, opts, stop_at, out, _ROUNDS, wk, stages),
+            )  # fmt: skip
     info[0] = m_out
     info[8] = choice
     info[9] = n_chain
@@ -2079,14 +2098,16 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     info[12] = counters[2]
     info[13] = n_restart
     info[14] = counters[3]
+    info[15] = n_probe
     return out, info
 
 
 # call_compiled is lowered by solvers/_numba/address.py, the kernel orders the experts with
-# solvers/_order.py and builds its replica lists with _csr.py: an edit there recompiles the
-# functions that use them
-for _f in (tempo_kernel, _stage_local_search, _stage_restarts):
+# solvers/_order.py and builds its replica lists with _csr.py, and tries B8 (_bounds.py) with
+# the OPTIMAL rule's tolerance (method.py): an edit there recompiles the functions that use them
+for _f in (_stage_local_search, _stage_restarts):
     cache_depends_on(_f, _address, _order, _csr)
+cache_depends_on(tempo_kernel, _address, _order, _csr, _bounds_module, _method)
 
 
 def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
@@ -2135,11 +2156,16 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     out, m_out, choice = x, info[3], 0
     if opts.ensemble:  # Stage 4
         out, m_out, choice = _stage_ensemble_reference(ref, x, lp, sm_assign, sm, stop_at, info)
-    n_restart = 0
+    n_restart = n_probe = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
-        out, m_out, n_restart = _stage_restarts_reference(ref, out, m_out, stop_at)  # Stage 4b
+        # B8 at the stage-4 makespan, and stage 4b only where it does not prove it optimal
+        params = [cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2, cost.gamma, cost.tile]
+        info[16] = forced_bound_reference(counts, replicas, params, float(bound), m_out,
+                                          FORCED_STEPS)  # fmt: skip
+        if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:  # Stage 4b
+            out, m_out, n_restart, n_probe = _stage_restarts_reference(ref, out, m_out, stop_at)
     info[0] = m_out
-    info[13] = n_restart
+    info[13], info[15] = n_restart, n_probe
     info[8], info[9] = choice, n_chain
     info[10], info[11], info[12], info[14] = counters
     return np.array(out, dtype=np.int64).reshape(E, g), np.array(info)

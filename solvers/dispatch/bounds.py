@@ -51,6 +51,7 @@ from ...formulations.cost import CostModel
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_type
 from ._backend import FORCED_BOUND, LOWER_BOUND, PRELUDE
+from ._bounds import FORCED_STEPS
 
 __all__ = [
     "certified_lower_bound",
@@ -61,8 +62,6 @@ __all__ = [
 ]
 
 _FUNC = "certified_lower_bound"
-#: Bisection trials of B8 below its first trial value (each one pass of its kernel).
-FORCED_STEPS = 6
 
 
 def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float | np.ndarray:

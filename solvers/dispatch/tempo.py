@@ -106,9 +106,16 @@ the cost model.
 
    4b. **Ruin-and-recreate restarts** (*extension*; ``restarts=False`` switches it off).
    Run only when the stage-4 makespan ``M`` is more than ``RESTART_GAP`` (0.2%, relative)
-   above the stop bound of stage 3. A round tries every GPU ``h`` (increasing): the
-   experts active on ``h`` leave the dispatch (all their shares) and go back whole by
-   stage 1's rule on the rest of it; the result is polished by the stage-3 search
+   above the stop bound of stage 3, and B8
+   (:func:`~straggler.solvers.dispatch.bounds.forced_bound`, tried inside the kernel at
+   ``M`` from the bound B1-B7) does not prove ``M`` optimal by ``solve_dispatch``'s
+   OPTIMAL rule (``M <= B8 * (1 + OPTIMALITY_RTOL) + 1e-12``): a restart applies only a
+   strictly lower makespan, which such a layer does not have, so skipping them changes no
+   output and saves their searches (up to ``RESTART_PROBES`` probes, the slowest part of
+   tempo on wide-EP layers); the value tried is ``extras["bound_forced"]`` (nan: not
+   tried), and stage 5 reuses it where no restart applied. A round tries every GPU ``h``
+   (increasing): the experts active on ``h`` leave the dispatch (all their shares) and go
+   back whole by stage 1's rule on the rest of it; the result is polished by the stage-3 search
    uncapped, and, for each of the two largest floor levels ``F = a + b*G + b2*j < M``,
    first under the floor cap ``F`` (a GPU whose floor ``a + b*G + b2*(T - G)`` exceeds
    ``F`` costs infinity) and then uncapped. The round's strictly lowest makespan (first
@@ -122,7 +129,8 @@ the cost model.
    fewest activation changes to any better dispatch is 18, on 9 GPUs). The floor cap
    forbids that floor, so the search must trade the tile or the activation away first,
    which is the step single moves cannot price. ``extras["restarts"]`` counts the rounds
-   applied.
+   applied, ``extras["restart_probes"]`` the probes of their searches (0 where the stage
+   did not run).
 
 5. **Support rebalance** (*extension*; ``rebalance=False`` switches it off). The token LP
    restricted to the support of the stage-4 output (only its active replicas, by
@@ -221,6 +229,7 @@ serve (same results) until the kernels are compiled or their time budget is spen
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -250,6 +259,8 @@ SUPPORT_GAP = 1e-3
 RESTART_GAP = 2e-3
 #: Stage 4b starts no polish after this many neighbourhood probes of its searches in all.
 RESTART_PROBES = 10_000
+#: Where the kernel's ``info`` holds B8 tried at the stage-4 makespan (nan: not tried).
+_BOUND_FORCED = INFO_FIELDS.index("bound_forced")
 #: Neighbourhood probes of each stage-3 search.
 MAX_PROBES = 1_000
 
@@ -504,6 +515,7 @@ class Tempo:
             info = np.full(len(INFO_FIELDS), np.nan)
             info[0] = m_lp
             info[8:] = 0
+            info[_BOUND_FORCED] = np.nan
             return _Layer(x_lp, info, int(num), int(den), int(sm), float(m_lp),
                           float(bound), 0, 0, float(m_lp), "token_lp_exact", True)  # fmt: skip
         shares, info = kernels.TEMPO(counts, replicas, kcost, lp, assign, bound, self._kernel_opts)
@@ -513,10 +525,14 @@ class Tempo:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
         contracted = swapped = 0
         forced = None  # (makespan, B8 tried at it)
+        if not math.isnan(info[_BOUND_FORCED]) and info[13] == 0:
+            # the kernel tried B8 at the stage-4 makespan, and no restart changed it
+            forced = (info[0], info[_BOUND_FORCED])
         if (self.contract or self.swap) and m > bound + SUPPORT_GAP * m:
             # B8 at the makespan reached: where it proves that makespan optimal, no stage
             # below finds a strictly lower one, so none runs (the same output, sooner)
-            forced = (m, forced_bound(counts, replicas, c, bound, float(m)))
+            if forced is None or forced[0] != m:
+                forced = (m, forced_bound(counts, replicas, c, bound, float(m)))
             if forced[1] >= m:
                 return self._layer(shares, info, num, den, sm, m, forced[1], 0, 0, m_lp, choice)
         if self.contract and m > bound + SUPPORT_GAP * m:
@@ -564,6 +580,7 @@ class Tempo:
             flow_moves=int(info[11]),
             exchange_moves=int(info[12]),
             restarts=int(info[13]),
+            restart_probes=int(info[15]),
             makespan_before_repair=m,
             repaired=False,
             repair_status="off" if self.repair_budget_s == 0 else "not needed",

@@ -37,6 +37,7 @@ import tempfile
 from .errors import InvalidInputError, WriteError
 
 __all__ = [
+    "utf8_problem",
     "atomic_path",
     "atomic_open",
     "atomic_dir",
@@ -430,3 +431,17 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 - argparse's signature
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
+
+
+def utf8_problem(text: str) -> bool:
+    """Whether ``text`` cannot be written as UTF-8 (a lone surrogate): the text writers
+    refuse such text before writing, since their readers decode UTF-8.
+
+    >>> utf8_problem("a"), utf8_problem(chr(0xD800))
+    (False, True)
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

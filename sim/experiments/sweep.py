@@ -58,6 +58,7 @@ from ...formulations._io import (
     check_input_file,
     check_output_file,
     check_path_arg,
+    utf8_problem,
 )
 from ...formulations.errors import BackendUnavailableError, InvalidInputError, StragglerError
 from ...formulations.validation import check_bool, check_choice, check_int, check_type, describe
@@ -414,7 +415,7 @@ class SweepTable:
                 "holds a row as its fields."
             )
         for c in self.columns:
-            if not isinstance(c, str) or _utf8_problem(c):
+            if not isinstance(c, str) or utf8_problem(c):
                 raise InvalidInputError(
                     f"SweepTable.to_csv writes column names as UTF-8 text, which read_csv "
                     f"gives back as strings. Got the column name {c!r} instead."
@@ -491,14 +492,6 @@ def _csv_line(fields) -> str:
     return ",".join(out) + "\n"
 
 
-def _utf8_problem(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def _csv_cell(v, row: int, col: str) -> str:
     """The text :meth:`SweepTable.to_csv` writes for ``v``: one that :func:`_parse` gives
     back as ``v`` (NaN as NaN), or an error naming the row and the column."""
@@ -514,7 +507,7 @@ def _csv_cell(v, row: int, col: str) -> str:
     text = repr(v) if isinstance(v, float) else str(v)
     back = _parse(text)
     same = type(back) is type(v) and (back == v or v != v and back != back)
-    if not same or _utf8_problem(text):
+    if not same or utf8_problem(text):
         got = "text UTF-8 cannot encode" if same else f"{back!r} ({type(back).__name__})"
         raise InvalidInputError(
             f"{where}: read_csv would give back {got}, not the {type(v).__name__} written "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from ...formulations._io import atomic_open, check_input_file, check_path_arg
+from ...formulations._io import atomic_open, check_input_file, check_path_arg, utf8_problem
 from ...formulations.cost import MAX_TILE, CostModel
 from ...formulations.errors import InvalidInputError, param_error
 from ...formulations.validation import check_array, check_choice, check_int, check_real, check_rng
@@ -644,11 +644,7 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
         if not isinstance(k, str) or ":" in k:
             raise param_error("meta", func, "a dict whose keys are strings without ':'", repr(k))
         for text in (k, str(v)):
-            if (
-                text != text.strip()
-                or (text and text.splitlines() != [text])
-                or _utf8_problem(text)
-            ):
+            if text != text.strip() or (text and text.splitlines() != [text]) or utf8_problem(text):
                 raise param_error(
                     "meta", func, "a dict whose keys and values have no line breaks, "
                     "surrounding spaces or characters UTF-8 cannot encode (stored as "
@@ -666,14 +662,6 @@ def write_calibration_log(path, G, N, t, *, T=None, meta: dict | None = None) ->
         w.writerow(row)
     with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(buf.getvalue())
-
-
-def _utf8_problem(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def read_calibration_log(path) -> dict:

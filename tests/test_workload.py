@@ -16,17 +16,18 @@ from straggler.sim.workloads.batches import (
 
 
 @pytest.mark.parametrize(
-    "name, n_experts, measured, real",
+    "name, n_experts, top_k, measured, real",
     [
-        ("qwen3_prover", 128, 11.2, 11.0),  # Qwen3 prover prompts: ~11x in the median layer
-        ("qwen2_chat_median", 64, 1.5, 1.5),  # Qwen2-57B chat: ~1.5x in the median layer
-        ("qwen2_chat_worst", 64, 4.0, 4.0),  # ... up to ~4x
+        ("qwen3_prover", 128, 8, 11.2, 11.0),  # Qwen3 prover prompts: ~11x in the median layer
+        ("qwen2_chat_median", 64, 8, 1.5, 1.5),  # Qwen2-57B chat: ~1.5x in the median layer
+        ("qwen2_chat_worst", 64, 8, 4.0, 4.0),  # ... up to ~4x
+        ("mixtral_mmlu", 8, 2, 1.29, 1.29),  # Mixtral-8x7B on MMLU: median 1.29x
     ],
 )
-def test_skew_reproduces_anchor_figures(name, n_experts, measured, real):
-    """Long-run hottest/mean load of the documented Zipf exponents (top-8, 200k tokens)."""
+def test_skew_reproduces_anchor_figures(name, n_experts, top_k, measured, real):
+    """Long-run hottest/mean load of the documented Zipf exponents (200k tokens)."""
     pop = zipf_popularity(n_experts, SKEWS[name], rng=0)
-    c = sample_counts(pop, n_tokens=200_000, top_k=8, kappa=None, rng=1)[0]
+    c = sample_counts(pop, n_tokens=200_000, top_k=top_k, kappa=None, rng=1)[0]
     ratio = c.max() / c.mean()
     assert ratio == pytest.approx(measured, rel=0.02)
     assert ratio == pytest.approx(real, rel=0.05)
@@ -147,3 +148,21 @@ def test_sample_counts_near_zero_experts_raise_no_overflow():
         assert c[:3].sum() == 2 * 4096 and c[3:].sum() == 0
         c = sample_counts(pop, n_tokens=4096, top_k=4, rng=0)[0]  # each token needs one more
         assert (c[:3] == 4096).all() and c[3:].sum() == 4096
+
+
+def test_mixtral_skew_is_the_recordings_median():
+    """SKEWS["mixtral_mmlu"]'s target: the median busiest/mean load of the recorded Mixtral
+    popularity (every file, every layer)."""
+    import json
+    import pathlib
+
+    folder = (pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+              / "expert_loads" / "fiddler_mixtral8x7b_popularity")  # fmt: skip
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        pytest.skip(f"no recordings in {folder}")
+    ratios = []
+    for f in files:
+        a = np.asarray(json.loads(f.read_text())["expert_popularity"], dtype=float)
+        ratios.extend(a.max(axis=1) / a.mean(axis=1))
+    assert len(files) == 14 and np.median(ratios) == pytest.approx(1.29, abs=0.005)

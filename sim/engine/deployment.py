@@ -293,11 +293,19 @@ class ModelPreset:
 #   compressed KV in bf16 (1152 B per token and layer) binds before its 34.8k FLOP -> b =
 #   3.84e-4 us; c = 2 * 13.8M FLOP -> 0.028 us; dense FFN 3 * 2048 * 10944 -> 44.8 us; shared
 #   experts 2 * 3 * 2048 * 1408 -> 11.5 us.
+#   Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1 config.json: hidden 4096, 32 query heads and
+#   8 KV heads of 128, 32 layers all MoE, 8 experts of intermediate 14336, top-2, no shared
+#   expert; released in bf16): attention weights 4096*4096 + 2*4096*1024 + 4096*4096 = 41.9M
+#   -> 83.9 MB -> a = 28.0 us; KV per token and layer 2*8*128*2 B = 4096 B, read before its
+#   32 * 128 * 2 * 2 = 16.4k FLOP bind -> b = 1.365e-3 us; c = 2 * 41.9M FLOP at ~1 PFLOP/s
+#   = 0.084 us; no dense FFN, no shared expert.
 # No public per-layer decode timing of these models was at hand to fit these to; the MoE
 # cost models are TEMPO's Testbed B tile fits (Table 7), which include the traffic pair, and
-# for DeepSeek-V2-Lite its serving three-term model (Table 7, measured on that shape).
-# Expert shapes (hidden, moe_intermediate) are the config.json values; the dtype of the routed
-# experts is the roofline's (fp8 for the two large models, bf16 for V2-Lite).
+# for DeepSeek-V2-Lite its serving three-term model (Table 7, measured on that shape). No fit
+# of Mixtral's shape exists: its preset takes DeepSeek-V3's tile fit (``source`` says why).
+# Expert shapes (hidden, moe_intermediate) are the config.json values (Mixtral's routed
+# expert is its ``intermediate_size``); the dtype of the routed experts is the roofline's
+# (fp8 for the two large models, bf16 for V2-Lite and Mixtral).
 MODEL_PRESETS: dict[str, ModelPreset] = {
     "qwen3_235b": ModelPreset(
         name="qwen3_235b",
@@ -353,6 +361,33 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         "(../shared/data/expert_loads)",
         hidden=2048,
         moe_intermediate=1408,
+        dtype="bf16",
+    ),
+    "mixtral_8x7b": ModelPreset(
+        name="mixtral_8x7b",
+        n_layers=32,
+        n_moe_layers=32,
+        n_experts=8,
+        top_k=2,
+        n_groups=1,
+        attention=AttentionCost(a=28.0, b=1.365e-3, c=0.084),
+        dense_ffn_us=0.0,
+        shared_expert_us=0.0,
+        cost=CostModel.preset("dsv3_b_tile"),
+        skew=SKEWS["mixtral_mmlu"],
+        replication=1.5,
+        source="roofline from config.json (mistralai/Mixtral-8x7B-v0.1); MoE cost TEMPO Table 7 "
+        "dsv3_b_tile, not a fit of Mixtral: of the fits with the traffic pair (Eq. 4) that the "
+        "other presets use, DeepSeek-V3's expert is the nearest shape (44M parameters against "
+        "Mixtral's 176M) and its traffic pair prices a token of about Mixtral's size (7168 B "
+        "fp8 against 8192 B bf16); its per-expert terms are an fp8 expert of 44 MB against "
+        "Mixtral's 352 MB bf16, so expert weight streaming is under-priced and the per-token "
+        "terms weigh more than on Mixtral. Skew: the median of the recorded MMLU popularity "
+        "(../shared/data/expert_loads/fiddler_mixtral8x7b_popularity, efeslab/fiddler, "
+        "Apache-2.0); replication 1.5: 12 slots on EP4 (3 per GPU), 16 on EP8 (slots round up to "
+        "a multiple of the GPUs)",
+        hidden=4096,
+        moe_intermediate=14336,
         dtype="bf16",
     ),
 }

@@ -16,7 +16,13 @@ routing                   E      k    real max/mean     Zipf ``s`` reproducing i
 Qwen3-235B/30B prover     128    8    ~11 (median)      0.85 (11.2)
 Qwen2-57B chat, median     64    8    ~1.5              0.14 (1.5)
 Qwen2-57B chat, worst      64    8    ~4                0.55 (4.0)
+Mixtral-8x7B, MMLU          8    2    1.29 (median)     0.22 (1.29)
 ======================  =====  =====  ================  =======================
+
+The Mixtral figure is the median over layers and subjects of the busiest expert's load over
+the mean in efeslab/fiddler's per-subject popularity recordings (seven MMLU subjects, base and
+Instruct; ``../shared/data/expert_loads/fiddler_mixtral8x7b_popularity``), measured on
+200k top-2 tokens.
 
 A pure Zipf cannot also match the Qwen3 figure's ``k^-2`` decay of sorted loads: at
 ``s = 0.85`` the head decays as about ``k^-0.8`` after top-``k`` saturation (reaching a
@@ -104,6 +110,7 @@ SKEWS: dict[str, float] = {
     "qwen3_prover": 0.85,
     "qwen2_chat_median": 0.14,
     "qwen2_chat_worst": 0.55,
+    "mixtral_mmlu": 0.22,
 }
 
 

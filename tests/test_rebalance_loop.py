@@ -3,6 +3,8 @@ path (kernel and reference), the decision, the policies and their names, SGLang'
 elasticity-aware EPLB, place_experts on the active ranks, and the step model charging
 rearrangements (sync stall, asynchronous delay, rank lost and back)."""
 
+import pathlib
+
 import numpy as np
 import pytest
 from straggler.baselines.placement.elasticity_aware import elasticity_aware_rebalance
@@ -19,6 +21,7 @@ from straggler.sim.engine.deployment import (
     StepModel,
     simulate_steps,
 )
+from straggler.sim.workloads.batches import num_physical_slots
 from straggler.solvers import place_experts
 from straggler.solvers.placement.eplb import rebalance_experts
 from straggler.solvers.placement.place import moved_replicas
@@ -416,6 +419,128 @@ def test_esft_counts_are_read_by_task_and_bad_archives_refused(tmp_path):
     for name in ("none.npz", "neg.npz", "text.npz", "missing.npz"):
         with pytest.raises(InvalidInputError, match="'path'.*load_esft_counts"):
             load_esft_counts(tmp_path / name)
+
+
+MIXTRAL = (
+    pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "expert_loads"
+    / "fiddler_mixtral8x7b_popularity"
+)  # fmt: skip
+
+
+def test_mixtral_popularity_is_read_by_subject_in_order():
+    from straggler.sim.workloads.drift import MIXTRAL_SUBJECTS, load_mixtral_popularity
+
+    if not MIXTRAL.is_dir():
+        pytest.skip(f"no recordings in {MIXTRAL}")
+    base = load_mixtral_popularity(MIXTRAL)
+    inst = load_mixtral_popularity(MIXTRAL, variant="instruct")
+    assert list(base) == list(inst) == list(MIXTRAL_SUBJECTS)
+    for name, p in base.items():
+        assert p.shape == (32, 8) and p.dtype == np.int64 and (p.min() >= 0)
+        assert len(set(p.sum(axis=1).tolist())) == 1  # the same tokens at every layer
+        assert np.array_equal(p.sum(axis=1), inst[name].sum(axis=1))  # the same questions
+        assert not np.array_equal(p, inst[name])
+    # the subjects' popularity differs: the hottest expert of some layer changes
+    hot = np.stack([p.argmax(axis=1) for p in base.values()])
+    assert (hot != hot[0]).any(axis=0).sum() >= 16
+    two = load_mixtral_popularity(MIXTRAL, subjects=["machine_learning", "college_medicine"])
+    assert list(two) == ["machine_learning", "college_medicine"]
+    assert np.array_equal(two["machine_learning"], base["machine_learning"])
+
+
+def _popularity_file(folder, variant, subject, obj):
+    import json
+
+    from straggler.sim.workloads.drift import mixtral_popularity_file
+
+    path = mixtral_popularity_file(folder, variant, subject)
+    with open(path, "w") as fh:
+        fh.write(obj if isinstance(obj, str) else json.dumps(obj))
+    return path
+
+
+@pytest.mark.parametrize(
+    "obj, words",
+    [
+        ("not json", "Expecting value"),
+        ([[1, 2]], "holding list"),
+        ({"total_input_tokens": 3}, "holding keys ['total_input_tokens']"),
+        ({"expert_popularity": []}, "holding keys ['expert_popularity']"),
+        ({"expert_popularity": [[1, 2], [3]]}, '"expert_popularity"[1] is [3]'),
+        ({"expert_popularity": [[1, 2], 3]}, '"expert_popularity"[1] is 3'),
+        ({"expert_popularity": [[1, -2], [0, -1]]}, '"expert_popularity"[0][1] = -2'),
+        ({"expert_popularity": [[1, 2.0], [2, 1]]}, '"expert_popularity"[0][1] = 2.0'),
+        ({"expert_popularity": [[True, 2], [2, 1]]}, '"expert_popularity"[0][0] = True'),
+        ({"expert_popularity": [[1, 2], [2, 2]]}, '"expert_popularity"[1] sums to 4, layer 0 to 3'),
+        ({"expert_popularity": [[0, 0], [0, 0]]}, '"expert_popularity"[0] sums to 0'),
+    ],
+)
+def test_popularity_reader_names_file_and_field(tmp_path, obj, words):
+    from straggler.sim.workloads.drift import load_mixtral_popularity, read_popularity
+
+    path = _popularity_file(tmp_path, "original", "machine_learning", obj)
+    for call in (
+        lambda: read_popularity(path),
+        lambda: load_mixtral_popularity(tmp_path, subjects=["machine_learning"]),
+    ):
+        with pytest.raises(InvalidInputError, match="'path'.*read_popularity") as exc:
+            call()
+        assert path in str(exc.value) and words in str(exc.value)
+
+
+def test_mixtral_loader_refuses_missing_files_mixed_shapes_and_bad_names(tmp_path):
+    from straggler.sim.workloads.drift import load_mixtral_popularity
+
+    a = _popularity_file(tmp_path, "instruct", "college_medicine", {"expert_popularity": [[1, 1]]})
+    with pytest.raises(InvalidInputError, match="No such file") as exc:
+        load_mixtral_popularity(tmp_path, variant="instruct")  # the first subject is missing
+    assert "college_computer_science" in str(exc.value)
+    b = _popularity_file(tmp_path, "instruct", "machine_learning",
+                         {"expert_popularity": [[1, 1], [2, 0]]})  # fmt: skip
+    with pytest.raises(InvalidInputError, match="'folder'.*one shape") as exc:
+        load_mixtral_popularity(tmp_path, variant="instruct",
+                                subjects=["college_medicine", "machine_learning"])  # fmt: skip
+    assert b in str(exc.value) and a not in str(exc.value)
+    got = load_mixtral_popularity(tmp_path, variant="instruct", subjects=("college_medicine",))
+    assert got["college_medicine"].tolist() == [[1, 1]]
+    for kw, name in (
+        (dict(variant="chat"), "variant"),
+        (dict(subjects=["law"]), "subjects"),
+        (dict(subjects=[]), "subjects"),
+        (dict(subjects="machine_learning"), "subjects"),
+        (dict(subjects=["college_medicine", "college_medicine"]), "subjects"),
+    ):
+        with pytest.raises(InvalidInputError, match=f"'{name}'"):
+            load_mixtral_popularity(tmp_path, **kw)
+
+
+def test_mixtral_preset_and_its_drift_in_the_step_model():
+    from straggler.sim.workloads.drift import load_mixtral_popularity
+
+    p = MODEL_PRESETS["mixtral_8x7b"]
+    assert (p.n_layers, p.n_moe_layers, p.n_experts, p.top_k) == (32, 32, 8, 2)
+    assert p.expert_bytes == 3 * 4096 * 14336 * 2  # bf16: 352 MB
+    # the attention roofline: 41.9M bf16 weights and 4 KB of KV per token at 3.0 TB/s
+    weights = 2 * (4096 * 4096 + 2 * 4096 * 8 * 128 + 4096 * 4096)
+    assert p.attention.a == pytest.approx(weights / 3.0e6, abs=0.05)
+    assert p.attention.b == pytest.approx(2 * 8 * 128 * 2 / 3.0e6, rel=1e-3)
+    if not MIXTRAL.is_dir():
+        pytest.skip(f"no recordings in {MIXTRAL}")
+    pops = load_mixtral_popularity(MIXTRAL, subjects=["college_medicine", "international_law"])
+    models = [RoutingModel.recorded(c[None], top_k=2, layers=2) for c in pops.values()]
+    assert np.array_equal(models[1].long_run(), pops["international_law"][[0, 31]])
+    kv, req = np.full((100, 8), 20_000), np.full((100, 8), 256)  # the loads bind
+    runs = []
+    for routing in (models[0], RoutingSequence(models, every_s=0.1)):
+        cfg = DeploymentConfig(preset="mixtral_8x7b", n_gpus=8, layers=2, routing=routing,
+                               placement="fixed", seed=0)  # fmt: skip
+        runs.append(simulate_steps(cfg, kv, req))
+    assert num_physical_slots(8, 8, cfg.replication) == 16
+    # the same steps while the first subject routes, other MoE times once the second does
+    second = runs[1].time_s >= 0.1
+    assert 0 < second.sum() < 90
+    a, b = runs[0].steps["moe_us"], runs[1].steps["moe_us"]
+    assert np.array_equal(a[~second], b[~second]) and not np.array_equal(a[second], b[second])
 
 
 def test_routing_sequence_switches_models_in_time():

@@ -5,7 +5,11 @@ four tasks (``../shared/data/expert_loads/esft_per_sequence_counts.npz``, counte
 deepseek-ai/ESFT; MIT), whose popularity differs from task to task; played one task after
 another (``straggler.sim.engine.deployment.RoutingSequence`` of
 ``RoutingModel.recorded`` per task), a deployment sees its hot experts change as its traffic
-changes task. The rest of this module generates drift.
+changes task. :func:`load_mixtral_popularity` reads Mixtral-8x7B's expert popularity per
+MMLU subject (``../shared/data/expert_loads/fiddler_mixtral8x7b_popularity``, recorded by
+efeslab/fiddler; Apache-2.0), base and Instruct: one total per subject, played the same way
+(one ``RoutingModel.recorded`` of the subject's total per subject). The rest of this module
+generates drift.
 
 Drifting windows of routed batches: the workload of the plan-on-one-window benchmark.
 
@@ -28,16 +32,38 @@ TEMPO §3.2).
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
+from ...formulations._io import check_path_arg
 from ...formulations.errors import param_error
-from ...formulations.validation import check_int, check_real, check_rng
+from ...formulations.validation import check_choice, check_int, check_real, check_rng
 from .batches import DEFAULT_KAPPA, MAX_EXPERTS, MAX_LAYERS, sample_counts, zipf_popularity
 
-__all__ = ["drifting_windows", "load_esft_counts", "ESFT_TASKS"]
+__all__ = [
+    "drifting_windows",
+    "load_esft_counts",
+    "ESFT_TASKS",
+    "read_popularity",
+    "load_mixtral_popularity",
+    "mixtral_popularity_file",
+    "MIXTRAL_SUBJECTS",
+    "MIXTRAL_VARIANTS",
+]
 
 #: The four ESFT tasks of ``esft_per_sequence_counts.npz``, in the file's order.
 ESFT_TASKS = ("intent", "law", "summary", "translation")
+#: The seven MMLU subjects of the Mixtral popularity recordings, in the order they are played:
+#: alphabetical (the files' order in their folder).
+MIXTRAL_SUBJECTS = (
+    "college_computer_science", "college_medicine", "high_school_biology",
+    "high_school_mathematics", "high_school_us_history", "international_law",
+    "machine_learning",
+)  # fmt: skip
+#: The recorded Mixtral-8x7B variants: the Instruct model and the base model ("original").
+MIXTRAL_VARIANTS = ("instruct", "original")
 
 _FUNC = "drifting_windows"
 
@@ -151,4 +177,137 @@ def load_esft_counts(path) -> dict[str, np.ndarray]:
         if c.ndim != 3 or (c < 0).any():
             raise param_error("path", func, "(n_seq, n_layers, n_experts) non-negative counts",
                               f"{t}_counts of shape {c.shape}")  # fmt: skip
+    return out
+
+
+def read_popularity(path) -> np.ndarray:
+    """One recorded expert popularity: tokens routed to each expert of each MoE layer.
+
+    The format of efeslab/fiddler's popularity benchmark (branch ``popularity``,
+    ``benchmarks/results/popularity/``): a JSON object whose ``"expert_popularity"`` holds one
+    list per MoE layer of one non-negative integer per expert, the token-to-expert assignments
+    summed over a workload (a top-``k`` token adds 1 to each of its ``k`` experts); other
+    fields (``"total_input_tokens"``) are not read. Every layer routes the same tokens, so
+    every layer's sum is the same, and positive.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+
+    Returns
+    -------
+    ndarray of int64, shape (n_layers, n_experts)
+
+    Raises
+    ------
+    InvalidInputError
+        A file that cannot be read or is not such an object; the message names the file and
+        the field.
+
+    Examples
+    --------
+    >>> import json, tempfile, os
+    >>> f = os.path.join(tempfile.mkdtemp(), "p.json")
+    >>> _ = open(f, "w").write(json.dumps({"expert_popularity": [[3, 1, 2], [2, 2, 2]]}))
+    >>> read_popularity(f).tolist()
+    [[3, 1, 2], [2, 2, 2]]
+    """
+    func = "read_popularity"
+    p = check_path_arg(path, "path", func)
+    form = ('a JSON object whose "expert_popularity" is a list of n_layers lists of n_experts '
+            "non-negative integers, every layer with the same positive sum")  # fmt: skip
+    try:
+        with open(p, encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise param_error("path", func, form, f"{p} ({e})") from None
+    rows = obj.get("expert_popularity") if isinstance(obj, dict) else None
+    if not isinstance(rows, list) or not rows:
+        what = f"keys {sorted(obj)[:8]}" if isinstance(obj, dict) else type(obj).__name__
+        raise param_error("path", func, form, f"{p} holding {what}")
+    E = len(rows[0]) if isinstance(rows[0], list) else 0
+    for l, row in enumerate(rows):
+        if not isinstance(row, list) or not row or len(row) != E:
+            raise param_error(
+                "path", func, form,
+                f'{p}: "expert_popularity"[{l}] is {str(row)[:40]} (layer 0 has {E} experts)',
+            )  # fmt: skip
+        for e, v in enumerate(row):
+            if type(v) is not int or v < 0:
+                raise param_error(
+                    "path", func, form, f'{p}: "expert_popularity"[{l}][{e}] = {v!r}'
+                )  # fmt: skip
+    if len(rows) > MAX_LAYERS or E > MAX_EXPERTS:
+        raise param_error("path", func, f"at most {MAX_LAYERS} layers of {MAX_EXPERTS} experts",
+                          f"{p}: {len(rows)} layers of {E} experts")  # fmt: skip
+    out = np.array(rows, dtype=np.int64)
+    sums = out.sum(axis=1)
+    if sums[0] <= 0 or (sums != sums[0]).any():
+        l = int(np.argmax(sums != sums[0])) if sums[0] > 0 else 0
+        raise param_error(
+            "path", func, form,
+            f'{p}: "expert_popularity"[{l}] sums to {int(sums[l])}, layer 0 to {int(sums[0])}',
+        )  # fmt: skip
+    return out
+
+
+def mixtral_popularity_file(folder, variant: str, subject: str) -> str:
+    """The path of one Mixtral popularity recording in ``folder``:
+    ``mixtral_8x7b_<variant>__expert_popularity_<subject>.json``."""
+    folder = check_path_arg(folder, "folder", "mixtral_popularity_file")
+    return os.path.join(folder, f"mixtral_8x7b_{variant}__expert_popularity_{subject}.json")
+
+
+def load_mixtral_popularity(folder, *, variant: str = "original",
+                            subjects=MIXTRAL_SUBJECTS) -> dict[str, np.ndarray]:  # fmt: skip
+    """Mixtral-8x7B's recorded expert popularity per MMLU subject, in the order given.
+
+    Each subject's file (:func:`mixtral_popularity_file`, read by :func:`read_popularity`)
+    holds the top-2 assignments of the subject's test questions summed per layer (32) and
+    expert (8). Played one subject after another
+    (``RoutingSequence([RoutingModel.recorded(p[None], top_k=2) for p in ...])``), each
+    step's popularity is the subject's total: the batch-to-batch fluctuation is the tokens'
+    own sampling (no fluctuation is recorded).
+
+    Parameters
+    ----------
+    folder : str or os.PathLike
+        The recordings' folder (``../shared/data/expert_loads/fiddler_mixtral8x7b_popularity``).
+    variant : {"original", "instruct"}, default "original"
+        The base model or the Instruct model.
+    subjects : sequence of str, default :data:`MIXTRAL_SUBJECTS`
+        Distinct subjects of :data:`MIXTRAL_SUBJECTS`, in the order to play them.
+
+    Returns
+    -------
+    dict of str to ndarray of int64, shape (n_layers, n_experts)
+        One per subject, in ``subjects``' order, all of one shape.
+
+    Raises
+    ------
+    InvalidInputError
+        A missing or malformed file (the message names it and the field), or recordings of
+        different shapes.
+    InvalidOptionError
+        An unknown variant or subject.
+    """
+    func = "load_mixtral_popularity"
+    folder = check_path_arg(folder, "folder", func)
+    variant = check_choice(variant, "variant", func, MIXTRAL_VARIANTS)
+    if isinstance(subjects, str) or not hasattr(subjects, "__iter__"):
+        raise param_error("subjects", func, "a sequence of subject names", repr(subjects)[:60])
+    subjects = [check_choice(s, "subjects", func, MIXTRAL_SUBJECTS) for s in subjects]
+    if not subjects or len(set(subjects)) != len(subjects):
+        raise param_error("subjects", func, "distinct subjects, at least one", repr(subjects))
+    out: dict[str, np.ndarray] = {}
+    for s in subjects:
+        path = mixtral_popularity_file(folder, variant, s)
+        pop = read_popularity(path)
+        first = next(iter(out.values()), pop)
+        if pop.shape != first.shape:
+            raise param_error(
+                "folder", func, f"recordings of one shape ({first.shape[0]} layers, "
+                f"{first.shape[1]} experts)", f"{path} with shape {pop.shape}",
+            )  # fmt: skip
+        out[s] = pop
     return out

@@ -660,3 +660,48 @@ def test_simulate_command_refuses_recordings_of_another_model(capsys):
     code = main(["azure_conv", "--requests", "100", "--moe", "dsv3", "--ep", "8", "--rebalance",
                  "never", "--expert-loads", str(sample_recording("vllm"))])  # fmt: skip
     assert code == 2 and "64 experts" in capsys.readouterr().err
+
+
+def _mixtral_cmd(*extra):
+    from straggler.runtime.commands.simulate import main
+
+    return main(["azure_conv", "--requests", "6000", "--moe", "mixtral_8x7b", "--ep", "8",
+                 "--layers", "2", "--max-slots", "256", "--prefill-instances", "0",
+                 "--saturated", "--no-progress", *extra])  # fmt: skip
+
+
+def test_simulate_command_replays_popularity_files_in_turn(tmp_path, capsys):
+    import json
+
+    from straggler.sim.workloads.drift import read_popularity
+
+    # three workloads: w0 and its copy w0b, and w1 whose hot experts differ in every layer
+    # (the placement, fitted to the first workload, is stale on w1)
+    pops = {}
+    for name, hot in (("w0", [0, 1]), ("w0b", [0, 1]), ("w1", [2, 3])):
+        pop = np.full((32, 8), 100)
+        pop[:, hot] = 500
+        pops[name] = tmp_path / f"{name}.json"
+        pops[name].write_text(json.dumps({"expert_popularity": pop.tolist()}))
+    assert read_popularity(pops["w1"]).tolist() == pop.tolist()
+    bal = {}
+    for second in ("w0b", "w1"):
+        out = tmp_path / f"{second}.out.json"
+        recs = f"popularity:{pops['w0']},popularity:{pops[second]}"
+        code = _mixtral_cmd("--max-steps", "300", "--rebalance", "never", "--json", str(out),
+                            "--expert-loads", recs, "--drift-every", "0.3")  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+        bal[second] = json.loads(out.read_text())["rows"][0]["balancedness"]
+    # w1's hot experts have one replica each in w0's placement: the layers balance worse
+    assert bal["w1"] < bal["w0b"] - 0.1
+    # without the prefix the file is no engine's: one line, the prefix named
+    code = _mixtral_cmd("--max-steps", "10", "--rebalance", "never", "--expert-loads",
+                        str(pops["w0"]))  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"popularity:{pops['w0']}" in err[0]
+    # a bad popularity file: one line naming the file and the field
+    pops["w1"].write_text(json.dumps({"expert_popularity": [[1, 2], [3]]}))
+    code = _mixtral_cmd("--max-steps", "10", "--rebalance", "never", "--expert-loads", recs)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(pops["w1"]) in err[0]
+    assert '"expert_popularity"[1]' in err[0]

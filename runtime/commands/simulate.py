@@ -18,9 +18,12 @@ S]] [--fail RANK:DOWN[:UP]] [--json OUT] [--plot PNG]`` compares rebalance polic
 balancedness, rearrangements, expert copies, bytes moved and the time they stalled or delayed
 the steps; ``--plot`` draws throughput over time with every rearrangement marked.
 ``--expert-loads`` plays recordings (any format
-:func:`~straggler.runtime.engines.read_engine_log` reads; their experts must be the preset's)
-one after another, each for ``--drift-every`` seconds (default: an equal share of the trace's
-simulated time), the batches of each resampled step by step.
+:func:`~straggler.runtime.engines.read_engine_log` reads, or ``popularity:FILE``: a per-layer
+expert popularity summed over a workload, :func:`~straggler.sim.workloads.drift.read_popularity`,
+e.g. Mixtral's per-MMLU-subject recordings; their experts must be the preset's) one after
+another, each for ``--drift-every`` seconds (default: an equal share of the trace's simulated
+time), the batches of each resampled step by step (a popularity file is one batch: each step
+routes its tokens from it).
 
 ``TRACE`` is a trace file (Azure CSV, Mooncake JSONL, BurstGPT, a length-only CSV: see
 :func:`~straggler.sim.workloads.traces.load_trace`), a name of
@@ -223,7 +226,8 @@ def _parser() -> OneLineParser:
     r.add_argument("--drift-steps", type=int, default=None,
                    help="steps between synthetic drift steps (default 1000)")  # fmt: skip
     r.add_argument("--expert-loads", type=name_list, default=None,
-                   help="comma-separated engine recordings played in turn")  # fmt: skip
+                   help="comma-separated engine recordings played in turn (popularity:FILE: "
+                   "a per-layer expert popularity JSON)")  # fmt: skip
     r.add_argument(
         "--drift-every",
         type=float,
@@ -250,6 +254,9 @@ LEVERS_TABLE_PERIOD_S = 0.2
 MAX_DRIFT = 10.0
 
 
+#: ``--expert-loads`` prefix of a per-layer popularity file (not an engine format).
+POPULARITY_PREFIX = "popularity:"
+
 #: Flags that only mean something with ``--rebalance``.
 _REBALANCE_ONLY = (
     "rebalance_mode", "links", "intra_gbps", "inter_gbps", "drift", "drift_steps",
@@ -259,16 +266,29 @@ _REBALANCE_ONLY = (
 
 def _recorded_routing(paths: list, preset, layers: int | None):
     """``--expert-loads``: one :class:`~straggler.sim.engine.deployment.RoutingModel` per
-    recording (its all-zero layers, the dense ones SGLang records, left out)."""
+    recording (its all-zero layers, the dense ones SGLang records, left out); a
+    ``popularity:FILE`` is one batch of :func:`~straggler.sim.workloads.drift.read_popularity`."""
     from ...sim.engine.deployment import RoutingModel
+    from ...sim.workloads.drift import read_popularity
     from ..engines import read_engine_log
 
     models = []
     for path in paths:
-        log = read_engine_log(path)
-        if log.counts is None:
-            raise InvalidInputError(f"--expert-loads: {path} holds a placement, no loads.")
-        counts = log.counts[:, log.counts.sum(axis=(0, 2)) > 0]
+        if path.startswith(POPULARITY_PREFIX):
+            counts = read_popularity(path[len(POPULARITY_PREFIX) :])[None]
+        else:
+            try:
+                log = read_engine_log(path)
+            except InvalidInputError as exc:
+                if "'expert_popularity'" not in str(exc):
+                    raise
+                raise InvalidInputError(
+                    f"{exc} A per-layer popularity file is read as {POPULARITY_PREFIX}{path}."
+                ) from None
+            if log.counts is None:
+                raise InvalidInputError(f"--expert-loads: {path} holds a placement, no loads.")
+            counts = log.counts
+        counts = counts[:, counts.sum(axis=(0, 2)) > 0]
         if counts.shape[2] != preset.n_experts:
             raise InvalidInputError(
                 f"--expert-loads: {path} records {counts.shape[2]} experts; --moe "

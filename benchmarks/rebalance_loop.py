@@ -17,6 +17,17 @@ drift, seed). Tables:
 4. **real drift** (``--full``): DeepSeek-V2-Lite EP8, the four ESFT tasks' recorded loads in
    turn (``../shared/data/expert_loads``).
 5. **rank lost** (``--full``): DeepSeek-V3 EP32, rank 5 lost and back.
+6. **Mixtral** (default run: the base model; ``--full``: the Instruct model too):
+   Mixtral-8x7B EP8 on one node, 16 slots (2 per GPU), 256 requests per rank, its expert
+   popularity on seven MMLU subjects in turn (``../shared/data/expert_loads/
+   fiddler_mixtral8x7b_popularity``, efeslab/fiddler, Apache-2.0; alphabetical order,
+   :data:`~straggler.sim.workloads.drift.MIXTRAL_SUBJECTS`) at two paces: a seventh of the
+   run each, and each as long as an ESFT task of table 4 (a quarter of the run; the run then
+   7/4 as long); sync and async, the check as in table 3. First, why this layout: EPLB's
+   placement fitted to one subject and served on another against one fitted to the subject
+   served, per layout.
+   Nothing is tuned on these recordings (``auto``'s settings are the training drift's): both
+   variants are held out.
 
 ``auto``'s settings were chosen on the *training* drift: DeepSeek-V3 EP32, seed 1, every
 expert's log popularity stepping N(0, 1) every 2000 steps (:class:`~straggler.solvers.
@@ -25,7 +36,7 @@ drift together.
 
 Usage::
 
-    python benchmarks/rebalance_loop.py            # planning, direction, held-out (~minutes)
+    python benchmarks/rebalance_loop.py            # planning, direction, held-out, Mixtral
     python benchmarks/rebalance_loop.py --full     # and more drifts, ESFT, a rank lost
     python benchmarks/rebalance_loop.py --quick    # fewer steps (a smoke run)
 
@@ -52,7 +63,7 @@ from straggler.sim import drifting_windows
 from straggler.sim.engine.deployment import DeploymentConfig, RoutingModel, RoutingSequence
 from straggler.sim.engine.simulator import warm_engine
 from straggler.sim.experiments.rebalance import rebalance_loop
-from straggler.sim.workloads.drift import load_esft_counts
+from straggler.sim.workloads.drift import load_esft_counts, load_mixtral_popularity
 from straggler.sim.workloads.traces import generate_trace
 from straggler.solvers import place_experts
 from straggler.solvers.placement.eplb import rebalance_experts
@@ -62,6 +73,7 @@ from straggler.solvers.placement.rebalance.path import eplb_target, rebalance_pa
 from straggler.solvers.placement.rebalance.transfer import MoveCost
 
 ESFT = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "expert_loads"
+MIXTRAL = ESFT / "fiddler_mixtral8x7b_popularity"
 
 #: The deployments: (preset, EP width, nodes, requests per rank).
 SHAPES = {"dsv3": ("dsv3", 32, 4, 64), "qwen3_235b": ("qwen3_235b", 8, 1, 128)}
@@ -70,8 +82,16 @@ SHAPES = {"dsv3": ("dsv3", 32, 4, 64), "qwen3_235b": ("qwen3_235b", 8, 1, 128)}
 HELD_OUT = [(3, 0.7, 1500), (4, 1.5, 3000)]
 FIXED = ["vllm", "vllm:1000", "vllm:250", "sglang", "sglang:250", "every:500", "every:1000",
          "every:2000"]  # fmt: skip
+#: Mixtral's deployment: (GPUs, nodes, requests per rank, slots per GPU). Below about 150
+#: requests per rank the cost model's MoE layer is its weight floor whatever the placement
+#: (``a + 2 b`` against the traffic term ``c2 + gamma N`` for ``N = 2 x requests`` tokens per
+#: GPU): placement would not matter. 256 requests per rank at ~1200 tokens of KV (4 KB per
+#: token and layer) and 16 bf16 expert slots of 352 MB per layer fit an 80 GB GPU.
+MIXTRAL_SHAPE = (8, 1, 256, 2)
+#: Layouts compared for the Mixtral table's choice: (GPUs, slots per GPU).
+MIXTRAL_LAYOUTS = ((4, 2), (4, 3), (8, 1), (8, 2))
 #: The tables, in the order they run.
-TABLES = ("planning", "direction", "held_out", "esft", "rank_lost")
+TABLES = ("planning", "direction", "held_out", "esft", "rank_lost", "mixtral")
 QUICK_FIXED = ["vllm", "vllm:250", "sglang", "every:500", "every:1000"]
 
 
@@ -228,17 +248,77 @@ def real_drift(out: dict, steps: int, fixed) -> None:
     probe = DeploymentConfig(preset="dsv2_lite", n_gpus=G, n_nodes=N, layers=2,
                              routing=models[0])  # fmt: skip
     # a task for about a quarter of the run: the step time at full load, measured
-    from straggler.sim.engine.deployment import StepModel
-
-    m = StepModel(probe)
-    dt = np.mean([m.step(np.full(G, 1200 * slots), np.full(G, slots), 0.0).total_us
-                  for _ in range(20)]) * 1e-6  # fmt: skip
-    every = steps * dt / 4
+    every = steps * _full_step_s(probe, slots) / 4
     dep = DeploymentConfig(preset="dsv2_lite", n_gpus=G, n_nodes=N, layers=2, seed=5,
                            routing=RoutingSequence(models, every_s=every))  # fmt: skip
     label = f"dsv2_lite EP8 (2 nodes), ESFT tasks {'/'.join(counts)} in turn, {every:.1f} s each"
     out["real_drift"] = _compare(label, dep, _trace(steps, G, slots, 5), fixed, steps, slots,
                                  figure="esft")  # fmt: skip
+
+
+def _stale_balance(pops: dict, G: int, per_gpu: int) -> tuple[float, float]:
+    """(fresh, stale): busiest GPU's load over the mean under EPLB's even split, mean over
+    layers, of EPLB's placement fitted to the subject served (fresh) and to another subject
+    (stale: mean over the ordered pairs), on ``G`` GPUs with ``per_gpu`` slots each."""
+    P = G * per_gpu
+    load = {s: p / p.sum(axis=1, keepdims=True) for s, p in pops.items()}
+    place = {s: rebalance_experts(p, P, 1, 1, G)[0] for s, p in load.items()}
+
+    def imbalance(p2l, pop):
+        rep = np.stack([np.bincount(r, minlength=pop.shape[1]) for r in p2l])
+        per_slot = np.take_along_axis(pop / rep, p2l, axis=1)  # (L, P)
+        gpu = per_slot.reshape(len(p2l), G, per_gpu).sum(axis=2)
+        return float(np.mean(gpu.max(axis=1) / gpu.mean(axis=1)))
+
+    fresh = np.mean([imbalance(place[s], load[s]) for s in load])
+    stale = np.mean([imbalance(place[a], load[b]) for a in load for b in load if a != b])
+    return float(fresh), float(stale)
+
+
+def mixtral(out: dict, steps: int, fixed, variants) -> None:
+    """Mixtral-8x7B EP8, the MMLU subjects' recorded popularity in turn."""
+    G, N, slots, per_gpu = MIXTRAL_SHAPE
+    rows = []
+    for variant in variants:
+        pops = load_mixtral_popularity(MIXTRAL, variant=variant)
+        for g, k in MIXTRAL_LAYOUTS:
+            fresh, stale = _stale_balance(pops, g, k)
+            rows.append(dict(variant=variant, gpus=g, slots_per_gpu=k, fresh=fresh, stale=stale))
+    out["mixtral_layouts"] = rows
+    print("\nMixtral layouts: busiest GPU / mean under EPLB's even split, placement fitted to "
+          "the subject served (fresh) or to another subject (stale), mean over layers")  # fmt: skip
+    for r in rows:
+        print(f"  {r['variant']:<9s} EP{r['gpus']} x {r['slots_per_gpu']} slots per GPU: "
+              f"fresh {r['fresh']:.3f}, stale {r['stale']:.3f}")  # fmt: skip
+    out["mixtral"] = []
+    for variant in variants:
+        pops = load_mixtral_popularity(MIXTRAL, variant=variant)
+        models = [RoutingModel.recorded(p[None], top_k=2, layers=2) for p in pops.values()]
+        kw = dict(preset="mixtral_8x7b", n_gpus=G, n_nodes=N, layers=2,
+                  replication=float(per_gpu))  # fmt: skip
+        dt = _full_step_s(DeploymentConfig(routing=models[0], **kw), slots)
+        # two paces: the seven subjects within the run, and each subject as long as each
+        # ESFT task of the "real drift" table (a quarter of the run), the run 7/4 as long
+        for n, pace in ((steps, "run / 7"), (7 * steps // 4, "ESFT's pace")):
+            every = n * dt / 7
+            dep = DeploymentConfig(seed=7, routing=RoutingSequence(models, every_s=every), **kw)
+            label = (f"mixtral_8x7b EP8 x {per_gpu} slots, MMLU subjects ({variant}) in turn, "
+                     f"{every:.1f} s each ({pace}, {n} steps)")  # fmt: skip
+            first = variant == variants[0] and n == steps
+            out["mixtral"].append(
+                _compare(label, dep, _trace(n, G, slots, 7), fixed, n, slots,
+                         figure=f"mixtral_{variant}" if first else None)
+            )  # fmt: skip
+
+
+def _full_step_s(dep: DeploymentConfig, slots: int) -> float:
+    """Seconds of one step at full load (every slot busy, ~1200 tokens of KV each)."""
+    from straggler.sim.engine.deployment import StepModel
+
+    m = StepModel(dep)
+    G = dep.n_gpus
+    return float(np.mean([m.step(np.full(G, 1200 * slots), np.full(G, slots), 0.0).total_us
+                          for _ in range(20)]) * 1e-6)  # fmt: skip
 
 
 def rank_lost(out: dict, steps: int) -> None:
@@ -268,7 +348,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 6000)")
     ap.add_argument("--tables", default=None,
                     help="comma list of tables to run: planning, direction, held_out, esft, "
-                    "rank_lost (default: the first three; --full: all)")  # fmt: skip
+                    "rank_lost, mixtral (default: the first three and mixtral; --full: "
+                    "all)")  # fmt: skip
     ap.add_argument("--no-plots", action="store_true", help="no figures")
     ap.add_argument("--out", default=None, metavar="DIR",
                     help="folder for the JSON and figures (default $STRAGGLER_RESULTS, else "
@@ -290,7 +371,7 @@ def main(argv=None) -> int:
         note="shared 2-core machine: times noisy; comparisons within one invocation",
         steps=steps, training_drift="dsv3 EP32, seed 1, N(0,1) every 2000 steps",
     )  # fmt: skip
-    tables = TABLES if args.full else TABLES[:3]
+    tables = TABLES if args.full else TABLES[:3] + ("mixtral",)
     if args.tables is not None:
         tables = [t.strip() for t in args.tables.split(",") if t.strip()]
         bad = [t for t in tables if t not in TABLES]
@@ -306,10 +387,13 @@ def main(argv=None) -> int:
         real_drift(out, steps, fixed)
     if "rank_lost" in tables:
         rank_lost(out, steps)
+    if "mixtral" in tables:
+        mixtral(out, steps, fixed, ("original", "instruct") if args.full else ("original",))
     out["wall_s"] = time.perf_counter() - t0
     met = [m["check"]["met"] for h in out.get("held_out", []) for m in h["modes"].values()]
     if "real_drift" in out:
         met += [m["check"]["met"] for m in out["real_drift"]["modes"].values()]
+    met += [m["check"]["met"] for h in out.get("mixtral", []) for m in h["modes"].values()]
     out["all_checks_met"] = bool(all(met)) if met else None
     checks = f"checks met: {sum(met)}/{len(met)}" if met else "no checks in these tables"
     print(f"\n{checks}; {out['wall_s']:.0f} s")

@@ -86,7 +86,8 @@ FIXED = ["vllm", "vllm:1000", "vllm:250", "sglang", "sglang:250", "every:500", "
 #: requests per rank the cost model's MoE layer is its weight floor whatever the placement
 #: (``a + 2 b`` against the traffic term ``c2 + gamma N`` for ``N = 2 x requests`` tokens per
 #: GPU): placement would not matter. 256 requests per rank at ~1200 tokens of KV (4 KB per
-#: token and layer) and 16 bf16 expert slots of 352 MB per layer fit an 80 GB GPU.
+#: token and layer: 39 GB) and 2 bf16 expert slots of 352 MB in each of 32 layers (22.5 GB)
+#: fit an 80 GB GPU.
 MIXTRAL_SHAPE = (8, 1, 256, 2)
 #: Layouts compared for the Mixtral table's choice: (GPUs, slots per GPU).
 MIXTRAL_LAYOUTS = ((4, 2), (4, 3), (8, 1), (8, 2))

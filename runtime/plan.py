@@ -306,7 +306,9 @@ def plan(
     chosen_x = np.zeros((L, E, n_gpus))
     choices = []
     cand_scores = []
-    runtime = {"tempo": 0.0, "token_lp": 0.0}
+    # (the tempo seconds spent in plain-Python references, which answer while the kernels are
+    # not compiled, at a fraction of their speed: the report says so)
+    runtime = {"tempo": 0.0, "token_lp": 0.0, "tempo_reference": 0.0}
     stacks = []
     for l in _progress(range(L), L, progress, "tempo"):
         fit_p = DispatchProblem.from_placement(
@@ -318,6 +320,7 @@ def plan(
         mean_p = DispatchProblem(counts=mean, replicas=fit_p.replicas[0], gpu_node=gpu_node)
         res_mean = solve_dispatch(mean_p, cost, method="tempo", rng=seed)
         runtime["tempo"] += res.runtime_s + res_mean.runtime_s
+        runtime["tempo_reference"] += res.reference_s + res_mean.reference_s
         # Candidate tables, scored in expectation on the batches they were built from.
         cands = {
             "even": np.zeros((E, n_gpus)),
@@ -338,6 +341,7 @@ def plan(
         tempo_score = res if not held else solve_dispatch(score_p, cost, method="tempo", rng=seed)
         if held:
             runtime["tempo"] += tempo_score.runtime_s
+            runtime["tempo_reference"] += tempo_score.reference_s
         even = solve_dispatch(score_p, cost, method="uniform")
         lp = solve_dispatch(score_p, cost, method="token_lp")
         runtime["token_lp"] += lp.runtime_s
@@ -573,6 +577,12 @@ def format_report(result: Plan, *, worst: int = 5, cost_note: str = "") -> str:
         f"solve time: tempo {1e3 * solve['tempo']:.1f} ms, token LP (HiGHS) "
         f"{1e3 * solve['token_lp']:.1f} ms, all layers (machine-dependent)"
     )
+    ref = solve.get("tempo_reference", 0.0)
+    if ref > 0:
+        out.append(
+            f"  ({1e3 * ref:.1f} ms of tempo's ran as its plain-Python reference: its kernels "
+            "were not compiled yet; run straggler-warmup once (about 30 s) for kernel times)"
+        )
     if "rebalance" in result:
         out.append(result["rebalance"]["line"])
     return "\n".join(out)

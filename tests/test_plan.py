@@ -357,3 +357,16 @@ def test_torch_twins_without_torch_are_refused_before_any_work(
     assert main([dumps["vllm"], *ARGS, "--out", str(tmp_path / "o"), "--torch"]) == 2
     assert "--torch" in _one_line(capsys.readouterr().err)
     assert not (tmp_path / "o").exists()
+
+
+def test_report_says_when_tempo_ran_as_its_reference(dumps, capsys):
+    """A solve time measured on the plain-Python references (kernels not compiled yet) is
+    said to be one, with what gives kernel times; with the kernels, nothing is added."""
+    from straggler.solvers.dispatch._backend import kernel_mode
+
+    for mode, said in (("reference", True), ("kernel", False)):
+        with kernel_mode(mode):
+            assert main([dumps["vllm"], *ARGS, "--holdout", "0.5"]) == 0
+        text = capsys.readouterr().out
+        assert ("ran as its plain-Python reference" in text) is said, mode
+        assert ("run straggler-warmup once" in text) is said, mode

@@ -132,13 +132,16 @@ class JitTimer:
     """
 
     def __init__(self) -> None:
-        self._lock = _Outermost(keyed=False)
-        self._compile = _Outermost(keyed=True)
+        # the collectors are made on the first JIT event (most timed calls have none)
+        self._lock: _Outermost | None = None
+        self._compile: _Outermost | None = None
         self.jit_s = 0.0
         self.compile_s = 0.0
         self.compiled: dict[str, float] = {}
 
     def _collector(self, kind: str) -> _Outermost:
+        if self._lock is None:
+            self._lock, self._compile = _Outermost(keyed=False), _Outermost(keyed=True)
         return self._lock if kind == "numba:compiler_lock" else self._compile
 
     def __enter__(self) -> JitTimer:
@@ -151,19 +154,22 @@ class JitTimer:
     def __exit__(self, *exc) -> None:
         with _LOCK:
             _ACTIVE.remove(self)
-        self.jit_s = float(merged_length(self._lock.intervals))
-        self.compile_s = float(merged_length(self._compile.intervals))
-        self.compiled = dict(self._compile.by_key)
+        if self._lock is not None:
+            self.jit_s = float(merged_length(self._lock.intervals))
+            self.compile_s = float(merged_length(self._compile.intervals))
+            self.compiled = dict(self._compile.by_key)
 
     def jit_within(self, start: float, end: float) -> float:
         """JIT seconds (compiler-lock time) inside the window ``[start, end]`` of
         ``time.perf_counter()`` readings (valid after exit).
 
         >>> t = JitTimer()
-        >>> t._lock.intervals = [(0.0, 2.0), (5.0, 9.0)]
+        >>> t._collector("numba:compiler_lock").intervals = [(0.0, 2.0), (5.0, 9.0)]
         >>> t.jit_within(1.0, 6.0)
         2.0
         """
+        if self._lock is None:
+            return 0.0
         clipped = [(max(s, start), min(e, end)) for s, e in self._lock.intervals]
         return float(merged_length([(s, e) for s, e in clipped if e > s]))
 

@@ -403,10 +403,15 @@ def support_rebalance_kernel(counts, shares, cost, lp):
 def _reference_gpu_time(col, cost) -> float:
     """Plain-Python modeled time of one GPU holding the whole-token shares ``col``, under
     ``cost`` (``CostModel.as_array()``): what :func:`_gpu_time` computes."""
-    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
-    tile = int(tile)
+    tile = int(cost[7])
     col = [int(v) for v in col if v > 0]
-    G, N, T = len(col), sum(col), sum(-(-v // tile) for v in col)
+    return _reference_time(len(col), sum(col), sum(-(-v // tile) for v in col), cost)
+
+
+def _reference_time(G, N, T, cost) -> float:
+    """The modeled time of a GPU with ``G`` activations, ``N`` tokens and ``T`` tiles, under
+    ``cost`` (``CostModel.as_array()``), in plain Python: the references' one formula."""
+    a, b, b2, c, beta, c2, gamma = (float(v) for v in cost[:7])
     return max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N)
 
 
@@ -756,7 +761,7 @@ def exact_token_lp_kernel(counts, replicas, x, num, den, cost):
 
 def _reference_makespan_float(z, cost) -> float:
     """Plain-Python twin of :func:`_makespan_float`."""
-    a, b, b2, c, beta, c2, gamma, tile = (float(v) for v in cost)
+    tile = float(cost[7])
     m = -math.inf
     for h in range(len(z[0])):
         col = [float(z[e][h]) for e in range(len(z))]
@@ -766,7 +771,7 @@ def _reference_makespan_float(z, cost) -> float:
         live = [v for v in col if v > 0]
         G = len(live)
         T = sum(max(1, math.ceil((v - TILE_SLACK) / tile)) for v in live)
-        m = max(m, max(a + b * G + b2 * (T - G), c + beta * N, c2 + gamma * N))
+        m = max(m, _reference_time(G, N, T, cost))
     return m
 
 

@@ -261,6 +261,14 @@ RESTART_GAP = 2e-3
 RESTART_PROBES = 10_000
 #: Where the kernel's ``info`` holds B8 tried at the stage-4 makespan (nan: not tried).
 _BOUND_FORCED = INFO_FIELDS.index("bound_forced")
+#: The kernel's counters, reported as ints in a layer's extras.
+_INT_INFO = ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts",
+             "restart_probes")  # fmt: skip
+#: A layer's repair fields before any repair runs (off, or not run yet).
+_REPAIR_FIELDS = dict(repaired=False, repair_status="", repair_milp_status="NOT_RUN",
+                      repair_gain=0.0, repair_bound_gain=0.0, repair_runtime_s=0.0)  # fmt: skip
+_REPAIR_OFF = {**_REPAIR_FIELDS, "repair_status": "off"}
+_REPAIR_NOT_NEEDED = {**_REPAIR_FIELDS, "repair_status": "not needed"}
 #: Neighbourhood probes of each stage-3 search.
 MAX_PROBES = 1_000
 
@@ -567,28 +575,18 @@ class Tempo:
         info = lay.info.tolist()
         extras = dict(zip(INFO_FIELDS, info))
         m, bound = lay.makespan, lay.bound
-        extras.update(
-            rebalanced=m < info[0],
-            contracted=lay.contracted,
-            swapped=lay.swapped,
-            makespan_stage4=info[0],
-            choice=lay.choice,
-            makespan_lp_exact=lay.makespan_lp_exact,
-            stages_skipped=lay.skipped,
-            chain_moves=int(info[9]),
-            ls_moves=int(info[10]),
-            flow_moves=int(info[11]),
-            exchange_moves=int(info[12]),
-            restarts=int(info[13]),
-            restart_probes=int(info[15]),
-            makespan_before_repair=m,
-            repaired=False,
-            repair_status="off" if self.repair_budget_s == 0 else "not needed",
-            repair_milp_status="NOT_RUN",
-            repair_gain=0.0,
-            repair_bound_gain=0.0,
-            repair_runtime_s=0.0,
-        )
+        # (the kernel's counters as ints, then the fields of this method, in one pass)
+        for k in _INT_INFO:
+            extras[k] = int(extras[k])
+        extras["rebalanced"] = m < info[0]
+        extras["contracted"] = lay.contracted
+        extras["swapped"] = lay.swapped
+        extras["makespan_stage4"] = info[0]
+        extras["choice"] = lay.choice
+        extras["makespan_lp_exact"] = lay.makespan_lp_exact
+        extras["stages_skipped"] = lay.skipped
+        extras["makespan_before_repair"] = m
+        extras.update(_REPAIR_OFF if self.repair_budget_s == 0 else _REPAIR_NOT_NEEDED)
         cert = BoundCertificate(bound, lay.sm, lay.num / lay.den)
         shares = lay.shares
         budget = self.repair_budget_s if budget is None else budget
@@ -605,10 +603,9 @@ class Tempo:
             extras["repair_runtime_s"] = r.runtime_s
             shares, m, bound = r.shares, r.makespan, max(bound, r.lower_bound)
         extras["makespan"] = float(m)
-        return LayerSolution(  # (a fresh float64 array: solve_dispatch copies it anyway)
-            shares=np.asarray(shares, dtype=np.float64), lower_bound=bound, extras=extras,
-            certificate=cert,
-        )  # fmt: skip
+        if shares.dtype != np.float64:  # (the kernels' are; solve_dispatch copies it anyway)
+            shares = shares.astype(np.float64)
+        return LayerSolution(shares=shares, lower_bound=bound, extras=extras, certificate=cert)
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:
         """One validated layer."""

@@ -471,6 +471,7 @@ def _popularity_file(folder, variant, subject, obj):
         ({"expert_popularity": [[1, -2], [0, -1]]}, '"expert_popularity"[0][1] = -2'),
         ({"expert_popularity": [[1, 2.0], [2, 1]]}, '"expert_popularity"[0][1] = 2.0'),
         ({"expert_popularity": [[True, 2], [2, 1]]}, '"expert_popularity"[0][0] = True'),
+        ({"expert_popularity": [[2**70, 2], [2, 1]]}, f'"expert_popularity"[0][0] = {2**70}'),
         ({"expert_popularity": [[1, 2], [2, 2]]}, '"expert_popularity"[1] sums to 4, layer 0 to 3'),
         ({"expert_popularity": [[0, 0], [0, 0]]}, '"expert_popularity"[0] sums to 0'),
     ],

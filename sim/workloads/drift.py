@@ -66,6 +66,9 @@ MIXTRAL_SUBJECTS = (
 MIXTRAL_VARIANTS = ("instruct", "original")
 
 _FUNC = "drifting_windows"
+#: Largest token count a popularity file may hold (a layer of MAX_EXPERTS such counts sums
+#: within int64).
+_MAX_COUNT = 2**40
 
 
 def drifting_windows(
@@ -215,7 +218,7 @@ def read_popularity(path) -> np.ndarray:
     func = "read_popularity"
     p = check_path_arg(path, "path", func)
     form = ('a JSON object whose "expert_popularity" is a list of n_layers lists of n_experts '
-            "non-negative integers, every layer with the same positive sum")  # fmt: skip
+            "integers in [0, 2**40], every layer with the same positive sum")  # fmt: skip
     try:
         with open(p, encoding="utf-8") as fh:
             obj = json.load(fh)
@@ -233,7 +236,7 @@ def read_popularity(path) -> np.ndarray:
                 f'{p}: "expert_popularity"[{l}] is {str(row)[:40]} (layer 0 has {E} experts)',
             )  # fmt: skip
         for e, v in enumerate(row):
-            if type(v) is not int or v < 0:
+            if type(v) is not int or not 0 <= v <= _MAX_COUNT:
                 raise param_error(
                     "path", func, form, f'{p}: "expert_popularity"[{l}][{e}] = {v!r}'
                 )  # fmt: skip

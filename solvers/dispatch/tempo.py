@@ -164,8 +164,8 @@ the cost model.
    an activation cap (all GPUs at ``G`` replicas, the floor ``a + b*(G + 1)`` above the
    makespan) takes tokens: stage 3 only adds activations or moves tokens along existing
    splits. Run under the same gap condition as 5b; ``extras["swapped"]`` counts the
-   swaps. Before 5b and 5c, B8 (:func:`~straggler.solvers.dispatch.bounds.forced_bound`)
-   is tried at the makespan reached; where it proves that makespan optimal, neither runs
+   swaps. Before 5b and 5c, B8 and B9 (:func:`~straggler.solvers.dispatch.bounds.forced_bound`)
+   are tried at the makespan reached; where it proves that makespan optimal, neither runs
    (nor 5d): each applies only a strictly lower makespan, which does not exist, so the
    output is the same, without their LP rounds (tens of milliseconds at EP128-256).
    5d. **Fractional support LP** (*extension*; ``fractional=False`` switches it off). The
@@ -216,7 +216,8 @@ therefore stay above a fractional OPT by the cost of about one token per GPU.
 ran. Its bounds B1-B7 are computed once per layer, before stage 3 (which stops there), from
 the semi-matching and token-LP values tempo computes anyway; B8 (activations and tokens
 forced per GPU) is tried at the makespan tempo reaches, where it proves most optimal layers
-optimal (:mod:`straggler.solvers.dispatch.bounds`). The bound is handed to
+optimal, and B9 (activations counted per GPU) after it where the makespan is still unproved
+(:mod:`straggler.solvers.dispatch.bounds`). The bound is handed to
 ``solve_dispatch`` as the layer's
 :class:`~straggler.solvers.dispatch.method.BoundCertificate`, so the entry point does not
 compute it again.
@@ -245,7 +246,7 @@ from ...formulations.validation import check_bool, check_int, check_real, check_
 from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
-from .bounds import forced_bound
+from .bounds import counting_bound, forced_bound
 from .method import OPTIMALITY_RTOL, BoundCertificate, LayerSolution
 
 __all__ = ["Tempo", "ExactTokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
@@ -524,12 +525,12 @@ class Tempo:
         if self.rebalance and m > bound:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
         contracted = swapped = 0
-        forced = None  # (makespan, B8 tried at it)
+        forced = None  # (makespan, B8 and B9 tried at it)
         if not math.isnan(info[_BOUND_FORCED]) and info[13] == 0:
-            # the kernel tried B8 at the stage-4 makespan, and no restart changed it
-            forced = (info[0], info[_BOUND_FORCED])
+            # the kernel tried B8 at the stage-4 makespan, and no restart changed it (B9 here)
+            forced = (info[0], counting_bound(counts, replicas, c, info[_BOUND_FORCED], info[0]))
         if (self.contract or self.swap) and m > bound + SUPPORT_GAP * m:
-            # B8 at the makespan reached: where it proves that makespan optimal, no stage
+            # B8, B9 at the makespan reached: where they prove that makespan optimal, no stage
             # below finds a strictly lower one, so none runs (the same output, sooner)
             if forced is None or forced[0] != m:
                 forced = (m, forced_bound(counts, replicas, c, bound, float(m)))
@@ -545,7 +546,7 @@ class Tempo:
                 choice = "support_fractional"
             if m_lp < m:
                 shares, m, choice = x_lp, m_lp, "token_lp_exact"
-        # B8 from the makespan reached: proves it optimal where it is
+        # B8 and B9 from the makespan reached: prove it optimal where it is
         if forced is not None and forced[0] == m:
             bound = forced[1]
         else:
@@ -662,7 +663,8 @@ class Tempo:
 
 #: The kernels of one layer (:meth:`Tempo._arrays`).
 _PAIRS = (kernels.PRELUDE, kernels.TEMPO, kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT,
-          kernels.SUPPORT_SWAP, kernels.SUPPORT_FRACTIONAL, kernels.FORCED_BOUND)  # fmt: skip
+          kernels.SUPPORT_SWAP, kernels.SUPPORT_FRACTIONAL, kernels.FORCED_BOUND,
+          kernels.COUNTING_BOUND)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:

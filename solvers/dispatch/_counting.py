@@ -140,33 +140,61 @@ def counting_kernel(counts, replicas, params, T):
         for h in range(g):
             kmax = max(kmax, k[h])
         rooms = np.zeros(kmax + 1)
+        caps = np.zeros(kmax + 1)
         for G in range(1, kmax + 1):
             rooms[G] = _tile_room(params, G, T)
-        bt = np.full(P + 1, -np.inf)
-        bn = np.full(P + 1, -np.inf)
-        bt[0] = 0.0
-        bn[0] = 0.0
-        nt = np.empty(P + 1)
-        nn = np.empty(P + 1)
+            caps[G] = min(Uup, tile * rooms[G] + G)
+        # every GPU at its best count bounds both maxima from above, every GPU at k_h is one
+        # choice (float sums are monotone and taken in the same GPU order as the programme's,
+        # so these shortcuts decide exactly as the programme would)
+        ub_t = 0.0
+        ub_n = 0.0
+        w_t = 0.0
+        w_n = 0.0
         for h in range(g):
-            nt[:] = -np.inf
-            nn[:] = -np.inf
-            for s in range(P + 1):
-                if bt[s] == -np.inf:
-                    continue
-                for G in range(k[h] + 1):
-                    s2 = min(P, s + G)
-                    t = rooms[G]
-                    v = bt[s] + t
-                    if v > nt[s2]:
-                        nt[s2] = v
-                    v = bn[s] + min(Uup, tile * t + G)
-                    if v > nn[s2]:
-                        nn[s2] = v
-            bt[:] = nt
-            bn[:] = nn
-        if bt[P] < K or bn[P] < N:
+            mt = 0.0
+            mn = 0.0
+            for G in range(k[h] + 1):
+                mt = max(mt, rooms[G])
+                mn = max(mn, caps[G])
+            ub_t += mt
+            ub_n += mn
+            w_t += rooms[k[h]]
+            w_n += caps[k[h]]
+        if ub_t < K or ub_n < N:
             return T
+        if w_t < K or w_n < N:
+            bt = np.full(P + 1, -np.inf)
+            bn = np.full(P + 1, -np.inf)
+            bt[0] = 0.0
+            bn[0] = 0.0
+            nt = np.empty(P + 1)
+            nn = np.empty(P + 1)
+            rest = sum_k
+            top = np.int64(0)  # the largest reachable state
+            for h in range(g):
+                rest -= k[h]
+                low = max(np.int64(0), P - rest)  # states below cannot reach P any more
+                nt[:] = -np.inf
+                nn[:] = -np.inf
+                for s in range(max(np.int64(0), low - k[h]), top + 1):
+                    if bt[s] == -np.inf:
+                        continue
+                    for G in range(k[h] + 1):
+                        s2 = min(P, s + G)
+                        if s2 < low:
+                            continue
+                        v = bt[s] + rooms[G]
+                        if v > nt[s2]:
+                            nt[s2] = v
+                        v = bn[s] + caps[G]
+                        if v > nn[s2]:
+                            nn[s2] = v
+                top = min(P, top + k[h])
+                bt[:] = nt
+                bn[:] = nn
+            if bt[P] < K or bn[P] < N:
+                return T
     if sum_k != n_live or P != n_live:
         return -np.inf
     # rule W: no activation to spare
@@ -432,6 +460,8 @@ def counting_reference(counts, replicas, params, T):
                     t = rooms[G]
                     nt[s2] = max(nt.get(s2, -math.inf), bt[s] + t)
                     nn[s2] = max(nn.get(s2, -math.inf), bn[s] + min(Uup, tile * t + G))
+                    # (the kernel skips the states that cannot reach P, and the programme
+                    # where its bounds decide: the same answer, see counting_kernel)
             bt, bn = nt, nn
         if bt.get(P, -math.inf) < K or bn.get(P, -math.inf) < N:
             return T

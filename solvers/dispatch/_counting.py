@@ -75,10 +75,77 @@ def _tile_room(params, G, T):
 
 
 @njit(**NJIT)
-def counting_kernel(counts, replicas, params, T):
-    """``min(T, LB(T))`` of B9 at the trial value ``T`` (module notes): ``T`` when rule C
-    or W refutes it, the floor of rule W where every activation is needed, else ``-inf``."""
-    E, g = replicas.shape
+def _programme_refutes(params, T, k, P, K, N, Uup, tile, sum_k):
+    """Rule C2: whether the best activation counts ``G_h <= k_h`` with ``sum_h G_h >= P``
+    leave fewer than ``K`` tiles or ``N`` tokens (module notes)."""
+    g = k.shape[0]
+    kmax = np.int64(0)
+    for h in range(g):
+        kmax = max(kmax, k[h])
+    rooms = np.zeros(kmax + 1)
+    caps = np.zeros(kmax + 1)
+    for G in range(1, kmax + 1):
+        rooms[G] = _tile_room(params, G, T)
+        caps[G] = min(Uup, tile * rooms[G] + G)
+    # every GPU at its best count bounds both maxima from above, every GPU at k_h is one
+    # choice (float sums are monotone and taken in the same GPU order as the programme's,
+    # so these shortcuts decide exactly as the programme would)
+    ub_t = 0.0
+    ub_n = 0.0
+    w_t = 0.0
+    w_n = 0.0
+    for h in range(g):
+        mt = 0.0
+        mn = 0.0
+        for G in range(k[h] + 1):
+            mt = max(mt, rooms[G])
+            mn = max(mn, caps[G])
+        ub_t += mt
+        ub_n += mn
+        w_t += rooms[k[h]]
+        w_n += caps[k[h]]
+    if ub_t < K or ub_n < N:
+        return True
+    if w_t < K or w_n < N:
+        bt = np.full(P + 1, -np.inf)
+        bn = np.full(P + 1, -np.inf)
+        bt[0] = 0.0
+        bn[0] = 0.0
+        nt = np.empty(P + 1)
+        nn = np.empty(P + 1)
+        rest = sum_k
+        top = np.int64(0)  # the largest reachable state
+        for h in range(g):
+            rest -= k[h]
+            low = max(np.int64(0), P - rest)  # states below cannot reach P any more
+            nt[:] = -np.inf
+            nn[:] = -np.inf
+            for s in range(max(np.int64(0), low - k[h]), top + 1):
+                if bt[s] == -np.inf:
+                    continue
+                for G in range(k[h] + 1):
+                    s2 = min(P, s + G)
+                    if s2 < low:
+                        continue
+                    v = bt[s] + rooms[G]
+                    if v > nt[s2]:
+                        nt[s2] = v
+                    v = bn[s] + caps[G]
+                    if v > nn[s2]:
+                        nn[s2] = v
+            top = min(P, top + k[h])
+            bt[:] = nt
+            bn[:] = nn
+        if bt[P] < K or bn[P] < N:
+            return True
+    return False
+
+
+@njit(**NJIT)
+def _whole_experts(counts, params, T, k, tile, e_ptr, e_gpus, g_ptr, g_exps):
+    """Rule W where no activation is to spare: ``min(T, LB(T))`` (module notes)."""
+    E = counts.shape[0]
+    g = k.shape[0]
     a = params[0]
     b = params[1]
     b2 = params[2]
@@ -86,118 +153,6 @@ def counting_kernel(counts, replicas, params, T):
     beta = params[4]
     c2 = params[5]
     gamma = params[6]
-    tile = np.int64(params[7])
-    n_live = 0
-    for e in range(E):
-        if counts[e] > 0:
-            n_live += 1
-    if n_live == 0:
-        return -np.inf
-    if a >= T or c >= T or c2 >= T:
-        return T
-    U = np.inf
-    if beta > 0.0:
-        U = (T - c) / beta
-    if gamma > 0.0:
-        U = min(U, (T - c2) / gamma)
-    finite = U < np.inf
-    Uup = U * (1.0 + FORCED_SLACK)
-    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
-    D = np.zeros(g, np.int64)
-    for e in range(E):
-        if counts[e] > 0:
-            for j in range(e_ptr[e], e_ptr[e + 1]):
-                D[e_gpus[j]] += 1
-    k = np.zeros(g, np.int64)
-    sum_k = np.int64(0)
-    for h in range(g):
-        q = np.int64(0)
-        while q < D[h] and (b <= 0.0 or a + b * (q + 1) < T):
-            q += 1
-        k[h] = q
-        sum_k += q
-    # rule C: pieces, tiles and tokens
-    P = np.int64(0)
-    K = np.int64(0)
-    N = np.int64(0)
-    for e in range(E):
-        n = counts[e]
-        if n <= 0:
-            continue
-        if finite:
-            qq = np.ceil(n / Uup)
-            if qq > sum_k:
-                return T
-            P += max(np.int64(1), np.int64(qq))
-        else:
-            P += 1
-        K += (n + tile - 1) // tile
-        N += n
-    if P > sum_k:
-        return T
-    if b2 > 0.0:
-        kmax = np.int64(0)
-        for h in range(g):
-            kmax = max(kmax, k[h])
-        rooms = np.zeros(kmax + 1)
-        caps = np.zeros(kmax + 1)
-        for G in range(1, kmax + 1):
-            rooms[G] = _tile_room(params, G, T)
-            caps[G] = min(Uup, tile * rooms[G] + G)
-        # every GPU at its best count bounds both maxima from above, every GPU at k_h is one
-        # choice (float sums are monotone and taken in the same GPU order as the programme's,
-        # so these shortcuts decide exactly as the programme would)
-        ub_t = 0.0
-        ub_n = 0.0
-        w_t = 0.0
-        w_n = 0.0
-        for h in range(g):
-            mt = 0.0
-            mn = 0.0
-            for G in range(k[h] + 1):
-                mt = max(mt, rooms[G])
-                mn = max(mn, caps[G])
-            ub_t += mt
-            ub_n += mn
-            w_t += rooms[k[h]]
-            w_n += caps[k[h]]
-        if ub_t < K or ub_n < N:
-            return T
-        if w_t < K or w_n < N:
-            bt = np.full(P + 1, -np.inf)
-            bn = np.full(P + 1, -np.inf)
-            bt[0] = 0.0
-            bn[0] = 0.0
-            nt = np.empty(P + 1)
-            nn = np.empty(P + 1)
-            rest = sum_k
-            top = np.int64(0)  # the largest reachable state
-            for h in range(g):
-                rest -= k[h]
-                low = max(np.int64(0), P - rest)  # states below cannot reach P any more
-                nt[:] = -np.inf
-                nn[:] = -np.inf
-                for s in range(max(np.int64(0), low - k[h]), top + 1):
-                    if bt[s] == -np.inf:
-                        continue
-                    for G in range(k[h] + 1):
-                        s2 = min(P, s + G)
-                        if s2 < low:
-                            continue
-                        v = bt[s] + rooms[G]
-                        if v > nt[s2]:
-                            nt[s2] = v
-                        v = bn[s] + caps[G]
-                        if v > nn[s2]:
-                            nn[s2] = v
-                top = min(P, top + k[h])
-                bt[:] = nt
-                bn[:] = nn
-            if bt[P] < K or bn[P] < N:
-                return T
-    if sum_k != n_live or P != n_live:
-        return -np.inf
-    # rule W: no activation to spare
     nnz = e_ptr[E]
     g_slot = np.empty(nnz, np.int64)
     pos = g_ptr[:g].copy()
@@ -338,6 +293,74 @@ def counting_kernel(counts, replicas, params, T):
         if not changed:
             break
     return min(T, lb)
+
+
+@njit(**NJIT)
+def counting_kernel(counts, replicas, params, T):
+    """``min(T, LB(T))`` of B9 at the trial value ``T`` (module notes): ``T`` when rule C
+    or W refutes it, the floor of rule W where every activation is needed, else ``-inf``."""
+    E, g = replicas.shape
+    a = params[0]
+    b = params[1]
+    b2 = params[2]
+    c = params[3]
+    beta = params[4]
+    c2 = params[5]
+    gamma = params[6]
+    tile = np.int64(params[7])
+    n_live = 0
+    for e in range(E):
+        if counts[e] > 0:
+            n_live += 1
+    if n_live == 0:
+        return -np.inf
+    if a >= T or c >= T or c2 >= T:
+        return T
+    U = np.inf
+    if beta > 0.0:
+        U = (T - c) / beta
+    if gamma > 0.0:
+        U = min(U, (T - c2) / gamma)
+    finite = U < np.inf
+    Uup = U * (1.0 + FORCED_SLACK)
+    e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
+    D = np.zeros(g, np.int64)
+    for e in range(E):
+        if counts[e] > 0:
+            for j in range(e_ptr[e], e_ptr[e + 1]):
+                D[e_gpus[j]] += 1
+    k = np.zeros(g, np.int64)
+    sum_k = np.int64(0)
+    for h in range(g):
+        q = np.int64(0)
+        while q < D[h] and (b <= 0.0 or a + b * (q + 1) < T):
+            q += 1
+        k[h] = q
+        sum_k += q
+    # rule C: pieces, tiles and tokens
+    P = np.int64(0)
+    K = np.int64(0)
+    N = np.int64(0)
+    for e in range(E):
+        n = counts[e]
+        if n <= 0:
+            continue
+        if finite:
+            qq = np.ceil(n / Uup)
+            if qq > sum_k:
+                return T
+            P += max(np.int64(1), np.int64(qq))
+        else:
+            P += 1
+        K += (n + tile - 1) // tile
+        N += n
+    if P > sum_k:
+        return T
+    if b2 > 0.0 and _programme_refutes(params, T, k, P, K, N, Uup, tile, sum_k):
+        return T
+    if sum_k != n_live or P != n_live:
+        return -np.inf
+    return _whole_experts(counts, params, T, k, tile, e_ptr, e_gpus, g_ptr, g_exps)
 
 
 @njit(**NJIT)

@@ -106,10 +106,11 @@ the cost model.
 
    4b. **Ruin-and-recreate restarts** (*extension*; ``restarts=False`` switches it off).
    Run only when the stage-4 makespan ``M`` is more than ``RESTART_GAP`` (0.2%, relative)
-   above the stop bound of stage 3, and B8
+   above the stop bound of stage 3, and B8 and B9
    (:func:`~straggler.solvers.dispatch.bounds.forced_bound`, tried inside the kernel at
-   ``M`` from the bound B1-B7) does not prove ``M`` optimal by ``solve_dispatch``'s
-   OPTIMAL rule (``M <= B8 * (1 + OPTIMALITY_RTOL) + 1e-12``): a restart applies only a
+   ``M`` from the bound B1-B7, B9 only where B8 leaves ``M`` unproved) do not prove ``M``
+   optimal by ``solve_dispatch``'s OPTIMAL rule (``M <= B * (1 + OPTIMALITY_RTOL) +
+   1e-12``, ``B`` the larger of the two): a restart applies only a
    strictly lower makespan, which such a layer does not have, so skipping them changes no
    output and saves their searches (up to ``RESTART_PROBES`` probes, the slowest part of
    tempo on wide-EP layers); the value tried is ``extras["bound_forced"]`` (nan: not
@@ -246,7 +247,7 @@ from ...formulations.validation import check_bool, check_int, check_real, check_
 from . import _backend as kernels
 from ._tempo import CHOICES, INFO_FIELDS, KernelOptions, kernel_cost
 from ._tempo_repair import repair_layer
-from .bounds import counting_bound, forced_bound
+from .bounds import forced_bound
 from .method import OPTIMALITY_RTOL, BoundCertificate, LayerSolution
 
 __all__ = ["Tempo", "ExactTokenLP", "token_lp_fast", "tempo_layer_bound", "CHOICES"]
@@ -260,7 +261,7 @@ SUPPORT_GAP = 1e-3
 RESTART_GAP = 2e-3
 #: Stage 4b starts no polish after this many neighbourhood probes of its searches in all.
 RESTART_PROBES = 10_000
-#: Where the kernel's ``info`` holds B8 tried at the stage-4 makespan (nan: not tried).
+#: Where the kernel's ``info`` holds B8 and B9 tried at the stage-4 makespan (nan: not tried).
 _BOUND_FORCED = INFO_FIELDS.index("bound_forced")
 #: Neighbourhood probes of each stage-3 search.
 MAX_PROBES = 1_000
@@ -527,8 +528,8 @@ class Tempo:
         contracted = swapped = 0
         forced = None  # (makespan, B8 and B9 tried at it)
         if not math.isnan(info[_BOUND_FORCED]) and info[13] == 0:
-            # the kernel tried B8 at the stage-4 makespan, and no restart changed it (B9 here)
-            forced = (info[0], counting_bound(counts, replicas, c, info[_BOUND_FORCED], info[0]))
+            # the kernel tried B8 and B9 at the stage-4 makespan, and no restart changed it
+            forced = (info[0], info[_BOUND_FORCED])
         if (self.contract or self.swap) and m > bound + SUPPORT_GAP * m:
             # B8, B9 at the makespan reached: where they prove that makespan optimal, no stage
             # below finds a strictly lower one, so none runs (the same output, sooner)

@@ -138,7 +138,7 @@ def _certified_lower_bound_iv(problem, cost) -> tuple[DispatchProblem, CostModel
 
 def validated_bound(p: DispatchProblem, cost: CostModel, upper: float | None = None) -> float:
     """The bound of one validated layer, its semi-matching and token-LP values computed here;
-    B8 tried from ``upper`` (any value; a feasible makespan proves most), else from the
+    B8 and B9 tried from ``upper`` (any value; a feasible makespan proves most), else from the
     exact token-LP dispatch's makespan."""
     counts = np.ascontiguousarray(p.counts, dtype=np.int64)
     replicas = np.ascontiguousarray(p.replicas)
@@ -154,7 +154,8 @@ def layer_bound(
     """:func:`certified_lower_bound` from arrays: ``counts`` int64 ``(n_experts,)``,
     ``replicas`` bool ``(n_experts, n_gpus)``, ``cost_array = cost.as_array()`` and the
     layer's exact semi-matching value ``sm`` and token-LP value ``lp_value``: B1-B7, and B8
-    from the trial value ``upper`` when it is given and above them (:func:`forced_bound`).
+    and B9 from the trial value ``upper`` when it is given and above them
+    (:func:`forced_bound`).
 
     A private path, unchecked: for this library's own callers that computed ``sm`` and
     ``lp_value`` with its kernels on these very arrays (``tempo`` does); a wrong value voids

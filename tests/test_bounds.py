@@ -20,9 +20,17 @@ from straggler.solvers.dispatch._bounds import (
     lower_bound_kernel,
     lower_bound_reference,
 )
+from straggler.solvers.dispatch._counting import (
+    COUNTING_STEPS,
+    counting_bound_kernel,
+    counting_bound_reference,
+    counting_kernel,
+    counting_reference,
+)
 from straggler.solvers.dispatch._semi_matching import semi_matching_reference
 from straggler.solvers.dispatch.bounds import (
     FORCED_STEPS,
+    counting_bound,
     forced_bound,
     layer_bound,
     token_lp_bound,
@@ -288,3 +296,121 @@ def test_forced_bound_proves_deepseek_v3_at_ep32():
     res = solve_dispatch(p, cost, method="tempo", repair_budget_s=0)
     assert res.makespan == pytest.approx(9 * cost.b)
     assert res.status.name == "OPTIMAL" and res.lower_bound == res.makespan
+
+
+# --- B9: activations counted per GPU ----------------------------------------------------
+
+
+@given(
+    st.one_of(
+        forced_instances(), coupled_instances(max_experts=8, max_gpus=4),
+        dispatch_instances(max_experts=8, max_gpus=4),
+    ),
+    st.floats(0, 60),
+)  # fmt: skip
+@example(
+    (DispatchProblem(counts=[100, 10, 10, 10], replicas=np.ones((4, 2), bool)),
+     CostModel(a=0, b=4, c=0, beta=0.1)),
+    12.0,
+)  # fmt: skip
+def test_counting_kernel_equals_reference(inst, T):
+    p, cost = inst
+    c = cost.as_array()
+    k = counting_kernel(p.counts, p.replicas, c, T)
+    assert k == counting_kernel.py_func(p.counts, p.replicas, c, T)
+    assert k == counting_reference(p.counts, p.replicas, c, T)
+    assert k <= T
+    best = T / 3
+    k = counting_bound_kernel(p.counts, p.replicas, c, best, T, COUNTING_STEPS)
+    assert k == counting_bound_kernel.py_func(p.counts, p.replicas, c, best, T, COUNTING_STEPS)
+    assert k == counting_bound_reference(p.counts, p.replicas, c, best, T, COUNTING_STEPS)
+    assert k >= best
+
+
+@settings(max_examples=60)
+@given(st.one_of(forced_instances(max_experts=6, max_gpus=3),
+                 coupled_instances(max_experts=6, max_gpus=3)))  # fmt: skip
+@example(
+    (DispatchProblem(counts=[100, 10, 10, 10], replicas=np.ones((4, 2), bool)),
+     CostModel(a=0, b=4, c=0, beta=0.1)),
+)  # fmt: skip
+def test_counting_never_above_the_optimum(inst):
+    """``OPT >= min(T, LB(T))`` of B9 at every trial value, the optimum from the MILP at
+    zero gap; B9's search and the certified bound never above it either."""
+    p, cost = inst
+    opt = exact_optimum(p, cost)
+    tol = 1e-9 * max(1.0, opt)
+    c = cost.as_array()
+    for T in _trials(opt):
+        assert counting_kernel(p.counts, p.replicas, c, T) <= opt + tol, T
+        assert counting_bound(p.counts, p.replicas, c, 0.0, T) <= opt + tol, T
+    assert certified_lower_bound(p, cost) <= opt + tol
+
+
+def test_counting_against_brute_force():
+    """Tiny layers where every activation is needed (four or five experts, two GPUs, a
+    high activation cost), with and without tiles, against the brute-force oracle
+    (independent of the MILP): B9 at the optimum and around it never claims more, and it
+    raises the bound of B1-B8 on some of them."""
+    rng = np.random.default_rng(9)
+    raised = 0
+    for i in range(40):
+        E = int(rng.integers(3, 6))
+        rep = rng.random((E, 2)) < 0.7
+        rep[np.arange(E), rng.integers(0, 2, E)] = True
+        p = DispatchProblem(counts=rng.integers(1, 33, E), replicas=rep)
+        tiles = dict(b2=float(rng.choice([0.5, 3.0])), tile=16) if i % 2 else {}
+        cost = CostModel(a=float(rng.choice([0, 1])), b=float(rng.choice([2, 4, 8])), c=0,
+                         beta=0.25, **tiles)  # fmt: skip
+        value, _ = brute_force_dispatch(p, cost)
+        c = cost.as_array()
+        tol = 1e-9 * max(1.0, value)
+        for T in _trials(value):
+            assert counting_kernel(p.counts, p.replicas, c, T) <= value + tol, T
+        lb = certified_lower_bound(p, cost)
+        assert lb <= value + tol
+        b8 = forced_bound_kernel(p.counts, p.replicas, c, _b1_b7(p, cost), value, FORCED_STEPS)
+        raised += lb > b8 + 1e-9
+    assert raised  # B9 added something on some of them
+
+
+def test_counting_bound_binds():
+    """A big expert whole beside another (the docstring example of counting_bound): B1-B8
+    give 10, B9 the optimum 11, so tempo's 11 is reported OPTIMAL without repair."""
+    p = DispatchProblem(counts=[100, 10, 10, 10], replicas=np.ones((4, 2), bool))
+    cost = CostModel(a=0, b=4, c=0, beta=0.1)
+    c = cost.as_array()
+    b17 = _b1_b7(p, cost)
+    assert b17 == 10.0
+    assert forced_bound_kernel(p.counts, p.replicas, c, b17, 12.0, FORCED_STEPS) == 10.0
+    assert certified_lower_bound(p, cost) == 11.0 == exact_optimum(p, cost)
+    res = solve_dispatch(p, cost, method="tempo", repair_budget_s=0)
+    assert res.makespan == 11.0 and res.status.name == "OPTIMAL"
+
+
+@pytest.mark.parametrize(
+    "tokens, skew, seed, preset, opt",
+    [
+        # 64 experts at EP16, 4 activations a GPU, none to spare: the expert of 1223 tokens
+        # sits whole beside three others (1448 tokens); B1-B8 stop at 4 b = 181.16
+        (80, 1.1, 50_171, "dsv3_bf16_a_offline", 198.376),
+        # the same shape with tiles: 4 activations and 64 tiles a GPU below a + 4 b + b2,
+        # one expert of 146 tokens needs 2 tiles; B1-B8 stop at 70.55 (the token average)
+        (32, 0.3, 3_192, "dsv3_b_tile", 73.03),
+    ],
+)
+def test_counting_bound_proves_ep16_layers(tokens, skew, seed, preset, opt):
+    """Qwen2-57B's 64 experts at EP16, 1.5x replication (layers of the ``heldout16b`` and
+    ``decode16`` families of benchmarks/tempo_quality.py, whose MILP optimum is ``opt``):
+    tempo without repair reaches the optimum and B9 proves it."""
+    from straggler.sim.workloads.batches import make_decode_problem
+
+    p = make_decode_problem(
+        "qwen2_57b", n_gpus=16, tokens_per_gpu=tokens, skew=skew, replication=1.5,
+        n_layers=1, num_nodes=1, distinct=False, seed=seed,
+    ).layer(0)  # fmt: skip
+    cost = CostModel.preset(preset)
+    assert _b1_b7(p, cost) < opt * 0.97
+    res = solve_dispatch(p, cost, method="tempo", repair_budget_s=0)
+    assert res.makespan == pytest.approx(opt, rel=1e-9)
+    assert res.status.name == "OPTIMAL" and res.lower_bound == pytest.approx(opt, rel=1e-9)

@@ -45,6 +45,7 @@ from ._bounds import (
     lower_bound_kernel,
     lower_bound_reference,
 )
+from ._counting import counting_bound_kernel, counting_bound_reference
 from ._round_robin import a3_kernel, a3_reference
 from ._score import score_kernel, score_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
@@ -81,6 +82,7 @@ __all__ = [
     "SEMI_MATCHING",
     "LOWER_BOUND",
     "FORCED_BOUND",
+    "COUNTING_BOUND",
     "EXACT_LP",
     "SUPPORT_CONTRACT",
     "SUPPORT_FRACTIONAL",
@@ -236,6 +238,7 @@ TOKEN_LP = Pair(token_lp_kernel, token_lp_reference, 2.0)
 SEMI_MATCHING = Pair(semi_matching_kernel, semi_matching_reference, 0.5)
 LOWER_BOUND = Pair(lower_bound_kernel, lower_bound_reference, 1.5)
 FORCED_BOUND = Pair(forced_bound_kernel, forced_bound_reference, 1.0)
+COUNTING_BOUND = Pair(counting_bound_kernel, counting_bound_reference, 1.0)
 EXACT_LP = Pair(exact_token_lp_kernel, exact_token_lp_reference, 1.0)
 # (the support kernels call the token LP by address: token_lp_handle is their last argument)
 SUPPORT_REBALANCE = Pair(support_rebalance_kernel, support_rebalance_reference, 1.0,
@@ -257,6 +260,7 @@ PAIRS = {
         SEMI_MATCHING,
         LOWER_BOUND,
         FORCED_BOUND,
+        COUNTING_BOUND,
         EXACT_LP,
         SUPPORT_REBALANCE,
         SUPPORT_CONTRACT,

@@ -47,9 +47,11 @@ from .._numba.address import call_compiled, compiled_address
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from .._order import stable_argsort_int_desc
 from . import _bounds as _bounds_module
+from . import _counting as _counting_module
 from . import _csr
 from . import method as _method
 from ._bounds import FORCED_STEPS, forced_bound_kernel, forced_bound_reference
+from ._counting import COUNTING_STEPS, counting_bound_kernel, counting_bound_reference
 from ._csr import replica_lists
 from .method import OPTIMALITY_RTOL
 
@@ -82,7 +84,7 @@ INFO_FIELDS = (
     "restarts",  # ruin-and-recreate restarts applied in stage 4b
     "probes",  # neighbourhood probes of the stage-3 search (of A_H)
     "restart_probes",  # neighbourhood probes of stage 4b's searches (0: it did not run)
-    "bound_forced",  # B8 tried at the stage-4 makespan, before stage 4b (nan: not tried)
+    "bound_forced",  # B8 and B9 tried at the stage-4 makespan, before stage 4b (nan: not tried)
 )
 _N_INFO = len(INFO_FIELDS)
 
@@ -1940,6 +1942,9 @@ _ROUNDS = np.int64(RESTART_ROUNDS)
 #: B8's bisection trials (an int64, as :func:`~straggler.solvers.dispatch.bounds.forced_bound`
 #: passes them)
 _FORCED_STEPS = np.int64(FORCED_STEPS)
+#: B9's bisection trials (an int64, as :func:`~straggler.solvers.dispatch.bounds.counting_bound`
+#: passes them)
+_COUNTING_STEPS = np.int64(COUNTING_STEPS)
 
 
 @njit(**NJIT_INLINE)
@@ -2079,12 +2084,16 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     n_restart = 0
     n_probe = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
-        # B8 at the stage-4 makespan: where it proves that makespan optimal (solve_dispatch's
-        # OPTIMAL rule), no restart can apply, as only a strictly lower makespan is applied
+        # B8, then B9 where B8 leaves it unproved, at the stage-4 makespan: where they prove
+        # that makespan optimal (solve_dispatch's OPTIMAL rule), no restart can apply, as only
+        # a strictly lower makespan is applied
         params = np.array([cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2, cost.gamma,
                            float(cost.tile)])  # fmt: skip
         info[16] = forced_bound_kernel(counts, replicas, params, float(bound), m_out,
                                        _FORCED_STEPS)  # fmt: skip
+        if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:
+            info[16] = counting_bound_kernel(counts, replicas, params, info[16], m_out,
+                                             _COUNTING_STEPS)  # fmt: skip
         if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:  # Stage 4b
             out, m_out, n_restart, n_probe = call_compiled(
                 stages[_RESTARTS], _stage_restarts,
@@ -2103,11 +2112,12 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
 
 
 # call_compiled is lowered by solvers/_numba/address.py, the kernel orders the experts with
-# solvers/_order.py and builds its replica lists with _csr.py, and tries B8 (_bounds.py) with
-# the OPTIMAL rule's tolerance (method.py): an edit there recompiles the functions that use them
+# solvers/_order.py and builds its replica lists with _csr.py, and tries B8 (_bounds.py) and B9
+# (_counting.py) with the OPTIMAL rule's tolerance (method.py): an edit there recompiles the
+# functions that use them
 for _f in (_stage_local_search, _stage_restarts):
     cache_depends_on(_f, _address, _order, _csr)
-cache_depends_on(tempo_kernel, _address, _order, _csr, _bounds_module, _method)
+cache_depends_on(tempo_kernel, _address, _order, _csr, _bounds_module, _counting_module, _method)
 
 
 def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
@@ -2158,10 +2168,14 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
         out, m_out, choice = _stage_ensemble_reference(ref, x, lp, sm_assign, sm, stop_at, info)
     n_restart = n_probe = 0
     if opts.restarts and opts.local_search and m_out > stop_at + opts.restart_gap * m_out:
-        # B8 at the stage-4 makespan, and stage 4b only where it does not prove it optimal
+        # B8 and B9 at the stage-4 makespan, and stage 4b only where they do not prove it
+        # optimal
         params = [cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2, cost.gamma, cost.tile]
         info[16] = forced_bound_reference(counts, replicas, params, float(bound), m_out,
                                           FORCED_STEPS)  # fmt: skip
+        if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:
+            info[16] = counting_bound_reference(counts, replicas, params, info[16], m_out,
+                                                COUNTING_STEPS)  # fmt: skip
         if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:  # Stage 4b
             out, m_out, n_restart, n_probe = _stage_restarts_reference(ref, out, m_out, stop_at)
     info[0] = m_out

@@ -33,6 +33,19 @@ for any replica sets and is proved in ``proofs/THEOREMS.md`` (Part I, "Lower bou
   what the averaging bounds cannot: a GPU whose replicas are all the only ones of their
   experts it may hold (DeepSeek-V3 at EP32, 9 replicas per GPU placed by
   ``place_experts``: 9 activations where the semi-matching says 8).
+* B9, activations counted per GPU (kernels in ``straggler.solvers.dispatch._counting``):
+  for a trial value ``T``, suppose a dispatch keeps every GPU below ``T``; GPU ``h`` then
+  holds at most ``k_h`` activations, ``U`` tokens and, with ``G`` activations, ``G +
+  J(G)`` tiles. The pieces, tiles and tokens the experts need must fit those capacities
+  (a dynamic programme over the GPUs' activation counts where tiles are priced), and
+  where the experts need every activation the GPUs can hold (``sum_h k_h`` = live
+  experts), no expert is split and every GPU holds exactly ``k_h`` whole experts: each
+  expert sits on some GPU beside the experts forced there and at least the smallest others,
+  which floors that GPU's time. It proves the layers whose optimum sits at an activation
+  level with every GPU full (a big expert whole beside ``k - 1`` others, or a tile more
+  than the level allows). Tried like B8, and only where B1-B8 leave the upper value more
+  than ``OPTIMALITY_RTOL`` above them (``O(g * P * k)`` for the programme, ``P`` the
+  pieces, plus ``O(replicas)`` per pass; tens of microseconds at ``E = 64-256, g = 16``).
 
 B1-B4 and B6 come from one Numba kernel (``straggler.solvers.dispatch._bounds``, plain-Python
 reference beside it), B2 from the semi-matching kernel, B5 and B7 from the token-LP kernel,
@@ -50,11 +63,14 @@ import numpy as np
 from ...formulations.cost import CostModel
 from ...formulations.dispatch import DispatchProblem
 from ...formulations.validation import check_type
-from ._backend import FORCED_BOUND, LOWER_BOUND, PRELUDE
+from ._backend import COUNTING_BOUND, FORCED_BOUND, LOWER_BOUND, PRELUDE
 from ._bounds import FORCED_STEPS
+from ._counting import COUNTING_STEPS
+from .method import OPTIMALITY_RTOL
 
 __all__ = [
     "certified_lower_bound",
+    "counting_bound",
     "forced_bound",
     "layer_bound",
     "token_lp_bound",
@@ -67,10 +83,10 @@ _FUNC = "certified_lower_bound"
 def certified_lower_bound(problem: DispatchProblem, cost: CostModel) -> float | np.ndarray:
     """A lower bound on the optimal makespan of each layer, never above the optimum.
 
-    Returns ``max(B1, ..., B8)`` (see the module docstring), computed from the problem and
+    Returns ``max(B1, ..., B9)`` (see the module docstring), computed from the problem and
     the cost alone: the semi-matching and token-LP values it needs are computed here by
-    this library's exact kernels, never taken from the caller, and B8 is tried from the
-    makespan of the exact token-LP dispatch.
+    this library's exact kernels, never taken from the caller, and B8 and B9 are tried from
+    the makespan of the exact token-LP dispatch.
 
     Parameters
     ----------
@@ -122,7 +138,7 @@ def _certified_lower_bound_iv(problem, cost) -> tuple[DispatchProblem, CostModel
 
 def validated_bound(p: DispatchProblem, cost: CostModel, upper: float | None = None) -> float:
     """The bound of one validated layer, its semi-matching and token-LP values computed here;
-    B8 tried from ``upper`` (any value; a feasible makespan proves most), else from the
+    B8 and B9 tried from ``upper`` (any value; a feasible makespan proves most), else from the
     exact token-LP dispatch's makespan."""
     counts = np.ascontiguousarray(p.counts, dtype=np.int64)
     replicas = np.ascontiguousarray(p.replicas)
@@ -138,7 +154,8 @@ def layer_bound(
     """:func:`certified_lower_bound` from arrays: ``counts`` int64 ``(n_experts,)``,
     ``replicas`` bool ``(n_experts, n_gpus)``, ``cost_array = cost.as_array()`` and the
     layer's exact semi-matching value ``sm`` and token-LP value ``lp_value``: B1-B7, and B8
-    from the trial value ``upper`` when it is given and above them (:func:`forced_bound`).
+    and B9 from the trial value ``upper`` when it is given and above them
+    (:func:`forced_bound`).
 
     A private path, unchecked: for this library's own callers that computed ``sm`` and
     ``lp_value`` with its kernels on these very arrays (``tempo`` does); a wrong value voids
@@ -161,8 +178,9 @@ def layer_bound(
 
 
 def forced_bound(counts, replicas, cost_array, best: float, upper: float) -> float:
-    """``max(best, B8)`` with B8 tried at ``upper``, then :data:`FORCED_STEPS` bisection
-    trials toward ``best`` (module docstring); ``best`` itself when ``upper <= best``.
+    """``max(best, B8, B9)`` with B8 tried at ``upper``, then :data:`FORCED_STEPS` bisection
+    trials toward ``best`` (module docstring), and B9 after it where it leaves ``upper``
+    unproved (:func:`counting_bound`); ``best`` itself when ``upper <= best``.
 
     Examples
     --------
@@ -180,8 +198,34 @@ def forced_bound(counts, replicas, cost_array, best: float, upper: float) -> flo
     """
     if not upper > best:
         return best
-    return float(FORCED_BOUND(counts, replicas, cost_array, float(best), float(upper),
+    best = float(FORCED_BOUND(counts, replicas, cost_array, float(best), float(upper),
                               FORCED_STEPS))  # fmt: skip
+    return counting_bound(counts, replicas, cost_array, best, upper)
+
+
+def counting_bound(counts, replicas, cost_array, best: float, upper: float) -> float:
+    """``max(best, B9)`` with B9 tried at ``upper``, then :data:`COUNTING_STEPS` bisection
+    trials toward ``best`` (module docstring); ``best`` itself where ``upper`` is within
+    ``solve_dispatch``'s OPTIMAL rule of it (``upper <= best * (1 + OPTIMALITY_RTOL) +
+    1e-12``: nothing left to prove), so it costs nothing on the layers B1-B8 certify.
+
+    Examples
+    --------
+    Four experts of 100, 10, 10, 10 tokens, each allowed on both of two GPUs; ``b = 4``,
+    ``beta = 0.1``. B1-B8 give 10 (B6: four pieces of at most 100 tokens). Below ``T = 12``
+    each GPU holds two activations at most, four in all, so no expert is split and the
+    expert of 100 sits whole beside one of 10 tokens: ``OPT >= 11``, which that dispatch
+    attains:
+
+    >>> import numpy as np
+    >>> c = CostModel(a=0, b=4, c=0, beta=0.1).as_array()
+    >>> counting_bound(np.array([100, 10, 10, 10]), np.ones((4, 2), bool), c, 10.0, 12.0)
+    11.0
+    """
+    if not upper > best * (1 + OPTIMALITY_RTOL) + 1e-12:
+        return best
+    return float(COUNTING_BOUND(counts, replicas, cost_array, float(best), float(upper),
+                                COUNTING_STEPS))  # fmt: skip
 
 
 def token_lp_bound(cost: CostModel, token_lp_value: float) -> float:

@@ -37,7 +37,7 @@ class BoundCertificate(NamedTuple):
     """
 
     bound: float
-    """The certified bound of :mod:`straggler.solvers.dispatch.bounds` (B1-B8) of the layer."""
+    """The certified bound of :mod:`straggler.solvers.dispatch.bounds` (B1-B9) of the layer."""
     semi_matching_value: int
     """The optimal semi-matching value ``SM`` (Lemma 2) of the layer."""
     token_lp_value: float

@@ -110,9 +110,9 @@ def _layer_bound(
     """The certified bound of layer ``l`` combined with the method's own: the method's
     :class:`~straggler.solvers.dispatch.method.BoundCertificate` when it computed one on the
     problem's own mask (``tempo`` does), else
-    :func:`~straggler.solvers.certified_lower_bound` computed here, its bound B8 tried from
-    the method's ``makespan`` (a feasible dispatch's: where the method is optimal, B8
-    usually proves it)."""
+    :func:`~straggler.solvers.certified_lower_bound` computed here, its bounds B8 and B9 tried
+    from the method's ``makespan`` (a feasible dispatch's: where the method is optimal, they
+    usually prove it)."""
     if own_mask and sol.certificate is not None:
         lb = sol.certificate.bound
     else:

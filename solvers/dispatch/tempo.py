@@ -106,10 +106,11 @@ the cost model.
 
    4b. **Ruin-and-recreate restarts** (*extension*; ``restarts=False`` switches it off).
    Run only when the stage-4 makespan ``M`` is more than ``RESTART_GAP`` (0.2%, relative)
-   above the stop bound of stage 3, and B8
+   above the stop bound of stage 3, and B8 and B9
    (:func:`~straggler.solvers.dispatch.bounds.forced_bound`, tried inside the kernel at
-   ``M`` from the bound B1-B7) does not prove ``M`` optimal by ``solve_dispatch``'s
-   OPTIMAL rule (``M <= B8 * (1 + OPTIMALITY_RTOL) + 1e-12``): a restart applies only a
+   ``M`` from the bound B1-B7, B9 only where B8 leaves ``M`` unproved) do not prove ``M``
+   optimal by ``solve_dispatch``'s OPTIMAL rule (``M <= B * (1 + OPTIMALITY_RTOL) +
+   1e-12``, ``B`` the larger of the two): a restart applies only a
    strictly lower makespan, which such a layer does not have, so skipping them changes no
    output and saves their searches (up to ``RESTART_PROBES`` probes, the slowest part of
    tempo on wide-EP layers); the value tried is ``extras["bound_forced"]`` (nan: not
@@ -164,8 +165,8 @@ the cost model.
    an activation cap (all GPUs at ``G`` replicas, the floor ``a + b*(G + 1)`` above the
    makespan) takes tokens: stage 3 only adds activations or moves tokens along existing
    splits. Run under the same gap condition as 5b; ``extras["swapped"]`` counts the
-   swaps. Before 5b and 5c, B8 (:func:`~straggler.solvers.dispatch.bounds.forced_bound`)
-   is tried at the makespan reached; where it proves that makespan optimal, neither runs
+   swaps. Before 5b and 5c, B8 and B9 (:func:`~straggler.solvers.dispatch.bounds.forced_bound`)
+   are tried at the makespan reached; where it proves that makespan optimal, neither runs
    (nor 5d): each applies only a strictly lower makespan, which does not exist, so the
    output is the same, without their LP rounds (tens of milliseconds at EP128-256).
    5d. **Fractional support LP** (*extension*; ``fractional=False`` switches it off). The
@@ -216,7 +217,8 @@ therefore stay above a fractional OPT by the cost of about one token per GPU.
 ran. Its bounds B1-B7 are computed once per layer, before stage 3 (which stops there), from
 the semi-matching and token-LP values tempo computes anyway; B8 (activations and tokens
 forced per GPU) is tried at the makespan tempo reaches, where it proves most optimal layers
-optimal (:mod:`straggler.solvers.dispatch.bounds`). The bound is handed to
+optimal, and B9 (activations counted per GPU) after it where the makespan is still unproved
+(:mod:`straggler.solvers.dispatch.bounds`). The bound is handed to
 ``solve_dispatch`` as the layer's
 :class:`~straggler.solvers.dispatch.method.BoundCertificate`, so the entry point does not
 compute it again.
@@ -259,7 +261,7 @@ SUPPORT_GAP = 1e-3
 RESTART_GAP = 2e-3
 #: Stage 4b starts no polish after this many neighbourhood probes of its searches in all.
 RESTART_PROBES = 10_000
-#: Where the kernel's ``info`` holds B8 tried at the stage-4 makespan (nan: not tried).
+#: Where the kernel's ``info`` holds B8 and B9 tried at the stage-4 makespan (nan: not tried).
 _BOUND_FORCED = INFO_FIELDS.index("bound_forced")
 #: The kernel's counters, reported as ints in a layer's extras.
 _INT_INFO = ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts",
@@ -532,12 +534,12 @@ class Tempo:
         if self.rebalance and m > bound:
             shares, _, m = kernels.SUPPORT_REBALANCE(counts, shares, c)
         contracted = swapped = 0
-        forced = None  # (makespan, B8 tried at it)
+        forced = None  # (makespan, B8 and B9 tried at it)
         if not math.isnan(info[_BOUND_FORCED]) and info[13] == 0:
-            # the kernel tried B8 at the stage-4 makespan, and no restart changed it
+            # the kernel tried B8 and B9 at the stage-4 makespan, and no restart changed it
             forced = (info[0], info[_BOUND_FORCED])
         if (self.contract or self.swap) and m > bound + SUPPORT_GAP * m:
-            # B8 at the makespan reached: where it proves that makespan optimal, no stage
+            # B8, B9 at the makespan reached: where they prove that makespan optimal, no stage
             # below finds a strictly lower one, so none runs (the same output, sooner)
             if forced is None or forced[0] != m:
                 forced = (m, forced_bound(counts, replicas, c, bound, float(m)))
@@ -553,7 +555,7 @@ class Tempo:
                 choice = "support_fractional"
             if m_lp < m:
                 shares, m, choice = x_lp, m_lp, "token_lp_exact"
-        # B8 from the makespan reached: proves it optimal where it is
+        # B8 and B9 from the makespan reached: prove it optimal where it is
         if forced is not None and forced[0] == m:
             bound = forced[1]
         else:
@@ -659,7 +661,8 @@ class Tempo:
 
 #: The kernels of one layer (:meth:`Tempo._arrays`).
 _PAIRS = (kernels.PRELUDE, kernels.TEMPO, kernels.SUPPORT_REBALANCE, kernels.SUPPORT_CONTRACT,
-          kernels.SUPPORT_SWAP, kernels.SUPPORT_FRACTIONAL, kernels.FORCED_BOUND)  # fmt: skip
+          kernels.SUPPORT_SWAP, kernels.SUPPORT_FRACTIONAL, kernels.FORCED_BOUND,
+          kernels.COUNTING_BOUND)  # fmt: skip
 
 
 def _rel_gap(lay: _Layer) -> float:

@@ -83,7 +83,7 @@ def test_quality_reports_bound_gap_token_lp_and_speed(bench, tmp_path, capsys):
     assert s["bound_gap_max"] <= 0.005 and s["bound_gap_over_0005"] == 0
     assert s["tempo_above_token_lp"] == 0
     assert s["tempo_optimal_reported"] == s["tempo_optimal"]
-    assert s["speed_ratio_median"] > 0
+    assert s["speed_ratio_median"] > 0 and s["speed_ratio_b2b_median"] > 0
     assert not (tmp_path / "oracle.json").exists()  # nothing new to solve
     assert "bound gap max" in capsys.readouterr().out
 
@@ -100,6 +100,7 @@ def test_bound_and_speed_summary(bench):
     assert s["tempo_above_token_lp"] == 1
     assert s["tempo_above_token_lp_max"] == pytest.approx(0.5 / 10.5)
     assert s["speed_ratio_median"] == pytest.approx(0.2)
+    assert s["speed_ratio_b2b_median"] is None  # (rows without the back-to-back timings)
     assert s["tempo_slower_than_token_lp"] == 0 and s["tempo_call_us_max"] == pytest.approx(100)
 
 

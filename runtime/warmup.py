@@ -325,17 +325,22 @@ def _share_dict(c: WarmupChild) -> dict:
 def _dispatch_cases():
     """Small layers and a stack that between them reach every dispatch kernel: full and
     restricted replication, tiles and traffic, a layer tempo's support rebalance improves
-    (its kernel only runs then), and an idle layer."""
+    (its kernel only runs then), one whose makespan no certified bound proves, so that
+    tempo's support stages 5b-5d run (they are skipped where B8 or B9 proves it), and an
+    idle layer."""
     full = np.ones((7, 2), bool)
     fig1b = DispatchProblem(counts=[600] + [30] * 6, replicas=full)
     restricted = DispatchProblem(counts=[130, 221], replicas=[[1, 1, 1], [1, 1, 0]])
     stack = DispatchProblem(
         counts=[[344, 279, 0], [0, 0, 0]], replicas=[[1, 0, 1], [1, 1, 1], [0, 1, 0]]
     )
+    unproved = DispatchProblem(counts=[380, 260, 336], replicas=[[1, 1, 1], [1, 1, 1], [0, 1, 1]])
+    tile16 = CostModel.preset("qwen3_235b_b_tile").replace(tile=16)
     return [
         (fig1b, CostModel(a=0, b=15, c=0, beta=0.1)),
         (restricted, CostModel.preset("dsv2_lite_a_serving")),
-        (fig1b, CostModel.preset("qwen3_235b_b_tile").replace(tile=16)),
+        (fig1b, tile16),
+        (unproved, tile16),
         (stack, CostModel.preset("dsv3_a_mb_full")),
     ]
 

@@ -28,14 +28,16 @@ def _readable(engine):
 
 
 def test_every_sample_file_is_package_data():
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-data"
-    ]["straggler.runtime"]
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     files = [p for p in (ROOT / "runtime" / "samples").rglob("*") if p.is_file()]
     assert len(files) >= 7
     for p in files:
-        rel = pathlib.PurePosixPath(p.relative_to(ROOT / "runtime").as_posix())
-        assert any(rel.match(g) for g in globs), rel
+        # each folder is a package of its own (pyproject lists it), its files package data
+        rel = p.parent.relative_to(ROOT / "runtime").as_posix().replace("/", ".")
+        package = f"straggler.runtime.{rel}"
+        assert package in setuptools["packages"], package
+        globs = setuptools["package-data"][package]
+        assert any(pathlib.PurePosixPath(p.name).match(g) for g in globs), p
 
 
 @pytest.mark.parametrize("engine", sorted(SAMPLES))

@@ -32,8 +32,10 @@ def _package_data():
 
 
 def test_every_shipped_file_is_package_data():
-    globs = _package_data()["straggler.sim.workloads"]
-    files = sorted(p.relative_to(DATA.parent).as_posix() for p in DATA.iterdir())
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "straggler.sim.workloads.data" in setuptools["packages"]
+    globs = _package_data()["straggler.sim.workloads.data"]
+    files = sorted(p.name for p in DATA.iterdir())
     assert files, "no shipped traces"
     for f in files:
         assert any(pathlib.PurePosixPath(f).match(g) for g in globs), f

@@ -582,40 +582,51 @@ def forced_kernel(counts, replicas, params, T):
     return min(T, lb)
 
 
-@njit(**NJIT)
-def forced_bound_kernel(counts, replicas, params, best, upper, steps):
-    """``max(best, B8)``: B8 (:func:`forced_kernel`) at ``T = upper``, then at most ``steps``
-    bisection trials between the bound known so far and the lowest ``T`` it did not refute.
+@njit(**NJIT_INLINE)
+def trial_point(lo, hi, a, b):
+    """The next trial value of B8's and B9's bisection between ``lo`` (the bound so far) and
+    ``hi`` (the lowest value not refuted): the midpoint, moved up to the activation level
+    ``a + b*k`` above it when that level is still inside the interval (below ``a + b*(k +
+    1)`` a GPU holds at most ``k`` activations, so a refutation that comes from counting
+    activations holds up to the level itself); NaN when no point is left between them."""
+    mid = lo + 0.5 * (hi - lo)
+    if not (lo < mid < hi):
+        return np.nan
+    q = (mid - a) / b if b > 0.0 else np.inf
+    if q < 2.0**52:  # (a level index beyond that is no trial point worth moving to)
+        level = a + b * np.ceil(q)
+        if lo < level < hi:
+            mid = level
+    return mid
+
+
+@njit(**NJIT_INLINE)
+def bound_trials(test, counts, replicas, params, best, upper, steps):
+    """``max(best, ...)`` of the bound ``test(counts, replicas, params, T)`` (B8's
+    :func:`forced_kernel`, B9's ``counting_kernel``: each ``min(T, LB(T))``) at ``T =
+    upper``, then at most ``steps`` bisection trials between the bound known so far and the
+    lowest ``T`` it did not refute.
 
     ``upper`` is any value (a feasible dispatch's makespan proves most); ``OPT >= min(T,
     LB(T))`` holds at every trial, so the result is the largest of those and ``best``.
     A trial that refutes ``T`` raises the low end to ``T``; one that does not lowers the
-    high end to ``T`` (the refutations are sought below it). A trial point is the midpoint,
-    moved up to the activation level ``a + b*k`` above it when that level is still inside
-    the interval: below ``a + b*(k + 1)`` a GPU holds at most ``k`` activations, so a
-    refutation that comes from counting activations holds up to the level itself.
+    high end to ``T`` (the refutations are sought below it); the trial points are
+    :func:`trial_point`'s.
     """
     if upper <= best:
         return best
-    v = forced_kernel(counts, replicas, params, upper)
+    v = test(counts, replicas, params, upper)
     if v >= upper:
         return upper
     if v > best:
         best = v
     lo = best
     hi = upper
-    a = params[0]
-    b = params[1]
     for _ in range(steps):
-        mid = lo + 0.5 * (hi - lo)
-        if not (lo < mid < hi):
+        mid = trial_point(lo, hi, params[0], params[1])
+        if math.isnan(mid):
             break
-        q = (mid - a) / b if b > 0.0 else np.inf
-        if q < 2.0**52:  # (a level index beyond that is no trial point worth moving to)
-            level = a + b * np.ceil(q)
-            if lo < level < hi:
-                mid = level
-        v = forced_kernel(counts, replicas, params, mid)
+        v = test(counts, replicas, params, mid)
         if v >= mid:
             lo = mid
             best = mid
@@ -624,6 +635,12 @@ def forced_bound_kernel(counts, replicas, params, best, upper, steps):
                 best = v
             hi = mid
     return best
+
+
+@njit(**NJIT)
+def forced_bound_kernel(counts, replicas, params, best, upper, steps):
+    """``max(best, B8)``: :func:`bound_trials` of :func:`forced_kernel`."""
+    return bound_trials(forced_kernel, counts, replicas, params, best, upper, steps)
 
 
 cache_depends_on(forced_bound_kernel, _csr)
@@ -772,24 +789,37 @@ def forced_reference(counts, replicas, params, T):
 
 def forced_bound_reference(counts, replicas, params, best, upper, steps):
     """Plain-Python reference of :func:`forced_bound_kernel` (the same trials)."""
+    return bound_trials_reference(forced_reference, counts, replicas, params, best, upper, steps)
+
+
+def trial_point_reference(lo, hi, a, b) -> float:
+    """Plain-Python twin of :func:`trial_point`."""
+    mid = lo + 0.5 * (hi - lo)
+    if not (lo < mid < hi):
+        return math.nan
+    q = (mid - a) / b if b > 0 else math.inf
+    if q < 2.0**52:
+        level = a + b * float(math.ceil(q))
+        if lo < level < hi:
+            mid = level
+    return mid
+
+
+def bound_trials_reference(test, counts, replicas, params, best, upper, steps):
+    """Plain-Python twin of :func:`bound_trials` (``test``: a plain-Python bound)."""
     if upper <= best:
         return best
-    v = forced_reference(counts, replicas, params, upper)
+    v = test(counts, replicas, params, upper)
     if v >= upper:
         return upper
     best = max(best, v)
     lo, hi = best, upper
     a, b = float(params[0]), float(params[1])
     for _ in range(steps):
-        mid = lo + 0.5 * (hi - lo)
-        if not (lo < mid < hi):
+        mid = trial_point_reference(lo, hi, a, b)
+        if math.isnan(mid):
             break
-        q = (mid - a) / b if b > 0 else math.inf
-        if q < 2.0**52:
-            level = a + b * float(math.ceil(q))
-            if lo < level < hi:
-                mid = level
-        v = forced_reference(counts, replicas, params, mid)
+        v = test(counts, replicas, params, mid)
         if v >= mid:
             lo = best = mid
         else:

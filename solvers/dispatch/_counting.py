@@ -31,8 +31,8 @@ import numpy as np
 from numba import njit
 
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
-from . import _csr
-from ._bounds import FORCED_SLACK
+from . import _bounds, _csr
+from ._bounds import FORCED_SLACK, bound_trials, bound_trials_reference
 from ._csr import replica_lists
 
 __all__ = [
@@ -365,43 +365,12 @@ def counting_kernel(counts, replicas, params, T):
 
 @njit(**NJIT)
 def counting_bound_kernel(counts, replicas, params, best, upper, steps):
-    """``max(best, B9)``: B9 (:func:`counting_kernel`) at ``T = upper``, then at most
-    ``steps`` bisection trials between the bound known so far and the lowest ``T`` it did
-    not refute, each moved up to the activation level ``a + b*k`` above it when that level
-    is inside the interval (the trials of
-    :func:`~straggler.solvers.dispatch._bounds.forced_bound_kernel`)."""
-    if upper <= best:
-        return best
-    v = counting_kernel(counts, replicas, params, upper)
-    if v >= upper:
-        return upper
-    if v > best:
-        best = v
-    lo = best
-    hi = upper
-    a = params[0]
-    b = params[1]
-    for _ in range(steps):
-        mid = lo + 0.5 * (hi - lo)
-        if not (lo < mid < hi):
-            break
-        q = (mid - a) / b if b > 0.0 else np.inf
-        if q < 2.0**52:
-            level = a + b * np.ceil(q)
-            if lo < level < hi:
-                mid = level
-        v = counting_kernel(counts, replicas, params, mid)
-        if v >= mid:
-            lo = mid
-            best = mid
-        else:
-            if v > best:
-                best = v
-            hi = mid
-    return best
+    """``max(best, B9)``: :func:`~straggler.solvers.dispatch._bounds.bound_trials` of
+    :func:`counting_kernel` (B8's trials)."""
+    return bound_trials(counting_kernel, counts, replicas, params, best, upper, steps)
 
 
-cache_depends_on(counting_bound_kernel, _csr)
+cache_depends_on(counting_bound_kernel, _csr, _bounds)
 
 
 def _tile_room_reference(params, G, T):
@@ -533,8 +502,7 @@ def counting_reference(counts, replicas, params, T):
 
 def counting_bound_reference(counts, replicas, params, best, upper, steps):
     """Plain-Python reference of :func:`counting_bound_kernel` (the same trials)."""
-    if upper <= best:
-        return best
+    return bound_trials_reference(counting_reference, counts, replicas, params, best, upper, steps)
     v = counting_reference(counts, replicas, params, upper)
     if v >= upper:
         return upper

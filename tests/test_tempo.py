@@ -454,6 +454,32 @@ def test_restarts_skipped_where_b8_proves_the_stage4_makespan():
     assert res.lower_bound == forced_bound(p.counts, p.replicas, c, b17, res.makespan)
 
 
+def test_restarts_end_where_b8_or_b9_proves_their_makespan(monkeypatch):
+    """Stage 4b ends once B8 or B9, tried at a makespan it reached, proves it optimal: no
+    later restart is strictly lower, so the output is the whole stage's, after fewer probes.
+    On this layer the stage-4 makespan is not proved and the first round reaches 42.8 us,
+    which B8/B9 prove: 16 probes, where the stage without the trials (``RESTART_PROOFS =
+    0``, the plain-Python reference) makes 213 for the same dispatch."""
+    from straggler.solvers.dispatch import _tempo
+
+    counts = [134, 195, 3, 275]
+    R = [[1, 0, 0, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]]
+    cost = CostModel.preset("qwen3_235b_b_tile")
+    args = _kernel_args(counts, R, cost, ALL_ON._replace(**RESTARTS))
+    x, info = _assert_same(args)
+    assert info[F["makespan"]] == pytest.approx(42.8) and info[F["restarts"]] == 1
+    assert info[F["bound_forced"]] < info[F["makespan_candidate"]]  # stage 4 unproved
+    assert info[F["restart_probes"]] == 16
+    monkeypatch.setattr(_tempo, "RESTART_PROOFS", 0)
+    x0, info0 = tempo_reference(*args)
+    np.testing.assert_array_equal(x, x0)
+    assert info0[F["makespan"]] == info[F["makespan"]] and info0[F["restarts"]] == 1
+    assert info0[F["restart_probes"]] == 213
+    res = solve_dispatch(DispatchProblem(counts=counts, replicas=np.array(R, bool)), cost,
+                         method="tempo", **NO_REPAIR)  # fmt: skip
+    assert res.makespan == pytest.approx(42.8) and res.status.name == "OPTIMAL"
+
+
 def test_polish_taken_within_tau():
     """Every candidate is polished and a polished one strictly below M(A_H) is taken, even
     by less than tau (the raw rule would keep A_H)."""

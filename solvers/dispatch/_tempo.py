@@ -50,8 +50,20 @@ from . import _bounds as _bounds_module
 from . import _counting as _counting_module
 from . import _csr
 from . import method as _method
-from ._bounds import FORCED_STEPS, forced_bound_kernel, forced_bound_reference
-from ._counting import COUNTING_STEPS, counting_bound_kernel, counting_bound_reference
+from ._bounds import (
+    FORCED_STEPS,
+    forced_bound_kernel,
+    forced_bound_reference,
+    forced_kernel,
+    forced_reference,
+)
+from ._counting import (
+    COUNTING_STEPS,
+    counting_bound_kernel,
+    counting_bound_reference,
+    counting_kernel,
+    counting_reference,
+)
 from ._csr import replica_lists
 from .method import OPTIMALITY_RTOL
 
@@ -91,6 +103,9 @@ _N_INFO = len(INFO_FIELDS)
 #: Most ruin-and-recreate rounds of stage 4b, and how many floor caps each restart tries.
 RESTART_ROUNDS = 2
 RESTART_LEVELS = 2
+#: Most makespans of stage 4b that B8 and B9 are tried at, one trial each (the first
+#: improvements of the search), to end it once one is proved optimal.
+RESTART_PROOFS = 8
 
 #: What ``info[INFO_FIELDS.index("choice")]`` indexes: which dispatch tempo returned.
 CHOICES = ("heuristic", "token_lp", "a3", "semi_matching", "semi_matching_relaxed")
@@ -1837,6 +1852,29 @@ def _recreate_reference(ref, y, ruined):
     return z
 
 
+@njit(**NJIT_INLINE)
+def _bound_params(cost):
+    """The cost array of B8 and B9 (``CostModel.as_array()``'s first eight fields)."""
+    return np.array([cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2, cost.gamma,
+                     float(cost.tile)])  # fmt: skip
+
+
+@njit(**NJIT_INLINE)
+def _proves(counts, replicas, params, m):
+    """Whether B8, or else B9, tried once at ``T = m`` proves no dispatch below ``m``
+    (``min(T, LB(T)) >= T``): ``m`` is then the optimum."""
+    if forced_kernel(counts, replicas, params, m) >= m:
+        return True
+    return counting_kernel(counts, replicas, params, m) >= m
+
+
+def _proves_reference(counts, replicas, params, m):
+    """Plain-Python twin of :func:`_proves`."""
+    if forced_reference(counts, replicas, params, m) >= m:
+        return True
+    return counting_reference(counts, replicas, params, m) >= m
+
+
 @njit(**NJIT)
 def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, wk, stages):
     """Stage 4b: best-improvement ruin and recreate of each GPU, polished by stage 3.
@@ -1849,8 +1887,12 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
     is applied; at most ``rounds_max`` rounds, until none is lower or ``stop_at`` is met.
     No polish starts once the stage's searches have made ``opts.restart_probes``
     neighbourhood probes (the round then ends with what it found): a work bound that also
-    counts the probes of searches that end without a move. Returns ``(shares, makespan,
-    rounds, probes)``.
+    counts the probes of searches that end without a move. The first ``RESTART_PROOFS``
+    times the round's best makespan falls, B8 and then B9 are tried once at it
+    (:func:`_proves`); where they prove it optimal, the stage ends there with it: no later
+    dispatch of the round or of a further round is strictly lower, so the output is the
+    one the whole stage would return, sooner. Returns ``(shares, makespan, rounds,
+    probes)``.
     """
     E, g = x0.shape
     counters = np.zeros(4, np.int64)
@@ -1863,13 +1905,16 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
     j_max = g_max  # tiles above one per share: at most ceil(n_e / tile) per replica
     for e in range(E):
         j_max += _tiles(counts[e], cost.tile) * (lists.e_ptr[e + 1] - lists.e_ptr[e])
+    params = _bound_params(cost)
+    proofs = 0
+    proved = False
     rounds = 0
-    while rounds < rounds_max and m > stop_at:
+    while rounds < rounds_max and m > stop_at and not proved:
         n_lev = _floor_levels(cost, m, g_max, j_max, levels)
         best_m = m
         best_x = x
         for h in range(g):
-            if counters[3] >= opts.restart_probes:
+            if counters[3] >= opts.restart_probes or proved:
                 break
             ruin[:] = False
             for i in range(lists.g_ptr[h], lists.g_ptr[h + 1]):
@@ -1893,6 +1938,11 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
                 if mz < best_m:
                     best_m = mz
                     best_x = cst.x
+                    if proofs < RESTART_PROOFS:
+                        proofs += 1
+                        proved = _proves(counts, lists.replicas, params, mz)
+                        if proved:
+                            break
         if best_m < m:
             x = best_x
             m = best_m
@@ -1902,16 +1952,18 @@ def _stage_restarts(counts, order, lists, cost, opts, stop_at, x0, rounds_max, w
     return x, m, rounds, counters[3]
 
 
-def _stage_restarts_reference(ref, x, m, stop_at):
+def _stage_restarts_reference(ref, x, m, stop_at, bound_args):
     """Plain-Python twin of :func:`_stage_restarts`: returns ``(shares, makespan, rounds,
-    probes)``."""
+    probes)``; ``bound_args``: ``(counts, replicas, params)`` of B8 and B9."""
     rounds = 0
     probes = 0
-    while rounds < RESTART_ROUNDS and m > stop_at:
+    proofs = 0
+    proved = False
+    while rounds < RESTART_ROUNDS and m > stop_at and not proved:
         levels = _floor_levels_reference(ref, m)
         best_m, best_x = m, x
         for h in range(ref.g):
-            if probes >= ref.opts.restart_probes:
+            if probes >= ref.opts.restart_probes or proved:
                 break
             y = _recreate_reference(ref, x, {e for e in range(ref.E) if x[e][h] > 0})
             for F in [None, *levels]:
@@ -1926,6 +1978,11 @@ def _stage_restarts_reference(ref, x, m, stop_at):
                 mz = max(ref.times_of(z))
                 if mz < best_m:
                     best_m, best_x = mz, z
+                    if proofs < RESTART_PROOFS:
+                        proofs += 1
+                        proved = _proves_reference(*bound_args, mz)
+                        if proved:
+                            break
         if best_m >= m:
             break
         x, m = best_x, best_m
@@ -2087,8 +2144,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
         # B8, then B9 where B8 leaves it unproved, at the stage-4 makespan: where they prove
         # that makespan optimal (solve_dispatch's OPTIMAL rule), no restart can apply, as only
         # a strictly lower makespan is applied
-        params = np.array([cost.a, cost.b, cost.b2, cost.c, cost.beta, cost.c2, cost.gamma,
-                           float(cost.tile)])  # fmt: skip
+        params = _bound_params(cost)
         info[16] = forced_bound_kernel(counts, replicas, params, float(bound), m_out,
                                        _FORCED_STEPS)  # fmt: skip
         if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:
@@ -2115,8 +2171,8 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
 # solvers/_order.py and builds its replica lists with _csr.py, and tries B8 (_bounds.py) and B9
 # (_counting.py) with the OPTIMAL rule's tolerance (method.py): an edit there recompiles the
 # functions that use them
-for _f in (_stage_local_search, _stage_restarts):
-    cache_depends_on(_f, _address, _order, _csr)
+cache_depends_on(_stage_local_search, _address, _order, _csr)
+cache_depends_on(_stage_restarts, _address, _order, _csr, _bounds_module, _counting_module)
 cache_depends_on(tempo_kernel, _address, _order, _csr, _bounds_module, _counting_module, _method)
 
 
@@ -2177,7 +2233,9 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
             info[16] = counting_bound_reference(counts, replicas, params, info[16], m_out,
                                                 COUNTING_STEPS)  # fmt: skip
         if m_out > info[16] * (1 + OPTIMALITY_RTOL) + 1e-12:  # Stage 4b
-            out, m_out, n_restart, n_probe = _stage_restarts_reference(ref, out, m_out, stop_at)
+            out, m_out, n_restart, n_probe = _stage_restarts_reference(
+                ref, out, m_out, stop_at, (counts, replicas, params)
+            )
     info[0] = m_out
     info[13], info[15] = n_restart, n_probe
     info[8], info[9] = choice, n_chain

@@ -605,8 +605,7 @@ class Tempo:
             extras["repair_runtime_s"] = r.runtime_s
             shares, m, bound = r.shares, r.makespan, max(bound, r.lower_bound)
         extras["makespan"] = float(m)
-        if shares.dtype != np.float64:  # (the kernels' are; solve_dispatch copies it anyway)
-            shares = shares.astype(np.float64)
+        # the kernels' int64 shares as they are: solve_dispatch scores a float64 copy of them
         return LayerSolution(shares=shares, lower_bound=bound, extras=extras, certificate=cert)
 
     def solve(self, problem: DispatchProblem, cost: CostModel, *, time_limit, rng) -> LayerSolution:

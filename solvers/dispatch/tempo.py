@@ -123,7 +123,10 @@ the cost model.
    found on ties) is applied; at most ``RESTART_ROUNDS`` (2) rounds, and no polish starts
    once the stage's searches have made ``RESTART_PROBES`` (10,000) probes in all (a work
    bound, deterministic, unlike a clock; it counts the probes of the searches that end
-   without a move, which are most of a round's work). Every start of
+   without a move, which are most of a round's work). The first eight times a round's best
+   makespan falls, B8 and B9 are tried once at it; where they prove it optimal the stage
+   ends there, with the dispatch the whole stage would return (no later restart is
+   strictly lower). Every start of
    stages 1-4 can end on the same plateau: GPUs at ``G + 1`` activations with one tile
    over, where any single move, swap, chain or exchange raises some GPU to the makespan
    (on the ``decode16`` layer of ``benchmarks/tempo_quality.py`` that shows it, the

@@ -158,7 +158,10 @@ def check_real(
     ...
     straggler.formulations.errors.InvalidInputError: ... f must be a finite number. Got '1' instead.
     """
-    ok = isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+    t = type(x)
+    # (exactly a float or an int: the common case, without the ABC check of numbers.Real)
+    ok = t is float or t is int
+    ok = ok or (isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)))
     if ok:
         try:
             v = float(x)

@@ -60,24 +60,33 @@ def _entropy() -> np.random.Generator:
 def _method(name, options: dict, func: str):
     """``make_method(name, options)``, one instance per distinct hashable options for
     methods that are frozen dataclasses (immutable hyperparameters, so sharing is safe;
-    validating and building one costs ~15 us per call otherwise)."""
+    validating and building one costs ~15 us per call otherwise), kept in
+    :data:`_METHODS`."""
+    # the option's type is part of the key: ``1 == True`` and ``hash(1) == hash(True)``, so
+    # without it an instance built for ``seed=True`` would serve ``seed=1`` unchecked
+    items = []
+    for k, v in options.items():  # (a loop: a comprehension's frame costs more, cold)
+        items.append((k, type(v).__qualname__, v))
+    items.sort()
+    key = (name, tuple(items))
     try:
-        # the option's type is part of the key: ``1 == True`` and ``hash(1) == hash(True)``,
-        # so without it an instance built for ``seed=True`` would serve ``seed=1`` unchecked
-        key = (name, tuple(sorted((k, type(v).__qualname__, v) for k, v in options.items())))
-        hash(key)
+        solver = _METHODS.get(key, _NOT_BUILT)
     except TypeError:  # an unhashable name or option value: built (and refused) each call
         return make_method(name, options, func)
-    solver = _cached_method(key, func)
+    if solver is _NOT_BUILT:
+        solver = make_method(name, options, func)  # (bad options raise: nothing is kept)
+        if len(_METHODS) >= _METHODS_MAX:
+            _METHODS.clear()
+        _METHODS[key] = solver if type(solver).__dataclass_params__.frozen else None
+        return solver
     return make_method(name, options, func) if solver is None else solver
 
 
-@functools.lru_cache(maxsize=256)
-def _cached_method(key, func: str):
-    """The shared instance, or None for a method that is not a frozen dataclass."""
-    name, items = key
-    solver = make_method(name, {k: v for k, _, v in items}, func)
-    return solver if type(solver).__dataclass_params__.frozen else None
+#: The shared method instances by ``(name, options)`` (None: a method that is not a frozen
+#: dataclass, built each call), at most ``_METHODS_MAX`` of them (emptied when full).
+_METHODS: dict = {}
+_METHODS_MAX = 256
+_NOT_BUILT = object()
 
 
 def _own_masks(solver, sols) -> list:
@@ -218,10 +227,13 @@ def solve_layers(problem: DispatchProblem, cost: CostModel, name: str, solver, t
     ``reference_s``, and ``(t0, t1, reference_s)``: the ``perf_counter`` readings around the
     method's own work and the seconds plain-Python references ran inside it.
     """
-    layers = list(problem.layers()) if problem.is_stack else [problem]
+    stack = problem.is_stack
+    layers = list(problem.layers()) if stack else None
     r0 = reference_seconds()
     t0 = time.perf_counter()
-    if hasattr(solver, "solve_stack") and problem.is_stack:
+    if not stack:
+        sols = [solver.solve(problem, cost, time_limit=time_limit, rng=rng)]
+    elif hasattr(solver, "solve_stack"):
         sols = solver.solve_stack(layers, cost, time_limit=time_limit, rng=rng)
     else:
         sols = [solver.solve(p, cost, time_limit=time_limit, rng=rng) for p in layers]
@@ -287,18 +299,18 @@ def _score(problem, cost, name, solver, sols) -> dict:
     # (for one layer, Python's max of a short list: numpy's reduction costs microseconds)
     makespans = times.max(axis=-1) if problem.is_stack else None
     mks = makespans.tolist() if problem.is_stack else [max(times[0].tolist())]
-    bounds = [
-        _layer_bound(report, l, cost, s, m is None, mk)
-        for l, (s, m, mk) in enumerate(zip(sols, masks, mks))
-    ]
-    for l, (lb, mk) in enumerate(zip(bounds, mks)):
+    bounds = []
+    statuses = []
+    for l, (s, m, mk) in enumerate(zip(sols, masks, mks)):  # (loops: cheaper than frames)
+        lb = _layer_bound(report, l, cost, s, m is None, mk)
         if lb > mk * (1 + OPTIMALITY_RTOL) + 1e-9:
             raise StragglerError(
                 f"solve_dispatch: the certified lower bound {lb!r} of layer {l} exceeds the "
                 f"makespan {mk!r} of the method {name!r} on the mask it was scored on; "
                 "a bound is invalid (this is a bug)."
             )
-    statuses = [_status(s, m, lb) for s, m, lb in zip(sols, mks, bounds)]
+        bounds.append(lb)
+        statuses.append(_status(s, mk, lb))
     if not problem.is_stack:
         return dict(
             shares=shares,

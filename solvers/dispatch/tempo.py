@@ -274,6 +274,15 @@ _REPAIR_FIELDS = dict(repaired=False, repair_status="", repair_milp_status="NOT_
                       repair_gain=0.0, repair_bound_gain=0.0, repair_runtime_s=0.0)  # fmt: skip
 _REPAIR_OFF = {**_REPAIR_FIELDS, "repair_status": "off"}
 _REPAIR_NOT_NEEDED = {**_REPAIR_FIELDS, "repair_status": "not needed"}
+#: A layer's extras in their order, the kernel's fields, then this method's, then the repair's
+#: (with the repair off, and not needed): each layer's a copy, its values then set (a copy
+#: of a full dict, where filling an empty one resizes it three times)
+_LAYER_FIELDS = dict.fromkeys(INFO_FIELDS) | dict.fromkeys(
+    ("rebalanced", "contracted", "swapped", "makespan_stage4", "choice", "makespan_lp_exact",
+     "stages_skipped", "makespan_before_repair")
+)  # fmt: skip
+_EXTRAS_OFF = _LAYER_FIELDS | _REPAIR_OFF
+_EXTRAS_NOT_NEEDED = _LAYER_FIELDS | _REPAIR_NOT_NEEDED
 #: Neighbourhood probes of each stage-3 search.
 MAX_PROBES = 1_000
 
@@ -578,9 +587,10 @@ class Tempo:
         """Extras and the repair of one layer; ``budget``: the repair seconds left to this call
         (default ``repair_budget_s``)."""
         info = lay.info.tolist()
-        extras = dict(zip(INFO_FIELDS, info))
+        extras = (_EXTRAS_OFF if self.repair_budget_s == 0 else _EXTRAS_NOT_NEEDED).copy()
+        extras.update(zip(INFO_FIELDS, info))
         m, bound = lay.makespan, lay.bound
-        # (the kernel's counters as ints, then the fields of this method, in one pass)
+        # (the kernel's counters as ints, then the fields of this method)
         for k in _INT_INFO:
             extras[k] = int(extras[k])
         extras["rebalanced"] = m < info[0]
@@ -591,7 +601,6 @@ class Tempo:
         extras["makespan_lp_exact"] = lay.makespan_lp_exact
         extras["stages_skipped"] = lay.skipped
         extras["makespan_before_repair"] = m
-        extras.update(_REPAIR_OFF if self.repair_budget_s == 0 else _REPAIR_NOT_NEEDED)
         cert = BoundCertificate(bound, lay.sm, lay.num / lay.den)
         shares = lay.shares
         budget = self.repair_budget_s if budget is None else budget

@@ -313,6 +313,11 @@ def test_forced_bound_proves_deepseek_v3_at_ep32():
      CostModel(a=0, b=4, c=0, beta=0.1)),
     12.0,
 )  # fmt: skip
+@example(  # a tiny T: 30 / U overflows to inf, which the reference compares, never rounds
+    (DispatchProblem(counts=[30, 0], replicas=np.array([[1, 0], [1, 0]], bool)),
+     CostModel(a=0, b=2, c=0, beta=0.2)),
+    1.1125369292536007e-308,
+)  # fmt: skip
 def test_counting_kernel_equals_reference(inst, T):
     p, cost = inst
     c = cost.as_array()

@@ -430,10 +430,10 @@ def counting_reference(counts, replicas, params, T):
     P = 0
     for e in live:
         if U < math.inf:
-            q = math.ceil(n[e] / Uup)
-            if q > sum(k):
+            r = n[e] / Uup  # (inf where T is tiny: compared, never rounded to an int)
+            if r > sum(k):  # ceil(r) > sum(k), for an integer sum
                 return T
-            P += max(1, q)
+            P += max(1, math.ceil(r))
         else:
             P += 1
     if P > sum(k):
@@ -503,25 +503,3 @@ def counting_reference(counts, replicas, params, T):
 def counting_bound_reference(counts, replicas, params, best, upper, steps):
     """Plain-Python reference of :func:`counting_bound_kernel` (the same trials)."""
     return bound_trials_reference(counting_reference, counts, replicas, params, best, upper, steps)
-    v = counting_reference(counts, replicas, params, upper)
-    if v >= upper:
-        return upper
-    best = max(best, v)
-    lo, hi = best, upper
-    a, b = float(params[0]), float(params[1])
-    for _ in range(steps):
-        mid = lo + 0.5 * (hi - lo)
-        if not (lo < mid < hi):
-            break
-        q = (mid - a) / b if b > 0 else math.inf
-        if q < 2.0**52:
-            level = a + b * float(math.ceil(q))
-            if lo < level < hi:
-                mid = level
-        v = counting_reference(counts, replicas, params, mid)
-        if v >= mid:
-            lo = best = mid
-        else:
-            best = max(best, v)
-            hi = mid
-    return best

@@ -268,7 +268,7 @@ def _check_and_evaluate(report: DispatchProblem, cost: CostModel, shares: np.nda
     ``(L, g)`` (equal to ``evaluate_arrays``'s bit for bit), in one pass over the stack."""
     g = report.n_gpus
     E = report.n_experts
-    ok, _, _, _, times = SCORE(
+    ok, times = SCORE(
         shares.reshape(-1, E, g),
         report.replicas.reshape(-1, E, g),
         report.counts.reshape(-1, E),

@@ -110,7 +110,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     old = load_revision(args.old)
     old_kernel, new_kernel = _kernel(old), _kernel(today)
-    opts = Tempo()._kernel_opts
+    opts = Tempo()._opts()  # (a KernelOptions: an older kernel reads its fields by name)
     full, bare = Tempo(), Tempo(contract=False, swap=False)
     summary = {}
     for which in [s for s in args.sets.split(",") if s]:

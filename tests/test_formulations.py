@@ -274,7 +274,12 @@ def test_score_kernel_equals_reference_check_shares_and_the_evaluator():
     feasibility answer is check_shares's, and G, N, T, times equal evaluate_arrays's bit for
     bit (fractional shares, tiles, the traffic piece, stacks)."""
     from straggler.formulations.dispatch import evaluate_arrays
-    from straggler.solvers.dispatch._score import score_kernel, score_reference
+    from straggler.solvers.dispatch._score import (
+        score_kernel,
+        score_reference,
+        score_times_kernel,
+        score_times_reference,
+    )
 
     rng = np.random.default_rng(11)
     costs = [
@@ -318,6 +323,11 @@ def test_score_kernel_equals_reference_check_shares_and_the_evaluator():
             assert got[0] == want[0]
             for a, b in zip(got[1:], want[1:]):
                 assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+        # solve_dispatch's kernel: ok and the times
+        assert score_times_reference(*args)[0] == want[0]
+        assert np.array_equal(score_times_reference(*args)[1], want[4], equal_nan=True)
+        for ok_k, times_k in (score_times_kernel(*args), score_times_kernel.py_func(*args)):
+            assert ok_k == want[0] and np.array_equal(times_k, want[4], equal_nan=True)
         try:
             check_shares(p, x)
             ok = True

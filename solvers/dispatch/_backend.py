@@ -47,7 +47,7 @@ from ._bounds import (
 )
 from ._counting import counting_bound_kernel, counting_bound_reference
 from ._round_robin import a3_kernel, a3_reference
-from ._score import score_kernel, score_reference
+from ._score import score_times_kernel, score_times_reference
 from ._semi_matching import semi_matching_kernel, semi_matching_reference
 from ._tempo import stage_handles, tempo_kernel, tempo_reference
 from ._tempo_prelude import prelude_handles, tempo_prelude_kernel, tempo_prelude_reference
@@ -249,7 +249,7 @@ SUPPORT_SWAP = Pair(support_swap_kernel, support_swap_reference, 1.0, token_lp_h
 SUPPORT_FRACTIONAL = Pair(support_fractional_kernel, support_fractional_reference, 1.0,
                           token_lp_handle)  # fmt: skip
 A3 = Pair(a3_kernel, a3_reference, 0.6)
-SCORE = Pair(score_kernel, score_reference, 0.5)
+SCORE = Pair(score_times_kernel, score_times_reference, 0.5)
 
 #: Every pair, by the kernel's ``module.name``.
 PAIRS = {

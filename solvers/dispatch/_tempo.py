@@ -2006,20 +2006,21 @@ _COUNTING_STEPS = np.int64(COUNTING_STEPS)
 
 @njit(**NJIT_INLINE)
 def _canonical_cost(cost):
-    """:class:`KernelCost` with float fields and an int64 tile."""
-    return KernelCost(float(cost.a), float(cost.b), float(cost.b2), float(cost.c),
-                      float(cost.beta), float(cost.c2), float(cost.gamma), np.int64(cost.tile),
-                      float(cost.cap), float(cost.floor_cap))  # fmt: skip
+    """:class:`KernelCost` with float fields and an int64 tile, from a :class:`KernelCost`
+    or a plain tuple of its fields (by position)."""
+    return KernelCost(float(cost[0]), float(cost[1]), float(cost[2]), float(cost[3]),
+                      float(cost[4]), float(cost[5]), float(cost[6]), np.int64(cost[7]),
+                      float(cost[8]), float(cost[9]))  # fmt: skip
 
 
 @njit(**NJIT_INLINE)
 def _canonical_opts(opts):
-    """:class:`KernelOptions` with bool, float and int64 fields."""
-    return KernelOptions(bool(opts.seed), bool(opts.chains), bool(opts.local_search),
-                         bool(opts.ensemble), bool(opts.flows), bool(opts.exchanges),
-                         bool(opts.tile_chains), float(opts.tau), np.int64(opts.max_iter),
-                         bool(opts.restarts), float(opts.restart_gap),
-                         np.int64(opts.restart_probes), np.int64(opts.max_probes))  # fmt: skip
+    """:class:`KernelOptions` with bool, float and int64 fields, from a
+    :class:`KernelOptions` or a plain tuple of its fields (by position)."""
+    return KernelOptions(bool(opts[0]), bool(opts[1]), bool(opts[2]), bool(opts[3]),
+                         bool(opts[4]), bool(opts[5]), bool(opts[6]), float(opts[7]),
+                         np.int64(opts[8]), bool(opts[9]), float(opts[10]),
+                         np.int64(opts[11]), np.int64(opts[12]))  # fmt: skip
 
 
 def _stage_argtypes():
@@ -2067,8 +2068,9 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     ----------
     counts : ndarray of int64, shape (n_experts,)
     replicas : ndarray of bool, shape (n_experts, n_gpus)
-    cost : KernelCost
-        The cost model, ``cap = inf``.
+    cost : KernelCost, or a plain tuple of its fields
+        The cost model, ``cap = inf``. (A plain tuple costs the dispatcher less than a
+        named one: numba types a namedtuple argument in Python, about a microsecond.)
     lp_shares : ndarray of int64, shape (n_experts, n_gpus)
         The integral token-LP dispatch (``max_g N_g = ceil(lambda*)``): a stage-4
         candidate, and with ``sm_assign`` an integral lower bound that stops stage 3.
@@ -2077,7 +2079,7 @@ def tempo_kernel(counts, replicas, cost, lp_shares, sm_assign, bound, opts, stag
     bound : float
         A certified lower bound on the optimal makespan (``-inf``: none); stage 3 stops
         there too.
-    opts : KernelOptions
+    opts : KernelOptions, or a plain tuple of its fields
     stages : tuple
         :func:`stage_handles`: the compiled stage 3 and stage 4b, which the kernel, stage 4
         and stage 4b call by address
@@ -2199,6 +2201,7 @@ def tempo_reference(counts, replicas, cost, lp_shares, sm_assign, bound, opts):
     >>> (x > 0).sum(axis=1).tolist(), float(info[0])
     ([2, 1, 1, 1, 1, 1, 1], 60.0)
     """
+    cost, opts = KernelCost(*cost), KernelOptions(*opts)  # (either may be a plain tuple)
     ref = _Ref(counts, replicas, cost, opts)
     E, g = ref.E, ref.g
     info = [float("nan")] * len(INFO_FIELDS)

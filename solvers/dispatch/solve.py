@@ -268,7 +268,7 @@ def _check_and_evaluate(report: DispatchProblem, cost: CostModel, shares: np.nda
     ``(L, g)`` (equal to ``evaluate_arrays``'s bit for bit), in one pass over the stack."""
     g = report.n_gpus
     E = report.n_experts
-    ok, _, _, _, times = SCORE(
+    ok, times = SCORE(
         shares.reshape(-1, E, g),
         report.replicas.reshape(-1, E, g),
         report.counts.reshape(-1, E),
@@ -281,7 +281,8 @@ def _check_and_evaluate(report: DispatchProblem, cost: CostModel, shares: np.nda
 def _score(problem, cost, name, solver, sols) -> dict:
     """The method's layers scored by the independent evaluator on the mask they lie on,
     checked, certified: the fields of the :class:`DispatchResult`."""
-    if problem.is_stack:
+    stack = problem.is_stack
+    if stack:
         shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
     else:
         shares = np.array(sols[0].shares, dtype=float)  # a fresh, writeable copy either way
@@ -297,8 +298,8 @@ def _score(problem, cost, name, solver, sols) -> dict:
                 "this is a bug in the method."
             ) from exc
     # (for one layer, Python's max of a short list: numpy's reduction costs microseconds)
-    makespans = times.max(axis=-1) if problem.is_stack else None
-    mks = makespans.tolist() if problem.is_stack else [max(times[0].tolist())]
+    makespans = times.max(axis=-1) if stack else None
+    mks = makespans.tolist() if stack else [max(times[0].tolist())]
     bounds = []
     statuses = []
     for l, (s, m, mk) in enumerate(zip(sols, masks, mks)):  # (loops: cheaper than frames)
@@ -311,7 +312,7 @@ def _score(problem, cost, name, solver, sols) -> dict:
             )
         bounds.append(lb)
         statuses.append(_status(s, mk, lb))
-    if not problem.is_stack:
+    if not stack:
         return dict(
             shares=shares,
             makespan=mks[0],

@@ -392,7 +392,7 @@ def _pool(n_threads):
 @functools.lru_cache(maxsize=64)
 def _kernel_params_of(cost: CostModel):
     c = cost.as_array()
-    return c, kernel_cost(c)
+    return c, tuple(kernel_cost(c))  # (a plain tuple: the kernel's cheaper argument)
 
 
 #: The last cost model and its kernel parameters, as one tuple (threads replace it whole).
@@ -400,7 +400,8 @@ _LAST_PARAMS: list = [(None, None)]
 
 
 def _kernel_params(cost: CostModel):
-    """``cost.as_array()`` and its :class:`KernelCost`, once per cost model (a frozen,
+    """``cost.as_array()`` and its :class:`KernelCost` (a plain tuple of its fields), once
+    per cost model (a frozen,
     hashable value; building them costs a few microseconds per layer otherwise), the last
     one by identity (hashing a model's fields costs a microsecond). The array stays
     writeable (a read-only one is another numba type, compiled again); no kernel writes to
@@ -505,7 +506,8 @@ class Tempo:
 
     def __post_init__(self) -> None:
         _tempo_iv(self)
-        object.__setattr__(self, "_kernel_opts", self._opts())  # built once, not per layer
+        # built once, not per layer; a plain tuple, the kernel's cheaper argument
+        object.__setattr__(self, "_kernel_opts", tuple(self._opts()))
 
     def _opts(self) -> KernelOptions:
         return KernelOptions(

@@ -266,6 +266,11 @@ RESTART_GAP = 2e-3
 RESTART_PROBES = 10_000
 #: Where the kernel's ``info`` holds B8 and B9 tried at the stage-4 makespan (nan: not tried).
 _BOUND_FORCED = INFO_FIELDS.index("bound_forced")
+#: The kernel's info of a layer whose exact token-LP dispatch is optimal (tempo not run):
+#: nan for its makespans and ``bound_forced``, 0 for its counters; ``info[0]`` set per layer.
+_LP_EXACT_INFO = np.full(len(INFO_FIELDS), np.nan)
+_LP_EXACT_INFO[8:] = 0
+_LP_EXACT_INFO[_BOUND_FORCED] = np.nan
 #: The kernel's counters, reported as ints in a layer's extras.
 _INT_INFO = ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts",
              "restart_probes")  # fmt: skip
@@ -536,10 +541,8 @@ class Tempo:
         )
         if self.fractional and m_lp <= bound * (1 + OPTIMALITY_RTOL) + 1e-12:
             # optimal: nothing to search
-            info = np.full(len(INFO_FIELDS), np.nan)
+            info = _LP_EXACT_INFO.copy()
             info[0] = m_lp
-            info[8:] = 0
-            info[_BOUND_FORCED] = np.nan
             return _Layer(x_lp, info, int(num), int(den), int(sm), float(m_lp),
                           float(bound), 0, 0, float(m_lp), "token_lp_exact", True)  # fmt: skip
         shares, info = kernels.TEMPO(counts, replicas, kcost, lp, assign, bound, self._kernel_opts)

@@ -268,9 +268,8 @@ RESTART_PROBES = 10_000
 _BOUND_FORCED = INFO_FIELDS.index("bound_forced")
 #: The kernel's info of a layer whose exact token-LP dispatch is optimal (tempo not run):
 #: nan for its makespans and ``bound_forced``, 0 for its counters; ``info[0]`` set per layer.
-_LP_EXACT_INFO = np.full(len(INFO_FIELDS), np.nan)
-_LP_EXACT_INFO[8:] = 0
-_LP_EXACT_INFO[_BOUND_FORCED] = np.nan
+_LP_EXACT_INFO = [math.nan] * 8 + [0.0] * (len(INFO_FIELDS) - 8)
+_LP_EXACT_INFO[_BOUND_FORCED] = math.nan
 #: The kernel's counters, reported as ints in a layer's extras.
 _INT_INFO = ("chain_moves", "ls_moves", "flow_moves", "exchange_moves", "restarts",
              "restart_probes")  # fmt: skip
@@ -422,7 +421,8 @@ class _Layer(NamedTuple):
     """What the kernels return for one layer (before the repair)."""
 
     shares: np.ndarray
-    info: np.ndarray
+    info: list
+    """The kernel's ``info`` (``INFO_FIELDS``), as Python floats."""
     num: int
     den: int
     sm: int
@@ -542,10 +542,11 @@ class Tempo:
         if self.fractional and m_lp <= bound * (1 + OPTIMALITY_RTOL) + 1e-12:
             # optimal: nothing to search
             info = _LP_EXACT_INFO.copy()
-            info[0] = m_lp
+            info[0] = float(m_lp)
             return _Layer(x_lp, info, int(num), int(den), int(sm), float(m_lp),
                           float(bound), 0, 0, float(m_lp), "token_lp_exact", True)  # fmt: skip
         shares, info = kernels.TEMPO(counts, replicas, kcost, lp, assign, bound, self._kernel_opts)
+        info = info.tolist()  # (Python floats: numpy scalars cost more in every step below)
         choice = CHOICES[int(info[8])]
         m = info[0]
         if self.rebalance and m > bound:
@@ -591,7 +592,7 @@ class Tempo:
     def _solution(self, problem, cost, lay: _Layer, budget: float | None = None) -> LayerSolution:
         """Extras and the repair of one layer; ``budget``: the repair seconds left to this call
         (default ``repair_budget_s``)."""
-        info = lay.info.tolist()
+        info = lay.info
         extras = (_EXTRAS_OFF if self.repair_budget_s == 0 else _EXTRAS_NOT_NEEDED).copy()
         extras.update(zip(INFO_FIELDS, info))
         m, bound = lay.makespan, lay.bound

@@ -108,7 +108,7 @@ def _problem_iv(counts, replicas, gpu_node, func: str = "DispatchProblem"):
         node = check_array(
             gpu_node, "gpu_node", func, kind="int", ndim=1, shape=(n_gpus,), lo=0, copy=True
         )
-    counts = np.array(counts, dtype=np.int64, copy=True)
+    counts = np.array(counts, dtype=np.int64, order="C", copy=True)
     rep = np.array(rep, dtype=np.bool_, order="C", copy=True)
     for a in (counts, rep, node):
         if a is not None:
@@ -234,6 +234,15 @@ class DispatchProblem:
         for l in range(p2l2.shape[0]):
             ok = p2l2[l] >= 0
             rep[l, p2l2[l][ok], gpu_of_slot[ok]] = True
+        orphan = (counts_arr.reshape(-1, E) > 0) & ~rep.any(axis=-1)
+        if orphan.any():  # (named here: the caller passed a map, not a mask)
+            l, e = (int(i) for i in np.argwhere(orphan)[0])
+            raise param_error(
+                "physical_to_logical", "DispatchProblem.from_placement",
+                "a map giving every expert with tokens at least one slot",
+                f"no slot for expert {e}" + (f" of layer {l}" if counts_arr.ndim == 2 else "")
+                + f", which has {int(counts_arr.reshape(-1, E)[l, e])} tokens",
+            )  # fmt: skip
         rep = rep[0] if p2l.ndim == 1 else rep
         return cls(counts=counts_arr, replicas=rep, gpu_node=node)
 

@@ -130,6 +130,10 @@ def test_dispatch_problem(call):
 
 @FUZZ
 @given(placement_calls())
+@example(  # expert 1 has a token and no slot: the error names the map, not a mask
+    Call(kwargs=dict(counts=[0, 1, 0], physical_to_logical=[-1, 2], n_gpus=2),
+         spoiled={"physical_to_logical"})
+)  # fmt: skip
 def test_from_placement(call):
     def build():
         kw = call.kwargs

@@ -269,6 +269,21 @@ def test_stack_result_is_stacked():
         assert np.array_equal(single.shares, r.shares[l])
 
 
+def test_a_problem_in_fortran_order_is_stored_and_scored_in_c_order():
+    """A problem's arrays are C-ordered whatever order they are given in (the score kernel
+    views a layer as a stack of one, which needs C order), and its stack scores as its
+    layers do."""
+    counts = np.asfortranarray([[600, 30, 30], [5, 5, 5]])
+    p = DispatchProblem(counts=counts, replicas=np.asfortranarray(np.ones((2, 3, 2), bool)))
+    assert p.counts.flags.c_contiguous and p.replicas.flags.c_contiguous
+    cost = CostModel(a=0, b=15, c=0, beta=0.1)
+    r = solve_dispatch(p, cost, method="static")
+    for l in range(2):
+        single = solve_dispatch(p.layer(l), cost, method="static")
+        assert single.makespan == r.makespan[l]
+        assert np.array_equal(single.gpu_time, r.gpu_time[l])
+
+
 def test_score_kernel_equals_reference_check_shares_and_the_evaluator():
     """solve_dispatch's one-pass check and evaluation: kernel == py_func == reference, the
     feasibility answer is check_shares's, and G, N, T, times equal evaluate_arrays's bit for
@@ -328,6 +343,10 @@ def test_score_kernel_equals_reference_check_shares_and_the_evaluator():
         assert np.array_equal(score_times_reference(*args)[1], want[4], equal_nan=True)
         for ok_k, times_k in (score_times_kernel(*args), score_times_kernel.py_func(*args)):
             assert ok_k == want[0] and np.array_equal(times_k, want[4], equal_nan=True)
+        if L == 1:  # one layer, as solve_dispatch passes it: (E, g) shares and mask, (E,) counts
+            one = (x[0], p.replicas[0], p.counts[0], c, 1e-9)
+            for ok_k, times_k in (score_times_kernel(*one), score_times_reference(*one)):
+                assert ok_k == want[0] and np.array_equal(times_k, want[4], equal_nan=True)
         try:
             check_shares(p, x)
             ok = True

@@ -89,14 +89,21 @@ def score_kernel(x, mask, counts, cost, rtol):
 def score_times_kernel(x, mask, counts, cost, rtol):
     """``(ok, times)`` of :func:`score_kernel`, what ``solve_dispatch`` reads: each array a
     kernel returns is a Python object built (with its class fetched by numba's unpickler),
-    which costs about a microsecond when the caches are cold."""
-    ok, _, _, _, times = score_kernel(x, mask, counts, cost, rtol)
+    which costs about a microsecond when the caches are cold. ``x`` and ``mask`` C-contiguous,
+    ``(L, E, g)`` or one layer ``(E, g)`` (``counts`` ``(L, E)`` or ``(E,)``): a layer is
+    viewed as a stack of one here, not by three ``reshape`` calls in Python."""
+    E, g = x.shape[-2], x.shape[-1]
+    L = counts.size // E
+    ok, _, _, _, times = score_kernel(x.reshape((L, E, g)), mask.reshape((L, E, g)),
+                                      counts.reshape((L, E)), cost, rtol)  # fmt: skip
     return ok, times
 
 
 def score_times_reference(x, mask, counts, cost, rtol):
     """Plain-Python reference of :func:`score_times_kernel`."""
-    ok, _, _, _, times = score_reference(x, mask, counts, cost, rtol)
+    E, g = np.shape(x)[-2:]
+    x, mask = np.reshape(x, (-1, E, g)), np.reshape(mask, (-1, E, g))
+    ok, _, _, _, times = score_reference(x, mask, np.reshape(counts, (-1, E)), cost, rtol)
     return ok, times
 
 

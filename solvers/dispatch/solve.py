@@ -266,15 +266,7 @@ def _score_cost(cost: CostModel) -> np.ndarray:
 def _check_and_evaluate(report: DispatchProblem, cost: CostModel, shares: np.ndarray):
     """Whether ``shares`` is feasible on ``report``, and the evaluator's per-GPU times
     ``(L, g)`` (equal to ``evaluate_arrays``'s bit for bit), in one pass over the stack."""
-    g = report.n_gpus
-    E = report.n_experts
-    ok, times = SCORE(
-        shares.reshape(-1, E, g),
-        report.replicas.reshape(-1, E, g),
-        report.counts.reshape(-1, E),
-        _score_cost(cost),
-        CONSERVATION_RTOL,
-    )
+    ok, times = SCORE(shares, report.replicas, report.counts, _score_cost(cost), CONSERVATION_RTOL)
     return bool(ok), times
 
 
@@ -285,7 +277,8 @@ def _score(problem, cost, name, solver, sols) -> dict:
     if stack:
         shares = np.stack([np.asarray(s.shares, dtype=float) for s in sols])
     else:
-        shares = np.array(sols[0].shares, dtype=float)  # a fresh, writeable copy either way
+        # a fresh, writeable copy either way (C order: the score kernel views it as a stack)
+        shares = np.array(sols[0].shares, dtype=float, order="C")
     masks = _own_masks(solver, sols)
     report = _reporting_problem(problem, masks)
     ok, times = _check_and_evaluate(report, cost, shares)

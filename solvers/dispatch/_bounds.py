@@ -38,7 +38,7 @@ from .. import _order
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from .._order import stable_argsort_uint
 from . import _csr
-from ._csr import replica_lists
+from ._csr import gpu_slots, replica_lists
 
 __all__ = [
     "FORCED_PASSES",
@@ -348,6 +348,31 @@ FORCED_STEPS = 6
 
 
 @njit(**NJIT_INLINE)
+def token_cap(params, T):
+    """``(U, U * (1 + FORCED_SLACK))`` at the trial value ``T``: ``U`` the most tokens one GPU
+    carries below ``T`` (``c + beta*U = T`` or ``c2 + gamma*U = T``, the least; inf where
+    no token term is priced), then with the bounds' rounding slack; ``params`` is
+    ``CostModel.as_array()``."""
+    U = np.inf
+    if params[4] > 0.0:
+        U = (T - params[3]) / params[4]
+    if params[6] > 0.0:
+        U = min(U, (T - params[5]) / params[6])
+    return U, U * (1.0 + FORCED_SLACK)
+
+
+def token_cap_reference(params, T):
+    """Plain-Python twin of :func:`token_cap`."""
+    c, beta, c2, gamma = (float(v) for v in params[3:7])
+    U = math.inf
+    if beta > 0:
+        U = (T - c) / beta
+    if gamma > 0:
+        U = min(U, (T - c2) / gamma)
+    return U, U * (1.0 + FORCED_SLACK)
+
+
+@njit(**NJIT_INLINE)
 def _forced_time(params, G, J, N):
     """A GPU's time with ``G`` activations, ``J = T - G`` tiles above one per activation and
     ``N`` tokens: :func:`~straggler.formulations.evaluate`'s expression."""
@@ -415,29 +440,15 @@ def forced_kernel(counts, replicas, params, T):
     """
     E, g = replicas.shape
     c = params[3]
-    beta = params[4]
     c2 = params[5]
-    gamma = params[6]
     tile = params[7]
     if params[0] >= T or c >= T or c2 >= T:
         return T
-    U = np.inf
-    if beta > 0.0:
-        U = (T - c) / beta
-    if gamma > 0.0:
-        U = min(U, (T - c2) / gamma)
+    U, Uup = token_cap(params, T)
     finite = U < np.inf
-    Uup = U * (1.0 + FORCED_SLACK)
     e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
     nnz = e_ptr[E]
-    # the replica j of each entry of the GPU-major lists
-    g_slot = np.empty(nnz, np.int64)
-    pos = g_ptr[:g].copy()
-    for e in range(E):
-        for j in range(e_ptr[e], e_ptr[e + 1]):
-            h = e_gpus[j]
-            g_slot[pos[h]] = j
-            pos[h] += 1
+    g_slot = gpu_slots(e_ptr, e_gpus, g_ptr)  # the replica j of each GPU-major entry
     allowed = np.zeros(nnz, np.bool_)
     na = np.zeros(E, np.int64)
     D = np.zeros(g, np.int64)
@@ -643,6 +654,8 @@ def forced_bound_kernel(counts, replicas, params, best, upper, steps):
     return bound_trials(forced_kernel, counts, replicas, params, best, upper, steps)
 
 
+# B8's kernels inline the replica lists of _csr.py: an edit there recompiles them
+cache_depends_on(forced_kernel, _csr)
 cache_depends_on(forced_bound_kernel, _csr)
 
 
@@ -675,12 +688,7 @@ def forced_reference(counts, replicas, params, T):
 
     if max(a, c, c2) >= T:
         return T
-    U = math.inf
-    if beta > 0:
-        U = (T - c) / beta
-    if gamma > 0:
-        U = min(U, (T - c2) / gamma)
-    Uup = U * (1.0 + FORCED_SLACK)
+    U, Uup = token_cap_reference(params, T)
     allowed = {e: {h for h in range(g) if bool(replicas[e][h])} for e in live}
     m = {}
     G, J, N = [0] * g, [0] * g, [0.0] * g

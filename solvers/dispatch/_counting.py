@@ -32,8 +32,8 @@ from numba import njit
 
 from .._numba.jit import NJIT, NJIT_INLINE, cache_depends_on
 from . import _bounds, _csr
-from ._bounds import FORCED_SLACK, bound_trials, bound_trials_reference
-from ._csr import replica_lists
+from ._bounds import bound_trials, bound_trials_reference, token_cap, token_cap_reference
+from ._csr import gpu_slots, replica_lists
 
 __all__ = [
     "COUNTING_PASSES",
@@ -154,13 +154,7 @@ def _whole_experts(counts, params, T, k, tile, e_ptr, e_gpus, g_ptr, g_exps):
     c2 = params[5]
     gamma = params[6]
     nnz = e_ptr[E]
-    g_slot = np.empty(nnz, np.int64)
-    pos = g_ptr[:g].copy()
-    for e in range(E):
-        for j in range(e_ptr[e], e_ptr[e + 1]):
-            h = e_gpus[j]
-            g_slot[pos[h]] = j
-            pos[h] += 1
+    g_slot = gpu_slots(e_ptr, e_gpus, g_ptr)  # the replica j of each GPU-major entry
     allowed = np.zeros(nnz, np.bool_)
     na = np.zeros(E, np.int64)
     x = np.zeros(E, np.int64)  # extra tiles of each expert whole
@@ -304,9 +298,7 @@ def counting_kernel(counts, replicas, params, T):
     b = params[1]
     b2 = params[2]
     c = params[3]
-    beta = params[4]
     c2 = params[5]
-    gamma = params[6]
     tile = np.int64(params[7])
     n_live = 0
     for e in range(E):
@@ -316,13 +308,8 @@ def counting_kernel(counts, replicas, params, T):
         return -np.inf
     if a >= T or c >= T or c2 >= T:
         return T
-    U = np.inf
-    if beta > 0.0:
-        U = (T - c) / beta
-    if gamma > 0.0:
-        U = min(U, (T - c2) / gamma)
+    U, Uup = token_cap(params, T)
     finite = U < np.inf
-    Uup = U * (1.0 + FORCED_SLACK)
     e_ptr, e_gpus, g_ptr, g_exps = replica_lists(replicas)
     D = np.zeros(g, np.int64)
     for e in range(E):
@@ -370,6 +357,10 @@ def counting_bound_kernel(counts, replicas, params, best, upper, steps):
     return bound_trials(counting_kernel, counts, replicas, params, best, upper, steps)
 
 
+# B9's kernels inline the replica lists of _csr.py and B8's helpers of _bounds.py: an edit
+# there recompiles them
+cache_depends_on(_whole_experts, _csr)
+cache_depends_on(counting_kernel, _csr, _bounds)
 cache_depends_on(counting_bound_kernel, _csr, _bounds)
 
 
@@ -414,12 +405,7 @@ def counting_reference(counts, replicas, params, T):
         return -math.inf
     if max(a, c, c2) >= T:
         return T
-    U = math.inf
-    if beta > 0:
-        U = (T - c) / beta
-    if gamma > 0:
-        U = min(U, (T - c2) / gamma)
-    Uup = U * (1.0 + FORCED_SLACK)
+    U, Uup = token_cap_reference(params, T)
     D = [sum(1 for e in live if replicas[e][h]) for h in range(g)]
     k = []
     for h in range(g):

@@ -13,7 +13,7 @@ from numba import njit
 
 from .._numba.jit import NJIT_INLINE
 
-__all__ = ["replica_lists"]
+__all__ = ["replica_lists", "gpu_slots"]
 
 
 @njit(**NJIT_INLINE)
@@ -89,3 +89,27 @@ def replica_lists(replicas):
                 g_exps[pos[h]] = e
                 pos[h] += 1
     return e_ptr, e_gpus, g_ptr, g_exps
+
+
+@njit(**NJIT_INLINE)
+def gpu_slots(e_ptr, e_gpus, g_ptr):
+    """The replica of each entry of the GPU-major lists of :func:`replica_lists`: its position
+    ``j`` in the expert-major lists (``e_gpus[j]``), as ``g_slot[i]`` for entry ``i``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> e_ptr, e_gpus, g_ptr, _ = replica_lists(np.array([[1, 1], [0, 1]], bool))
+    >>> gpu_slots(e_ptr, e_gpus, g_ptr).tolist()
+    [0, 1, 2]
+    """
+    E = e_ptr.shape[0] - 1
+    g = g_ptr.shape[0] - 1
+    g_slot = np.empty(e_ptr[E], np.int64)
+    pos = g_ptr[:g].copy()
+    for e in range(E):
+        for j in range(e_ptr[e], e_ptr[e + 1]):
+            h = e_gpus[j]
+            g_slot[pos[h]] = j
+            pos[h] += 1
+    return g_slot

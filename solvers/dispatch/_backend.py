@@ -172,8 +172,7 @@ class Pair:
     def __call__(self, *args):
         mode = _MODE[0]
         if mode == "kernel" or (self._ready and mode == "auto"):  # the steady state
-            # (_kernel, inline: a frame less on every kernel call)
-            return self.kernel(*args) if self.stages is None else self.kernel(*args, self.stages())
+            return self._kernel(args)
         if mode == "reference":
             return self._reference(args, math.inf)
         if self.uses_kernel():
